@@ -1,0 +1,181 @@
+"""Throwaway PKI for the local control plane, webhook and extender (test use only).
+
+Pure functions return PEM bytes; :func:`write_pki` lays out the files the harness needs.
+Go's TLS stack checks SANs only (no CN fallback), so every serving cert carries
+IP:127.0.0.1 and DNS:localhost.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+# Long enough for any test session or a developer's quick-start cluster.
+_VALIDITY = dt.timedelta(days=365)
+# Tolerate small clock skew between this process and the Go binaries.
+_BACKDATE = dt.timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class CertKey:
+    """A certificate and its private key, both PEM."""
+
+    cert_pem: bytes
+    key_pem: bytes
+
+
+@dataclass(frozen=True)
+class PkiPaths:
+    """Files written by :func:`write_pki`."""
+
+    dir: Path
+    ca_crt: Path
+    ca_key: Path
+    apiserver_crt: Path
+    apiserver_key: Path
+    serving_crt: Path  # shared by webhook and extender servers
+    serving_key: Path
+    sa_key: Path
+    sa_pub: Path
+
+
+def _new_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def make_ca(common_name: str = "mtsched-harness-ca") -> CertKey:
+    """Self-signed ECDSA P-256 CA."""
+    key = _new_key()
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name))
+        .issuer_name(_name(common_name))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return CertKey(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def make_serving_cert(
+    ca: CertKey,
+    common_name: str,
+    ips: Sequence[str] = ("127.0.0.1",),
+    dns_names: Sequence[str] = ("localhost",),
+) -> CertKey:
+    """Leaf cert with EKU serverAuth and the given SANs, signed by ``ca``."""
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError("CA key must be ECDSA (made by make_ca)")
+    key = _new_key()
+    now = dt.datetime.now(dt.UTC)
+    sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return CertKey(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def make_service_account_keys() -> tuple[bytes, bytes]:
+    """(private key PEM, public key PEM) for signing/verifying service-account tokens."""
+    key = _new_key()
+    pub = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return _key_pem(key), pub
+
+
+def _write(path: Path, data: bytes, private: bool = False) -> Path:
+    path.write_bytes(data)
+    if private:
+        path.chmod(0o600)
+    return path
+
+
+def write_pki(directory: Path | str) -> PkiPaths:
+    """Generate a fresh CA, apiserver cert, shared serving cert and SA keys into ``directory``."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    ca = make_ca()
+    api = make_serving_cert(ca, "kube-apiserver")
+    serving = make_serving_cert(ca, "mtsched-harness-serving")
+    sa_key, sa_pub = make_service_account_keys()
+    return PkiPaths(
+        dir=d,
+        ca_crt=_write(d / "ca.crt", ca.cert_pem),
+        ca_key=_write(d / "ca.key", ca.key_pem, private=True),
+        apiserver_crt=_write(d / "apiserver.crt", api.cert_pem),
+        apiserver_key=_write(d / "apiserver.key", api.key_pem, private=True),
+        serving_crt=_write(d / "serving.crt", serving.cert_pem),
+        serving_key=_write(d / "serving.key", serving.key_pem, private=True),
+        sa_key=_write(d / "sa.key", sa_key, private=True),
+        sa_pub=_write(d / "sa.pub", sa_pub),
+    )

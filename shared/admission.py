@@ -1,0 +1,200 @@
+"""The admission decision: allow with a JSONPatch, or deny with a message a user can act on.
+
+Pure: given the pod, the configuration and the card capacities the cluster's nodes report, it
+returns a Decision. The webhook server only decodes the review and encodes this answer.
+
+Mixed fleets: pod resources are immutable after admission, so exclusive (`vgpu: 1` alone) and
+multi-card pods get a concrete per-card memory here. The rule: the model pinned by the pod's
+`mtsched.io/card-memory` annotation; else the largest configured model that some node reports;
+else (no node reports sliced cards yet) the largest configured model. The scheduler then places
+such pods only on cards of exactly that capacity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.annotations import SCHEDULER_OWNED_KEYS
+from shared.config import Config
+from shared.models import CORES_PER_CARD, CardModel, describe_models, union_memory_values
+from shared.request import (
+    PIN_ANNOTATION,
+    ContainerAsk,
+    RequestError,
+    pinned_model,
+    read_asks,
+    shape_request,
+)
+
+REQUEST_GPU_NUM = "mthreads.com/request-gpu-num"  # HAMi writes it for vgpu > 1; kept for compatibility
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    message: str = ""
+    patch: tuple[dict[str, Any], ...] = ()
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+    code: int = 200
+
+
+def deny(message: str, code: int = 403) -> Decision:
+    return Decision(False, message=message, code=code)
+
+
+def _esc(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def whole_card_model(pod: Mapping[str, Any], cfg: Config, reported: Collection[int]) -> CardModel:
+    """Per-card memory for exclusive and multi-card pods (see module docstring)."""
+    pin = pinned_model(pod, cfg)
+    if pin is not None:
+        return pin
+    seen = [m for m in cfg.models if m.memory in reported]
+    return max(seen or cfg.models)
+
+
+def _resource_patch(pod: Mapping[str, Any], asks: list[ContainerAsk], fills: dict[int, dict[str, int]]) -> list[
+        dict[str, Any]]:
+    """JSONPatch ops setting limits (and requests when present) for injected values."""
+    ops: list[dict[str, Any]] = []
+    spec = pod.get("spec") or {}
+    n_init = len(spec.get("initContainers") or [])
+    for i, values in fills.items():
+        ask = asks[i]
+        base = f"/spec/initContainers/{i}" if ask.init else f"/spec/containers/{i - n_init}"
+        container = (spec.get("initContainers") or [])[i] if ask.init else spec["containers"][i - n_init]
+        res = container.get("resources") or {}
+        if not container.get("resources"):
+            ops.append({"op": "add", "path": f"{base}/resources", "value": {}})
+        for part in ("limits", "requests"):
+            present = res.get(part)
+            if part == "requests" and not present:
+                continue  # requests default to limits for extended resources
+            if present is None:
+                ops.append({"op": "add", "path": f"{base}/resources/{part}", "value": {}})
+            for name, value in values.items():
+                if part == "requests" and name not in present:
+                    continue
+                ops.append({"op": "add", "path": f"{base}/resources/{part}/{_esc(name)}", "value": str(value)})
+    return ops
+
+
+def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = ()) -> Decision:
+    """Admission of a pod CREATE. `reported` = per-card capacities (units) of the cluster's sliced cards."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    if not spec.get("containers"):
+        return deny("pod has no containers")
+    owned = sorted(k for k in annotations if k in SCHEDULER_OWNED_KEYS)
+    if owned:
+        return deny(f"annotations {', '.join(owned)} are written by {cfg.scheduler_name} when it binds the pod; "
+                    "remove them from the pod you create")
+    try:
+        asks = read_asks(pod, cfg)
+    except RequestError as e:
+        return deny("; ".join(e.problems))
+    mine = [a for a in asks if a.asks_slices]
+    if not mine:
+        return Decision(True)  # not ours: mthreads.com/gpu alone and CPU pods pass untouched
+    cr, mr, kr = cfg.slice_resources
+    problems: list[str] = []
+    scheduler = spec.get("schedulerName") or "default-scheduler"
+    if scheduler != cfg.scheduler_name and not (
+            scheduler == "default-scheduler" and cfg.force_overwrite_default_scheduler):
+        problems.append(f'schedulerName "{scheduler}": pods asking for {cr} must be scheduled by '
+                        f'"{cfg.scheduler_name}" (leave schedulerName unset)')
+    if spec.get("nodeName"):
+        problems.append(f'spec.nodeName "{spec["nodeName"]}" is set: pods asking for {cr} are placed on a card by '
+                        f"{cfg.scheduler_name}; use a nodeSelector instead")
+    for c in (spec.get("initContainers") or []) + spec["containers"]:
+        if (c.get("securityContext") or {}).get("privileged") and any(
+                a.name == c.get("name") and a.asks_slices for a in asks):
+            problems.append(f'container "{c.get("name")}" is privileged: a privileged container sees every card, '
+                            "so it cannot hold a slice")
+    for a in mine:
+        if a.memory_in_requests_only or a.cores_in_requests_only:
+            which = mr if a.memory_in_requests_only else kr
+            problems.append(f'container "{a.name}": {which} is set under requests only; set it under limits')
+    try:
+        pin = pinned_model(pod, cfg)
+    except RequestError as e:
+        problems.extend(e.problems)
+        pin = None
+    if problems:
+        return deny("; ".join(problems))
+
+    union = union_memory_values(cfg.models)
+    allowed_text = f"allowed: {', '.join(map(str, union))} (memoryPerCard {describe_models(cfg.models)})"
+    whole = whole_card_model(pod, cfg, reported)
+    fills: dict[int, dict[str, int]] = {}
+    warnings: list[str] = []
+    for i, a in enumerate(asks):
+        if not a.asks_slices or a.count is None or a.whole_gpu:
+            continue  # shape_request reports these
+        if a.count > 1:
+            per_card = a.memory // a.count if a.memory is not None and a.memory % a.count == 0 else None
+            if a.memory is not None and CardModel(per_card or 0) not in cfg.models:
+                problems.append(
+                    f'container "{a.name}": {mr}={a.memory} with {cr}={a.count}: multi-card pods take whole cards; '
+                    f"{mr} must be {cr} x a card's memory ("
+                    + ", ".join(f"{a.count * m.memory} for {m.name}" for m in cfg.models) + ") or be left out")
+                continue
+            model = CardModel(per_card) if per_card else whole
+            fill = {}
+            if a.memory is None:
+                fill[mr] = a.count * model.memory
+            if a.cores is None:
+                fill[kr] = a.count * CORES_PER_CARD
+            if fill:
+                fills[i] = fill
+                warnings.append(f'container "{a.name}": {a.count} whole {model.name} cards '
+                                f"({a.count} x {model.memory} units = {a.count * model.memory_gib:g} GiB)")
+        elif a.memory is None:
+            if a.cores is None or a.cores == CORES_PER_CARD:
+                fills[i] = {mr: whole.memory, kr: CORES_PER_CARD}
+                warnings.append(f'container "{a.name}": exclusive mode, the whole {whole.name} card '
+                                f"({whole.memory} units = {whole.memory_gib:g} GiB, {CORES_PER_CARD} core groups)")
+        else:
+            if a.memory not in union:
+                problems.append(f'container "{a.name}": {mr}={a.memory} is not a valid slice size; {allowed_text}')
+            elif pin is not None and not pin.accepts(a.memory):
+                problems.append(f'container "{a.name}": {mr}={a.memory} is not valid on {pin.name} pinned by '
+                                f"{PIN_ANNOTATION}; allowed: {', '.join(map(str, pin.valid_memory))}")
+            if a.cores is None:
+                fills[i] = {kr: cfg.default_cores}
+    if problems:
+        return deny("; ".join(problems))
+    completed = [
+        ContainerAsk(a.name, a.init, a.count, fills.get(i, {}).get(mr, a.memory), fills.get(i, {}).get(kr, a.cores),
+                     a.whole_gpu)
+        for i, a in enumerate(asks)
+    ]
+    try:
+        req = shape_request(completed, cfg, pin.memory if pin else None)
+    except RequestError as e:
+        return deny("; ".join(e.problems))
+    assert req is not None
+    if not req.whole_cards:
+        fitting = [m for m in (cfg.models if pin is None else (pin,))
+                   if all(s.empty or m.accepts(s.memory) for s in req.shares) and req.memory <= m.memory]
+        if not fitting:
+            return deny(f"the pod's slice containers share one card and ask {req.memory} {mr} in all "
+                        f"({', '.join(f'{s.name}={s.memory}' for s in req.shares if not s.empty)}); "
+                        f"no configured card model holds that: memoryPerCard {describe_models(cfg.models)}")
+
+    patch: list[dict[str, Any]] = []
+    if spec.get("schedulerName") != cfg.scheduler_name:
+        patch.append({"op": "add" if "schedulerName" not in spec else "replace",
+                      "path": "/spec/schedulerName", "value": cfg.scheduler_name})
+    patch.extend(_resource_patch(pod, asks, fills))
+    if req.cards > 1:
+        if not annotations:
+            patch.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+        patch.append({"op": "add", "path": f"/metadata/annotations/{_esc(REQUEST_GPU_NUM)}",
+                      "value": str(req.cards)})
+    return Decision(True, patch=tuple(patch), warnings=tuple(warnings))

@@ -1,0 +1,163 @@
+"""HAMi-compatible pod annotations: the allocation record the vendor device plugin reads.
+
+Encoding of `hami.io/mthreads-vgpu-devices-allocated` (HAMi's EncodePodSingleDevice): per container,
+in pod order (init containers first, then app containers), each card as
+`<device id>,Mthreads,<memory MiB>,<cores>:`, then `;`. A container without cards is a bare `;`.
+Decoding is strict: anything malformed is an AnnotationError, never "no usage".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from shared.models import CORES_PER_CARD, UNIT_MIB
+
+ALLOCATED = "hami.io/mthreads-vgpu-devices-allocated"
+GPU_INDEX = "mthreads.com/gpu-index"
+PREDICATE_NODE = "mthreads.com/predicate-node"
+PREDICATE_TIME = "mthreads.com/predicate-time"
+VGPU_NODE = "hami.io/vgpu-node"
+VGPU_TIME = "hami.io/vgpu-time"
+BIND_PHASE = "hami.io/bind-phase"
+BIND_TIME = "hami.io/bind-time"
+DEVICE_TYPE = "Mthreads"
+
+SCHEDULER_OWNED_KEYS = frozenset(
+    {ALLOCATED, GPU_INDEX, PREDICATE_NODE, PREDICATE_TIME, VGPU_NODE, VGPU_TIME, BIND_PHASE, BIND_TIME,
+     "hami.io/mthreads-vgpu-devices-to-allocate"})
+
+_ID_RE = re.compile(r"^(?P<node>.+)-mthreads-(?P<index>\d+)$")
+
+
+class AnnotationError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class CardGrant:
+    """One card given to one container."""
+
+    device_id: str
+    memory_mib: int
+    cores: int
+
+    @property
+    def index(self) -> int:
+        m = _ID_RE.match(self.device_id)
+        if not m:
+            raise AnnotationError(f"device id {self.device_id!r} is not <node>-mthreads-<index>")
+        return int(m.group("index"))
+
+
+def device_id(node: str, index: int) -> str:
+    return f"{node}-mthreads-{index}"
+
+
+def encode_allocation(containers: Sequence[Sequence[CardGrant]]) -> str:
+    return "".join(
+        "".join(f"{g.device_id},{DEVICE_TYPE},{g.memory_mib},{g.cores}:" for g in grants) + ";"
+        for grants in containers
+    )
+
+
+def decode_allocation(value: str) -> list[list[CardGrant]]:
+    """Inverse of encode_allocation; raises AnnotationError on any malformed part."""
+    if not isinstance(value, str) or not value.endswith(";"):
+        raise AnnotationError(f"{ALLOCATED}={value!r}: must end with ';'")
+    out: list[list[CardGrant]] = []
+    for part in value[:-1].split(";"):
+        grants: list[CardGrant] = []
+        if part:
+            if not part.endswith(":"):
+                raise AnnotationError(f"{ALLOCATED}: container entry {part!r} must end with ':'")
+            for dev in part[:-1].split(":"):
+                fields = dev.split(",")
+                if len(fields) != 4 or fields[1] != DEVICE_TYPE:
+                    raise AnnotationError(f"{ALLOCATED}: device entry {dev!r} is not <id>,Mthreads,<MiB>,<cores>")
+                ident, _, mem, cores = fields
+                if not _ID_RE.match(ident) or not mem.isdigit() or not cores.isdigit():
+                    raise AnnotationError(f"{ALLOCATED}: device entry {dev!r} has a bad id or number")
+                mib, core = int(mem), int(cores)
+                if mib % UNIT_MIB or mib <= 0 or not 0 <= core <= CORES_PER_CARD:
+                    raise AnnotationError(
+                        f"{ALLOCATED}: device entry {dev!r}: memory must be a positive multiple of {UNIT_MIB} MiB "
+                        f"and cores 0..{CORES_PER_CARD}")
+                grants.append(CardGrant(ident, mib, core))
+        out.append(grants)
+    return out
+
+
+def gpu_index(containers: Sequence[Sequence[CardGrant]]) -> str:
+    """`mthreads.com/gpu-index`: card indices of the last container that holds cards (HAMi's rule)."""
+    for grants in reversed(containers):
+        if grants:
+            return ",".join(str(g.index) for g in grants)
+    return ""
+
+
+def binding_annotations(node: str, containers: Sequence[Sequence[CardGrant]], now_ns: int) -> dict[str, str]:
+    """Every key written with the Binding, so that a pod is never bound without its record."""
+    secs = str(now_ns // 1_000_000_000)
+    return {
+        ALLOCATED: encode_allocation(containers),
+        GPU_INDEX: gpu_index(containers),
+        PREDICATE_NODE: node,
+        PREDICATE_TIME: str(now_ns),
+        VGPU_NODE: node,
+        VGPU_TIME: secs,
+        BIND_PHASE: "allocating",
+        BIND_TIME: secs,
+    }
+
+
+@dataclass(frozen=True)
+class PodUsage:
+    """What an allocation record books on its node: per card (memory units, cores, slices)."""
+
+    node: str
+    cards: tuple[int, ...]
+    memory: int
+    cores: int
+    slices: int
+
+
+def usage_from_annotations(pod: Mapping[str, object]) -> PodUsage | None:
+    """Booking implied by a bound pod's record; None if the pod carries none. Strict."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    assert isinstance(meta, Mapping) and isinstance(spec, Mapping)
+    ann = meta.get("annotations") or {}
+    assert isinstance(ann, Mapping)
+    raw = ann.get(ALLOCATED)
+    if raw is None:
+        return None
+    containers = decode_allocation(str(raw))
+    n_init = len(spec.get("initContainers") or [])
+    n_all = n_init + len(spec.get("containers") or [])
+    if len(containers) != n_all:
+        raise AnnotationError(f"{ALLOCATED} lists {len(containers)} containers, the pod has {n_all}")
+    node = str(spec.get("nodeName") or ann.get(VGPU_NODE) or "")
+    cards: dict[str, None] = {}
+    for grants in containers:
+        for g in grants:
+            if not g.device_id.startswith(f"{node}-mthreads-"):
+                raise AnnotationError(f"{ALLOCATED}: device {g.device_id} is not on node {node!r}")
+            cards.setdefault(g.device_id)
+    if not cards:
+        raise AnnotationError(f"{ALLOCATED}={raw!r} names no card")
+    ids = list(cards)
+    per_card: dict[str, tuple[int, int, int]] = {}
+    for ident in ids:
+        app = [g for grants in containers[n_init:] for g in grants if g.device_id == ident]
+        init = [g for grants in containers[:n_init] for g in grants if g.device_id == ident]
+        mem = max(sum(g.memory_mib for g in app), max((g.memory_mib for g in init), default=0)) // UNIT_MIB
+        cores = max(sum(g.cores for g in app), max((g.cores for g in init), default=0))
+        slices = max(len(app), 1 if init else 0)
+        per_card[ident] = (mem, cores, slices)
+    if len(set(per_card.values())) != 1:
+        raise AnnotationError(f"{ALLOCATED}: cards of one pod hold different amounts {per_card}")
+    mem, cores, slices = next(iter(per_card.values()))
+    indices = tuple(sorted(CardGrant(i, UNIT_MIB, 0).index for i in ids))
+    return PodUsage(node, indices, mem, cores, slices)

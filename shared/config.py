@@ -1,0 +1,201 @@
+"""One configuration model for every role: file (YAML), then environment, then flags.
+
+Keys are camelCase in the file (as in the Helm chart's rendered config), MTSCHED_UPPER_SNAKE in
+the environment and --kebab-case on the command line. Invalid configuration raises ConfigError
+listing every problem, so a role stops at start-up with a message instead of misbehaving.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from shared.models import CORES_PER_CARD, DEFAULT_MAX_INST, CardModel, ModelError, parse_memory_per_card
+
+POLICIES = ("binpack", "spread")
+_RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_ADDR_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]*):\d{1,5}$")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Config:
+    memory_per_card: tuple[CardModel, ...] = (CardModel(96),)
+    resource_count_name: str = "mthreads.com/vgpu"
+    resource_memory_name: str = "mthreads.com/sgpu-memory"
+    resource_core_name: str = "mthreads.com/sgpu-core"
+    whole_card_resource_name: str = "mthreads.com/gpu"
+    scheduler_name: str = "hami-scheduler"
+    node_scheduler_policy: str = "binpack"
+    gpu_scheduler_policy: str = "spread"
+    default_cores: int = 1
+    max_slices_per_card: int = DEFAULT_MAX_INST
+    force_overwrite_default_scheduler: bool = True
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "mt"
+    pending_ttl_seconds: int = 120
+    listen: str = "0.0.0.0:8443"
+    metrics_listen: str = "0.0.0.0:9395"
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    kubeconfig: str = ""
+    events_enabled: bool = True
+    log_level: str = "info"
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def models(self) -> tuple[CardModel, ...]:
+        return self.memory_per_card
+
+    @property
+    def slice_resources(self) -> tuple[str, str, str]:
+        return (self.resource_count_name, self.resource_memory_name, self.resource_core_name)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.capitalize() for p in rest)
+
+
+_KEYS = {_camel(f.name): f.name for f in fields(Config) if f.name != "extra"}
+_KEYS["pendingTTLSeconds"] = "pending_ttl_seconds"
+_KEYS.pop("pendingTtlSeconds", None)
+_TYPES = {f.name: f.type for f in fields(Config)}
+
+
+def _coerce(name: str, raw: object, errors: list[str]) -> object:
+    kind = _TYPES[name]
+    if name == "memory_per_card":
+        try:
+            return parse_memory_per_card(raw)
+        except ModelError as e:
+            errors.append(str(e))
+            return None
+    if kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        if str(raw).lower() in ("1", "true", "yes", "on"):
+            return True
+        if str(raw).lower() in ("0", "false", "no", "off"):
+            return False
+        errors.append(f"{_camel(name)}: {raw!r} is not a boolean (true/false)")
+        return None
+    if kind == "int":
+        if isinstance(raw, bool):
+            errors.append(f"{_camel(name)}: {raw!r} is not a whole number")
+            return None
+        try:
+            return int(str(raw))
+        except ValueError:
+            errors.append(f"{_camel(name)}: {raw!r} is not a whole number")
+            return None
+    if not isinstance(raw, (str, int, float)):
+        errors.append(f"{_camel(name)}: {raw!r} is not a string")
+        return None
+    return str(raw)
+
+
+def _validate(cfg: Config, errors: list[str]) -> None:
+    for key in ("resource_count_name", "resource_memory_name", "resource_core_name", "whole_card_resource_name"):
+        value = getattr(cfg, key)
+        if not _RESOURCE_RE.match(value):
+            errors.append(f"{_camel(key)}: {value!r} is not an extended resource name like mthreads.com/vgpu")
+    names = [cfg.resource_count_name, cfg.resource_memory_name, cfg.resource_core_name,
+             cfg.whole_card_resource_name]
+    if len(set(names)) != len(names):
+        errors.append(f"resource names must be distinct, got {names}")
+    for key in ("node_scheduler_policy", "gpu_scheduler_policy"):
+        if getattr(cfg, key) not in POLICIES:
+            errors.append(f"{_camel(key)}: {getattr(cfg, key)!r} is not one of {', '.join(POLICIES)}")
+    if not 1 <= cfg.default_cores <= CORES_PER_CARD:
+        errors.append(f"defaultCores: {cfg.default_cores} is outside 1..{CORES_PER_CARD}")
+    if not 1 <= cfg.max_slices_per_card <= DEFAULT_MAX_INST:
+        errors.append(f"maxSlicesPerCard: {cfg.max_slices_per_card} is outside 1..{DEFAULT_MAX_INST} (vendor max_inst)")
+    if not 5 <= cfg.pending_ttl_seconds <= 3600:
+        errors.append(f"pendingTTLSeconds: {cfg.pending_ttl_seconds} is outside 5..3600")
+    if not cfg.scheduler_name or not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", cfg.scheduler_name):
+        errors.append(f"schedulerName: {cfg.scheduler_name!r} is not a valid scheduler name")
+    if not cfg.redis_url.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://")):
+        errors.append(f"redisUrl: {cfg.redis_url!r} must start with redis://, rediss://, unix://, "
+                      "redis+sentinel:// or redis+cluster://")
+    for key in ("listen", "metrics_listen"):
+        if not _ADDR_RE.match(getattr(cfg, key)):
+            errors.append(f"{_camel(key)}: {getattr(cfg, key)!r} is not host:port")
+    if bool(cfg.tls_cert_file) != bool(cfg.tls_key_file):
+        errors.append("tlsCertFile and tlsKeyFile must be given together")
+    if not re.match(r"^[A-Za-z0-9_.-]{1,32}$", cfg.key_prefix):
+        errors.append(f"keyPrefix: {cfg.key_prefix!r} must be 1-32 characters of [A-Za-z0-9_.-]")
+    if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
+        errors.append(f"logLevel: {cfg.log_level!r} is not one of debug, info, warning, error")
+
+
+def _from_mapping(values: Mapping[str, object], source: str, errors: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, raw in values.items():
+        name = _KEYS.get(key)
+        if name is None:
+            errors.append(f"{source}: unknown setting {key!r} (known: {', '.join(sorted(_KEYS))})")
+            continue
+        value = _coerce(name, raw, errors)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def _flatten_file(doc: Mapping[str, object]) -> Mapping[str, object]:
+    """Accept the flat form and the Helm-values form (devices.mthreads.memoryPerCard)."""
+    flat = dict(doc)
+    devices = flat.pop("devices", None)
+    if isinstance(devices, Mapping):
+        mt = devices.get("mthreads")
+        if isinstance(mt, Mapping):
+            for k, v in mt.items():
+                if k not in ("enabled", "customresources"):
+                    flat.setdefault(k, v)
+    return flat
+
+
+def load_config(
+    path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, object] | None = None,
+) -> Config:
+    """Build the Config: defaults < file < environment (MTSCHED_*) < flags (camelCase or snake_case keys)."""
+    errors: list[str] = []
+    merged: dict[str, object] = {}
+    if path:
+        try:
+            doc = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"config file {path}: {e}") from e
+        if not isinstance(doc, Mapping):
+            raise ConfigError(f"config file {path}: top level must be a mapping")
+        merged.update(_from_mapping(_flatten_file(doc), f"config file {path}", errors))
+    env = os.environ if env is None else env
+    env_values = {
+        _camel(k[len("MTSCHED_"):].lower()): v
+        for k, v in env.items()
+        if k.startswith("MTSCHED_") and k not in ("MTSCHED_CONFIG",)
+    }
+    if "pendingTtlSeconds" in env_values:
+        env_values["pendingTTLSeconds"] = env_values.pop("pendingTtlSeconds")
+    merged.update(_from_mapping(env_values, "environment", errors))
+    if flags:
+        camel_flags = {(_camel(k) if "_" in k else k): v for k, v in flags.items() if v is not None}
+        if "pendingTtlSeconds" in camel_flags:
+            camel_flags["pendingTTLSeconds"] = camel_flags.pop("pendingTtlSeconds")
+        merged.update(_from_mapping(camel_flags, "flags", errors))
+    cfg = replace(Config(), **merged)  # type: ignore[arg-type]
+    _validate(cfg, errors)
+    if errors:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))
+    return cfg

@@ -1,0 +1,177 @@
+"""Fitting a SliceRequest onto a node's cards, and scoring nodes: pure functions.
+
+Reason names and the "N/M Reason" aggregation are HAMi's, so users' alerts and greps keep working.
+Card order follows HAMi: cards are sorted by the card policy and the best candidate is tried
+first (spread: least used; binpack: most used; ties: the highest index, as HAMi's backward scan).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from shared.node import Card
+from shared.request import SliceRequest, card_accepts
+
+USE_UUID = "mthreads.ai/use-gpuuuid"
+NOUSE_UUID = "mthreads.ai/nouse-gpuuuid"
+GPU_POLICY = "hami.io/gpu-scheduler-policy"
+NODE_POLICY = "hami.io/node-scheduler-policy"
+
+CARD_NOT_HEALTH = "CardNotHealth"
+CARD_CORDONED = "CardCordoned"
+CARD_TYPE_MISMATCH = "CardTypeMismatch"
+CARD_UUID_MISMATCH = "CardUuidMismatch"
+CARD_SLICES_EXHAUSTED = "CardTimeSlicingExhausted"
+EXCLUSIVE_CONFLICT = "ExclusiveDeviceAllocateConflict"
+CARD_INSUFFICIENT_MEMORY = "CardInsufficientMemory"
+CARD_INSUFFICIENT_CORE = "CardInsufficientCore"
+CARD_COMPUTE_EXHAUSTED = "CardComputeUnitsExhausted"
+NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
+ALLOCATED_INSUFFICIENT = "AllocatedCardsInsufficientRequest"
+
+
+@dataclass(frozen=True)
+class CardState:
+    """A card with what is booked on it (units, core groups, slice instances)."""
+
+    card: Card
+    memory_used: int = 0
+    cores_used: int = 0
+    slices_used: int = 0
+
+    @property
+    def memory_free(self) -> int:
+        return self.card.capacity - self.memory_used
+
+    @property
+    def cores_free(self) -> int:
+        return self.card.cores - self.cores_used
+
+    @property
+    def idle(self) -> bool:
+        return self.memory_used == 0 and self.cores_used == 0 and self.slices_used == 0
+
+    def score(self) -> float:
+        """HAMi's card score: slot + core + memory fill, each 0..10."""
+        c = self.card
+        return 10 * (self.slices_used / c.max_slices + self.cores_used / c.cores + self.memory_used / c.capacity)
+
+    def book(self, memory: int, cores: int, slices: int) -> CardState:
+        return CardState(self.card, self.memory_used + memory, self.cores_used + cores, self.slices_used + slices)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    cards: tuple[int, ...] = ()  # chosen card indices; empty = no fit
+    reason: str = ""  # "N/M Reason, ..." when it does not fit
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.cards)
+
+
+def gen_reason(reasons: Mapping[str, int], total: int) -> str:
+    """HAMi's GenReason: "N/M Reason" items, lexicographically sorted, joined by ", "."""
+    return ", ".join(sorted(f"{n}/{total} {r}" for r, n in reasons.items() if n))
+
+
+def _id_list(raw: str | None) -> set[str]:
+    return {p.strip() for p in (raw or "").split(",") if p.strip()}
+
+
+def policy_of(annotations: Mapping[str, str], key: str, default: str) -> str:
+    value = (annotations.get(key) or "").strip().lower()
+    return value or default
+
+
+def card_order(states: Sequence[CardState], policy: str) -> list[CardState]:
+    """Candidates in the order they are tried."""
+    if "binpack" in policy:
+        return sorted(states, key=lambda s: (-s.score(), -s.card.index))
+    return sorted(states, key=lambda s: (s.score(), -s.card.index))
+
+
+def card_rejection(state: CardState, req: SliceRequest, annotations: Mapping[str, str], mutex: bool) -> str:
+    """Why this card cannot take one card's worth of the request; "" if it can. HAMi's check order."""
+    card = state.card
+    if not card.healthy:
+        return CARD_NOT_HEALTH
+    if card.cordoned:
+        return CARD_CORDONED
+    if not card_accepts(card.capacity, req):
+        return CARD_TYPE_MISMATCH
+    use, nouse = _id_list(annotations.get(USE_UUID)), _id_list(annotations.get(NOUSE_UUID))
+    if (use and card.id not in use) or card.id in nouse:
+        return CARD_UUID_MISMATCH
+    memory, cores, slices = req.booking_for(card.capacity)
+    if state.slices_used + slices > card.max_slices:
+        return CARD_SLICES_EXHAUSTED
+    if (mutex or req.whole_cards) and not state.idle:
+        return EXCLUSIVE_CONFLICT
+    if state.memory_free < memory:
+        return CARD_INSUFFICIENT_MEMORY
+    if state.cores_free < cores:
+        return CARD_INSUFFICIENT_CORE if cores > 0 else CARD_COMPUTE_EXHAUSTED
+    return ""
+
+
+def fit(states: Sequence[CardState], req: SliceRequest, annotations: Mapping[str, str],
+        default_gpu_policy: str = "spread") -> FitResult:
+    """Choose `req.cards` cards on one node, or say why not."""
+    total = len(states)
+    if req.cards > total:
+        return FitResult(reason=gen_reason({NODE_INSUFFICIENT_DEVICE: 1}, 1))
+    policy = policy_of(annotations, GPU_POLICY, default_gpu_policy)
+    mutex = "mutex" in policy
+    reasons: Counter[str] = Counter()
+    chosen: list[int] = []
+    for state in card_order(states, policy):
+        why = card_rejection(state, req, annotations, mutex)
+        if why:
+            reasons[why] += 1
+            continue
+        chosen.append(state.card.index)
+        if len(chosen) == req.cards:
+            return FitResult(tuple(sorted(chosen)))
+    if chosen:
+        reasons[ALLOCATED_INSUFFICIENT] = len(chosen)
+    return FitResult(reason=gen_reason(reasons, total))
+
+
+def apply(states: Sequence[CardState], req: SliceRequest, chosen: Sequence[int]) -> list[CardState]:
+    """States after booking `req` on `chosen` cards."""
+    out = []
+    for s in states:
+        if s.card.index in chosen:
+            s = s.book(*req.booking_for(s.card.capacity))
+        out.append(s)
+    return out
+
+
+def node_score(states: Sequence[CardState]) -> float:
+    """HAMi's ComputeDefaultScore: 10 x (slot + core + memory fill over the node's cards), 0..30."""
+    if not states:
+        return 0.0
+    slots = sum(s.card.max_slices for s in states)
+    cores = sum(s.card.cores for s in states)
+    mem = sum(s.card.capacity for s in states)
+    return 10 * (sum(s.slices_used for s in states) / slots + sum(s.cores_used for s in states) / cores
+                 + sum(s.memory_used for s in states) / mem)
+
+
+def extender_priority(states: Sequence[CardState], policy: str) -> int:
+    """0..10 for the extender's prioritize verb: binpack prefers fuller nodes, spread emptier ones."""
+    fill = round(node_score(states) / 3)
+    return fill if policy != "spread" else 10 - fill
+
+
+def aggregate_failures(failed: Mapping[str, str]) -> list[str]:
+    """HAMi's FilteringFailed event texts: "N nodes Reason(n1,n2)" per reason type, sorted."""
+    by_reason: dict[str, list[str]] = {}
+    for node, reason in failed.items():
+        for item in reason.split(", "):
+            name = item.split(" ", 1)[-1] if "/" in item.split(" ", 1)[0] else item
+            by_reason.setdefault(name, []).append(node)
+    return [f"{len(nodes)} nodes {r}({','.join(sorted(nodes))})" for r, nodes in sorted(by_reason.items())]

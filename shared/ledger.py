@@ -1,0 +1,280 @@
+"""The Ledger: shared per-card state in Redis, changed only by atomic Lua scripts.
+
+Every change is one script on one node's keys (one hash tag per node, so it also works on Redis
+Cluster), idempotent by pod UID. Redis is rebuildable state: the API server's pod annotations are
+the durable record, and `rebuild` recomputes everything from them. Scripts live in shared/lua/,
+are loaded once and called by SHA (reloaded after NOSCRIPT, e.g. when Redis restarted).
+Key layout: docs/redis-layout.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import orjson
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+
+from shared.annotations import PodUsage
+from shared.fit import FitResult, fit
+from shared.node import Inventory
+from shared.request import SliceRequest
+from shared.state import NodeSnapshot
+
+log = logging.getLogger("mtsched.ledger")
+LUA_DIR = Path(__file__).with_name("lua")
+SCRIPTS = ("upsert_node", "reserve", "mark_bound", "release", "observe", "expire", "snapshot", "replace_node",
+           "remove_node")
+
+
+class LedgerError(RuntimeError):
+    """A script refused its input (BADINPUT) or Redis failed; state is unchanged."""
+
+
+def connect(url: str) -> Redis:
+    """A client from a URL: redis://[:password@]host:port/db, rediss:// (TLS), unix:///path?db=0,
+    redis+sentinel://[:password@]host:port[,host:port]/service[/db], redis+cluster://[:password@]host:port."""
+    if url.startswith("redis+sentinel://"):
+        from redis.asyncio.sentinel import Sentinel
+
+        u = urlparse(url.replace("redis+sentinel://", "redis://", 1))
+        hosts = [(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1]) if ":" in h else 26379)
+                 for h in u.netloc.rsplit("@", 1)[-1].split(",")]
+        parts = [p for p in u.path.split("/") if p]
+        if not parts:
+            raise ValueError("redis+sentinel:// URL needs the service name: redis+sentinel://host:26379/mymaster")
+        password = unquote(u.password) if u.password else None
+        sentinel = Sentinel(hosts, password=password, decode_responses=True)
+        return sentinel.master_for(parts[0], db=int(parts[1]) if len(parts) > 1 else 0)  # type: ignore[no-any-return]
+    if url.startswith("redis+cluster://"):
+        from redis.asyncio.cluster import RedisCluster
+
+        return RedisCluster.from_url(url.replace("redis+cluster://", "redis://", 1),  # type: ignore[return-value]
+                                     decode_responses=True)
+    return Redis.from_url(url, decode_responses=True)
+
+
+@dataclass(frozen=True)
+class ReserveOutcome:
+    ok: bool
+    cards: tuple[int, ...] = ()
+    reason: str = ""
+    existing: bool = False
+    attempts: int = 1
+    round_trips: int = 1
+
+
+class Ledger:
+    def __init__(self, redis: Redis, prefix: str = "mt"):
+        self.redis = redis
+        self.prefix = prefix
+        self.feed = f"{prefix}:feed"
+        self.nodes_key = f"{prefix}:nodes"
+        lib = (LUA_DIR / "_lib.lua").read_text()
+        self._src = {n: lib + "\n" + (LUA_DIR / f"{n}.lua").read_text() for n in SCRIPTS}
+        self._sha = {n: hashlib.sha1(s.encode()).hexdigest() for n, s in self._src.items()}
+        self.round_trips = 0  # counted for benchmarks: every call to Redis adds one
+
+    def node_key(self, node: str) -> str:
+        return f"{self.prefix}:{{{node}}}:node"
+
+    async def load_scripts(self) -> None:
+        for name, src in self._src.items():
+            sha = await self.redis.script_load(src)
+            assert sha == self._sha[name], f"script {name}: Redis returned {sha}"
+
+    async def _call(self, name: str, node: str, payload: Mapping[str, Any] | None = None) -> Any:
+        args = (self.feed, node, orjson.dumps(payload or {}).decode())
+        for attempt in (1, 2):
+            self.round_trips += 1
+            try:
+                return await self.redis.evalsha(self._sha[name], 1, self.node_key(node), *args)  # type: ignore[misc]
+            except rexc.NoScriptError:
+                if attempt == 2:
+                    raise
+                log.info("scripts missing in Redis (restarted or flushed?): reloading")
+                await self.load_scripts()
+            except rexc.ResponseError as e:
+                raise LedgerError(f"{name} on {node}: {e}") from e
+        raise AssertionError("unreachable")
+
+    # -- inventory -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _cards_payload(inv: Inventory) -> dict[str, Any]:
+        return {"error": inv.error, "cards": [
+            {"index": c.index, "capacity": c.capacity, "slice_limit": c.max_slices,
+             "health": "cordoned" if c.cordoned else ("ok" if c.healthy else "unhealthy")}
+            for c in inv.cards]}
+
+    async def upsert_node(self, inv: Inventory) -> int:
+        """Write a node's cards (keeping usage); returns the node's new version."""
+        version = int(await self._call("upsert_node", inv.node, self._cards_payload(inv)))
+        self.round_trips += 1
+        await self.redis.sadd(self.nodes_key, inv.node)  # type: ignore[misc]
+        return version
+
+    async def remove_node(self, node: str) -> bool:
+        existed = bool(await self._call("remove_node", node))
+        self.round_trips += 1
+        await self.redis.srem(self.nodes_key, node)  # type: ignore[misc]
+        return existed
+
+    async def nodes(self) -> list[str]:
+        self.round_trips += 1
+        return sorted(await self.redis.smembers(self.nodes_key))  # type: ignore[misc]
+
+    # -- reservations --------------------------------------------------------------------------
+
+    async def reserve(self, node: str, uid: str, cards: Sequence[int], mem: int, cores: int, slices: int,
+                      model: int = 0, whole: bool = False, pod: str = "") -> tuple[ReserveOutcome, NodeSnapshot | None]:
+        """Check-and-book on the given cards. On conflict returns the node's fresh state too."""
+        raw = await self._call("reserve", node, {
+            "uid": uid, "cards": list(cards), "mem": mem, "cores": cores, "slices": slices,
+            "model": model, "whole": whole, "pod": pod})
+        out = orjson.loads(raw)
+        if out["ok"]:
+            got = tuple(int(x) for x in str(out["cards"]).split(",") if x)
+            return ReserveOutcome(True, got, existing=bool(out.get("existing"))), None
+        snap = NodeSnapshot.from_json(out["node"]) if out.get("node") else None
+        return ReserveOutcome(False, reason=str(out.get("reason", ""))), snap
+
+    async def place(self, node: str, uid: str, req: SliceRequest, annotations: Mapping[str, str],
+                    snapshot: NodeSnapshot | None, gpu_policy: str, pod: str = "",
+                    max_attempts: int = 3) -> tuple[ReserveOutcome, FitResult | None]:
+        """Fit `req` on the node (from a mirror's snapshot) and book it atomically; refit on conflict.
+
+        One round trip when the mirror is current; each conflict costs one more (the script returns
+        the fresh state with its refusal, so no extra read is needed).
+        """
+        trips = 0
+        result: FitResult | None = None
+        for attempt in range(1, max_attempts + 1):
+            if snapshot is None:
+                snapshot = await self.snapshot(node)
+                trips += 1
+                if snapshot is None:
+                    return ReserveOutcome(False, reason="node unregistered", attempts=attempt,
+                                          round_trips=trips), None
+            if snapshot.error:
+                return ReserveOutcome(False, reason=f"node unregistered: {snapshot.error}", attempts=attempt,
+                                      round_trips=trips), None
+            states = snapshot.card_states()
+            result = fit(states, req, annotations, gpu_policy)
+            if not result.ok:
+                existing = next((r for r in snapshot.reservations.values() if r.uid == uid), None)
+                if existing is None:
+                    return ReserveOutcome(False, reason=result.reason, attempts=attempt, round_trips=trips), result
+                chosen: tuple[int, ...] = existing.cards  # idempotent retry: the script returns these
+            else:
+                chosen = result.cards
+            capacity = next(s.card.capacity for s in states if s.card.index == chosen[0]) if states else 0
+            mem, cores, slices = req.booking_for(capacity)
+            outcome, fresh = await self.reserve(node, uid, chosen, mem, cores, slices,
+                                                model=req.model or (capacity if req.whole_cards else 0),
+                                                whole=req.whole_cards, pod=pod)
+            trips += 1
+            if outcome.ok:
+                return ReserveOutcome(True, outcome.cards, existing=outcome.existing, attempts=attempt,
+                                      round_trips=trips), result
+            log.debug("reserve conflict on %s for %s: %s (attempt %d)", node, uid, outcome.reason, attempt)
+            snapshot = fresh
+        return ReserveOutcome(False, reason=f"conflict: {outcome.reason}", attempts=max_attempts,
+                              round_trips=trips), result
+
+    async def mark_bound(self, node: str, uid: str) -> bool:
+        return bool(orjson.loads(await self._call("mark_bound", node, {"uid": uid}))["ok"])
+
+    async def release(self, node: str, uid: str) -> bool:
+        """Give a pod's share back; True if something was held. Idempotent."""
+        return bool(orjson.loads(await self._call("release", node, {"uid": uid}))["released"])
+
+    async def observe(self, uid: str, usage: PodUsage, pod: str = "") -> dict[str, Any]:
+        """Record the allocation a bound pod carries (idempotent); reports over-commit instead of hiding it."""
+        out: dict[str, Any] = orjson.loads(await self._call("observe", usage.node, {
+            "uid": uid, "cards": list(usage.cards), "mem": usage.memory, "cores": usage.cores,
+            "slices": usage.slices, "pod": pod}))
+        return out
+
+    async def expire(self, node: str, ttl_seconds: float) -> list[str]:
+        """Release pending reservations older than the TTL on one node; returns their uids."""
+        return list(orjson.loads(await self._call("expire", node, {"ttl_ms": int(ttl_seconds * 1000)})))
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    async def snapshot(self, node: str) -> NodeSnapshot | None:
+        d = orjson.loads(await self._call("snapshot", node))
+        return NodeSnapshot.from_json(d) if d.get("exists") else None
+
+    async def snapshots(self, nodes: Iterable[str]) -> dict[str, NodeSnapshot]:
+        """Many nodes in one round trip (pipelined)."""
+        names = list(nodes)
+        if not names:
+            return {}
+        for attempt in (1, 2):
+            pipe = self.redis.pipeline(transaction=False)
+            for n in names:
+                pipe.evalsha(self._sha["snapshot"], 1, self.node_key(n), self.feed, n, "{}")
+            self.round_trips += 1
+            try:
+                raws = await pipe.execute()
+                break
+            except rexc.NoScriptError:
+                if attempt == 2:
+                    raise
+                await self.load_scripts()
+        out = {}
+        for raw in raws:
+            d = orjson.loads(raw)
+            if d.get("exists"):
+                snap = NodeSnapshot.from_json(d)
+                out[snap.node] = snap
+        return out
+
+    # -- rebuild -------------------------------------------------------------------------------
+
+    async def replace_node(self, inv: Inventory, bound: Mapping[str, tuple[PodUsage, str]]) -> dict[str, Any]:
+        """Atomically set one node to what the API implies: its cards and its bound pods' usage."""
+        payload = self._cards_payload(inv)
+        payload["bound"] = [
+            {"uid": uid, "cards": list(u.cards), "mem": u.memory, "cores": u.cores, "slices": u.slices, "pod": pod}
+            for uid, (u, pod) in sorted(bound.items())]
+        out: dict[str, Any] = orjson.loads(await self._call("replace_node", inv.node, payload))
+        return out
+
+    async def rebuild(self, inventories: Iterable[Inventory],
+                      bound: Mapping[str, tuple[PodUsage, str]]) -> dict[str, int]:
+        """Recompute the whole ledger from the API server's truth (nodes + bound pods' annotations).
+
+        Node by node, each an atomic replace, so no replica ever reads a node empty or doubled;
+        nodes that no longer exist are removed last.
+        """
+        by_node: dict[str, dict[str, tuple[PodUsage, str]]] = {}
+        for uid, (usage, pod) in bound.items():
+            by_node.setdefault(usage.node, {})[uid] = (usage, pod)
+        seen = set()
+        stats = {"nodes": 0, "bound": 0, "pending_kept": 0, "pending_dropped": 0, "removed": 0}
+        for inv in inventories:
+            seen.add(inv.node)
+            out = await self.replace_node(inv, by_node.get(inv.node, {}))
+            self.round_trips += 1
+            await self.redis.sadd(self.nodes_key, inv.node)  # type: ignore[misc]
+            stats["nodes"] += 1
+            stats["bound"] += int(out["bound"])
+            stats["pending_kept"] += int(out["pending_kept"])
+            stats["pending_dropped"] += int(out["pending_dropped"])
+        for node in set(await self.nodes()) - seen:
+            await self.remove_node(node)
+            stats["removed"] += 1
+        return stats
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

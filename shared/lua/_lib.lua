@@ -1,0 +1,229 @@
+-- Shared prelude, prepended to every ledger script when it is loaded (one SHA per script).
+-- Calling convention for every script:
+--   KEYS[1] = "<prefix>:{<node>}:node"   (the node hash; its hash tag puts all node keys in one slot)
+--   ARGV[1] = feed channel, ARGV[2] = node name, ARGV[3] = JSON payload (script specific)
+-- Every other key the scripts touch shares the {<node>} hash tag, so each call stays on one slot.
+local NODE_KEY = KEYS[1]
+local BASE = string.sub(NODE_KEY, 1, -6)          -- strip ":node"
+local FEED = ARGV[1]
+local NODE = ARGV[2]
+local PODS_KEY = BASE .. ":pods"
+local MAX_UNITS = 1048576
+
+local function card_key(idx) return BASE .. ":card:" .. idx end
+local function res_key(uid) return BASE .. ":res:" .. uid end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function fail(code, msg)
+  return redis.error_reply(code .. " " .. msg)
+end
+
+-- Decodes ARGV[3]; returns (table, nil) or (nil, error reply).
+local function payload()
+  local ok, v = pcall(cjson.decode, ARGV[3] or "")
+  if not ok or type(v) ~= "table" then return nil, fail("BADINPUT", "payload is not a JSON object") end
+  return v, nil
+end
+
+local function is_int(v, lo, hi)
+  return type(v) == "number" and v == math.floor(v) and v >= lo and v <= hi
+end
+
+local function hgetall(key)
+  local flat = redis.call('HGETALL', key)
+  if #flat == 0 then return nil end
+  local t = {}
+  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return t
+end
+
+local function card_indices()
+  local raw = redis.call('HGET', NODE_KEY, 'cards')
+  local out = {}
+  if raw and raw ~= "" then
+    for idx in string.gmatch(raw, "[^,]+") do out[#out + 1] = idx end
+  end
+  return out
+end
+
+local function card_view(idx)
+  local c = hgetall(card_key(idx))
+  if not c then return nil end
+  return {
+    capacity = tonumber(c.capacity), mem_used = tonumber(c.mem_used), mem_free = tonumber(c.mem_free),
+    cores = tonumber(c.cores), cores_used = tonumber(c.cores_used), cores_free = tonumber(c.cores_free),
+    slices = tonumber(c.slices), slice_limit = tonumber(c.slice_limit), health = c.health,
+  }
+end
+
+local function res_view(uid)
+  local r = hgetall(res_key(uid))
+  if not r then return nil end
+  return {
+    cards = r.cards, mem = tonumber(r.mem), cores = tonumber(r.cores), slices = tonumber(r.slices),
+    state = r.state, created = tonumber(r.created), bound_at = tonumber(r.bound_at or "0"), pod = r.pod or "",
+  }
+end
+
+local function node_view()
+  local cards = {}
+  for _, idx in ipairs(card_indices()) do cards[idx] = card_view(idx) end
+  local res = {}
+  for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do res[uid] = res_view(uid) end
+  local n = hgetall(NODE_KEY) or {}
+  return {node = NODE, version = tonumber(n.version or "0"), error = n.error or "", cards = cards, res = res,
+          exists = n.version ~= nil}
+end
+
+-- Applies a signed amount to one card: sign 1 books, -1 gives back. Free never goes below 0; used is
+-- the truth (it may exceed capacity only when the API server says so, see observe.lua).
+local function add_usage(idx, mem, cores, slices, sign)
+  local key = card_key(idx)
+  local c = card_view(idx)
+  if not c then return end
+  local mu = math.max(0, c.mem_used + sign * mem)
+  local cu = math.max(0, c.cores_used + sign * cores)
+  local su = math.max(0, c.slices + sign * slices)
+  if sign < 0 and c.health == "removed" and mu == 0 and cu == 0 and su == 0 then
+    redis.call('DEL', key)          -- a removed card disappears once nothing holds it
+    local kept = {}
+    for _, i in ipairs(card_indices()) do if i ~= idx then kept[#kept + 1] = i end end
+    redis.call('HSET', NODE_KEY, 'cards', table.concat(kept, ","))
+    return
+  end
+  redis.call('HSET', key, 'mem_used', mu, 'mem_free', math.max(0, c.capacity - mu),
+             'cores_used', cu, 'cores_free', math.max(0, c.cores - cu), 'slices', su)
+end
+
+local function split_cards(s)
+  local out = {}
+  for idx in string.gmatch(s or "", "[^,]+") do out[#out + 1] = idx end
+  return out
+end
+
+local function drop_reservation(uid, r)
+  for _, idx in ipairs(split_cards(r.cards)) do add_usage(idx, r.mem, r.cores, r.slices, -1) end
+  redis.call('DEL', res_key(uid))
+  redis.call('SREM', PODS_KEY, uid)
+end
+
+-- Bumps the node version and publishes a change: the node's cards, plus the one reservation touched
+-- (res = false when it was removed). Mirrors apply it when version == theirs + 1, else re-read the node.
+local function publish(kind, uid, res)
+  local v = redis.call('HINCRBY', NODE_KEY, 'version', 1)
+  local cards = {}
+  for _, idx in ipairs(card_indices()) do cards[idx] = card_view(idx) end
+  local msg = {node = NODE, version = v, kind = kind, cards = cards, error = redis.call('HGET', NODE_KEY, 'error') or ""}
+  if uid then msg.uid = uid; msg.res = res or false end
+  redis.call('PUBLISH', FEED, cjson.encode(msg))
+  return v
+end
+
+-- Validates a card list from the payload: [{index, capacity, slice_limit, health}].
+local function check_cards(list)
+  if type(list) ~= "table" then return nil, "cards must be a list" end
+  local seen, n = {}, 0
+  for _ in pairs(list) do n = n + 1 end
+  if n ~= #list or n > 1024 then return nil, "cards must be a list of at most 1024 cards" end
+  for _, c in ipairs(list) do
+    if type(c) ~= "table" or not is_int(c.index, 0, 1023) or not is_int(c.capacity, 2, 4096)
+        or not is_int(c.slice_limit, 1, 16)
+        or (c.health ~= "ok" and c.health ~= "cordoned" and c.health ~= "unhealthy") then
+      return nil, "each card needs index 0..1023, capacity 2..4096, slice_limit 1..16, health ok|cordoned|unhealthy"
+    end
+    if seen[c.index] then return nil, "card index " .. c.index .. " repeats" end
+    seen[c.index] = true
+  end
+  return seen, nil
+end
+
+-- Writes the reported cards, keeping each card's usage; cards no longer reported stay visible as
+-- "removed" while something holds them (so no reservation becomes invisible), else disappear.
+local function write_cards(list, reset)
+  local want = {}
+  for _, c in ipairs(list) do want[tostring(c.index)] = c end
+  local keep = {}
+  for _, idx in ipairs(card_indices()) do
+    if not want[idx] then
+      local c = card_view(idx)
+      if c and not reset and (c.mem_used > 0 or c.cores_used > 0 or c.slices > 0) then
+        redis.call('HSET', card_key(idx), 'health', 'removed')
+        keep[#keep + 1] = tonumber(idx)
+      else
+        redis.call('DEL', card_key(idx))
+      end
+    end
+  end
+  for _, c in ipairs(list) do
+    local idx = tostring(c.index)
+    local cur = (not reset) and card_view(idx) or nil
+    local mu, cu, su = 0, 0, 0
+    if cur then mu, cu, su = cur.mem_used, cur.cores_used, cur.slices end
+    redis.call('HSET', card_key(idx), 'id', NODE .. "-mthreads-" .. idx, 'capacity', c.capacity,
+               'mem_used', mu, 'mem_free', math.max(0, c.capacity - mu), 'cores', 16, 'cores_used', cu,
+               'cores_free', math.max(0, 16 - cu), 'slices', su, 'slice_limit', c.slice_limit, 'health', c.health)
+    keep[#keep + 1] = c.index
+  end
+  table.sort(keep)
+  for i, v in ipairs(keep) do keep[i] = tostring(v) end
+  redis.call('HSET', NODE_KEY, 'cards', table.concat(keep, ","), 'updated', now_ms())
+end
+
+-- Validates a reservation payload {uid, cards, mem, cores, slices, pod}.
+local function check_res(p)
+  if type(p.uid) ~= "string" or not string.match(p.uid, "^[%w%-%.:_]+$") or #p.uid > 128 then
+    return "uid must be 1..128 characters of [A-Za-z0-9-._:]"
+  end
+  if type(p.cards) ~= "table" or #p.cards < 1 or #p.cards > 64 then return "cards must list 1..64 card indices" end
+  local seen = {}
+  for _, idx in ipairs(p.cards) do
+    if not is_int(idx, 0, 1023) or seen[idx] then return "cards must be distinct indices 0..1023" end
+    seen[idx] = true
+  end
+  if not is_int(p.mem, 0, MAX_UNITS) or not is_int(p.cores, 0, 16) or not is_int(p.slices, 0, 16) then
+    return "mem must be 0.." .. MAX_UNITS .. ", cores 0..16, slices 0..16"
+  end
+  if p.pod ~= nil and (type(p.pod) ~= "string" or #p.pod > 512) then return "pod must be a string" end
+  return nil
+end
+
+local function cards_csv(list)
+  local t = {}
+  for i, idx in ipairs(list) do t[i] = tostring(math.floor(idx)) end
+  return table.concat(t, ",")
+end
+
+-- Books a reservation unconditionally (callers checked what they must). Unknown cards get a
+-- placeholder marked "removed" so that usage the API server reports is never dropped.
+local function book(p, state, now)
+  for _, idx in ipairs(p.cards) do
+    local k = tostring(math.floor(idx))
+    if not card_view(k) then
+      redis.call('HSET', card_key(k), 'id', NODE .. "-mthreads-" .. k, 'capacity', math.max(p.mem, 1),
+                 'mem_used', 0, 'mem_free', math.max(p.mem, 1), 'cores', 16, 'cores_used', 0, 'cores_free', 16,
+                 'slices', 0, 'slice_limit', 16, 'health', 'removed')
+      local list = card_indices()
+      list[#list + 1] = k
+      table.sort(list, function(a, b) return tonumber(a) < tonumber(b) end)
+      redis.call('HSET', NODE_KEY, 'cards', table.concat(list, ","))
+    end
+    add_usage(k, p.mem, p.cores, p.slices, 1)
+  end
+  local fields = {'cards', cards_csv(p.cards), 'mem', p.mem, 'cores', p.cores, 'slices', p.slices,
+                  'state', state, 'created', now, 'pod', p.pod or ""}
+  if state == "bound" then fields[#fields + 1] = 'bound_at'; fields[#fields + 1] = now end
+  redis.call('HSET', res_key(p.uid), unpack(fields))
+  redis.call('SADD', PODS_KEY, p.uid)
+end
+
+local function overcommitted(list)
+  for _, idx in ipairs(list) do
+    local c = card_view(tostring(math.floor(idx)))
+    if c and (c.mem_used > c.capacity or c.cores_used > c.cores or c.slices > c.slice_limit) then return true end
+  end
+  return false
+end

@@ -1,0 +1,11 @@
+-- Mark a reservation bound once the Binding exists. Payload: {uid}. Idempotent.
+local p, err = payload()
+if err then return err end
+if type(p.uid) ~= "string" or #p.uid == 0 or #p.uid > 128 then return fail("BADINPUT", "uid must be a string") end
+local r = res_view(p.uid)
+if not r then return cjson.encode({ok = false, reason = "no reservation"}) end
+if r.state ~= "bound" then
+  redis.call('HSET', res_key(p.uid), 'state', 'bound', 'bound_at', now_ms())
+  publish('bound', p.uid, res_view(p.uid))
+end
+return cjson.encode({ok = true, cards = r.cards})

@@ -1,0 +1,21 @@
+-- Record the allocation a bound pod carries (watchers, rebuilds). Payload: {uid, cards, mem, cores,
+-- slices, pod}. Idempotent. The API server is the truth: the booking is made even when it
+-- over-commits a card (reported back so it can be alerted on), never silently dropped.
+local p, err = payload()
+if err then return err end
+local bad = check_res(p)
+if bad then return fail("BADINPUT", bad) end
+local r = res_view(p.uid)
+local csv = cards_csv(p.cards)
+if r and r.cards == csv and r.mem == p.mem and r.cores == p.cores and r.slices == p.slices then
+  if r.state ~= "bound" then
+    redis.call('HSET', res_key(p.uid), 'state', 'bound', 'bound_at', now_ms(), 'pod', p.pod or r.pod)
+    publish('bound', p.uid, res_view(p.uid))
+    return cjson.encode({ok = true, changed = true, overcommit = overcommitted(p.cards)})
+  end
+  return cjson.encode({ok = true, changed = false, overcommit = false})
+end
+if r then drop_reservation(p.uid, r) end
+book(p, "bound", now_ms())
+publish('observe', p.uid, res_view(p.uid))
+return cjson.encode({ok = true, changed = true, overcommit = overcommitted(p.cards)})

@@ -1,0 +1,157 @@
+"""A replica's local read-only copy of the ledger, kept current by the change feed.
+
+Every ledger script publishes the touched node's cards (and the one reservation it changed) with
+the node's new version on `<prefix>:feed`. The mirror applies a message when its version is the
+next one it expects; on a gap, an unknown node or a rebuild it re-reads that node (one round
+trip). On (re)connect it re-reads everything in one pipelined round trip, and it re-reads
+everything periodically as a safety net, since Pub/Sub drops messages while disconnected.
+So filtering 500 nodes costs no Redis read at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+
+from shared.ledger import Ledger
+from shared.state import CardRecord, NodeSnapshot, Reservation
+
+log = logging.getLogger("mtsched.mirror")
+
+
+class Mirror:
+    def __init__(self, ledger: Ledger, subscriber: Redis | None = None, resync_seconds: float = 30.0):
+        self.ledger = ledger
+        self.subscriber = subscriber or ledger.redis
+        self.resync_seconds = resync_seconds
+        self.nodes: dict[str, NodeSnapshot] = {}
+        self.ready = asyncio.Event()
+        self.refetches = 0
+        self.applied = 0
+        self.on_change: list[Callable[[str], None]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def get(self, node: str) -> NodeSnapshot | None:
+        return self.nodes.get(node)
+
+    def owner_of(self, uid: str) -> str | None:
+        """Node holding a reservation for this pod uid (watchers release by uid)."""
+        for name, snap in self.nodes.items():
+            if uid in snap.reservations:
+                return name
+        return None
+
+    def capacities(self) -> set[int]:
+        """Per-card capacities reported by the cluster's usable cards (the webhook's mixed-fleet input)."""
+        return {c.capacity for s in self.nodes.values() if not s.error for c in s.cards.values()
+                if c.health != "removed"}
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="mirror")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def resync(self) -> None:
+        names = await self.ledger.nodes()
+        snaps = await self.ledger.snapshots(names)
+        self.nodes = snaps
+        for n in snaps:
+            self._notify(n)
+
+    def _notify(self, node: str) -> None:
+        for cb in self.on_change:
+            cb(node)
+
+    async def _refetch(self, node: str) -> None:
+        self.refetches += 1
+        snap = await self.ledger.snapshot(node)
+        if snap is None:
+            self.nodes.pop(node, None)
+        else:
+            self.nodes[node] = snap
+        self._notify(node)
+
+    def apply(self, msg: Mapping[str, Any]) -> str | None:
+        """Apply one feed message; returns the node name if it must be re-read instead."""
+        node = str(msg["node"])
+        version = int(msg["version"])
+        kind = msg.get("kind")
+        if kind == "removed":
+            self.nodes.pop(node, None)
+            self._notify(node)
+            return None
+        cur = self.nodes.get(node)
+        if kind == "rebuild":
+            return node
+        if cur is None:
+            if version == 1 and kind == "node":
+                cur = NodeSnapshot(node, 0)
+                self.nodes[node] = cur
+            else:
+                return node
+        if version <= cur.version:
+            return None  # already have it (e.g. read after the change was published)
+        if version != cur.version + 1:
+            return node
+        cards = msg.get("cards") or {}
+        cur.cards = {int(k): CardRecord.from_json(int(k), v) for k, v in
+                     (cards.items() if isinstance(cards, dict) else [])}
+        cur.error = str(msg.get("error") or "")
+        uid = msg.get("uid")
+        if uid:
+            res = msg.get("res")
+            if res:
+                cur.reservations[str(uid)] = Reservation.from_json(str(uid), res)
+            else:
+                cur.reservations.pop(str(uid), None)
+        cur.version = version
+        self.applied += 1
+        self._notify(node)
+        return None
+
+    async def _run(self) -> None:
+        backoff = 0.2
+        while True:
+            pubsub = self.subscriber.pubsub()
+            try:
+                await pubsub.subscribe(self.ledger.feed)
+                await self.resync()  # after subscribing, so no change falls between the two
+                self.ready.set()
+                backoff = 0.2
+                loop = asyncio.get_running_loop()
+                next_resync = loop.time() + self.resync_seconds
+                while True:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if msg is not None and msg.get("type") == "message":
+                        try:
+                            data = orjson.loads(msg["data"])
+                        except orjson.JSONDecodeError:
+                            log.warning("ignoring undecodable feed message")
+                            continue
+                        stale = self.apply(data)
+                        if stale:
+                            await self._refetch(stale)
+                    if loop.time() >= next_resync:
+                        await self.resync()
+                        next_resync = loop.time() + self.resync_seconds
+            except asyncio.CancelledError:
+                raise
+            except (rexc.ConnectionError, rexc.TimeoutError, OSError) as e:
+                self.ready.clear()
+                log.warning("mirror lost Redis (%s); retrying in %.1fs", e, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()

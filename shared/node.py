@@ -1,0 +1,109 @@
+"""From a Node (Kubernetes JSON) to its sliced cards.
+
+The Moore Threads device plugin reports no per-card annotation: sliced cards = sgpu-core capacity
+/ 16, memory per card = sgpu-memory / cards, physical indices from the label
+`mthreads.com/sgpu.cores` (e.g. `0-2-3`). A node whose numbers disagree offers no card and
+carries a reason (fail closed): we never guess which card has what.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shared.annotations import device_id
+from shared.config import Config
+from shared.models import CORES_PER_CARD, DEFAULT_MAX_INST, CardModel, describe_models
+
+SGPU_CORES_LABEL = "mthreads.com/sgpu.cores"
+GPU_NODE_LABEL = "mthreads.com/gpu-node"
+MAX_INST_ANNOTATION = "mtsched.io/max-inst"  # per-node override of slices per card (vendor max_inst)
+CORDON_ANNOTATION = "hami.io/device-cordon"  # comma list of device ids taken out of service
+
+
+@dataclass(frozen=True)
+class Card:
+    node: str
+    index: int
+    capacity: int  # memory units (the card model)
+    max_slices: int = DEFAULT_MAX_INST
+    healthy: bool = True
+    cordoned: bool = False
+    cores: int = CORES_PER_CARD
+
+    @property
+    def id(self) -> str:
+        return device_id(self.node, self.index)
+
+    @property
+    def model(self) -> CardModel:
+        return CardModel(self.capacity)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    node: str
+    cards: tuple[Card, ...] = ()
+    error: str = ""  # non-empty: the node offers no card, and this says why
+
+
+def _int_quantity(raw: object) -> int | None:
+    text = str(raw).strip()
+    return int(text) if re.fullmatch(r"[0-9]+", text) else None
+
+
+def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
+    meta = node.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    capacity = (node.get("status") or {}).get("capacity") or {}
+    raw_cores = capacity.get(cfg.resource_core_name)
+    if raw_cores is None or str(raw_cores).strip() in ("", "0"):
+        return Inventory(name)  # no sliced cards: not an error, just not ours
+    cores = _int_quantity(raw_cores)
+    mem = _int_quantity(capacity.get(cfg.resource_memory_name, ""))
+    if cores is None:
+        return Inventory(name, error=f"{cfg.resource_core_name} capacity {raw_cores!r} is not a whole number")
+    if cores % CORES_PER_CARD:
+        return Inventory(name, error=f"{cfg.resource_core_name} capacity {cores} is not a multiple of "
+                                     f"{CORES_PER_CARD} (cores per card)")
+    n = cores // CORES_PER_CARD
+    if mem is None or mem == 0:
+        return Inventory(name, error=f"{cfg.resource_memory_name} capacity "
+                                     f"{capacity.get(cfg.resource_memory_name)!r} is missing or not a whole number")
+    if mem % n:
+        return Inventory(name, error=f"{cfg.resource_memory_name} capacity {mem} does not divide evenly over "
+                                     f"{n} sliced cards")
+    per_card = mem // n
+    if CardModel(per_card) not in cfg.models:
+        return Inventory(name, error=f"{per_card} units per card ({mem}/{n}) is no configured card model; "
+                                     f"memoryPerCard {describe_models(cfg.models)}")
+    label = labels.get(SGPU_CORES_LABEL)
+    if label is None or str(label).strip() == "":
+        indices = list(range(n))
+    else:
+        parts = [p for p in re.split(r"[-,]", str(label).strip())]
+        if not all(p.isdigit() for p in parts):
+            return Inventory(name, error=f"label {SGPU_CORES_LABEL}={label!r} is not a list of card ids like 0-2-3")
+        indices = [int(p) for p in parts]
+        if len(set(indices)) != len(indices):
+            return Inventory(name, error=f"label {SGPU_CORES_LABEL}={label!r} repeats a card id")
+        if len(indices) != n:
+            return Inventory(name, error=f"label {SGPU_CORES_LABEL}={label!r} lists {len(indices)} cards but "
+                                         f"{cfg.resource_core_name} capacity {cores} means {n}")
+    max_slices = cfg.max_slices_per_card
+    raw_inst = annotations.get(MAX_INST_ANNOTATION)
+    if raw_inst is not None:
+        inst = _int_quantity(raw_inst)
+        if inst is None or not 1 <= inst <= DEFAULT_MAX_INST:
+            return Inventory(name, error=f"annotation {MAX_INST_ANNOTATION}={raw_inst!r} is outside "
+                                         f"1..{DEFAULT_MAX_INST}")
+        max_slices = inst
+    cordoned = {p.strip() for p in str(annotations.get(CORDON_ANNOTATION, "")).split(",") if p.strip()}
+    cards = tuple(
+        Card(name, i, per_card, max_slices, cordoned=device_id(name, i) in cordoned) for i in sorted(indices)
+    )
+    return Inventory(name, cards)

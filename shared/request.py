@@ -1,0 +1,297 @@
+"""From a pod (Kubernetes JSON) to what it asks of Moore Threads cards.
+
+Two layers: `read_asks` turns container resources into integer asks (strictly: a bad quantity is
+an error naming the container, the resource and the value); `shape_request` applies the sharing
+rules of the seeds and returns a SliceRequest, the one thing fitting and booking work from.
+Both the webhook (before mutation) and the scheduler (after) use them, so the rules live once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from shared.config import Config
+from shared.models import CORES_PER_CARD, MAX_MODEL_UNITS, CardModel, describe_models
+
+MAX_CARDS_PER_POD = 64  # larger than any node; above it the value is a typo
+PIN_ANNOTATION = "mtsched.io/card-memory"  # pins exclusive/multi-card pods (and slices) to one card model
+_INT_RE = re.compile(r"^\+?[0-9]+$")
+
+
+class RequestError(ValueError):
+    """One or more problems with what a pod asks; each names container, resource and value."""
+
+    def __init__(self, problems: Sequence[str]):
+        super().__init__("; ".join(problems))
+        self.problems = tuple(problems)
+
+
+class Mode(str, Enum):
+    SLICE = "slice"  # vgpu 1 with a memory value: a share of one card
+    EXCLUSIVE = "exclusive"  # vgpu 1 alone: the whole card
+    MULTI = "multi"  # vgpu > 1: that many whole cards
+
+
+@dataclass(frozen=True)
+class ContainerAsk:
+    """Integer view of one container's mthreads resources (None = not asked)."""
+
+    name: str
+    init: bool
+    count: int | None
+    memory: int | None
+    cores: int | None
+    whole_gpu: bool
+    memory_in_requests_only: bool = False
+    cores_in_requests_only: bool = False
+
+    @property
+    def asks_slices(self) -> bool:
+        return self.count is not None or self.memory is not None or self.cores is not None
+
+
+@dataclass(frozen=True)
+class ContainerShare:
+    """What one container holds on each of the pod's cards (units); zero for a container without cards."""
+
+    name: str
+    init: bool
+    memory: int
+    cores: int
+
+    @property
+    def empty(self) -> bool:
+        return self.memory == 0 and self.cores == 0
+
+
+@dataclass(frozen=True)
+class SliceRequest:
+    """What a pod needs: `cards` cards, each booked with memory/cores/slices (pod peak over init and app)."""
+
+    mode: Mode
+    cards: int
+    memory: int  # units per card; for EXCLUSIVE/MULTI with model None, "the whole card"
+    cores: int
+    slices: int
+    model: int | None  # required card capacity (units), None = any card model
+    shares: tuple[ContainerShare, ...]  # init containers first, then app containers (annotation order)
+
+    @property
+    def whole_cards(self) -> bool:
+        return self.mode is not Mode.SLICE
+
+    def booking_for(self, capacity: int) -> tuple[int, int, int]:
+        """(memory, cores, slices) this request books on one card of `capacity` units."""
+        if self.whole_cards:
+            return capacity, CORES_PER_CARD, 1
+        return self.memory, self.cores, self.slices
+
+    def shares_for(self, capacity: int) -> tuple[ContainerShare, ...]:
+        if not self.whole_cards:
+            return self.shares
+        return tuple(
+            s if s.empty else ContainerShare(s.name, s.init, capacity, CORES_PER_CARD) for s in self.shares
+        )
+
+
+def parse_quantity(value: object, container: str, resource: str, limit: int) -> int:
+    """A whole number 1..limit, else RequestError naming container, resource and value."""
+    text = str(value).strip() if not isinstance(value, bool) else "?"
+    where = f'container "{container}": {resource}={value!r}'
+    if not _INT_RE.match(text):
+        if re.match(r"^-[0-9]+$", text):
+            raise RequestError([f"{where} is negative; use a whole number 1..{limit}"])
+        raise RequestError([f"{where} is not a whole number; use a plain integer 1..{limit} "
+                            "(no fractions or unit suffixes)"])
+    n = int(text)
+    if n < 1:
+        raise RequestError([f"{where} must be at least 1 (remove the resource instead of asking for 0)"])
+    if n > limit:
+        raise RequestError([f"{where} is too large; at most {limit}"])
+    return n
+
+
+def _containers(pod: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], bool]]:
+    spec = pod.get("spec") or {}
+    inits = [(c, True) for c in spec.get("initContainers") or []]
+    apps = [(c, False) for c in spec.get("containers") or []]
+    return inits + apps
+
+
+def read_asks(pod: Mapping[str, Any], cfg: Config) -> list[ContainerAsk]:
+    """Integer asks of every container (init first), limits read before requests."""
+    problems: list[str] = []
+    asks: list[ContainerAsk] = []
+    max_mem = max(m.memory for m in cfg.models) * MAX_CARDS_PER_POD
+    limits_for = {
+        cfg.resource_count_name: MAX_CARDS_PER_POD,
+        cfg.resource_memory_name: min(max_mem, MAX_MODEL_UNITS * MAX_CARDS_PER_POD),
+        cfg.resource_core_name: CORES_PER_CARD * MAX_CARDS_PER_POD,
+    }
+    for c, init in _containers(pod):
+        name = str(c.get("name", "?"))
+        res = c.get("resources") or {}
+        lim = res.get("limits") or {}
+        req = res.get("requests") or {}
+        values: dict[str, int | None] = {}
+        req_only: dict[str, bool] = {}
+        for resource, limit in limits_for.items():
+            raw = lim.get(resource, req.get(resource))
+            req_only[resource] = resource not in lim and resource in req
+            if raw is None:
+                values[resource] = None
+                continue
+            try:
+                values[resource] = parse_quantity(raw, name, resource, limit)
+            except RequestError as e:
+                problems.extend(e.problems)
+                values[resource] = None
+        whole = cfg.whole_card_resource_name in lim or cfg.whole_card_resource_name in req
+        asks.append(ContainerAsk(
+            name=name, init=init,
+            count=values[cfg.resource_count_name],
+            memory=values[cfg.resource_memory_name],
+            cores=values[cfg.resource_core_name],
+            whole_gpu=whole,
+            memory_in_requests_only=req_only[cfg.resource_memory_name],
+            cores_in_requests_only=req_only[cfg.resource_core_name],
+        ))
+    if problems:
+        raise RequestError(problems)
+    return asks
+
+
+def pinned_model(pod: Mapping[str, Any], cfg: Config) -> CardModel | None:
+    """The card model a pod pins with the mtsched.io/card-memory annotation, if any."""
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(PIN_ANNOTATION)
+    if raw is None:
+        return None
+    text = str(raw).strip()
+    aliases = {"s4000": "96", "mtt-s4000": "96", "s5000": "160", "mtt-s5000": "160"}
+    text = aliases.get(text.lower(), text)
+    if not text.isdigit() or CardModel(int(text)) not in cfg.models:
+        raise RequestError([f"annotation {PIN_ANNOTATION}={raw!r} names no configured card model; "
+                            f"allowed: {', '.join(str(m.memory) for m in cfg.models)} (or S4000/S5000), "
+                            f"memoryPerCard {describe_models(cfg.models)}"])
+    return CardModel(int(text))
+
+
+def shape_request(asks: Sequence[ContainerAsk], cfg: Config, model: int | None) -> SliceRequest | None:
+    """Apply the sharing rules to complete asks (memory and cores explicit, as after admission).
+
+    `model` is the pinned card capacity (None = any). Returns None when the pod asks for no slices.
+    Raises RequestError for any rule broken; the scheduler never turns a bad ask into "no request".
+    """
+    cr, mr, kr = cfg.slice_resources
+    mine = [a for a in asks if a.asks_slices]
+    if not mine:
+        return None
+    problems: list[str] = []
+    for a in mine:
+        if a.whole_gpu:
+            problems.append(
+                f'container "{a.name}": {cfg.whole_card_resource_name} cannot be mixed with {cr}/{mr}/{kr} in '
+                f"one container: whole cards are delivered outside the scheduler's accounting; "
+                f"ask for either {cfg.whole_card_resource_name} or {cr}")
+        if a.count is None:
+            problems.append(f'container "{a.name}": {mr}/{kr} need {cr}; add {cr}: 1 for a slice')
+    if problems:
+        raise RequestError(problems)
+    multi = [a for a in mine if (a.count or 0) > 1]
+    if multi:
+        n = multi[0].count or 0
+        for a in mine:
+            if a.count != n:
+                problems.append(
+                    f'container "{a.name}": {cr}={a.count}, but container "{multi[0].name}" asks {cr}={n}; '
+                    "a multi-card pod's mthreads containers must all ask the same whole cards")
+        if len([a for a in mine if not a.init]) > 1:
+            problems.append(f"only one app container may ask {cr}={n} (multi-card): all mthreads containers "
+                            "of a pod share the same cards")
+        for a in mine:
+            if a.memory is not None and (a.memory % n or (model and a.memory != n * model)):
+                want = f"{n * model}" if model else f"{n} x the card's memory"
+                problems.append(f'container "{a.name}": {mr}={a.memory} with {cr}={n}: multi-card pods take '
+                                f"whole cards, so {mr} must be {want} (or be left out)")
+            if a.cores is not None and a.cores != n * CORES_PER_CARD:
+                problems.append(f'container "{a.name}": {kr}={a.cores} with {cr}={n}: multi-card pods take '
+                                f"whole cards, so {kr} must be {n * CORES_PER_CARD} (or be left out)")
+        if problems:
+            raise RequestError(problems)
+        per_card = (mine[0].memory // n) if mine[0].memory is not None else model
+        shares = tuple(ContainerShare(a.name, a.init, per_card or 0, CORES_PER_CARD) if a.asks_slices
+                       else ContainerShare(a.name, a.init, 0, 0) for a in asks)
+        return SliceRequest(Mode.MULTI, n, per_card or 0, CORES_PER_CARD, 1, per_card, shares)
+
+    # All asks are vgpu 1: one card shared by every mthreads container of the pod.
+    exclusive = [a for a in mine if a.memory is None]
+    for a in exclusive:
+        if a.cores is not None and a.cores != CORES_PER_CARD:
+            problems.append(f'container "{a.name}": {kr}={a.cores} without {mr}; a slice needs both: add '
+                            f"{mr}, or remove {kr} to take the whole card")
+    apps = [a for a in mine if not a.init]
+    if exclusive and len(exclusive) != len(mine):
+        problems.append(f"exclusive containers (only {cr}: 1: {', '.join(a.name for a in exclusive)}) take the "
+                        f"whole card and cannot share it with slice containers "
+                        f"({', '.join(a.name for a in mine if a.memory is not None)})")
+    elif exclusive and len(apps) > 1:
+        problems.append(f"an exclusive container (only {cr}: 1) takes the whole card; "
+                        f"no other app container of the pod may share it ({', '.join(a.name for a in apps)})")
+    for a in mine:
+        if a.cores is not None and not 1 <= a.cores <= CORES_PER_CARD:
+            problems.append(f'container "{a.name}": {kr}={a.cores} is outside 1..{CORES_PER_CARD}')
+    if problems:
+        raise RequestError(problems)
+    if exclusive:
+        shares = tuple(ContainerShare(a.name, a.init, model or 0, CORES_PER_CARD) if a.asks_slices
+                       else ContainerShare(a.name, a.init, 0, 0) for a in asks)
+        return SliceRequest(Mode.EXCLUSIVE, 1, model or 0, CORES_PER_CARD, 1, model, shares)
+    shares = tuple(
+        ContainerShare(a.name, a.init, a.memory or 0, a.cores if a.cores is not None else cfg.default_cores)
+        if a.asks_slices else ContainerShare(a.name, a.init, 0, 0)
+        for a in asks)
+    app_mem = sum(s.memory for s in shares if not s.init)
+    app_cores = sum(s.cores for s in shares if not s.init)
+    init_mem = max((s.memory for s in shares if s.init), default=0)
+    init_cores = max((s.cores for s in shares if s.init), default=0)
+    slices = max(len(apps), 1 if any(a.init for a in mine) else 0)
+    mem, cores = max(app_mem, init_mem), max(app_cores, init_cores)
+    if cores > CORES_PER_CARD:
+        problems.append(f"the pod's slice containers share one card and ask {cores} {kr} in all; "
+                        f"a card has {CORES_PER_CARD}")
+    if slices > cfg.max_slices_per_card:
+        problems.append(f"the pod has {slices} slice containers on one card; a card takes at most "
+                        f"{cfg.max_slices_per_card} slices")
+    if problems:
+        raise RequestError(problems)
+    return SliceRequest(Mode.SLICE, 1, mem, cores, slices, model, shares)
+
+
+def pod_request(pod: Mapping[str, Any], cfg: Config) -> SliceRequest | None:
+    """The scheduler's view of an admitted pod: None if it asks for no slices, else its SliceRequest."""
+    asks = read_asks(pod, cfg)
+    pin = pinned_model(pod, cfg)
+    req = shape_request(asks, cfg, pin.memory if pin else None)
+    if req is None:
+        return None
+    if req.mode is Mode.SLICE and pin is not None:
+        bad = [s for s in req.shares if not s.empty and not pin.accepts(s.memory)]
+        if bad:
+            raise RequestError([f'container "{s.name}": {cfg.resource_memory_name}={s.memory} is not valid on '
+                                f"the pinned {pin.name}; allowed: {', '.join(map(str, pin.valid_memory))}"
+                                for s in bad])
+    return req
+
+
+def card_accepts(capacity: int, req: SliceRequest) -> bool:
+    """Whether a card of `capacity` units can serve the request's model and every slice value."""
+    if req.model is not None and req.model != capacity:
+        return False
+    if req.whole_cards:
+        return True
+    model = CardModel(capacity)
+    return all(s.empty or model.accepts(s.memory) for s in req.shares)

@@ -1,0 +1,80 @@
+"""Plain data for the shared card state, as the ledger scripts return it and mirrors hold it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.fit import CardState
+from shared.node import Card
+
+
+@dataclass(frozen=True)
+class CardRecord:
+    index: int
+    capacity: int
+    mem_used: int
+    mem_free: int
+    cores: int
+    cores_used: int
+    cores_free: int
+    slices: int
+    slice_limit: int
+    health: str  # ok | cordoned | unhealthy | removed
+
+    @classmethod
+    def from_json(cls, index: int, d: Mapping[str, Any]) -> CardRecord:
+        return cls(index, int(d["capacity"]), int(d["mem_used"]), int(d["mem_free"]), int(d["cores"]),
+                   int(d["cores_used"]), int(d["cores_free"]), int(d["slices"]), int(d["slice_limit"]),
+                   str(d["health"]))
+
+
+@dataclass(frozen=True)
+class Reservation:
+    uid: str
+    cards: tuple[int, ...]
+    mem: int
+    cores: int
+    slices: int
+    state: str  # pending | bound
+    created: int  # ms (Redis clock)
+    bound_at: int = 0
+    pod: str = ""
+
+    @classmethod
+    def from_json(cls, uid: str, d: Mapping[str, Any]) -> Reservation:
+        cards = tuple(int(x) for x in str(d.get("cards") or "").split(",") if x)
+        return cls(uid, cards, int(d["mem"]), int(d["cores"]), int(d["slices"]), str(d["state"]),
+                   int(d.get("created") or 0), int(d.get("bound_at") or 0), str(d.get("pod") or ""))
+
+
+@dataclass
+class NodeSnapshot:
+    node: str
+    version: int
+    error: str = ""
+    cards: dict[int, CardRecord] = field(default_factory=dict)
+    reservations: dict[str, Reservation] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> NodeSnapshot:
+        cards = d.get("cards") or {}
+        res = d.get("res") or {}
+        return cls(
+            node=str(d["node"]), version=int(d.get("version") or 0), error=str(d.get("error") or ""),
+            cards={int(k): CardRecord.from_json(int(k), v) for k, v in (cards.items() if isinstance(cards, dict)
+                                                                         else [])},
+            reservations={k: Reservation.from_json(k, v) for k, v in (res.items() if isinstance(res, dict) else [])},
+        )
+
+    def card_states(self) -> list[CardState]:
+        """Fit input: usable cards (removed ones are not offered) with their usage."""
+        out = []
+        for c in sorted(self.cards.values(), key=lambda c: c.index):
+            if c.health == "removed":
+                continue
+            card = Card(self.node, c.index, c.capacity, c.slice_limit, healthy=c.health in ("ok", "cordoned"),
+                        cordoned=c.health == "cordoned", cores=c.cores)
+            out.append(CardState(card, c.mem_used, c.cores_used, c.slices))
+        return out

@@ -1,0 +1,35 @@
+"""Fixtures shared by all suites: a real redis-server (started here, never mocked)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+from deploy.local.redis import RedisServer
+from shared.ledger import Ledger
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def redis_client(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    if redis_server.proc is None or redis_server.proc.poll() is not None:
+        redis_server.start()
+    client = Redis.from_url(redis_server.url, decode_responses=True)
+    await client.flushall()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def ledger(redis_client: Redis) -> Ledger:
+    led = Ledger(redis_client)
+    await led.load_scripts()
+    return led
