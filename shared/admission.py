@@ -57,8 +57,8 @@ def whole_card_model(pod: Mapping[str, Any], cfg: Config, reported: Collection[i
     return max(seen or cfg.models)
 
 
-def _resource_patch(pod: Mapping[str, Any], asks: list[ContainerAsk], fills: dict[int, dict[str, int]]) -> list[
-        dict[str, Any]]:
+def _resource_patch(pod: Mapping[str, Any], asks: list[ContainerAsk],
+                    fills: dict[int, dict[str, int]]) -> list[dict[str, Any]]:
     """JSONPatch ops setting limits (and requests when present) for injected values."""
     ops: list[dict[str, Any]] = []
     spec = pod.get("spec") or {}
@@ -77,9 +77,10 @@ def _resource_patch(pod: Mapping[str, Any], asks: list[ContainerAsk], fills: dic
             if present is None:
                 ops.append({"op": "add", "path": f"{base}/resources/{part}", "value": {}})
             for name, value in values.items():
-                if part == "requests" and name not in present:
+                if part == "requests" and name not in (present or {}):
                     continue
-                ops.append({"op": "add", "path": f"{base}/resources/{part}/{_esc(name)}", "value": str(value)})
+                ops.append({"op": "add", "path": f"{base}/resources/{part}/{_esc(name)}",
+                            "value": str(value)})
     return ops
 
 
@@ -92,8 +93,8 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = ()) 
         return deny("pod has no containers")
     owned = sorted(k for k in annotations if k in SCHEDULER_OWNED_KEYS)
     if owned:
-        return deny(f"annotations {', '.join(owned)} are written by {cfg.scheduler_name} when it binds the pod; "
-                    "remove them from the pod you create")
+        return deny(f"annotations {', '.join(owned)} are written by {cfg.scheduler_name} when it binds the "
+                    "pod; remove them from the pod you create")
     try:
         asks = read_asks(pod, cfg)
     except RequestError as e:
@@ -109,13 +110,13 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = ()) 
         problems.append(f'schedulerName "{scheduler}": pods asking for {cr} must be scheduled by '
                         f'"{cfg.scheduler_name}" (leave schedulerName unset)')
     if spec.get("nodeName"):
-        problems.append(f'spec.nodeName "{spec["nodeName"]}" is set: pods asking for {cr} are placed on a card by '
-                        f"{cfg.scheduler_name}; use a nodeSelector instead")
+        problems.append(f'spec.nodeName "{spec["nodeName"]}" is set: pods asking for {cr} are placed on a '
+                        f"card by {cfg.scheduler_name}; use a nodeSelector instead")
     for c in (spec.get("initContainers") or []) + spec["containers"]:
         if (c.get("securityContext") or {}).get("privileged") and any(
                 a.name == c.get("name") and a.asks_slices for a in asks):
-            problems.append(f'container "{c.get("name")}" is privileged: a privileged container sees every card, '
-                            "so it cannot hold a slice")
+            problems.append(f'container "{c.get("name")}" is privileged: a privileged container sees every '
+                            "card, so it cannot hold a slice")
     for a in mine:
         if a.memory_in_requests_only or a.cores_in_requests_only:
             which = mr if a.memory_in_requests_only else kr
@@ -140,9 +141,10 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = ()) 
             per_card = a.memory // a.count if a.memory is not None and a.memory % a.count == 0 else None
             if a.memory is not None and CardModel(per_card or 0) not in cfg.models:
                 problems.append(
-                    f'container "{a.name}": {mr}={a.memory} with {cr}={a.count}: multi-card pods take whole cards; '
-                    f"{mr} must be {cr} x a card's memory ("
-                    + ", ".join(f"{a.count * m.memory} for {m.name}" for m in cfg.models) + ") or be left out")
+                    f'container "{a.name}": {mr}={a.memory} with {cr}={a.count}: multi-card pods take whole '
+                    f"cards; {mr} must be {cr} x a card's memory ("
+                    + ", ".join(f"{a.count * m.memory} for {m.name}" for m in cfg.models)
+                    + ") or be left out")
                 continue
             model = CardModel(per_card) if per_card else whole
             fill = {}
@@ -158,10 +160,12 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = ()) 
             if a.cores is None or a.cores == CORES_PER_CARD:
                 fills[i] = {mr: whole.memory, kr: CORES_PER_CARD}
                 warnings.append(f'container "{a.name}": exclusive mode, the whole {whole.name} card '
-                                f"({whole.memory} units = {whole.memory_gib:g} GiB, {CORES_PER_CARD} core groups)")
+                                f"({whole.memory} units = {whole.memory_gib:g} GiB, "
+                                f"{CORES_PER_CARD} core groups)")
         else:
             if a.memory not in union:
-                problems.append(f'container "{a.name}": {mr}={a.memory} is not a valid slice size; {allowed_text}')
+                problems.append(f'container "{a.name}": {mr}={a.memory} is not a valid slice size; '
+                                f"{allowed_text}")
             elif pin is not None and not pin.accepts(a.memory):
                 problems.append(f'container "{a.name}": {mr}={a.memory} is not valid on {pin.name} pinned by '
                                 f"{PIN_ANNOTATION}; allowed: {', '.join(map(str, pin.valid_memory))}")
@@ -170,8 +174,8 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = ()) 
     if problems:
         return deny("; ".join(problems))
     completed = [
-        ContainerAsk(a.name, a.init, a.count, fills.get(i, {}).get(mr, a.memory), fills.get(i, {}).get(kr, a.cores),
-                     a.whole_gpu)
+        ContainerAsk(a.name, a.init, a.count, fills.get(i, {}).get(mr, a.memory),
+                     fills.get(i, {}).get(kr, a.cores), a.whole_gpu)
         for i, a in enumerate(asks)
     ]
     try:

@@ -28,7 +28,10 @@ SCHEDULER_OWNED_KEYS = frozenset(
     {ALLOCATED, GPU_INDEX, PREDICATE_NODE, PREDICATE_TIME, VGPU_NODE, VGPU_TIME, BIND_PHASE, BIND_TIME,
      "hami.io/mthreads-vgpu-devices-to-allocate"})
 
-_ID_RE = re.compile(r"^(?P<node>.+)-mthreads-(?P<index>\d+)$")
+# Used with fullmatch (a "$" would let a trailing newline through); ASCII digits only: str.isdigit()
+# accepts "²", which int() refuses, and \d accepts "٣", which would name card 3 under another id.
+_ID_RE = re.compile(r"(?P<node>.+)-mthreads-(?P<index>[0-9]+)")
+_NUM_RE = re.compile(r"[0-9]+")
 
 
 class AnnotationError(ValueError):
@@ -45,7 +48,7 @@ class CardGrant:
 
     @property
     def index(self) -> int:
-        m = _ID_RE.match(self.device_id)
+        m = _ID_RE.fullmatch(self.device_id)
         if not m:
             raise AnnotationError(f"device id {self.device_id!r} is not <node>-mthreads-<index>")
         return int(m.group("index"))
@@ -75,15 +78,16 @@ def decode_allocation(value: str) -> list[list[CardGrant]]:
             for dev in part[:-1].split(":"):
                 fields = dev.split(",")
                 if len(fields) != 4 or fields[1] != DEVICE_TYPE:
-                    raise AnnotationError(f"{ALLOCATED}: device entry {dev!r} is not <id>,Mthreads,<MiB>,<cores>")
+                    raise AnnotationError(
+                        f"{ALLOCATED}: device entry {dev!r} is not <id>,Mthreads,<MiB>,<cores>")
                 ident, _, mem, cores = fields
-                if not _ID_RE.match(ident) or not mem.isdigit() or not cores.isdigit():
+                if not _ID_RE.fullmatch(ident) or not _NUM_RE.fullmatch(mem) or not _NUM_RE.fullmatch(cores):
                     raise AnnotationError(f"{ALLOCATED}: device entry {dev!r} has a bad id or number")
                 mib, core = int(mem), int(cores)
                 if mib % UNIT_MIB or mib <= 0 or not 0 <= core <= CORES_PER_CARD:
                     raise AnnotationError(
-                        f"{ALLOCATED}: device entry {dev!r}: memory must be a positive multiple of {UNIT_MIB} MiB "
-                        f"and cores 0..{CORES_PER_CARD}")
+                        f"{ALLOCATED}: device entry {dev!r}: memory must be a positive multiple of "
+                        f"{UNIT_MIB} MiB and cores 0..{CORES_PER_CARD}")
                 grants.append(CardGrant(ident, mib, core))
         out.append(grants)
     return out

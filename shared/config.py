@@ -105,7 +105,8 @@ def _coerce(name: str, raw: object, errors: list[str]) -> object:
 
 
 def _validate(cfg: Config, errors: list[str]) -> None:
-    for key in ("resource_count_name", "resource_memory_name", "resource_core_name", "whole_card_resource_name"):
+    for key in ("resource_count_name", "resource_memory_name", "resource_core_name",
+                "whole_card_resource_name"):
         value = getattr(cfg, key)
         if not _RESOURCE_RE.match(value):
             errors.append(f"{_camel(key)}: {value!r} is not an extended resource name like mthreads.com/vgpu")
@@ -119,7 +120,8 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     if not 1 <= cfg.default_cores <= CORES_PER_CARD:
         errors.append(f"defaultCores: {cfg.default_cores} is outside 1..{CORES_PER_CARD}")
     if not 1 <= cfg.max_slices_per_card <= DEFAULT_MAX_INST:
-        errors.append(f"maxSlicesPerCard: {cfg.max_slices_per_card} is outside 1..{DEFAULT_MAX_INST} (vendor max_inst)")
+        errors.append(f"maxSlicesPerCard: {cfg.max_slices_per_card} is outside 1..{DEFAULT_MAX_INST} "
+                      "(vendor max_inst)")
     if not 5 <= cfg.pending_ttl_seconds <= 3600:
         errors.append(f"pendingTTLSeconds: {cfg.pending_ttl_seconds} is outside 5..3600")
     if not cfg.scheduler_name or not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", cfg.scheduler_name):

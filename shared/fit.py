@@ -56,10 +56,12 @@ class CardState:
     def score(self) -> float:
         """HAMi's card score: slot + core + memory fill, each 0..10."""
         c = self.card
-        return 10 * (self.slices_used / c.max_slices + self.cores_used / c.cores + self.memory_used / c.capacity)
+        return 10 * (self.slices_used / c.max_slices + self.cores_used / c.cores
+                     + self.memory_used / c.capacity)
 
     def book(self, memory: int, cores: int, slices: int) -> CardState:
-        return CardState(self.card, self.memory_used + memory, self.cores_used + cores, self.slices_used + slices)
+        return CardState(self.card, self.memory_used + memory, self.cores_used + cores,
+                         self.slices_used + slices)
 
 
 @dataclass(frozen=True)
@@ -112,8 +114,10 @@ def card_rejection(state: CardState, req: SliceRequest, annotations: Mapping[str
         return EXCLUSIVE_CONFLICT
     if state.memory_free < memory:
         return CARD_INSUFFICIENT_MEMORY
+    if cores == 0 and state.cores_free <= 0:
+        return CARD_COMPUTE_EXHAUSTED  # HAMi: a 0-core ask may not land on a card with no core group left
     if state.cores_free < cores:
-        return CARD_INSUFFICIENT_CORE if cores > 0 else CARD_COMPUTE_EXHAUSTED
+        return CARD_INSUFFICIENT_CORE
     return ""
 
 

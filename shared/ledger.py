@@ -77,6 +77,7 @@ class Ledger:
         self.prefix = prefix
         self.feed = f"{prefix}:feed"
         self.nodes_key = f"{prefix}:nodes"
+        self.epoch_key = f"{prefix}:epoch"  # set by every rebuild; its absence means the state was lost
         lib = (LUA_DIR / "_lib.lua").read_text()
         self._src = {n: lib + "\n" + (LUA_DIR / f"{n}.lua").read_text() for n in SCRIPTS}
         self._sha = {n: hashlib.sha1(s.encode()).hexdigest() for n, s in self._src.items()}
@@ -114,9 +115,17 @@ class Ledger:
              "health": "cordoned" if c.cordoned else ("ok" if c.healthy else "unhealthy")}
             for c in inv.cards]}
 
-    async def upsert_node(self, inv: Inventory) -> int:
-        """Write a node's cards (keeping usage); returns the node's new version."""
-        version = int(await self._call("upsert_node", inv.node, self._cards_payload(inv)))
+    async def upsert_node(self, inv: Inventory, create: bool = True) -> int:
+        """Write a node's cards (keeping usage); returns the node's new version.
+
+        With create=False a node missing from Redis is not created and -1 is returned: for a node we
+        knew, that means Redis lost its data and only a rebuild (with the pods' usage) may recreate it.
+        """
+        payload = self._cards_payload(inv)
+        payload["create"] = create
+        version = int(await self._call("upsert_node", inv.node, payload))
+        if version < 0:
+            return version
         self.round_trips += 1
         await self.redis.sadd(self.nodes_key, inv.node)  # type: ignore[misc]
         return version
@@ -240,9 +249,15 @@ class Ledger:
 
     # -- rebuild -------------------------------------------------------------------------------
 
-    async def replace_node(self, inv: Inventory, bound: Mapping[str, tuple[PodUsage, str]]) -> dict[str, Any]:
-        """Atomically set one node to what the API implies: its cards and its bound pods' usage."""
+    async def replace_node(self, inv: Inventory, bound: Mapping[str, tuple[PodUsage, str]],
+                           keep_after_ms: int | None = None) -> dict[str, Any]:
+        """Atomically set one node to what the API implies: its cards and its bound pods' usage.
+
+        Reservations newer than `keep_after_ms` (when the caller's API list started) are kept if they fit.
+        """
         payload = self._cards_payload(inv)
+        if keep_after_ms is not None:
+            payload["keep_after"] = keep_after_ms
         payload["bound"] = [
             {"uid": uid, "cards": list(u.cards), "mem": u.memory, "cores": u.cores, "slices": u.slices, "pod": pod}
             for uid, (u, pod) in sorted(bound.items())]
@@ -250,7 +265,7 @@ class Ledger:
         return out
 
     async def rebuild(self, inventories: Iterable[Inventory],
-                      bound: Mapping[str, tuple[PodUsage, str]]) -> dict[str, int]:
+                      bound: Mapping[str, tuple[PodUsage, str]], keep_after_ms: int | None = None) -> dict[str, int]:
         """Recompute the whole ledger from the API server's truth (nodes + bound pods' annotations).
 
         Node by node, each an atomic replace, so no replica ever reads a node empty or doubled;
@@ -263,7 +278,7 @@ class Ledger:
         stats = {"nodes": 0, "bound": 0, "pending_kept": 0, "pending_dropped": 0, "removed": 0}
         for inv in inventories:
             seen.add(inv.node)
-            out = await self.replace_node(inv, by_node.get(inv.node, {}))
+            out = await self.replace_node(inv, by_node.get(inv.node, {}), keep_after_ms)
             self.round_trips += 1
             await self.redis.sadd(self.nodes_key, inv.node)  # type: ignore[misc]
             stats["nodes"] += 1
@@ -273,7 +288,14 @@ class Ledger:
         for node in set(await self.nodes()) - seen:
             await self.remove_node(node)
             stats["removed"] += 1
+        self.round_trips += 1
+        await self.redis.set(self.epoch_key, str(now_ms()))
         return stats
+
+    async def intact(self) -> bool:
+        """False once Redis lost the state a rebuild wrote (restart without persistence, FLUSHALL)."""
+        self.round_trips += 1
+        return bool(await self.redis.exists(self.epoch_key))
 
 
 def now_ms() -> int:

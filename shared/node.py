@@ -67,13 +67,16 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
     mem = _int_quantity(capacity.get(cfg.resource_memory_name, ""))
     if cores is None:
         return Inventory(name, error=f"{cfg.resource_core_name} capacity {raw_cores!r} is not a whole number")
+    if cores == 0:
+        return Inventory(name)  # "00" and the like: still no sliced cards (and no division by zero below)
     if cores % CORES_PER_CARD:
         return Inventory(name, error=f"{cfg.resource_core_name} capacity {cores} is not a multiple of "
                                      f"{CORES_PER_CARD} (cores per card)")
     n = cores // CORES_PER_CARD
     if mem is None or mem == 0:
         return Inventory(name, error=f"{cfg.resource_memory_name} capacity "
-                                     f"{capacity.get(cfg.resource_memory_name)!r} is missing or not a whole number")
+                                     f"{capacity.get(cfg.resource_memory_name)!r} is missing or not a whole "
+                                     "number")
     if mem % n:
         return Inventory(name, error=f"{cfg.resource_memory_name} capacity {mem} does not divide evenly over "
                                      f"{n} sliced cards")
@@ -85,9 +88,10 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
     if label is None or str(label).strip() == "":
         indices = list(range(n))
     else:
-        parts = [p for p in re.split(r"[-,]", str(label).strip())]
-        if not all(p.isdigit() for p in parts):
-            return Inventory(name, error=f"label {SGPU_CORES_LABEL}={label!r} is not a list of card ids like 0-2-3")
+        parts = re.split(r"[-,]", str(label).strip())
+        if not all(re.fullmatch(r"[0-9]+", p) for p in parts):  # not isdigit(): "²" passes it, int() fails
+            return Inventory(name, error=f"label {SGPU_CORES_LABEL}={label!r} is not a list of card ids "
+                                         "like 0-2-3")
         indices = [int(p) for p in parts]
         if len(set(indices)) != len(indices):
             return Inventory(name, error=f"label {SGPU_CORES_LABEL}={label!r} repeats a card id")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from shared.config import Config
@@ -30,7 +30,7 @@ class RequestError(ValueError):
         self.problems = tuple(problems)
 
 
-class Mode(str, Enum):
+class Mode(StrEnum):
     SLICE = "slice"  # vgpu 1 with a memory value: a share of one card
     EXCLUSIVE = "exclusive"  # vgpu 1 alone: the whole card
     MULTI = "multi"  # vgpu > 1: that many whole cards
@@ -173,7 +173,7 @@ def pinned_model(pod: Mapping[str, Any], cfg: Config) -> CardModel | None:
     text = str(raw).strip()
     aliases = {"s4000": "96", "mtt-s4000": "96", "s5000": "160", "mtt-s5000": "160"}
     text = aliases.get(text.lower(), text)
-    if not text.isdigit() or CardModel(int(text)) not in cfg.models:
+    if not re.fullmatch(r"[0-9]+", text) or CardModel(int(text)) not in cfg.models:  # isdigit() takes "²"
         raise RequestError([f"annotation {PIN_ANNOTATION}={raw!r} names no configured card model; "
                             f"allowed: {', '.join(str(m.memory) for m in cfg.models)} (or S4000/S5000), "
                             f"memoryPerCard {describe_models(cfg.models)}"])
@@ -194,8 +194,8 @@ def shape_request(asks: Sequence[ContainerAsk], cfg: Config, model: int | None) 
     for a in mine:
         if a.whole_gpu:
             problems.append(
-                f'container "{a.name}": {cfg.whole_card_resource_name} cannot be mixed with {cr}/{mr}/{kr} in '
-                f"one container: whole cards are delivered outside the scheduler's accounting; "
+                f'container "{a.name}": {cfg.whole_card_resource_name} cannot be mixed with {cr}/{mr}/{kr} '
+                f"in one container: whole cards are delivered outside the scheduler's accounting; "
                 f"ask for either {cfg.whole_card_resource_name} or {cr}")
         if a.count is None:
             problems.append(f'container "{a.name}": {mr}/{kr} need {cr}; add {cr}: 1 for a slice')
@@ -212,6 +212,11 @@ def shape_request(asks: Sequence[ContainerAsk], cfg: Config, model: int | None) 
         if len([a for a in mine if not a.init]) > 1:
             problems.append(f"only one app container may ask {cr}={n} (multi-card): all mthreads containers "
                             "of a pod share the same cards")
+        mems = sorted({a.memory for a in mine if a.memory is not None})
+        if len(mems) > 1:  # else the first container's value alone would pick the card model
+            problems.append(f"containers of a multi-card pod ask different {mr} "
+                            f"({', '.join(map(str, mems))}); they share the same whole cards, so the values "
+                            "must be equal")
         for a in mine:
             if a.memory is not None and (a.memory % n or (model and a.memory != n * model)):
                 want = f"{n * model}" if model else f"{n} x the card's memory"
@@ -235,8 +240,8 @@ def shape_request(asks: Sequence[ContainerAsk], cfg: Config, model: int | None) 
                             f"{mr}, or remove {kr} to take the whole card")
     apps = [a for a in mine if not a.init]
     if exclusive and len(exclusive) != len(mine):
-        problems.append(f"exclusive containers (only {cr}: 1: {', '.join(a.name for a in exclusive)}) take the "
-                        f"whole card and cannot share it with slice containers "
+        problems.append(f"exclusive containers (only {cr}: 1: {', '.join(a.name for a in exclusive)}) take "
+                        f"the whole card and cannot share it with slice containers "
                         f"({', '.join(a.name for a in mine if a.memory is not None)})")
     elif exclusive and len(apps) > 1:
         problems.append(f"an exclusive container (only {cr}: 1) takes the whole card; "
@@ -281,8 +286,8 @@ def pod_request(pod: Mapping[str, Any], cfg: Config) -> SliceRequest | None:
     if req.mode is Mode.SLICE and pin is not None:
         bad = [s for s in req.shares if not s.empty and not pin.accepts(s.memory)]
         if bad:
-            raise RequestError([f'container "{s.name}": {cfg.resource_memory_name}={s.memory} is not valid on '
-                                f"the pinned {pin.name}; allowed: {', '.join(map(str, pin.valid_memory))}"
+            raise RequestError([f'container "{s.name}": {cfg.resource_memory_name}={s.memory} is not valid '
+                                f"on the pinned {pin.name}; allowed: {', '.join(map(str, pin.valid_memory))}"
                                 for s in bad])
     return req
 

@@ -19,9 +19,18 @@ export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 minor=$(echo "$k8s_ver" | cut -d. -f2)
 start=$(date +%s)
 log() { echo "[build-binaries +$(( $(date +%s) - start ))s] $*" >&2; }
+# `go build -v` names each package it compiles (cache hits are silent): count them as progress,
+# pass anything else (compiler errors) through. pipefail keeps go's exit status.
+progress() {
+  awk -v what="$1" -v start="$start" '
+    /^[A-Za-z0-9._~\/-]+$/ { n++; if (n % 200 == 0) printf "[build-binaries +%ds] %s: %d packages compiled\n", systime() - start, what, n; next }
+    { print }
+    END { printf "[build-binaries +%ds] %s: go build finished (%d packages compiled, rest cached)\n", systime() - start, what, n }'
+}
 if [ ! -x "$out.tmp/etcd" ]; then
   log "building etcd $etcd_ver (first run only)"
-  (cd "$here/gomod/etcd" && go build -trimpath -ldflags "-s -w" -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3) >&2
+  (cd "$here/gomod/etcd" && go build -v -trimpath -ldflags "-s -w" -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3 2>&1) \
+    | progress etcd >&2
 fi
 ldf="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_ver -X k8s.io/component-base/version.gitMajor=1"
 ldf="$ldf -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
@@ -29,7 +38,8 @@ ldf="$ldf -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z -X k8s
 for bin in kube-scheduler kube-apiserver; do
   if [ ! -x "$out.tmp/$bin" ]; then
     log "building $bin $k8s_ver (first run only; ~10-25 min on 2 cores for both)"
-    (cd "$here/gomod/k8s" && go build -trimpath -ldflags "$ldf" -o "$out.tmp/$bin" "k8s.io/kubernetes/cmd/$bin") >&2
+    (cd "$here/gomod/k8s" && go build -v -trimpath -ldflags "$ldf" -o "$out.tmp/$bin" "k8s.io/kubernetes/cmd/$bin" 2>&1) \
+      | progress "$bin" >&2
   fi
 done
 "$out.tmp/kube-apiserver" --version >&2

@@ -217,7 +217,8 @@ class _CanaryHandler(BaseHTTPRequestHandler):
         review = json.loads(self.rfile.read(length) or b"{}")
         uid = (review.get("request") or {}).get("uid", "")
         with self.server.lock:
-            self.server.seen.add(self.path)
+            # The apiserver appends ?timeout=Ns to webhook URLs.
+            self.server.seen.add(urllib.parse.urlsplit(self.path).path)
         body = json.dumps(
             {
                 "apiVersion": "admission.k8s.io/v1",
@@ -231,7 +232,7 @@ class _CanaryHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
@@ -336,6 +337,10 @@ class ControlPlane:
         p = self._procs.get("kube-scheduler")
         return p is not None and p.alive()
 
+    def exited_components(self) -> dict[str, Path]:
+        """Components that should be running but exited: name -> log file."""
+        return {name: p.log_path for name, p in self._procs.items() if not p.alive()}
+
     def server_ssl_context(self) -> ssl.SSLContext:
         """TLS context for webhook/extender servers: the harness serving cert (127.0.0.1, localhost)."""
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -411,7 +416,8 @@ class ControlPlane:
         return proc
 
     def _wait(self, proc: _Proc, ready: Callable[[], bool], timeout: float | None = None) -> None:
-        deadline = time.monotonic() + (timeout or self.start_timeout)
+        limit = timeout or self.start_timeout
+        deadline = time.monotonic() + limit
         while True:
             if not proc.alive():
                 raise ControlPlaneError(
@@ -421,12 +427,14 @@ class ControlPlane:
                 if ready():
                     return
             if time.monotonic() > deadline:
-                raise ControlPlaneError(f"{proc.name} not ready after {timeout or self.start_timeout}s\n{_tail(proc.log_path, 40)}")
+                raise ControlPlaneError(f"{proc.name} not ready after {limit}s\n{_tail(proc.log_path, 40)}")
             time.sleep(0.1)
 
     def _write_auth_files(self) -> None:
         # Static token in system:masters: bypasses RBAC, no client certs to juggle in Python.
-        (self.workdir / "tokens.csv").write_text(f'{self.token},{ADMIN_TOKEN_USER},{ADMIN_TOKEN_USER},"system:masters"\n')
+        (self.workdir / "tokens.csv").write_text(
+            f'{self.token},{ADMIN_TOKEN_USER},{ADMIN_TOKEN_USER},"system:masters"\n'
+        )
 
     def _write_kubeconfig(self) -> None:
         kc = {
@@ -620,7 +628,9 @@ class ControlPlane:
             f"--v={self.scheduler_verbosity}",
         ]
         if setup.feature_gates:
-            gates = ",".join(f"{k}={'true' if v else 'false'}" for k, v in sorted(setup.feature_gates.items()))
+            gates = ",".join(
+                f"{k}={'true' if v else 'false'}" for k, v in sorted(setup.feature_gates.items())
+            )
             argv.append(f"--feature-gates={gates}")
         argv.extend(setup.extra_args)
         proc = self._spawn("kube-scheduler", argv)
@@ -681,11 +691,11 @@ class ControlPlane:
         Liveness: the apiserver loads webhook configurations through an informer, so a new config
         takes effect a little later. Each config is created with an extra *canary* webhook listed
         first, served by a throwaway server in this process and scoped to the namespace
-        ``mtsched-harness-canary``. Dry-run pod creates in that namespace are repeated until the
-        canary of every config was called: a config object is loaded atomically, so the real
-        webhooks are live from then on. The canary entries are then removed. No assumption is
-        made about what the real webhook does; if its selectors match the canary namespace it
-        will also see the dry-run requests (``dryRun: true``), and rejecting them is harmless.
+        ``mtsched-harness-canary`` (which the real webhooks' namespaceSelector always excludes).
+        Dry-run pod creates in that namespace are repeated until the canary of every config was
+        called: a config object is loaded atomically, so the real webhooks are live from then on.
+        The canary entries are then removed. So nothing is assumed about the real webhook, which
+        need not even be running yet.
         """
         if mutating_url is None and validating_url is None:
             raise ValueError("give mutating_url and/or validating_url")
@@ -720,8 +730,7 @@ class ControlPlane:
                         }
                     ],
                 }
-                if namespace_selector is not None:
-                    real["namespaceSelector"] = namespace_selector
+                real["namespaceSelector"] = _exclude_canary_namespace(namespace_selector)
                 if object_selector is not None:
                     real["objectSelector"] = object_selector
                 if kind == "mutating":
@@ -735,9 +744,7 @@ class ControlPlane:
                         "url": f"https://127.0.0.1:{canary.port}{path}",
                         "caBundle": base64.b64encode(self.ca_pem).decode(),
                     },
-                    "namespaceSelector": {
-                        "matchLabels": {"kubernetes.io/metadata.name": CANARY_NAMESPACE}
-                    },
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": CANARY_NAMESPACE}},
                     "rules": [{**real["rules"][0], "operations": ["CREATE"]}],
                 }
                 probe.pop("objectSelector", None)
@@ -770,7 +777,9 @@ class ControlPlane:
         self.api("DELETE", f"{base}/{config_name}", ok=(200, 202, 404))
         obj = {
             "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingWebhookConfiguration" if kind == "mutating" else "ValidatingWebhookConfiguration",
+            "kind": "MutatingWebhookConfiguration"
+            if kind == "mutating"
+            else "ValidatingWebhookConfiguration",
             "metadata": {"name": config_name, "labels": {"app.kubernetes.io/managed-by": "mtsched-harness"}},
             "webhooks": webhooks,
         }
@@ -834,6 +843,14 @@ class ControlPlane:
                 return out
         except urllib.error.HTTPError as e:
             raise ControlPlaneError(f"etcd {path}: HTTP {e.code}: {e.read()[:500]!r}") from e
+
+
+def _exclude_canary_namespace(selector: Json | None) -> Json:
+    sel: Json = json.loads(json.dumps(selector or {}))  # deep copy, never mutate the caller's dict
+    sel.setdefault("matchExpressions", []).append(
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [CANARY_NAMESPACE]}
+    )
+    return sel
 
 
 def _webhook_path(kind: str) -> str:

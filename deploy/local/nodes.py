@@ -9,7 +9,7 @@ sgpu-core in 16 units per card.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -99,7 +99,8 @@ async def create_nodes(api_client: client.ApiClient, nodes: Iterable[Json]) -> l
     core = client.CoreV1Api(api_client)
     created = []
     for node in nodes:
-        created.append(await core.create_node(body=node))
+        # The client sends dicts as-is; its V1Node hint is narrower than what it accepts.
+        created.append(await core.create_node(body=cast(Any, node)))
     return created
 
 
@@ -113,6 +114,7 @@ async def set_capacity(
 
     ``allocatable`` defaults to ``capacity``. A None value removes that resource (merge-patch null).
     """
+
     def norm(m: Mapping[str, str | int | None]) -> dict[str, str | None]:
         return {k: (None if v is None else str(v)) for k, v in m.items()}
 

@@ -22,15 +22,40 @@ local function fail(code, msg)
   return redis.error_reply(code .. " " .. msg)
 end
 
--- Decodes ARGV[3]; returns (table, nil) or (nil, error reply).
+-- Decodes ARGV[3]; returns (table, nil) or (nil, error reply). Strict JSON: NaN, Infinity and hex
+-- numbers (which cjson accepts by default) are refused; the default is restored for other scripts.
 local function payload()
+  cjson.decode_invalid_numbers(false)
   local ok, v = pcall(cjson.decode, ARGV[3] or "")
+  cjson.decode_invalid_numbers(true)
   if not ok or type(v) ~= "table" then return nil, fail("BADINPUT", "payload is not a JSON object") end
   return v, nil
 end
 
 local function is_int(v, lo, hi)
   return type(v) == "number" and v == math.floor(v) and v >= lo and v <= hi
+end
+
+-- A pod uid: 1..128 characters of [A-Za-z0-9-._:] (Kubernetes uids are UUIDs). Returns an error or nil.
+local function check_uid(uid)
+  if type(uid) ~= "string" or #uid > 128 or not string.match(uid, "^[%w%-%.:_]+$") then
+    return "uid must be 1..128 characters of [A-Za-z0-9-._:]"
+  end
+  return nil
+end
+
+-- A list decoded from JSON: a table whose keys are exactly 1..n (cjson gives {} for both [] and {}).
+local function is_list(t, max)
+  if type(t) ~= "table" then return false end
+  local n = 0
+  for _ in pairs(t) do n = n + 1 end
+  return n == #t and n <= max
+end
+
+-- The node's error text from a payload: absent or a string of at most 4096 bytes. Returns an error or nil.
+local function check_error(e)
+  if e ~= nil and (type(e) ~= "string" or #e > 4096) then return "error must be a string of at most 4096 bytes" end
+  return nil
 end
 
 local function hgetall(key)
@@ -125,10 +150,8 @@ end
 
 -- Validates a card list from the payload: [{index, capacity, slice_limit, health}].
 local function check_cards(list)
-  if type(list) ~= "table" then return nil, "cards must be a list" end
-  local seen, n = {}, 0
-  for _ in pairs(list) do n = n + 1 end
-  if n ~= #list or n > 1024 then return nil, "cards must be a list of at most 1024 cards" end
+  if not is_list(list, 1024) then return nil, "cards must be a list of at most 1024 cards" end
+  local seen = {}
   for _, c in ipairs(list) do
     if type(c) ~= "table" or not is_int(c.index, 0, 1023) or not is_int(c.capacity, 2, 4096)
         or not is_int(c.slice_limit, 1, 16)
@@ -175,10 +198,10 @@ end
 
 -- Validates a reservation payload {uid, cards, mem, cores, slices, pod}.
 local function check_res(p)
-  if type(p.uid) ~= "string" or not string.match(p.uid, "^[%w%-%.:_]+$") or #p.uid > 128 then
-    return "uid must be 1..128 characters of [A-Za-z0-9-._:]"
-  end
-  if type(p.cards) ~= "table" or #p.cards < 1 or #p.cards > 64 then return "cards must list 1..64 card indices" end
+  if type(p) ~= "table" then return "a reservation must be a JSON object" end
+  local bad_uid = check_uid(p.uid)
+  if bad_uid then return bad_uid end
+  if not is_list(p.cards, 64) or #p.cards < 1 then return "cards must list 1..64 card indices" end
   local seen = {}
   for _, idx in ipairs(p.cards) do
     if not is_int(idx, 0, 1023) or seen[idx] then return "cards must be distinct indices 0..1023" end

@@ -5,11 +5,17 @@ local p, err = payload()
 if err then return err end
 local bad = check_res(p)
 if bad then return fail("BADINPUT", bad) end
+if not redis.call('HGET', NODE_KEY, 'version') then
+  -- never recreate a node from one pod: after a Redis loss only a rebuild may (with all its pods)
+  return cjson.encode({ok = false, reason = "node missing"})
+end
 local r = res_view(p.uid)
 local csv = cards_csv(p.cards)
 if r and r.cards == csv and r.mem == p.mem and r.cores == p.cores and r.slices == p.slices then
   if r.state ~= "bound" then
-    redis.call('HSET', res_key(p.uid), 'state', 'bound', 'bound_at', now_ms(), 'pod', p.pod or r.pod)
+    local pod = r.pod
+    if p.pod ~= nil and p.pod ~= "" then pod = p.pod end
+    redis.call('HSET', res_key(p.uid), 'state', 'bound', 'bound_at', now_ms(), 'pod', pod)
     publish('bound', p.uid, res_view(p.uid))
     return cjson.encode({ok = true, changed = true, overcommit = overcommitted(p.cards)})
   end

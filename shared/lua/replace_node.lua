@@ -1,20 +1,27 @@
 -- Replace a node's state with what the API server implies, atomically (rebuild). Payload: {error,
--- cards, bound: [{uid, cards, mem, cores, slices, pod}]}. Pending reservations of pods not in
--- `bound` are kept when they still fit (a binder may be mid-flight); the rest are dropped.
+-- cards, bound: [{uid, cards, mem, cores, slices, pod}], keep_after: ms}. Reservations of pods not in
+-- `bound` are kept when they still fit and are pending (a binder may be mid-flight) or were made
+-- after `keep_after` (the time the caller's API list started, so newer than its truth).
 local p, err = payload()
 if err then return err end
 local _, bad = check_cards(p.cards)
 if bad then return fail("BADINPUT", bad) end
-if type(p.bound) ~= "table" then return fail("BADINPUT", "bound must be a list") end
+bad = check_error(p.error)
+if bad then return fail("BADINPUT", bad) end
+if not is_list(p.bound, 100000) then return fail("BADINPUT", "bound must be a list") end
+-- Everything is validated before the first write: a script that fails half-way is not rolled back.
+local pending, is_bound = {}, {}
 for _, b in ipairs(p.bound) do
   local e = check_res(b)
   if e then return fail("BADINPUT", "bound: " .. e) end
+  if is_bound[b.uid] then return fail("BADINPUT", "bound: uid " .. b.uid .. " repeats") end
+  is_bound[b.uid] = true
 end
-local pending, is_bound = {}, {}
-for _, b in ipairs(p.bound) do is_bound[b.uid] = true end
 for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
   local r = res_view(uid)
-  if r and r.state == "pending" and not is_bound[uid] then pending[#pending + 1] = {uid, r} end
+  if r and not is_bound[uid] and (r.state == "pending" or r.created >= (tonumber(p.keep_after) or now_ms() + 1)) then
+    pending[#pending + 1] = {uid, r}
+  end
   redis.call('DEL', res_key(uid))
 end
 redis.call('DEL', PODS_KEY)
@@ -35,7 +42,7 @@ for _, e in ipairs(pending) do
   if fits then
     local nums = {}
     for i, idx in ipairs(list) do nums[i] = tonumber(idx) end
-    book({uid = uid, cards = nums, mem = r.mem, cores = r.cores, slices = r.slices, pod = r.pod}, "pending",
+    book({uid = uid, cards = nums, mem = r.mem, cores = r.cores, slices = r.slices, pod = r.pod}, r.state,
          r.created)
     kept = kept + 1
   end

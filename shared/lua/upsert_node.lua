@@ -1,10 +1,15 @@
--- Upsert a node's cards from its reported capacity. Payload: {error: "", cards: [{index, capacity,
--- slice_limit, health}]}. Usage on surviving cards is kept; capacity changes never make free negative.
+-- Upsert a node's cards from its reported capacity. Payload: {error: "", create: bool, cards: [{index,
+-- capacity, slice_limit, health}]}. Usage on surviving cards is kept; capacity changes never make free
+-- negative. A missing node is only created when `create` is true (a node new to the cluster): if a
+-- known node is missing, Redis lost its data, and creating it empty would offer cards that running
+-- pods hold; the script returns -1 instead and the caller rebuilds from the API server.
 local p, err = payload()
 if err then return err end
 local _, bad = check_cards(p.cards)
 if bad then return fail("BADINPUT", bad) end
-if p.error ~= nil and type(p.error) ~= "string" then return fail("BADINPUT", "error must be a string") end
+bad = check_error(p.error)
+if bad then return fail("BADINPUT", bad) end
+if not redis.call('HGET', NODE_KEY, 'version') and p.create ~= true then return -1 end
 write_cards(p.cards, false)
 redis.call('HSET', NODE_KEY, 'error', p.error or "")
 return publish('node', nil, nil)

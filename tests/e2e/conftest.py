@@ -28,7 +28,13 @@ from aiohttp import web
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from deploy.local.controlplane import BuildError, ControlPlane, ControlPlaneError, ensure_binaries, go_available
+from deploy.local.controlplane import (
+    BuildError,
+    ControlPlane,
+    ControlPlaneError,
+    ensure_binaries,
+    go_available,
+)
 
 # Set on namespaces made by the fixtures; webhook tests may select on it.
 E2E_LABEL = "mtsched.io/e2e"
@@ -132,7 +138,7 @@ async def namespace_factory(request: pytest.FixtureRequest) -> AsyncIterator[Nam
 
     async def make(api: client.ApiClient) -> str:
         name = unique_name(f"e2e-{request.node.name}")
-        body = {"metadata": {"name": name, "labels": {E2E_LABEL: "true"}}}
+        body: Any = {"metadata": {"name": name, "labels": {E2E_LABEL: "true"}}}
         await client.CoreV1Api(api).create_namespace(body=body)
         made.append((api, name))
         return name

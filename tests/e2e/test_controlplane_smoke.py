@@ -22,7 +22,8 @@ pytestmark = pytest.mark.e2e
 Json = dict[str, Any]
 
 
-def _pod(name: str, scheduler: str = "default-scheduler", **extra: Any) -> Json:
+def _pod(name: str, scheduler: str = "default-scheduler", **extra: Any) -> Any:
+    """A minimal pod body (Any: the client accepts dicts where its hints say V1Pod)."""
     container: Json = {"name": "main", "image": "registry.invalid/none:0"}
     if "limits" in extra:
         container["resources"] = {"limits": extra.pop("limits")}
@@ -30,19 +31,21 @@ def _pod(name: str, scheduler: str = "default-scheduler", **extra: Any) -> Json:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, **extra}, "spec": spec}
 
 
-async def _wait_for(pred: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
+async def _wait_for(pred: Callable[[], Any], within: float = 30.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + within
     while True:
         value = await pred()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
         await asyncio.sleep(0.1)
 
 
 # --------------------------------------------------------------------------------------- (a) nodes
-async def test_simulated_nodes_capacity(api_client: client.ApiClient, name_factory: Callable[[str], str]) -> None:
+async def test_simulated_nodes_capacity(
+    api_client: client.ApiClient, name_factory: Callable[[str], str]
+) -> None:
     core = client.CoreV1Api(api_client)
     n4, n5 = name_factory("s4000"), name_factory("s5000")
     group = name_factory("grp")
@@ -51,10 +54,19 @@ async def test_simulated_nodes_capacity(api_client: client.ApiClient, name_facto
             api_client,
             [
                 s4000_node(n4, sliced_cards=8, labels={"mtsched.io/test-group": group}),
-                s5000_node(n5, sliced_cards=2, whole_cards=2, card_ids=[5, 7], labels={"mtsched.io/test-group": group}),
+                s5000_node(
+                    n5,
+                    sliced_cards=2,
+                    whole_cards=2,
+                    card_ids=[5, 7],
+                    labels={"mtsched.io/test-group": group},
+                ),
             ],
         )
-        nodes = {n.metadata.name: n for n in (await core.list_node(label_selector=f"mtsched.io/test-group={group}")).items}
+        nodes = {
+            n.metadata.name: n
+            for n in (await core.list_node(label_selector=f"mtsched.io/test-group={group}")).items
+        }
         assert set(nodes) == {n4, n5}
 
         a4 = nodes[n4].status.allocatable
@@ -108,14 +120,14 @@ async def test_scheduler_binds_through_extender(
     async def bind(request: web.Request) -> web.Response:
         args = await request.json()
         calls["bind"].append(args)
-        binding = {
+        binding: Any = {
             "apiVersion": "v1",
             "kind": "Binding",
             "metadata": {"name": args["PodName"], "uid": args["PodUID"]},
             "target": {"apiVersion": "v1", "kind": "Node", "name": args["Node"]},
         }
         # _preload_content=False: the reply is a Status that V1Binding cannot deserialise.
-        resp = await core.create_namespaced_pod_binding(
+        resp: Any = await core.create_namespaced_pod_binding(
             args["PodName"], args["PodNamespace"], binding, _preload_content=False
         )
         resp.release()
@@ -135,6 +147,10 @@ async def test_scheduler_binds_through_extender(
         await core.create_namespaced_pod(
             namespace, _pod("gpu", "hami-scheduler", limits={"mthreads.com/vgpu": "1"}, spec=sel)
         )
+        # Extenders are global (all profiles): a default-scheduler pod asking for vgpu goes there too.
+        await core.create_namespaced_pod(
+            namespace, _pod("gpu-default", limits={"mthreads.com/vgpu": "1"}, spec=sel)
+        )
         # No managed resource: the scheduler never asks the extender about this one.
         await core.create_namespaced_pod(namespace, _pod("plain", spec=sel))
 
@@ -143,19 +159,21 @@ async def test_scheduler_binds_through_extender(
             return node
 
         assert await _wait_for(lambda: bound("gpu"), what="gpu pod bound") == n2
+        assert await _wait_for(lambda: bound("gpu-default"), what="gpu-default pod bound") == n2
         assert await _wait_for(lambda: bound("plain"), what="plain pod bound") in (n1, n2)
 
-        assert len(calls["bind"]) == 1 and len(calls["filter"]) >= 1
-        f = calls["filter"][0]
+        assert sorted(b["PodName"] for b in calls["bind"]) == ["gpu", "gpu-default"]
+        assert {c["Pod"]["metadata"]["name"] for c in calls["filter"]} == {"gpu", "gpu-default"}
+        f = next(c for c in calls["filter"] if c["Pod"]["metadata"]["name"] == "gpu")
         # nodeCacheCapable: names only, Nodes is null; Go field names (no JSON tags).
         assert set(f) >= {"Pod", "Nodes", "NodeNames"} and f["Nodes"] is None
         assert sorted(f["NodeNames"]) == sorted([n1, n2])
         assert f["Pod"]["metadata"]["name"] == "gpu"
         assert calls["prioritize"] and sorted(calls["prioritize"][0]["NodeNames"]) == sorted([n1, n2])
-        b = calls["bind"][0]
+        b = next(c for c in calls["bind"] if c["PodName"] == "gpu")
         assert set(b) == {"PodName", "PodNamespace", "PodUID", "Node"}
-        assert (b["PodName"], b["PodNamespace"], b["Node"]) == ("gpu", namespace, n2)
-        assert all(c["Pod"]["metadata"]["name"] == "gpu" for c in calls["filter"])
+        assert (b["PodNamespace"], b["Node"]) == (namespace, n2)
+        assert b["PodUID"] == (await core.read_namespaced_pod("gpu", namespace)).metadata.uid
     finally:
         await asyncio.to_thread(control_plane.stop_scheduler)
         await delete_nodes(api_client, [n1, n2])
@@ -176,6 +194,7 @@ async def test_mutating_and_validating_webhook(
         req = review["request"]
         seen.append(req)
         pod = req["object"]
+        patch: list[Json]
         if pod["metadata"].get("labels"):
             patch = [{"op": "add", "path": "/metadata/labels/mtsched.io~1mutated", "value": "yes"}]
         else:
@@ -199,7 +218,9 @@ async def test_mutating_and_validating_webhook(
         response: Json = {"uid": req["uid"], "allowed": not deny}
         if deny:
             response["status"] = {"code": 403, "message": "denied by test"}
-        return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
+        return web.json_response(
+            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+        )
 
     app = web.Application()
     app.router.add_post("/mutate", mutate)
@@ -305,7 +326,9 @@ async def test_watch_410_after_etcd_compaction(
     assert rev >= int(last_rv)
 
     # Raw request: the apiserver answers 200 and then a single ERROR event carrying a 410 Status.
-    resp = await core.list_namespaced_pod(namespace, watch=True, resource_version=old_rv, _preload_content=False)
+    resp: Any = await core.list_namespaced_pod(
+        namespace, watch=True, resource_version=old_rv, _preload_content=False
+    )
     try:
         line = await asyncio.wait_for(resp.content.readline(), 10)
     finally:
@@ -334,4 +357,7 @@ async def test_watch_cache_serves_old_rv_after_compaction(
     core = client.CoreV1Api(api_client)
     old_rv, _ = await _make_history(core, namespace)
     control_plane.compact_etcd()
-    assert [e[0] for e in await _collect(api_client, namespace, old_rv, 2, quiet=0.3)] == ["MODIFIED", "MODIFIED"]
+    assert [e[0] for e in await _collect(api_client, namespace, old_rv, 2, quiet=0.3)] == [
+        "MODIFIED",
+        "MODIFIED",
+    ]

@@ -1,0 +1,41 @@
+"""The card table: what every sliced card holds, from the ledger (pure rendering + one Redis read)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from shared.ledger import Ledger
+from shared.models import CardModel
+from shared.state import NodeSnapshot
+
+
+def _gib(units: int) -> str:
+    g = units * 512 / 1024
+    return f"{g:g}"
+
+
+def render_table(snaps: Mapping[str, NodeSnapshot]) -> str:
+    header = ("NODE", "CARD", "MODEL", "MEMORY USED/TOTAL", "CORES", "SLICES", "HEALTH", "PODS")
+    rows: list[tuple[str, ...]] = []
+    for node in sorted(snaps):
+        snap = snaps[node]
+        if snap.error:
+            rows.append((node, "-", "-", "-", "-", "-", "invalid", snap.error))
+            continue
+        for idx in sorted(snap.cards):
+            c = snap.cards[idx]
+            pods = sorted(r.pod or r.uid for r in snap.reservations.values() if idx in r.cards)
+            pending = sum(1 for r in snap.reservations.values() if idx in r.cards and r.state == "pending")
+            rows.append((
+                node, f"{node}-mthreads-{idx}", CardModel(c.capacity).name,
+                f"{c.mem_used}/{c.capacity} ({_gib(c.mem_used)}/{_gib(c.capacity)} GiB)",
+                f"{c.cores_used}/{c.cores}", f"{c.slices}/{c.slice_limit}", c.health,
+                ", ".join(pods) + (f" ({pending} pending)" if pending else "")))
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
+    return "\n".join(lines)
+
+
+async def card_table(ledger: Ledger) -> str:
+    snaps = await ledger.snapshots(await ledger.nodes())
+    return render_table(snaps) if snaps else "no sliced Moore Threads cards in the ledger"

@@ -1,0 +1,108 @@
+"""`mtsched`: one command for every role and tool.
+
+  mtsched extender|webhook|watcher [--config FILE] [--set key=value ...]
+  mtsched cards [--redis-url URL]          the card table from Redis
+  mtsched check-config [--config FILE]     validate a configuration and print it
+  mtsched demo                             the quick start (local control plane + sample pods)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+
+import orjson
+import uvloop
+
+from controller import logs
+from shared.config import Config, ConfigError, load_config
+
+
+def _parse_sets(items: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _config(args: argparse.Namespace) -> Config:
+    path = args.config or os.environ.get("MTSCHED_CONFIG") or None
+    return load_config(path, flags=_parse_sets(args.set or []))
+
+
+def _run_role(main: Callable[[Config, asyncio.Event], Awaitable[None]], cfg: Config) -> None:
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        await main(cfg, stop)
+
+    uvloop.run(runner())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mtsched", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for name in ("extender", "webhook", "watcher", "check-config", "cards"):
+        p = sub.add_parser(name)
+        p.add_argument("--config", help="YAML config file (also MTSCHED_CONFIG)")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override one setting, e.g. --set memoryPerCard=96,160 (repeatable)")
+        p.add_argument("--log-format", choices=("json", "text"), default=os.environ.get("MTSCHED_LOG_FORMAT", "json"))
+        if name == "cards":
+            p.add_argument("--redis-url", help="defaults to the configured redisUrl")
+    demo = sub.add_parser("demo", help="quick start on a local control plane")
+    demo.add_argument("--memory-per-card", default="96,160")
+    demo.add_argument("--keep", action="store_true", help="keep everything running until Ctrl-C")
+    args = parser.parse_args(argv)
+
+    if args.cmd == "demo":
+        from controller.demo import run_demo
+
+        return run_demo(args.memory_per_card, keep=args.keep)
+    try:
+        cfg = _config(args)
+    except ConfigError as e:
+        print(f"mtsched {args.cmd}: {e}", file=sys.stderr)
+        return 2
+    logs.setup(cfg.log_level, args.log_format, args.cmd)
+    if args.cmd == "check-config":
+        doc = asdict(cfg)
+        doc["memory_per_card"] = [m.memory for m in cfg.models]
+        doc.pop("extra", None)
+        print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+        return 0
+    if args.cmd == "cards":
+        from controller.cards import card_table
+        from shared.ledger import Ledger, connect
+
+        async def show() -> str:
+            client = connect(args.redis_url or cfg.redis_url)
+            try:
+                return await card_table(Ledger(client, cfg.key_prefix))
+            finally:
+                await client.aclose()
+
+        print(asyncio.run(show()))
+        return 0
+    from controller import roles
+
+    role = {"extender": roles.run_extender, "webhook": roles.run_webhook, "watcher": roles.run_watcher}[args.cmd]
+    _run_role(role, cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

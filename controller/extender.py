@@ -1,0 +1,257 @@
+"""The scheduler extender: filter, prioritize and bind for kube-scheduler (extender/v1 wire format).
+
+Filter and prioritize read only the local mirror (no Redis call per node). Bind books the card(s)
+atomically in the ledger (one round trip when the mirror is current), creates the Binding with
+the allocation annotations in the same API call, then marks the reservation bound (a second
+round trip). On any failure the reservation is released and the error returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from controller.kube import Kube, KubeError
+from shared.annotations import CardGrant, binding_annotations, device_id
+from shared.config import Config
+from shared.fit import NODE_POLICY, aggregate_failures, extender_priority, fit, policy_of
+from shared.ledger import Ledger
+from shared.metrics import BINDINGS, CONFLICTS, EXTENDER_SECONDS, RESERVATIONS
+from shared.mirror import Mirror
+from shared.models import UNIT_MIB
+from shared.request import RequestError, SliceRequest, pod_request
+
+log = logging.getLogger("mtsched.extender")
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+class Extender:
+    def __init__(self, cfg: Config, ledger: Ledger, mirror: Mirror, kube: Kube | None):
+        self.cfg = cfg
+        self.ledger = ledger
+        self.mirror = mirror
+        self.kube = kube
+        self.pods: OrderedDict[str, dict[str, Any]] = OrderedDict()  # uid -> pod seen in filter (for bind)
+        self._events: set[asyncio.Task[None]] = set()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _remember(self, pod: dict[str, Any]) -> None:
+        uid = str((pod.get("metadata") or {}).get("uid"))
+        self.pods[uid] = pod
+        self.pods.move_to_end(uid)
+        while len(self.pods) > 10000:
+            self.pods.popitem(last=False)
+
+    def event(self, pod: dict[str, Any], reason: str, message: str, kind: str = "Normal") -> None:
+        """Fire-and-forget Kubernetes event, so API latency never adds to a scheduling call."""
+        if not (self.kube and self.cfg.events_enabled):
+            return
+
+        async def send() -> None:
+            try:
+                await self.kube.create_event(pod, reason, message, kind, self.cfg.scheduler_name)  # type: ignore[union-attr]
+            except Exception as e:
+                log.debug("event %s not recorded: %s", reason, e)
+
+        task = asyncio.create_task(send())
+        self._events.add(task)
+        task.add_done_callback(self._events.discard)
+
+    @staticmethod
+    def _annotations(pod: dict[str, Any]) -> dict[str, str]:
+        return dict((pod.get("metadata") or {}).get("annotations") or {})
+
+    def _grants(self, node: str, req: SliceRequest, cards: tuple[int, ...], capacity: int) -> list[list[CardGrant]]:
+        return [[CardGrant(device_id(node, i), s.memory * UNIT_MIB, s.cores) for i in cards] if not s.empty else []
+                for s in req.shares_for(capacity)]
+
+    # -- verbs ---------------------------------------------------------------------------------
+
+    def filter(self, args: dict[str, Any]) -> dict[str, Any]:
+        pod = args.get("Pod") or {}
+        names: list[str] = list(args.get("NodeNames") or [])
+        if args.get("Nodes") is not None and not names:
+            names = [str((n.get("metadata") or {}).get("name")) for n in (args["Nodes"].get("items") or [])]
+        try:
+            req = pod_request(pod, self.cfg)
+        except RequestError as e:
+            # Fail closed: a pod that asks for cards but asks wrongly is placed nowhere.
+            msg = "; ".join(e.problems)
+            self.event(pod, "FilteringFailed", msg, "Warning")
+            return {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": dict.fromkeys(names, msg),
+                    "Error": ""}
+        if req is None:
+            return {"NodeNames": names, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
+        self._remember(pod)
+        annotations = self._annotations(pod)
+        ok: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for name in names:
+            snap = self.mirror.get(name)
+            if snap is None:
+                unresolvable[name] = "node unregistered"
+            elif snap.error:
+                unresolvable[name] = f"node unregistered: {snap.error}"
+            else:
+                result = fit(snap.card_states(), req, annotations, self.cfg.gpu_scheduler_policy)
+                if result.ok:
+                    ok.append(name)
+                else:
+                    failed[name] = result.reason
+        if not ok:
+            msgs = aggregate_failures({**failed, **unresolvable})
+            self.event(pod, "FilteringFailed", "; ".join([*msgs, f"no available node, {len(names)} nodes do not meet"]),
+                       "Warning")
+        return {"NodeNames": ok, "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+
+    def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+        pod = args.get("Pod") or {}
+        names = list(args.get("NodeNames") or [])
+        policy = policy_of(self._annotations(pod), NODE_POLICY, self.cfg.node_scheduler_policy)
+        out = []
+        for name in names:
+            snap = self.mirror.get(name)
+            score = extender_priority(snap.card_states(), policy) if snap else 0
+            out.append({"Host": name, "Score": int(score)})
+        return out
+
+    async def bind(self, args: dict[str, Any]) -> dict[str, Any]:
+        ns, name, uid, node = (str(args.get(k) or "") for k in ("PodNamespace", "PodName", "PodUID", "Node"))
+        if not (ns and name and uid and node):
+            return {"Error": "bind: PodNamespace, PodName, PodUID and Node are required"}
+        pod = self.pods.pop(uid, None)
+        if pod is None:
+            if self.kube is None:
+                return {"Error": f"bind: pod {ns}/{name} was not seen by this replica's filter"}
+            try:
+                pod = await self.kube.get_pod(ns, name)  # filter ran on another replica
+            except KubeError as e:
+                BINDINGS.labels("error").inc()
+                return {"Error": f"bind: cannot read pod {ns}/{name}: {e}"}
+        try:
+            req = pod_request(pod, self.cfg)
+        except RequestError as e:
+            BINDINGS.labels("rejected").inc()
+            return {"Error": "; ".join(e.problems)}
+        if req is None:
+            return await self._plain_bind(pod, ns, name, uid, node)
+        outcome, result = await self.ledger.place(node, uid, req, self._annotations(pod), self.mirror.get(node),
+                                                  self.cfg.gpu_scheduler_policy, pod=f"{ns}/{name}")
+        if outcome.attempts > 1:
+            CONFLICTS.inc(outcome.attempts - 1)
+        if not outcome.ok:
+            RESERVATIONS.labels("refused").inc()
+            BINDINGS.labels("failed").inc()
+            msg = f"no card on {node} for {ns}/{name}: {outcome.reason}"
+            self.event(pod, "BindingFailed", msg, "Warning")
+            return {"Error": msg}
+        RESERVATIONS.labels("existing" if outcome.existing else "booked").inc()
+        snap = self.mirror.get(node)
+        capacity = 0
+        if snap and outcome.cards and outcome.cards[0] in snap.cards:
+            capacity = snap.cards[outcome.cards[0]].capacity
+        if req.whole_cards and not capacity:
+            capacity = req.model or 0
+        grants = self._grants(node, req, outcome.cards, capacity or req.memory)
+        annotations = binding_annotations(node, grants, time.time_ns())
+        try:
+            if self.kube is None:
+                raise KubeError(503, "no API client", "bind")
+            await self.kube.bind(ns, name, uid, node, annotations)
+        except Exception as e:
+            if await self._already_bound(ns, name, uid, node, annotations):
+                await self.ledger.mark_bound(node, uid)
+                BINDINGS.labels("success").inc()
+                return {"Error": ""}
+            await self.ledger.release(node, uid)
+            BINDINGS.labels("failed").inc()
+            msg = f"binding {ns}/{name} to {node} failed, reservation released: {e}"
+            self.event(pod, "BindingFailed", msg, "Warning")
+            return {"Error": msg}
+        await self.ledger.mark_bound(node, uid)
+        BINDINGS.labels("success").inc()
+        cards = ",".join(str(i) for i in outcome.cards)
+        self.event(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name} (cards {cards})")
+        return {"Error": ""}
+
+    async def _already_bound(self, ns: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> bool:
+        """A retried bind whose first attempt succeeded: the pod is on this node with this record."""
+        if self.kube is None:
+            return False
+        try:
+            pod = await self.kube.get_pod(ns, name)
+        except KubeError:
+            return False
+        meta = pod.get("metadata") or {}
+        from shared.annotations import ALLOCATED
+
+        return bool(meta.get("uid") == uid and (pod.get("spec") or {}).get("nodeName") == node
+                    and (meta.get("annotations") or {}).get(ALLOCATED) == annotations[ALLOCATED])
+
+    async def _plain_bind(self, pod: dict[str, Any], ns: str, name: str, uid: str, node: str) -> dict[str, Any]:
+        """Pods that reach bind without asking for slices (not ours): bind them unchanged."""
+        try:
+            if self.kube is None:
+                raise KubeError(503, "no API client", "bind")
+            await self.kube.bind(ns, name, uid, node, {})
+        except Exception as e:
+            return {"Error": f"binding {ns}/{name} to {node} failed: {e}"}
+        return {"Error": ""}
+
+    # -- HTTP ----------------------------------------------------------------------------------
+
+    async def _read(self, request: web.Request) -> dict[str, Any] | None:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return None
+        return body if isinstance(body, dict) else None
+
+    async def h_filter(self, request: web.Request) -> web.Response:
+        with EXTENDER_SECONDS.labels("filter").time():
+            args = await self._read(request)
+            if args is None:
+                return _json({"Error": "filter: body is not ExtenderArgs JSON"})
+            if not self.mirror.ready.is_set():
+                return _json({"Error": "filter: card state not loaded yet (Redis unreachable?)"})
+            return _json(self.filter(args))
+
+    async def h_prioritize(self, request: web.Request) -> web.Response:
+        with EXTENDER_SECONDS.labels("prioritize").time():
+            args = await self._read(request)
+            if args is None:
+                return _json([], status=400)
+            return _json(self.prioritize(args))
+
+    async def h_bind(self, request: web.Request) -> web.Response:
+        with EXTENDER_SECONDS.labels("bind").time():
+            args = await self._read(request)
+            if args is None:
+                return _json({"Error": "bind: body is not ExtenderBindingArgs JSON"})
+            try:
+                return _json(await self.bind(args))
+            except Exception as e:  # a Redis outage must come back as an error, not a dropped connection
+                log.exception("bind failed")
+                BINDINGS.labels("error").inc()
+                return _json({"Error": f"bind: {type(e).__name__}: {e}"})
+
+    async def h_ready(self, _: web.Request) -> web.Response:
+        ready = self.mirror.ready.is_set()
+        return web.Response(text="ok" if ready else "card state not loaded", status=200 if ready else 503)
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/filter", self.h_filter)
+        app.router.add_post("/prioritize", self.h_prioritize)
+        app.router.add_post("/bind", self.h_bind)
+        app.router.add_get("/readyz", self.h_ready)

@@ -1,0 +1,99 @@
+"""A thin raw-JSON client over kubernetes-asyncio's ApiClient (auth, TLS, kubeconfig handling).
+
+We keep Kubernetes objects as plain dicts (decoded with orjson): the domain functions take dicts,
+and skipping the generated models keeps watch streams of thousands of pods cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+from kubernetes_asyncio import client, config
+
+log = logging.getLogger("mtsched.kube")
+
+
+class KubeError(RuntimeError):
+    def __init__(self, status: int, body: Any, what: str):
+        self.status = status
+        self.body = body
+        msg = body.get("message") if isinstance(body, dict) else str(body)[:300]
+        super().__init__(f"{what}: HTTP {status}: {msg}")
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient):
+        self.api = api
+
+    @classmethod
+    async def create(cls, kubeconfig: str = "") -> Kube:
+        cfg = client.Configuration()
+        if kubeconfig:
+            await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        else:
+            config.load_incluster_config(client_configuration=cfg)
+        cfg.connection_pool_maxsize = 64
+        return cls(client.ApiClient(configuration=cfg))
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def raw(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
+                  timeout: float | aiohttp.ClientTimeout | None = 30.0,
+                  content_type: str = "application/json") -> aiohttp.ClientResponse:
+        resp: aiohttp.ClientResponse = await self.api.call_api(
+            path, method, query_params=list((query or {}).items()),
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body, auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout)
+        return resp
+
+    async def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
+                      ok: tuple[int, ...] = (200, 201), content_type: str = "application/json",
+                      timeout: float = 30.0) -> Any:
+        resp = await self.raw(method, path, body, query, timeout=timeout, content_type=content_type)
+        async with resp:
+            data = await resp.read()
+            try:
+                decoded = orjson.loads(data) if data else {}
+            except orjson.JSONDecodeError:
+                decoded = data.decode(errors="replace")
+            if resp.status not in ok:
+                raise KubeError(resp.status, decoded, f"{method} {path}")
+            return decoded
+
+    # -- the few calls the roles make ----------------------------------------------------------
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        pod: dict[str, Any] = await self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        return pod
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+        """Create the Binding; its annotations are copied onto the pod in the same call by the API server,
+        so a pod is never bound without its allocation record. The uid precondition stops a bind of
+        a recreated pod with the same name."""
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": dict(annotations)},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        await self.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body)
+
+    async def create_event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str,
+                           component: str) -> None:
+        meta = pod.get("metadata") or {}
+        ns = meta.get("namespace") or "default"
+        from datetime import UTC, datetime
+
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'pod')}.", "namespace": ns},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta.get("name"), "namespace": ns,
+                               "uid": meta.get("uid")},
+            "reason": reason, "message": message[:1024], "type": kind,
+            "source": {"component": component}, "reportingComponent": component,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        await self.request("POST", f"/api/v1/namespaces/{ns}/events", body)

@@ -1,0 +1,80 @@
+"""A per-request random HTTPS load balancer for replicas on one machine (tests, quick start, bench).
+
+kube-scheduler and kube-apiserver call one URL; a Kubernetes Service would spread calls over
+replicas. This stands in for it, picking a random replica for every request (not per connection,
+so keep-alive does not pin a caller to one replica): the routing the ledger must be safe under.
+
+  python -m deploy.local.balancer --listen 127.0.0.1:PORT --cert C --key K --ca CA --backend URL ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import ssl
+
+import aiohttp
+import uvloop
+from aiohttp import web
+
+
+def make_app(backends: list[str], ca: str) -> web.Application:
+    client_ctx = ssl.create_default_context(cafile=ca)
+    session: dict[str, aiohttp.ClientSession] = {}
+    counts = dict.fromkeys(backends, 0)
+
+    async def on_startup(_: web.Application) -> None:
+        session["s"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_ctx, limit=256),
+                                             timeout=aiohttp.ClientTimeout(total=60))
+
+    async def on_cleanup(_: web.Application) -> None:
+        await session["s"].close()
+
+    async def forward(request: web.Request) -> web.Response:
+        body = await request.read()
+        for backend in random.sample(backends, len(backends)):  # next replica if one is down
+            try:
+                async with session["s"].request(request.method, backend + request.rel_url.path_qs, data=body,
+                                                headers={"Content-Type": request.content_type}) as resp:
+                    counts[backend] += 1
+                    return web.Response(body=await resp.read(), status=resp.status,
+                                        content_type=resp.content_type)
+            except aiohttp.ClientConnectionError:
+                continue
+        return web.Response(status=502, text="no replica reachable")
+
+    async def stats(_: web.Request) -> web.Response:
+        return web.json_response(counts)
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    app.router.add_get("/_balancer/stats", stats)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    return app
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--listen", required=True)
+    p.add_argument("--cert", required=True)
+    p.add_argument("--key", required=True)
+    p.add_argument("--ca", required=True)
+    p.add_argument("--backend", action="append", required=True)
+    a = p.parse_args()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(a.cert, a.key)
+    host, _, port = a.listen.rpartition(":")
+
+    async def serve() -> None:
+        runner = web.AppRunner(make_app(a.backend, a.ca), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host, int(port), ssl_context=ctx, backlog=1024).start()
+        await asyncio.Event().wait()
+
+    uvloop.run(serve())
+
+
+if __name__ == "__main__":
+    main()

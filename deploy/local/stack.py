@@ -1,0 +1,184 @@
+"""Our three roles as real processes beside a local control plane and Redis, wired as in production.
+
+The extender and webhook replicas serve HTTPS with the harness serving certificate; with more than
+one replica a per-request random balancer sits in front (what a Service does in a cluster).
+kube-scheduler gets the `hami-scheduler` profile calling the extender; the apiserver gets a
+MutatingWebhookConfiguration pointing at the webhook. Used by the e2e tests, the quick start and
+the benchmarks.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from deploy.local.controlplane import ControlPlane, ExtenderSpec
+from deploy.local.redis import free_port
+
+WEBHOOK_SELECTOR = {"matchExpressions": [{"key": "mtsched.io/webhook", "operator": "NotIn", "values": ["ignore"]}]}
+
+
+@dataclass
+class Role:
+    kind: str
+    index: int
+    port: int
+    metrics_port: int
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-{self.index}"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class Stack:
+    cp: ControlPlane
+    redis_url: str
+    memory_per_card: str = "96,160"
+    extenders: int = 1
+    webhooks: int = 1
+    watchers: int = 1
+    settings: Mapping[str, object] = field(default_factory=dict)
+    workdir: Path | None = None
+    roles: list[Role] = field(default_factory=list)
+    balancers: dict[str, tuple[subprocess.Popen[bytes], int]] = field(default_factory=dict)
+
+    @property
+    def dir(self) -> Path:
+        d = self.workdir or (self.cp.workdir / "stack")
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    @property
+    def config_path(self) -> Path:
+        return self.dir / "mtsched.yaml"
+
+    def write_config(self) -> None:
+        doc = {
+            "memoryPerCard": [int(x) for x in str(self.memory_per_card).split(",")],
+            "redisUrl": self.redis_url,
+            "kubeconfig": str(self.cp.kubeconfig_path),
+            "tlsCertFile": str(self.cp.pki.serving_crt),
+            "tlsKeyFile": str(self.cp.pki.serving_key),
+            "pendingTTLSeconds": 30,
+            **self.settings,
+        }
+        self.config_path.write_text(yaml.safe_dump(doc))
+
+    def _spawn(self, role: Role) -> None:
+        log = open(role.log_path, "ab")  # noqa: SIM115 - the child writes it for its lifetime
+        argv = [sys.executable, "-m", "controller.cli", role.kind, "--config", str(self.config_path),
+                "--set", f"listen=127.0.0.1:{role.port}", "--set", f"metricsListen=127.0.0.1:{role.metrics_port}",
+                "--log-format", "text"]
+        role.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def _wait_ready(self, role: Role, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"http://127.0.0.1:{role.metrics_port}/readyz"
+        while time.monotonic() < deadline:
+            if not role.alive():
+                raise RuntimeError(f"{role.name} exited:\n{self.tail(role)}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{role.name} not ready after {timeout}s:\n{self.tail(role)}")
+
+    def tail(self, role: Role, lines: int = 30) -> str:
+        try:
+            return "\n".join(role.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def logs(self, lines: int = 30) -> str:
+        return "\n".join(f"--- {r.name} ---\n{self.tail(r, lines)}" for r in self.roles)
+
+    def start_roles(self) -> None:
+        self.write_config()
+        counts = (("watcher", self.watchers), ("extender", self.extenders), ("webhook", self.webhooks))
+        for kind, n in counts:
+            for i in range(n):
+                if not any(r.kind == kind and r.index == i for r in self.roles):
+                    self.roles.append(Role(kind, i, free_port(), free_port(), self.dir / f"{kind}-{i}.log"))
+        for role in self.roles:
+            if not role.alive():
+                self._spawn(role)
+        for role in self.roles:
+            self._wait_ready(role)
+
+    def _front(self, kind: str) -> str:
+        replicas = [r for r in self.roles if r.kind == kind]
+        if len(replicas) == 1:
+            return f"https://127.0.0.1:{replicas[0].port}"
+        if kind not in self.balancers:
+            port = free_port()
+            log = open(self.dir / f"balancer-{kind}.log", "ab")  # noqa: SIM115
+            argv = [sys.executable, "-m", "deploy.local.balancer", "--listen", f"127.0.0.1:{port}",
+                    "--cert", str(self.cp.pki.serving_crt), "--key", str(self.cp.pki.serving_key),
+                    "--ca", str(self.cp.pki.ca_crt)]
+            for r in replicas:
+                argv += ["--backend", f"https://127.0.0.1:{r.port}"]
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.balancers[kind] = (proc, port)
+            ctx = ssl.create_default_context(cafile=str(self.cp.pki.ca_crt))
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                try:
+                    urllib.request.urlopen(f"https://127.0.0.1:{port}/_balancer/stats", timeout=2, context=ctx)
+                    break
+                except (urllib.error.URLError, OSError):
+                    time.sleep(0.1)
+        return f"https://127.0.0.1:{self.balancers[kind][1]}"
+
+    def start(self) -> Stack:
+        self.start_roles()
+        self.cp.start_scheduler(ExtenderSpec(self._front("extender")))
+        self.cp.register_webhooks(self._front("webhook") + "/mutate", ca_pem=self.cp.ca_pem,
+                                  namespace_selector=WEBHOOK_SELECTOR, object_selector=WEBHOOK_SELECTOR)
+        return self
+
+    def restart(self, kind: str, index: int = 0) -> None:
+        role = next(r for r in self.roles if r.kind == kind and r.index == index)
+        self._stop(role)
+        self._spawn(role)
+        self._wait_ready(role)
+
+    def _stop(self, role: Role) -> None:
+        if role.proc and role.proc.poll() is None:
+            role.proc.terminate()
+            try:
+                role.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                role.proc.kill()
+                role.proc.wait()
+
+    def stop_roles(self) -> None:
+        for role in self.roles:
+            self._stop(role)
+        for proc, _ in self.balancers.values():
+            proc.terminate()
+            proc.wait(10)
+        self.balancers.clear()
+        self.roles.clear()
+
+    def stop(self) -> None:
+        self.stop_roles()

@@ -1,0 +1,104 @@
+"""Builders for the Kubernetes JSON the domain code reads (pods, nodes) and a tiny JSONPatch applier.
+
+Kept deliberately dumb: tests spell out the numbers they expect, the builders only save typing.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from shared.config import Config
+from shared.fit import CardState
+from shared.models import parse_memory_per_card
+from shared.node import Card
+
+VGPU = "mthreads.com/vgpu"
+MEM = "mthreads.com/sgpu-memory"
+CORE = "mthreads.com/sgpu-core"
+GPU = "mthreads.com/gpu"
+
+S4000 = 96  # units of 512 MiB per card (48 GiB)
+S5000 = 160  # 80 GiB
+
+
+def cfg(models: object = (S4000,), **kw: Any) -> Config:
+    return Config(memory_per_card=parse_memory_per_card(list(models) if isinstance(models, tuple) else models),
+                  **kw)
+
+
+def ctr(name: str = "main", limits: Mapping[str, object] | None = None,
+        requests: Mapping[str, object] | None = None, **extra: Any) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": name, "image": "busybox", **extra}
+    res: dict[str, Any] = {}
+    if limits is not None:
+        res["limits"] = {k: str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                         for k, v in limits.items()}
+    if requests is not None:
+        res["requests"] = {k: str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                           for k, v in requests.items()}
+    if res:
+        c["resources"] = res
+    return c
+
+
+def slice_ctr(name: str = "main", memory: int = 32, cores: int | None = 8) -> dict[str, Any]:
+    limits: dict[str, object] = {VGPU: 1, MEM: memory}
+    if cores is not None:
+        limits[CORE] = cores
+    return ctr(name, limits)
+
+
+def pod(*containers: dict[str, Any], init: Iterable[dict[str, Any]] = (),
+        annotations: Mapping[str, str] | None = None, name: str = "p", **spec: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "default", "uid": f"uid-{name}"}
+    if annotations is not None:
+        meta["annotations"] = dict(annotations)
+    body: dict[str, Any] = {"containers": list(containers), **spec}
+    inits = list(init)
+    if inits:
+        body["initContainers"] = inits
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": body}
+
+
+def node(name: str = "n1", cores: object = None, memory: object = None, *, gpu: object = None,
+         labels: Mapping[str, str] | None = None, annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    capacity: dict[str, Any] = {"cpu": "64"}
+    if gpu is not None:
+        capacity[GPU] = str(gpu)
+    if cores is not None:
+        capacity[CORE] = str(cores)
+    if memory is not None:
+        capacity[MEM] = str(memory)
+    meta: dict[str, Any] = {"name": name, "labels": dict(labels or {}), "annotations": dict(annotations or {})}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": meta,
+            "status": {"capacity": capacity, "allocatable": dict(capacity)}}
+
+
+def cards(capacity: int, n: int, node_name: str = "n1", **kw: Any) -> list[CardState]:
+    """Idle CardStates for an n-card node of one model."""
+    return [CardState(Card(node_name, i, capacity, **kw)) for i in range(n)]
+
+
+def _unescape(token: str) -> str:
+    return token.replace("~1", "/").replace("~0", "~")
+
+
+def apply_patch(doc: Mapping[str, Any], ops: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """RFC 6902 add/replace on objects and list indices: enough to check what the webhook sends."""
+    out: dict[str, Any] = copy.deepcopy(dict(doc))
+    for op in ops:
+        assert op["op"] in ("add", "replace"), op
+        tokens = [_unescape(t) for t in op["path"].split("/")[1:]]
+        target: Any = out
+        for t in tokens[:-1]:
+            target = target[int(t)] if isinstance(target, list) else target[t]
+        last = tokens[-1]
+        if isinstance(target, list):
+            target[int(last)] = copy.deepcopy(op["value"])
+        else:
+            if op["op"] == "replace":
+                assert last in target, f"replace of missing {op['path']}"
+            target[last] = copy.deepcopy(op["value"])
+    return out

@@ -1,0 +1,131 @@
+"""Configuration: memoryPerCard in every form the seeds and the chart use, and clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shared.config import Config, ConfigError, load_config
+
+
+def _file(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "config.yaml"
+    p.write_text(text)
+    return p
+
+
+def models(c: Config) -> tuple[int, ...]:
+    return tuple(m.memory for m in c.models)
+
+
+def test_defaults_match_hami_and_the_seeds() -> None:
+    c = load_config(env={})
+    assert models(c) == (96,)  # chart default: MTT S4000
+    assert c.slice_resources == ("mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core")
+    assert c.whole_card_resource_name == "mthreads.com/gpu"
+    assert c.scheduler_name == "hami-scheduler"  # "The webhook rewrites the pod to use hami-scheduler"
+    assert c.node_scheduler_policy == "binpack"  # HAMi --node-scheduler-policy default
+    assert c.gpu_scheduler_policy == "spread"  # HAMi --gpu-scheduler-policy default
+    assert c.force_overwrite_default_scheduler is True
+    assert c.max_slices_per_card == 16  # vendor max_inst
+    assert 1 <= c.default_cores <= 16
+
+
+def test_s5000_guide_values_file(tmp_path: Path) -> None:
+    # The values.yaml of the S5000 guide, verbatim.
+    text = "devices:\n  mthreads:\n    enabled: true\n    memoryPerCard:\n      - 160\n"
+    assert models(load_config(_file(tmp_path, text), env={})) == (160,)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("devices:\n  mthreads:\n    memoryPerCard: [96, 160]\n", (96, 160)),  # mixed fleet
+        ("devices:\n  mthreads:\n    memoryPerCard: 160\n", (160,)),  # legacy scalar
+        ("memoryPerCard: [160]\n", (160,)),  # flat form
+        ("memoryPerCard: '96,160'\n", (96, 160)),
+        ("devices:\n  mthreads:\n    enabled: true\n", (96,)),  # unset: chart default
+        ("", (96,)),  # empty file = defaults
+    ],
+)
+def test_memory_per_card_in_files(tmp_path: Path, text: str, expected: tuple[int, ...]) -> None:
+    assert models(load_config(_file(tmp_path, text), env={})) == expected
+
+
+def test_helm_form_keeps_other_mthreads_keys(tmp_path: Path) -> None:
+    text = ("devices:\n  nvidia:\n    enabled: false\n  mthreads:\n    enabled: true\n"
+            "    customresources: [mthreads.com/vgpu]\n    resourceCountName: example.com/vgpu\n")
+    c = load_config(_file(tmp_path, text), env={})
+    assert c.resource_count_name == "example.com/vgpu"
+
+
+def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
+    path = _file(tmp_path, "memoryPerCard: [96]\ndefaultCores: 2\ngpuSchedulerPolicy: binpack\n")
+    c = load_config(path, env={"MTSCHED_MEMORY_PER_CARD": "96,160", "MTSCHED_DEFAULT_CORES": "3"},
+                    flags={"default_cores": 4, "gpu_scheduler_policy": None})
+    assert models(c) == (96, 160)  # env beats file
+    assert c.default_cores == 4  # flags beat env
+    assert c.gpu_scheduler_policy == "binpack"  # a flag left at None does not override
+
+
+def test_env_and_flag_spellings() -> None:
+    c = load_config(env={"MTSCHED_PENDING_TTL_SECONDS": "60", "MTSCHED_CONFIG": "/ignored",
+                         "MTSCHED_FORCE_OVERWRITE_DEFAULT_SCHEDULER": "false"},
+                    flags={"maxSlicesPerCard": "8", "memoryPerCard": [160]})
+    assert c.pending_ttl_seconds == 60
+    assert c.force_overwrite_default_scheduler is False
+    assert c.max_slices_per_card == 8
+    assert models(c) == (160,)
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        ({"memoryPerCard": []}, "memoryPerCard is empty"),
+        ({"memoryPerCard": [0]}, "memoryPerCard entry 0 is out of range"),
+        ({"memoryPerCard": ["big"]}, "memoryPerCard entry 'big' is not a whole number"),
+        ({"memoryPerCard": [96.5]}, "memoryPerCard entry 96.5 is not a whole number"),
+        ({"defaultCores": 0}, "defaultCores: 0 is outside 1..16"),
+        ({"defaultCores": 17}, "defaultCores: 17 is outside 1..16"),
+        ({"defaultCores": "1.5"}, "defaultCores: '1.5' is not a whole number"),
+        ({"maxSlicesPerCard": 17}, "maxSlicesPerCard: 17 is outside 1..16"),
+        ({"gpuSchedulerPolicy": "mutex"}, "gpuSchedulerPolicy: 'mutex' is not one of binpack, spread"),
+        ({"nodeSchedulerPolicy": "random"}, "nodeSchedulerPolicy"),
+        ({"resourceMemoryName": "sgpu memory"}, "resourceMemoryName"),
+        ({"resourceCoreName": "mthreads.com/vgpu"}, "resource names must be distinct"),
+        ({"schedulerName": ""}, "schedulerName"),
+        ({"eventsEnabled": "maybe"}, "eventsEnabled: 'maybe' is not a boolean"),
+        ({"tlsCertFile": "/tls/tls.crt"}, "tlsCertFile and tlsKeyFile must be given together"),
+        ({"listen": "8443"}, "listen: '8443' is not host:port"),
+        ({"redisUrl": "http://x"}, "redisUrl"),
+        ({"nosuchSetting": 1}, "unknown setting 'nosuchSetting'"),
+    ],
+)
+def test_invalid_settings_are_clear_errors(flags: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(env={}, flags=flags)
+    assert needle in str(e.value)
+    assert str(e.value).startswith("invalid configuration:")
+
+
+def test_every_problem_is_listed_at_once(tmp_path: Path) -> None:
+    path = _file(tmp_path, "memoryPerCard: []\ndefaultCores: 99\nbogus: 1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path, env={"MTSCHED_MAX_SLICES_PER_CARD": "0"})
+    text = str(e.value)
+    for needle in ("memoryPerCard is empty", "defaultCores: 99", "unknown setting 'bogus'", "maxSlicesPerCard: 0"):
+        assert needle in text
+    assert f"config file {path}" in text  # says where the bad key came from
+
+
+@pytest.mark.parametrize(("text", "needle"), [("- 96\n- 160\n", "top level must be a mapping"),
+                                              ("memoryPerCard: [96\n", "config file")])
+def test_unreadable_files(tmp_path: Path, text: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        load_config(_file(tmp_path, text), env={})
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file"):
+        load_config(tmp_path / "absent.yaml", env={})
