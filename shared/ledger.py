@@ -123,11 +123,18 @@ class Ledger:
         """
         payload = self._cards_payload(inv)
         payload["create"] = create
+        if create:
+            # Listed first: if this process dies between the two calls, a listed node without keys is
+            # harmless (reads skip it), while node keys nobody lists would be invisible to mirrors and
+            # never removed by a rebuild.
+            self.round_trips += 1
+            await self.redis.sadd(self.nodes_key, inv.node)  # type: ignore[misc]
         version = int(await self._call("upsert_node", inv.node, payload))
         if version < 0:
             return version
-        self.round_trips += 1
-        await self.redis.sadd(self.nodes_key, inv.node)  # type: ignore[misc]
+        if not create:
+            self.round_trips += 1
+            await self.redis.sadd(self.nodes_key, inv.node)  # type: ignore[misc]
         return version
 
     async def remove_node(self, node: str) -> bool:
@@ -175,22 +182,25 @@ class Ledger:
             if snapshot.error:
                 return ReserveOutcome(False, reason=f"node unregistered: {snapshot.error}", attempts=attempt,
                                       round_trips=trips), None
-            states = snapshot.card_states()
-            result = fit(states, req, annotations, gpu_policy)
-            if not result.ok:
-                existing = next((r for r in snapshot.reservations.values() if r.uid == uid), None)
-                if existing is None:
-                    return ReserveOutcome(False, reason=result.reason, attempts=attempt, round_trips=trips), result
-                chosen: tuple[int, ...] = existing.cards  # idempotent retry: the script returns these
+            existing = snapshot.reservations.get(uid)
+            if existing is not None and existing.cards:
+                # Idempotent retry: the script returns the cards already booked, whatever a new fit says.
+                result = FitResult(existing.cards)
             else:
-                chosen = result.cards
-            capacity = next(s.card.capacity for s in states if s.card.index == chosen[0]) if states else 0
+                result = fit(snapshot.card_states(), req, annotations, gpu_policy)
+                if not result.ok:
+                    return ReserveOutcome(False, reason=result.reason, attempts=attempt, round_trips=trips), result
+            chosen = result.cards
+            # snapshot.cards includes removed cards (an existing reservation may sit on one)
+            capacity = snapshot.cards[chosen[0]].capacity if chosen[0] in snapshot.cards else 0
             mem, cores, slices = req.booking_for(capacity)
             outcome, fresh = await self.reserve(node, uid, chosen, mem, cores, slices,
                                                 model=req.model or (capacity if req.whole_cards else 0),
                                                 whole=req.whole_cards, pod=pod)
             trips += 1
             if outcome.ok:
+                if outcome.cards != result.cards:  # booked earlier on other cards (our snapshot was stale)
+                    result = FitResult(outcome.cards)
                 return ReserveOutcome(True, outcome.cards, existing=outcome.existing, attempts=attempt,
                                       round_trips=trips), result
             log.debug("reserve conflict on %s for %s: %s (attempt %d)", node, uid, outcome.reason, attempt)
@@ -278,9 +288,9 @@ class Ledger:
         stats = {"nodes": 0, "bound": 0, "pending_kept": 0, "pending_dropped": 0, "removed": 0}
         for inv in inventories:
             seen.add(inv.node)
-            out = await self.replace_node(inv, by_node.get(inv.node, {}), keep_after_ms)
             self.round_trips += 1
-            await self.redis.sadd(self.nodes_key, inv.node)  # type: ignore[misc]
+            await self.redis.sadd(self.nodes_key, inv.node)  # type: ignore[misc]  # listed first, see upsert_node
+            out = await self.replace_node(inv, by_node.get(inv.node, {}), keep_after_ms)
             stats["nodes"] += 1
             stats["bound"] += int(out["bound"])
             stats["pending_kept"] += int(out["pending_kept"])

@@ -37,6 +37,7 @@ class Mirror:
         self.applied = 0
         self.on_change: list[Callable[[str], None]] = []
         self._task: asyncio.Task[None] | None = None
+        self._reconnected = False
 
     def get(self, node: str) -> NodeSnapshot | None:
         return self.nodes.get(node)
@@ -83,8 +84,13 @@ class Mirror:
         self._notify(node)
 
     def apply(self, msg: Mapping[str, Any]) -> str | None:
-        """Apply one feed message; returns the node name if it must be re-read instead."""
-        node = str(msg["node"])
+        """Apply one feed message; returns the node name if it must be re-read instead.
+
+        Raises KeyError/TypeError/ValueError on a malformed message, before changing anything.
+        """
+        node = msg["node"]
+        if not isinstance(node, str) or not node:
+            raise ValueError(f"feed message names no node: {node!r}")
         version = int(msg["version"])
         kind = msg.get("kind")
         if kind == "removed":
@@ -100,19 +106,24 @@ class Mirror:
                 self.nodes[node] = cur
             else:
                 return node
+        if version == 1 and cur.version > 1:
+            return node  # the node's keys were created anew (removed, or Redis flushed): ours are stale
         if version <= cur.version:
             return None  # already have it (e.g. read after the change was published)
         if version != cur.version + 1:
             return node
+        # Decode everything first, so a malformed message leaves the node as it was.
         cards = msg.get("cards") or {}
-        cur.cards = {int(k): CardRecord.from_json(int(k), v) for k, v in
+        new_cards = {int(k): CardRecord.from_json(int(k), v) for k, v in
                      (cards.items() if isinstance(cards, dict) else [])}
-        cur.error = str(msg.get("error") or "")
         uid = msg.get("uid")
+        res = msg.get("res") if uid else None
+        new_res = Reservation.from_json(str(uid), res) if uid and res else None
+        cur.cards = new_cards
+        cur.error = str(msg.get("error") or "")
         if uid:
-            res = msg.get("res")
-            if res:
-                cur.reservations[str(uid)] = Reservation.from_json(str(uid), res)
+            if new_res is not None:
+                cur.reservations[str(uid)] = new_res
             else:
                 cur.reservations.pop(str(uid), None)
         cur.version = version
@@ -120,12 +131,37 @@ class Mirror:
         self._notify(node)
         return None
 
+    def _on_reconnect(self, connection: Any) -> None:
+        # The client reconnects (and resubscribes) by itself after a dropped connection, e.g. a Redis
+        # restart: whatever was published meanwhile is lost, and versions may have started over.
+        self._reconnected = True
+
+    def _handle(self, raw: Any) -> str | None:
+        """Decode and apply one feed message; returns a node to re-read, if any."""
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            log.warning("ignoring undecodable feed message")
+            return None
+        try:
+            return self.apply(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            node = data.get("node") if isinstance(data, dict) else None
+            log.warning("malformed feed message (%s: %s)%s", type(e).__name__, e,
+                        f"; re-reading node {node}" if isinstance(node, str) and node else "; ignored")
+            return node if isinstance(node, str) and node else None
+
     async def _run(self) -> None:
         backoff = 0.2
         while True:
             pubsub = self.subscriber.pubsub()
+            conn = None
             try:
                 await pubsub.subscribe(self.ledger.feed)
+                conn = pubsub.connection
+                if conn is not None:
+                    conn.register_connect_callback(self._on_reconnect)
+                self._reconnected = False
                 await self.resync()  # after subscribing, so no change falls between the two
                 self.ready.set()
                 backoff = 0.2
@@ -133,13 +169,13 @@ class Mirror:
                 next_resync = loop.time() + self.resync_seconds
                 while True:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if self._reconnected:
+                        self._reconnected = False
+                        log.warning("mirror's feed connection was re-established: re-reading everything")
+                        await self.resync()
+                        next_resync = loop.time() + self.resync_seconds
                     if msg is not None and msg.get("type") == "message":
-                        try:
-                            data = orjson.loads(msg["data"])
-                        except orjson.JSONDecodeError:
-                            log.warning("ignoring undecodable feed message")
-                            continue
-                        stale = self.apply(data)
+                        stale = self._handle(msg["data"])
                         if stale:
                             await self._refetch(stale)
                     if loop.time() >= next_resync:
@@ -153,5 +189,7 @@ class Mirror:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             finally:
+                if conn is not None:
+                    conn.deregister_connect_callback(self._on_reconnect)
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()

@@ -25,7 +25,7 @@ progress() {
   awk -v what="$1" -v start="$start" '
     /^[A-Za-z0-9._~\/-]+$/ { n++; if (n % 200 == 0) printf "[build-binaries +%ds] %s: %d packages compiled\n", systime() - start, what, n; next }
     { print }
-    END { printf "[build-binaries +%ds] %s: go build finished (%d packages compiled, rest cached)\n", systime() - start, what, n }'
+    END { printf "[build-binaries +%ds] %s: go build ended (%d packages compiled)\n", systime() - start, what, n }'
 }
 if [ ! -x "$out.tmp/etcd" ]; then
   log "building etcd $etcd_ver (first run only)"

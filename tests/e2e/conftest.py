@@ -15,11 +15,13 @@ Binaries: built once by deploy/local/build-binaries.sh. The tests skip only when
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,21 +44,25 @@ E2E_LABEL = "mtsched.io/e2e"
 _planes: list[ControlPlane] = []
 
 
-def _bin_dir() -> Any:
+def _bin_dir(pytestconfig: pytest.Config) -> Path:
+    # A cold build takes minutes: show its progress lines live instead of capturing them.
+    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
+    uncaptured = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
     try:
-        # Progress lines go to the real stderr: a cold build takes minutes and pytest captures output.
-        return ensure_binaries(progress=sys.__stderr__)
+        with uncaptured:
+            return ensure_binaries(progress=sys.stderr)
     except BuildError as e:
-        if not go_available():
-            pytest.skip(
-                "e2e: control-plane binaries are not built and Go (1.26+) is not installed; "
-                "install Go and run `python -m deploy.local build`"
-            )
-        pytest.fail(f"e2e: building the control-plane binaries failed: {e}", pytrace=False)
+        error = e
+    if not go_available():
+        pytest.skip(
+            "e2e: control-plane binaries are not built and Go (1.26+) is not installed; "
+            "install Go and run `python -m deploy.local build`"
+        )
+    pytest.fail(f"e2e: building the control-plane binaries failed: {error}", pytrace=False)
 
 
-def _start_plane(**kwargs: Any) -> ControlPlane:
-    cp = ControlPlane(_bin_dir(), **kwargs)
+def _start_plane(pytestconfig: pytest.Config, **kwargs: Any) -> ControlPlane:
+    cp = ControlPlane(_bin_dir(pytestconfig), **kwargs)
     try:
         cp.start()
     except ControlPlaneError as e:
@@ -66,8 +72,8 @@ def _start_plane(**kwargs: Any) -> ControlPlane:
 
 
 @pytest.fixture(scope="session")
-def control_plane() -> Iterator[ControlPlane]:
-    cp = _start_plane()
+def control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
+    cp = _start_plane(pytestconfig)
     try:
         yield cp
     finally:
@@ -76,8 +82,8 @@ def control_plane() -> Iterator[ControlPlane]:
 
 
 @pytest.fixture(scope="session")
-def control_plane_no_watch_cache() -> Iterator[ControlPlane]:
-    cp = _start_plane(watch_cache=False)
+def control_plane_no_watch_cache(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
+    cp = _start_plane(pytestconfig, watch_cache=False)
     try:
         yield cp
     finally:

@@ -1,0 +1,163 @@
+"""`mtsched demo`: the main job on an embedded default.
+
+Builds (first run only) and starts a real local control plane (etcd, kube-apiserver,
+kube-scheduler), a Redis, our three roles with two extender and two webhook replicas, creates a
+mixed MTT S4000 + S5000 cluster, applies the sample pods of deploy/examples/pods.yaml (from the
+seed documents) and prints what happened to each pod and the card table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "deploy" / "examples" / "pods.yaml"
+NAMESPACE = "demo"
+
+
+class Progress:
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def __call__(self, msg: str) -> None:
+        print(f"[{time.monotonic() - self.t0:6.1f}s] {msg}", flush=True)
+
+
+def _limits(pod: dict[str, Any]) -> str:
+    parts = []
+    for c in pod["spec"]["containers"]:
+        lim = (c.get("resources") or {}).get("limits") or {}
+        parts.append(f"{c['name']}{{" + ", ".join(f"{k.split('/')[-1]}: {v}" for k, v in lim.items()) + "}")
+    return " ".join(parts)
+
+
+async def _apply(kubeconfig: str, say: Progress) -> list[tuple[str, str]]:
+    from controller.kube import Kube, KubeError
+    from deploy.local import nodes as simulated
+    from shared.annotations import ALLOCATED, decode_allocation
+
+    kube = await Kube.create(kubeconfig)
+    results: list[tuple[str, str]] = []
+    try:
+        cluster = [
+            simulated.s4000_node("s4000-node-1", sliced_cards=4, whole_cards=2),
+            simulated.s5000_node("s5000-node-1", sliced_cards=4, card_ids=[0, 2, 3, 5]),
+            simulated.s5000_node("s5000-node-2", sliced_cards=2),
+        ]
+        for node in cluster:
+            await kube.request("POST", "/api/v1/nodes", node)
+        say("created nodes: s4000-node-1 (4 sliced S4000 cards + 2 whole cards), s5000-node-1 (S5000 cards "
+            "0,2,3,5), s5000-node-2 (2 S5000 cards)")
+        await kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        await asyncio.sleep(1.5)  # the watcher streams the nodes into Redis
+        pods = [d for d in yaml.safe_load_all(EXAMPLES.read_text()) if d]
+        say(f"applying {len(pods)} sample pods from {EXAMPLES.relative_to(EXAMPLES.parents[2])}")
+        created: list[dict[str, Any]] = []
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            try:
+                created.append(await kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod))
+            except KubeError as e:
+                msg = e.body.get("message", str(e)) if isinstance(e.body, dict) else str(e)
+                results.append((name, f"REJECTED  {_limits(pod)}\n      {msg}"))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            listed = await kube.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")
+            if all((p.get("spec") or {}).get("nodeName") for p in listed["items"]):
+                break
+            await asyncio.sleep(0.5)
+        events = await kube.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events")
+        for pod in listed["items"]:
+            name = pod["metadata"]["name"]
+            node = pod["spec"].get("nodeName")
+            sched = pod["spec"].get("schedulerName")
+            ann = pod["metadata"].get("annotations") or {}
+            lim = _limits(pod)
+            if node and ALLOCATED in ann:
+                cards = [f"{g.device_id} ({g.memory_mib // 1024} GiB, {g.cores}/16 cores)"
+                         for grants in decode_allocation(ann[ALLOCATED]) for g in grants]
+                results.append((name, f"BOUND     {lim}\n      by {sched} to {', '.join(cards)}"))
+            elif node:
+                results.append((name, f"BOUND     {lim}\n      by {sched} to {node} (whole card, vendor plugin)"))
+            else:
+                why = [e["message"] for e in events["items"] if e["involvedObject"].get("name") == name]
+                results.append((name, f"PENDING   {lim}\n      " + (why[-1] if why else "waiting")))
+        order = [p["metadata"]["name"] for p in pods]
+        results.sort(key=lambda r: order.index(r[0]) if r[0] in order else 99)
+        print()
+        for name, what in results:
+            print(f"  {name:30s} {what}")
+        return results
+    finally:
+        await kube.close()
+
+
+async def _table(redis_url: str) -> str:
+    from controller.cards import card_table
+    from shared.ledger import Ledger, connect
+
+    client = connect(redis_url)
+    try:
+        return await card_table(Ledger(client))
+    finally:
+        await client.aclose()
+
+
+def run_demo(memory_per_card: str = "96,160", keep: bool = False) -> int:
+    from deploy.local.controlplane import ControlPlane, ensure_binaries
+    from deploy.local.redis import RedisServer
+    from deploy.local.stack import Stack
+
+    say = Progress()
+    say("building the control plane if needed (first run only: kube-apiserver, kube-scheduler and etcd from "
+        "their pinned Go modules; several minutes on 2 cores, then cached)")
+    t = time.monotonic()
+    bin_dir = ensure_binaries(progress=sys.stderr)
+    say(f"binaries ready in {bin_dir} ({time.monotonic() - t:.0f}s)")
+    cp = ControlPlane(bin_dir=bin_dir)
+    redis = RedisServer()
+    stack: Stack | None = None
+    try:
+        t = time.monotonic()
+        cp.start()
+        say(f"control plane up at {cp.server_url} ({time.monotonic() - t:.1f}s); kubeconfig {cp.kubeconfig_path}")
+        redis.start()
+        say(f"redis-server up at {redis.url}")
+        stack = Stack(cp, redis.url, memory_per_card, extenders=2, webhooks=2, watchers=1)
+        stack.start()
+        say(f"mtsched roles up (memoryPerCard [{memory_per_card}]): 1 watcher, 2 extenders and 2 webhooks behind "
+            "random per-request balancers; kube-scheduler profile hami-scheduler calls the extender over HTTPS")
+        results = asyncio.run(_apply(str(cp.kubeconfig_path), say))
+        print()
+        print(asyncio.run(_table(redis.url)))
+        print()
+        bound = sum(1 for _, r in results if r.startswith("BOUND"))
+        rejected = sum(1 for _, r in results if r.startswith("REJECTED"))
+        pending = sum(1 for _, r in results if r.startswith("PENDING"))
+        say(f"done: {bound} bound, {rejected} rejected, {pending} pending. The same table any time: "
+            f"mtsched cards --set redisUrl={redis.url}")
+        say(f"next run: ~{time.monotonic() - say.t0:.0f}s (binaries are cached)")
+        if keep:
+            say(f"kept running; try: KUBECONFIG={cp.kubeconfig_path} and redis-cli -p {redis.port} "
+                "--scan --pattern 'mt:*'. Ctrl-C to stop")
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+        return 0 if bound and rejected else 1
+    except Exception:
+        if stack is not None:
+            print(stack.logs(20), file=sys.stderr)
+        print(cp.log_tails(20) if cp._procs else "", file=sys.stderr)
+        raise
+    finally:
+        if stack is not None:
+            stack.stop()
+        redis.stop()
+        cp.stop()

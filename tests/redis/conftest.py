@@ -1,0 +1,81 @@
+"""Fixtures for the ledger suite (real redis-server from tests/conftest.py, never mocked)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from redis.asyncio import Redis
+
+from deploy.local.redis import RedisServer
+from shared.ledger import Ledger
+from shared.mirror import Mirror
+from tests.redis.helpers import S4000, S5000, inventory
+
+
+@pytest.fixture
+async def cluster(ledger: Ledger) -> Ledger:
+    """Two nodes: n4 (2 x S4000) and n5 (2 x S5000), nothing booked."""
+    await ledger.upsert_node(inventory("n4", S4000))
+    await ledger.upsert_node(inventory("n5", S5000))
+    return ledger
+
+
+@pytest.fixture
+async def populated(cluster: Ledger) -> Ledger:
+    """The two nodes with bookings, plus nx (odd cards) and nerr (a node in error).
+
+    n4: u1 bound on card 0 (8 units, 2 cores), u2 pending on card 1 (16, 4).
+    n5: u3 pending exclusive on card 0 (160, 16).
+    nx: card 0 cordoned, card 1 unhealthy, card 2 ok with slice_limit 1 and one slice (ux) on it.
+    """
+    led = cluster
+    assert (await led.reserve("n4", "u1", [0], 8, 2, 1, pod="ns/p1"))[0].ok
+    assert await led.mark_bound("n4", "u1")
+    assert (await led.reserve("n4", "u2", [1], 16, 4, 1, pod="ns/p2"))[0].ok
+    assert (await led.reserve("n5", "u3", [0], S5000, 16, 1, model=S5000, whole=True, pod="ns/p3"))[0].ok
+    await led.upsert_node(inventory("nx", S4000, 3, cordoned=[0], unhealthy=[1]))
+    await led.upsert_node(inventory("nx", S4000, 3, slice_limit=1, cordoned=[0], unhealthy=[1]))
+    assert (await led.reserve("nx", "ux", [2], 2, 1, 1))[0].ok
+    await led.upsert_node(inventory("nerr", S4000, error="sgpu-core capacity 17 is not a multiple of 16"))
+    return led
+
+
+MirrorFactory = Callable[..., Awaitable[Mirror]]
+
+
+@pytest.fixture
+async def mirror_factory(redis_server: RedisServer) -> AsyncIterator[MirrorFactory]:
+    """Start mirrors on their own clients (as replicas do); all are stopped at the end."""
+    made: list[tuple[Mirror, Redis, Redis]] = []
+
+    async def make(resync_seconds: float = 300.0) -> Mirror:
+        client = Redis.from_url(redis_server.url, decode_responses=True)
+        sub = Redis.from_url(redis_server.url, decode_responses=True)
+        led = Ledger(client)
+        m = Mirror(led, subscriber=sub, resync_seconds=resync_seconds)
+        await m.start()
+        await asyncio.wait_for(m.ready.wait(), 10)
+        made.append((m, client, sub))
+        return m
+
+    yield make
+    for m, client, sub in made:
+        await m.stop()
+        await client.aclose()
+        await sub.aclose()
+
+
+async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float = 10.0, what: str = "") -> None:
+    """Poll `check` until it holds (no timing assertions: the timeout only bounds a hang)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        res = check()
+        ok = await res if not isinstance(res, bool) else res
+        if ok:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"condition never held within {timeout}s: {what}")
+        await asyncio.sleep(0.02)

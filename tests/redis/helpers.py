@@ -1,0 +1,109 @@
+"""Helpers for the ledger tests: inventories, a full dump of the ledger's keys, invariant checks.
+
+Also imported by the stress workers (spawned processes) and by bench/ledger_bench.py's checks, so
+it only depends on shared/ and redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from redis.asyncio import Redis
+
+from shared.annotations import PodUsage
+from shared.node import Card, Inventory
+from shared.state import NodeSnapshot
+
+S4000 = 96
+S5000 = 160
+
+
+def inventory(node: str, capacity: int, n: int = 2, slice_limit: int = 16, cordoned: Iterable[int] = (),
+              unhealthy: Iterable[int] = (), indices: Iterable[int] | None = None, error: str = "") -> Inventory:
+    """A node with `n` cards of `capacity` units (indices 0..n-1 unless given)."""
+    if error:
+        return Inventory(node, error=error)
+    cord, sick = set(cordoned), set(unhealthy)
+    idx = list(indices) if indices is not None else list(range(n))
+    return Inventory(node, tuple(Card(node, i, capacity, slice_limit, healthy=i not in sick, cordoned=i in cord)
+                                 for i in idx))
+
+
+async def dump(redis: Redis, pattern: str = "mt:*") -> dict[str, Any]:
+    """Every key of the ledger with its type and full contents (for before/after comparisons)."""
+    out: dict[str, Any] = {}
+    async for key in redis.scan_iter(match=pattern, count=1000):
+        kind = await redis.type(key)
+        if kind == "hash":
+            out[key] = ("hash", await redis.hgetall(key))  # type: ignore[misc]
+        elif kind == "set":
+            out[key] = ("set", sorted(await redis.smembers(key)))  # type: ignore[misc]
+        elif kind == "string":
+            out[key] = ("string", await redis.get(key))
+        else:
+            out[key] = (kind, None)
+    return dict(sorted(out.items()))
+
+
+def violations(snap: NodeSnapshot, allow_overcommit: bool = False) -> list[str]:
+    """Broken invariants of one node's snapshot (empty when all hold).
+
+    Per card: 0 <= used <= capacity, free == capacity - used (memory and cores), 0 <= slices <= limit,
+    and the live reservations on the card add up to exactly what the card says is used.
+    """
+    errs: list[str] = []
+    sums: dict[int, list[int]] = {i: [0, 0, 0] for i in snap.cards}
+    for r in snap.reservations.values():
+        if not r.cards:
+            errs.append(f"{snap.node}: reservation {r.uid} holds no card")
+        if r.state not in ("pending", "bound"):
+            errs.append(f"{snap.node}: reservation {r.uid} has state {r.state!r}")
+        for i in r.cards:
+            if i not in sums:
+                errs.append(f"{snap.node}: reservation {r.uid} on card {i} that the node does not list")
+                continue
+            sums[i][0] += r.mem
+            sums[i][1] += r.cores
+            sums[i][2] += r.slices
+    for i, c in snap.cards.items():
+        where = f"{snap.node} card {i}"
+        if not allow_overcommit:
+            if not 0 <= c.mem_used <= c.capacity:
+                errs.append(f"{where}: mem_used {c.mem_used} outside 0..{c.capacity}")
+            if not 0 <= c.cores_used <= c.cores:
+                errs.append(f"{where}: cores_used {c.cores_used} outside 0..{c.cores}")
+            if not 0 <= c.slices <= c.slice_limit:
+                errs.append(f"{where}: slices {c.slices} outside 0..{c.slice_limit}")
+        if not 0 <= c.mem_free <= c.capacity or c.mem_free != max(0, c.capacity - c.mem_used):
+            errs.append(f"{where}: mem_free {c.mem_free} but capacity {c.capacity} and used {c.mem_used}")
+        if not 0 <= c.cores_free <= c.cores or c.cores_free != max(0, c.cores - c.cores_used):
+            errs.append(f"{where}: cores_free {c.cores_free} but cores {c.cores} and used {c.cores_used}")
+        if sums[i] != [c.mem_used, c.cores_used, c.slices]:
+            errs.append(f"{where}: reservations add up to mem/cores/slices {sums[i]} but the card says "
+                        f"{[c.mem_used, c.cores_used, c.slices]}")
+        if c.health == "removed" and c.mem_used == 0 and c.cores_used == 0 and c.slices == 0:
+            errs.append(f"{where}: removed card kept although nothing holds it")
+    return errs
+
+
+def all_violations(snaps: Mapping[str, NodeSnapshot], allow_overcommit: bool = False) -> list[str]:
+    return [e for s in snaps.values() for e in violations(s, allow_overcommit)]
+
+
+def expected_usage(placements: Iterable[PodUsage]) -> dict[tuple[str, int], tuple[int, int, int]]:
+    """Per (node, card): the memory, cores and slices that a set of placements implies."""
+    out: dict[tuple[str, int], list[int]] = {}
+    for u in placements:
+        for i in u.cards:
+            acc = out.setdefault((u.node, i), [0, 0, 0])
+            acc[0] += u.memory
+            acc[1] += u.cores
+            acc[2] += u.slices
+    return {k: (v[0], v[1], v[2]) for k, v in out.items()}
+
+
+def actual_usage(snaps: Mapping[str, NodeSnapshot]) -> dict[tuple[str, int], tuple[int, int, int]]:
+    """Per (node, card) with anything booked: memory, cores and slices used."""
+    return {(n, i): (c.mem_used, c.cores_used, c.slices) for n, s in snaps.items() for i, c in s.cards.items()
+            if c.mem_used or c.cores_used or c.slices}
