@@ -136,7 +136,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> None:
     health = await serve_health(cfg, lambda: nodes.reflector.synced.is_set() and pods.reflector.synced.is_set())
     tasks = [asyncio.create_task(c, name=n) for n, c in (
         ("nodes", nodes.reflector.run()), ("pods", pods.reflector.run()), ("rebuilder", rebuilder.run()),
-        ("janitor", Janitor(ledger, mirror, cfg).run()))]
+        ("janitor", Janitor(ledger, mirror, cfg, nudger=pods.nudger).run()))]
     await stop.wait()
     for t in tasks:
         t.cancel()

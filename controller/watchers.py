@@ -85,11 +85,51 @@ class NodeWatcher:
             await self.ledger.remove_node(name)
 
 
+FREED_ANNOTATION = "mtsched.io/capacity-freed"
+
+
+class Nudger:
+    """Tells kube-scheduler that a node gained card capacity, by touching a node annotation.
+
+    kube-scheduler retries pods the extender rejected only on cluster events. When a pod is deleted
+    it retries at once, usually before the watcher has released the pod's share, and the pod would
+    then wait for an unrelated event (up to 5 minutes). The annotation change is such an event, sent
+    after the release. Coalesced per node, so churn costs at most one patch per node per interval.
+    """
+
+    def __init__(self, kube: Kube, interval: float = 0.5):
+        self.kube = kube
+        self.interval = interval
+        self._pending: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.sent = 0
+
+    def nudge(self, node: str) -> None:
+        if node in self._pending:
+            return
+        self._pending.add(node)
+        task = asyncio.create_task(self._send(node))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, node: str) -> None:
+        await asyncio.sleep(self.interval)
+        self._pending.discard(node)
+        body = {"metadata": {"annotations": {FREED_ANNOTATION: str(int(time.time() * 1000))}}}
+        try:
+            await self.kube.request("PATCH", f"/api/v1/nodes/{node}", body,
+                                    content_type="application/merge-patch+json")
+            self.sent += 1
+        except Exception as e:
+            log.debug("could not nudge the scheduler about %s: %s", node, e)
+
+
 class PodWatcher:
     def __init__(self, kube: Kube, ledger: Ledger, mirror: Mirror, cfg: Config, lost: asyncio.Event,
                  grace_seconds: float = 10.0):
         self.lost = lost
         self.kube = kube
+        self.nudger = Nudger(kube)
         self.ledger = ledger
         self.mirror = mirror
         self.cfg = cfg
@@ -102,6 +142,7 @@ class PodWatcher:
         node = self.mirror.owner_of(uid) or (pod.get("spec") or {}).get("nodeName")
         if node and await self.ledger.release(str(node), uid):
             RELEASES.labels(why).inc()
+            self.nudger.nudge(str(node))
             log.info("released %s (%s) on %s: %s", pod_ref(pod), uid, node, why)
 
     async def record(self, uid: str, pod: dict[str, Any]) -> None:
@@ -161,6 +202,7 @@ class PodWatcher:
                 if uid not in live and (res.state == "bound" or now - res.created > self.grace_ms):
                     if await self.ledger.release(node, uid):
                         RELEASES.labels("gone").inc()
+                        self.nudger.nudge(node)
 
 
 class Rebuilder:
@@ -215,7 +257,9 @@ class Rebuilder:
 class Janitor:
     """Reclaims pending reservations whose binder died or gave up, after the TTL."""
 
-    def __init__(self, ledger: Ledger, mirror: Mirror, cfg: Config, interval: float = 5.0):
+    def __init__(self, ledger: Ledger, mirror: Mirror, cfg: Config, interval: float = 5.0,
+                 nudger: Nudger | None = None):
+        self.nudger = nudger
         self.ledger = ledger
         self.mirror = mirror
         self.ttl = cfg.pending_ttl_seconds
@@ -228,6 +272,8 @@ class Janitor:
             if any(r.state == "pending" and now - r.created > self.ttl * 1000 for r in snap.reservations.values()):
                 expired = await self.ledger.expire(node, self.ttl)
                 RELEASES.labels("expired").inc(len(expired))
+                if expired and self.nudger:
+                    self.nudger.nudge(node)
                 gone.extend(expired)
         if gone:
             log.info("expired %d pending reservation(s) older than %ss", len(gone), self.ttl)

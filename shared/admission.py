@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.annotations import SCHEDULER_OWNED_KEYS
+from shared.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
 from shared.config import Config
 from shared.models import CORES_PER_CARD, CardModel, describe_models, union_memory_values
 from shared.request import (
@@ -91,15 +91,18 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = ()) 
     annotations = meta.get("annotations") or {}
     if not spec.get("containers"):
         return deny("pod has no containers")
-    owned = sorted(k for k in annotations if k in SCHEDULER_OWNED_KEYS)
-    if owned:
-        return deny(f"annotations {', '.join(owned)} are written by {cfg.scheduler_name} when it binds the "
-                    "pod; remove them from the pod you create")
     try:
         asks = read_asks(pod, cfg)
     except RequestError as e:
         return deny("; ".join(e.problems))
     mine = [a for a in asks if a.asks_slices]
+    # A forged record would steer the vendor device plugin. The mthreads keys are refused on any pod;
+    # HAMi's generic keys (shared with its other vendors) only on pods asking for mthreads slices.
+    owned = sorted(k for k in annotations if k in SCHEDULER_OWNED_KEYS
+                   and (k in MTHREADS_OWNED_KEYS or mine))
+    if owned:
+        return deny(f"annotations {', '.join(owned)} are written by {cfg.scheduler_name} when it binds the "
+                    "pod; remove them from the pod you create")
     if not mine:
         return Decision(True)  # not ours: mthreads.com/gpu alone and CPU pods pass untouched
     cr, mr, kr = cfg.slice_resources

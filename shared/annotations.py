@@ -24,6 +24,8 @@ BIND_PHASE = "hami.io/bind-phase"
 BIND_TIME = "hami.io/bind-time"
 DEVICE_TYPE = "Mthreads"
 
+MTHREADS_OWNED_KEYS = frozenset({ALLOCATED, GPU_INDEX, PREDICATE_NODE, PREDICATE_TIME,
+                                 "hami.io/mthreads-vgpu-devices-to-allocate"})
 SCHEDULER_OWNED_KEYS = frozenset(
     {ALLOCATED, GPU_INDEX, PREDICATE_NODE, PREDICATE_TIME, VGPU_NODE, VGPU_TIME, BIND_PHASE, BIND_TIME,
      "hami.io/mthreads-vgpu-devices-to-allocate"})

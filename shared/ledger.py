@@ -9,13 +9,14 @@ Key layout: docs/redis-layout.md.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlparse
 
 import orjson
@@ -29,6 +30,7 @@ from shared.request import SliceRequest
 from shared.state import NodeSnapshot
 
 log = logging.getLogger("mtsched.ledger")
+T = TypeVar("T")
 LUA_DIR = Path(__file__).with_name("lua")
 SCRIPTS = ("upsert_node", "reserve", "mark_bound", "release", "observe", "expire", "snapshot", "replace_node",
            "remove_node")
@@ -51,7 +53,7 @@ def connect(url: str) -> Redis:
         if not parts:
             raise ValueError("redis+sentinel:// URL needs the service name: redis+sentinel://host:26379/mymaster")
         password = unquote(u.password) if u.password else None
-        sentinel = Sentinel(hosts, password=password, decode_responses=True)
+        sentinel = Sentinel(hosts, password=password, decode_responses=True)  # type: ignore[no-untyped-call]
         return sentinel.master_for(parts[0], db=int(parts[1]) if len(parts) > 1 else 0)  # type: ignore[no-any-return]
     if url.startswith("redis+cluster://"):
         from redis.asyncio.cluster import RedisCluster
@@ -82,6 +84,7 @@ class Ledger:
         self._src = {n: lib + "\n" + (LUA_DIR / f"{n}.lua").read_text() for n in SCRIPTS}
         self._sha = {n: hashlib.sha1(s.encode()).hexdigest() for n, s in self._src.items()}
         self.round_trips = 0  # counted for benchmarks: every call to Redis adds one
+        self.connection_retries = 2  # sends again after a connection error (see _retry)
 
     def node_key(self, node: str) -> str:
         return f"{self.prefix}:{{{node}}}:node"
@@ -91,12 +94,31 @@ class Ledger:
             sha = await self.redis.script_load(src)
             assert sha == self._sha[name], f"script {name}: Redis returned {sha}"
 
-    async def _call(self, name: str, node: str, payload: Mapping[str, Any] | None = None) -> Any:
-        args = (self.feed, node, orjson.dumps(payload or {}).decode())
-        for attempt in (1, 2):
+    async def _retry(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
+        """One round trip, sent again on a connection error (at most `connection_retries` times).
+
+        A pooled connection that died with a Redis restart fails once and then reconnects. Sending
+        again is safe: every script is idempotent by pod uid (a reserve whose reply was lost answers
+        the second time with the cards it booked), and so are SADD/SREM/SMEMBERS/EXISTS/SET.
+        """
+        failures = 0
+        while True:
             self.round_trips += 1
             try:
-                return await self.redis.evalsha(self._sha[name], 1, self.node_key(node), *args)  # type: ignore[misc]
+                return await op()
+            except (rexc.ConnectionError, rexc.TimeoutError) as e:
+                failures += 1
+                if failures > self.connection_retries:
+                    raise
+                log.warning("%s: %s; sending again (%d/%d)", what, e, failures, self.connection_retries)
+                await asyncio.sleep(0.05 * (failures - 1))
+
+    async def _call(self, name: str, node: str, payload: Mapping[str, Any] | None = None) -> Any:
+        args = (self.feed, node, orjson.dumps(payload or {}).decode())
+        key = self.node_key(node)
+        for attempt in (1, 2):
+            try:
+                return await self._retry(name, lambda: self.redis.evalsha(self._sha[name], 1, key, *args))
             except rexc.NoScriptError:
                 if attempt == 2:
                     raise
@@ -123,34 +145,42 @@ class Ledger:
         """
         payload = self._cards_payload(inv)
         payload["create"] = create
+        added = 0
         if create:
             # Listed first: if this process dies between the two calls, a listed node without keys is
             # harmless (reads skip it), while node keys nobody lists would be invisible to mirrors and
             # never removed by a rebuild.
-            self.round_trips += 1
-            await self.redis.sadd(self.nodes_key, inv.node)  # type: ignore[misc]
-        version = int(await self._call("upsert_node", inv.node, payload))
+            added = await self._list_node(inv.node)
+        try:
+            version = int(await self._call("upsert_node", inv.node, payload))
+        except LedgerError:
+            if added:  # refused input leaves no trace
+                await self._retry("srem", lambda: self.redis.srem(self.nodes_key, inv.node))
+            raise
         if version < 0:
             return version
         if not create:
-            self.round_trips += 1
-            await self.redis.sadd(self.nodes_key, inv.node)  # type: ignore[misc]
+            await self._list_node(inv.node)
         return version
 
     async def remove_node(self, node: str) -> bool:
         existed = bool(await self._call("remove_node", node))
-        self.round_trips += 1
-        await self.redis.srem(self.nodes_key, node)  # type: ignore[misc]
+        await self._retry("srem", lambda: self.redis.srem(self.nodes_key, node))
         return existed
 
+    async def _list_node(self, node: str) -> int:
+        added: int = await self._retry("sadd", lambda: self.redis.sadd(self.nodes_key, node))
+        return added
+
     async def nodes(self) -> list[str]:
-        self.round_trips += 1
-        return sorted(await self.redis.smembers(self.nodes_key))  # type: ignore[misc]
+        members: Awaitable[set[str]] = self._retry("smembers", lambda: self.redis.smembers(self.nodes_key))  # type: ignore[arg-type,return-value]
+        return sorted(await members)
 
     # -- reservations --------------------------------------------------------------------------
 
     async def reserve(self, node: str, uid: str, cards: Sequence[int], mem: int, cores: int, slices: int,
-                      model: int = 0, whole: bool = False, pod: str = "") -> tuple[ReserveOutcome, NodeSnapshot | None]:
+                      model: int = 0, whole: bool = False,
+                      pod: str = "") -> tuple[ReserveOutcome, NodeSnapshot | None]:
         """Check-and-book on the given cards. On conflict returns the node's fresh state too."""
         raw = await self._call("reserve", node, {
             "uid": uid, "cards": list(cards), "mem": mem, "cores": cores, "slices": slices,
@@ -189,7 +219,8 @@ class Ledger:
             else:
                 result = fit(snapshot.card_states(), req, annotations, gpu_policy)
                 if not result.ok:
-                    return ReserveOutcome(False, reason=result.reason, attempts=attempt, round_trips=trips), result
+                    return (ReserveOutcome(False, reason=result.reason, attempts=attempt, round_trips=trips),
+                            result)
             chosen = result.cards
             # snapshot.cards includes removed cards (an existing reservation may sit on one)
             capacity = snapshot.cards[chosen[0]].capacity if chosen[0] in snapshot.cards else 0
@@ -216,7 +247,10 @@ class Ledger:
         return bool(orjson.loads(await self._call("release", node, {"uid": uid}))["released"])
 
     async def observe(self, uid: str, usage: PodUsage, pod: str = "") -> dict[str, Any]:
-        """Record the allocation a bound pod carries (idempotent); reports over-commit instead of hiding it."""
+        """Record the allocation a bound pod carries (idempotent); reports over-commit instead of hiding it.
+
+        A node missing from Redis is refused ({"ok": false, "reason": "node missing"}), never created.
+        """
         out: dict[str, Any] = orjson.loads(await self._call("observe", usage.node, {
             "uid": uid, "cards": list(usage.cards), "mem": usage.memory, "cores": usage.cores,
             "slices": usage.slices, "pod": pod}))
@@ -237,13 +271,16 @@ class Ledger:
         names = list(nodes)
         if not names:
             return {}
-        for attempt in (1, 2):
+
+        async def read() -> list[Any]:
             pipe = self.redis.pipeline(transaction=False)
             for n in names:
                 pipe.evalsha(self._sha["snapshot"], 1, self.node_key(n), self.feed, n, "{}")
-            self.round_trips += 1
+            return await pipe.execute()
+
+        for attempt in (1, 2):
             try:
-                raws = await pipe.execute()
+                raws = await self._retry("snapshots", read)
                 break
             except rexc.NoScriptError:
                 if attempt == 2:
@@ -269,13 +306,15 @@ class Ledger:
         if keep_after_ms is not None:
             payload["keep_after"] = keep_after_ms
         payload["bound"] = [
-            {"uid": uid, "cards": list(u.cards), "mem": u.memory, "cores": u.cores, "slices": u.slices, "pod": pod}
+            {"uid": uid, "cards": list(u.cards), "mem": u.memory, "cores": u.cores, "slices": u.slices,
+             "pod": pod}
             for uid, (u, pod) in sorted(bound.items())]
         out: dict[str, Any] = orjson.loads(await self._call("replace_node", inv.node, payload))
         return out
 
     async def rebuild(self, inventories: Iterable[Inventory],
-                      bound: Mapping[str, tuple[PodUsage, str]], keep_after_ms: int | None = None) -> dict[str, int]:
+                      bound: Mapping[str, tuple[PodUsage, str]],
+                      keep_after_ms: int | None = None) -> dict[str, int]:
         """Recompute the whole ledger from the API server's truth (nodes + bound pods' annotations).
 
         Node by node, each an atomic replace, so no replica ever reads a node empty or doubled;
@@ -288,8 +327,7 @@ class Ledger:
         stats = {"nodes": 0, "bound": 0, "pending_kept": 0, "pending_dropped": 0, "removed": 0}
         for inv in inventories:
             seen.add(inv.node)
-            self.round_trips += 1
-            await self.redis.sadd(self.nodes_key, inv.node)  # type: ignore[misc]  # listed first, see upsert_node
+            await self._list_node(inv.node)  # listed first, see upsert_node
             out = await self.replace_node(inv, by_node.get(inv.node, {}), keep_after_ms)
             stats["nodes"] += 1
             stats["bound"] += int(out["bound"])
@@ -298,14 +336,12 @@ class Ledger:
         for node in set(await self.nodes()) - seen:
             await self.remove_node(node)
             stats["removed"] += 1
-        self.round_trips += 1
-        await self.redis.set(self.epoch_key, str(now_ms()))
+        await self._retry("set", lambda: self.redis.set(self.epoch_key, str(now_ms())))
         return stats
 
     async def intact(self) -> bool:
         """False once Redis lost the state a rebuild wrote (restart without persistence, FLUSHALL)."""
-        self.round_trips += 1
-        return bool(await self.redis.exists(self.epoch_key))
+        return bool(await self._retry("exists", lambda: self.redis.exists(self.epoch_key)))
 
 
 def now_ms() -> int:

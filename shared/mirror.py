@@ -192,4 +192,4 @@ class Mirror:
                 if conn is not None:
                     conn.deregister_connect_callback(self._on_reconnect)
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]

@@ -102,6 +102,12 @@ def parse_quantity(value: object, container: str, resource: str, limit: int) -> 
     """A whole number 1..limit, else RequestError naming container, resource and value."""
     text = str(value).strip() if not isinstance(value, bool) else "?"
     where = f'container "{container}": {resource}={value!r}'
+    milli = re.fullmatch(r"(-?[0-9]+)m", text)
+    if milli:  # the API server canonicalises "1.5" to "1500m" before admission: show what was written
+        where += f" (= {int(milli.group(1)) / 1000:g})"
+    kilo = re.fullmatch(r"\+?([0-9]+)([kMG])", text)
+    if kilo:  # the API server writes 4000 as "4k": a whole number all the same
+        text = str(int(kilo.group(1)) * {"k": 10**3, "M": 10**6, "G": 10**9}[kilo.group(2)])
     if not _INT_RE.match(text):
         if re.match(r"^-[0-9]+$", text):
             raise RequestError([f"{where} is negative; use a whole number 1..{limit}"])
@@ -227,7 +233,7 @@ def shape_request(asks: Sequence[ContainerAsk], cfg: Config, model: int | None) 
                                 f"whole cards, so {kr} must be {n * CORES_PER_CARD} (or be left out)")
         if problems:
             raise RequestError(problems)
-        per_card = (mine[0].memory // n) if mine[0].memory is not None else model
+        per_card = mems[0] // n if mems else model  # any container's value (all equal), not just the first
         shares = tuple(ContainerShare(a.name, a.init, per_card or 0, CORES_PER_CARD) if a.asks_slices
                        else ContainerShare(a.name, a.init, 0, 0) for a in asks)
         return SliceRequest(Mode.MULTI, n, per_card or 0, CORES_PER_CARD, 1, per_card, shares)

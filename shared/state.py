@@ -63,9 +63,10 @@ class NodeSnapshot:
         res = d.get("res") or {}
         return cls(
             node=str(d["node"]), version=int(d.get("version") or 0), error=str(d.get("error") or ""),
-            cards={int(k): CardRecord.from_json(int(k), v) for k, v in (cards.items() if isinstance(cards, dict)
-                                                                         else [])},
-            reservations={k: Reservation.from_json(k, v) for k, v in (res.items() if isinstance(res, dict) else [])},
+            cards={int(k): CardRecord.from_json(int(k), v)
+                   for k, v in (cards.items() if isinstance(cards, dict) else [])},
+            reservations={k: Reservation.from_json(k, v)
+                          for k, v in (res.items() if isinstance(res, dict) else [])},
         )
 
     def card_states(self) -> list[CardState]:

@@ -375,6 +375,11 @@ class ControlPlane:
             self.timings["etcd"] = time.monotonic() - t0
             self._start_apiserver(bin_dir)
             self.timings["apiserver"] = time.monotonic() - t0
+        except Exception as e:
+            # Keep the logs for the post-mortem; the caller prints log_tails().
+            self.keep_workdir = True
+            self.stop()
+            raise ControlPlaneError(f"{e}\n(workdir kept: {self.workdir})") from e
         except BaseException:
             self.stop()
             raise

@@ -35,7 +35,6 @@ async def populated(cluster: Ledger) -> Ledger:
     assert await led.mark_bound("n4", "u1")
     assert (await led.reserve("n4", "u2", [1], 16, 4, 1, pod="ns/p2"))[0].ok
     assert (await led.reserve("n5", "u3", [0], S5000, 16, 1, model=S5000, whole=True, pod="ns/p3"))[0].ok
-    await led.upsert_node(inventory("nx", S4000, 3, cordoned=[0], unhealthy=[1]))
     await led.upsert_node(inventory("nx", S4000, 3, slice_limit=1, cordoned=[0], unhealthy=[1]))
     assert (await led.reserve("nx", "ux", [2], 2, 1, 1))[0].ok
     await led.upsert_node(inventory("nerr", S4000, error="sgpu-core capacity 17 is not a multiple of 16"))
@@ -65,17 +64,3 @@ async def mirror_factory(redis_server: RedisServer) -> AsyncIterator[MirrorFacto
         await m.stop()
         await client.aclose()
         await sub.aclose()
-
-
-async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float = 10.0, what: str = "") -> None:
-    """Poll `check` until it holds (no timing assertions: the timeout only bounds a hang)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        res = check()
-        ok = await res if not isinstance(res, bool) else res
-        if ok:
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"condition never held within {timeout}s: {what}")
-        await asyncio.sleep(0.02)

@@ -6,7 +6,8 @@ it only depends on shared/ and redis.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from redis.asyncio import Redis
@@ -20,14 +21,15 @@ S5000 = 160
 
 
 def inventory(node: str, capacity: int, n: int = 2, slice_limit: int = 16, cordoned: Iterable[int] = (),
-              unhealthy: Iterable[int] = (), indices: Iterable[int] | None = None, error: str = "") -> Inventory:
+              unhealthy: Iterable[int] = (), indices: Iterable[int] | None = None,
+              error: str = "") -> Inventory:
     """A node with `n` cards of `capacity` units (indices 0..n-1 unless given)."""
     if error:
         return Inventory(node, error=error)
     cord, sick = set(cordoned), set(unhealthy)
     idx = list(indices) if indices is not None else list(range(n))
-    return Inventory(node, tuple(Card(node, i, capacity, slice_limit, healthy=i not in sick, cordoned=i in cord)
-                                 for i in idx))
+    return Inventory(node, tuple(Card(node, i, capacity, slice_limit, healthy=i not in sick,
+                                      cordoned=i in cord) for i in idx))
 
 
 async def dump(redis: Redis, pattern: str = "mt:*") -> dict[str, Any]:
@@ -107,3 +109,48 @@ def actual_usage(snaps: Mapping[str, NodeSnapshot]) -> dict[tuple[str, int], tup
     """Per (node, card) with anything booked: memory, cores and slices used."""
     return {(n, i): (c.mem_used, c.cores_used, c.slices) for n, s in snaps.items() for i, c in s.cards.items()
             if c.mem_used or c.cores_used or c.slices}
+
+
+async def eventually(check: Callable[[], Awaitable[bool] | bool], within: float = 10.0,
+                     what: str = "") -> None:
+    """Poll `check` until it holds (no timing assertions: the limit only bounds a hang)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        res = check()
+        ok = await res if not isinstance(res, bool) else res
+        if ok:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"condition never held within {within}s: {what}")
+        await asyncio.sleep(0.02)
+
+
+# -- pods as the scheduler sees them (admitted: memory and cores explicit) -------------------------------
+
+VGPU = "mthreads.com/vgpu"
+MEM = "mthreads.com/sgpu-memory"
+CORE = "mthreads.com/sgpu-core"
+
+
+def slice_pod(*containers: tuple[int, int], pin: str | None = None) -> dict[str, Any]:
+    """A pod of slice containers, each (memory units, cores); vgpu 1 each."""
+    return _pod([{VGPU: "1", MEM: str(m), CORE: str(c)} for m, c in containers], pin)
+
+
+def exclusive_pod(pin: str | None = None) -> dict[str, Any]:
+    """vgpu 1 alone: one whole card."""
+    return _pod([{VGPU: "1"}], pin)
+
+
+def multi_pod(cards: int, pin: str | None = None) -> dict[str, Any]:
+    """vgpu N > 1: N whole cards."""
+    return _pod([{VGPU: str(cards)}], pin)
+
+
+def _pod(limits: list[dict[str, str]], pin: str | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "p", "namespace": "default"}
+    if pin:
+        meta["annotations"] = {"mtsched.io/card-memory": pin}
+    return {"metadata": meta, "spec": {"containers": [
+        {"name": f"c{i}", "resources": {"limits": lim}} for i, lim in enumerate(limits)]}}

@@ -24,20 +24,27 @@ S5000 = 160  # 80 GiB
 
 
 def cfg(models: object = (S4000,), **kw: Any) -> Config:
-    return Config(memory_per_card=parse_memory_per_card(list(models) if isinstance(models, tuple) else models),
-                  **kw)
+    return Config(
+        memory_per_card=parse_memory_per_card(list(models) if isinstance(models, tuple) else models), **kw
+    )
 
 
-def ctr(name: str = "main", limits: Mapping[str, object] | None = None,
-        requests: Mapping[str, object] | None = None, **extra: Any) -> dict[str, Any]:
+def ctr(
+    name: str = "main",
+    limits: Mapping[str, object] | None = None,
+    requests: Mapping[str, object] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     c: dict[str, Any] = {"name": name, "image": "busybox", **extra}
     res: dict[str, Any] = {}
     if limits is not None:
-        res["limits"] = {k: str(v) if isinstance(v, int) and not isinstance(v, bool) else v
-                         for k, v in limits.items()}
+        res["limits"] = {
+            k: str(v) if isinstance(v, int) and not isinstance(v, bool) else v for k, v in limits.items()
+        }
     if requests is not None:
-        res["requests"] = {k: str(v) if isinstance(v, int) and not isinstance(v, bool) else v
-                           for k, v in requests.items()}
+        res["requests"] = {
+            k: str(v) if isinstance(v, int) and not isinstance(v, bool) else v for k, v in requests.items()
+        }
     if res:
         c["resources"] = res
     return c
@@ -50,8 +57,13 @@ def slice_ctr(name: str = "main", memory: int = 32, cores: int | None = 8) -> di
     return ctr(name, limits)
 
 
-def pod(*containers: dict[str, Any], init: Iterable[dict[str, Any]] = (),
-        annotations: Mapping[str, str] | None = None, name: str = "p", **spec: Any) -> dict[str, Any]:
+def pod(
+    *containers: dict[str, Any],
+    init: Iterable[dict[str, Any]] = (),
+    annotations: Mapping[str, str] | None = None,
+    name: str = "p",
+    **spec: Any,
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": "default", "uid": f"uid-{name}"}
     if annotations is not None:
         meta["annotations"] = dict(annotations)
@@ -62,8 +74,15 @@ def pod(*containers: dict[str, Any], init: Iterable[dict[str, Any]] = (),
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": body}
 
 
-def node(name: str = "n1", cores: object = None, memory: object = None, *, gpu: object = None,
-         labels: Mapping[str, str] | None = None, annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+def node(
+    name: str = "n1",
+    cores: object = None,
+    memory: object = None,
+    *,
+    gpu: object = None,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     capacity: dict[str, Any] = {"cpu": "64"}
     if gpu is not None:
         capacity[GPU] = str(gpu)
@@ -71,9 +90,17 @@ def node(name: str = "n1", cores: object = None, memory: object = None, *, gpu: 
         capacity[CORE] = str(cores)
     if memory is not None:
         capacity[MEM] = str(memory)
-    meta: dict[str, Any] = {"name": name, "labels": dict(labels or {}), "annotations": dict(annotations or {})}
-    return {"apiVersion": "v1", "kind": "Node", "metadata": meta,
-            "status": {"capacity": capacity, "allocatable": dict(capacity)}}
+    meta: dict[str, Any] = {
+        "name": name,
+        "labels": dict(labels or {}),
+        "annotations": dict(annotations or {}),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": meta,
+        "status": {"capacity": capacity, "allocatable": dict(capacity)},
+    }
 
 
 def cards(capacity: int, n: int, node_name: str = "n1", **kw: Any) -> list[CardState]:

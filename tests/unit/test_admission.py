@@ -48,7 +48,7 @@ def limits_after(p: dict[str, Any], d: Decision, i: int = 0) -> dict[str, str]:
     return res
 
 
-# --- what passes untouched ---------------------------------------------------------------------------------
+# --- what passes untouched ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -69,7 +69,7 @@ def test_pod_without_containers_denied() -> None:
     assert denied({"metadata": {}, "spec": {"containers": []}}) == "pod has no containers"
 
 
-# --- slices ---------------------------------------------------------------------------------------------------
+# --- slices ---------------------------------------------------------------------------------------
 
 
 def test_seed_example_only_switches_the_scheduler() -> None:
@@ -116,13 +116,17 @@ def test_container_index_skips_init_containers() -> None:
 )
 def test_invalid_slice_size_denied_with_the_active_list(c: Any, memory: int, allowed_list: str) -> None:
     msg = denied(pod(slice_ctr("worker", memory, 4)), c)
-    assert msg == f'container "worker": mthreads.com/sgpu-memory={memory} is not a valid slice size; allowed: ' \
-                  + allowed_list
+    assert (
+        msg
+        == f'container "worker": mthreads.com/sgpu-memory={memory} is not a valid slice size; allowed: '
+        + allowed_list
+    )
 
 
 @pytest.mark.parametrize(
     ("c", "memory"),
-    [(C96, v) for v in (2, 4, 8, 16, 32, 64, 96)] + [(C160, v) for v in (2, 4, 8, 16, 32, 64, 128, 160)]
+    [(C96, v) for v in (2, 4, 8, 16, 32, 64, 96)]
+    + [(C160, v) for v in (2, 4, 8, 16, 32, 64, 128, 160)]
     + [(MIXED, v) for v in (2, 4, 8, 16, 32, 64, 96, 128, 160)],
 )
 def test_every_seed_value_is_admitted(c: Any, memory: int) -> None:
@@ -140,9 +144,12 @@ def test_every_seed_value_is_admitted(c: Any, memory: int) -> None:
         ({VGPU: 1, MEM: 32, CORE: 0}, "mthreads.com/sgpu-core='0' must be at least 1"),
         ({VGPU: 1, MEM: 32, CORE: 17}, "mthreads.com/sgpu-core=17 is outside 1..16"),
         ({VGPU: "100000000000000000000"}, "too large"),
+        ({VGPU: 1, MEM: "4k", CORE: 1}, "mthreads.com/sgpu-memory=4000 is not a valid slice size"),  # 4k = 4000
     ],
 )
-def test_bad_quantities_denied_naming_container_resource_value(limits: dict[str, object], needle: str) -> None:
+def test_bad_quantities_denied_naming_container_resource_value(
+    limits: dict[str, object], needle: str
+) -> None:
     msg = denied(pod(ctr("trainer", limits=limits)))
     assert msg.startswith('container "trainer": ')
     assert needle in msg
@@ -150,34 +157,46 @@ def test_bad_quantities_denied_naming_container_resource_value(limits: dict[str,
 
 def test_request_only_count_zero_denied() -> None:
     # HAMi "request-only count set to zero is rejected".
-    assert "mthreads.com/vgpu='0' must be at least 1" in denied(pod(ctr("a", requests={VGPU: 0, MEM: 2, CORE: 1})))
+    assert "mthreads.com/vgpu='0' must be at least 1" in denied(
+        pod(ctr("a", requests={VGPU: 0, MEM: 2, CORE: 1}))
+    )
 
 
 def test_slices_of_one_pod_must_fit_one_card_of_some_model() -> None:
     msg = denied(pod(slice_ctr("a", 64, 4), slice_ctr("b", 64, 4)), C96)
-    assert msg == ("the pod's slice containers share one card and ask 128 mthreads.com/sgpu-memory in all "
-                   "(a=64, b=64); no configured card model holds that: memoryPerCard [96]")
+    assert msg == (
+        "the pod's slice containers share one card and ask 128 mthreads.com/sgpu-memory in all "
+        "(a=64, b=64); no configured card model holds that: memoryPerCard [96]"
+    )
     allowed(pod(slice_ctr("a", 64, 4), slice_ctr("b", 64, 4)), MIXED)  # fits an S5000 card
     # 96 is only an S4000 size and 96 + 64 > 96: no model takes both.
-    assert "no configured card model holds that" in denied(pod(slice_ctr("a", 96, 4), slice_ctr("b", 64, 4)), MIXED)
+    assert "no configured card model holds that" in denied(
+        pod(slice_ctr("a", 96, 4), slice_ctr("b", 64, 4)), MIXED
+    )
 
 
 def test_pinned_slice_must_be_valid_on_the_pin() -> None:
     p = pod(slice_ctr("a", 128, 4), annotations={PIN_ANNOTATION: "96"})
-    assert denied(p, MIXED) == ('container "a": mthreads.com/sgpu-memory=128 is not valid on MTT S4000 pinned by '
-                                "mtsched.io/card-memory; allowed: 2, 4, 8, 16, 32, 64, 96")
-    assert "names no configured card model" in denied(pod(slice_ctr(), annotations={PIN_ANNOTATION: "S7000"}),
-                                                      MIXED)
+    assert denied(p, MIXED) == (
+        'container "a": mthreads.com/sgpu-memory=128 is not valid on MTT S4000 pinned by '
+        "mtsched.io/card-memory; allowed: 2, 4, 8, 16, 32, 64, 96"
+    )
+    assert "names no configured card model" in denied(
+        pod(slice_ctr(), annotations={PIN_ANNOTATION: "S7000"}), MIXED
+    )
 
 
-# --- exclusive -----------------------------------------------------------------------------------------------
+# --- exclusive ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("c", "reported", "units", "text"), [
-    (C96, (), "96", "the whole MTT S4000 card (96 units = 48 GiB, 16 core groups)"),
-    (C160, (), "160", "the whole MTT S5000 card (160 units = 80 GiB, 16 core groups)"),
-    (C160, (160,), "160", "80 GiB"),
-])
+@pytest.mark.parametrize(
+    ("c", "reported", "units", "text"),
+    [
+        (C96, (), "96", "the whole MTT S4000 card (96 units = 48 GiB, 16 core groups)"),
+        (C160, (), "160", "the whole MTT S5000 card (160 units = 80 GiB, 16 core groups)"),
+        (C160, (160,), "160", "80 GiB"),
+    ],
+)
 def test_exclusive_gets_the_whole_card(c: Any, reported: tuple[int, ...], units: str, text: str) -> None:
     # "request only mthreads.com/vgpu. The webhook ... sets sgpu-core to 16 and sgpu-memory to the card's
     # full per-card capacity (160 units = 80 GiB on S5000)".
@@ -209,8 +228,9 @@ def test_exclusive_with_16_cores_is_still_exclusive() -> None:
         (MIXED, {PIN_ANNOTATION: "S5000"}, (96,), 160),
     ],
 )
-def test_mixed_fleet_rule_for_whole_cards(c: Any, annotations: dict[str, str], reported: tuple[int, ...],
-                                          units: int) -> None:
+def test_mixed_fleet_rule_for_whole_cards(
+    c: Any, annotations: dict[str, str], reported: tuple[int, ...], units: int
+) -> None:
     # Pinned annotation > largest configured model reported by nodes > largest configured model.
     p = pod(ctr("a", limits={VGPU: 1}), annotations=annotations)
     assert whole_card_model(p, c, reported).memory == units
@@ -227,7 +247,7 @@ def test_exclusive_with_partial_cores_denied() -> None:
     assert "remove mthreads.com/sgpu-core to take the whole card" in msg
 
 
-# --- multi-card ----------------------------------------------------------------------------------------------
+# --- multi-card -----------------------------------------------------------------------------------
 
 
 def test_multi_card_gets_whole_cards_and_the_hami_annotation() -> None:
@@ -259,7 +279,10 @@ def test_hami_2987_vgpu_7_becomes_seven_whole_cards(c: Any, n: int, units: int) 
     d = allowed(p, c)
     after = apply_patch(p, d.patch)
     assert after["spec"]["containers"][0]["resources"]["limits"] == {
-        VGPU: str(n), MEM: str(n * units), CORE: str(n * 16)}
+        VGPU: str(n),
+        MEM: str(n * units),
+        CORE: str(n * 16),
+    }
     req = pod_request(after, c)  # the scheduler's view: never "no request"
     assert req is not None and req.mode is Mode.MULTI and req.cards == n and req.model == units
 
@@ -274,9 +297,11 @@ def test_multi_card_explicit_memory_picks_the_model() -> None:
 
 def test_multi_card_memory_not_a_whole_card_denied() -> None:
     msg = denied(pod(ctr("a", limits={VGPU: 2, MEM: 200})), MIXED)
-    assert msg == ('container "a": mthreads.com/sgpu-memory=200 with mthreads.com/vgpu=2: multi-card pods take '
-                   "whole cards; mthreads.com/sgpu-memory must be mthreads.com/vgpu x a card's memory "
-                   "(192 for MTT S4000, 320 for MTT S5000) or be left out")
+    assert msg == (
+        'container "a": mthreads.com/sgpu-memory=200 with mthreads.com/vgpu=2: multi-card pods take '
+        "whole cards; mthreads.com/sgpu-memory must be mthreads.com/vgpu x a card's memory "
+        "(192 for MTT S4000, 320 for MTT S5000) or be left out"
+    )
 
 
 def test_multi_card_containers_with_different_models_denied() -> None:
@@ -291,7 +316,7 @@ def test_init_and_app_fills_use_their_own_paths() -> None:
     assert got[MEM_PATH] == "96"
 
 
-# --- requests -------------------------------------------------------------------------------------------------
+# --- requests -------------------------------------------------------------------------------------
 
 
 def test_requests_only_count_gets_limits() -> None:
@@ -317,8 +342,10 @@ def test_requests_patched_only_where_present() -> None:
     got = ops(allowed(p, C96))
     assert got["/spec/containers/0/resources/requests/mthreads.com~1sgpu-core"] == "16"
     assert "/spec/containers/0/resources/requests/mthreads.com~1sgpu-memory" not in got
-    p = pod(slice_ctr("a", 32, None) | {"resources": {"limits": {VGPU: "1", MEM: "32"},
-                                                        "requests": {VGPU: "1", MEM: "32"}}})
+    p = pod(
+        slice_ctr("a", 32, None)
+        | {"resources": {"limits": {VGPU: "1", MEM: "32"}, "requests": {VGPU: "1", MEM: "32"}}}
+    )
     assert not any("/requests" in path for path in ops(allowed(p, C96)))
 
 
@@ -335,28 +362,54 @@ def test_json_pointer_escaping() -> None:
     assert _esc("a~b/c") == "a~0b~1c"  # "~" first, else "/" -> "~1" -> "~01"
 
 
-# --- other denials --------------------------------------------------------------------------------------------
+# --- other denials --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("requests_side", [False, True])
 def test_whole_gpu_mixed_with_slices_denied(requests_side: bool) -> None:
-    c = (ctr("mix", limits={VGPU: 1, MEM: 32, CORE: 8}, requests={GPU: 1}) if requests_side
-         else ctr("mix", limits={VGPU: 1, MEM: 32, CORE: 8, GPU: 1}))
+    c = (
+        ctr("mix", limits={VGPU: 1, MEM: 32, CORE: 8}, requests={GPU: 1})
+        if requests_side
+        else ctr("mix", limits={VGPU: 1, MEM: 32, CORE: 8, GPU: 1})
+    )
     msg = denied(pod(c))
-    assert msg.startswith('container "mix": mthreads.com/gpu cannot be mixed with '
-                          "mthreads.com/vgpu/mthreads.com/sgpu-memory/mthreads.com/sgpu-core in one container")
+    assert msg.startswith(
+        'container "mix": mthreads.com/gpu cannot be mixed with '
+        "mthreads.com/vgpu/mthreads.com/sgpu-memory/mthreads.com/sgpu-core in one container"
+    )
 
 
 def test_whole_gpu_in_another_container_allowed() -> None:
     allowed(pod(ctr("whole", limits={GPU: 1}), slice_ctr("s", 32, 8)))
 
 
-@pytest.mark.parametrize("key", [ALLOCATED, GPU_INDEX, PREDICATE_NODE, VGPU_NODE, BIND_PHASE,
-                                 "hami.io/mthreads-vgpu-devices-to-allocate"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        ALLOCATED,
+        GPU_INDEX,
+        PREDICATE_NODE,
+        VGPU_NODE,
+        BIND_PHASE,
+        "hami.io/mthreads-vgpu-devices-to-allocate",
+    ],
+)
 def test_scheduler_owned_annotations_denied(key: str) -> None:
     # A copied pod carrying an old allocation record would be booked where it never ran.
     msg = denied(pod(slice_ctr(), annotations={key: "x"}))
     assert msg.startswith(f"annotations {key} are written by hami-scheduler")
+
+
+@pytest.mark.parametrize("key", [ALLOCATED, GPU_INDEX, PREDICATE_NODE])
+def test_mthreads_record_denied_even_on_pods_without_slices(key: str) -> None:
+    # The vendor device plugin reads these keys: a forged one is refused on any pod.
+    assert denied(pod(ctr("web"), annotations={key: "x"})).startswith(f"annotations {key} are written")
+
+
+@pytest.mark.parametrize("key", [VGPU_NODE, BIND_PHASE])
+def test_hami_generic_keys_left_to_pods_of_other_vendors(key: str) -> None:
+    # hami.io/vgpu-node and bind-phase are shared by HAMi's other vendors: not ours to police there.
+    allowed(pod(ctr("cuda", limits={"nvidia.com/gpu": 1}), annotations={key: "x"}))
 
 
 def test_pin_annotation_and_request_gpu_num_are_not_scheduler_owned() -> None:
@@ -390,14 +443,19 @@ def test_sgpu_without_vgpu_denied() -> None:
     assert "need mthreads.com/vgpu" in denied(pod(ctr("a", limits={MEM: 2, CORE: 1})))
 
 
-# --- HAMi Test_MutateAdmission, re-expressed ----------------------------------------------------------------
+# --- HAMi Test_MutateAdmission, re-expressed ------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("case", "container", "annotations", "ok"),
     [
         # HAMi overwrites to {core 32, mem 192}; we refuse memory that is not 2 whole cards.
-        ("set to resources limit", ctr("c", limits={VGPU: 2, MEM: 2, CORE: 1}), {REQUEST_GPU_NUM: "test123"}, False),
+        (
+            "set to resources limit",
+            ctr("c", limits={VGPU: 2, MEM: 2, CORE: 1}),
+            {REQUEST_GPU_NUM: "test123"},
+            False,
+        ),
         ("count over one without pod annotations", ctr("c", limits={VGPU: 2}), None, True),
         ("count over one requested without limits", ctr("c", requests={VGPU: 2}), None, True),
         ("count one requested without limits", ctr("c", requests={VGPU: 1}), None, True),
@@ -409,11 +467,17 @@ def test_sgpu_without_vgpu_denied() -> None:
         ("memory no exist legalMemoryslices", ctr("c", limits={VGPU: 1, MEM: 3, CORE: 1}), None, False),
         ("count set to zero is rejected", ctr("c", limits={VGPU: 0, MEM: 2, CORE: 1}), None, False),
         ("count set to negative is rejected", ctr("c", limits={VGPU: -1, MEM: 2, CORE: 1}), None, False),
-        ("request-only count set to zero is rejected", ctr("c", requests={VGPU: 0, MEM: 2, CORE: 1}), None, False),
+        (
+            "request-only count set to zero is rejected",
+            ctr("c", requests={VGPU: 0, MEM: 2, CORE: 1}),
+            None,
+            False,
+        ),
     ],
 )
-def test_hami_mutate_admission_table(case: str, container: dict[str, Any], annotations: dict[str, str] | None,
-                                     ok: bool) -> None:
+def test_hami_mutate_admission_table(
+    case: str, container: dict[str, Any], annotations: dict[str, str] | None, ok: bool
+) -> None:
     p = pod(container, annotations=annotations)
     d = decide(p, C96, ())
     assert d.allowed is ok, (case, d.message)

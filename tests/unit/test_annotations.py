@@ -71,7 +71,8 @@ def test_encoding_of_multi_card_and_empty_containers() -> None:
 
 
 def test_hami_patch_annotations_test_re_expressed() -> None:
-    # HAMi Test_PatchAnnotations encodes {UUID "test1", Usedmem 1000, Usedcores 1} as "test1,Mthreads,1000,1:;".
+    # HAMi Test_PatchAnnotations encodes {UUID "test1", Usedmem 1000, Usedcores 1} as
+    # "test1,Mthreads,1000,1:;".
     # The encoder is the same; the decoder is stricter on purpose: "test1" is no <node>-mthreads-<i> id and
     # 1000 MiB is no whole number of 512 MiB units, so such a record could not have come from a card.
     assert encode_allocation([[CardGrant("test1", 1000, 1)]]) == "test1,Mthreads,1000,1:;"
@@ -154,11 +155,16 @@ def test_binding_annotations() -> None:
     }
 
 
-# --- usage_from_annotations -------------------------------------------------------------------------------
+# --- usage_from_annotations -----------------------------------------------------------------------
 
 
-def bound(value: str | None, *apps: str, init: tuple[str, ...] = (), node: str | None = "n1",
-          annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def bound(
+    value: str | None,
+    *apps: str,
+    init: tuple[str, ...] = (),
+    node: str | None = "n1",
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
     ann = dict(annotations or {})
     if value is not None:
         ann[ALLOCATED] = value
@@ -177,19 +183,18 @@ def test_slice_usage() -> None:
 
 def test_exclusive_and_multi_card_usage() -> None:
     assert usage_from_annotations(bound("n1-mthreads-0,Mthreads,81920,16:;", "a")) == PodUsage(
-        "n1", (0,), 160, 16, 1)
+        "n1", (0,), 160, 16, 1
+    )
     value = "n1-mthreads-4,Mthreads,49152,16:n1-mthreads-1,Mthreads,49152,16:;"
     assert usage_from_annotations(bound(value, "a")) == PodUsage("n1", (1, 4), 96, 16, 1)
 
 
 def test_init_containers_peak_app_containers_sum() -> None:
     # init 64 units / 8 cores; apps 16 + 32 units / 4 + 2 cores -> max(48, 64), max(6, 8), 2 slices.
-    value = ("n1-mthreads-0,Mthreads,32768,8:;"
-             "n1-mthreads-0,Mthreads,8192,4:;n1-mthreads-0,Mthreads,16384,2:;")
+    value = "n1-mthreads-0,Mthreads,32768,8:;n1-mthreads-0,Mthreads,8192,4:;n1-mthreads-0,Mthreads,16384,2:;"
     assert usage_from_annotations(bound(value, "a", "b", init=("setup",))) == PodUsage("n1", (0,), 64, 8, 2)
     # apps above the init peak: the sum counts
-    value = ("n1-mthreads-0,Mthreads,4096,1:;"
-             "n1-mthreads-0,Mthreads,16384,4:;n1-mthreads-0,Mthreads,16384,4:;")
+    value = "n1-mthreads-0,Mthreads,4096,1:;n1-mthreads-0,Mthreads,16384,4:;n1-mthreads-0,Mthreads,16384,4:;"
     assert usage_from_annotations(bound(value, "a", "b", init=("setup",))) == PodUsage("n1", (0,), 64, 8, 2)
     # only the init container holds the card: one slice while it runs
     value = "n1-mthreads-0,Mthreads,4096,1:;;"
@@ -209,8 +214,10 @@ def test_node_from_vgpu_node_when_not_yet_bound() -> None:
         (bound("n2-mthreads-0,Mthreads,1024,1:;", "a"), "is not on node 'n1'"),
         (bound("n1-mthreads-0,Mthreads,1024,1:;", "a", node=None), "is not on node ''"),
         (bound(";;", "a", "b"), "names no card"),
-        (bound("n1-mthreads-0,Mthreads,1024,1:;n1-mthreads-1,Mthreads,2048,1:;", "a", "b"),
-         "cards of one pod hold different amounts"),
+        (
+            bound("n1-mthreads-0,Mthreads,1024,1:;n1-mthreads-1,Mthreads,2048,1:;", "a", "b"),
+            "cards of one pod hold different amounts",
+        ),
         (bound("n1-mthreads-0,Mthreads,1024,1:", "a"), "must end with ';'"),
         (bound("n1-mthreads-0,Mthreads,1000,1:;", "a"), "positive multiple of 512 MiB"),
     ],

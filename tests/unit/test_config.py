@@ -54,25 +54,35 @@ def test_memory_per_card_in_files(tmp_path: Path, text: str, expected: tuple[int
 
 
 def test_helm_form_keeps_other_mthreads_keys(tmp_path: Path) -> None:
-    text = ("devices:\n  nvidia:\n    enabled: false\n  mthreads:\n    enabled: true\n"
-            "    customresources: [mthreads.com/vgpu]\n    resourceCountName: example.com/vgpu\n")
+    text = (
+        "devices:\n  nvidia:\n    enabled: false\n  mthreads:\n    enabled: true\n"
+        "    customresources: [mthreads.com/vgpu]\n    resourceCountName: example.com/vgpu\n"
+    )
     c = load_config(_file(tmp_path, text), env={})
     assert c.resource_count_name == "example.com/vgpu"
 
 
 def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
     path = _file(tmp_path, "memoryPerCard: [96]\ndefaultCores: 2\ngpuSchedulerPolicy: binpack\n")
-    c = load_config(path, env={"MTSCHED_MEMORY_PER_CARD": "96,160", "MTSCHED_DEFAULT_CORES": "3"},
-                    flags={"default_cores": 4, "gpu_scheduler_policy": None})
+    c = load_config(
+        path,
+        env={"MTSCHED_MEMORY_PER_CARD": "96,160", "MTSCHED_DEFAULT_CORES": "3"},
+        flags={"default_cores": 4, "gpu_scheduler_policy": None},
+    )
     assert models(c) == (96, 160)  # env beats file
     assert c.default_cores == 4  # flags beat env
     assert c.gpu_scheduler_policy == "binpack"  # a flag left at None does not override
 
 
 def test_env_and_flag_spellings() -> None:
-    c = load_config(env={"MTSCHED_PENDING_TTL_SECONDS": "60", "MTSCHED_CONFIG": "/ignored",
-                         "MTSCHED_FORCE_OVERWRITE_DEFAULT_SCHEDULER": "false"},
-                    flags={"maxSlicesPerCard": "8", "memoryPerCard": [160]})
+    c = load_config(
+        env={
+            "MTSCHED_PENDING_TTL_SECONDS": "60",
+            "MTSCHED_CONFIG": "/ignored",
+            "MTSCHED_FORCE_OVERWRITE_DEFAULT_SCHEDULER": "false",
+        },
+        flags={"maxSlicesPerCard": "8", "memoryPerCard": [160]},
+    )
     assert c.pending_ttl_seconds == 60
     assert c.force_overwrite_default_scheduler is False
     assert c.max_slices_per_card == 8
@@ -114,13 +124,20 @@ def test_every_problem_is_listed_at_once(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         load_config(path, env={"MTSCHED_MAX_SLICES_PER_CARD": "0"})
     text = str(e.value)
-    for needle in ("memoryPerCard is empty", "defaultCores: 99", "unknown setting 'bogus'", "maxSlicesPerCard: 0"):
+    for needle in (
+        "memoryPerCard is empty",
+        "defaultCores: 99",
+        "unknown setting 'bogus'",
+        "maxSlicesPerCard: 0",
+    ):
         assert needle in text
     assert f"config file {path}" in text  # says where the bad key came from
 
 
-@pytest.mark.parametrize(("text", "needle"), [("- 96\n- 160\n", "top level must be a mapping"),
-                                              ("memoryPerCard: [96\n", "config file")])
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [("- 96\n- 160\n", "top level must be a mapping"), ("memoryPerCard: [96\n", "config file")],
+)
 def test_unreadable_files(tmp_path: Path, text: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         load_config(_file(tmp_path, text), env={})

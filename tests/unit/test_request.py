@@ -32,11 +32,12 @@ def problems(p: dict[str, Any], c: Any = C96) -> str:
     return str(e.value)
 
 
-# --- quantities -------------------------------------------------------------------------------------------
+# --- quantities -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("raw", "n"), [("1", 1), ("32", 32), (7, 7), (" 8 ", 8), ("+4", 4), ("0016", 16),
-                                        ("64", 64)])
+@pytest.mark.parametrize(
+    ("raw", "n"), [("1", 1), ("32", 32), (7, 7), (" 8 ", 8), ("+4", 4), ("0016", 16), ("64", 64)]
+)
 def test_parse_quantity_accepts_plain_integers(raw: object, n: int) -> None:
     assert parse_quantity(raw, "c", VGPU, 64) == n
 
@@ -70,7 +71,7 @@ def test_parse_quantity_errors_name_container_resource_value(raw: object, needle
     assert repr(raw) in msg  # the offending value, as given
 
 
-# --- read_asks ----------------------------------------------------------------------------------------------
+# --- read_asks ------------------------------------------------------------------------------------
 
 
 def test_limits_are_read_before_requests() -> None:
@@ -115,7 +116,7 @@ def test_memory_upper_bound_follows_the_largest_model() -> None:
         read_asks(pod(ctr("a", limits={VGPU: 1, MEM: 6145})), C96)
 
 
-# --- slices ------------------------------------------------------------------------------------------------
+# --- slices ---------------------------------------------------------------------------------------
 
 
 def test_seed_example_slice() -> None:
@@ -165,7 +166,9 @@ def test_slice_cores_in_range(cores: int) -> None:
 
 def test_slice_cores_above_16_rejected() -> None:
     # HAMi has no range check (and clamps > 100 in Fit); the seeds say sgpu-core is 1 to 16.
-    assert 'container "a": mthreads.com/sgpu-core=17 is outside 1..16' in problems(pod(slice_ctr("a", 32, 17)))
+    assert 'container "a": mthreads.com/sgpu-core=17 is outside 1..16' in problems(
+        pod(slice_ctr("a", 32, 17))
+    )
 
 
 def test_pod_cores_above_a_card_rejected() -> None:
@@ -185,13 +188,14 @@ def test_max_slices_per_card() -> None:
 def test_slice_memory_not_checked_against_a_model_until_fit() -> None:
     # HAMi Test_GenerateResourceRequests "all resources set": mem 1000 -> Memreq 512000 (no legality check).
     # We keep the request (it is not "no request") and no card of any model accepts it.
-    req = pod_request(pod(ctr("a", limits={VGPU: 1, MEM: 1000, CORE: 1}, requests={VGPU: 1, MEM: 1000, CORE: 1})),
-                      C96)
+    req = pod_request(
+        pod(ctr("a", limits={VGPU: 1, MEM: 1000, CORE: 1}, requests={VGPU: 1, MEM: 1000, CORE: 1})), C96
+    )
     assert req is not None and req.memory == 1000
     assert not card_accepts(96, req) and not card_accepts(160, req)
 
 
-# --- exclusive and multi-card -----------------------------------------------------------------------------
+# --- exclusive and multi-card ---------------------------------------------------------------------
 
 
 def test_exclusive_before_admission_takes_the_whole_card() -> None:
@@ -278,24 +282,32 @@ def test_multi_card_memory_must_match_the_pinned_model() -> None:
 
 def test_multi_card_containers_must_agree() -> None:
     assert "multi-card pod's mthreads containers must all ask the same whole cards" in problems(
-        pod(ctr("a", limits={VGPU: 2}), init=[ctr("i", limits={VGPU: 3})]))
+        pod(ctr("a", limits={VGPU: 2}), init=[ctr("i", limits={VGPU: 3})])
+    )
     assert "only one app container may ask mthreads.com/vgpu=2" in problems(
-        pod(ctr("a", limits={VGPU: 2}), ctr("b", limits={VGPU: 2})))
+        pod(ctr("a", limits={VGPU: 2}), ctr("b", limits={VGPU: 2}))
+    )
     # Without a pin the first container's memory would decide the model: 96-unit cards for an app
     # container whose limit says 160 per card. Refused.
     assert "ask different mthreads.com/sgpu-memory (192, 320)" in problems(
-        pod(ctr("a", limits={VGPU: 2, MEM: 320, CORE: 32}), init=[ctr("i", limits={VGPU: 2, MEM: 192, CORE: 32})]),
-        MIXED)
+        pod(
+            ctr("a", limits={VGPU: 2, MEM: 320, CORE: 32}),
+            init=[ctr("i", limits={VGPU: 2, MEM: 192, CORE: 32})],
+        ),
+        MIXED,
+    )
 
 
 def test_multi_card_init_and_app_share_the_same_cards() -> None:
-    p = pod(ctr("a", limits={VGPU: 2, MEM: 320, CORE: 32}), init=[ctr("i", limits={VGPU: 2, MEM: 320, CORE: 32})])
+    p = pod(
+        ctr("a", limits={VGPU: 2, MEM: 320, CORE: 32}), init=[ctr("i", limits={VGPU: 2, MEM: 320, CORE: 32})]
+    )
     req = pod_request(p, MIXED)
     assert req is not None and req.cards == 2 and req.model == 160
     assert [s.memory for s in req.shares_for(160)] == [160, 160]
 
 
-# --- what is not ours / what is refused ----------------------------------------------------------------------
+# --- what is not ours / what is refused -----------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -327,8 +339,9 @@ def test_whole_gpu_in_another_container_is_allowed() -> None:
         ({GPU: 1, CORE: 4}, None),
     ],
 )
-def test_whole_gpu_mixed_with_slices_in_one_container_rejected(limits: dict[str, object],
-                                                               requests: dict[str, object] | None) -> None:
+def test_whole_gpu_mixed_with_slices_in_one_container_rejected(
+    limits: dict[str, object], requests: dict[str, object] | None
+) -> None:
     msg = problems(pod(ctr("mixed", limits=limits, requests=requests)))
     assert 'container "mixed": mthreads.com/gpu cannot be mixed with' in msg
     assert "mthreads.com/vgpu" in msg and "outside the scheduler's accounting" in msg
@@ -338,10 +351,12 @@ def test_whole_gpu_mixed_with_slices_in_one_container_rejected(limits: dict[str,
 def test_sgpu_resources_without_vgpu_rejected(limits: dict[str, object]) -> None:
     # HAMi ignores such containers (found=false) and the vendor plugin would hand out slices outside any
     # accounting. We refuse and say what to add.
-    assert "need mthreads.com/vgpu; add mthreads.com/vgpu: 1 for a slice" in problems(pod(ctr("a", limits=limits)))
+    assert "need mthreads.com/vgpu; add mthreads.com/vgpu: 1 for a slice" in problems(
+        pod(ctr("a", limits=limits))
+    )
 
 
-# --- HAMi Test_GenerateResourceRequests, re-expressed --------------------------------------------------------
+# --- HAMi Test_GenerateResourceRequests, re-expressed ---------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -368,11 +383,21 @@ def test_hami_generate_resource_requests_table(container: dict[str, Any], expect
         assert req is not None and (req.mode, req.cards) == expect
 
 
-# --- the pin annotation and model acceptance ---------------------------------------------------------------
+# --- the pin annotation and model acceptance ------------------------------------------------------
 
 
-@pytest.mark.parametrize(("raw", "units"), [("160", 160), ("96", 96), (" 160 ", 160), ("S5000", 160),
-                                            ("s4000", 96), ("MTT-S5000", 160), ("mtt-s4000", 96)])
+@pytest.mark.parametrize(
+    ("raw", "units"),
+    [
+        ("160", 160),
+        ("96", 96),
+        (" 160 ", 160),
+        ("S5000", 160),
+        ("s4000", 96),
+        ("MTT-S5000", 160),
+        ("mtt-s4000", 96),
+    ],
+)
 def test_pinned_model(raw: str, units: int) -> None:
     assert pinned_model(pod(ctr("a"), annotations={PIN_ANNOTATION: raw}), MIXED) == CardModel(units)
 
@@ -392,7 +417,9 @@ def test_pinned_model_must_be_configured() -> None:
 
 def test_pinned_slice_must_be_valid_on_the_pinned_model() -> None:
     p = pod(slice_ctr("a", 96, 4), annotations={PIN_ANNOTATION: "S5000"})
-    assert 'container "a": mthreads.com/sgpu-memory=96 is not valid on the pinned MTT S5000' in problems(p, MIXED)
+    assert 'container "a": mthreads.com/sgpu-memory=96 is not valid on the pinned MTT S5000' in problems(
+        p, MIXED
+    )
     req = pod_request(pod(slice_ctr("a", 128, 4), annotations={PIN_ANNOTATION: "160"}), MIXED)
     assert req is not None and req.model == 160
     assert card_accepts(160, req) and not card_accepts(96, req)
@@ -423,3 +450,27 @@ def test_card_accepts_every_share_not_just_the_sum() -> None:
 
 def test_shape_request_on_completed_asks_none_without_slices() -> None:
     assert shape_request(read_asks(pod(ctr("a", limits={GPU: 2})), C96), C96, None) is None
+
+
+def test_multi_card_model_from_any_container_with_memory() -> None:
+    # Un-admitted pod: the init container leaves memory out, the app container says 160 per card. The app's
+    # value must pick the model, or the pod could land on 96-unit cards.
+    p = pod(ctr("a", limits={VGPU: 2, MEM: 320}), init=[ctr("i", limits={VGPU: 2})])
+    req = pod_request(p, MIXED)
+    assert req is not None and req.model == 160
+    assert card_accepts(160, req) and not card_accepts(96, req)
+
+
+@pytest.mark.parametrize(("raw", "shown"), [("1500m", "(= 1.5)"), ("500m", "(= 0.5)"), ("-500m", "(= -0.5)")])
+def test_canonical_milli_quantities_are_explained(raw: str, shown: str) -> None:
+    # The API server hands admission "1.5" as "1500m": the message shows both forms.
+    with pytest.raises(RequestError) as e:
+        parse_quantity(raw, "c", CORE, 16)
+    assert f"{CORE}='{raw}' {shown}" in str(e.value)
+    assert "not a whole number" in str(e.value)
+
+
+@pytest.mark.parametrize(("raw", "value"), [("4k", 4000), ("2k", 2000), ("+7", 7), ("1M", 10**6)])
+def test_api_server_canonical_forms_of_whole_numbers(raw: str, value: int) -> None:
+    # The API server rewrites 4000 as "4k" before admission; it is still a whole number.
+    assert parse_quantity(raw, "c", "mthreads.com/sgpu-memory", 10**7) == value

@@ -12,8 +12,18 @@ GIB = 1024
 
 def test_tiers_are_the_guide_list() -> None:
     # "rounds up to the next tier: 512 MiB, then 1/2/4/8/16/32/48/64/80 GiB"
-    assert MEMORY_TIERS_MIB == (512, 1 * GIB, 2 * GIB, 4 * GIB, 8 * GIB, 16 * GIB, 32 * GIB, 48 * GIB, 64 * GIB,
-                                80 * GIB)
+    assert MEMORY_TIERS_MIB == (
+        512,
+        1 * GIB,
+        2 * GIB,
+        4 * GIB,
+        8 * GIB,
+        16 * GIB,
+        32 * GIB,
+        48 * GIB,
+        64 * GIB,
+        80 * GIB,
+    )
 
 
 @pytest.mark.parametrize("capacity", [96, 160])
@@ -78,7 +88,9 @@ def test_compute_weight_outside_1_to_16(cores: int) -> None:
         compute_weight(cores)
 
 
-@pytest.mark.parametrize(("mib", "text"), [(512, "512 MiB"), (1024, "1 GiB"), (16384, "16 GiB"),
-                                           (81920, "80 GiB"), (1536, "1536 MiB")])
+@pytest.mark.parametrize(
+    ("mib", "text"),
+    [(512, "512 MiB"), (1024, "1 GiB"), (16384, "16 GiB"), (81920, "80 GiB"), (1536, "1536 MiB")],
+)
 def test_format_mib(mib: int, text: str) -> None:
     assert format_mib(mib) == text

@@ -1,0 +1,288 @@
+{{/* vim: set filetype=mustache: */}}
+
+{{- define "hami.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* With release name "hami" this is "hami", giving hami-scheduler, hami-webhook, ... */}}
+{{- define "hami.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "hami.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
+{{- end -}}
+
+{{- define "hami.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Common labels; call with (dict "ctx" $ "component" "scheduler"). */}}
+{{- define "hami.labels" -}}
+helm.sh/chart: {{ include "hami.chart" .ctx }}
+{{ include "hami.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: hami
+{{- with .ctx.Values.global.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "hami.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "hami.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+{{- if .component }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+{{- end -}}
+
+{{/* metadata.annotations from global.annotations (+ extra dict in .extra). Renders nothing if empty. */}}
+{{- define "hami.annotations" -}}
+{{- $all := merge (deepCopy (.extra | default dict)) (.ctx.Values.global.annotations | default dict) -}}
+{{- if $all }}
+annotations:
+  {{- toYaml $all | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "hami.mthreadsEnabled" -}}
+{{- if .Values.devices.mthreads.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{- define "hami.webhookEnabled" -}}
+{{- if and .Values.devices.mthreads.enabled .Values.scheduler.admissionWebhook.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{- define "hami.bundledRedis" -}}
+{{- if and .Values.devices.mthreads.enabled (not .Values.redis.external.url) -}}true{{- end -}}
+{{- end -}}
+
+{{/* generate | certManager | external (HAMi's scheduler.certManager.enabled selects certManager). */}}
+{{- define "hami.tlsMode" -}}
+{{- $mode := .Values.tls.mode | default "generate" -}}
+{{- if .Values.scheduler.certManager.enabled -}}{{- $mode = "certManager" -}}{{- end -}}
+{{- if not (has $mode (list "generate" "certManager" "external")) -}}
+{{- fail (printf "tls.mode must be generate, certManager or external, got %q" $mode) -}}
+{{- end -}}
+{{- $mode -}}
+{{- end -}}
+
+{{- define "hami.tlsSecretName" -}}
+{{- if and (eq (include "hami.tlsMode" .) "external") .Values.tls.external.secretName -}}
+{{- .Values.tls.external.secretName -}}
+{{- else -}}
+{{- printf "%s-scheduler-tls" (include "hami.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "hami.webhookServiceName" -}}
+{{- printf "%s-webhook" (include "hami.fullname" .) -}}
+{{- end -}}
+
+{{/* DNS names the serving certificate carries (webhook Service); the extender uses IP 127.0.0.1. */}}
+{{- define "hami.tlsDnsNames" -}}
+{{- $svc := include "hami.webhookServiceName" . -}}
+{{- $ns := include "hami.namespace" . -}}
+{{- list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) "localhost" | toJson -}}
+{{- end -}}
+
+{{/*
+Self-signed CA + serving certificate for tls.mode=generate, as a dict with keys ca.crt, tls.crt,
+tls.key (PEM). Reuses the existing Secret (lookup) so upgrades keep the certificate; computed
+once per render and cached, so the Secret and the webhook's caBundle always agree.
+*/}}
+{{- define "hami.generatedTLS" -}}
+{{- $cache := .Values.__generatedTLS | default dict -}}
+{{- if not $cache -}}
+{{- $ns := include "hami.namespace" . -}}
+{{- $name := include "hami.tlsSecretName" . -}}
+{{- $existing := lookup "v1" "Secret" $ns $name -}}
+{{- $data := (get ($existing | default dict) "data") | default dict -}}
+{{- if and (get $data "ca.crt") (get $data "tls.crt") (get $data "tls.key") -}}
+{{- $_ := set $cache "ca.crt" (get $data "ca.crt" | b64dec) -}}
+{{- $_ := set $cache "tls.crt" (get $data "tls.crt" | b64dec) -}}
+{{- $_ := set $cache "tls.key" (get $data "tls.key" | b64dec) -}}
+{{- else -}}
+{{- $days := int .Values.tls.generate.validityDays -}}
+{{- $ca := genCA (printf "%s-ca" (include "hami.fullname" .)) $days -}}
+{{- $cert := genSignedCert (include "hami.webhookServiceName" .) (list "127.0.0.1") (include "hami.tlsDnsNames" . | fromJsonArray) $days $ca -}}
+{{- $_ := set $cache "ca.crt" $ca.Cert -}}
+{{- $_ := set $cache "tls.crt" $cert.Cert -}}
+{{- $_ := set $cache "tls.key" $cert.Key -}}
+{{- end -}}
+{{- $_ := set .Values "__generatedTLS" $cache -}}
+{{- end -}}
+{{- toJson $cache -}}
+{{- end -}}
+
+{{/* base64 CA bundle for the webhook clientConfig; empty when cert-manager injects it. */}}
+{{- define "hami.caBundle" -}}
+{{- $mode := include "hami.tlsMode" . -}}
+{{- if eq $mode "generate" -}}
+{{- get (include "hami.generatedTLS" . | fromJson) "ca.crt" | b64enc -}}
+{{- else if eq $mode "external" -}}
+{{- .Values.tls.external.caBundle -}}
+{{- end -}}
+{{- end -}}
+
+{{/* memoryPerCard as a list of ints: a list, a legacy scalar, or a comma string "96,160". */}}
+{{- define "hami.memoryPerCard" -}}
+{{- $raw := .Values.devices.mthreads.memoryPerCard -}}
+{{- $items := list -}}
+{{- if kindIs "slice" $raw -}}
+{{- $items = $raw -}}
+{{- else if kindIs "string" $raw -}}
+{{- $items = splitList "," (trimAll "[] " $raw) -}}
+{{- else if not (kindIs "invalid" $raw) -}}
+{{- $items = list $raw -}}
+{{- end -}}
+{{- if not $items -}}
+{{- fail "devices.mthreads.memoryPerCard is empty: list at least one card model, e.g. [96] (MTT S4000), [160] (MTT S5000) or [96, 160]" -}}
+{{- end -}}
+{{- $out := list -}}
+{{- range $items -}}
+{{- $s := toString . | trim -}}
+{{- if not (regexMatch "^[0-9]+(\\.0+)?$" $s) -}}
+{{- fail (printf "devices.mthreads.memoryPerCard entry %q is not a whole number of 512 MiB units (96 = MTT S4000, 160 = MTT S5000)" $s) -}}
+{{- end -}}
+{{- $out = append $out (int (float64 $s)) -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* Resource names kube-scheduler leaves to the extender (ignoredByScheduler). */}}
+{{- define "hami.managedResources" -}}
+{{- $m := .Values.devices.mthreads -}}
+{{- $names := list $m.resourceCountName -}}
+{{- range ($m.customresources | default list) -}}
+{{- $names = append $names . -}}
+{{- end -}}
+{{- toJson ($names | uniq) -}}
+{{- end -}}
+
+{{/* kube-scheduler image tag: scheduler.kubeScheduler.image.tag, legacy imageTag, or the cluster's version. */}}
+{{- define "hami.kubeSchedulerTag" -}}
+{{- $ks := .Values.scheduler.kubeScheduler -}}
+{{- $tag := (($ks.image | default dict).tag) | default $ks.imageTag -}}
+{{- if not $tag -}}
+{{- $tag = regexFind "v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version -}}
+{{- end -}}
+{{- if not (hasPrefix "v" (toString $tag)) -}}{{- $tag = printf "v%s" (toString $tag) -}}{{- end -}}
+{{- $tag -}}
+{{- end -}}
+
+{{/* registry/repository:tag with global.imageRegistry taking precedence; call with (dict "ctx" $ "image" $img "tag" $tag). */}}
+{{- define "hami.image" -}}
+{{- $registry := .ctx.Values.global.imageRegistry | default .image.registry -}}
+{{- $tag := .tag | default .image.tag | default .ctx.Chart.AppVersion -}}
+{{- if $registry -}}
+{{- printf "%s/%s:%s" $registry .image.repository (toString $tag) -}}
+{{- else -}}
+{{- printf "%s:%s" .image.repository (toString $tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "hami.imagePullSecrets" -}}
+{{- with .Values.global.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "hami.redisUrl" -}}
+{{- if .Values.redis.external.url -}}
+{{- .Values.redis.external.url -}}
+{{- else -}}
+{{- printf "redis://%s-redis.%s.svc:6379/0" (include "hami.fullname" .) (include "hami.namespace" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Environment shared by our containers. REDIS_PASSWORD deliberately has no MTSCHED_ prefix: every
+MTSCHED_* variable is read as a setting and unknown ones are rejected.
+*/}}
+{{- define "hami.env" -}}
+- name: MTSCHED_CONFIG
+  value: /etc/mtsched/config.yaml
+{{- $ext := .Values.redis.external }}
+{{- if and $ext.url $ext.existingSecret }}
+{{- $url := $ext.url }}
+{{- if not (regexMatch "^(redis|rediss)://[^@/]+(/.*)?$" $url) }}
+{{- fail "redis.external.url must look like redis://host:port/db or rediss://host:port/db (no user or password: use redis.external.username and existingSecret)" }}
+{{- end }}
+{{- $scheme := regexFind "^rediss?://" $url }}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $ext.existingSecret }}
+      key: {{ $ext.passwordKey }}
+- name: MTSCHED_REDIS_URL
+  value: {{ printf "%s%s:$(REDIS_PASSWORD)@%s" $scheme ($ext.username | default "") (trimPrefix $scheme $url) | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod-level security context for our containers (image user 10001). */}}
+{{- define "hami.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .uid | default 10001 }}
+runAsGroup: {{ .uid | default 10001 }}
+fsGroup: {{ .uid | default 10001 }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "hami.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+privileged: false
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
+
+{{/* Preferred anti-affinity on hostname for a component unless .affinity is given. */}}
+{{- define "hami.affinity" -}}
+{{- if .affinity }}
+affinity:
+  {{- toYaml .affinity | nindent 2 }}
+{{- else }}
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- include "hami.selectorLabels" (dict "ctx" .ctx "component" .component) | nindent 14 }}
+{{- end }}
+{{- end -}}
+
+{{/* Probes of an mtsched role on the metrics port. */}}
+{{- define "hami.probes" -}}
+startupProbe:
+  httpGet: {path: /healthz, port: metrics}
+  periodSeconds: 5
+  failureThreshold: 60
+livenessProbe:
+  httpGet: {path: /healthz, port: metrics}
+  periodSeconds: 10
+  timeoutSeconds: 5
+  failureThreshold: 3
+readinessProbe:
+  httpGet: {path: /readyz, port: metrics}
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 2
+{{- end -}}

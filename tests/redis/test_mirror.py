@@ -1,0 +1,193 @@
+"""The mirror: a replica's copy of the ledger, kept current by the feed (real Redis, real Pub/Sub)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+from redis.asyncio import Redis
+
+from deploy.local.redis import RedisServer
+from shared.annotations import PodUsage
+from shared.ledger import Ledger
+from shared.mirror import Mirror
+from tests.redis.conftest import MirrorFactory
+from tests.redis.helpers import S4000, S5000, eventually, inventory
+
+
+async def in_sync(m: Mirror, led: Ledger) -> bool:
+    return m.nodes == await led.snapshots(await led.nodes())
+
+
+async def wait_synced(m: Mirror, led: Ledger, what: str = "mirror equals the ledger") -> None:
+    await eventually(lambda: in_sync(m, led), what=what)
+
+
+@pytest.mark.redis
+async def test_mirror_applies_the_feed_in_order(cluster: Ledger, mirror_factory: MirrorFactory) -> None:
+    led = cluster
+    m = await mirror_factory()
+    assert await in_sync(m, led) and m.refetches == 0
+    changed: list[str] = []
+    m.on_change.append(changed.append)
+    steps = [
+        lambda: led.reserve("n4", "u1", [0], 8, 2, 1, pod="ns/p1"),
+        lambda: led.mark_bound("n4", "u1"),
+        lambda: led.reserve("n5", "u2", [0, 1], S5000, 16, 1, model=S5000, whole=True),
+        lambda: led.observe("u3", PodUsage("n4", (1,), 16, 4, 2), "ns/p3"),
+        lambda: led.release("n5", "u2"),
+        lambda: led.upsert_node(inventory("n4", S4000, indices=[1])),  # card 0 removed while u1 holds it
+        lambda: led.release("n4", "u1"),
+        lambda: led.upsert_node(inventory("n6", S5000, 1)),  # a new node: version 1, built from the message
+    ]
+    for step in steps:
+        await step()
+    await wait_synced(m, led)
+    assert m.refetches == 0  # every change arrived in order and was applied from its message
+    assert m.applied == len(steps)
+    assert changed == ["n4", "n4", "n5", "n4", "n5", "n4", "n4", "n6"]
+    assert sorted(m.get("n4").cards) == [1]  # type: ignore[union-attr]
+    assert list(m.get("n4").reservations) == ["u3"]  # type: ignore[union-attr]
+
+
+@pytest.mark.redis
+async def test_mirror_refetches_a_node_after_a_gap(cluster: Ledger, mirror_factory: MirrorFactory) -> None:
+    led = cluster
+    m = await mirror_factory()
+    m.nodes["n4"].version -= 1  # as if one message had been lost
+    await led.reserve("n4", "u1", [0], 8, 2, 1)
+    await wait_synced(m, led)
+    assert m.refetches == 1
+    assert "u1" in m.nodes["n4"].reservations
+
+
+@pytest.mark.redis
+async def test_mirror_refetches_an_unknown_node(cluster: Ledger, mirror_factory: MirrorFactory) -> None:
+    led = cluster
+    m = await mirror_factory()
+    del m.nodes["n5"]  # e.g. it was added while this replica was reading
+    await led.reserve("n5", "u1", [1], 8, 2, 1)
+    await wait_synced(m, led)
+    assert m.refetches == 1
+
+
+@pytest.mark.redis
+async def test_mirror_refetches_after_a_rebuild_and_drops_removed_nodes(
+        populated: Ledger, mirror_factory: MirrorFactory) -> None:
+    led = populated
+    m = await mirror_factory()
+    assert sorted(m.nodes) == ["n4", "n5", "nerr", "nx"]
+    bound = {"b1": (PodUsage("n4", (0,), 8, 2, 1), "ns/b1")}
+    await led.rebuild([inventory("n4", S4000), inventory("n5", S5000)], bound)
+    await wait_synced(m, led)
+    assert sorted(m.nodes) == ["n4", "n5"]
+    assert m.refetches == 2  # one per rebuilt node; removed nodes need no read
+    assert "b1" in m.nodes["n4"].reservations
+
+
+@pytest.mark.redis
+async def test_mirror_sees_a_node_recreated_after_removal(cluster: Ledger, mirror_factory: MirrorFactory) -> None:
+    led = cluster
+    m = await mirror_factory()
+    for i in range(3):
+        await led.reserve("n4", f"u{i}", [0], 2, 1, 1)
+    await wait_synced(m, led)
+    await led.remove_node("n4")
+    await led.upsert_node(inventory("n4", S5000, 1))  # back with version 1 and other cards
+    await wait_synced(m, led)
+    assert m.nodes["n4"].version == 1 and m.nodes["n4"].reservations == {}
+
+
+@pytest.mark.redis
+async def test_mirror_survives_malformed_feed_messages(cluster: Ledger, mirror_factory: MirrorFactory) -> None:
+    led = cluster
+    m = await mirror_factory()
+    v = m.nodes["n4"].version
+    junk = ["garbage", "[]", "42", '{"x": 1}', '{"node": 5, "version": 1}', '{"node": "n4", "version": "abc"}',
+            orjson.dumps({"node": "n4", "version": v + 1, "kind": "reserve", "cards": {"0": {"capacity": "x"}}}),
+            orjson.dumps({"node": "n4", "version": v + 1, "kind": "reserve", "cards": {},
+                          "uid": "evil", "res": {"cards": "0"}})]
+    for raw in junk:
+        await led.redis.publish(led.feed, raw)
+    await led.reserve("n4", "u1", [0], 8, 2, 1)
+    await wait_synced(m, led, "the mirror keeps working after junk on the feed")
+    assert "evil" not in m.nodes["n4"].reservations
+    assert m._task is not None and not m._task.done()
+
+
+@pytest.mark.redis
+async def test_mirror_capacities_and_owner_of(populated: Ledger, mirror_factory: MirrorFactory) -> None:
+    led = populated
+    m = await mirror_factory()
+    assert m.capacities() == {S4000, S5000}  # nerr offers no card
+    await led.observe("u8", PodUsage("n4", (7,), 8, 1, 1))  # a placeholder card (capacity 8, "removed")
+    await wait_synced(m, led)
+    assert 7 in m.nodes["n4"].cards and m.capacities() == {S4000, S5000}
+    assert m.owner_of("u3") == "n5" and m.owner_of("u8") == "n4" and m.owner_of("nobody") is None
+    await led.release("n5", "u3")
+    await eventually(lambda: m.owner_of("u3") is None, what="released reservation leaves the mirror")
+    await led.remove_node("n5")
+    await eventually(lambda: m.capacities() == {S4000}, what="capacities follow removed nodes")
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("client_retries", [False, True], ids=["client-without-retries", "client-with-retries"])
+async def test_mirror_resyncs_after_a_redis_restart(redis_server: RedisServer, redis_client: Redis,
+                                                    client_retries: bool) -> None:
+    """A restart loses every key and every message in between; the mirror must notice either way.
+
+    A client built with Redis(host, port) retries by default: its Pub/Sub connection reconnects and
+    resubscribes silently, so the mirror must learn of it from the connection, not from an error.
+    """
+    led = Ledger(redis_client)
+    await led.upsert_node(inventory("n4", S4000))
+    await led.upsert_node(inventory("n5", S5000))
+    for i in range(4):
+        await led.reserve("n4", f"u{i}", [0], 2, 1, 1)
+    sub = (Redis(host="127.0.0.1", port=redis_server.port, decode_responses=True) if client_retries
+           else Redis.from_url(redis_server.url, decode_responses=True))
+    own = Redis.from_url(redis_server.url, decode_responses=True)
+    m = Mirror(Ledger(own), subscriber=sub, resync_seconds=300)  # the periodic resync is not what saves us
+    await m.start()
+    try:
+        await asyncio.wait_for(m.ready.wait(), 10)
+        await wait_synced(m, led)
+        assert m.nodes["n4"].version == 5
+        await asyncio.to_thread(redis_server.restart)
+        await eventually(lambda: m.nodes == {}, what="the mirror sees the empty Redis after a restart")
+        # after the restart versions start over: a fresh node at version 1..2 is newer than the old 5
+        await led.upsert_node(inventory("n4", S4000))
+        await led.reserve("n4", "after", [1], 4, 1, 1)
+        await wait_synced(m, led)
+        assert m.nodes["n4"].version == 2 and list(m.nodes["n4"].reservations) == ["after"]
+        assert m.ready.is_set()
+    finally:
+        await m.stop()
+        await sub.aclose()
+        await own.aclose()
+
+
+@pytest.mark.redis
+async def test_mirror_apply_rules() -> None:
+    """The version rules on plain messages (no Redis needed, but kept with the other mirror tests)."""
+    m = Mirror(Ledger(Redis()))
+    card = {"capacity": 96, "mem_used": 0, "mem_free": 96, "cores": 16, "cores_used": 0, "cores_free": 16,
+            "slices": 0, "slice_limit": 16, "health": "ok"}
+    assert m.apply({"node": "a", "version": 1, "kind": "node", "cards": {"0": card}}) is None  # new node
+    assert m.apply({"node": "a", "version": 1, "kind": "node", "cards": {}}) is None  # duplicate: ignored
+    assert m.nodes["a"].version == 1 and list(m.nodes["a"].cards) == [0]
+    assert m.apply({"node": "a", "version": 3, "kind": "reserve", "cards": {}}) == "a"  # gap
+    assert m.apply({"node": "b", "version": 4, "kind": "reserve", "cards": {}}) == "b"  # unknown node
+    assert m.apply({"node": "a", "version": 2, "kind": "rebuild", "cards": {}}) == "a"  # rebuild: re-read
+    res = {"cards": "0", "mem": 8, "cores": 2, "slices": 1, "state": "pending", "created": 1}
+    assert m.apply({"node": "a", "version": 2, "kind": "reserve", "cards": {"0": card}, "uid": "u", "res": res}) \
+        is None
+    assert m.owner_of("u") == "a"
+    assert m.apply({"node": "a", "version": 1, "kind": "node", "cards": {}}) == "a"  # recreated: ours is stale
+    assert m.apply({"node": "a", "version": 9, "kind": "removed"}) is None
+    assert m.nodes == {}
+    with pytest.raises(ValueError):
+        m.apply({"node": "", "version": 1})
+    with pytest.raises(KeyError):
+        m.apply({"version": 1})
