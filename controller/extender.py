@@ -42,6 +42,7 @@ class Extender:
         self.kube = kube
         self.pods: OrderedDict[str, dict[str, Any]] = OrderedDict()  # uid -> pod seen in filter (for bind)
         self._events: set[asyncio.Task[None]] = set()
+        self._recent: dict[tuple[str, str, str], float] = {}  # (pod uid, reason, message) -> last sent
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -56,6 +57,14 @@ class Extender:
         """Fire-and-forget Kubernetes event, so API latency never adds to a scheduling call."""
         if not (self.kube and self.cfg.events_enabled):
             return
+        # kube-scheduler retries a Pending pod often: one event per pod, reason and message a minute
+        key = (str((pod.get("metadata") or {}).get("uid")), reason, message)
+        now = time.monotonic()
+        if now - self._recent.get(key, -1e9) < 60:
+            return
+        self._recent[key] = now
+        if len(self._recent) > 20000:
+            self._recent = {k: t for k, t in self._recent.items() if now - t < 60}
 
         async def send() -> None:
             try:
@@ -80,8 +89,17 @@ class Extender:
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
         pod = args.get("Pod") or {}
         names: list[str] = list(args.get("NodeNames") or [])
-        if args.get("Nodes") is not None and not names:
-            names = [str((n.get("metadata") or {}).get("name")) for n in (args["Nodes"].get("items") or [])]
+        full_nodes = (args.get("Nodes") or {}).get("items") if not names else None
+        if full_nodes is not None:  # a caller that is not node-cache-capable sends (and expects) Node objects
+            names = [str((n.get("metadata") or {}).get("name")) for n in full_nodes]
+        result = self._filter(pod, names)
+        if full_nodes is not None:
+            keep = set(result["NodeNames"])
+            result["Nodes"] = {"items": [n for n in full_nodes if (n.get("metadata") or {}).get("name") in keep]}
+            result["NodeNames"] = None
+        return result
+
+    def _filter(self, pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
         try:
             req = pod_request(pod, self.cfg)
         except RequestError as e:
@@ -146,7 +164,7 @@ class Extender:
             return {"Error": "; ".join(e.problems)}
         if req is None:
             return await self._plain_bind(pod, ns, name, uid, node)
-        outcome, result = await self.ledger.place(node, uid, req, self._annotations(pod), self.mirror.get(node),
+        outcome, _ = await self.ledger.place(node, uid, req, self._annotations(pod), self.mirror.get(node),
                                                   self.cfg.gpu_scheduler_policy, pod=f"{ns}/{name}")
         if outcome.attempts > 1:
             CONFLICTS.inc(outcome.attempts - 1)

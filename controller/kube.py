@@ -35,7 +35,7 @@ class Kube:
         if kubeconfig:
             await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
         else:
-            config.load_incluster_config(client_configuration=cfg)
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         cfg.connection_pool_maxsize = 64
         return cls(client.ApiClient(configuration=cfg))
 

@@ -79,7 +79,7 @@ class Reflector:
                 log.info("%s: resourceVersion %s expired (410): re-listing", self.name, self.resource_version)
             except asyncio.CancelledError:
                 raise
-            except (KubeError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            except (TimeoutError, KubeError, aiohttp.ClientError, OSError) as e:
                 log.warning("%s: list failed (%s); retrying in %.1fs", self.name, e, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
@@ -107,7 +107,7 @@ class Reflector:
                 self.resumes += 1
             except (Gone, asyncio.CancelledError):
                 raise
-            except (KubeError, aiohttp.ClientError, asyncio.TimeoutError, OSError, orjson.JSONDecodeError) as e:
+            except (TimeoutError, KubeError, aiohttp.ClientError, OSError, orjson.JSONDecodeError) as e:
                 self.resumes += 1
                 log.warning("%s: watch interrupted (%s); resuming from %s in %.1fs", self.name, e,
                             self.resource_version, backoff)

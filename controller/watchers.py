@@ -199,10 +199,10 @@ class PodWatcher:
         for node, snap in list(self.mirror.nodes.items()):
             for uid, res in list(snap.reservations.items()):
                 # a pending reservation may belong to a pod created after our list: spare young ones
-                if uid not in live and (res.state == "bound" or now - res.created > self.grace_ms):
-                    if await self.ledger.release(node, uid):
-                        RELEASES.labels("gone").inc()
-                        self.nudger.nudge(node)
+                gone = uid not in live and (res.state == "bound" or now - res.created > self.grace_ms)
+                if gone and await self.ledger.release(node, uid):
+                    RELEASES.labels("gone").inc()
+                    self.nudger.nudge(node)
 
 
 class Rebuilder:

@@ -390,10 +390,9 @@ async def test_200_pods_at_once_no_overcommit(cluster: Cluster, stack: Stack) ->
             assert used[0] <= card.capacity and used[1] <= 16 and used[2] <= card.slice_limit, (node, idx, used)
             assert (card.mem_used, card.cores_used, card.slices) == tuple(used), (node, idx, used, card)
     # every pod still pending really fits nowhere (nothing was left pending that a card could take)
+    from shared.config import load_config
     from shared.fit import fit
     from shared.request import pod_request
-
-    from shared.config import load_config
 
     cfg = load_config(env={}, flags={"memoryPerCard": stack.memory_per_card})
     for p in listed:

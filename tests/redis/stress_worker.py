@@ -21,6 +21,7 @@ ledger; after `release_all` is set, ("done", id, stats) when everything it held 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 import traceback
@@ -52,7 +53,8 @@ class Plan:
     seconds: float  # ... and in time
     seed: int
     nodes: dict[str, int]  # node -> capacity of its cards
-    max_held: int = 4  # per coroutine
+    max_held: int = 4  # pods a coroutine holds at most
+    lifetime: tuple[float, float] = (0.0, 0.03)  # seconds a pod lives once placed (uniform)
     bind_ratio: float = 0.85  # the rest stays pending until released (or expired)
     max_delay: float = 0.004
 
@@ -84,7 +86,8 @@ def random_pod(rng: random.Random) -> tuple[str, dict[str, Any]]:
     r = rng.random()
     if r < 0.55:
         pin = rng.choice([None, None, None, "S4000", "S5000"])
-        sizes = [2, 4, 8, 16, 32, 64] + ([96] if pin == "S4000" else []) + ([128, 160] if pin == "S5000" else [])
+        sizes = [2, 4, 8, 16, 32, 64] + ([96] if pin == "S4000" else [])
+        sizes += [128, 160] if pin == "S5000" else []
         return "slice", slice_pod((rng.choice(sizes), rng.randint(1, 16)), pin=pin)
     if r < 0.8:
         return "slices-2", slice_pod((rng.choice([2, 4, 8, 16]), rng.randint(1, 8)),
@@ -171,21 +174,30 @@ class Worker:
 
     async def coroutine(self, co: int, rng: random.Random) -> None:
         p = self.plan
-        held: list[str] = []
+        held: list[tuple[str, float]] = []  # (uid, time the pod is deleted)
         for i in range(p.ops):
             while self.pause.is_set() and not self.stop.is_set():
                 await asyncio.sleep(0.01)
             if self.stop.is_set() or time.monotonic() > self.deadline:
                 break
+            now = time.monotonic()
+            due = [h for h in held if h[1] <= now]
+            if not due and len(held) >= p.max_held:
+                await asyncio.sleep(min(0.05, min(h[1] for h in held) - now))
+                continue
             self.busy += 1
             try:
                 self.stats.ops += 1
-                if held and (len(held) >= p.max_held or rng.random() < 0.45):
-                    await self.release(held.pop(rng.randrange(len(held))))
+                if due:
+                    h = rng.choice(due)
+                    held.remove(h)
+                    await self.release(h[0])
                 else:
                     uid = f"w{p.worker}-c{co}-{i}"
                     if await self.place(uid, rng):
-                        held.append(uid)
+                        held.append((uid, time.monotonic() + rng.uniform(*p.lifetime)))
+                    else:  # unschedulable for now: a scheduler backs off before trying the pod again
+                        await asyncio.sleep(rng.uniform(0, 4 * p.max_delay))
             finally:
                 self.busy -= 1
             await asyncio.sleep(rng.uniform(0, p.max_delay))
@@ -233,6 +245,7 @@ class Worker:
 
 
 def main(plan: Plan, queue: Any, pause: Any, stop: Any, quiet: Any, release_all: Any) -> None:
+    logging.getLogger("mtsched").setLevel(logging.ERROR)  # retries after a restart are expected here
     try:
         asyncio.run(Worker(plan, queue, pause, stop, quiet, release_all).run())
     except BaseException:

@@ -118,14 +118,16 @@ class Fleet:
 
 
 @contextlib.asynccontextmanager
-async def fleet(url: str, workers: int, coroutines: int, ops: int, seconds: float, seed: int) -> AsyncIterator[Fleet]:
+async def fleet(url: str, workers: int, coroutines: int, ops: int, seconds: float, seed: int,
+                lifetime: tuple[float, float] = (0.0, 0.03)) -> AsyncIterator[Fleet]:
     ctx = mp.get_context("spawn")
     q, pause, stop, quiet, release_all = ctx.Queue(), ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event()
     procs = []
     for w in range(workers):
         plan = stress_worker.Plan(url=url, worker=w, coroutines=coroutines, ops=ops, seconds=seconds,
-                                  seed=seed * 100 + w, nodes=CAPACITY)
-        proc = ctx.Process(target=stress_worker.main, args=(plan, q, pause, stop, quiet, release_all), daemon=True)
+                                  seed=seed * 100 + w, nodes=CAPACITY, lifetime=lifetime)
+        proc = ctx.Process(target=stress_worker.main, args=(plan, q, pause, stop, quiet, release_all),
+                           daemon=True)
         proc.start()
         procs.append(proc)
     try:
@@ -178,13 +180,13 @@ def merge(truths: dict[int, tuple[Any, ...]]) -> dict[str, PodUsage]:
 
 @pytest.mark.redis
 async def test_concurrent_placements_never_overcommit_or_leak(redis_server: RedisServer, ledger: Ledger) -> None:
-    """3 processes x 16 coroutines, up to 120 operations each, against 6 cards."""
+    """3 processes x 16 coroutines, up to 300 operations each, against 6 cards."""
     for inv in INVENTORIES:
         await ledger.upsert_node(inv)
     checker = Checker(Ledger(ledger.redis))
     check_task = asyncio.create_task(checker.run())
     try:
-        async with fleet(redis_server.url, workers=3, coroutines=16, ops=120, seconds=15, seed=1) as f:
+        async with fleet(redis_server.url, workers=3, coroutines=16, ops=300, seconds=20, seed=1) as f:
             truth, stats = await f.wind_down(ledger)
     finally:
         check_task.cancel()
@@ -276,12 +278,16 @@ async def test_redis_restart_mid_run_then_rebuild_from_api_truth(redis_server: R
     checker = Checker(Ledger(control))
     check_task = asyncio.create_task(checker.run())
     try:
-        async with fleet(redis_server.url, workers=2, coroutines=12, ops=400, seconds=25, seed=3) as f:
+        async with fleet(redis_server.url, workers=2, coroutines=12, ops=100_000, seconds=30, seed=3,
+                         lifetime=(0.3, 4.0)) as f:
             await asyncio.sleep(2.0)  # let bookings pile up
             before = await ledger.snapshots(await ledger.nodes())
             assert sum(len(s.reservations) for s in before.values()) > 0
-            await asyncio.to_thread(redis_server.restart)  # every key and script is gone
-            await asyncio.sleep(1.5)  # the workers meet errors and unregistered nodes, and go on
+            # down for a second, then back empty: every key and script is gone
+            await asyncio.to_thread(redis_server.stop)
+            await asyncio.sleep(1.0)
+            await asyncio.to_thread(redis_server.start)
+            await asyncio.sleep(0.5)  # the workers meet errors, then unregistered nodes, and go on
             f.pause.set()
             paused = await f.collect("paused")
             truth = merge(paused)
@@ -291,6 +297,7 @@ async def test_redis_restart_mid_run_then_rebuild_from_api_truth(redis_server: R
             bound = {uid: (u, f"default/{uid}") for uid, u in truth.items()}
             stats = await ledger.rebuild(INVENTORIES, bound)
             assert stats["bound"] == len(truth) and stats["removed"] == 0
+            print(f"\nrestart: rebuilt from {len(truth)} placements the API holds")
             await assert_ledger_matches(ledger, truth, all_bound=True)
             f.pause.clear()
             await asyncio.sleep(2.0)  # and on they go, over the rebuilt ledger

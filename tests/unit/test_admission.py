@@ -144,7 +144,8 @@ def test_every_seed_value_is_admitted(c: Any, memory: int) -> None:
         ({VGPU: 1, MEM: 32, CORE: 0}, "mthreads.com/sgpu-core='0' must be at least 1"),
         ({VGPU: 1, MEM: 32, CORE: 17}, "mthreads.com/sgpu-core=17 is outside 1..16"),
         ({VGPU: "100000000000000000000"}, "too large"),
-        ({VGPU: 1, MEM: "4k", CORE: 1}, "mthreads.com/sgpu-memory=4000 is not a valid slice size"),  # 4k = 4000
+        # the API server writes 4000 as "4k": a whole number, then judged as a size
+        ({VGPU: 1, MEM: "4k", CORE: 1}, "mthreads.com/sgpu-memory=4000 is not a valid slice size"),
     ],
 )
 def test_bad_quantities_denied_naming_container_resource_value(

@@ -46,13 +46,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end -}}
 
-{{/* metadata.annotations from global.annotations (+ extra dict in .extra). Renders nothing if empty. */}}
+{{/*
+metadata.annotations from global.annotations (+ the dict .extra), already indented for metadata
+and starting with a newline; nothing when empty. Use as: {{- include "hami.annotations" (dict "ctx" $) }}
+*/}}
 {{- define "hami.annotations" -}}
 {{- $all := merge (deepCopy (.extra | default dict)) (.ctx.Values.global.annotations | default dict) -}}
-{{- if $all }}
-annotations:
-  {{- toYaml $all | nindent 2 }}
-{{- end }}
+{{- if $all -}}
+{{- printf "\n%s" (toYaml (dict "annotations" $all) | indent 2) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "hami.mthreadsEnabled" -}}
@@ -192,13 +194,13 @@ once per render and cached, so the Secret and the webhook's caBundle always agre
 {{- end -}}
 {{- end -}}
 
+{{/* imagePullSecrets for a pod spec (indent 6), starting with a newline; nothing when empty. */}}
 {{- define "hami.imagePullSecrets" -}}
-{{- with .Values.global.imagePullSecrets }}
-imagePullSecrets:
-{{- range . }}
-  - name: {{ . }}
-{{- end }}
-{{- end }}
+{{- with .Values.global.imagePullSecrets -}}
+{{- $list := list -}}
+{{- range . -}}{{- $list = append $list (dict "name" .) -}}{{- end -}}
+{{- printf "\n%s" (toYaml (dict "imagePullSecrets" $list) | indent 6) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "hami.redisUrl" -}}
@@ -253,10 +255,10 @@ capabilities:
 
 {{/* Preferred anti-affinity on hostname for a component unless .affinity is given. */}}
 {{- define "hami.affinity" -}}
-{{- if .affinity }}
+{{- if .affinity -}}
 affinity:
   {{- toYaml .affinity | nindent 2 }}
-{{- else }}
+{{- else -}}
 affinity:
   podAntiAffinity:
     preferredDuringSchedulingIgnoredDuringExecution:
@@ -266,7 +268,7 @@ affinity:
           labelSelector:
             matchLabels:
               {{- include "hami.selectorLabels" (dict "ctx" .ctx "component" .component) | nindent 14 }}
-{{- end }}
+{{- end -}}
 {{- end -}}
 
 {{/* Probes of an mtsched role on the metrics port. */}}
@@ -285,4 +287,10 @@ readinessProbe:
   periodSeconds: 5
   timeoutSeconds: 3
   failureThreshold: 2
+{{- end -}}
+
+{{/* Pod annotations only the scheduler writes (shared/annotations.py SCHEDULER_OWNED_KEYS); a test keeps them in sync. */}}
+{{- define "hami.ownedAnnotations" -}}
+{{- $keys := list "hami.io/mthreads-vgpu-devices-allocated" "hami.io/mthreads-vgpu-devices-to-allocate" "mthreads.com/gpu-index" "mthreads.com/predicate-node" "mthreads.com/predicate-time" "hami.io/vgpu-node" "hami.io/vgpu-time" "hami.io/bind-phase" "hami.io/bind-time" -}}
+{{- printf "'%s'" (join "', '" $keys) -}}
 {{- end -}}

@@ -1,0 +1,85 @@
+"""The pod mix of the load benchmark: slices, exclusive cards and multi-card pods.
+
+`our_pod` is what a user writes (the webhook completes it); `plain_pod` is the same pod as
+kube-scheduler sees it after admission, minus `mthreads.com/vgpu`: the same sgpu-memory/sgpu-core
+as node-level extended resources, labeled so the webhook ignores it, for the default-scheduler
+profile (no extender call). Both have the same node-level footprint, so the two runs place the
+same load on the same nodes.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+VGPU, MEM, CORE = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core"
+IGNORE_LABEL = "mtsched.io/webhook"  # deploy/local/stack.py WEBHOOK_SELECTOR: value "ignore" skips the webhook
+RUN_LABEL = "mtsched.io/bench-run"
+SLICE_MEMORY = (2, 4, 8, 16, 32)
+SLICE_CORES = (1, 1, 2, 4)
+
+
+@dataclass(frozen=True)
+class Shape:
+    kind: str  # slice | exclusive | multi
+    vgpu: int
+    memory: int | None  # as the user writes it (None: left to the webhook)
+    cores: int | None
+
+    def admitted(self, whole_card_memory: int) -> tuple[int, int]:
+        """(sgpu-memory, sgpu-core) after the webhook: exclusive/multi get whole cards of the largest model."""
+        if self.kind == "slice":
+            assert self.memory is not None and self.cores is not None
+            return self.memory, self.cores
+        return self.vgpu * whole_card_memory, self.vgpu * 16
+
+
+def shapes(n: int, seed: int = 7, exclusive: float = 0.15, multi: float = 0.05) -> list[Shape]:
+    """n pod shapes: mostly slices, `exclusive` whole cards, `multi` two-card pods (deterministic)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        x = rng.random()
+        if x < multi:
+            out.append(Shape("multi", 2, None, None))
+        elif x < multi + exclusive:
+            out.append(Shape("exclusive", 1, None, None))
+        else:
+            out.append(Shape("slice", 1, rng.choice(SLICE_MEMORY), rng.choice(SLICE_CORES)))
+    return out
+
+
+def _pod(name: str, limits: dict[str, str], labels: dict[str, str], scheduler: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": spec}
+
+
+def our_pod(name: str, shape: Shape, run: str) -> dict[str, Any]:
+    limits = {VGPU: str(shape.vgpu)}
+    if shape.memory is not None:
+        limits[MEM] = str(shape.memory)
+    if shape.cores is not None:
+        limits[CORE] = str(shape.cores)
+    return _pod(name, limits, {RUN_LABEL: run}, None)  # the webhook sets schedulerName hami-scheduler
+
+
+def plain_pod(name: str, shape: Shape, run: str, whole_card_memory: int) -> dict[str, Any]:
+    mem, cores = shape.admitted(whole_card_memory)
+    return _pod(name, {MEM: str(mem), CORE: str(cores)}, {RUN_LABEL: run, IGNORE_LABEL: "ignore"},
+                "default-scheduler")
+
+
+def admitted_pod(name: str, shape: Shape, whole_card_memory: int, uid: str = "") -> dict[str, Any]:
+    """What the extender receives for `our_pod` after admission (for the in-process benchmark)."""
+    mem, cores = shape.admitted(whole_card_memory)
+    pod = _pod(name, {VGPU: str(shape.vgpu), MEM: str(mem), CORE: str(cores)}, {}, "hami-scheduler")
+    pod["metadata"].update(namespace="bench", uid=uid or name)
+    if shape.vgpu > 1:
+        pod["metadata"]["annotations"] = {"mthreads.com/request-gpu-num": str(shape.vgpu)}
+    return pod

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what a fresh machine lacks for the quick start and the tests: redis-server and
+# redis-tools (Debian), this package with its test extras (PyPI), and the control-plane binaries
+# built from pinned Go modules (cached in ~/.cache/mthreads-harness). Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
+  echo "[setup] installing redis-server and redis-tools (Debian packages)"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends redis-server redis-tools >/dev/null
+fi
+echo "[setup] installing mtsched and its test tools (pip)"
+python3 -m pip install -q -e '.[test,bench]'
+command -v go >/dev/null || { echo "[setup] Go 1.26+ is needed to build kube-apiserver, kube-scheduler and etcd" >&2; exit 1; }
+echo "[setup] control-plane binaries (first run builds them: several minutes on 2 cores; then cached)"
+bash deploy/local/build-binaries.sh >/dev/null
+if [ -f deploy/helm-tools/build-helm.sh ]; then
+  echo "[setup] helm (first run builds it; then cached)"
+  bash deploy/helm-tools/build-helm.sh >/dev/null
+fi
+echo "[setup] ready"
