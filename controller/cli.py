@@ -21,7 +21,7 @@ import orjson
 import uvloop
 
 from controller import logs
-from shared.config import Config, ConfigError, load_config
+from shared.config import Config, ConfigError, camel, load_config
 
 
 def _parse_sets(items: list[str]) -> dict[str, object]:
@@ -79,9 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logs.setup(cfg.log_level, args.log_format, args.cmd)
     if args.cmd == "check-config":
-        doc = asdict(cfg)
-        doc["memory_per_card"] = [m.memory for m in cfg.models]
-        doc.pop("extra", None)
+        raw = asdict(cfg)
+        raw["memory_per_card"] = [m.memory for m in cfg.models]
+        raw.pop("extra", None)
+        doc = {("pendingTTLSeconds" if k == "pending_ttl_seconds" else camel(k)): v for k, v in raw.items()}
         print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
         return 0
     if args.cmd == "cards":

@@ -20,7 +20,18 @@ from aiohttp import web
 from controller.kube import Kube, KubeError
 from shared.annotations import CardGrant, binding_annotations, device_id
 from shared.config import Config
-from shared.fit import NODE_POLICY, aggregate_failures, extender_priority, fit, policy_of
+from shared.fit import (
+    GPU_POLICY,
+    NODE_POLICY,
+    NOUSE_UUID,
+    USE_UUID,
+    CardState,
+    FitResult,
+    aggregate_failures,
+    extender_priority,
+    fit,
+    policy_of,
+)
 from shared.ledger import Ledger
 from shared.metrics import BINDINGS, CONFLICTS, EXTENDER_SECONDS, RESERVATIONS
 from shared.mirror import Mirror
@@ -43,6 +54,11 @@ class Extender:
         self.pods: OrderedDict[str, dict[str, Any]] = OrderedDict()  # uid -> pod seen in filter (for bind)
         self._events: set[asyncio.Task[None]] = set()
         self._recent: dict[tuple[str, str, str], float] = {}  # (pod uid, reason, message) -> last sent
+        # Memo of fit() and node scores per node, valid while the node's card states are the same object
+        # (NodeSnapshot.states() keeps it while the cards are unchanged): between two pods only the nodes
+        # booked meanwhile change, so a filter over hundreds of nodes computes only those again.
+        self._fits: dict[str, tuple[tuple[CardState, ...], dict[int, Any]]] = {}
+        self._keys: dict[tuple[Any, ...], int] = {}  # what a fit depends on -> small int (hashed once per call)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -84,6 +100,23 @@ class Extender:
         return [[CardGrant(device_id(node, i), s.memory * UNIT_MIB, s.cores) for i in cards] if not s.empty else []
                 for s in req.shares_for(capacity)]
 
+    def _key(self, key: tuple[Any, ...]) -> int:
+        k = self._keys.get(key)
+        if k is None:
+            if len(self._keys) >= 4096:  # ids are reused after this: forget every memo with them
+                self._keys.clear()
+                self._fits.clear()
+            k = self._keys[key] = len(self._keys)
+        return k
+
+    def _memo(self, name: str, states: tuple[CardState, ...]) -> dict[int, Any]:
+        entry = self._fits.get(name)
+        if entry is None or entry[0] is not states:
+            if entry is None and len(self._fits) > 2 * len(self.mirror.nodes) + 64:
+                self._fits = {n: e for n, e in self._fits.items() if n in self.mirror.nodes}
+            entry = self._fits[name] = (states, {})
+        return entry[1]
+
     # -- verbs ---------------------------------------------------------------------------------
 
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -115,6 +148,9 @@ class Extender:
         ok: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
+        # everything fit() reads besides the card states
+        key = self._key(("fit", req, annotations.get(USE_UUID), annotations.get(NOUSE_UUID),
+                         annotations.get(GPU_POLICY), self.cfg.gpu_scheduler_policy))
         for name in names:
             snap = self.mirror.get(name)
             if snap is None:
@@ -122,7 +158,13 @@ class Extender:
             elif snap.error:
                 unresolvable[name] = f"node unregistered: {snap.error}"
             else:
-                result = fit(snap.card_states(), req, annotations, self.cfg.gpu_scheduler_policy)
+                states = snap.states()
+                memo = self._memo(name, states)
+                result: FitResult | None = memo.get(key)
+                if result is None:
+                    if len(memo) >= 64:
+                        memo.clear()
+                    result = memo[key] = fit(states, req, annotations, self.cfg.gpu_scheduler_policy)
                 if result.ok:
                     ok.append(name)
                 else:
@@ -137,10 +179,19 @@ class Extender:
         pod = args.get("Pod") or {}
         names = list(args.get("NodeNames") or [])
         policy = policy_of(self._annotations(pod), NODE_POLICY, self.cfg.node_scheduler_policy)
+        key = self._key(("priority", policy))
         out = []
         for name in names:
             snap = self.mirror.get(name)
-            score = extender_priority(snap.card_states(), policy) if snap else 0
+            score = 0
+            if snap:
+                states = snap.states()
+                memo = self._memo(name, states)
+                score = memo.get(key, -1)
+                if score < 0:
+                    if len(memo) >= 64:
+                        memo.clear()
+                    score = memo[key] = extender_priority(states, policy)
             out.append({"Host": name, "Score": int(score)})
         return out
 

@@ -85,38 +85,33 @@ async def _ledger(cfg: Config) -> tuple[Ledger, Mirror]:
     return ledger, mirror
 
 
-async def run_extender(cfg: Config, stop: asyncio.Event) -> None:
-    ledger, mirror = await _ledger(cfg)
-    kube = await Kube.create(cfg.kubeconfig)
-    ext = Extender(cfg, ledger, mirror, kube)
-    app = web.Application(client_max_size=32 * 1024 * 1024)  # ExtenderArgs with a whole NodeList
-    ext.routes(app)
+async def _serve_api(cfg: Config, app: web.Application, ready: Callable[[], bool], stop: asyncio.Event) -> None:
+    """Serve a role's API (HTTPS when configured) and its health/metrics until `stop`."""
     reloader = tls(cfg)
-    runners = [await serve(app, cfg.listen, reloader.context if reloader else None),
-               await serve_health(cfg, mirror.ready.is_set)]
+    runners = [await serve(app, cfg.listen, reloader.context if reloader else None), await serve_health(cfg, ready)]
     certs = asyncio.create_task(watch_certs(reloader))
     await stop.wait()
     certs.cancel()
     for r in runners:
         await r.cleanup()
+
+
+async def run_extender(cfg: Config, stop: asyncio.Event) -> None:
+    ledger, mirror = await _ledger(cfg)
+    kube = await Kube.create(cfg.kubeconfig)
+    app = web.Application(client_max_size=32 * 1024 * 1024)  # ExtenderArgs with a whole NodeList
+    Extender(cfg, ledger, mirror, kube).routes(app)
+    await _serve_api(cfg, app, mirror.ready.is_set, stop)
     await mirror.stop()
     await kube.close()
 
 
 async def run_webhook(cfg: Config, stop: asyncio.Event) -> None:
     _, mirror = await _ledger(cfg)
-    hook = Webhook(cfg, mirror.capacities)
     app = web.Application(client_max_size=8 * 1024 * 1024)
-    hook.routes(app)
-    reloader = tls(cfg)
-    runners = [await serve(app, cfg.listen, reloader.context if reloader else None),
-               # a webhook can judge pods before the mirror loads (it then uses memoryPerCard alone)
-               await serve_health(cfg, lambda: True)]
-    certs = asyncio.create_task(watch_certs(reloader))
-    await stop.wait()
-    certs.cancel()
-    for r in runners:
-        await r.cleanup()
+    Webhook(cfg, mirror.capacities).routes(app)
+    # ready once the mirror knows the cards the cluster reports (the mixed-fleet default needs them)
+    await _serve_api(cfg, app, mirror.ready.is_set, stop)
     await mirror.stop()
 
 

@@ -61,12 +61,12 @@ class Config:
         return (self.resource_count_name, self.resource_memory_name, self.resource_core_name)
 
 
-def _camel(name: str) -> str:
+def camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(p.capitalize() for p in rest)
 
 
-_KEYS = {_camel(f.name): f.name for f in fields(Config) if f.name != "extra"}
+_KEYS = {camel(f.name): f.name for f in fields(Config) if f.name != "extra"}
 _KEYS["pendingTTLSeconds"] = "pending_ttl_seconds"
 _KEYS.pop("pendingTtlSeconds", None)
 _TYPES = {f.name: f.type for f in fields(Config)}
@@ -87,19 +87,19 @@ def _coerce(name: str, raw: object, errors: list[str]) -> object:
             return True
         if str(raw).lower() in ("0", "false", "no", "off"):
             return False
-        errors.append(f"{_camel(name)}: {raw!r} is not a boolean (true/false)")
+        errors.append(f"{camel(name)}: {raw!r} is not a boolean (true/false)")
         return None
     if kind == "int":
         if isinstance(raw, bool):
-            errors.append(f"{_camel(name)}: {raw!r} is not a whole number")
+            errors.append(f"{camel(name)}: {raw!r} is not a whole number")
             return None
         try:
             return int(str(raw))
         except ValueError:
-            errors.append(f"{_camel(name)}: {raw!r} is not a whole number")
+            errors.append(f"{camel(name)}: {raw!r} is not a whole number")
             return None
     if not isinstance(raw, (str, int, float)):
-        errors.append(f"{_camel(name)}: {raw!r} is not a string")
+        errors.append(f"{camel(name)}: {raw!r} is not a string")
         return None
     return str(raw)
 
@@ -109,14 +109,14 @@ def _validate(cfg: Config, errors: list[str]) -> None:
                 "whole_card_resource_name"):
         value = getattr(cfg, key)
         if not _RESOURCE_RE.match(value):
-            errors.append(f"{_camel(key)}: {value!r} is not an extended resource name like mthreads.com/vgpu")
+            errors.append(f"{camel(key)}: {value!r} is not an extended resource name like mthreads.com/vgpu")
     names = [cfg.resource_count_name, cfg.resource_memory_name, cfg.resource_core_name,
              cfg.whole_card_resource_name]
     if len(set(names)) != len(names):
         errors.append(f"resource names must be distinct, got {names}")
     for key in ("node_scheduler_policy", "gpu_scheduler_policy"):
         if getattr(cfg, key) not in POLICIES:
-            errors.append(f"{_camel(key)}: {getattr(cfg, key)!r} is not one of {', '.join(POLICIES)}")
+            errors.append(f"{camel(key)}: {getattr(cfg, key)!r} is not one of {', '.join(POLICIES)}")
     if not 1 <= cfg.default_cores <= CORES_PER_CARD:
         errors.append(f"defaultCores: {cfg.default_cores} is outside 1..{CORES_PER_CARD}")
     if not 1 <= cfg.max_slices_per_card <= DEFAULT_MAX_INST:
@@ -131,7 +131,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
                       "redis+sentinel:// or redis+cluster://")
     for key in ("listen", "metrics_listen"):
         if not _ADDR_RE.match(getattr(cfg, key)):
-            errors.append(f"{_camel(key)}: {getattr(cfg, key)!r} is not host:port")
+            errors.append(f"{camel(key)}: {getattr(cfg, key)!r} is not host:port")
     if bool(cfg.tls_cert_file) != bool(cfg.tls_key_file):
         errors.append("tlsCertFile and tlsKeyFile must be given together")
     if not re.match(r"^[A-Za-z0-9_.-]{1,32}$", cfg.key_prefix):
@@ -184,7 +184,7 @@ def load_config(
         merged.update(_from_mapping(_flatten_file(doc), f"config file {path}", errors))
     env = os.environ if env is None else env
     env_values = {
-        _camel(k[len("MTSCHED_"):].lower()): v
+        camel(k[len("MTSCHED_"):].lower()): v
         for k, v in env.items()
         if k.startswith("MTSCHED_") and k not in ("MTSCHED_CONFIG",)
     }
@@ -192,7 +192,7 @@ def load_config(
         env_values["pendingTTLSeconds"] = env_values.pop("pendingTtlSeconds")
     merged.update(_from_mapping(env_values, "environment", errors))
     if flags:
-        camel_flags = {(_camel(k) if "_" in k else k): v for k, v in flags.items() if v is not None}
+        camel_flags = {(camel(k) if "_" in k else k): v for k, v in flags.items() if v is not None}
         if "pendingTtlSeconds" in camel_flags:
             camel_flags["pendingTTLSeconds"] = camel_flags.pop("pendingTtlSeconds")
         merged.update(_from_mapping(camel_flags, "flags", errors))

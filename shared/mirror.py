@@ -66,6 +66,10 @@ class Mirror:
     async def resync(self) -> None:
         names = await self.ledger.nodes()
         snaps = await self.ledger.snapshots(names)
+        for name, snap in snaps.items():
+            prev = self.nodes.get(name)
+            if prev is not None and prev == snap:
+                snaps[name] = prev  # same value: keep the object, so what was derived from it stays valid
         self.nodes = snaps
         for n in snaps:
             self._notify(n)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,11 @@ class NodeSnapshot:
     error: str = ""
     cards: dict[int, CardRecord] = field(default_factory=dict)
     reservations: dict[str, Reservation] = field(default_factory=dict)
+    # card_states() memo: (node name, the CardRecord objects it was built from, the states). CardRecord is
+    # frozen, so the same objects mean the same input; any change to `cards` (a new dict or a new record)
+    # is seen by identity. Not part of the value (compare/repr).
+    _states_memo: tuple[str, tuple[CardRecord, ...], tuple[CardState, ...]] | None = field(
+        default=None, init=False, compare=False, repr=False)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> NodeSnapshot:
@@ -71,11 +77,26 @@ class NodeSnapshot:
 
     def card_states(self) -> list[CardState]:
         """Fit input: usable cards (removed ones are not offered) with their usage."""
+        return list(self.states())
+
+    def states(self) -> tuple[CardState, ...]:
+        """card_states() as a tuple that stays the same object while the node's cards are unchanged.
+
+        Built once per change of the cards (the extender filters hundreds of nodes per call, and most
+        of them did not change since the previous pod), so callers may memoize on its identity.
+        """
+        records = tuple(self.cards.values())
+        memo = self._states_memo
+        if (memo is not None and memo[0] == self.node and len(memo[1]) == len(records)
+                and all(map(operator.is_, memo[1], records))):
+            return memo[2]
         out = []
-        for c in sorted(self.cards.values(), key=lambda c: c.index):
+        for c in sorted(records, key=lambda c: c.index):
             if c.health == "removed":
                 continue
             card = Card(self.node, c.index, c.capacity, c.slice_limit, healthy=c.health in ("ok", "cordoned"),
                         cordoned=c.health == "cordoned", cores=c.cores)
             out.append(CardState(card, c.mem_used, c.cores_used, c.slices))
-        return out
+        states = tuple(out)
+        self._states_memo = (self.node, records, states)
+        return states

@@ -54,7 +54,7 @@ def stack(request: pytest.FixtureRequest, control_plane: ControlPlane,
     sync_redis.Redis(port=redis_server.port).flushall()
     mixed = request.param == "96,160"
     st = Stack(control_plane, redis_server.url, request.param, extenders=2 if mixed else 1,
-               webhooks=2 if mixed else 1, watchers=1)
+               webhooks=2 if mixed else 1, watchers=2 if mixed else 1)
     try:
         st.start()
     except Exception:

@@ -1,0 +1,396 @@
+"""Ledger throughput against a real redis-server, next to what redis-benchmark gets from it.
+
+Not a test: it asserts nothing about speed. It starts its own redis-server (no persistence), sets
+up a cluster (default 50 nodes x 8 cards, half MTT S4000, half S5000) and measures, with 1, 2 and
+4 client processes (each an extender-like replica: one Ledger, its own Mirror fed by Pub/Sub, many
+coroutines):
+
+* cycle: place + mark_bound + release of one pod, over and over (a steady scheduling loop);
+* place: Ledger.place alone, filling the cluster up to a quota (then released, untimed).
+
+Pods are slices of random valid sizes (2..32 units, 1..4 core groups), built by shared.request.
+Side by side, the ceiling: redis-benchmark sending a trivial EVALSHA (`return 1`, no key) to the
+same server in the same run. Also reported: Redis round trips per scheduled pod (Ledger.round_trips
+over place + mark_bound; release is the pod's deletion, not its scheduling), the server's time per
+script call (INFO commandstats) and CPU use of the server and the clients (2 cores are shared).
+
+  python -m bench.ledger_bench                       # all of it, ~1 minute, writes bench/results/ledger.json
+  python -m bench.ledger_bench --clients 1 --seconds 3 --profile   # pyinstrument on client process 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import platform
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis.asyncio import Redis
+
+from deploy.local.redis import RedisServer
+from shared.config import Config
+from shared.ledger import Ledger
+from shared.mirror import Mirror
+from shared.models import CardModel
+from shared.node import Card, Inventory
+from shared.request import SliceRequest, pod_request
+
+RESULTS = Path(__file__).with_name("results") / "ledger.json"
+CFG = Config(memory_per_card=(CardModel(96), CardModel(160)))
+SIZES = (2, 4, 8, 16, 32)  # valid slice sizes on both card models
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def inventories(nodes: int, cards: int) -> list[Inventory]:
+    out = []
+    for i in range(nodes):
+        cap = 96 if i % 2 == 0 else 160
+        name = f"bench-{'s4000' if cap == 96 else 's5000'}-{i:03d}"
+        out.append(Inventory(name, tuple(Card(name, c, cap) for c in range(cards))))
+    return out
+
+
+def requests(rng: random.Random, n: int = 64) -> list[SliceRequest]:
+    out = []
+    for _ in range(n):
+        pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {"limits": {
+            "mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": str(rng.choice(SIZES)),
+            "mthreads.com/sgpu-core": str(rng.randint(1, 4))}}}]}}
+        req = pod_request(pod, CFG)
+        assert req is not None
+        out.append(req)
+    return out
+
+
+# -- one client process -------------------------------------------------------------------------------
+
+async def client(mode: str, url: str, worker: int, coroutines: int, seconds: float, warmup: float,
+                 quota: int, start: Any, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    reqs = requests(rng)
+    conn = Redis.from_url(url, decode_responses=True, max_connections=coroutines + 4)
+    sub = Redis.from_url(url, decode_responses=True)
+    ledger = Ledger(conn)
+    await ledger.load_scripts()
+    mirror = Mirror(ledger, subscriber=sub)
+    await mirror.start()
+    await asyncio.wait_for(mirror.ready.wait(), 30)
+    nodes = sorted(mirror.nodes)
+    await asyncio.to_thread(start.wait)  # every process is ready: go together
+
+    count = 0
+    refused = 0
+    conflicts = 0
+    place_trips = 0
+    latencies: list[float] = []
+    placed: list[tuple[str, str]] = []
+    measuring = False
+    loop = asyncio.get_running_loop()
+    t_start = loop.time()
+    t_measure = t_start + warmup
+    t_end = t_measure + seconds
+    uid_seq = 0
+
+    async def place_somewhere(r: random.Random) -> tuple[str, str] | None:
+        nonlocal uid_seq, refused, conflicts, place_trips
+        uid_seq += 1
+        uid = f"b{worker}-{uid_seq}"
+        req = reqs[r.randrange(len(reqs))]
+        for _ in range(8):
+            node = nodes[r.randrange(len(nodes))]
+            t0 = time.perf_counter()
+            out, _ = await ledger.place(node, uid, req, {}, mirror.get(node), "spread")
+            if measuring:
+                latencies.append(time.perf_counter() - t0)
+                place_trips += out.round_trips
+                conflicts += out.attempts - 1
+            if out.ok:
+                return node, uid
+            if measuring:
+                refused += 1
+        return None
+
+    async def cycler(i: int) -> None:
+        nonlocal count
+        r = random.Random(seed * 1000 + i)
+        while loop.time() < t_end:
+            got = await place_somewhere(r)
+            if got is None:
+                continue
+            node, uid = got
+            await ledger.mark_bound(node, uid)
+            await ledger.release(node, uid)
+            if measuring:
+                count += 1
+
+    async def placer(i: int) -> None:
+        nonlocal count
+        r = random.Random(seed * 1000 + i)
+        while count < quota and loop.time() < t_end:
+            got = await place_somewhere(r)
+            if got is not None:
+                placed.append(got)
+                count += 1
+
+    async def clock() -> None:
+        nonlocal measuring
+        await asyncio.sleep(max(0.0, t_measure - loop.time()))
+        measuring = True
+
+    cpu0 = time.process_time()
+    trips0 = ledger.round_trips
+    refetch0, applied0 = mirror.refetches, mirror.applied
+    if mode == "cycle":
+        clock_task = asyncio.create_task(clock())
+        await asyncio.sleep(0)
+        await asyncio.sleep(max(0.0, t_measure - loop.time()))
+        cpu0, trips0 = time.process_time(), ledger.round_trips
+        refetch0, applied0 = mirror.refetches, mirror.applied
+        t0 = loop.time()
+        await asyncio.gather(*(cycler(i) for i in range(coroutines)))
+        await clock_task
+        elapsed = loop.time() - max(t0, t_measure)
+    else:
+        measuring = True
+        t_end = t_start + seconds
+        t0 = loop.time()
+        await asyncio.gather(*(placer(i) for i in range(coroutines)))
+        elapsed = loop.time() - t0
+    cpu = time.process_time() - cpu0
+    trips = ledger.round_trips - trips0
+    refetches = mirror.refetches - refetch0
+    applied = mirror.applied - applied0
+    # untimed: give back what the place-only run holds
+    for node, uid in placed:
+        await ledger.release(node, uid)
+    await mirror.stop()
+    await conn.aclose()
+    await sub.aclose()
+    latencies.sort()
+    return {"worker": worker, "count": count, "elapsed": elapsed, "refused": refused, "conflicts": conflicts,
+            "round_trips": trips, "place_round_trips": place_trips, "mirror_refetches": refetches,
+            "mirror_applied": applied, "cpu_seconds": cpu,
+            "place_p50_ms": 1000 * latencies[len(latencies) // 2] if latencies else 0.0,
+            "place_p99_ms": 1000 * latencies[int(len(latencies) * 0.99)] if latencies else 0.0}
+
+
+def client_main(mode: str, url: str, worker: int, coroutines: int, seconds: float, warmup: float, quota: int,
+                start: Any, results: Any, seed: int, profile: bool) -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        pass
+    coro = client(mode, url, worker, coroutines, seconds, warmup, quota, start, seed)
+    if profile and worker == 0:
+        from pyinstrument import Profiler
+
+        prof = Profiler(async_mode="enabled")
+        prof.start()
+        out = asyncio.run(coro)
+        prof.stop()
+        path = RESULTS.with_name(f"profile-ledger-{mode}.txt")
+        path.write_text(prof.output_text(unicode=False, color=False, show_all=False))
+        out["profile"] = str(path)
+    else:
+        out = asyncio.run(coro)
+    results.put(out)
+
+
+# -- the parent ------------------------------------------------------------------------------------------
+
+def server_stats(r: redis.Redis) -> dict[str, float]:
+    info = r.info("commandstats")
+    ev = info.get("cmdstat_evalsha", {})
+    cpu = r.info("cpu")
+    return {"evalsha_calls": float(ev.get("calls", 0)), "evalsha_usec": float(ev.get("usec", 0)),
+            "cpu": float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])}
+
+
+def run_clients(mode: str, url: str, n: int, coroutines: int, seconds: float, warmup: float, quota: int,
+                seed: int, profile: bool) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    start = ctx.Event()
+    results = ctx.Queue()
+    procs = [ctx.Process(target=client_main, args=(mode, url, w, coroutines, seconds, warmup, quota // n, start,
+                                                   results, seed * 10 + w, profile), daemon=True)
+             for w in range(n)]
+    for p in procs:
+        p.start()
+    r = redis.Redis.from_url(url, decode_responses=True)
+    # wait until every client's mirror subscribed (their PUBSUB NUMSUB count), then start them together
+    deadline = time.monotonic() + 60
+    while int(dict(r.pubsub_numsub("mt:feed")).get("mt:feed", 0)) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError("clients did not start")
+        time.sleep(0.05)
+    time.sleep(0.3)
+    r.config_resetstat()
+    before = server_stats(r)
+    t0 = time.monotonic()
+    start.set()
+    outs = [results.get(timeout=seconds + warmup + 120) for _ in procs]
+    wall = time.monotonic() - t0
+    after = server_stats(r)
+    for p in procs:
+        p.join(30)
+    r.close()
+    count = sum(o["count"] for o in outs)
+    rate = sum(o["count"] / o["elapsed"] for o in outs if o["elapsed"] > 0)
+    calls = after["evalsha_calls"] - before["evalsha_calls"]
+    sched = count if mode == "cycle" else count
+    place_trips = sum(o["place_round_trips"] for o in outs)
+    refetch = sum(o["mirror_refetches"] for o in outs)
+    # per scheduled pod: place (with any conflict retries) + mark_bound + mirror refetches it caused
+    per_pod = ((place_trips + (count if mode == "cycle" else 0) + refetch) / sched) if sched else 0.0
+    return {
+        "mode": mode, "clients": n, "coroutines_per_client": coroutines, "pods": count,
+        "rate_per_s": rate, "wall_s": wall,
+        "round_trips_per_scheduled_pod": per_pod,
+        "round_trips_total_per_pod": (sum(o["round_trips"] for o in outs) / count) if count else 0.0,
+        "conflicts": sum(o["conflicts"] for o in outs), "refused": sum(o["refused"] for o in outs),
+        "mirror_refetches": refetch, "mirror_applied": sum(o["mirror_applied"] for o in outs),
+        "place_p50_ms": statistics.median(o["place_p50_ms"] for o in outs),
+        "place_p99_ms": max(o["place_p99_ms"] for o in outs),
+        "server_usec_per_script": ((after["evalsha_usec"] - before["evalsha_usec"]) / calls) if calls else 0.0,
+        "server_cpu_pct": 100 * (after["cpu"] - before["cpu"]) / wall,
+        "clients_cpu_pct": 100 * sum(o["cpu_seconds"] for o in outs) / max(o["elapsed"] for o in outs),
+        "profiles": [o["profile"] for o in outs if "profile" in o],
+    }
+
+
+def ceiling(server: RedisServer, requests_n: int, connections: int) -> dict[str, Any]:
+    """redis-benchmark's rate for a trivial EVALSHA on the same server."""
+    exe = shutil.which("redis-benchmark")
+    if not exe:
+        raise RuntimeError("redis-benchmark not found: it comes with redis-server (Debian package redis-tools)")
+    r = redis.Redis(port=server.port, decode_responses=True)
+    sha = str(r.script_load("return 1"))
+    r.config_resetstat()
+    cmd = [exe, "-h", "127.0.0.1", "-p", str(server.port), "-n", str(requests_n), "-c", str(connections), "-P", "1",
+           "--csv", "EVALSHA", sha, "0"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
+    usec = float(r.info("commandstats").get("cmdstat_evalsha", {}).get("usec_per_call", 0.0))
+    r.close()
+    rows = [line for line in out.splitlines() if line.startswith('"EVALSHA')]
+    if not rows:
+        raise RuntimeError(f"cannot read redis-benchmark's output:\n{out}")
+    fields = [f.strip('"') for f in rows[-1].split('","')]
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
+    return {"command": " ".join(cmd[:-2] + ["<sha of 'return 1'>", "0"]), "rate_per_s": float(fields[1]),
+            "p50_ms": float(fields[4]) if len(fields) > 4 else None, "server_usec_per_script": usec,
+            "version": version}
+
+
+async def setup(url: str, invs: list[Inventory]) -> None:
+    r = Redis.from_url(url, decode_responses=True)
+    await r.flushall()
+    ledger = Ledger(r)
+    await ledger.load_scripts()
+    for inv in invs:
+        await ledger.upsert_node(inv)
+    await r.aclose()
+
+
+async def leftovers(url: str) -> int:
+    r = Redis.from_url(url, decode_responses=True)
+    ledger = Ledger(r)
+    snaps = await ledger.snapshots(await ledger.nodes())
+    await r.aclose()
+    return sum(len(s.reservations) for s in snaps.values()) + sum(
+        c.mem_used + c.cores_used + c.slices for s in snaps.values() for c in s.cards.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=50)
+    ap.add_argument("--cards", type=int, default=8)
+    ap.add_argument("--clients", default="1,2,4", help="client process counts, comma separated")
+    ap.add_argument("--coroutines", type=int, default=32, help="concurrent pods per client process")
+    ap.add_argument("--seconds", type=float, default=5.0, help="measured time of each cycle run")
+    ap.add_argument("--warmup", type=float, default=1.0)
+    ap.add_argument("--quota", type=int, default=0, help="pods placed per place-only run (default: 75%% of "
+                                                          "the slices the cluster has room for)")
+    ap.add_argument("--bench-requests", type=int, default=200_000)
+    ap.add_argument("--bench-connections", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--profile", action="store_true", help="pyinstrument on client process 0 (pip install "
+                                                            "pyinstrument); text written next to the results")
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    clients = [int(c) for c in args.clients.split(",") if c]
+    quota = args.quota or int(args.nodes * args.cards * 16 * 0.75)
+    invs = inventories(args.nodes, args.cards)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+
+    say(f"ledger bench: {args.nodes} nodes x {args.cards} cards, client processes {clients}, "
+        f"{args.coroutines} coroutines each, {os.cpu_count()} CPUs")
+    server = RedisServer().start()
+    say(f"redis-server on port {server.port} ({server.workdir})")
+    runs: list[dict[str, Any]] = []
+    try:
+        asyncio.run(setup(server.url, invs))
+        say(f"ceiling: redis-benchmark -n {args.bench_requests} -c {args.bench_connections} -P 1 EVALSHA "
+            "<return 1> 0 ...")
+        ceil = ceiling(server, args.bench_requests, args.bench_connections)
+        say(f"  {ceil['rate_per_s']:,.0f} calls/s (server {ceil['server_usec_per_script']:.2f} us per call)")
+        for mode in ("cycle", "place"):
+            for n in clients:
+                say(f"{mode}: {n} client process(es) x {args.coroutines} coroutines ...")
+                res = run_clients(mode, server.url, n, args.coroutines, args.seconds, args.warmup, quota,
+                                  args.seed, args.profile)
+                left = asyncio.run(leftovers(server.url))
+                res["leftover_usage_after_release"] = left
+                runs.append(res)
+                say(f"  {res['rate_per_s']:,.0f} pods/s, {res['round_trips_per_scheduled_pod']:.2f} round trips "
+                    f"per scheduled pod, {res['conflicts']} conflicts, server {res['server_usec_per_script']:.1f} us"
+                    f"/script at {res['server_cpu_pct']:.0f}% CPU, clients {res['clients_cpu_pct']:.0f}% CPU"
+                    + (f"; LEFT OVER {left}" if left else ""))
+    finally:
+        server.stop()
+
+    say("")
+    say(f"{'mode':<7}{'clients':>8}{'pods/s':>10}{'x ceiling':>11}{'trips/pod':>11}{'conflicts':>11}"
+        f"{'p50 ms':>8}{'p99 ms':>8}{'srv us/call':>13}{'srv CPU':>9}{'cli CPU':>9}")
+    for r in runs:
+        say(f"{r['mode']:<7}{r['clients']:>8}{r['rate_per_s']:>10,.0f}{r['rate_per_s'] / ceil['rate_per_s']:>11.3f}"
+            f"{r['round_trips_per_scheduled_pod']:>11.2f}{r['conflicts']:>11}{r['place_p50_ms']:>8.2f}"
+            f"{r['place_p99_ms']:>8.2f}{r['server_usec_per_script']:>13.1f}{r['server_cpu_pct']:>8.0f}%"
+            f"{r['clients_cpu_pct']:>8.0f}%")
+    say(f"{'ceiling':<7}{'':>8}{ceil['rate_per_s']:>10,.0f}{1.0:>11.3f}{1:>11.2f}{'':>11}"
+        f"{ceil['p50_ms'] or 0:>8.2f}{'':>8}{ceil['server_usec_per_script']:>13.2f}")
+    report = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform(),
+                    "redis": re.sub(r"\s+", " ", subprocess.run(["redis-server", "--version"], capture_output=True,
+                                                                 text=True).stdout.strip())},
+        "setup": {"nodes": args.nodes, "cards_per_node": args.cards, "coroutines_per_client": args.coroutines,
+                  "seconds": args.seconds, "warmup": args.warmup, "place_quota": quota,
+                  "pod_sizes_units": list(SIZES), "cores": [1, 4]},
+        "ceiling": ceil,
+        "runs": runs,
+        "best_ratio_to_ceiling": max(r["rate_per_s"] for r in runs) / ceil["rate_per_s"] if runs else 0.0,
+    }
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    say(f"\nwritten: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
