@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import redis
 from redis.asyncio import Redis
 
@@ -50,6 +51,7 @@ from shared.request import SliceRequest, pod_request
 RESULTS = Path(__file__).with_name("results") / "ledger.json"
 CFG = Config(memory_per_card=(CardModel(96), CardModel(160)))
 SIZES = (2, 4, 8, 16, 32)  # valid slice sizes on both card models
+PLACE_SIZES = (2, 4, 8)
 
 
 def say(msg: str) -> None:
@@ -65,12 +67,13 @@ def inventories(nodes: int, cards: int) -> list[Inventory]:
     return out
 
 
-def requests(rng: random.Random, n: int = 64) -> list[SliceRequest]:
+def requests(rng: random.Random, n: int = 64, sizes: tuple[int, ...] = SIZES,
+             cores: tuple[int, int] = (1, 4)) -> list[SliceRequest]:
     out = []
     for _ in range(n):
         pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {"limits": {
-            "mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": str(rng.choice(SIZES)),
-            "mthreads.com/sgpu-core": str(rng.randint(1, 4))}}}]}}
+            "mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": str(rng.choice(sizes)),
+            "mthreads.com/sgpu-core": str(rng.randint(*cores))}}}]}}
         req = pod_request(pod, CFG)
         assert req is not None
         out.append(req)
@@ -80,9 +83,10 @@ def requests(rng: random.Random, n: int = 64) -> list[SliceRequest]:
 # -- one client process -------------------------------------------------------------------------------
 
 async def client(mode: str, url: str, worker: int, coroutines: int, seconds: float, warmup: float,
-                 quota: int, start: Any, seed: int) -> dict[str, Any]:
+                 quota: int, rounds: int, start: Any, barrier: Any, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
-    reqs = requests(rng)
+    # place-only fills the cluster: small pods (1 core group, 2..8 units), so the quota fits
+    reqs = requests(rng) if mode == "cycle" else requests(rng, sizes=PLACE_SIZES, cores=(1, 1))
     conn = Redis.from_url(url, decode_responses=True, max_connections=coroutines + 4)
     sub = Redis.from_url(url, decode_responses=True)
     ledger = Ledger(conn)
@@ -138,46 +142,59 @@ async def client(mode: str, url: str, worker: int, coroutines: int, seconds: flo
             if measuring:
                 count += 1
 
-    async def placer(i: int) -> None:
+    async def placer(i: int, r: random.Random) -> None:
         nonlocal count
-        r = random.Random(seed * 1000 + i)
-        while count < quota and loop.time() < t_end:
+        while len(placed) < quota and loop.time() < t_end:
             got = await place_somewhere(r)
             if got is not None:
                 placed.append(got)
                 count += 1
 
+    base: dict[str, float] = {}
+
+    def mark() -> dict[str, float]:
+        return {"cpu": time.process_time(), "trips": ledger.round_trips, "refetches": mirror.refetches,
+                "applied": mirror.applied, "t": loop.time()}
+
     async def clock() -> None:
         nonlocal measuring
         await asyncio.sleep(max(0.0, t_measure - loop.time()))
+        base.update(mark())
         measuring = True
 
-    cpu0 = time.process_time()
-    trips0 = ledger.round_trips
-    refetch0, applied0 = mirror.refetches, mirror.applied
+    totals = {"t": 0.0, "cpu": 0.0, "trips": 0.0, "refetches": 0.0, "applied": 0.0}
     if mode == "cycle":
         clock_task = asyncio.create_task(clock())
-        await asyncio.sleep(0)
-        await asyncio.sleep(max(0.0, t_measure - loop.time()))
-        cpu0, trips0 = time.process_time(), ledger.round_trips
-        refetch0, applied0 = mirror.refetches, mirror.applied
-        t0 = loop.time()
         await asyncio.gather(*(cycler(i) for i in range(coroutines)))
         await clock_task
-        elapsed = loop.time() - max(t0, t_measure)
+        end = mark()
+        totals = {k: end[k] - base[k] for k in totals}
     else:
-        measuring = True
-        t_end = t_start + seconds
-        t0 = loop.time()
-        await asyncio.gather(*(placer(i) for i in range(coroutines)))
-        elapsed = loop.time() - t0
-    cpu = time.process_time() - cpu0
-    trips = ledger.round_trips - trips0
-    refetches = mirror.refetches - refetch0
-    applied = mirror.applied - applied0
-    # untimed: give back what the place-only run holds
-    for node, uid in placed:
-        await ledger.release(node, uid)
+        # rounds: every process fills its share of the cluster (timed), then all give it back (untimed)
+        rs = [random.Random(seed * 1000 + i) for i in range(coroutines)]
+        t_end = t_start + 600
+        for _ in range(rounds):
+            await asyncio.to_thread(barrier.wait)
+            base.update(mark())
+            measuring = True
+            await asyncio.gather(*(placer(i, rs[i]) for i in range(coroutines)))
+            measuring = False
+            end = mark()
+            for k in totals:
+                totals[k] += end[k] - base[k]
+            await asyncio.to_thread(barrier.wait)
+
+            async def give_back(chunk: list[tuple[str, str]]) -> None:
+                for node, uid in chunk:
+                    await ledger.release(node, uid)
+
+            await asyncio.gather(*(give_back(placed[i::coroutines]) for i in range(coroutines)))
+            placed.clear()
+    elapsed = totals["t"]
+    cpu = totals["cpu"]
+    trips = int(totals["trips"])
+    refetches = int(totals["refetches"])
+    applied = int(totals["applied"])
     await mirror.stop()
     await conn.aclose()
     await sub.aclose()
@@ -190,14 +207,14 @@ async def client(mode: str, url: str, worker: int, coroutines: int, seconds: flo
 
 
 def client_main(mode: str, url: str, worker: int, coroutines: int, seconds: float, warmup: float, quota: int,
-                start: Any, results: Any, seed: int, profile: bool) -> None:
+                rounds: int, start: Any, barrier: Any, results: Any, seed: int, profile: bool) -> None:
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:  # pragma: no cover - uvloop is a dependency
         pass
-    coro = client(mode, url, worker, coroutines, seconds, warmup, quota, start, seed)
+    coro = client(mode, url, worker, coroutines, seconds, warmup, quota, rounds, start, barrier, seed)
     if profile and worker == 0:
         from pyinstrument import Profiler
 
@@ -224,12 +241,13 @@ def server_stats(r: redis.Redis) -> dict[str, float]:
 
 
 def run_clients(mode: str, url: str, n: int, coroutines: int, seconds: float, warmup: float, quota: int,
-                seed: int, profile: bool) -> dict[str, Any]:
+                rounds: int, seed: int, profile: bool) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     start = ctx.Event()
+    barrier = ctx.Barrier(n)
     results = ctx.Queue()
-    procs = [ctx.Process(target=client_main, args=(mode, url, w, coroutines, seconds, warmup, quota // n, start,
-                                                   results, seed * 10 + w, profile), daemon=True)
+    procs = [ctx.Process(target=client_main, args=(mode, url, w, coroutines, seconds, warmup, quota // n, rounds,
+                                                   start, barrier, results, seed * 10 + w, profile), daemon=True)
              for w in range(n)]
     for p in procs:
         p.start()
@@ -245,7 +263,7 @@ def run_clients(mode: str, url: str, n: int, coroutines: int, seconds: float, wa
     before = server_stats(r)
     t0 = time.monotonic()
     start.set()
-    outs = [results.get(timeout=seconds + warmup + 120) for _ in procs]
+    outs = [results.get(timeout=seconds + warmup + 300) for _ in procs]
     wall = time.monotonic() - t0
     after = server_stats(r)
     for p in procs:
@@ -254,7 +272,7 @@ def run_clients(mode: str, url: str, n: int, coroutines: int, seconds: float, wa
     count = sum(o["count"] for o in outs)
     rate = sum(o["count"] / o["elapsed"] for o in outs if o["elapsed"] > 0)
     calls = after["evalsha_calls"] - before["evalsha_calls"]
-    sched = count if mode == "cycle" else count
+    sched = count
     place_trips = sum(o["place_round_trips"] for o in outs)
     refetch = sum(o["mirror_refetches"] for o in outs)
     # per scheduled pod: place (with any conflict retries) + mark_bound + mirror refetches it caused
@@ -293,9 +311,57 @@ def ceiling(server: RedisServer, requests_n: int, connections: int) -> dict[str,
         raise RuntimeError(f"cannot read redis-benchmark's output:\n{out}")
     fields = [f.strip('"') for f in rows[-1].split('","')]
     version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
-    return {"command": " ".join(cmd[:-2] + ["<sha of 'return 1'>", "0"]), "rate_per_s": float(fields[1]),
+    return {"command": " ".join([*cmd[:-2], "<sha of 'return 1'>", "0"]), "rate_per_s": float(fields[1]),
             "p50_ms": float(fields[4]) if len(fields) > 4 else None, "server_usec_per_script": usec,
             "version": version}
+
+
+async def breakdown(url: str, invs: list[Inventory], n: int = 2000) -> dict[str, float]:
+    """Where a cycle's time goes, one call at a time (no concurrency): the server's time per script
+    (INFO commandstats, per script kind), the client's wall time per call (Python + redis-py + the
+    round trip + the server's time), and a mirror's time to apply one feed message."""
+    r = Redis.from_url(url, decode_responses=True)
+    ledger = Ledger(r)
+    await ledger.load_scripts()
+    rng = random.Random(5)
+    jobs = [(invs[rng.randrange(len(invs))].node, f"bd-{i}", rng.randrange(len(invs[0].cards))) for i in range(n)]
+    out: dict[str, float] = {}
+    sub = r.pubsub()
+    await sub.subscribe("mt:feed")
+    for name, call in (("reserve", lambda j: ledger.reserve(j[0], j[1], [j[2]], 2, 1, 1)),
+                       ("mark_bound", lambda j: ledger.mark_bound(j[0], j[1])),
+                       ("release", lambda j: ledger.release(j[0], j[1])),
+                       ("snapshot", lambda j: ledger.snapshot(j[0]))):
+        await r.config_resetstat()
+        t0 = time.perf_counter()
+        for j in jobs:
+            await call(j)
+        out[f"client_us_per_{name}"] = 1e6 * (time.perf_counter() - t0) / n
+        stats = await r.info("commandstats")
+        out[f"server_us_per_{name}"] = float(stats["cmdstat_evalsha"]["usec_per_call"])
+    # the mirror's share of every change, on every replica: applying one feed message (the message
+    # of a reserve; taking it off the socket costs about as much again in redis-py)
+    while await sub.get_message(ignore_subscribe_messages=True, timeout=0.2) is not None:
+        pass
+    mirror = Mirror(ledger)
+    await mirror.resync()
+    node = invs[0].node
+    await ledger.reserve(node, "bd-msg", [0], 2, 1, 1)
+    raw = None
+    while raw is None:
+        msg = await sub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+        if msg is not None and "bd-msg" in str(msg["data"]):
+            raw = msg["data"]
+    t0 = time.perf_counter()
+    for _ in range(n):
+        data = orjson.loads(raw)
+        data["version"] = mirror.nodes[node].version + 1
+        mirror.apply(data)
+    out["client_us_per_feed_message_apply"] = 1e6 * (time.perf_counter() - t0) / n
+    await ledger.release(node, "bd-msg")
+    await sub.aclose()  # type: ignore[no-untyped-call]
+    await r.aclose()
+    return out
 
 
 async def setup(url: str, invs: list[Inventory]) -> None:
@@ -325,8 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--coroutines", type=int, default=32, help="concurrent pods per client process")
     ap.add_argument("--seconds", type=float, default=5.0, help="measured time of each cycle run")
     ap.add_argument("--warmup", type=float, default=1.0)
-    ap.add_argument("--quota", type=int, default=0, help="pods placed per place-only run (default: 75%% of "
+    ap.add_argument("--quota", type=int, default=0, help="pods placed per place-only run (default: 60%% of "
                                                           "the slices the cluster has room for)")
+    ap.add_argument("--rounds", type=int, default=4, help="place-only: fill and empty the cluster this often")
     ap.add_argument("--bench-requests", type=int, default=200_000)
     ap.add_argument("--bench-connections", type=int, default=50)
     ap.add_argument("--seed", type=int, default=1)
@@ -335,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     clients = [int(c) for c in args.clients.split(",") if c]
-    quota = args.quota or int(args.nodes * args.cards * 16 * 0.75)
+    quota = args.quota or int(args.nodes * args.cards * 16 * 0.6)
     invs = inventories(args.nodes, args.cards)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
 
@@ -350,11 +417,14 @@ def main(argv: list[str] | None = None) -> int:
             "<return 1> 0 ...")
         ceil = ceiling(server, args.bench_requests, args.bench_connections)
         say(f"  {ceil['rate_per_s']:,.0f} calls/s (server {ceil['server_usec_per_script']:.2f} us per call)")
+        say("breakdown: one call at a time ...")
+        costs = asyncio.run(breakdown(server.url, invs))
+        say("  " + ", ".join(f"{k} {v:.1f}" for k, v in costs.items()))
         for mode in ("cycle", "place"):
             for n in clients:
                 say(f"{mode}: {n} client process(es) x {args.coroutines} coroutines ...")
                 res = run_clients(mode, server.url, n, args.coroutines, args.seconds, args.warmup, quota,
-                                  args.seed, args.profile)
+                                  args.rounds, args.seed, args.profile)
                 left = asyncio.run(leftovers(server.url))
                 res["leftover_usage_after_release"] = left
                 runs.append(res)
@@ -381,9 +451,11 @@ def main(argv: list[str] | None = None) -> int:
                     "redis": re.sub(r"\s+", " ", subprocess.run(["redis-server", "--version"], capture_output=True,
                                                                  text=True).stdout.strip())},
         "setup": {"nodes": args.nodes, "cards_per_node": args.cards, "coroutines_per_client": args.coroutines,
-                  "seconds": args.seconds, "warmup": args.warmup, "place_quota": quota,
-                  "pod_sizes_units": list(SIZES), "cores": [1, 4]},
+                  "seconds": args.seconds, "warmup": args.warmup, "place_quota": quota, "place_rounds": args.rounds,
+                  "cycle_pods": {"units": list(SIZES), "cores": [1, 4]},
+                  "place_pods": {"units": list(PLACE_SIZES), "cores": [1, 1]}},
         "ceiling": ceil,
+        "breakdown_us": costs,
         "runs": runs,
         "best_ratio_to_ceiling": max(r["rate_per_s"] for r in runs) / ceil["rate_per_s"] if runs else 0.0,
     }

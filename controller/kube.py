@@ -7,6 +7,7 @@ and skipping the generated models keeps watch streams of thousands of pods cheap
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +26,24 @@ class KubeError(RuntimeError):
         super().__init__(f"{what}: HTTP {status}: {msg}")
 
 
+_PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "ws_proxy", "wss_proxy")
+
+
+def _skip_empty_env_lookups(api: client.ApiClient) -> None:
+    """kubernetes-asyncio's session trusts the environment: for every request aiohttp then looks for
+    proxy variables and a ~/.netrc in a worker thread (two thread hops per API call, a large share of
+    the extender's CPU under load). When there is neither, those lookups can only come back empty, so
+    they are switched off; with a proxy variable or a netrc file, nothing changes."""
+    if any(os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARS):
+        return
+    netrc = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    if os.path.exists(netrc):
+        return
+    session = getattr(getattr(api, "rest_client", None), "pool_manager", None)
+    if isinstance(session, aiohttp.ClientSession) and hasattr(session, "_trust_env"):
+        session._trust_env = False
+
+
 class Kube:
     def __init__(self, api: client.ApiClient):
         self.api = api
@@ -37,7 +56,9 @@ class Kube:
         else:
             config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         cfg.connection_pool_maxsize = 64
-        return cls(client.ApiClient(configuration=cfg))
+        api = client.ApiClient(configuration=cfg)
+        _skip_empty_env_lookups(api)
+        return cls(api)
 
     async def close(self) -> None:
         await self.api.close()

@@ -190,6 +190,9 @@ def load_config(
     }
     if "pendingTtlSeconds" in env_values:
         env_values["pendingTTLSeconds"] = env_values.pop("pendingTtlSeconds")
+    # The environment is shared (Service links inject MTSCHED_*_PORT into pods, the CLI reads
+    # MTSCHED_LOG_FORMAT): only variables naming a setting are read; the file and flags stay strict.
+    env_values = {k: v for k, v in env_values.items() if k in _KEYS}
     merged.update(_from_mapping(env_values, "environment", errors))
     if flags:
         camel_flags = {(camel(k) if "_" in k else k): v for k, v in flags.items() if v is not None}

@@ -25,6 +25,7 @@ from redis.asyncio import Redis
 
 from shared.annotations import PodUsage
 from shared.fit import FitResult, fit
+from shared.metrics import REDIS_ROUND_TRIPS
 from shared.node import Inventory
 from shared.request import SliceRequest
 from shared.state import NodeSnapshot
@@ -104,6 +105,7 @@ class Ledger:
         failures = 0
         while True:
             self.round_trips += 1
+            REDIS_ROUND_TRIPS.labels(what).inc()
             try:
                 return await op()
             except (rexc.ConnectionError, rexc.TimeoutError) as e:

@@ -29,6 +29,9 @@ ADMISSIONS = Counter("mtsched_admissions_total", "Admission decisions", ["result
 WATCH_EVENTS = Counter("mtsched_watch_events_total", "Watch events handled", ["resource", "type"])
 ANNOTATION_ERRORS = Counter("mtsched_annotation_errors_total",
                             "Pods whose allocation record could not be decoded (their usage is kept, not freed)")
+REDIS_ROUND_TRIPS = Counter("mtsched_redis_round_trips_total",
+                            "Calls to Redis by the ledger, one per round trip (a pipeline counts once), by operation",
+                            ["op"])
 OVERCOMMIT = Counter("mtsched_overcommit_observed_total",
                      "Allocations observed on the API server that over-commit a card (should stay 0)")
 

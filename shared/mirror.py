@@ -1,7 +1,8 @@
 """A replica's local read-only copy of the ledger, kept current by the change feed.
 
-Every ledger script publishes the touched node's cards (and the one reservation it changed) with
-the node's new version on `<prefix>:feed`. The mirror applies a message when its version is the
+Every ledger script publishes the cards it changed (all of the node's cards after an upsert or a
+rebuild, flagged full) and the one reservation it changed, with the node's new version, on
+`<prefix>:feed`. The mirror applies a message when its version is the
 next one it expects; on a gap, an unknown node or a rebuild it re-reads that node (one round
 trip). On (re)connect it re-reads everything in one pipelined round trip, and it re-reads
 everything periodically as a safety net, since Pub/Sub drops messages while disconnected.
@@ -116,14 +117,23 @@ class Mirror:
             return None  # already have it (e.g. read after the change was published)
         if version != cur.version + 1:
             return node
-        # Decode everything first, so a malformed message leaves the node as it was.
+        # Decode everything first, so a malformed message leaves the node as it was. A full message
+        # (or one without the flag) carries every card; otherwise only the cards that changed, with
+        # false for a card that is gone.
         cards = msg.get("cards") or {}
-        new_cards = {int(k): CardRecord.from_json(int(k), v) for k, v in
-                     (cards.items() if isinstance(cards, dict) else [])}
+        changed = {int(k): (CardRecord.from_json(int(k), v) if v else None) for k, v in
+                   (cards.items() if isinstance(cards, dict) else [])}
         uid = msg.get("uid")
         res = msg.get("res") if uid else None
         new_res = Reservation.from_json(str(uid), res) if uid and res else None
-        cur.cards = new_cards
+        if msg.get("full", True):
+            cur.cards = {k: v for k, v in changed.items() if v is not None}
+        else:
+            for k, rec in changed.items():
+                if rec is None:
+                    cur.cards.pop(k, None)
+                else:
+                    cur.cards[k] = rec
         cur.error = str(msg.get("error") or "")
         if uid:
             if new_res is not None:

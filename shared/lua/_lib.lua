@@ -136,13 +136,25 @@ local function drop_reservation(uid, r)
   redis.call('SREM', PODS_KEY, uid)
 end
 
--- Bumps the node version and publishes a change: the node's cards, plus the one reservation touched
--- (res = false when it was removed). Mirrors apply it when version == theirs + 1, else re-read the node.
-local function publish(kind, uid, res)
+-- Bumps the node version and publishes a change, plus the one reservation touched (res = false when it
+-- was removed). `touched` lists the cards whose state changed: only those are sent (a card that no
+-- longer exists as false), and mirrors merge them; with touched = nil every card is sent and
+-- full = true tells mirrors to replace theirs. Reading and encoding every card of the node on every
+-- booking was most of a script's time. Mirrors apply a message when version == theirs + 1, else
+-- re-read the node.
+local function publish(kind, uid, res, touched)
   local v = redis.call('HINCRBY', NODE_KEY, 'version', 1)
   local cards = {}
-  for _, idx in ipairs(card_indices()) do cards[idx] = card_view(idx) end
-  local msg = {node = NODE, version = v, kind = kind, cards = cards, error = redis.call('HGET', NODE_KEY, 'error') or ""}
+  if touched then
+    for _, idx in ipairs(touched) do
+      local k = tostring(math.floor(tonumber(idx)))
+      cards[k] = card_view(k) or false
+    end
+  else
+    for _, idx in ipairs(card_indices()) do cards[idx] = card_view(idx) end
+  end
+  local msg = {node = NODE, version = v, kind = kind, full = touched == nil, cards = cards,
+               error = redis.call('HGET', NODE_KEY, 'error') or ""}
   if uid then msg.uid = uid; msg.res = res or false end
   redis.call('PUBLISH', FEED, cjson.encode(msg))
   return v
@@ -221,11 +233,12 @@ local function cards_csv(list)
 end
 
 -- Books a reservation unconditionally (callers checked what they must). Unknown cards get a
--- placeholder marked "removed" so that usage the API server reports is never dropped.
-local function book(p, state, now)
+-- placeholder marked "removed" so that usage the API server reports is never dropped; `known` = true
+-- says the caller saw every card exist (saves a read per card).
+local function book(p, state, now, known)
   for _, idx in ipairs(p.cards) do
     local k = tostring(math.floor(idx))
-    if not card_view(k) then
+    if not known and redis.call('EXISTS', card_key(k)) == 0 then
       redis.call('HSET', card_key(k), 'id', NODE .. "-mthreads-" .. k, 'capacity', math.max(p.mem, 1),
                  'mem_used', 0, 'mem_free', math.max(p.mem, 1), 'cores', 16, 'cores_used', 0, 'cores_free', 16,
                  'slices', 0, 'slice_limit', 16, 'health', 'removed')

@@ -10,7 +10,7 @@ for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
     redis.call('SREM', PODS_KEY, uid)
   elseif r.state == "pending" and now - r.created > p.ttl_ms then
     drop_reservation(uid, r)
-    publish('expire', uid, false)
+    publish('expire', uid, false, split_cards(r.cards))
     gone[#gone + 1] = uid
   end
 end

@@ -16,12 +16,17 @@ if r and r.cards == csv and r.mem == p.mem and r.cores == p.cores and r.slices =
     local pod = r.pod
     if p.pod ~= nil and p.pod ~= "" then pod = p.pod end
     redis.call('HSET', res_key(p.uid), 'state', 'bound', 'bound_at', now_ms(), 'pod', pod)
-    publish('bound', p.uid, res_view(p.uid))
+    publish('bound', p.uid, res_view(p.uid), {})
     return cjson.encode({ok = true, changed = true, overcommit = overcommitted(p.cards)})
   end
   return cjson.encode({ok = true, changed = false, overcommit = false})
 end
-if r then drop_reservation(p.uid, r) end
+local touched = {}
+if r then
+  drop_reservation(p.uid, r)
+  touched = split_cards(r.cards)
+end
+for _, idx in ipairs(p.cards) do touched[#touched + 1] = idx end
 book(p, "bound", now_ms())
-publish('observe', p.uid, res_view(p.uid))
+publish('observe', p.uid, res_view(p.uid), touched)
 return cjson.encode({ok = true, changed = true, overcommit = overcommitted(p.cards)})

@@ -6,5 +6,5 @@ if bad then return fail("BADINPUT", bad) end
 local r = res_view(p.uid)
 if not r then return cjson.encode({ok = true, released = false}) end
 drop_reservation(p.uid, r)
-publish('release', p.uid, false)
+publish('release', p.uid, false, split_cards(r.cards))
 return cjson.encode({ok = true, released = true, cards = r.cards})

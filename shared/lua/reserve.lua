@@ -31,6 +31,6 @@ for _, idx in ipairs(p.cards) do
   end
   if why then return cjson.encode({ok = false, reason = why, card = idx, node = node_view()}) end
 end
-book(p, "pending", now_ms())
-local v = publish('reserve', p.uid, res_view(p.uid))
+book(p, "pending", now_ms(), true)
+local v = publish('reserve', p.uid, res_view(p.uid), p.cards)
 return cjson.encode({ok = true, existing = false, cards = cards_csv(p.cards), version = v})

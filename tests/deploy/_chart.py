@@ -184,7 +184,7 @@ def embedded(objs: Sequence[Json], configmap: str, key: str) -> Json:
 
 
 def check_config(config_yaml: str, env: Mapping[str, str] | None = None) -> Json:
-    """`mtsched check-config` on a rendered config.yaml; returns its JSON output."""
+    """`mtsched check-config` on a rendered config.yaml; returns its JSON output (camelCase keys)."""
     import json
 
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="mtsched-config-", delete=False) as f:
@@ -197,5 +197,10 @@ def check_config(config_yaml: str, env: Mapping[str, str] | None = None) -> Json
     finally:
         os.unlink(f.name)
     assert proc.returncode == 0, f"mtsched check-config rejected the rendered config:\n{proc.stderr}"
-    out: Json = json.loads(proc.stdout)
+    raw: Json = json.loads(proc.stdout)
+    # The file's camelCase keys (older releases printed snake_case field names).
+    out: Json = {}
+    for k, v in raw.items():
+        head, *rest = k.split("_")
+        out["pendingTTLSeconds" if k == "pending_ttl_seconds" else head + "".join(p.capitalize() for p in rest)] = v
     return out

@@ -161,14 +161,14 @@ class Worker:
 
     @staticmethod
     async def wait_for(event: Any) -> None:
-        while not event.is_set():
+        while not event.is_set():  # noqa: ASYNC110 - a multiprocessing event, set by the parent
             await asyncio.sleep(0.02)
 
     async def pauser(self) -> None:
         while True:
             if self.pause.is_set() and self.busy == 0:
                 self.queue.put(("paused", self.plan.worker, dict(self.truth)))
-                while self.pause.is_set():
+                while self.pause.is_set():  # noqa: ASYNC110 - a multiprocessing event, set by the parent
                     await asyncio.sleep(0.01)
             await asyncio.sleep(0.01)
 
@@ -176,7 +176,7 @@ class Worker:
         p = self.plan
         held: list[tuple[str, float]] = []  # (uid, time the pod is deleted)
         for i in range(p.ops):
-            while self.pause.is_set() and not self.stop.is_set():
+            while self.pause.is_set() and not self.stop.is_set():  # noqa: ASYNC110 - a multiprocessing event, set by the parent
                 await asyncio.sleep(0.01)
             if self.stop.is_set() or time.monotonic() > self.deadline:
                 break

@@ -184,7 +184,16 @@ async def test_mirror_apply_rules() -> None:
     assert m.apply({"node": "a", "version": 2, "kind": "reserve", "cards": {"0": card}, "uid": "u", "res": res}) \
         is None
     assert m.owner_of("u") == "a"
-    assert m.apply({"node": "a", "version": 1, "kind": "node", "cards": {}}) == "a"  # recreated: ours is stale
+    # partial messages merge: only the cards sent change, false removes a card
+    card1 = dict(card, mem_used=8, mem_free=88)
+    assert m.apply({"node": "a", "version": 3, "kind": "reserve", "full": False, "cards": {"1": card1}}) is None
+    assert sorted(m.nodes["a"].cards) == [0, 1] and m.nodes["a"].cards[1].mem_used == 8
+    assert m.apply({"node": "a", "version": 4, "kind": "release", "full": False, "cards": {"0": False}}) is None
+    assert sorted(m.nodes["a"].cards) == [1]
+    assert m.apply({"node": "a", "version": 5, "kind": "node", "full": True, "cards": {"0": card}}) is None
+    assert sorted(m.nodes["a"].cards) == [0]  # full: replaces
+    # recreated (version 1 again): ours is stale
+    assert m.apply({"node": "a", "version": 1, "kind": "node", "cards": {}}) == "a"
     assert m.apply({"node": "a", "version": 9, "kind": "removed"}) is None
     assert m.nodes == {}
     with pytest.raises(ValueError):

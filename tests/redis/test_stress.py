@@ -29,7 +29,6 @@ from shared.annotations import PodUsage
 from shared.config import Config
 from shared.ledger import Ledger
 from shared.models import CardModel
-from shared.node import Inventory
 from shared.request import pod_request
 from tests.redis import stress_worker
 from tests.redis.helpers import (

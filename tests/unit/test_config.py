@@ -146,3 +146,18 @@ def test_unreadable_files(tmp_path: Path, text: str, needle: str) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="config file"):
         load_config(tmp_path / "absent.yaml", env={})
+
+
+def test_unrelated_mtsched_environment_variables_are_ignored() -> None:
+    # Service links inject MTSCHED_REDIS_PORT-like variables; the CLI reads MTSCHED_LOG_FORMAT.
+    env = {"MTSCHED_LOG_FORMAT": "text", "MTSCHED_REDIS_PORT": "tcp://10.0.0.1:6379", "MTSCHED_DEFAULT_CORES": "4"}
+    assert load_config(env=env).default_cores == 4
+
+
+def test_unknown_keys_in_file_and_flags_stay_errors(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("memoryPerCard: [160]\nmemoryPerCards: [96]\n")
+    with pytest.raises(ConfigError, match="unknown setting 'memoryPerCards'"):
+        load_config(f, env={})
+    with pytest.raises(ConfigError, match="unknown setting 'bogus'"):
+        load_config(env={}, flags={"bogus": 1})

@@ -1,0 +1,505 @@
+"""The `hami` chart: lint, render over values combinations, and check what each object promises.
+
+Schema validation of every object against the real API server is in tests/e2e/test_helm_dryrun.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+
+from shared.annotations import SCHEDULER_OWNED_KEYS
+from shared.config import _KEYS as CONFIG_KEYS
+from tests.deploy._chart import (
+    CASES,
+    CHART,
+    Case,
+    Json,
+    case_args,
+    check_config,
+    container,
+    embedded,
+    find,
+    objects,
+    one,
+    run_helm,
+    template,
+    values_file,
+)
+
+Rendered = Callable[[str], list[Json]]
+WORKLOADS = ("scheduler", "webhook", "watcher")
+
+
+def fullname(case: Case) -> str:
+    return case.release if "hami" in case.release else f"{case.release}-hami"
+
+
+# ---------------------------------------------------------------------------------- lint, render
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_lint(helm: Path, name: str) -> None:
+    case = CASES[name]
+    with values_file(case.values) as vf:
+        proc = run_helm(helm, ["lint", str(CHART), "--strict", *case_args(case, vf)], check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_renders_valid_objects(rendered: Rendered, name: str) -> None:
+    objs = rendered(name)
+    case = CASES[name]
+    seen: set[tuple[str, str]] = set()
+    for o in objs:
+        assert o.get("apiVersion") and o.get("kind"), o
+        meta = o["metadata"]
+        key = (o["kind"], meta["name"])
+        assert key not in seen, f"duplicate {key}"
+        seen.add(key)
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", meta["name"]) and len(meta["name"]) <= 63
+        labels = meta.get("labels") or {}
+        assert labels.get("app.kubernetes.io/instance") == case.release, key
+        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"):
+            expected = "kube-system" if key == ("RoleBinding", f"{fullname(case)}-scheduler-auth-reader") \
+                else case.namespace
+            assert meta.get("namespace") == expected, key
+
+
+@pytest.mark.parametrize("name", ["defaults", "s5000", "mixed", "legacy-scalar", "set-list", "custom",
+                                  "external-redis", "seed-oneliner"])
+def test_rendered_config_is_accepted_by_mtsched(rendered: Rendered, name: str) -> None:
+    case = CASES[name]
+    objs = rendered(name)
+    cm = one(objs, "ConfigMap", f"{fullname(case)}-config")
+    # The pods' environment is part of the configuration (MTSCHED_* overrides the file).
+    env = {e["name"]: e["value"] for e in container(one(objs, "Deployment", f"{fullname(case)}-watcher"),
+                                                     "watcher").get("env", []) if "value" in e}
+    env = {k: v.replace("$(REDIS_PASSWORD)", "s3cret") for k, v in env.items() if k.startswith("MTSCHED_")}
+    out = check_config(cm["data"]["config.yaml"], env)
+    assert out["memoryPerCard"] == list(case.memory)
+    assert out["schedulerName"] == case.values.get("schedulerName", "hami-scheduler")
+    assert out["tlsCertFile"] == "/etc/mtsched/tls/tls.crt"
+    if "MTSCHED_REDIS_URL" in env:
+        assert out["redisUrl"] == env["MTSCHED_REDIS_URL"]
+
+
+def test_config_keys_are_known_settings(rendered: Rendered) -> None:
+    cfg = embedded(rendered("defaults"), "hami-config", "config.yaml")
+    assert set(cfg) <= set(CONFIG_KEYS), set(cfg) - set(CONFIG_KEYS)
+
+
+def test_invalid_values_are_refused(helm: Path) -> None:
+    for sets, message in (
+        (("devices.mthreads.memoryPerCard=abc",), "memoryPerCard"),
+        (("devices.mthreads.memoryPerCard=1",), "memoryPerCard"),
+        (("scheduler.admissionWebhook.failurePolicy=Sometimes",), "failurePolicy"),
+        (("tls.mode=selfsigned",), "tls/mode"),
+        (("scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy=random",), "gpuSchedulerPolicy"),
+        (("webhook.replicas=0",), "replicas"),
+        (("redis.external.url=http://x",), "url"),
+    ):
+        proc = template(helm, Case(sets=sets), check=False)
+        assert proc.returncode != 0, sets
+        assert message in proc.stderr, proc.stderr
+    proc = template(helm, Case({"devices": {"mthreads": {"memoryPerCard": []}}}), check=False)
+    assert proc.returncode != 0 and "memoryPerCard" in proc.stderr
+
+
+# ----------------------------------------------------------------------------------- topology
+def test_default_topology(rendered: Rendered) -> None:
+    objs = rendered("defaults")
+    deploys = {d["metadata"]["name"]: d for d in find(objs, "Deployment")}
+    assert set(deploys) == {"hami-scheduler", "hami-webhook", "hami-watcher", "hami-redis"}
+    assert {n: d["spec"]["replicas"] for n, d in deploys.items()} == {
+        "hami-scheduler": 2, "hami-webhook": 2, "hami-watcher": 2, "hami-redis": 1}
+    sched = deploys["hami-scheduler"]["spec"]["template"]["spec"]
+    assert [c["name"] for c in sched["containers"]] == ["kube-scheduler", "extender"]  # "2/2"
+    ks = container(deploys["hami-scheduler"], "kube-scheduler")
+    assert ks["image"].startswith("registry.k8s.io/kube-scheduler:v1.")
+    assert "--config=/etc/kubernetes/hami/scheduler-config.yaml" in ks["command"]
+    ext = container(deploys["hami-scheduler"], "extender")
+    assert ext["args"][:2] == ["extender", "--config=/etc/mtsched/config.yaml"]
+    assert "--set=listen=127.0.0.1:8443" in ext["args"]
+    assert container(deploys["hami-webhook"], "webhook")["args"][:2] == ["webhook", "--config=/etc/mtsched/config.yaml"]
+    assert container(deploys["hami-watcher"], "watcher")["args"][:2] == ["watcher", "--config=/etc/mtsched/config.yaml"]
+    for name in ("hami-scheduler", "hami-webhook", "hami-watcher"):
+        spec = deploys[name]["spec"]["template"]["spec"]
+        mounts = {m["mountPath"]: m for c in spec["containers"] for m in c.get("volumeMounts", [])}
+        assert mounts["/etc/mtsched/config.yaml"]["subPath"] == "config.yaml" or name == "hami-scheduler"
+        vols = {v["name"]: v for v in spec["volumes"]}
+        assert vols["config"]["configMap"]["name"] == "hami-config"
+    services = {s["metadata"]["name"]: s for s in find(objs, "Service")}
+    assert set(services) == {"hami-scheduler", "hami-webhook", "hami-watcher", "hami-redis"}
+    assert {p["port"]: p["targetPort"] for p in services["hami-webhook"]["spec"]["ports"]} == {
+        443: "https", 9395: "metrics"}
+    assert services["hami-redis"]["spec"]["ports"][0]["port"] == 6379
+    cfg = embedded(objs, "hami-config", "config.yaml")
+    assert cfg["redisUrl"] == "redis://hami-redis.kube-system.svc:6379/0"
+    assert cfg["memoryPerCard"] == [96]
+
+
+def test_kube_scheduler_configuration(rendered: Rendered) -> None:
+    ksc = embedded(rendered("defaults"), "hami-scheduler", "scheduler-config.yaml")
+    assert ksc["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert ksc["kind"] == "KubeSchedulerConfiguration"
+    assert ksc["leaderElection"] == {"leaderElect": True, "resourceLock": "leases",
+                                     "resourceName": "hami-scheduler", "resourceNamespace": "kube-system"}
+    assert ksc["profiles"] == [{"schedulerName": "hami-scheduler"}]
+    assert ksc["percentageOfNodesToScore"] == 100
+    assert "clientConnection" not in ksc  # in-cluster credentials of the hami-scheduler ServiceAccount
+    assert ksc["extenders"] == [{
+        "urlPrefix": "https://127.0.0.1:8443",
+        "filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind",
+        "weight": 1, "enableHTTPS": True,
+        "tlsConfig": {"insecure": False, "caFile": "/etc/mtsched/tls/ca.crt"},
+        "nodeCacheCapable": True, "ignorable": False, "httpTimeout": "30s",
+        "managedResources": [{"name": "mthreads.com/vgpu", "ignoredByScheduler": True}],
+    }]
+
+
+def test_disabled_leaves_a_plain_scheduler(rendered: Rendered) -> None:
+    objs = rendered("disabled")
+    assert [d["metadata"]["name"] for d in find(objs, "Deployment")] == ["hami-scheduler"]
+    spec = one(objs, "Deployment", "hami-scheduler")["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec["containers"]] == ["kube-scheduler"]
+    assert {v["name"] for v in spec["volumes"]} == {"scheduler-config", "tmp"}
+    ksc = embedded(objs, "hami-scheduler", "scheduler-config.yaml")
+    assert "extenders" not in ksc  # no managedResources for mthreads
+    assert ksc["profiles"] == [{"schedulerName": "hami-scheduler"}]
+    kinds = {o["kind"] for o in objs}
+    assert not kinds & {"MutatingWebhookConfiguration", "Secret", "NetworkPolicy"}
+    assert not find(objs, "ClusterRole")
+    assert not find(objs, "ConfigMap", "hami-config")
+
+
+def test_replicas_and_disruption_budgets(rendered: Rendered) -> None:
+    for name, n in (("defaults", 2), ("replicas-3", 3)):
+        objs = rendered(name)
+        for role in WORKLOADS:
+            assert one(objs, "Deployment", f"hami-{role}")["spec"]["replicas"] == n
+            pdb = one(objs, "PodDisruptionBudget", f"hami-{role}")
+            assert pdb["spec"]["maxUnavailable"] == 1
+            assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == role
+    objs = rendered("replicas-1")
+    assert not find(objs, "PodDisruptionBudget")  # a budget for one pod would only block drains
+    assert all(d["spec"]["replicas"] == 1 for d in find(objs, "Deployment"))
+
+
+def test_pods_are_hardened(rendered: Rendered) -> None:
+    for name in ("defaults", "custom"):
+        for d in find(rendered(name), "Deployment"):
+            spec = d["spec"]["template"]["spec"]
+            labels = d["spec"]["template"]["metadata"]["labels"]
+            where = d["metadata"]["name"]
+            assert labels["hami.io/webhook"] == "ignore", where  # never judged by our own webhook
+            assert spec["securityContext"]["runAsNonRoot"] is True, where
+            assert spec["securityContext"]["runAsUser"] > 0, where
+            assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, where
+            assert spec["enableServiceLinks"] is False, where  # no *_SERVICE_* env (MTSCHED_* is config)
+            for c in spec["containers"]:
+                sc = c["securityContext"]
+                assert sc["readOnlyRootFilesystem"] is True, (where, c["name"])
+                assert sc["allowPrivilegeEscalation"] is False, (where, c["name"])
+                assert sc["capabilities"] == {"drop": ["ALL"]}, (where, c["name"])
+                assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
+                assert c["resources"]["limits"]["memory"]
+                for probe in ("livenessProbe", "readinessProbe"):
+                    assert probe in c, (where, c["name"], probe)
+                if c["name"] in ("extender", "webhook", "watcher"):
+                    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+                    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+                    assert c["readinessProbe"]["httpGet"]["port"] == "metrics"
+                    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+                    assert ports["metrics"] == (9400 if name == "custom" else 9395)
+            if where.endswith(("-scheduler", "-webhook", "-watcher")):
+                term = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+                assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_only_known_mtsched_environment(rendered: Rendered) -> None:
+    """Every MTSCHED_* variable is read as a setting and an unknown one stops the role."""
+    for name in CASES:
+        for d in find(rendered(name), "Deployment"):
+            for c in d["spec"]["template"]["spec"]["containers"]:
+                for e in c.get("env", []):
+                    if e["name"].startswith("MTSCHED_") and e["name"] != "MTSCHED_CONFIG":
+                        key = re.sub(r"_([a-z])", lambda m: m.group(1).upper(), e["name"][8:].lower())
+                        assert key in CONFIG_KEYS or key == "pendingTtlSeconds", (name, e["name"])
+
+
+# --------------------------------------------------------------------------------------- values
+def test_memory_per_card_forms(rendered: Rendered) -> None:
+    for name in ("defaults", "s5000", "mixed", "legacy-scalar", "set-list"):
+        cfg = embedded(rendered(name), "hami-config", "config.yaml")
+        assert cfg["memoryPerCard"] == list(CASES[name].memory), name
+
+
+def test_kube_scheduler_image_tag(rendered: Rendered) -> None:
+    def image(name: str) -> str:
+        objs = rendered(name)
+        return str(container(one(objs, "Deployment", f"{fullname(CASES[name])}-scheduler"),
+                             "kube-scheduler")["image"])
+
+    assert image("seed-oneliner") == "registry.k8s.io/kube-scheduler:v1.30.4"
+    assert image("hami-legacy") == "registry.k8s.io/kube-scheduler:v1.30.4"  # scheduler.kubeScheduler.imageTag
+    assert image("custom").startswith("mirror.example:5000/kube-scheduler:v1.")
+
+
+def test_custom_values_reach_every_object(rendered: Rendered) -> None:
+    objs = rendered("custom")
+    cfg = embedded(objs, "gpu-hami-config", "config.yaml")
+    assert cfg["schedulerName"] == "gpu-scheduler"
+    assert (cfg["nodeSchedulerPolicy"], cfg["gpuSchedulerPolicy"]) == ("spread", "binpack")
+    assert cfg["resourceCountName"] == "example.com/vgpu"
+    assert cfg["redisUrl"] == "redis://gpu-hami-redis.hami-system.svc:6379/0"
+    assert cfg["metricsListen"] == "0.0.0.0:9400"
+    assert cfg["logLevel"] == "debug"
+    ksc = embedded(objs, "gpu-hami-scheduler", "scheduler-config.yaml")
+    assert ksc["profiles"] == [{"schedulerName": "gpu-scheduler"}]
+    assert ksc["leaderElection"]["resourceName"] == "gpu-scheduler"
+    assert ksc["leaderElection"]["resourceNamespace"] == "hami-system"
+    assert [m["name"] for m in ksc["extenders"][0]["managedResources"]] == ["example.com/vgpu",
+                                                                            "mthreads.com/vgpu"]
+    lease = one(objs, "Role", "gpu-hami-scheduler-lease")
+    assert lease["rules"][1]["resourceNames"] == ["gpu-scheduler"]
+    for d in find(objs, "Deployment"):
+        spec = d["spec"]["template"]["spec"]
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+        assert all(c["image"].startswith("mirror.example:5000/") for c in spec["containers"])
+        assert d["metadata"]["labels"]["cost-center"] == "gpu"
+        assert d["metadata"]["annotations"]["owner"] == "platform"
+    ext = container(one(objs, "Deployment", "gpu-hami-scheduler"), "extender")
+    assert "--log-format=text" in ext["args"]
+    hook = one(objs, "MutatingWebhookConfiguration", "gpu-hami-webhook")["webhooks"][0]
+    assert hook["clientConfig"]["service"] == {"name": "gpu-hami-webhook", "namespace": "hami-system",
+                                               "path": "/mutate", "port": 443}
+    assert hook["namespaceSelector"]["matchLabels"] == {"gpu": "yes"}
+    assert {"key": "team", "operator": "In", "values": ["ml"]} in hook["objectSelector"]["matchExpressions"]
+    assert "'example.com/vgpu'" in hook["matchConditions"][0]["expression"]
+
+
+def test_external_redis(rendered: Rendered) -> None:
+    objs = rendered("external-redis")
+    assert not [o for o in objs if o["metadata"]["name"] == "hami-redis"]
+    assert embedded(objs, "hami-config", "config.yaml")["redisUrl"] == "rediss://redis.example:6380/1"
+    for role, cname in (("scheduler", "extender"), ("webhook", "webhook"), ("watcher", "watcher")):
+        env = container(one(objs, "Deployment", f"hami-{role}"), cname)["env"]
+        names = [e["name"] for e in env]
+        # REDIS_PASSWORD first: $(VAR) only expands variables defined earlier.
+        assert names.index("REDIS_PASSWORD") < names.index("MTSCHED_REDIS_URL")
+        pw = next(e for e in env if e["name"] == "REDIS_PASSWORD")
+        assert pw["valueFrom"]["secretKeyRef"] == {"name": "mt-redis", "key": "pw"}
+        url = next(e for e in env if e["name"] == "MTSCHED_REDIS_URL")
+        assert url["value"] == "rediss://mtsched:$(REDIS_PASSWORD)@redis.example:6380/1"
+
+
+def test_bundled_redis(rendered: Rendered) -> None:
+    objs = rendered("defaults")
+    redis = one(objs, "Deployment", "hami-redis")
+    c = container(redis, "redis")
+    assert c["command"] == ["redis-server"]
+    assert c["args"][:2] == ["--save", ""]
+    assert redis["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    policy = one(objs, "NetworkPolicy", "hami-redis")
+    allowed = policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"]
+    assert {"key": "app.kubernetes.io/component", "operator": "In",
+            "values": ["scheduler", "webhook", "watcher"]} in allowed
+
+
+# ------------------------------------------------------------------------------------------ RBAC
+def _bindings_of(objs: list[Json], sa: str) -> list[Json]:
+    return [b for b in find(objs, "ClusterRoleBinding") + find(objs, "RoleBinding")
+            if any(s.get("kind") == "ServiceAccount" and s["name"] == sa for s in b["subjects"])]
+
+
+def test_least_privilege_rbac(rendered: Rendered) -> None:
+    objs = rendered("defaults")
+    roles = {b["roleRef"]["name"] for b in _bindings_of(objs, "hami-scheduler")}
+    assert roles == {"system:kube-scheduler", "system:volume-scheduler", "hami-scheduler-lease",
+                     "extension-apiserver-authentication-reader", "hami-extender"}
+    assert one(objs, "ClusterRole", "hami-extender")["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    ]
+    assert one(objs, "Role", "hami-scheduler-lease")["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["hami-scheduler"],
+         "verbs": ["get", "update"]},
+    ]
+    assert [b["roleRef"]["name"] for b in _bindings_of(objs, "hami-watcher")] == ["hami-watcher"]
+    assert one(objs, "ClusterRole", "hami-watcher")["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list", "watch"]}]
+    # The webhook and Redis need nothing from the API: no binding, no token.
+    for sa in ("hami-webhook", "hami-redis"):
+        assert _bindings_of(objs, sa) == []
+        assert one(objs, "ServiceAccount", sa)["automountServiceAccountToken"] is False
+    for d in find(objs, "Deployment"):
+        assert d["spec"]["template"]["spec"]["serviceAccountName"] == d["metadata"]["name"]
+    # No verb that writes anything but bindings and events.
+    for role in find(objs, "ClusterRole") + find(objs, "Role"):
+        for rule in role["rules"]:
+            assert not set(rule["verbs"]) & {"*", "delete", "patch", "deletecollection", "escalate", "bind"}
+
+
+# ----------------------------------------------------------------------------------- the webhook
+def test_webhook_registration(rendered: Rendered) -> None:
+    objs = rendered("defaults")
+    cfg = one(objs, "MutatingWebhookConfiguration", "hami-webhook")
+    [hook] = cfg["webhooks"]
+    assert hook["name"] == "vgpu.hami.io"
+    assert hook["failurePolicy"] == "Fail"  # fail closed (HAMi: Ignore)
+    assert hook["sideEffects"] == "None" and hook["admissionReviewVersions"] == ["v1"]
+    assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                              "resources": ["pods"], "scope": "*"}]
+    ignore = {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}
+    assert ignore in hook["objectSelector"]["matchExpressions"]
+    assert ignore in hook["namespaceSelector"]["matchExpressions"]
+    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]} in \
+        hook["namespaceSelector"]["matchExpressions"]
+    expr = hook["matchConditions"][0]["expression"]
+    for name in ("mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core"):
+        assert f"'{name}'" in expr
+    legacy = one(rendered("hami-legacy"), "MutatingWebhookConfiguration", "hami-webhook")["webhooks"][0]
+    assert legacy["failurePolicy"] == "Ignore"
+    assert [e["key"] for e in legacy["namespaceSelector"]["matchExpressions"]] == ["hami.io/webhook"]
+
+
+def test_match_condition_lists_every_scheduler_owned_annotation(rendered: Rendered) -> None:
+    expr = one(rendered("defaults"), "MutatingWebhookConfiguration", "hami-webhook")["webhooks"][0][
+        "matchConditions"][0]["expression"]
+    listed = re.search(r"annotations\.exists\(k, k in \[([^\]]*)\]", expr)
+    assert listed is not None
+    assert set(re.findall(r"'([^']+)'", listed.group(1))) == set(SCHEDULER_OWNED_KEYS)
+
+
+def test_match_conditions_need_kubernetes_1_28(helm: Path) -> None:
+    old = objects(template(helm, Case(), "--kube-version", "v1.27.9").stdout)
+    assert "matchConditions" not in one(old, "MutatingWebhookConfiguration", "hami-webhook")["webhooks"][0]
+
+
+# ------------------------------------------------------------------------------------------- TLS
+def _cert(pem: bytes) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(pem)
+
+
+def _verify_signed_by(cert: x509.Certificate, ca: x509.Certificate) -> None:
+    key = ca.public_key()
+    assert cert.signature_hash_algorithm is not None
+    if isinstance(key, rsa.RSAPublicKey):
+        key.verify(cert.signature, cert.tbs_certificate_bytes, padding.PKCS1v15(), cert.signature_hash_algorithm)
+    else:
+        assert isinstance(key, ec.EllipticCurvePublicKey)
+        key.verify(cert.signature, cert.tbs_certificate_bytes, ec.ECDSA(cert.signature_hash_algorithm))
+
+
+def test_generated_certificate(rendered: Rendered) -> None:
+    objs = rendered("defaults")
+    secret = one(objs, "Secret", "hami-scheduler-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    hook = one(objs, "MutatingWebhookConfiguration", "hami-webhook")["webhooks"][0]
+    assert base64.b64decode(hook["clientConfig"]["caBundle"]) == data["ca.crt"]  # one CA, one render
+    ca, cert = _cert(data["ca.crt"]), _cert(data["tls.crt"])
+    _verify_signed_by(cert, ca)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert ipaddress.ip_address("127.0.0.1") in san.get_values_for_type(x509.IPAddress)  # the extender URL
+    assert "hami-webhook.kube-system.svc" in san.get_values_for_type(x509.DNSName)  # the webhook Service
+    # Every pod that mounts the Secret rolls when the CA changes.
+    digests = {d["spec"]["template"]["metadata"]["annotations"]["checksum/tls"]
+               for d in find(objs, "Deployment") if d["metadata"]["name"] in ("hami-scheduler", "hami-webhook")}
+    assert len(digests) == 1
+
+
+def test_cert_manager(rendered: Rendered) -> None:
+    for name in ("cert-manager", "hami-legacy"):
+        objs = rendered(name)
+        assert not find(objs, "Secret")
+        cert = one(objs, "Certificate", "hami-scheduler-serving-cert")
+        assert cert["spec"]["secretName"] == "hami-scheduler-tls"
+        assert cert["spec"]["ipAddresses"] == ["127.0.0.1"]
+        assert "hami-webhook.kube-system.svc" in cert["spec"]["dnsNames"]
+        assert cert["spec"]["issuerRef"] == {"name": "hami-ca-issuer", "kind": "Issuer", "group": "cert-manager.io"}
+        assert one(objs, "Certificate", "hami-ca")["spec"]["isCA"] is True
+        cfg = one(objs, "MutatingWebhookConfiguration", "hami-webhook")
+        assert cfg["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
+            "kube-system/hami-scheduler-serving-cert"
+        assert "caBundle" not in cfg["webhooks"][0]["clientConfig"]
+    objs = rendered("cert-manager-issuer")
+    assert [c["metadata"]["name"] for c in find(objs, "Certificate")] == ["hami-scheduler-serving-cert"]
+    assert not find(objs, "Issuer")
+    assert one(objs, "Certificate", "hami-scheduler-serving-cert")["spec"]["issuerRef"]["kind"] == "ClusterIssuer"
+
+
+def test_external_tls(rendered: Rendered) -> None:
+    objs = rendered("external-tls")
+    assert not find(objs, "Secret") and not find(objs, "Certificate")
+    hook = one(objs, "MutatingWebhookConfiguration", "hami-webhook")["webhooks"][0]
+    assert hook["clientConfig"]["caBundle"] == CASES["external-tls"].values["tls"]["external"]["caBundle"]
+    for d in find(objs, "Deployment"):
+        for v in d["spec"]["template"]["spec"]["volumes"]:
+            if v["name"] == "tls":
+                assert v["secret"]["secretName"] == "my-tls"
+
+
+# ------------------------------------------------------------------------------- helm upgrade
+def test_checksums_roll_pods_only_when_configuration_changes(helm: Path) -> None:
+    def annotations(case: Case) -> dict[str, dict[str, str]]:
+        objs = objects(template(helm, case).stdout)
+        return {d["metadata"]["name"]: d["spec"]["template"]["metadata"].get("annotations", {})
+                for d in find(objs, "Deployment")}
+
+    # tls.mode=external keeps renders deterministic (generate makes a new CA without a cluster).
+    base = Case(sets=("tls.mode=external",))
+    a, b = annotations(base), annotations(base)
+    assert a == b
+    changed = annotations(Case(sets=("tls.mode=external", "devices.mthreads.memoryPerCard={96,160}")))
+    for name in ("hami-scheduler", "hami-webhook", "hami-watcher"):
+        assert changed[name]["checksum/config"] != a[name]["checksum/config"], name
+    assert changed["hami-scheduler"]["checksum/scheduler-config"] == a["hami-scheduler"]["checksum/scheduler-config"]
+    timeout = annotations(Case(sets=("tls.mode=external", "scheduler.extenderHTTPTimeout=45")))
+    assert timeout["hami-scheduler"]["checksum/scheduler-config"] != a["hami-scheduler"]["checksum/scheduler-config"]
+
+
+# ------------------------------------------------------------------------ static manifest, image
+def test_static_manifest_is_the_fresh_render(helm: Path) -> None:
+    import os
+    import subprocess
+
+    from tests.deploy._chart import MANIFEST, RENDER_SH
+
+    fresh = subprocess.run([str(RENDER_SH), "--stdout"], capture_output=True, text=True, check=True,
+                           env={**os.environ, "HELM": str(helm)}, timeout=300).stdout
+    assert MANIFEST.read_text() == fresh, "deploy/manifests/hami.yaml is stale: run deploy/manifests/render.sh"
+    objs = objects(fresh)
+    assert not find(objs, "Secret")  # the certificate is the user's (tls.mode=external)
+    assert {d["metadata"]["name"]: d["spec"]["replicas"] for d in find(objs, "Deployment")} == {
+        "hami-scheduler": 2, "hami-webhook": 2, "hami-watcher": 2, "hami-redis": 1}
+    assert all(o["metadata"].get("namespace") in (None, "kube-system") for o in objs)
+
+
+def test_dockerfile() -> None:
+    from tests.deploy._chart import ROOT
+
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    froms = [ln for ln in lines if ln.upper().startswith("FROM ")]
+    assert froms and all(f.split()[1].startswith("python:3.11-slim") for f in froms)
+    assert any("pip install" in ln and "." in ln.split("pip install", 1)[1] for ln in lines)
+    user = [ln.split()[1] for ln in lines if ln.upper().startswith("USER ")][-1]
+    assert user.split(":")[0] == "10001"  # the chart's runAsUser
+    assert lines[-1] == 'ENTRYPOINT ["mtsched"]' or 'ENTRYPOINT ["mtsched"]' in lines
+    # Everything the package needs is copied into the build context.
+    for path in re.findall(r"^COPY\s+(\S+)", text, re.M):
+        if not path.startswith("--"):
+            assert (ROOT / path).exists(), path
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["image"]["repository"].endswith("mtsched")
