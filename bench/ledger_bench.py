@@ -10,9 +10,17 @@ coroutines):
 
 Pods are slices of random valid sizes (2..32 units, 1..4 core groups), built by shared.request.
 Side by side, the ceiling: redis-benchmark sending a trivial EVALSHA (`return 1`, no key) to the
-same server in the same run. Also reported: Redis round trips per scheduled pod (Ledger.round_trips
-over place + mark_bound; release is the pod's deletion, not its scheduling), the server's time per
-script call (INFO commandstats) and CPU use of the server and the clients (2 cores are shared).
+same server in the same run: `-n 200000` (a few seconds, enough for a stable rate), `-c 50`
+connections (at least as many requests in flight as our clients keep, so the single-threaded
+server never waits for a client), `-P 1` (no pipelining: the ledger sends each script as its own
+round trip, one pod at a time) and the default single client thread (like ours, it shares the 2
+cores with the server). That is the most script calls per second this server can dispatch here;
+our scripts do real work (read ~10 keys, write, publish), so it bounds them from above.
+
+Also reported: Redis round trips per scheduled pod (Ledger.round_trips over place + mark_bound;
+release is the pod's deletion, not its scheduling), the server's time per script call (INFO
+commandstats), CPU use of the server and the clients (2 cores are shared), and a breakdown of one
+call at a time (server and client time per script kind, a mirror's time per feed message).
 
   python -m bench.ledger_bench                       # all of it, ~1 minute, writes bench/results/ledger.json
   python -m bench.ledger_bench --clients 1 --seconds 3 --profile   # pyinstrument on client process 0
@@ -408,8 +416,10 @@ def main(argv: list[str] | None = None) -> int:
 
     say(f"ledger bench: {args.nodes} nodes x {args.cards} cards, client processes {clients}, "
         f"{args.coroutines} coroutines each, {os.cpu_count()} CPUs")
+    load_start = os.getloadavg()
     server = RedisServer().start()
-    say(f"redis-server on port {server.port} ({server.workdir})")
+    say(f"redis-server on port {server.port} ({server.workdir}); load average {load_start[0]:.2f} (other "
+        "processes on this machine take CPU from the run)")
     runs: list[dict[str, Any]] = []
     try:
         asyncio.run(setup(server.url, invs))
@@ -448,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform(),
+                    "loadavg_1m_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
                     "redis": re.sub(r"\s+", " ", subprocess.run(["redis-server", "--version"], capture_output=True,
                                                                  text=True).stdout.strip())},
         "setup": {"nodes": args.nodes, "cards_per_node": args.cards, "coroutines_per_client": args.coroutines,

@@ -13,6 +13,7 @@ node names each filter call received (`mtsched_bench_filter_nodes`), all on the 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -88,7 +89,18 @@ def instrument() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     instrument()
-    return cli.main(argv)
+    out = os.environ.get("MTSCHED_BENCH_PROFILE")  # a path: profile this role's CPU time (cProfile) into it
+    if not out:
+        return cli.main(argv)
+    import cProfile
+
+    prof = cProfile.Profile(time.process_time)
+    prof.enable()
+    try:
+        return cli.main(argv)
+    finally:
+        prof.disable()
+        prof.dump_stats(f"{out}.{(argv or sys.argv[1:2])[0]}.{os.getpid()}")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from shared.fit import (
     NODE_POLICY,
     NOUSE_UUID,
     USE_UUID,
-    CardState,
     FitResult,
     aggregate_failures,
     extender_priority,
@@ -37,6 +36,7 @@ from shared.metrics import BINDINGS, CONFLICTS, EXTENDER_SECONDS, RESERVATIONS
 from shared.mirror import Mirror
 from shared.models import UNIT_MIB
 from shared.request import RequestError, SliceRequest, pod_request
+from shared.state import CardRecord, NodeSnapshot
 
 log = logging.getLogger("mtsched.extender")
 
@@ -57,7 +57,11 @@ class Extender:
         # Memo of fit() and node scores per node, valid while the node's card states are the same object
         # (NodeSnapshot.states() keeps it while the cards are unchanged): between two pods only the nodes
         # booked meanwhile change, so a filter over hundreds of nodes computes only those again.
-        self._fits: dict[str, tuple[tuple[CardState, ...], dict[int, Any]]] = {}
+        self._fits: dict[str, tuple[NodeSnapshot, dict[int, CardRecord], dict[int, Any]]] = {}
+        # ... and across nodes: nodes whose cards hold the same (often: nothing yet) get the same answer,
+        # so a request shape seen for the first time costs one fit() per distinct card state, not per node.
+        self._contents: dict[tuple[tuple[Any, ...], ...], int] = {}  # card states without the node -> id
+        self._shared: dict[tuple[int, int], Any] = {}  # (content id, key id) -> FitResult or score
         self._keys: dict[tuple[Any, ...], int] = {}  # what a fit depends on -> small int (hashed once per call)
 
     # -- helpers -------------------------------------------------------------------------------
@@ -101,21 +105,43 @@ class Extender:
                 for s in req.shares_for(capacity)]
 
     def _key(self, key: tuple[Any, ...]) -> int:
+        """A small int for what a memoized answer depends on besides the cards. Call before a loop:
+        it may reset every memo."""
+        if len(self._keys) >= 4096 or len(self._contents) >= 100_000 or len(self._shared) >= 200_000:
+            self._keys.clear()  # ids are reused after this: forget every memo holding them
+            self._fits.clear()
+            self._contents.clear()
+            self._shared.clear()
         k = self._keys.get(key)
         if k is None:
-            if len(self._keys) >= 4096:  # ids are reused after this: forget every memo with them
-                self._keys.clear()
-                self._fits.clear()
             k = self._keys[key] = len(self._keys)
         return k
 
-    def _memo(self, name: str, states: tuple[CardState, ...]) -> dict[int, Any]:
+    def _content(self, snap: NodeSnapshot, memo: dict[int, Any]) -> int:
+        """Id of the node's card states less the node name (the only thing fit() reads of a card besides
+        these fields is its device id, for the UUID annotations: pods with those skip sharing)."""
+        cid: int | None = memo.get(-1)
+        if cid is None:
+            content = tuple((s.card.index, s.card.capacity, s.card.max_slices, s.card.healthy, s.card.cordoned,
+                             s.card.cores, s.memory_used, s.cores_used, s.slices_used) for s in snap.states())
+            cid = self._contents.get(content)
+            if cid is None:
+                cid = self._contents[content] = len(self._contents)
+            memo[-1] = cid
+        return cid
+
+    def _memo(self, name: str, snap: NodeSnapshot) -> dict[int, Any]:
+        """The node's memo: valid while the mirror holds the same snapshot with the same cards dict.
+
+        The mirror never edits a cards dict in place: every change installs a new dict (or a new
+        snapshot), so two identity checks tell whether anything fit() reads may have changed.
+        """
         entry = self._fits.get(name)
-        if entry is None or entry[0] is not states:
+        if entry is None or entry[0] is not snap or entry[1] is not snap.cards:
             if entry is None and len(self._fits) > 2 * len(self.mirror.nodes) + 64:
                 self._fits = {n: e for n, e in self._fits.items() if n in self.mirror.nodes}
-            entry = self._fits[name] = (states, {})
-        return entry[1]
+            entry = self._fits[name] = (snap, snap.cards, {})
+        return entry[2]
 
     # -- verbs ---------------------------------------------------------------------------------
 
@@ -151,21 +177,32 @@ class Extender:
         # everything fit() reads besides the card states
         key = self._key(("fit", req, annotations.get(USE_UUID), annotations.get(NOUSE_UUID),
                          annotations.get(GPU_POLICY), self.cfg.gpu_scheduler_policy))
+        share = not (annotations.get(USE_UUID) or annotations.get(NOUSE_UUID))
+        get, fits, memo_of = self.mirror.get, self._fits, self._memo  # hot loop: hundreds of nodes per call
         for name in names:
-            snap = self.mirror.get(name)
+            snap = get(name)
             if snap is None:
                 unresolvable[name] = "node unregistered"
             elif snap.error:
                 unresolvable[name] = f"node unregistered: {snap.error}"
             else:
-                states = snap.states()
-                memo = self._memo(name, states)
+                entry = fits.get(name)
+                memo = entry[2] if entry is not None and entry[0] is snap and entry[1] is snap.cards \
+                    else memo_of(name, snap)
                 result: FitResult | None = memo.get(key)
                 if result is None:
                     if len(memo) >= 64:
                         memo.clear()
-                    result = memo[key] = fit(states, req, annotations, self.cfg.gpu_scheduler_policy)
-                if result.ok:
+                    if share:
+                        shared_key = (self._content(snap, memo), key)
+                        result = self._shared.get(shared_key)
+                        if result is None:
+                            result = self._shared[shared_key] = fit(snap.states(), req, annotations,
+                                                                    self.cfg.gpu_scheduler_policy)
+                    else:
+                        result = fit(snap.states(), req, annotations, self.cfg.gpu_scheduler_policy)
+                    memo[key] = result
+                if result.cards:  # result.ok
                     ok.append(name)
                 else:
                     failed[name] = result.reason
@@ -181,17 +218,23 @@ class Extender:
         policy = policy_of(self._annotations(pod), NODE_POLICY, self.cfg.node_scheduler_policy)
         key = self._key(("priority", policy))
         out = []
+        get, fits, memo_of = self.mirror.get, self._fits, self._memo
         for name in names:
-            snap = self.mirror.get(name)
+            snap = get(name)
             score = 0
             if snap:
-                states = snap.states()
-                memo = self._memo(name, states)
+                entry = fits.get(name)
+                memo = entry[2] if entry is not None and entry[0] is snap and entry[1] is snap.cards \
+                    else memo_of(name, snap)
                 score = memo.get(key, -1)
                 if score < 0:
                     if len(memo) >= 64:
                         memo.clear()
-                    score = memo[key] = extender_priority(states, policy)
+                    shared_key = (self._content(snap, memo), key)
+                    score = self._shared.get(shared_key, -1)
+                    if score < 0:
+                        score = self._shared[shared_key] = extender_priority(snap.states(), policy)
+                    memo[key] = score
             out.append({"Host": name, "Score": int(score)})
         return out
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from controller.kube import Kube
@@ -23,6 +24,7 @@ from shared.ledger import Ledger, LedgerError
 from shared.metrics import ANNOTATION_ERRORS, OVERCOMMIT, RELEASES, WATCH_EVENTS
 from shared.mirror import Mirror
 from shared.node import Inventory, node_inventory
+from shared.state import NodeSnapshot
 
 log = logging.getLogger("mtsched.watchers")
 
@@ -135,10 +137,17 @@ class PodWatcher:
         self.cfg = cfg
         self.grace_ms = int(grace_seconds * 1000)
         self.seen: dict[str, str] = {}  # uid -> allocation annotation already recorded
+        self.live: set[str] = set()  # uids of pods that exist and have not ended, as the watch says
+        self.ended: dict[str, float] = {}  # uid -> when the watch saw it deleted or ended (last 10 minutes)
         self.reflector = Reflector(kube, "/api/v1/pods", self.on_event, self.on_sync, "pods")
 
     async def release(self, uid: str, pod: dict[str, Any], why: str) -> None:
         self.seen.pop(uid, None)
+        self.live.discard(uid)
+        now = time.monotonic()
+        self.ended[uid] = now
+        if len(self.ended) > 50000:
+            self.ended = {u: t for u, t in self.ended.items() if now - t < 600}
         node = self.mirror.owner_of(uid) or (pod.get("spec") or {}).get("nodeName")
         if node and await self.ledger.release(str(node), uid):
             RELEASES.labels(why).inc()
@@ -182,6 +191,7 @@ class PodWatcher:
         elif is_terminal(pod):
             await self.release(uid, pod, (pod.get("status") or {}).get("phase", "ended").lower())
         else:
+            self.live.add(uid)
             await self.record(uid, pod)
 
     async def on_sync(self, pods: list[dict[str, Any]]) -> None:
@@ -195,11 +205,17 @@ class PodWatcher:
                 continue
             live[uid] = pod
             await self.record(uid, pod)
+        self.live = set(live)
+        await self.reconcile(self.mirror.nodes)
+
+    async def reconcile(self, snaps: Mapping[str, NodeSnapshot], ended_only: bool = False) -> None:
+        """Release reservations of pods that are gone: after a re-list, those of pods not listed (sparing
+        young ones, whose pod may be newer than the list); after a rebuild, those of pods the watch saw
+        end, which the rebuild may have booked again from a list older than their deletion."""
         now = int(time.time() * 1000)
-        for node, snap in list(self.mirror.nodes.items()):
+        for node, snap in list(snaps.items()):
             for uid, res in list(snap.reservations.items()):
-                # a pending reservation may belong to a pod created after our list: spare young ones
-                gone = uid not in live and (res.state == "bound" or now - res.created > self.grace_ms)
+                gone = uid in self.ended if ended_only else uid not in self.live and now - res.created > self.grace_ms
                 if gone and await self.ledger.release(node, uid):
                     RELEASES.labels("gone").inc()
                     self.nudger.nudge(node)
@@ -237,6 +253,10 @@ class Rebuilder:
         self.nodes.known = {i.node for i in invs}
         self.nodes.last = {i.node: i for i in invs}
         self.pods.seen = {}
+        if self.pods.reflector.synced.is_set():
+            # a pod deleted between our list and the rebuild was released before it and booked again
+            # by it: the watch knows it is gone
+            await self.pods.reconcile(await self.ledger.snapshots(await self.ledger.nodes()), ended_only=True)
         self.rebuilds += 1
         log.info("ledger rebuilt from the API server: %s", stats)
         return stats

@@ -126,14 +126,18 @@ class Mirror:
         uid = msg.get("uid")
         res = msg.get("res") if uid else None
         new_res = Reservation.from_json(str(uid), res) if uid and res else None
+        # Always a new dict, never an edit in place: readers (the extender's fit memo) tell a changed
+        # node from an unchanged one by the identity of its cards dict.
         if msg.get("full", True):
             cur.cards = {k: v for k, v in changed.items() if v is not None}
-        else:
+        elif changed:
+            merged = dict(cur.cards)
             for k, rec in changed.items():
                 if rec is None:
-                    cur.cards.pop(k, None)
+                    merged.pop(k, None)
                 else:
-                    cur.cards[k] = rec
+                    merged[k] = rec
+            cur.cards = merged
         cur.error = str(msg.get("error") or "")
         if uid:
             if new_res is not None:

@@ -106,10 +106,12 @@ end
 
 -- Applies a signed amount to one card: sign 1 books, -1 gives back. Free never goes below 0; used is
 -- the truth (it may exceed capacity only when the API server says so, see observe.lua).
-local function add_usage(idx, mem, cores, slices, sign)
+-- `c` is the card's view when the caller just read it (saves reading it again). Returns the card's
+-- new view (as card_view would read it), or false when the card is gone or never existed.
+local function add_usage(idx, mem, cores, slices, sign, c)
   local key = card_key(idx)
-  local c = card_view(idx)
-  if not c then return end
+  c = c or card_view(idx)
+  if not c then return false end
   local mu = math.max(0, c.mem_used + sign * mem)
   local cu = math.max(0, c.cores_used + sign * cores)
   local su = math.max(0, c.slices + sign * slices)
@@ -118,10 +120,12 @@ local function add_usage(idx, mem, cores, slices, sign)
     local kept = {}
     for _, i in ipairs(card_indices()) do if i ~= idx then kept[#kept + 1] = i end end
     redis.call('HSET', NODE_KEY, 'cards', table.concat(kept, ","))
-    return
+    return false
   end
-  redis.call('HSET', key, 'mem_used', mu, 'mem_free', math.max(0, c.capacity - mu),
-             'cores_used', cu, 'cores_free', math.max(0, c.cores - cu), 'slices', su)
+  local mf, cf = math.max(0, c.capacity - mu), math.max(0, c.cores - cu)
+  redis.call('HSET', key, 'mem_used', mu, 'mem_free', mf, 'cores_used', cu, 'cores_free', cf, 'slices', su)
+  return {capacity = c.capacity, mem_used = mu, mem_free = mf, cores = c.cores, cores_used = cu, cores_free = cf,
+          slices = su, slice_limit = c.slice_limit, health = c.health}
 end
 
 local function split_cards(s)
@@ -130,25 +134,31 @@ local function split_cards(s)
   return out
 end
 
+-- Gives a reservation's share back and deletes it; returns the cards' new views (see add_usage).
 local function drop_reservation(uid, r)
-  for _, idx in ipairs(split_cards(r.cards)) do add_usage(idx, r.mem, r.cores, r.slices, -1) end
+  local views = {}
+  for _, idx in ipairs(split_cards(r.cards)) do views[idx] = add_usage(idx, r.mem, r.cores, r.slices, -1) end
   redis.call('DEL', res_key(uid))
   redis.call('SREM', PODS_KEY, uid)
+  return views
 end
 
 -- Bumps the node version and publishes a change, plus the one reservation touched (res = false when it
 -- was removed). `touched` lists the cards whose state changed: only those are sent (a card that no
 -- longer exists as false), and mirrors merge them; with touched = nil every card is sent and
 -- full = true tells mirrors to replace theirs. Reading and encoding every card of the node on every
--- booking was most of a script's time. Mirrors apply a message when version == theirs + 1, else
--- re-read the node.
-local function publish(kind, uid, res, touched)
+-- booking was most of a script's time. `views` (optional): touched cards' states the caller already
+-- knows (from add_usage), so they need not be read again. Mirrors apply a message when
+-- version == theirs + 1, else re-read the node.
+local function publish(kind, uid, res, touched, views)
   local v = redis.call('HINCRBY', NODE_KEY, 'version', 1)
   local cards = {}
   if touched then
     for _, idx in ipairs(touched) do
       local k = tostring(math.floor(tonumber(idx)))
-      cards[k] = card_view(k) or false
+      local view = views and views[k]
+      if view == nil then view = card_view(k) or false end
+      cards[k] = view
     end
   else
     for _, idx in ipairs(card_indices()) do cards[idx] = card_view(idx) end
@@ -233,9 +243,11 @@ local function cards_csv(list)
 end
 
 -- Books a reservation unconditionally (callers checked what they must). Unknown cards get a
--- placeholder marked "removed" so that usage the API server reports is never dropped; `known` = true
--- says the caller saw every card exist (saves a read per card).
+-- placeholder marked "removed" so that usage the API server reports is never dropped; `known` holds
+-- the views of the cards the caller just read (all of them exist: saves two reads per card).
+-- Returns the cards' new views and the reservation as res_view would read it.
 local function book(p, state, now, known)
+  local views = {}
   for _, idx in ipairs(p.cards) do
     local k = tostring(math.floor(idx))
     if not known and redis.call('EXISTS', card_key(k)) == 0 then
@@ -247,13 +259,17 @@ local function book(p, state, now, known)
       table.sort(list, function(a, b) return tonumber(a) < tonumber(b) end)
       redis.call('HSET', NODE_KEY, 'cards', table.concat(list, ","))
     end
-    add_usage(k, p.mem, p.cores, p.slices, 1)
+    views[k] = add_usage(k, p.mem, p.cores, p.slices, 1, known and known[k])
   end
-  local fields = {'cards', cards_csv(p.cards), 'mem', p.mem, 'cores', p.cores, 'slices', p.slices,
+  local csv = cards_csv(p.cards)
+  local fields = {'cards', csv, 'mem', p.mem, 'cores', p.cores, 'slices', p.slices,
                   'state', state, 'created', now, 'pod', p.pod or ""}
-  if state == "bound" then fields[#fields + 1] = 'bound_at'; fields[#fields + 1] = now end
+  local bound_at = 0
+  if state == "bound" then bound_at = now; fields[#fields + 1] = 'bound_at'; fields[#fields + 1] = now end
   redis.call('HSET', res_key(p.uid), unpack(fields))
   redis.call('SADD', PODS_KEY, p.uid)
+  return views, {cards = csv, mem = p.mem, cores = p.cores, slices = p.slices, state = state, created = now,
+                 bound_at = bound_at, pod = p.pod or ""}
 end
 
 local function overcommitted(list)

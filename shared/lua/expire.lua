@@ -9,8 +9,8 @@ for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
   if not r then
     redis.call('SREM', PODS_KEY, uid)
   elseif r.state == "pending" and now - r.created > p.ttl_ms then
-    drop_reservation(uid, r)
-    publish('expire', uid, false, split_cards(r.cards))
+    local views = drop_reservation(uid, r)
+    publish('expire', uid, false, split_cards(r.cards), views)
     gone[#gone + 1] = uid
   end
 end

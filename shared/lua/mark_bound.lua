@@ -6,7 +6,8 @@ if bad then return fail("BADINPUT", bad) end
 local r = res_view(p.uid)
 if not r then return cjson.encode({ok = false, reason = "no reservation"}) end
 if r.state ~= "bound" then
-  redis.call('HSET', res_key(p.uid), 'state', 'bound', 'bound_at', now_ms())
-  publish('bound', p.uid, res_view(p.uid), {})
+  r.state, r.bound_at = "bound", now_ms()
+  redis.call('HSET', res_key(p.uid), 'state', r.state, 'bound_at', r.bound_at)
+  publish('bound', p.uid, r, {})
 end
 return cjson.encode({ok = true, cards = r.cards})

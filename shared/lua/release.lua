@@ -5,6 +5,6 @@ local bad = check_uid(p.uid)
 if bad then return fail("BADINPUT", bad) end
 local r = res_view(p.uid)
 if not r then return cjson.encode({ok = true, released = false}) end
-drop_reservation(p.uid, r)
-publish('release', p.uid, false, split_cards(r.cards))
+local views = drop_reservation(p.uid, r)
+publish('release', p.uid, false, split_cards(r.cards), views)
 return cjson.encode({ok = true, released = true, cards = r.cards})

@@ -17,8 +17,10 @@ local nodeerr = redis.call('HGET', NODE_KEY, 'error')
 if nodeerr and nodeerr ~= "" then
   return cjson.encode({ok = false, reason = "node unregistered: " .. nodeerr, node = node_view()})
 end
+local seen = {}
 for _, idx in ipairs(p.cards) do
-  local c = card_view(tostring(idx))
+  local c = card_view(tostring(math.floor(idx)))
+  seen[tostring(math.floor(idx))] = c
   local why = nil
   if not c or c.health == "removed" then why = "CardNotFound"
   elseif c.health == "cordoned" then why = "CardCordoned"
@@ -31,6 +33,6 @@ for _, idx in ipairs(p.cards) do
   end
   if why then return cjson.encode({ok = false, reason = why, card = idx, node = node_view()}) end
 end
-book(p, "pending", now_ms(), true)
-local v = publish('reserve', p.uid, res_view(p.uid), p.cards)
+local views, res = book(p, "pending", now_ms(), seen)
+local v = publish('reserve', p.uid, res, p.cards, views)
 return cjson.encode({ok = true, existing = false, cards = cards_csv(p.cards), version = v})
