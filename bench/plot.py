@@ -13,7 +13,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = doc["summary"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.2))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 6))
     replicas = sorted({r["replicas"] for r in rows})
     plain: dict[int, list[float]] = {}
     for r in rows:
@@ -21,10 +21,11 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     xs = sorted(plain)
     if any(plain[x] for x in xs):
         ys = [sum(plain[x]) / len(plain[x]) if plain[x] else float("nan") for x in xs]
-        ax1.plot(xs, ys, "s--", color="grey", label="plain kube-scheduler (no extender)")
+        ax1.plot(xs, ys, "s--", color="grey", label="plain kube-scheduler, no extender (mean of its runs)")
         ax1.plot(xs, [y / 2 for y in ys], ":", color="grey", linewidth=1, label="target: 0.5 x plain")
     for i, rep in enumerate(replicas):
         sel = sorted((r for r in rows if r["replicas"] == rep), key=lambda r: r["nodes"])
+        sel = [r for r in sel if r["ours_pods_s"] is not None]
         ax1.plot([r["nodes"] for r in sel], [r["ours_pods_s"] for r in sel], "o-", color=f"C{i}",
                  label=f"mtsched, {rep} extender replica{'s' if str(rep) != '1' else ''}")
         for r in sel:
@@ -40,28 +41,34 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     ax1.set_ylim(bottom=0)
     ax1.set_xticks(xs or [0])
     ax1.grid(alpha=0.3)
-    ax1.legend(fontsize=8, loc="lower left")
+    ax1.margins(x=0.12)
+    ax1.legend(fontsize=8, loc="upper right")
 
     first = min(replicas, key=lambda r: (len(str(r)), str(r))) if replicas else None
     sel = sorted((r for r in rows if r["replicas"] == first), key=lambda r: r["nodes"])
+    nodes = [r["nodes"] for r in sel]
     verbs = (("filter", "C0"), ("prioritize", "C2"), ("bind", "C3"), ("webhook", "C4"))
+    paced = [float(r["paced_rate"]) for r in sel if r.get("latency_paced_ms")]
     for verb, color in verbs:
-        p99 = [r["latency_ms"][verb]["p99_ms"] for r in sel]
-        p50 = [r["latency_ms"][verb]["p50_ms"] for r in sel]
-        nodes = [r["nodes"] for r in sel]
-        ax2.plot(nodes, p99, "o-", color=color, label=f"{verb} p99")
-        ax2.plot(nodes, p50, "x--", color=color, alpha=0.6, label=f"{verb} p50")
+        if paced:
+            p99 = [(r.get("latency_paced_ms") or {}).get(verb, {}).get("p99_ms") for r in sel]
+            ax2.plot(nodes, [float("nan") if y is None else y for y in p99], "o-", color=color,
+                     label=f"{verb} p99 at {paced[0]:g} pods/s")
+        burst = [r["latency_ms"][verb]["p99_ms"] if r.get("latency_ms") else None for r in sel]
+        ax2.plot(nodes, [float("nan") if y is None else y for y in burst], "x--", color=color, alpha=0.55,
+                 label=f"{verb} p99, all at once")
     for y, text in ((5, "5 ms target (filter, webhook)"), (30, "30 ms target (bind)")):
         ax2.axhline(y, color="red", linewidth=0.8, linestyle=":")
-        ax2.annotate(text, (xs[0] if xs else 0, y), textcoords="offset points", xytext=(2, 3), fontsize=7,
+        ax2.annotate(text, (nodes[0] if nodes else 0, y), textcoords="offset points", xytext=(2, 3), fontsize=7,
                      color="red")
     ax2.set_yscale("log")
     ax2.set_xlabel("nodes (8 cards each)")
-    ax2.set_ylabel("handler latency, ms (log)")
+    ax2.set_ylabel("handler latency p99, ms (log)")
     ax2.set_title(f"Extender and webhook latency ({first} extender replica{'s' if str(first) != '1' else ''})")
-    ax2.set_xticks(xs or [0])
+    ax2.set_xticks(nodes or [0])
+    ax2.margins(x=0.12)
     ax2.grid(alpha=0.3, which="both")
-    ax2.legend(fontsize=7, ncol=2, loc="upper left")
+    ax2.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.13))
     load = doc["machine"].get("load_avg", [0])[0]
     fig.suptitle(f"mtsched load benchmark {doc['run_id']}: {doc['machine']['cpus']} CPUs, "
                  f"{doc['machine']['memory_gib']} GiB, load {load:.1f} at start", fontsize=10)

@@ -12,6 +12,7 @@ node names each filter call received (`mtsched_bench_filter_nodes`), all on the 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import sys
@@ -19,13 +20,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import web, web_protocol
 from prometheus_client import Counter, Histogram
 
-from controller import cli
+from controller import cli, roles
+from controller import kube as kube_module
 from controller.extender import Extender
 from controller.kube import Kube
 from shared.ledger import Ledger
+from webhook import server as webhook_server
 from webhook.server import Webhook
 
 # 50 us .. ~60 s in steps of 8 %: a quantile read from them is within 8 % of the true value
@@ -33,9 +36,11 @@ FINE_BUCKETS = tuple(round(50e-6 * 1.08**i, 9) for i in range(183))
 BENCH_SECONDS = Histogram("mtsched_bench_seconds", "Handler latency with fine buckets (bench only)", ["verb"],
                           buckets=FINE_BUCKETS)
 FILTER_NODES = Counter("mtsched_bench_filter_nodes", "Node names received by filter calls (bench only)")
+CONNECTIONS = Counter("mtsched_bench_connections", "Connections accepted by the role's servers (bench only)")
 FILTER_CALLS = Counter("mtsched_bench_filter_calls", "Filter calls whose node names were counted (bench only)")
 
 Handler = Callable[[Any, web.Request], Awaitable[web.StreamResponse]]
+RoleMain = Callable[[Any, asyncio.Event], Awaitable[None]]
 
 
 def _timed(verb: str, handler: Handler) -> Handler:
@@ -68,6 +73,14 @@ def _timed_call(verb: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., A
 
 def instrument() -> None:
     """Wrap the handlers (class attributes, so every instance created afterwards is timed)."""
+    # every accepted connection (with TLS: one handshake each): how well callers reuse connections
+    plain_made = web_protocol.RequestHandler.connection_made
+
+    def counting_made(self: web_protocol.RequestHandler, transport: Any) -> None:
+        CONNECTIONS.inc()
+        plain_made(self, transport)
+
+    web_protocol.RequestHandler.connection_made = counting_made  # type: ignore[method-assign]
     Extender.h_filter = _timed("filter", Extender.h_filter)  # type: ignore[method-assign,assignment]
     Extender.h_prioritize = _timed("prioritize", Extender.h_prioritize)  # type: ignore[method-assign,assignment]
     Extender.h_bind = _timed("bind", Extender.h_bind)  # type: ignore[method-assign,assignment]
@@ -77,18 +90,74 @@ def instrument() -> None:
     Ledger.mark_bound = _timed_call("bind.ledger_mark_bound", Ledger.mark_bound)  # type: ignore[method-assign,assignment]
     Kube.bind = _timed_call("bind.api_binding", Kube.bind)  # type: ignore[method-assign,assignment]
     Kube.get_pod = _timed_call("bind.api_get_pod", Kube.get_pod)  # type: ignore[method-assign,assignment]
-    plain_filter = Extender.filter
+    # the verbs' own work (synchronous: no waiting for the socket or for other tasks), vs the handlers above
+    plain_filter, plain_prioritize = Extender.filter, Extender.prioritize
+    compute_filter, compute_prioritize = BENCH_SECONDS.labels("filter.compute"), BENCH_SECONDS.labels(
+        "prioritize.compute")
 
     def counting_filter(self: Extender, args: dict[str, Any]) -> dict[str, Any]:
         FILTER_CALLS.inc()
         FILTER_NODES.inc(len(args.get("NodeNames") or []) or len((args.get("Nodes") or {}).get("items") or []))
-        return plain_filter(self, args)
+        start = time.perf_counter()
+        try:
+            return plain_filter(self, args)
+        finally:
+            compute_filter.observe(time.perf_counter() - start)
+
+    def timed_prioritize(self: Extender, args: dict[str, Any]) -> list[dict[str, Any]]:
+        start = time.perf_counter()
+        try:
+            return plain_prioritize(self, args)
+        finally:
+            compute_prioritize.observe(time.perf_counter() - start)
 
     Extender.filter = counting_filter  # type: ignore[method-assign]
+    Extender.prioritize = timed_prioritize  # type: ignore[method-assign]
+    plain_review = webhook_server.handle_review
+    compute_review = BENCH_SECONDS.labels("webhook.compute")
+
+    def timed_review(*args: Any, **kwargs: Any) -> tuple[int, dict[str, Any]]:
+        start = time.perf_counter()
+        try:
+            return plain_review(*args, **kwargs)
+        finally:
+            compute_review.observe(time.perf_counter() - start)
+
+    webhook_server.handle_review = timed_review  # Webhook.h_review looks it up at call time
+
+
+async def _lag_probe(period: float = 0.005) -> None:
+    """How late the event loop runs a timer: the wait a request that just arrived would see."""
+    hist = BENCH_SECONDS.labels("loop_lag")
+    loop = asyncio.get_running_loop()
+    while True:
+        start = loop.time()
+        await asyncio.sleep(period)
+        hist.observe(max(0.0, loop.time() - start - period))
+
+
+def _with_lag_probe(role: RoleMain) -> RoleMain:
+    @functools.wraps(role)
+    async def run(cfg: Any, stop: asyncio.Event) -> None:
+        probe = asyncio.create_task(_lag_probe())
+        try:
+            await role(cfg, stop)
+        finally:
+            probe.cancel()
+
+    return run
+
+
+def _keep_env_lookups(api: Any) -> None:
+    """Stand-in for controller.kube._skip_empty_env_lookups: the behaviour before that change."""
 
 
 def main(argv: list[str] | None = None) -> int:
     instrument()
+    if os.environ.get("MTSCHED_BENCH_TRUST_ENV") == "1":  # A/B of the change (docs/benchmarks.md)
+        kube_module._skip_empty_env_lookups = _keep_env_lookups
+    for name in ("run_extender", "run_webhook", "run_watcher"):  # cli.main looks them up at call time
+        setattr(roles, name, _with_lag_probe(getattr(roles, name)))
     out = os.environ.get("MTSCHED_BENCH_PROFILE")  # a path: profile this role's CPU time (cProfile) into it
     if not out:
         return cli.main(argv)

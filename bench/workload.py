@@ -15,6 +15,7 @@ from typing import Any
 
 VGPU, MEM, CORE = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core"
 IGNORE_LABEL = "mtsched.io/webhook"  # deploy/local/stack.py WEBHOOK_SELECTOR: value "ignore" skips the webhook
+CHART_IGNORE_LABEL = "hami.io/webhook"  # the Helm chart's selector (deploy/helm/hami): same value
 RUN_LABEL = "mtsched.io/bench-run"
 SLICE_MEMORY = (2, 4, 8, 16, 32)
 SLICE_CORES = (1, 1, 2, 4)
@@ -71,8 +72,8 @@ def our_pod(name: str, shape: Shape, run: str) -> dict[str, Any]:
 
 def plain_pod(name: str, shape: Shape, run: str, whole_card_memory: int) -> dict[str, Any]:
     mem, cores = shape.admitted(whole_card_memory)
-    return _pod(name, {MEM: str(mem), CORE: str(cores)}, {RUN_LABEL: run, IGNORE_LABEL: "ignore"},
-                "default-scheduler")
+    return _pod(name, {MEM: str(mem), CORE: str(cores)},
+                {RUN_LABEL: run, IGNORE_LABEL: "ignore", CHART_IGNORE_LABEL: "ignore"}, "default-scheduler")
 
 
 def admitted_pod(name: str, shape: Shape, whole_card_memory: int, uid: str = "") -> dict[str, Any]:

@@ -159,5 +159,5 @@ def run_demo(memory_per_card: str = "96,160", keep: bool = False) -> int:
     finally:
         if stack is not None:
             stack.stop()
-        redis.stop()
+        redis.cleanup()
         cp.stop()

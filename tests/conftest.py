@@ -15,7 +15,7 @@ from shared.ledger import Ledger
 def redis_server() -> Iterator[RedisServer]:
     server = RedisServer().start()
     yield server
-    server.stop()
+    server.cleanup()
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ class RedisServer:
 
     def __init__(self, port: int | None = None, workdir: str | None = None, binary: str | None = None):
         self.port = port or free_port()
+        self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="mtsched-redis-"))
         self.binary = binary or shutil.which("redis-server") or "redis-server"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -57,6 +58,12 @@ class RedisServer:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+    def cleanup(self) -> None:
+        """Stop and remove the working directory this server created."""
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def restart(self) -> None:
         """Stop and start again on the same port: all data and loaded scripts are gone."""
