@@ -66,12 +66,20 @@ async def _apply(kubeconfig: str, say: Progress) -> list[tuple[str, str]]:
                 msg = e.body.get("message", str(e)) if isinstance(e.body, dict) else str(e)
                 results.append((name, f"REJECTED  {_limits(pod)}\n      {msg}"))
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        last_bound, quiet_since = -1, time.monotonic()
+        while True:  # until every pod is bound, or the rest were refused a place and nothing moved for 3 s
             listed = await kube.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")
-            if all((p.get("spec") or {}).get("nodeName") for p in listed["items"]):
+            events = await kube.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events")
+            failed = {e["involvedObject"].get("name") for e in events["items"] if e.get("type") == "Warning"}
+            bound_now = sum(1 for p in listed["items"] if (p.get("spec") or {}).get("nodeName"))
+            if bound_now != last_bound:
+                last_bound, quiet_since = bound_now, time.monotonic()
+            settled = all((p.get("spec") or {}).get("nodeName") or p["metadata"]["name"] in failed
+                          for p in listed["items"])
+            if bound_now == len(listed["items"]) or time.monotonic() > deadline or (
+                    settled and time.monotonic() - quiet_since > 3):
                 break
             await asyncio.sleep(0.5)
-        events = await kube.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events")
         for pod in listed["items"]:
             name = pod["metadata"]["name"]
             node = pod["spec"].get("nodeName")
@@ -85,7 +93,8 @@ async def _apply(kubeconfig: str, say: Progress) -> list[tuple[str, str]]:
             elif node:
                 results.append((name, f"BOUND     {lim}\n      by {sched} to {node} (whole card, vendor plugin)"))
             else:
-                why = [e["message"] for e in events["items"] if e["involvedObject"].get("name") == name]
+                why = [e["message"] for e in events["items"] if e["involvedObject"].get("name") == name
+                       and e.get("reason") in ("FailedScheduling", "FilteringFailed")]
                 results.append((name, f"PENDING   {lim}\n      " + (why[-1] if why else "waiting")))
         order = [p["metadata"]["name"] for p in pods]
         results.sort(key=lambda r: order.index(r[0]) if r[0] in order else 99)

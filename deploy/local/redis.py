@@ -12,6 +12,17 @@ from pathlib import Path
 import redis
 
 
+def terminate(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
+    """Stop a child politely, then for good."""
+    if proc and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -50,13 +61,7 @@ class RedisServer:
         raise RuntimeError(f"redis-server did not start on port {self.port}: see {self.workdir / 'redis.log'}")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, 5)
         self.proc = None
 
     def cleanup(self) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from deploy.local.controlplane import ControlPlane, ExtenderSpec
-from deploy.local.redis import free_port
+from deploy.local.redis import free_port, terminate
 
 WEBHOOK_SELECTOR = {"matchExpressions": [{"key": "mtsched.io/webhook", "operator": "NotIn", "values": ["ignore"]}]}
 
@@ -163,20 +163,13 @@ class Stack:
         self._wait_ready(role)
 
     def _stop(self, role: Role) -> None:
-        if role.proc and role.proc.poll() is None:
-            role.proc.terminate()
-            try:
-                role.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                role.proc.kill()
-                role.proc.wait()
+        terminate(role.proc)
 
     def stop_roles(self) -> None:
         for role in self.roles:
             self._stop(role)
         for proc, _ in self.balancers.values():
-            proc.terminate()
-            proc.wait(10)
+            terminate(proc)
         self.balancers.clear()
         self.roles.clear()
 
