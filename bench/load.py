@@ -52,6 +52,7 @@ from typing import Any
 
 from bench import prom
 from bench.workload import CHART_IGNORE_LABEL, IGNORE_LABEL, RUN_LABEL, Shape, our_pod, plain_pod, shapes
+from controller.logs import Progress
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NODE_LABEL = "mtsched.io/bench-node"
@@ -59,14 +60,6 @@ NODE_PREFIX = "bench-node-"
 WHOLE_CARD_MEMORY = 160  # the webhook gives exclusive/multi pods the largest reported model: S5000
 CARDS_PER_NODE = 8
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
-
-
-class Say:
-    def __init__(self) -> None:
-        self.t0 = time.monotonic()
-
-    def __call__(self, msg: str) -> None:
-        print(f"[{time.monotonic() - self.t0:7.1f}s] {msg}", flush=True)
 
 
 def machine() -> dict[str, Any]:
@@ -113,7 +106,7 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
 class Local:
     """ControlPlane + Redis + our roles (through bench.timed_role) on this machine."""
 
-    def __init__(self, say: Say, scheduler_verbosity: int):
+    def __init__(self, say: Progress, scheduler_verbosity: int):
         from deploy.local.controlplane import ControlPlane, ensure_binaries
         from deploy.local.redis import RedisServer
 
@@ -194,7 +187,7 @@ def node_model(name: str) -> int:
     return 96 if int(name.rsplit("-", 1)[1]) % 2 == 0 else 160
 
 
-async def ensure_nodes(kube: Any, count: int, kwok: bool, say: Say) -> list[str]:
+async def ensure_nodes(kube: Any, count: int, kwok: bool, say: Progress) -> list[str]:
     from deploy.local import nodes as simulated
 
     existing = {n["metadata"]["name"] for n in await list_all(kube, "/api/v1/nodes", labelSelector=NODE_LABEL)}
@@ -343,7 +336,7 @@ class Phase:
 
 
 async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_names: list[str], mix: list[Shape],
-                    ph: Phase, args: argparse.Namespace, say: Say) -> None:
+                    ph: Phase, args: argparse.Namespace, say: Progress) -> None:
     from controller.reflector import Reflector
 
     run = uuid.uuid4().hex[:6]
@@ -741,7 +734,7 @@ async def amain(args: argparse.Namespace, doc: dict[str, Any]) -> None:
     from bench import micro
     from controller.kube import Kube
 
-    say = Say()
+    say = Progress()
     started = datetime.now(UTC)
     run_id = started.strftime("%Y%m%d-%H%M%S")
     doc.update({"run_id": run_id, "started": started.isoformat(), "command": " ".join(sys.argv),

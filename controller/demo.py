@@ -16,16 +16,10 @@ from typing import Any
 
 import yaml
 
+from controller.logs import Progress
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "deploy" / "examples" / "pods.yaml"
 NAMESPACE = "demo"
-
-
-class Progress:
-    def __init__(self) -> None:
-        self.t0 = time.monotonic()
-
-    def __call__(self, msg: str) -> None:
-        print(f"[{time.monotonic() - self.t0:6.1f}s] {msg}", flush=True)
 
 
 def _limits(pod: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ import orjson
 from aiohttp import web
 
 from controller.kube import Kube, KubeError
-from shared.annotations import CardGrant, binding_annotations, device_id
+from shared.annotations import ALLOCATED, CardGrant, binding_annotations, device_id
 from shared.config import Config
 from shared.fit import (
     GPU_POLICY,
@@ -306,8 +306,6 @@ class Extender:
         except KubeError:
             return False
         meta = pod.get("metadata") or {}
-        from shared.annotations import ALLOCATED
-
         return bool(meta.get("uid") == uid and (pod.get("spec") or {}).get("nodeName") == node
                     and (meta.get("annotations") or {}).get(ALLOCATED) == annotations[ALLOCATED])
 

@@ -31,3 +31,13 @@ def setup(level: str = "info", fmt: str = "json", role: str = "") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class Progress:
+    """Timestamped progress lines for long interactive commands (quick start, benchmarks)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def __call__(self, msg: str) -> None:
+        print(f"[{time.monotonic() - self.t0:7.1f}s] {msg}", flush=True)
