@@ -39,16 +39,17 @@ def _config(args: argparse.Namespace) -> Config:
     return load_config(path, flags=_parse_sets(args.set or []))
 
 
-def _run_role(main: Callable[[Config, asyncio.Event], Awaitable[None]], cfg: Config) -> None:
-    async def runner() -> None:
+def _run_role(main: Callable[[Config, asyncio.Event], Awaitable[bool]], cfg: Config) -> int:
+    """Runs a role until SIGTERM/SIGINT (exit 0) or until one of its tasks gave up (exit 1: restart me)."""
+    async def runner() -> bool:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
-        await main(cfg, stop)
+        return await main(cfg, stop)
 
-    uvloop.run(runner())
+    return 0 if uvloop.run(runner()) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     from controller import roles
 
     role = {"extender": roles.run_extender, "webhook": roles.run_webhook, "watcher": roles.run_watcher}[args.cmd]
-    _run_role(role, cfg)
-    return 0
+    return _run_role(role, cfg)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import orjson
 
 from controller.kube import Kube, KubeError
+from shared.supervise import is_transient
 
 log = logging.getLogger("mtsched.reflector")
 
@@ -26,6 +28,38 @@ SyncHandler = Callable[[list[dict[str, Any]]], Awaitable[None]]
 
 class Gone(Exception):
     """The watch's resourceVersion is too old: a re-list is needed."""
+
+
+class HandlerError(Exception):
+    """Handling an event failed (e.g. Redis is down): the event is replayed when the watch resumes."""
+
+
+# A watch event is one JSON line holding a whole object; etcd allows objects of ~1.5 MB, and JSON
+# escaping can double that. aiohttp's line reader gives up at 128 KiB, so lines are split here.
+MAX_LINE = 16 * 1024 * 1024
+
+
+async def lines(content: aiohttp.StreamReader, max_line: int = MAX_LINE) -> AsyncIterator[bytes]:
+    """The newline-separated lines of a stream, of any length up to `max_line` (longer: ValueError)."""
+    buf = bytearray()
+    async for chunk in content.iter_any():
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                buf += chunk[start:]
+                break
+            if buf:
+                buf += chunk[start:nl]
+                yield bytes(buf)
+                buf.clear()
+            else:
+                yield chunk[start:nl]
+            start = nl + 1
+        if len(buf) > max_line:
+            raise ValueError(f"watch line longer than {max_line} bytes")
+    if buf:
+        yield bytes(buf)
 
 
 class Reflector:
@@ -44,6 +78,14 @@ class Reflector:
         self.relists = 0
         self.resumes = 0
         self.events = 0
+        self.handler_failures = 0
+        self._poison, self._poison_rv = 0, ""
+        # Readiness: when the stream last worked (opened, or an event/bookmark handled), and since when
+        # it has been failing. A watch that resumes within seconds is routine (the server closes it
+        # every few minutes); one that stays down means our view of the cluster is going stale.
+        self.failing_since: float | None = None
+        self.last_error = ""
+        self.on_resync: list[Callable[[], None]] = []  # called after every (re-)list: reconcile soon
 
     async def list(self) -> tuple[list[dict[str, Any]], str]:
         items: list[dict[str, Any]] = []
@@ -64,22 +106,49 @@ class Reflector:
             if not cont:
                 return items, str((page.get("metadata") or {}).get("resourceVersion") or "")
 
+    def _working(self) -> None:
+        self.failing_since = None
+        self.last_error = ""
+
+    def _failing(self, e: BaseException) -> None:
+        self.failing_since = self.failing_since or time.monotonic()
+        self.last_error = f"{type(e).__name__}: {e}"[:300]
+
+    def problem(self, max_failing: float = 10.0) -> str:
+        """Why this stream cannot be trusted now ("" when it can): for readiness."""
+        if not self.synced.is_set():
+            return f"{self.name}: not listed yet" + (f" ({self.last_error})" if self.last_error else "")
+        if self.failing_since is not None and time.monotonic() - self.failing_since >= max_failing:
+            return f"{self.name}: stream failing for {time.monotonic() - self.failing_since:.0f}s ({self.last_error})"
+        return ""
+
+    @property
+    def live(self) -> bool:
+        return self.synced.is_set() and self.failing_since is None
+
     async def run(self) -> None:
         backoff = 0.2
         while True:
             try:
                 items, rv = await self.list()
                 self.relists += 1
-                await self.on_sync(items)
+                try:
+                    await self.on_sync(items)
+                except Exception as e:
+                    raise HandlerError(f"{self.name}: reconcile after list failed: {e}") from e
                 self.resource_version = rv
                 self.synced.set()
+                self._working()
+                for cb in self.on_resync:
+                    cb()
                 backoff = 0.2
                 await self._watch()
             except Gone:
                 log.info("%s: resourceVersion %s expired (410): re-listing", self.name, self.resource_version)
             except asyncio.CancelledError:
                 raise
-            except (TimeoutError, KubeError, aiohttp.ClientError, OSError) as e:
+            except (TimeoutError, KubeError, aiohttp.ClientError, OSError, HandlerError, ValueError) as e:
+                self._failing(e)
                 log.warning("%s: list failed (%s); retrying in %.1fs", self.name, e, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
@@ -100,14 +169,23 @@ class Reflector:
                     if resp.status != 200:
                         raise KubeError(resp.status, (await resp.read()).decode(errors="replace"), "watch")
                     backoff = 0.2
-                    async for line in resp.content:
+                    self._working()
+                    async for line in lines(resp.content):
                         if not line.strip():
                             continue
                         await self._handle(orjson.loads(line))
                 self.resumes += 1
             except (Gone, asyncio.CancelledError):
                 raise
-            except (TimeoutError, KubeError, aiohttp.ClientError, OSError, orjson.JSONDecodeError) as e:
+            except (TimeoutError, KubeError, aiohttp.ClientError, OSError, orjson.JSONDecodeError, ValueError,
+                    HandlerError) as e:
+                # A failed handler left resource_version at the event before it: resuming replays it.
+                self._failing(e)
+                if isinstance(e, HandlerError) and e.__cause__ is not None and not is_transient(e.__cause__):
+                    self._poison = self._poison + 1 if self._poison_rv == self.resource_version else 1
+                    self._poison_rv = self.resource_version
+                    if self._poison >= 5:  # the same event keeps failing for a reason no retry cures
+                        raise e.__cause__ from e
                 self.resumes += 1
                 log.warning("%s: watch interrupted (%s); resuming from %s in %.1fs", self.name, e,
                             self.resource_version, backoff)
@@ -127,6 +205,12 @@ class Reflector:
                 self.resource_version = rv
             return
         self.events += 1
-        await self.on_event(str(kind), obj)
+        try:
+            await self.on_event(str(kind), obj)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.handler_failures += 1
+            raise HandlerError(f"{self.name}: handling {kind} failed: {type(e).__name__}: {e}") from e
         if rv:
             self.resource_version = rv  # only after handling, so a crash mid-event replays it

@@ -7,7 +7,6 @@ Prometheus) and its own API on `listen` (HTTPS when a certificate is configured)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 from collections.abc import Callable
@@ -16,11 +15,13 @@ from aiohttp import web
 
 from controller.extender import Extender
 from controller.kube import Kube
-from controller.watchers import Janitor, NodeWatcher, PodWatcher, Rebuilder
+from controller.reconciler import Reconciler
+from controller.watchers import Janitor, NodeWatcher, PodWatcher
 from shared.config import Config
 from shared.ledger import Ledger, connect
-from shared.metrics import metrics_handler, register_mirror
+from shared.metrics import READY, metrics_handler, register_mirror
 from shared.mirror import Mirror
+from shared.supervise import Heartbeat, Supervisor, probe_loop
 from webhook.server import CertReloader, Webhook
 
 log = logging.getLogger("mtsched")
@@ -40,13 +41,15 @@ async def serve(app: web.Application, addr: str, ssl_context: ssl.SSLContext | N
     return runner
 
 
-async def serve_health(cfg: Config, ready: Callable[[], bool]) -> web.AppRunner:
+async def serve_health(cfg: Config, problems: Callable[[], list[str]]) -> web.AppRunner:
+    """/healthz (the process serves), /readyz (the role can do its job now, else 503 with why), /metrics."""
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
     async def readyz(_: web.Request) -> web.Response:
-        ok = ready()
-        return web.Response(text="ok" if ok else "not ready", status=200 if ok else 503)
+        why = problems()
+        READY.set(0 if why else 1)
+        return web.Response(text="ok" if not why else "not ready:\n" + "\n".join(why), status=503 if why else 200)
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)
@@ -68,7 +71,7 @@ async def watch_certs(reloader: CertReloader | None) -> None:
             log.error("TLS certificate reload failed, keeping the previous one: %s", e)
 
 
-async def _ledger(cfg: Config, card_metrics: bool = False) -> tuple[Ledger, Mirror]:
+async def _ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False) -> tuple[Ledger, Mirror]:
     ledger = Ledger(connect(cfg.redis_url), cfg.key_prefix)
     backoff = 0.5
     while True:
@@ -80,7 +83,11 @@ async def _ledger(cfg: Config, card_metrics: bool = False) -> tuple[Ledger, Mirr
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5)
     mirror = Mirror(ledger, subscriber=connect(cfg.redis_url))
-    await mirror.start()
+    sup.spawn("mirror", mirror.run)
+    sup.check("mirror", lambda: "" if mirror.ready.is_set() else "not in sync with Redis")
+    redis_ok = Heartbeat("Redis", max_age=6.0)
+    sup.spawn("redis-probe", lambda: probe_loop(redis_ok, ledger.redis.ping))
+    sup.check("redis", redis_ok)
     if card_metrics:
         # Per-card gauges come from the watchers only: at 1000 nodes they are ~9 MB per scrape, which
         # would stall the extender's and webhook's event loops for half a second each time.
@@ -88,59 +95,65 @@ async def _ledger(cfg: Config, card_metrics: bool = False) -> tuple[Ledger, Mirr
     return ledger, mirror
 
 
-async def _serve_api(cfg: Config, app: web.Application, ready: Callable[[], bool], stop: asyncio.Event) -> None:
-    """Serve a role's API (HTTPS when configured) and its health/metrics until `stop`."""
+async def _serve_api(cfg: Config, app: web.Application, sup: Supervisor, stop: asyncio.Event) -> bool:
+    """Serve a role's API (HTTPS when configured) and its health/metrics until `stop` or a task gave up."""
     reloader = tls(cfg)
-    runners = [await serve(app, cfg.listen, reloader.context if reloader else None), await serve_health(cfg, ready)]
-    certs = asyncio.create_task(watch_certs(reloader))
-    await stop.wait()
-    certs.cancel()
+    runners = [await serve(app, cfg.listen, reloader.context if reloader else None),
+               await serve_health(cfg, sup.problems)]
+    if reloader is not None:
+        sup.spawn("tls-reload", lambda: watch_certs(reloader))
+    ok = await sup.run(stop)
     for r in runners:
         await r.cleanup()
+    return ok
 
 
-async def run_extender(cfg: Config, stop: asyncio.Event) -> None:
-    ledger, mirror = await _ledger(cfg)
+async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
+    sup = Supervisor()
+    ledger, mirror = await _ledger(cfg, sup)
     kube = await Kube.create(cfg.kubeconfig)
     app = web.Application(client_max_size=32 * 1024 * 1024)  # ExtenderArgs with a whole NodeList
     Extender(cfg, ledger, mirror, kube).routes(app)
-    await _serve_api(cfg, app, mirror.ready.is_set, stop)
-    await mirror.stop()
+    ok = await _serve_api(cfg, app, sup, stop)
     await kube.close()
+    return ok
 
 
-async def run_webhook(cfg: Config, stop: asyncio.Event) -> None:
-    _, mirror = await _ledger(cfg)
+async def run_webhook(cfg: Config, stop: asyncio.Event) -> bool:
+    sup = Supervisor()
+    _, mirror = await _ledger(cfg, sup)
     app = web.Application(client_max_size=8 * 1024 * 1024)
     Webhook(cfg, mirror.capacities).routes(app)
     # ready once the mirror knows the cards the cluster reports (the mixed-fleet default needs them)
-    await _serve_api(cfg, app, mirror.ready.is_set, stop)
-    await mirror.stop()
+    return await _serve_api(cfg, app, sup, stop)
 
 
-async def run_watcher(cfg: Config, stop: asyncio.Event) -> None:
-    ledger, mirror = await _ledger(cfg, card_metrics=True)
+async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
+    sup = Supervisor()
+    ledger, mirror = await _ledger(cfg, sup, card_metrics=True)
     kube = await Kube.create(cfg.kubeconfig)
     nodes = NodeWatcher(kube, ledger, cfg)
     pods = PodWatcher(kube, ledger, mirror, cfg, nodes.lost)
-    rebuilder = Rebuilder(ledger, cfg, nodes, pods)
-    while True:
+    nodes.holders = pods.holders
+    reconciler = Reconciler(kube, ledger, cfg, nodes, pods)
+    mirror.on_reconnect.append(reconciler.wake.set)  # Pub/Sub lost messages meanwhile: compare soon
+    health = await serve_health(cfg, sup.problems)
+    sup.check("nodes", nodes.reflector.problem)
+    sup.check("pods", pods.reflector.problem)
+    backoff = 0.5
+    while not stop.is_set():
         try:
-            await rebuilder.rebuild()
+            await reconciler.rebuild()
             break
         except Exception as e:
-            log.warning("initial rebuild failed (%s); retrying", e)
-            await asyncio.sleep(1)
-    health = await serve_health(cfg, lambda: nodes.reflector.synced.is_set() and pods.reflector.synced.is_set())
-    tasks = [asyncio.create_task(c, name=n) for n, c in (
-        ("nodes", nodes.reflector.run()), ("pods", pods.reflector.run()), ("rebuilder", rebuilder.run()),
-        ("janitor", Janitor(ledger, mirror, cfg, nudger=pods.nudger).run()))]
-    await stop.wait()
-    for t in tasks:
-        t.cancel()
-    for t in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await t
+            log.warning("initial rebuild failed (%s); retrying in %.1fs", e, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+    sup.spawn("nodes", nodes.reflector.run)
+    sup.spawn("pods", pods.reflector.run)
+    sup.spawn("reconciler", reconciler.run)
+    sup.spawn("janitor", Janitor(ledger, mirror, cfg, nudger=pods.nudger).run)
+    ok = await sup.run(stop)
     await health.cleanup()
-    await mirror.stop()
     await kube.close()
+    return ok

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from controller.kube import Kube
@@ -24,7 +25,7 @@ from shared.ledger import Ledger, LedgerError
 from shared.metrics import ANNOTATION_ERRORS, OVERCOMMIT, RELEASES, WATCH_EVENTS
 from shared.mirror import Mirror
 from shared.node import Inventory, node_inventory
-from shared.state import NodeSnapshot
+from shared.reconcile import offers_cards
 
 log = logging.getLogger("mtsched.watchers")
 
@@ -38,53 +39,73 @@ def is_terminal(pod: dict[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
+Holders = Callable[[str], dict[str, tuple[PodUsage, str]]]
+
+
 class NodeWatcher:
-    def __init__(self, kube: Kube, ledger: Ledger, cfg: Config):
+    """Keeps each node's cards in the ledger as the Node object reports them.
+
+    A node new to the ledger is written with the usage of the pods that hold cards there (`holders`,
+    from the pod watcher's view), so a node deleted and re-created under running pods is never
+    offered empty. A node that stops reporting cards (deleted, or its capacity dropped to 0) keeps
+    its holders' usage on placeholder cards until they are gone.
+    """
+
+    def __init__(self, kube: Kube, ledger: Ledger, cfg: Config, keep_ms: int = 10_000):
         self.ledger = ledger
         self.cfg = cfg
-        self.last: dict[str, Inventory] = {}
+        self.keep_ms = keep_ms
+        self.last: dict[str, Inventory] = {}  # what this watcher last wrote, per node (the API's view)
         self.known: set[str] = set()  # nodes this watcher has seen in the ledger
         self.lost = asyncio.Event()  # set when Redis turned out to have lost a known node
+        self.holders: Holders = lambda node: {}
         self.reflector = Reflector(kube, "/api/v1/nodes", self.on_event, self.on_sync, "nodes")
 
-    async def _upsert(self, inv: Inventory) -> None:
-        if self.last.get(inv.node) == inv:
+    async def apply(self, name: str, inv: Inventory | None) -> None:
+        """Bring the ledger's node `name` to what the API says (`inv`; None: the Node is gone)."""
+        if inv is not None and self.last.get(name) == inv:
             return  # heartbeats and unrelated status changes don't touch the ledger
-        if inv.error:
-            log.warning("node %s offers no card: %s", inv.node, inv.error)
-        if not inv.cards and not inv.error:
-            if inv.node in self.last or inv.node in self.known:
-                await self.ledger.remove_node(inv.node)  # no longer a sliced-card node
-                self.last.pop(inv.node, None)
-                self.known.discard(inv.node)
+        if inv is not None and inv.error:
+            log.warning("node %s offers no card: %s", name, inv.error)
+        if not offers_cards(inv):
+            self.last.pop(name, None)
+            holders = self.holders(name)
+            if holders:
+                log.warning("node %s reports no sliced card while %d pod(s) hold cards there: their usage is "
+                            "kept until they end", name, len(holders))
+                await self.ledger.list_node(name)
+                await self.ledger.replace_node(Inventory(name), holders, self.keep_ms)
+                self.known.add(name)
+            elif name in self.known or inv is None:
+                await self.ledger.remove_node(name)
+                self.known.discard(name)
             return
-        # Only a node new to us may be created; a known node missing from Redis means lost state.
-        if await self.ledger.upsert_node(inv, create=inv.node not in self.known) < 0:
-            log.error("node %s is missing from Redis: state lost, rebuilding from the API server", inv.node)
-            self.lost.set()
-            return
-        self.known.add(inv.node)
-        self.last[inv.node] = inv
+        assert inv is not None
+        if name in self.known:
+            if await self.ledger.upsert_node(inv, create=False) < 0:
+                # A node we knew is missing from Redis: the state was lost, only a rebuild may recreate it.
+                log.error("node %s is missing from Redis: state lost, rebuilding from the API server", name)
+                self.lost.set()
+                return
+        else:
+            # New to us: written whole, with its holders' usage, before any replica can offer it.
+            await self.ledger.list_node(name)
+            await self.ledger.replace_node(inv, self.holders(name), self.keep_ms)
+        self.known.add(name)
+        self.last[name] = inv
 
     async def on_event(self, kind: str, node: dict[str, Any]) -> None:
         WATCH_EVENTS.labels("node", kind).inc()
         name = str((node.get("metadata") or {}).get("name"))
-        if kind == "DELETED":
-            await self.ledger.remove_node(name)
-            self.last.pop(name, None)
-            self.known.discard(name)
-            return
-        await self._upsert(node_inventory(node, self.cfg))
+        await self.apply(name, None if kind == "DELETED" else node_inventory(node, self.cfg))
 
     async def on_sync(self, nodes: list[dict[str, Any]]) -> None:
-        invs = [node_inventory(n, self.cfg) for n in nodes]
-        self.last = {k: v for k, v in self.last.items() if k in {i.node for i in invs}}
-        for inv in invs:
-            self.last.pop(inv.node, None)  # force a write: the ledger may have been flushed
-            await self._upsert(inv)
-        live = {i.node for i in invs if i.cards or i.error}
-        for name in set(await self.ledger.nodes()) - live:
-            await self.ledger.remove_node(name)
+        invs = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in nodes)}
+        self.last = {}  # force a write: the ledger may have been flushed or edited meanwhile
+        for inv in invs.values():
+            await self.apply(inv.node, inv)
+        for name in set(await self.ledger.nodes()) - {n for n, i in invs.items() if offers_cards(i)}:
+            await self.apply(name, None)
 
 
 FREED_ANNOTATION = "mtsched.io/capacity-freed"
@@ -126,24 +147,53 @@ class Nudger:
             log.debug("could not nudge the scheduler about %s: %s", node, e)
 
 
+@dataclass(frozen=True)
+class PodTruth:
+    """What the API server says of one live pod that is bound or carries a record."""
+
+    ref: str  # namespace/name
+    node: str  # spec.nodeName
+    usage: PodUsage | None  # what its record books; None without a (decodable) record
+    opaque: bool = False  # carries a record we cannot decode: whatever the ledger holds for it is kept
+
+
 class PodWatcher:
-    def __init__(self, kube: Kube, ledger: Ledger, mirror: Mirror, cfg: Config, lost: asyncio.Event,
-                 grace_seconds: float = 10.0):
+    def __init__(self, kube: Kube, ledger: Ledger, mirror: Mirror, cfg: Config, lost: asyncio.Event):
         self.lost = lost
         self.kube = kube
         self.nudger = Nudger(kube)
         self.ledger = ledger
         self.mirror = mirror
         self.cfg = cfg
-        self.grace_ms = int(grace_seconds * 1000)
         self.seen: dict[str, str] = {}  # uid -> allocation annotation already recorded
-        self.live: set[str] = set()  # uids of pods that exist and have not ended, as the watch says
+        self.truth: dict[str, PodTruth] = {}  # uid -> live pod that is bound or carries a record
         self.ended: dict[str, float] = {}  # uid -> when the watch saw it deleted or ended (last 10 minutes)
         self.reflector = Reflector(kube, "/api/v1/pods", self.on_event, self.on_sync, "pods")
 
+    def holders(self, node: str) -> dict[str, tuple[PodUsage, str]]:
+        """Live pods whose records book cards on `node`, as this watcher's view of the API says."""
+        return {uid: (t.usage, t.ref) for uid, t in self.truth.items() if t.usage is not None and t.usage.node == node}
+
+    def learn(self, uid: str, pod: dict[str, Any]) -> PodTruth | None:
+        """Update the view of one live pod; returns what it says (None: neither bound nor recorded)."""
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATED)
+        if not node and raw is None:
+            self.truth.pop(uid, None)
+            return None
+        usage, opaque = None, False
+        if raw is not None and node:
+            try:
+                usage = usage_from_annotations(pod)
+            except AnnotationError:
+                opaque = True
+        truth = PodTruth(pod_ref(pod), node, usage, opaque)
+        self.truth[uid] = truth
+        return truth
+
     async def release(self, uid: str, pod: dict[str, Any], why: str) -> None:
         self.seen.pop(uid, None)
-        self.live.discard(uid)
+        self.truth.pop(uid, None)
         now = time.monotonic()
         self.ended[uid] = now
         if len(self.ended) > 50000:
@@ -191,87 +241,21 @@ class PodWatcher:
         elif is_terminal(pod):
             await self.release(uid, pod, (pod.get("status") or {}).get("phase", "ended").lower())
         else:
-            self.live.add(uid)
+            self.learn(uid, pod)
             await self.record(uid, pod)
 
     async def on_sync(self, pods: list[dict[str, Any]]) -> None:
-        """Reconcile after a (re-)list: record bound pods, release what belongs to pods that are gone."""
-        live: dict[str, dict[str, Any]] = {}
+        """After a (re-)list: the view is replaced whole; bound pods are recorded and ended ones released.
+        Reservations of pods that vanished unseen are the reconciler's (woken by the reflector)."""
         self.seen = {}
+        self.truth = {}
         for pod in pods:
             uid = str((pod.get("metadata") or {}).get("uid"))
             if is_terminal(pod):
                 await self.release(uid, pod, "ended")
                 continue
-            live[uid] = pod
+            self.learn(uid, pod)
             await self.record(uid, pod)
-        self.live = set(live)
-        await self.reconcile(self.mirror.nodes)
-
-    async def reconcile(self, snaps: Mapping[str, NodeSnapshot], ended_only: bool = False) -> None:
-        """Release reservations of pods that are gone: after a re-list, those of pods not listed (sparing
-        young ones, whose pod may be newer than the list); after a rebuild, those of pods the watch saw
-        end, which the rebuild may have booked again from a list older than their deletion."""
-        now = int(time.time() * 1000)
-        for node, snap in list(snaps.items()):
-            for uid, res in list(snap.reservations.items()):
-                gone = uid in self.ended if ended_only else uid not in self.live and now - res.created > self.grace_ms
-                if gone and await self.ledger.release(node, uid):
-                    RELEASES.labels("gone").inc()
-                    self.nudger.nudge(node)
-
-
-class Rebuilder:
-    """Recomputes the ledger from the API server at start and whenever Redis lost its state."""
-
-    def __init__(self, ledger: Ledger, cfg: Config, nodes: NodeWatcher, pods: PodWatcher, interval: float = 2.0):
-        self.ledger = ledger
-        self.cfg = cfg
-        self.nodes = nodes
-        self.pods = pods
-        self.interval = interval
-        self.rebuilds = 0
-
-    async def rebuild(self) -> dict[str, int]:
-        started = int(time.time() * 1000)
-        node_objs, _ = await self.nodes.reflector.list()
-        pod_objs, _ = await self.pods.reflector.list()
-        invs = [inv for inv in (node_inventory(n, self.cfg) for n in node_objs) if inv.cards or inv.error]
-        bound: dict[str, tuple[PodUsage, str]] = {}
-        for pod in pod_objs:
-            if is_terminal(pod) or not (pod.get("spec") or {}).get("nodeName"):
-                continue
-            try:
-                usage = usage_from_annotations(pod)
-            except AnnotationError as e:
-                ANNOTATION_ERRORS.inc()
-                log.error("rebuild: pod %s has an undecodable allocation record: %s", pod_ref(pod), e)
-                continue
-            if usage is not None:
-                bound[str(pod["metadata"]["uid"])] = (usage, pod_ref(pod))
-        stats = await self.ledger.rebuild(invs, bound, keep_after_ms=started)
-        self.nodes.known = {i.node for i in invs}
-        self.nodes.last = {i.node: i for i in invs}
-        self.pods.seen = {}
-        if self.pods.reflector.synced.is_set():
-            # a pod deleted between our list and the rebuild was released before it and booked again
-            # by it: the watch knows it is gone
-            await self.pods.reconcile(await self.ledger.snapshots(await self.ledger.nodes()), ended_only=True)
-        self.rebuilds += 1
-        log.info("ledger rebuilt from the API server: %s", stats)
-        return stats
-
-    async def run(self) -> None:
-        while True:
-            try:
-                if self.nodes.lost.is_set() or not await self.ledger.intact():
-                    self.nodes.lost.clear()
-                    await self.rebuild()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.warning("ledger check failed (%s); retrying", e)
-            await asyncio.sleep(self.interval)
 
 
 class Janitor:
@@ -286,7 +270,8 @@ class Janitor:
         self.interval = interval
 
     async def sweep(self) -> list[str]:
-        now = int(time.time() * 1000)
+        # Reservations are stamped with Redis's clock, so age is measured on it: this host's may be off.
+        now = await self.ledger.redis_time_ms()
         gone: list[str] = []
         for node, snap in list(self.mirror.nodes.items()):
             if any(r.state == "pending" and now - r.created > self.ttl * 1000 for r in snap.reservations.values()):
@@ -300,9 +285,6 @@ class Janitor:
         return gone
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.sweep()
-            except Exception as e:  # keep sweeping through transient Redis errors
-                log.warning("janitor sweep failed: %s", e)
+        while True:  # errors go to the supervisor, which restarts the loop with backoff
+            await self.sweep()
             await asyncio.sleep(self.interval)

@@ -43,6 +43,7 @@ class Config:
     redis_url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = "mt"
     pending_ttl_seconds: int = 120
+    reconcile_seconds: int = 30
     listen: str = "0.0.0.0:8443"
     metrics_listen: str = "0.0.0.0:9395"
     tls_cert_file: str = ""
@@ -124,6 +125,8 @@ def _validate(cfg: Config, errors: list[str]) -> None:
                       "(vendor max_inst)")
     if not 5 <= cfg.pending_ttl_seconds <= 3600:
         errors.append(f"pendingTTLSeconds: {cfg.pending_ttl_seconds} is outside 5..3600")
+    if not 2 <= cfg.reconcile_seconds <= 3600:
+        errors.append(f"reconcileSeconds: {cfg.reconcile_seconds} is outside 2..3600")
     if not cfg.scheduler_name or not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", cfg.scheduler_name):
         errors.append(f"schedulerName: {cfg.scheduler_name!r} is not a valid scheduler name")
     if not cfg.redis_url.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://")):

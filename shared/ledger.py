@@ -17,11 +17,13 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 import orjson
 from redis import exceptions as rexc
 from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.asyncio.connection import Connection as RedisConnection
 
 from shared.annotations import PodUsage
 from shared.fit import FitResult, fit
@@ -43,25 +45,149 @@ class LedgerError(RuntimeError):
 
 def connect(url: str) -> Redis:
     """A client from a URL: redis://[:password@]host:port/db, rediss:// (TLS), unix:///path?db=0,
-    redis+sentinel://[:password@]host:port[,host:port]/service[/db], redis+cluster://[:password@]host:port."""
+    redis+sentinel://[:password@]host:port[,host:port]/service[/db][?sentinel_password=...],
+    redis+cluster://[:password@]host:port[,host:port].
+
+    Sentinel: the client asks the sentinels for the master on every new connection, so after a
+    failover it reconnects to the new one (a write that reaches a demoted master fails with
+    READONLY, which redis-py turns into a ConnectionError and sends again). The password is used for
+    the data nodes and, unless `sentinel_password` says otherwise (empty: none), for the sentinels.
+    Cluster: a RedisCluster (every ledger script names its node key first, so it is routed by the
+    node's hash tag). For the feed's Pub/Sub connection use `connect_subscriber`.
+    """
     if url.startswith("redis+sentinel://"):
-        from redis.asyncio.sentinel import Sentinel
-
-        u = urlparse(url.replace("redis+sentinel://", "redis://", 1))
-        hosts = [(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1]) if ":" in h else 26379)
-                 for h in u.netloc.rsplit("@", 1)[-1].split(",")]
-        parts = [p for p in u.path.split("/") if p]
-        if not parts:
-            raise ValueError("redis+sentinel:// URL needs the service name: redis+sentinel://host:26379/mymaster")
-        password = unquote(u.password) if u.password else None
-        sentinel = Sentinel(hosts, password=password, decode_responses=True)  # type: ignore[no-untyped-call]
-        return sentinel.master_for(parts[0], db=int(parts[1]) if len(parts) > 1 else 0)  # type: ignore[no-any-return]
+        return _connect_sentinel(url)
     if url.startswith("redis+cluster://"):
-        from redis.asyncio.cluster import RedisCluster
-
-        return RedisCluster.from_url(url.replace("redis+cluster://", "redis://", 1),  # type: ignore[return-value]
-                                     decode_responses=True)
+        hosts, username, password, _path, _query = _split_ha_url(url, 6379)
+        return _Cluster(startup_nodes=[ClusterNode(h, p) for h, p in hosts],  # type: ignore[return-value]
+                        username=username, password=password, decode_responses=True)
     return Redis.from_url(url, decode_responses=True)
+
+
+def connect_subscriber(url: str) -> Redis:
+    """The client a Mirror subscribes to the feed with (Mirror(ledger, subscriber=...)).
+
+    For redis+cluster:// a plain client on one cluster node at a time: classic PUBLISH reaches every
+    node of a cluster, so any node serves the feed. (redis-py's RedisCluster.pubsub() would pin the
+    connection to the node owning the channel name's slot, and come back to it while it is down.)
+    Each new connection goes to the first node that answers, the last one that did first, and learns
+    the cluster's other nodes (CLUSTER NODES), so the feed survives the death of any node. For the
+    other URL forms: connect(url) (with Sentinel the subscription follows the master).
+    """
+    if not url.startswith("redis+cluster://"):
+        return connect(url)
+    from redis.asyncio.connection import ConnectionPool
+
+    hosts, username, password, _path, _query = _split_ha_url(url, 6379)
+    pool = ConnectionPool(connection_class=_AnyClusterNode, nodes=_NodeList(hosts), username=username,
+                          password=password, decode_responses=True)
+    return Redis.from_pool(pool)
+
+
+def _split_ha_url(url: str, default_port: int) -> tuple[list[tuple[str, int]], str | None, str | None, list[str],
+                                                         dict[str, list[str]]]:
+    """(hosts, username, password, path parts, query) of a redis+sentinel:// or redis+cluster:// URL."""
+    u = urlparse("redis://" + url.split("://", 1)[1])
+    hosts = []
+    for h in u.netloc.rsplit("@", 1)[-1].split(","):
+        host, sep, port = h.rpartition(":")
+        hosts.append((host, int(port)) if sep and port.isdigit() else (h, default_port))
+    if not hosts or not all(h for h, _p in hosts):
+        raise ValueError(f"{url.split('://', 1)[0]}:// URL names no host")
+    return (hosts, unquote(u.username) if u.username else None, unquote(u.password) if u.password else None,
+            [p for p in u.path.split("/") if p], parse_qs(u.query, keep_blank_values=True))
+
+
+def _connect_sentinel(url: str) -> Redis:
+    from redis.asyncio.sentinel import Sentinel
+
+    hosts, username, password, parts, query = _split_ha_url(url, 26379)
+    if not parts:
+        raise ValueError("redis+sentinel:// URL needs the service name: redis+sentinel://host:26379/mymaster")
+    sentinel_password = unquote(query["sentinel_password"][-1]) or None if "sentinel_password" in query \
+        else password
+    # Short timeouts towards the sentinels: an unreachable one is skipped for the next, not waited on.
+    sentinel = Sentinel(hosts, sentinel_kwargs={"password": sentinel_password, "username": username if
+                                                sentinel_password == password else None,
+                                                "socket_timeout": 2.0, "socket_connect_timeout": 2.0},
+                        username=username, password=password, decode_responses=True)  # type: ignore[no-untyped-call]
+    return sentinel.master_for(parts[0], redis_class=_SentinelMaster,  # type: ignore[no-any-return]
+                               db=int(parts[1]) if len(parts) > 1 else 0)
+
+
+class _SentinelMaster(Redis):
+    """The master's client from Sentinel.master_for; closing it also closes the sentinel connections."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        manager = getattr(self.connection_pool, "sentinel_manager", None)
+        if manager is not None:
+            await manager.aclose()
+
+
+class _Cluster(RedisCluster):
+    """RedisCluster whose pipelines run EVALSHA (Ledger.snapshots reads many nodes in one go)."""
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> ClusterPipeline:
+        if shard_hint:
+            raise ValueError("shard_hint is not supported in cluster mode")
+        return _ClusterPipeline(self, transaction)
+
+
+class _ClusterPipeline(ClusterPipeline):
+    """redis-py blocks EVALSHA in cluster pipelines, as a script's keys could span slots. Ours name
+    their node key first and touch only keys of that node's hash tag, so EVALSHA is routed by it
+    like any keyed command (NOSCRIPT still comes back as NoScriptError)."""
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+        return self.execute_command("EVALSHA", sha, numkeys, *keys_and_args)
+
+
+class _NodeList:
+    """Addresses of a cluster's nodes, shared by a subscriber's connections; the last that answered first."""
+
+    def __init__(self, seeds: Sequence[tuple[str, int]]):
+        self.addresses = list(dict.fromkeys(seeds))
+
+    def answered(self, address: tuple[str, int]) -> None:
+        self.addresses.remove(address)
+        self.addresses.insert(0, address)
+
+    def learn(self, cluster_nodes: str, via: str) -> None:
+        """Add the nodes a CLUSTER NODES reply lists (`via`: the host it came from, for "myself" without one)."""
+        for line in cluster_nodes.splitlines():
+            f = line.split()
+            if len(f) < 3 or any(flag in f[2] for flag in ("noaddr", "handshake")):
+                continue
+            host, _, port = f[1].split("@", 1)[0].rpartition(":")
+            if port.isdigit() and int(port) and (host or via, int(port)) not in self.addresses:
+                self.addresses.append((host or via, int(port)))
+
+
+class _AnyClusterNode(RedisConnection):
+    """A connection to whichever node of the cluster answers first (see connect_subscriber)."""
+
+    def __init__(self, *, nodes: _NodeList, **kwargs: Any):
+        self.nodes = nodes
+        super().__init__(**kwargs)
+
+    async def _connect(self) -> None:
+        error: BaseException = OSError("no cluster node to connect to")
+        for address in list(self.nodes.addresses):
+            self.host, self.port = address
+            try:
+                await super()._connect()  # type: ignore[no-untyped-call]
+            except (TimeoutError, OSError) as e:
+                error = e
+                continue
+            self.nodes.answered(address)
+            return
+        raise error
+
+    async def on_connect_check_health(self, check_health: bool = True) -> None:
+        await super().on_connect_check_health(check_health)
+        await self.send_command("CLUSTER", "NODES", check_health=False)
+        self.nodes.learn(str(await self.read_response()), self.host)
 
 
 @dataclass(frozen=True)
@@ -152,7 +278,7 @@ class Ledger:
             # Listed first: if this process dies between the two calls, a listed node without keys is
             # harmless (reads skip it), while node keys nobody lists would be invisible to mirrors and
             # never removed by a rebuild.
-            added = await self._list_node(inv.node)
+            added = await self.list_node(inv.node)
         try:
             version = int(await self._call("upsert_node", inv.node, payload))
         except LedgerError:
@@ -162,7 +288,7 @@ class Ledger:
         if version < 0:
             return version
         if not create:
-            await self._list_node(inv.node)
+            await self.list_node(inv.node)
         return version
 
     async def remove_node(self, node: str) -> bool:
@@ -170,7 +296,7 @@ class Ledger:
         await self._retry("srem", lambda: self.redis.srem(self.nodes_key, node))
         return existed
 
-    async def _list_node(self, node: str) -> int:
+    async def list_node(self, node: str) -> int:
         added: int = await self._retry("sadd", lambda: self.redis.sadd(self.nodes_key, node))
         return added
 
@@ -299,14 +425,15 @@ class Ledger:
     # -- rebuild -------------------------------------------------------------------------------
 
     async def replace_node(self, inv: Inventory, bound: Mapping[str, tuple[PodUsage, str]],
-                           keep_after_ms: int | None = None) -> dict[str, Any]:
+                           keep_ms: int | None = None) -> dict[str, Any]:
         """Atomically set one node to what the API implies: its cards and its bound pods' usage.
 
-        Reservations newer than `keep_after_ms` (when the caller's API list started) are kept if they fit.
+        Pending reservations, and those made or bound in the last `keep_ms` ms of Redis time (newer
+        than the caller's truth), are kept if they fit.
         """
         payload = self._cards_payload(inv)
-        if keep_after_ms is not None:
-            payload["keep_after"] = keep_after_ms
+        if keep_ms is not None:
+            payload["keep_ms"] = max(0, int(keep_ms))
         payload["bound"] = [
             {"uid": uid, "cards": list(u.cards), "mem": u.memory, "cores": u.cores, "slices": u.slices,
              "pod": pod}
@@ -316,11 +443,11 @@ class Ledger:
 
     async def rebuild(self, inventories: Iterable[Inventory],
                       bound: Mapping[str, tuple[PodUsage, str]],
-                      keep_after_ms: int | None = None) -> dict[str, int]:
+                      keep_ms: int | None = None) -> dict[str, int]:
         """Recompute the whole ledger from the API server's truth (nodes + bound pods' annotations).
 
         Node by node, each an atomic replace, so no replica ever reads a node empty or doubled;
-        nodes that no longer exist are removed last.
+        nodes that no longer exist are removed last, unless a pod still holds cards there.
         """
         by_node: dict[str, dict[str, tuple[PodUsage, str]]] = {}
         for uid, (usage, pod) in bound.items():
@@ -329,17 +456,28 @@ class Ledger:
         stats = {"nodes": 0, "bound": 0, "pending_kept": 0, "pending_dropped": 0, "removed": 0}
         for inv in inventories:
             seen.add(inv.node)
-            await self._list_node(inv.node)  # listed first, see upsert_node
-            out = await self.replace_node(inv, by_node.get(inv.node, {}), keep_after_ms)
+            await self.list_node(inv.node)  # listed first, see upsert_node
+            out = await self.replace_node(inv, by_node.get(inv.node, {}), keep_ms)
             stats["nodes"] += 1
             stats["bound"] += int(out["bound"])
             stats["pending_kept"] += int(out["pending_kept"])
             stats["pending_dropped"] += int(out["pending_dropped"])
+        for node in (set(by_node) - seen):
+            # A node the API no longer reports while its pods still hold cards (deleted, or its capacity
+            # went to 0): keep their usage on placeholder cards, so it is there if the node comes back.
+            await self.list_node(node)
+            await self.replace_node(Inventory(node), by_node[node], keep_ms)
+            seen.add(node)
         for node in set(await self.nodes()) - seen:
             await self.remove_node(node)
             stats["removed"] += 1
         await self._retry("set", lambda: self.redis.set(self.epoch_key, str(now_ms())))
         return stats
+
+    async def redis_time_ms(self) -> int:
+        """Redis's clock: the one every reservation's `created` and `bound_at` are stamped with."""
+        sec, usec = await self._retry("time", lambda: self.redis.time())  # type: ignore[no-any-return]
+        return int(sec) * 1000 + int(usec) // 1000
 
     async def intact(self) -> bool:
         """False once Redis lost the state a rebuild wrote (restart without persistence, FLUSHALL)."""

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -81,3 +81,14 @@ def register_mirror(mirror: Mirror) -> None:
 
 async def metrics_handler(_: web.Request) -> web.Response:
     return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+TASK_FAILURES = Counter("mtsched_task_failures_total", "Supervised tasks that stopped and were restarted",
+                        ["task", "kind"])
+TASK_UP = Gauge("mtsched_task_up", "1 while a supervised task runs, 0 while it waits to be restarted", ["task"])
+READY = Gauge("mtsched_ready", "1 when the role's readiness checks pass (what /readyz answers)")
+RECONCILE_REPAIRS = Counter("mtsched_reconcile_repairs_total",
+                            "Differences between the ledger and the API server that the reconciler repaired",
+                            ["kind"])
+RECONCILE_RUNS = Counter("mtsched_reconcile_runs_total", "Reconciliation passes over every node", ["result"])
+RECONCILE_SECONDS = Histogram("mtsched_reconcile_seconds", "Duration of one reconciliation pass", buckets=BUCKETS)
+LEDGER_REBUILDS = Counter("mtsched_ledger_rebuilds_total", "Full rebuilds of the ledger from the API server",
+                          ["why"])

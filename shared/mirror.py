@@ -37,8 +37,10 @@ class Mirror:
         self.refetches = 0
         self.applied = 0
         self.on_change: list[Callable[[str], None]] = []
+        self.on_reconnect: list[Callable[[], None]] = []  # after a re-read following a lost connection
         self._task: asyncio.Task[None] | None = None
         self._reconnected = False
+        self._subscribed_once = False
 
     def get(self, node: str) -> NodeSnapshot | None:
         return self.nodes.get(node)
@@ -57,6 +59,10 @@ class Mirror:
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="mirror")
+
+    async def run(self) -> None:
+        """The mirror's loop, for a supervisor to run (start() runs it as a task of its own)."""
+        await self._run()
 
     async def stop(self) -> None:
         if self._task:
@@ -182,6 +188,10 @@ class Mirror:
                 self._reconnected = False
                 await self.resync()  # after subscribing, so no change falls between the two
                 self.ready.set()
+                if self._subscribed_once:  # back after losing Redis: what was published meanwhile is lost
+                    for cb in self.on_reconnect:
+                        cb()
+                self._subscribed_once = True
                 backoff = 0.2
                 loop = asyncio.get_running_loop()
                 next_resync = loop.time() + self.resync_seconds
@@ -191,6 +201,8 @@ class Mirror:
                         self._reconnected = False
                         log.warning("mirror's feed connection was re-established: re-reading everything")
                         await self.resync()
+                        for cb in self.on_reconnect:
+                            cb()
                         next_resync = loop.time() + self.resync_seconds
                     if msg is not None and msg.get("type") == "message":
                         stale = self._handle(msg["data"])

@@ -1,7 +1,8 @@
--- Replace a node's state with what the API server implies, atomically (rebuild). Payload: {error,
--- cards, bound: [{uid, cards, mem, cores, slices, pod}], keep_after: ms}. Reservations of pods not in
--- `bound` are kept when they still fit and are pending (a binder may be mid-flight) or were made
--- after `keep_after` (the time the caller's API list started, so newer than its truth).
+-- Replace a node's state with what the API server implies, atomically (rebuild, reconcile). Payload:
+-- {error, cards, bound: [{uid, cards, mem, cores, slices, pod}], keep_ms}. Reservations of pods not in
+-- `bound` are kept when they still fit and are pending (a binder may be mid-flight) or were made or
+-- bound in the last `keep_ms` milliseconds (newer than the caller's truth). Measured on Redis's clock
+-- only: the caller's clock may be off.
 local p, err = payload()
 if err then return err end
 local _, bad = check_cards(p.cards)
@@ -9,6 +10,11 @@ if bad then return fail("BADINPUT", bad) end
 bad = check_error(p.error)
 if bad then return fail("BADINPUT", bad) end
 if not is_list(p.bound, 100000) then return fail("BADINPUT", "bound must be a list") end
+if p.keep_ms ~= nil and not is_int(p.keep_ms, 0, 86400000) then
+  return fail("BADINPUT", "keep_ms must be 0..86400000")
+end
+local keep_from = math.huge
+if p.keep_ms ~= nil then keep_from = now_ms() - p.keep_ms end
 -- Everything is validated before the first write: a script that fails half-way is not rolled back.
 local pending, is_bound = {}, {}
 for _, b in ipairs(p.bound) do
@@ -19,7 +25,7 @@ for _, b in ipairs(p.bound) do
 end
 for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
   local r = res_view(uid)
-  if r and not is_bound[uid] and (r.state == "pending" or r.created >= (tonumber(p.keep_after) or now_ms() + 1)) then
+  if r and not is_bound[uid] and (r.state == "pending" or math.max(r.created, r.bound_at) >= keep_from) then
     pending[#pending + 1] = {uid, r}
   end
   redis.call('DEL', res_key(uid))

@@ -298,15 +298,20 @@ async def test_rebuild_sets_exactly_what_the_api_implies(populated: Ledger) -> N
         "b1": (PodUsage("n4", (0,), 8, 2, 1), "ns/b1"),
         "b2": (PodUsage("n4", (0, 1), 32, 8, 1), "ns/b2"),
         "b3": (PodUsage("n5", (1,), 128, 4, 2), "ns/b3"),
-        "lost": (PodUsage("gone-node", (0,), 8, 1, 1), "ns/lost"),  # its node is not in the inventory
+        # its node is not in the inventory (deleted, or capacity 0): the usage is kept on a placeholder
+        # card, so a node re-created under its pods is never offered empty
+        "lost": (PodUsage("gone-node", (0,), 8, 1, 1), "ns/lost"),
     }
     invs = [inventory("n4", S4000), inventory("n5", S5000)]
-    stats = await led.rebuild(invs, bound, keep_after_ms=None)
+    stats = await led.rebuild(invs, bound, keep_ms=None)
     assert stats["nodes"] == 2 and stats["bound"] == 3 and stats["removed"] == 2  # nx and nerr
     # pending reservations not in the truth: u2 (n4 card 1, 16 units) still fits next to b2 -> kept;
     # u3 (exclusive 160 on n5 card 0) fits too. u1 was bound but is not in the truth -> dropped.
     snaps = await led.snapshots(await led.nodes())
-    assert sorted(snaps) == ["n4", "n5"]
+    assert sorted(snaps) == ["gone-node", "n4", "n5"]
+    gone = snaps.pop("gone-node")
+    assert list(gone.reservations) == ["lost"] and gone.cards[0].health == "removed"
+    assert gone.card_states() == []  # offers nothing
     assert sorted(snaps["n4"].reservations) == ["b1", "b2", "u2"]
     assert sorted(snaps["n5"].reservations) == ["b3", "u3"]
     assert stats["pending_kept"] == 2 and stats["pending_dropped"] == 0

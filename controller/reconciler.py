@@ -1,0 +1,232 @@
+"""Keeps the ledger equal to the API server's truth: full rebuilds when Redis lost its state, and
+continuous anti-entropy for every other kind of drift.
+
+* Every `check_seconds` (2 s): is the ledger intact (`mt:epoch` exists, no known node went missing)?
+  If not, rebuild it whole from a fresh list of nodes and pods.
+* Every `reconcileSeconds` (and soon after a watch re-list or a Redis reconnect): compare each node's
+  ledger with the watchers' view of the API (`shared.reconcile.diff_node`) and repair any node that
+  differs by one atomic `replace_node`: missing holders booked, stale ones dropped (after the API
+  server confirmed, pod by pod, that they are gone), usage recomputed from reservations, cards as
+  the node reports them. Each repair is logged with the difference and counted.
+Only runs while both watch streams are live: a stale view must never "repair" a correct ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from controller.kube import Kube, KubeError
+from controller.watchers import NodeWatcher, PodWatcher, is_terminal, pod_ref
+from shared.annotations import AnnotationError, PodUsage, usage_from_annotations
+from shared.config import Config
+from shared.ledger import Ledger
+from shared.metrics import (
+    ANNOTATION_ERRORS,
+    LEDGER_REBUILDS,
+    RECONCILE_REPAIRS,
+    RECONCILE_RUNS,
+    RECONCILE_SECONDS,
+    RELEASES,
+)
+from shared.node import Inventory, node_inventory
+from shared.reconcile import NodeDiff, diff_node, offers_cards, summarize
+from shared.state import NodeSnapshot
+
+log = logging.getLogger("mtsched.reconciler")
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, ledger: Ledger, cfg: Config, nodes: NodeWatcher, pods: PodWatcher,
+                 check_seconds: float = 2.0, keep_ms: int = 10_000):
+        self.kube = kube
+        self.ledger = ledger
+        self.cfg = cfg
+        self.nodes = nodes
+        self.pods = pods
+        self.check_seconds = check_seconds
+        self.interval = float(cfg.reconcile_seconds)
+        self.keep_ms = keep_ms  # reservations younger than this are newer than any view: never judged
+        self.wake = asyncio.Event()
+        self.rebuilds = 0
+        self.repairs = 0
+        self.last_pass: dict[str, Any] = {}
+        for r in (nodes.reflector, pods.reflector):
+            r.on_resync.append(self.wake.set)
+
+    # -- full rebuild ------------------------------------------------------------------------------
+
+    async def rebuild(self, why: str = "start") -> dict[str, int]:
+        t0 = time.monotonic()
+        node_objs, _ = await self.nodes.reflector.list()
+        pod_objs, _ = await self.pods.reflector.list()
+        invs = [inv for inv in (node_inventory(n, self.cfg) for n in node_objs) if offers_cards(inv)]
+        bound: dict[str, tuple[PodUsage, str]] = {}
+        for pod in pod_objs:
+            if is_terminal(pod) or not (pod.get("spec") or {}).get("nodeName"):
+                continue
+            try:
+                usage = usage_from_annotations(pod)
+            except AnnotationError as e:
+                ANNOTATION_ERRORS.inc()
+                log.error("rebuild: pod %s has an undecodable allocation record: %s", pod_ref(pod), e)
+                continue
+            if usage is not None:
+                bound[str(pod["metadata"]["uid"])] = (usage, pod_ref(pod))
+        # Reservations made since our lists began are newer than their truth: kept (measured on Redis's
+        # clock by the script; the elapsed time is ours, which is fine for a duration).
+        keep_ms = int((time.monotonic() - t0) * 1000) + self.keep_ms
+        stats = await self.ledger.rebuild(invs, bound, keep_ms=keep_ms)
+        self.nodes.known = {i.node for i in invs} | {u.node for u, _ in bound.values()}
+        self.nodes.last = {i.node: i for i in invs}
+        self.pods.seen = {}
+        if not self.pods.reflector.synced.is_set():
+            # first start: seed the pod view from the same list, so nodes written before the pod
+            # stream has synced get their holders' usage
+            for pod in pod_objs:
+                if not is_terminal(pod):
+                    self.pods.learn(str((pod.get("metadata") or {}).get("uid")), pod)
+        else:
+            # a pod deleted between our list and the rebuild was released before it and booked again by
+            # it: the watch knows it is gone
+            for uid in list(self.pods.ended):
+                node = self.pods.mirror.owner_of(uid)
+                if node and await self.ledger.release(node, uid):
+                    RELEASES.labels("gone").inc()
+        self.rebuilds += 1
+        LEDGER_REBUILDS.labels(why).inc()
+        log.info("ledger rebuilt from the API server (%s): %s", why, stats)
+        self.wake.set()  # and compared with the live view soon after
+        return stats
+
+    # -- anti-entropy ------------------------------------------------------------------------------
+
+    def _views(self) -> tuple[dict[str, Inventory], dict[str, dict[str, PodUsage]], dict[str, str]]:
+        invs = dict(self.nodes.last)
+        holders: dict[str, dict[str, PodUsage]] = {}
+        refs: dict[str, str] = {}
+        for uid, t in self.pods.truth.items():
+            if t.usage is not None:
+                holders.setdefault(t.usage.node, {})[uid] = t.usage
+                refs[uid] = t.ref
+        return invs, holders, refs
+
+    async def _confirm(self, node: str, snap: NodeSnapshot, uid: str) -> tuple[str, PodUsage | None]:
+        """Asks the API server about a reservation no live holder explains: ("stale", None) when its pod
+        is gone, ended, elsewhere or unbound; ("held", usage) when the pod holds it after all (our view
+        lagged, or its record is unreadable: then the ledger's booking is kept as it is)."""
+        res = snap.reservations[uid]
+        ns, _, name = res.pod.partition("/")
+        kept = PodUsage(node, res.cards, res.mem, res.cores, res.slices)
+        if not ns or not name:
+            return "stale", None  # no pod name was recorded: nothing in the API can hold it
+        try:
+            pod = await self.kube.get_pod(ns, name)
+        except KubeError as e:
+            if e.status == 404:
+                return "stale", None
+            raise
+        meta = pod.get("metadata") or {}
+        if str(meta.get("uid")) != uid or is_terminal(pod) or (pod.get("spec") or {}).get("nodeName") != node:
+            return "stale", None  # another pod of that name, ended, or not bound here
+        try:
+            usage = usage_from_annotations(pod)
+        except AnnotationError:
+            return "held", kept  # fail closed: an unreadable record keeps the booking
+        if usage is None:
+            # bound here and asking for cards, with no record: keep the booking rather than free a card a
+            # running container may use (an alert-worthy state, counted)
+            RECONCILE_REPAIRS.labels("kept_unrecorded").inc()
+            return "held", kept
+        return ("held", usage) if usage.node == node else ("stale", None)
+
+    async def reconcile_node(self, node: str, snap: NodeSnapshot | None, inv: Inventory | None,
+                             holders: dict[str, PodUsage], refs: dict[str, str], now_ms: int) -> NodeDiff:
+        diff = diff_node(node, snap, inv, holders, now_ms, self.keep_ms)
+        if diff.clean:
+            return diff
+        if diff.remove:
+            await self.ledger.remove_node(node)
+            self.nodes.known.discard(node)
+            RECONCILE_REPAIRS.labels("node_gone").inc()
+            log.warning("reconcile: node %s is gone from the API and holds nothing: removed", node)
+            return diff
+        truth = dict(holders)
+        stale: list[str] = []
+        if snap is not None:
+            for uid in diff.suspects:
+                verdict, usage = await self._confirm(node, snap, uid)
+                if verdict == "held" and usage is not None:
+                    truth[uid] = usage
+                    refs.setdefault(uid, snap.reservations[uid].pod)
+                else:
+                    stale.append(uid)
+            # the API may have answered that every suspect is held after all, as booked: then only the
+            # other differences (if any) need a repair
+            diff = diff_node(node, snap, inv, truth, now_ms, self.keep_ms)
+        if not diff.differences and not stale:
+            return diff
+        counts = summarize(diff.differences)
+        if stale:
+            counts["stale_holder"] = len(stale)
+        for kind, n in counts.items():
+            RECONCILE_REPAIRS.labels(kind).inc(n)
+        log.warning("reconcile: repairing node %s: %s; %s%s", node, counts,
+                    "; ".join(d.detail for d in diff.differences[:10]),
+                    f"; stale reservations of {stale[:10]}" if stale else "")
+        await self.ledger.list_node(node)
+        await self.ledger.replace_node(inv if inv is not None else Inventory(node),
+                                       {uid: (u, refs.get(uid, "")) for uid, u in truth.items()}, self.keep_ms)
+        self.nodes.known.add(node)
+        self.repairs += 1
+        return diff
+
+    def views_live(self) -> str:
+        """Why the watchers' view cannot be trusted now ("" when it can)."""
+        return self.nodes.reflector.problem(0) or self.pods.reflector.problem(0)
+
+    async def reconcile_all(self) -> dict[str, int]:
+        """One pass over every node the ledger or the API knows; returns the repairs made, by kind."""
+        t0 = time.monotonic()
+        invs, holders, refs = self._views()
+        names = set(await self.ledger.nodes()) | {n for n, i in invs.items() if offers_cards(i)} | set(holders)
+        snaps = await self.ledger.snapshots(sorted(names))
+        now_ms = await self.ledger.redis_time_ms()
+        repaired: dict[str, int] = {}
+        for node in sorted(names):
+            diff = await self.reconcile_node(node, snaps.get(node), invs.get(node), holders.get(node, {}), refs,
+                                             now_ms)
+            if not diff.clean:
+                for kind, n in summarize(diff.differences).items():
+                    repaired[kind] = repaired.get(kind, 0) + n
+        RECONCILE_SECONDS.observe(time.monotonic() - t0)
+        RECONCILE_RUNS.labels("repaired" if repaired else "clean").inc()
+        self.last_pass = {"nodes": len(names), "repaired": repaired, "seconds": round(time.monotonic() - t0, 3)}
+        return repaired
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Errors reach the supervisor, which restarts this loop with backoff."""
+        loop = asyncio.get_running_loop()
+        next_pass = loop.time() + self.interval
+        while True:
+            if self.nodes.lost.is_set() or not await self.ledger.intact():
+                why = "node missing" if self.nodes.lost.is_set() else "state lost"
+                self.nodes.lost.clear()
+                await self.rebuild(why)
+            if self.wake.is_set() or loop.time() >= next_pass:
+                if self.views_live():
+                    log.debug("reconcile postponed: %s", self.views_live())
+                    await asyncio.sleep(self.check_seconds)
+                    continue
+                self.wake.clear()
+                await self.reconcile_all()
+                next_pass = loop.time() + self.interval
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout=self.check_seconds)
+                await asyncio.sleep(0.5)  # coalesce a burst of wake-ups (e.g. both streams re-listing)
+            except TimeoutError:
+                pass

@@ -1,0 +1,135 @@
+"""Anti-entropy, the pure part: how one node's ledger differs from what the API server says.
+
+The truth for a node is its inventory (from the Node object) and its holders: the live pods whose
+allocation record books cards there. `diff_node` compares a ledger snapshot with that truth and
+lists every difference; the reconciler (controller/reconciler.py) repairs a node that has any by one
+atomic `replace_node`. Reservations newer than the keep window, and pending ones (a binder may be
+mid-flight; the janitor expires them by TTL), are never called stale. A reservation that looks stale
+is only a *suspect*: the shell confirms with the API server before it is dropped, since a lagging
+watch could otherwise free a card a running pod holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from shared.annotations import PodUsage
+from shared.node import Inventory
+from shared.state import NodeSnapshot, Reservation
+
+
+@dataclass(frozen=True)
+class Difference:
+    kind: str  # node_missing, node_gone, node_error, card, usage, missing_holder, changed_holder, unbound_holder
+    detail: str
+
+
+@dataclass(frozen=True)
+class NodeDiff:
+    node: str
+    differences: tuple[Difference, ...] = ()
+    suspects: tuple[str, ...] = ()  # uids booked here that no live holder accounts for (confirm first)
+    remove: bool = False  # the API reports no sliced card here and nothing is held: drop the node
+
+    @property
+    def clean(self) -> bool:
+        return not self.differences and not self.suspects and not self.remove
+
+
+def _health(inv_card_healthy: bool, cordoned: bool) -> str:
+    return "cordoned" if cordoned else ("ok" if inv_card_healthy else "unhealthy")
+
+
+def offers_cards(inv: Inventory | None) -> bool:
+    """Whether the API server reports this node as one the ledger should hold (cards, or an error)."""
+    return inv is not None and bool(inv.cards or inv.error)
+
+
+def _same(res: Reservation, usage: PodUsage) -> bool:
+    return (res.cards == tuple(usage.cards) and res.mem == usage.memory and res.cores == usage.cores
+            and res.slices == usage.slices)
+
+
+@dataclass
+class _Totals:
+    mem: int = 0
+    cores: int = 0
+    slices: int = 0
+    holders: list[str] = field(default_factory=list)
+
+
+def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holders: Mapping[str, PodUsage],
+              now_ms: int, keep_ms: int) -> NodeDiff:
+    """Every way `snap` (the ledger) differs from the truth (`inv`, `holders`), on Redis's clock `now_ms`."""
+    diffs: list[Difference] = []
+    suspects: list[str] = []
+    if snap is None:
+        if offers_cards(inv) or holders:
+            diffs.append(Difference("node_missing", f"the ledger lacks node {node}"
+                                    + (f" held by {len(holders)} pod(s)" if holders else "")))
+        return NodeDiff(node, tuple(diffs))
+    young_from = now_ms - keep_ms
+
+    def settling(r: Reservation) -> bool:
+        return r.state == "pending" or max(r.created, r.bound_at) >= young_from
+
+    if not offers_cards(inv) and not holders and all(not settling(r) for r in snap.reservations.values()):
+        return NodeDiff(node, (), (), remove=True)
+    want_error = inv.error if inv is not None else ""
+    if snap.error != want_error:
+        diffs.append(Difference("node_error", f"error {snap.error!r}, the API implies {want_error!r}"))
+    want = {c.index: c for c in (inv.cards if inv is not None else ())}
+    for idx, c in want.items():
+        rec = snap.cards.get(idx)
+        health = _health(c.healthy, c.cordoned)
+        if rec is None:
+            diffs.append(Difference("card", f"card {idx} missing"))
+        elif (rec.capacity, rec.slice_limit, rec.health, rec.cores) != (c.capacity, c.max_slices, health, c.cores):
+            diffs.append(Difference("card", f"card {idx} is capacity {rec.capacity}, slice_limit {rec.slice_limit}, "
+                                    f"{rec.health}, {rec.cores} cores; the node reports {c.capacity}, "
+                                    f"{c.max_slices}, {health}, {c.cores}"))
+    totals: dict[int, _Totals] = {}
+    for uid, r in snap.reservations.items():
+        for idx in r.cards:
+            t = totals.setdefault(idx, _Totals())
+            t.mem += r.mem
+            t.cores += r.cores
+            t.slices += r.slices
+            t.holders.append(uid)
+    for idx, rec in snap.cards.items():
+        if idx not in want and rec.health != "removed":
+            diffs.append(Difference("card", f"card {idx} ({rec.health}) is not reported by the node"))
+        t = totals.get(idx, _Totals())
+        if (rec.mem_used, rec.cores_used, rec.slices) != (t.mem, t.cores, t.slices) or \
+                rec.mem_free != max(0, rec.capacity - rec.mem_used) or \
+                rec.cores_free != max(0, rec.cores - rec.cores_used):
+            diffs.append(Difference("usage", f"card {idx} books {rec.mem_used} units/{rec.cores_used} cores/"
+                                    f"{rec.slices} slices (free {rec.mem_free}/{rec.cores_free}); its "
+                                    f"reservations add up to {t.mem}/{t.cores}/{t.slices}"))
+    for idx in totals.keys() - snap.cards.keys():
+        diffs.append(Difference("usage", f"reservations book card {idx}, which the ledger lacks"))
+    for uid, usage in sorted(holders.items()):
+        held = snap.reservations.get(uid)
+        if held is None:
+            diffs.append(Difference("missing_holder", f"pod {uid} holds cards {list(usage.cards)} "
+                                    f"({usage.memory} units, {usage.cores} cores) without a reservation"))
+        elif not _same(held, usage):
+            diffs.append(Difference("changed_holder", f"pod {uid} holds cards {list(usage.cards)} "
+                                    f"({usage.memory}/{usage.cores}), the ledger books {list(held.cards)} "
+                                    f"({held.mem}/{held.cores})"))
+        elif held.state != "bound" and max(held.created, held.bound_at) < young_from:
+            # pending although the pod carries its record: the binder died before mark_bound, and the
+            # janitor would soon expire a share a running pod holds
+            diffs.append(Difference("unbound_holder", f"pod {uid} is bound, its reservation is {held.state}"))
+    for uid, r in sorted(snap.reservations.items()):
+        if uid not in holders and not settling(r):
+            suspects.append(uid)
+    return NodeDiff(node, tuple(diffs), tuple(suspects))
+
+
+def summarize(diffs: Iterable[Difference]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in diffs:
+        out[d.kind] = out.get(d.kind, 0) + 1
+    return out

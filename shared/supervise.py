@@ -1,0 +1,182 @@
+"""Supervised long-running tasks and honest readiness, shared by every role.
+
+A role's tasks (watch streams, the mirror, the janitor, the reconciler, the Redis probe) run under
+one Supervisor. A task that ends or raises is started again with backoff, and counted. Transient
+errors (Redis, the API server, the network) are retried for as long as they last; the role is not
+ready meanwhile (after `unready_after` seconds, so a routine reconnect does not flap the probe).
+Anything else is retried `max_failures` times in a row; then the role is marked failed: /readyz
+answers 503 at once, and `run()` returns so the process exits non-zero and the kubelet restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+from redis import exceptions as rexc
+
+from shared.metrics import TASK_FAILURES, TASK_UP
+
+log = logging.getLogger("mtsched.supervise")
+
+Check = Callable[[], str]  # "" when fine, else why not
+
+
+class TransientError(RuntimeError):
+    """An error a retry can cure (raised by our own code for conditions that pass)."""
+
+
+def is_transient(e: BaseException) -> bool:
+    """Errors of the parts we depend on that heal by themselves: retry them, never give up."""
+    status = getattr(e, "status", None)  # KubeError (controller/kube.py): an API server's HTTP answer
+    if isinstance(status, int) and not isinstance(e, aiohttp.ClientError):
+        return status >= 500 or status in (408, 429)
+    return isinstance(e, (TransientError, rexc.ConnectionError, rexc.TimeoutError, rexc.BusyLoadingError,
+                          rexc.ReadOnlyError, rexc.TryAgainError, rexc.ClusterDownError,
+                          aiohttp.ClientError, TimeoutError, ConnectionError, OSError))
+
+
+@dataclass
+class TaskState:
+    name: str
+    failures: int = 0  # in a row, reset when the task has run for `healthy_after` seconds
+    failing_since: float | None = None
+    last_error: str = ""
+    restarts: int = 0
+
+
+@dataclass
+class Supervisor:
+    max_failures: int = 5
+    unready_after: float = 10.0
+    healthy_after: float = 30.0
+    max_backoff: float = 10.0
+    tasks: dict[str, TaskState] = field(default_factory=dict)
+    checks: dict[str, Check] = field(default_factory=dict)
+    failed: asyncio.Event = field(default_factory=asyncio.Event)
+    fatal: str = ""
+    _running: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def spawn(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
+        self.tasks[name] = TaskState(name)
+        self._running.append(asyncio.create_task(self._guard(name, body), name=name))
+
+    def check(self, name: str, fn: Check) -> None:
+        """A readiness condition besides the tasks' own (e.g. "the mirror is in sync")."""
+        self.checks[name] = fn
+
+    async def _guard(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
+        st = self.tasks[name]
+        loop = asyncio.get_running_loop()
+        TASK_UP.labels(name).set(1)
+        while True:
+            started = loop.time()
+            try:
+                await body()
+                error: BaseException = RuntimeError("ended by itself")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                error = e
+            ran = loop.time() - started
+            if ran >= self.healthy_after:
+                st.failures, st.failing_since = 0, None
+            st.failures += 1
+            st.restarts += 1
+            st.failing_since = st.failing_since or time.monotonic()
+            st.last_error = f"{type(error).__name__}: {error}"[:300]
+            transient = is_transient(error)
+            TASK_FAILURES.labels(name, "transient" if transient else "other").inc()
+            if not transient and st.failures >= self.max_failures:
+                self.fatal = f"task {name} failed {st.failures} times in a row: {st.last_error}"
+                log.error("%s; giving up so the process is restarted", self.fatal)
+                TASK_UP.labels(name).set(0)
+                self.failed.set()
+                return
+            delay = min(self.max_backoff, 0.2 * 2 ** min(st.failures - 1, 10))
+            log.warning("task %s stopped (%s, %s); restarting in %.1fs", name, st.last_error,
+                        "transient" if transient else f"{st.failures}/{self.max_failures}", delay,
+                        exc_info=error if not transient else None)
+            TASK_UP.labels(name).set(0)
+            await asyncio.sleep(delay)
+            TASK_UP.labels(name).set(1)
+
+    def note_ok(self, name: str) -> None:
+        """A task says it made progress (e.g. a watch stream is open again): it is healthy again."""
+        st = self.tasks.get(name)
+        if st is not None:
+            st.failures, st.failing_since = 0, None
+
+    def problems(self) -> list[str]:
+        """Why the role cannot do its job now; empty when ready."""
+        if self.fatal:
+            return [self.fatal]
+        now = time.monotonic()
+        out = [f"task {st.name} failing for {now - st.failing_since:.0f}s: {st.last_error}"
+               for st in self.tasks.values()
+               if st.failing_since is not None and now - st.failing_since >= self.unready_after]
+        for name, fn in self.checks.items():
+            why = fn()
+            if why:
+                out.append(f"{name}: {why}")
+        return out
+
+    async def run(self, stop: asyncio.Event) -> bool:
+        """Until `stop` (True) or a task gave up (False); cancels every task on the way out."""
+        waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(self.failed.wait())]
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for w in waiters:
+            w.cancel()
+        ok = not self.failed.is_set()
+        if not ok:
+            await asyncio.sleep(2.0)  # let a readiness probe see the failure before we go
+        await self.cancel()
+        return ok
+
+    async def cancel(self) -> None:
+        for t in self._running:
+            t.cancel()
+        for t in self._running:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._running.clear()
+
+
+class Heartbeat:
+    """A condition that holds while something succeeded recently (e.g. a Redis PING)."""
+
+    def __init__(self, what: str, max_age: float):
+        self.what = what
+        self.max_age = max_age
+        self.last = 0.0
+        self.error = "not checked yet"
+
+    def ok(self) -> None:
+        self.last, self.error = time.monotonic(), ""
+
+    def fail(self, e: BaseException) -> None:
+        self.error = f"{type(e).__name__}: {e}"[:300]
+
+    def __call__(self) -> str:
+        age = time.monotonic() - self.last
+        if age <= self.max_age:
+            return ""
+        return f"{self.what} not confirmed for {age:.0f}s" + (f" ({self.error})" if self.error else "")
+
+
+async def probe_loop(beat: Heartbeat, probe: Callable[[], Awaitable[object]], interval: float = 2.0) -> None:
+    """Runs `probe` every `interval` seconds and records the outcome; never raises."""
+    while True:
+        try:
+            await asyncio.wait_for(probe(), timeout=max(1.0, interval))
+            beat.ok()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            beat.fail(e)
+        await asyncio.sleep(interval)

@@ -1,0 +1,114 @@
+"""diff_node: every way a node's ledger can differ from the API's truth, as a table."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from shared.annotations import PodUsage
+from shared.node import Card, Inventory
+from shared.reconcile import diff_node, offers_cards, summarize
+from shared.state import CardRecord, NodeSnapshot, Reservation
+
+NOW = 1_000_000_000
+KEEP = 10_000
+OLD = NOW - 60_000  # older than the keep window
+N = "n1"
+
+
+def inv(*caps: int, cordoned: tuple[int, ...] = (), error: str = "") -> Inventory:
+    if error:
+        return Inventory(N, error=error)
+    return Inventory(N, tuple(Card(N, i, c, cordoned=i in cordoned) for i, c in enumerate(caps)))
+
+
+def card(i: int, cap: int, mem: int = 0, cores: int = 0, slices: int = 0, health: str = "ok",
+         limit: int = 16) -> CardRecord:
+    return CardRecord(i, cap, mem, max(0, cap - mem), 16, cores, max(0, 16 - cores), slices, limit, health)
+
+
+def res(uid: str, cards: tuple[int, ...], mem: int, cores: int, state: str = "bound", created: int = OLD,
+        slices: int = 1) -> Reservation:
+    return Reservation(uid, cards, mem, cores, slices, state, created, created if state == "bound" else 0, f"ns/{uid}")
+
+
+def snap(*cards: CardRecord, reservations: tuple[Reservation, ...] = (), error: str = "") -> NodeSnapshot:
+    return NodeSnapshot(N, 5, error, {c.index: c for c in cards}, {r.uid: r for r in reservations})
+
+
+def use(cards: tuple[int, ...], mem: int, cores: int, slices: int = 1) -> PodUsage:
+    return PodUsage(N, cards, mem, cores, slices)
+
+
+A = use((0,), 8, 2)
+HELD = snap(card(0, 96, 8, 2, 1), card(1, 96), reservations=(res("a", (0,), 8, 2),))
+
+CASES = [
+    # (id, snapshot, inventory, holders, expected kinds, suspects, remove)
+    ("in sync", HELD, inv(96, 96), {"a": A}, {}, (), False),
+    ("empty and in sync", snap(card(0, 96)), inv(96), {}, {}, (), False),
+    ("node missing from the ledger", None, inv(96), {}, {"node_missing": 1}, (), False),
+    ("node missing, held by a pod (re-created under it)", None, None, {"a": A}, {"node_missing": 1}, (), False),
+    ("nothing anywhere", None, None, {}, {}, (), False),
+    ("missing holder", snap(card(0, 96), card(1, 96)), inv(96, 96), {"a": A}, {"missing_holder": 1}, (), False),
+    ("changed holder", snap(card(0, 96, 8, 2, 1), card(1, 96), reservations=(res("a", (1,), 8, 2),)),
+     inv(96, 96), {"a": A}, {"changed_holder": 1, "usage": 2}, (), False),
+    ("pending long after its pod was bound",
+     snap(card(0, 96, 8, 2, 1), reservations=(res("a", (0,), 8, 2, state="pending"),)), inv(96), {"a": A},
+     {"unbound_holder": 1}, (), False),
+    ("pending, young, pod bound: settling", snap(card(0, 96, 8, 2, 1),
+                                                 reservations=(res("a", (0,), 8, 2, "pending", NOW - 100),)),
+     inv(96), {"a": A}, {}, (), False),
+    ("stale bound reservation is a suspect, not a verdict", HELD, inv(96, 96), {}, {}, ("a",), False),
+    ("young reservation without holder: settling", snap(card(0, 96, 8, 2, 1),
+                                                         reservations=(res("a", (0,), 8, 2, created=NOW - 5),)),
+     inv(96), {}, {}, (), False),
+    ("pending reservation without holder: the janitor's", snap(card(0, 96, 8, 2, 1), reservations=(
+        res("a", (0,), 8, 2, state="pending"),)), inv(96), {}, {}, (), False),
+    ("direct write to a card hash", snap(card(0, 96, 112, 2, 1), reservations=(res("a", (0,), 8, 2),)),
+     inv(96), {"a": A}, {"usage": 1}, (), False),
+    ("free that does not match used", snap(replace(card(0, 96, 8, 2, 1), mem_free=96),
+                                           reservations=(res("a", (0,), 8, 2),)),
+     inv(96), {"a": A}, {"usage": 1}, (), False),
+    ("capacity differs", snap(card(0, 160)), inv(96), {}, {"card": 1}, (), False),
+    ("cordon not applied", snap(card(0, 96)), inv(96, cordoned=(0,)), {}, {"card": 1}, (), False),
+    ("card the node no longer reports", snap(card(0, 96), card(1, 96)), inv(96), {}, {"card": 1}, (), False),
+    ("removed card still held is fine", snap(card(0, 96), card(1, 96, 8, 2, 1, health="removed"),
+                                             reservations=(res("b", (1,), 8, 2),)),
+     inv(96), {"b": use((1,), 8, 2)}, {}, (), False),
+    ("card missing", snap(card(0, 96)), inv(96, 96), {}, {"card": 1}, (), False),
+    ("reservation on a card the ledger lacks", snap(card(1, 96), reservations=(res("a", (0,), 8, 2),)),
+     inv(96, 96), {"a": A}, {"card": 1, "usage": 1}, (), False),
+    ("node error not applied", snap(card(0, 96)), inv(error="bad capacity"), {}, {"node_error": 1, "card": 1}, (),
+     False),
+    ("node gone, nothing held: remove", snap(card(0, 96)), None, {}, {}, (), True),
+    ("node gone, held: keep, not remove", HELD, None, {"a": A}, {"card": 2}, (), False),
+    ("node gone, young reservation: wait", snap(card(0, 96, 8, 2, 1),
+                                                reservations=(res("a", (0,), 8, 2, created=NOW - 5),)),
+     None, {}, {"card": 1}, (), False),
+]
+
+
+@pytest.mark.parametrize(("snapshot", "inventory", "holders", "kinds", "suspects", "remove"),
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_diff_node(snapshot: NodeSnapshot | None, inventory: Inventory | None, holders: dict[str, PodUsage],
+                   kinds: dict[str, int], suspects: tuple[str, ...], remove: bool) -> None:
+    d = diff_node(N, snapshot, inventory, holders, NOW, KEEP)
+    assert summarize(d.differences) == kinds, [x.detail for x in d.differences]
+    assert d.suspects == suspects
+    assert d.remove is remove
+    assert d.clean is (not kinds and not suspects and not remove)
+
+
+def test_every_difference_names_what_differs() -> None:
+    d = diff_node(N, snap(card(0, 96, 112, 2, 1), reservations=(res("a", (0,), 8, 2),)), inv(96), {"a": A}, NOW,
+                  KEEP)
+    assert "112" in d.differences[0].detail and "8/2/1" in d.differences[0].detail
+
+
+def test_offers_cards() -> None:
+    assert not offers_cards(None)
+    assert not offers_cards(Inventory(N))
+    assert offers_cards(inv(96))
+    assert offers_cards(inv(error="x"))

@@ -1,0 +1,115 @@
+"""The supervisor restarts what fails, tells readiness the truth and gives up on what no retry cures;
+the watch line reader survives lines far longer than aiohttp's own limit."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from redis import exceptions as rexc
+
+from controller.kube import KubeError
+from controller.reflector import lines
+from shared.supervise import Heartbeat, Supervisor, is_transient
+
+
+@pytest.mark.parametrize(("error", "transient"), [
+    (rexc.ConnectionError("gone"), True),
+    (rexc.TimeoutError("slow"), True),
+    (rexc.ReadOnlyError("replica"), True),
+    (aiohttp.ClientConnectionError(), True),
+    (TimeoutError(), True),
+    (KubeError(503, {}, "GET"), True),
+    (KubeError(429, {}, "GET"), True),
+    (KubeError(403, {"message": "forbidden"}, "PATCH"), False),
+    (KubeError(401, {}, "GET"), False),
+    (rexc.ResponseError("BADINPUT"), False),
+    (TypeError("a bug"), False),
+])
+def test_transient_errors(error: BaseException, transient: bool) -> None:
+    assert is_transient(error) is transient
+
+
+async def test_restarts_a_failing_task_and_gives_up_on_a_bug() -> None:
+    sup = Supervisor(max_failures=3, max_backoff=0.01, unready_after=0.0)
+    runs = {"flaky": 0, "bug": 0}
+
+    async def flaky() -> None:
+        runs["flaky"] += 1
+        if runs["flaky"] < 3:
+            raise rexc.ConnectionError("Redis went away")
+        await asyncio.Event().wait()  # then runs for good
+
+    async def bug() -> None:
+        runs["bug"] += 1
+        raise TypeError("never works")
+
+    sup.spawn("flaky", flaky)
+    sup.spawn("bug", bug)
+    stop = asyncio.Event()
+    assert await asyncio.wait_for(sup.run(stop), 10) is False  # the bug made it give up
+    assert runs["bug"] == 3 and runs["flaky"] >= 3
+    assert sup.problems() and "bug" in sup.problems()[0]
+
+
+async def test_transient_failures_never_give_up_but_make_the_role_unready() -> None:
+    sup = Supervisor(max_failures=2, max_backoff=0.01, unready_after=0.0)
+    runs = 0
+
+    async def redis_down() -> None:
+        nonlocal runs
+        runs += 1
+        raise rexc.ConnectionError("connection refused")
+
+    sup.spawn("watch", redis_down)
+    for _ in range(500):
+        if runs > 5:
+            break
+        await asyncio.sleep(0.01)
+    assert runs > 5 and not sup.failed.is_set()
+    assert any("watch" in p for p in sup.problems())
+    sup.note_ok("watch")
+    assert not any("watch" in p for p in sup.problems())
+    await sup.cancel()
+
+
+def test_heartbeat() -> None:
+    beat = Heartbeat("Redis", max_age=5)
+    assert "not confirmed" in beat()
+    beat.ok()
+    assert beat() == ""
+    beat.last -= 10
+    beat.fail(rexc.ConnectionError("refused"))
+    assert "refused" in beat()
+
+
+async def test_lines_of_any_length() -> None:
+    big = b"x" * (3 * 1024 * 1024)  # a 3 MiB watch event: aiohttp's readline stops at 128 KiB
+    payload = b'{"a":1}\n' + big + b"\n\n" + b'{"b":2}'
+    reader = aiohttp.StreamReader(_Protocol(), 2**16, loop=asyncio.get_running_loop())
+    for i in range(0, len(payload), 7000):
+        reader.feed_data(payload[i:i + 7000])
+    reader.feed_eof()
+    got = [line async for line in lines(reader)]
+    assert got == [b'{"a":1}', big, b"", b'{"b":2}']
+
+
+async def test_lines_refuses_a_line_past_the_cap() -> None:
+    reader = aiohttp.StreamReader(_Protocol(), 2**16, loop=asyncio.get_running_loop())
+    reader.feed_data(b"y" * 5000)
+    reader.feed_eof()
+    with pytest.raises(ValueError, match="longer than"):
+        _ = [line async for line in lines(reader, max_line=1000)]
+
+
+class _Protocol:
+    """Enough of a protocol for a StreamReader fed by hand."""
+
+    _reading_paused = False
+
+    def pause_reading(self, **_: object) -> None:
+        pass
+
+    def resume_reading(self, **_: object) -> None:
+        pass
