@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 
 from deploy.local.stack import Role, Stack
@@ -18,9 +17,7 @@ class BenchStack(Stack):
 
     def _spawn(self, role: Role) -> None:
         log = open(role.log_path, "ab")  # noqa: SIM115 - the child writes it for its lifetime
-        argv = [sys.executable, "-m", "bench.timed_role", role.kind, "--config", str(self.config_path),
-                "--set", f"listen=127.0.0.1:{role.port}", "--set", f"metricsListen=127.0.0.1:{role.metrics_port}",
-                "--log-format", "text"]
+        argv = self.role_argv(role, "bench.timed_role")  # each role with its chart identity
         if role.kind == "extender" and self.extender_http:
             argv += ["--set", "tlsCertFile=", "--set", "tlsKeyFile="]
         role.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

@@ -21,7 +21,7 @@ import orjson
 import uvloop
 
 from controller import logs
-from shared.config import Config, ConfigError, camel, load_config
+from shared.config import Config, ConfigError, key_of, load_config
 
 
 def _parse_sets(items: list[str]) -> dict[str, object]:
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = asdict(cfg)
         raw["memory_per_card"] = [m.memory for m in cfg.models]
         raw.pop("extra", None)
-        doc = {("pendingTTLSeconds" if k == "pending_ttl_seconds" else camel(k)): v for k, v in raw.items()}
+        doc = {key_of(k): v for k, v in raw.items()}
         print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
         return 0
     if args.cmd == "cards":
@@ -99,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
 
         print(asyncio.run(show()))
         return 0
+    from shared.listen import start_problems
+
+    problems = start_problems(cfg, args.cmd)
+    if problems:  # e.g. an extender on a public address without client authentication: refuse to start
+        print(f"mtsched {args.cmd}: " + "; ".join(problems), file=sys.stderr)
+        return 2
     from controller import roles
 
     role = {"extender": roles.run_extender, "webhook": roles.run_webhook, "watcher": roles.run_watcher}[args.cmd]

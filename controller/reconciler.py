@@ -34,6 +34,7 @@ from shared.metrics import (
 from shared.node import Inventory, node_inventory
 from shared.reconcile import NodeDiff, diff_node, offers_cards, summarize
 from shared.state import NodeSnapshot
+from shared.supervise import is_transient
 
 log = logging.getLogger("mtsched.reconciler")
 
@@ -127,7 +128,13 @@ class Reconciler:
         except KubeError as e:
             if e.status == 404:
                 return "stale", None
-            raise
+            if is_transient(e):
+                raise
+            # e.g. 403 (RBAC lacks get pods): we cannot tell, so the booking stays as it is (fail closed)
+            RECONCILE_REPAIRS.labels("unconfirmed").inc()
+            log.error("reconcile: cannot ask the API server about %s (%s): its reservation on %s is kept",
+                      res.pod, e, node)
+            return "held", kept
         meta = pod.get("metadata") or {}
         if str(meta.get("uid")) != uid or is_terminal(pod) or (pod.get("spec") or {}).get("nodeName") != node:
             return "stale", None  # another pod of that name, ended, or not bound here
@@ -176,9 +183,13 @@ class Reconciler:
         log.warning("reconcile: repairing node %s: %s; %s%s", node, counts,
                     "; ".join(d.detail for d in diff.differences[:10]),
                     f"; stale reservations of {stale[:10]}" if stale else "")
+        # Sent with the view as it is now (events went on while we asked the API server), and never with a
+        # pod this watcher saw deleted: its release is done, and nothing would release it again.
+        final = {uid: (u, t) for uid, (u, t) in self.pods.holders(node).items() if uid not in self.pods.ended}
+        for uid in truth.keys() - holders.keys() - self.pods.ended.keys():
+            final.setdefault(uid, (truth[uid], refs.get(uid, "")))
         await self.ledger.list_node(node)
-        await self.ledger.replace_node(inv if inv is not None else Inventory(node),
-                                       {uid: (u, refs.get(uid, "")) for uid, u in truth.items()}, self.keep_ms)
+        await self.ledger.replace_node(inv if inv is not None else Inventory(node), final, self.keep_ms)
         self.nodes.known.add(node)
         self.repairs += 1
         return diff
@@ -190,10 +201,13 @@ class Reconciler:
     async def reconcile_all(self) -> dict[str, int]:
         """One pass over every node the ledger or the API knows; returns the repairs made, by kind."""
         t0 = time.monotonic()
-        invs, holders, refs = self._views()
+        invs, holders, _ = self._views()
         names = set(await self.ledger.nodes()) | {n for n, i in invs.items() if offers_cards(i)} | set(holders)
         snaps = await self.ledger.snapshots(sorted(names))
         now_ms = await self.ledger.redis_time_ms()
+        # The view is taken after the ledger was read: a pod released meanwhile is then missing from both,
+        # while a view older than the read would book it again, with nobody left to release it.
+        invs, holders, refs = self._views()
         repaired: dict[str, int] = {}
         for node in sorted(names):
             diff = await self.reconcile_node(node, snaps.get(node), invs.get(node), holders.get(node, {}), refs,

@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 
 from controller.kube import Kube, KubeError
+from shared.metrics import WATCH_RELISTS, WATCH_RESUMES
 from shared.supervise import is_transient
 
 log = logging.getLogger("mtsched.reflector")
@@ -132,6 +133,7 @@ class Reflector:
             try:
                 items, rv = await self.list()
                 self.relists += 1
+                WATCH_RELISTS.labels(self.name).inc()
                 try:
                     await self.on_sync(items)
                 except Exception as e:
@@ -175,6 +177,7 @@ class Reflector:
                             continue
                         await self._handle(orjson.loads(line))
                 self.resumes += 1
+                WATCH_RESUMES.labels(self.name).inc()
             except (Gone, asyncio.CancelledError):
                 raise
             except (TimeoutError, KubeError, aiohttp.ClientError, OSError, orjson.JSONDecodeError, ValueError,
@@ -187,6 +190,7 @@ class Reflector:
                     if self._poison >= 5:  # the same event keeps failing for a reason no retry cures
                         raise e.__cause__ from e
                 self.resumes += 1
+                WATCH_RESUMES.labels(self.name).inc()
                 log.warning("%s: watch interrupted (%s); resuming from %s in %.1fs", self.name, e,
                             self.resource_version, backoff)
                 await asyncio.sleep(backoff)

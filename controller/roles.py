@@ -18,7 +18,7 @@ from controller.kube import Kube
 from controller.reconciler import Reconciler
 from controller.watchers import Janitor, NodeWatcher, PodWatcher
 from shared.config import Config
-from shared.ledger import Ledger, connect
+from shared.ledger import Ledger, connect, connect_subscriber
 from shared.metrics import READY, metrics_handler, register_mirror
 from shared.mirror import Mirror
 from shared.supervise import Heartbeat, Supervisor, probe_loop
@@ -33,6 +33,11 @@ def split_addr(addr: str) -> tuple[str, int]:
 
 
 async def serve(app: web.Application, addr: str, ssl_context: ssl.SSLContext | None = None) -> web.AppRunner:
+    from shared.listen import LISTEN_POLICY
+
+    policy = app.get(LISTEN_POLICY)
+    if policy is not None:  # the role's default address and client authentication (shared/listen.py)
+        addr, ssl_context = policy.apply(addr, ssl_context)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, port = split_addr(addr)
@@ -82,7 +87,7 @@ async def _ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False) -> t
             log.warning("Redis at %s not reachable (%s); retrying", cfg.redis_url, e)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5)
-    mirror = Mirror(ledger, subscriber=connect(cfg.redis_url))
+    mirror = Mirror(ledger, subscriber=connect_subscriber(cfg.redis_url))
     sup.spawn("mirror", mirror.run)
     sup.check("mirror", lambda: "" if mirror.ready.is_set() else "not in sync with Redis")
     redis_ok = Heartbeat("Redis", max_age=6.0)

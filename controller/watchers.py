@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from controller.kube import Kube
+from controller.kube import Kube, KubeError
 from controller.reflector import Reflector
 from shared.annotations import ALLOCATED, AnnotationError, PodUsage, usage_from_annotations
 from shared.config import Config
@@ -143,6 +143,10 @@ class Nudger:
             await self.kube.request("PATCH", f"/api/v1/nodes/{node}", body,
                                     content_type="application/merge-patch+json")
             self.sent += 1
+        except KubeError as e:
+            # 403: the watcher's RBAC lacks `patch nodes`, and freed capacity is noticed only minutes later
+            (log.warning if e.status in (401, 403) else log.debug)("could not nudge the scheduler about %s: %s",
+                                                                   node, e)
         except Exception as e:
             log.debug("could not nudge the scheduler about %s: %s", node, e)
 

@@ -26,6 +26,10 @@ CONFLICTS = Counter("mtsched_reservation_conflicts_total",
 RELEASES = Counter("mtsched_releases_total", "Reservations released", ["why"])
 BINDINGS = Counter("mtsched_bindings_total", "Bind calls by outcome", ["result"])
 ADMISSIONS = Counter("mtsched_admissions_total", "Admission decisions", ["result"])
+WATCH_RELISTS = Counter("mtsched_watch_relists_total", "Full lists of a watched resource (start, 410 Gone, errors)",
+                        ["resource"])
+WATCH_RESUMES = Counter("mtsched_watch_resumes_total", "Watch streams resumed from the last resourceVersion",
+                        ["resource"])
 WATCH_EVENTS = Counter("mtsched_watch_events_total", "Watch events handled", ["resource", "type"])
 ANNOTATION_ERRORS = Counter("mtsched_annotation_errors_total",
                             "Pods whose allocation record could not be decoded (their usage is kept, not freed)")

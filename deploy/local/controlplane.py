@@ -205,6 +205,7 @@ class _SchedulerSetup:
     extra_profiles: tuple[Json, ...]
     extra_args: tuple[str, ...]
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
+    kubeconfig: Path | None = None  # None: the admin kubeconfig
 
 
 class _CanaryHandler(BaseHTTPRequestHandler):
@@ -488,8 +489,16 @@ class ControlPlane:
 
         self._wait(proc, ready)
 
-    def _start_apiserver(self, bin_dir: Path) -> None:
-        self._api_port = free_port()
+    def restart_apiserver(self) -> None:
+        """Stop kube-apiserver and start it again on the same port and etcd: every watch stream and
+        connection is cut, and clients must resume (fault tests)."""
+        p = self._procs.pop("kube-apiserver", None)
+        if p is not None:
+            p.stop()
+        self._start_apiserver(self.bin_dir, port=self._api_port)
+
+    def _start_apiserver(self, bin_dir: Path, port: int = 0) -> None:
+        self._api_port = port or free_port()
         pki = self.pki
         argv = [
             str(bin_dir / "kube-apiserver"),
@@ -581,15 +590,20 @@ class ControlPlane:
         extra_profiles: Sequence[Json] = (),
         extra_args: Sequence[str] = (),
         feature_gates: Mapping[str, bool] | None = None,
+        *,
+        kubeconfig: Path | str | None = None,
     ) -> None:
         """(Re)start kube-scheduler with profiles default-scheduler + ``scheduler_name`` (+ extras).
 
         Extenders are global in KubeSchedulerConfiguration v1: every profile uses them. With
         ``managedResources`` set, the scheduler only calls the extender for pods that request one of
         those resources, whatever their schedulerName. Returns when /readyz is ok (informers synced).
+        ``kubeconfig`` (default: the admin's) is the scheduler's identity for its client and for
+        delegated authentication/authorization, as in-cluster config is in a pod.
         """
         self._sched_setup = _SchedulerSetup(
-            extender, scheduler_name, tuple(extra_profiles), tuple(extra_args), dict(feature_gates or {})
+            extender, scheduler_name, tuple(extra_profiles), tuple(extra_args), dict(feature_gates or {}),
+            Path(kubeconfig) if kubeconfig is not None else None,
         )
         self.restart_scheduler()
 
@@ -603,7 +617,8 @@ class ControlPlane:
         cfg: Json = {
             "apiVersion": "kubescheduler.config.k8s.io/v1",
             "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {"kubeconfig": str(self.kubeconfig_path), "qps": 500, "burst": 1000},
+            "clientConnection": {"kubeconfig": str(setup.kubeconfig or self.kubeconfig_path), "qps": 500,
+                                 "burst": 1000},
             "leaderElection": {"leaderElect": False},
             # Unset, clusters > 100 nodes are sampled and the extender sees only a subset.
             "percentageOfNodesToScore": 100,
@@ -621,7 +636,7 @@ class ControlPlane:
         config_path = self.workdir / "scheduler.yaml"
         config_path.write_text(yaml.safe_dump(self.scheduler_config(), sort_keys=False))
         self._sched_port = free_port()
-        kc = str(self.kubeconfig_path)
+        kc = str(setup.kubeconfig or self.kubeconfig_path)
         argv = [
             str(self.bin_dir / "kube-scheduler"),
             f"--config={config_path}",
@@ -669,10 +684,13 @@ class ControlPlane:
         extra_profiles: Sequence[Json] = (),
         extra_args: Sequence[str] = (),
         feature_gates: Mapping[str, bool] | None = None,
+        *,
+        kubeconfig: Path | str | None = None,
     ) -> None:
         """start_scheduler in a thread, so an extender served by the caller's loop stays responsive."""
         await asyncio.to_thread(
-            self.start_scheduler, extender, scheduler_name, extra_profiles, extra_args, feature_gates
+            self.start_scheduler, extender, scheduler_name, extra_profiles, extra_args, feature_gates,
+            kubeconfig=kubeconfig,
         )
 
     # ----------------------------------------------------------------------------------- webhooks

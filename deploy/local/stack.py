@@ -5,11 +5,16 @@ one replica a per-request random balancer sits in front (what a Service does in 
 kube-scheduler gets the `hami-scheduler` profile calling the extender; the apiserver gets a
 MutatingWebhookConfiguration pointing at the webhook. Used by the e2e tests, the quick start and
 the benchmarks.
+
+Every role, kube-scheduler included, runs as the ServiceAccount the chart gives it, with the
+chart's RBAC from the rendered manifest (deploy/local/identities.py), never as the admin: a
+permission the chart lacks fails here as it would in a cluster.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import ssl
 import subprocess
 import sys
@@ -23,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from deploy.local.controlplane import ControlPlane, ExtenderSpec
+from deploy.local.identities import MANIFEST, Identities, deprovision, provision
 from deploy.local.redis import free_port, terminate
 
 WEBHOOK_SELECTOR = {"matchExpressions": [{"key": "mtsched.io/webhook", "operator": "NotIn", "values": ["ignore"]}]}
@@ -36,6 +42,7 @@ class Role:
     metrics_port: int
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)  # extra environment (fault tests: a skewed clock)
 
     @property
     def name(self) -> str:
@@ -55,6 +62,9 @@ class Stack:
     watchers: int = 1
     settings: Mapping[str, object] = field(default_factory=dict)
     workdir: Path | None = None
+    # Where the ServiceAccounts and RBAC come from: the chart rendered with its defaults.
+    manifest: Path = MANIFEST
+    identities: Identities | None = None
     roles: list[Role] = field(default_factory=list)
     balancers: dict[str, tuple[subprocess.Popen[bytes], int]] = field(default_factory=dict)
 
@@ -72,7 +82,7 @@ class Stack:
         doc = {
             "memoryPerCard": [int(x) for x in str(self.memory_per_card).split(",")],
             "redisUrl": self.redis_url,
-            "kubeconfig": str(self.cp.kubeconfig_path),
+            # No kubeconfig here: each role gets its own identity's on its command line (role_argv).
             "tlsCertFile": str(self.cp.pki.serving_crt),
             "tlsKeyFile": str(self.cp.pki.serving_key),
             "pendingTTLSeconds": 30,
@@ -80,13 +90,24 @@ class Stack:
         }
         self.config_path.write_text(yaml.safe_dump(doc))
 
+    def provision(self) -> Identities:
+        """The chart's ServiceAccounts and RBAC in the plane, one kubeconfig per role (once per stack)."""
+        if self.identities is None:
+            self.identities = provision(self.cp, self.manifest, self.dir / "identities")
+        return self.identities
+
+    def kubeconfig(self, kind: str) -> Path:
+        return self.provision()[kind].kubeconfig
+
+    def role_argv(self, role: Role, module: str = "controller.cli") -> list[str]:
+        return [sys.executable, "-m", module, role.kind, "--config", str(self.config_path),
+                "--set", f"listen=127.0.0.1:{role.port}", "--set", f"metricsListen=127.0.0.1:{role.metrics_port}",
+                "--set", f"kubeconfig={self.kubeconfig(role.kind)}", "--log-format", "text"]
+
     def _spawn(self, role: Role) -> None:
         log = open(role.log_path, "ab")  # noqa: SIM115 - the child writes it for its lifetime
-        argv = [sys.executable, "-m", "controller.cli", role.kind, "--config", str(self.config_path),
-                "--set", f"listen=127.0.0.1:{role.port}", "--set", f"metricsListen=127.0.0.1:{role.metrics_port}",
-                "--log-format", "text"]
-        role.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        role.proc = subprocess.Popen(self.role_argv(role), stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **role.env})
 
     def _wait_ready(self, role: Role, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -113,6 +134,7 @@ class Stack:
         return "\n".join(f"--- {r.name} ---\n{self.tail(r, lines)}" for r in self.roles)
 
     def start_roles(self) -> None:
+        self.provision()
         self.write_config()
         counts = (("watcher", self.watchers), ("extender", self.extenders), ("webhook", self.webhooks))
         for kind, n in counts:
@@ -151,7 +173,8 @@ class Stack:
 
     def start(self) -> Stack:
         self.start_roles()
-        self.cp.start_scheduler(ExtenderSpec(self._front("extender")))
+        # kube-scheduler shares the extender's pod, hence its ServiceAccount.
+        self.cp.start_scheduler(ExtenderSpec(self._front("extender")), kubeconfig=self.kubeconfig("kube-scheduler"))
         self.cp.register_webhooks(self._front("webhook") + "/mutate", ca_pem=self.cp.ca_pem,
                                   namespace_selector=WEBHOOK_SELECTOR, object_selector=WEBHOOK_SELECTOR)
         return self
@@ -165,6 +188,31 @@ class Stack:
     def _stop(self, role: Role) -> None:
         terminate(role.proc)
 
+    def metrics(self, role: Role) -> str:
+        """The role's /metrics text."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{role.metrics_port}/metrics", timeout=5) as resp:
+            return str(resp.read().decode())
+
+    def role(self, kind: str, index: int = 0) -> Role:
+        return next(r for r in self.roles if r.kind == kind and r.index == index)
+
+    def kill(self, kind: str, index: int = 0) -> None:
+        """SIGKILL one role's process, as a crash or the OOM killer would, and reap it."""
+        proc = self.role(kind, index).proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+
+    def respawn(self, kind: str, index: int = 0, env: Mapping[str, str] | None = None) -> None:
+        """Start a stopped or killed role again (what the kubelet does) and wait until it is ready."""
+        role = self.role(kind, index)
+        if env is not None:
+            role.env = dict(env)
+        if role.alive():
+            self._stop(role)
+        self._spawn(role)
+        self._wait_ready(role)
+
     def stop_roles(self) -> None:
         for role in self.roles:
             self._stop(role)
@@ -175,3 +223,8 @@ class Stack:
 
     def stop(self) -> None:
         self.stop_roles()
+        if self.identities is not None:
+            # kube-scheduler runs on a token of this stack's: it stops before the token is revoked.
+            self.cp.stop_scheduler()
+            deprovision(self.cp, self.identities)
+            self.identities = None

@@ -91,6 +91,17 @@ def control_plane_no_watch_cache(pytestconfig: pytest.Config) -> Iterator[Contro
         cp.stop()
 
 
+@pytest.fixture(scope="module")
+def own_control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
+    """A plane for one module alone, for tests that restart or break it (fault tests)."""
+    cp = _start_plane(pytestconfig)
+    try:
+        yield cp
+    finally:
+        _planes.remove(cp)
+        cp.stop()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
