@@ -17,7 +17,7 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web, web_protocol
@@ -95,7 +95,7 @@ def instrument() -> None:
     compute_filter, compute_prioritize = BENCH_SECONDS.labels("filter.compute"), BENCH_SECONDS.labels(
         "prioritize.compute")
 
-    def counting_filter(self: Extender, args: dict[str, Any]) -> dict[str, Any]:
+    def counting_filter(self: Extender, args: Mapping[str, Any]) -> dict[str, Any]:
         FILTER_CALLS.inc()
         FILTER_NODES.inc(len(args.get("NodeNames") or []) or len((args.get("Nodes") or {}).get("items") or []))
         start = time.perf_counter()
@@ -104,7 +104,7 @@ def instrument() -> None:
         finally:
             compute_filter.observe(time.perf_counter() - start)
 
-    def timed_prioritize(self: Extender, args: dict[str, Any]) -> list[dict[str, Any]]:
+    def timed_prioritize(self: Extender, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         start = time.perf_counter()
         try:
             return plain_prioritize(self, args)

@@ -4,6 +4,11 @@ Filter and prioritize read only the local mirror (no Redis call per node). Bind 
 atomically in the ledger (one round trip when the mirror is current), creates the Binding with
 the allocation annotations in the same API call, then marks the reservation bound (a second
 round trip). On any failure the reservation is released and the error returned.
+
+Arguments are checked before anything else (shared/extender_args.py): malformed ones get HTTP 400
+naming the field. Bind places only pods that ask for our cards, under our profile, on a node they
+may go to (shared/placement.py); anything else is refused before a reservation is made. Every
+cache here is bounded by bytes (docs/install.md, Security).
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -19,7 +25,9 @@ from aiohttp import web
 
 from controller.kube import Kube, KubeError
 from shared.annotations import ALLOCATED, CardGrant, binding_annotations, device_id
+from shared.bounded import ByteLRU
 from shared.config import Config
+from shared.extender_args import ArgsError, ExtenderArgs, parse_binding_args, parse_extender_args
 from shared.fit import (
     GPU_POLICY,
     NODE_POLICY,
@@ -32,17 +40,74 @@ from shared.fit import (
     policy_of,
 )
 from shared.ledger import Ledger
+from shared.listen import LISTEN_POLICY, extender_policy
 from shared.metrics import BINDINGS, CONFLICTS, EXTENDER_SECONDS, RESERVATIONS
 from shared.mirror import Mirror
 from shared.models import UNIT_MIB
+from shared.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
 from shared.request import RequestError, SliceRequest, pod_request
+from shared.shapes import ShapeError
 from shared.state import CardRecord, NodeSnapshot
 
 log = logging.getLogger("mtsched.extender")
 
 
+BODY_LIMIT = 32 * 1024 * 1024  # client_max_size: ExtenderArgs with a whole NodeList (a larger body gets 413)
+POD_CACHE_BYTES = 16 * 1024 * 1024  # pods seen in filter, kept for bind
+POD_ENTRY_BYTES = 256 * 1024  # a larger entry is not kept: bind reads that pod from the API server
+EVENT_MEMO_BYTES = 2 * 1024 * 1024  # (pod, reason, message) of recent events, to send each once a minute
+MEMO_BYTES = 32 * 1024 * 1024  # fit and score memos (checked before each call; one call adds at most its nodes)
+EVENT_MESSAGE_CHARS = 1024  # what an event keeps of a message (Kube.create_event cuts there too)
+FIT_ANNOTATIONS = (USE_UUID, NOUSE_UUID, GPU_POLICY)  # all fit() reads of a pod's annotations
+
+
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _bad(e: ArgsError) -> web.Response:
+    return _json({"error": str(e)}, status=400)
+
+
+def _request_size(req: SliceRequest | None) -> int:
+    return 0 if req is None else 200 + sum(120 + len(s.name) for s in req.shares)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What bind needs of a pod (never the whole pod: one annotation can be a megabyte)."""
+
+    uid: str
+    name: str
+    namespace: str
+    scheduler_name: str
+    request: SliceRequest | None
+    annotations: Mapping[str, str]  # FIT_ANNOTATIONS only
+    requirement: NodeRequirement
+
+    @classmethod
+    def of(cls, pod: Mapping[str, Any], req: SliceRequest | None, requirement: NodeRequirement) -> Seen:
+        meta = pod.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        return cls(str(meta.get("uid") or ""), str(meta.get("name") or ""), str(meta.get("namespace") or ""),
+                   str((pod.get("spec") or {}).get("schedulerName") or ""), req,
+                   {k: annotations[k] for k in FIT_ANNOTATIONS if k in annotations}, requirement)
+
+    def size(self) -> int:
+        """Approximate bytes this entry keeps alive (strings plus a fixed overhead per object)."""
+        return (400 + len(self.uid) + len(self.name) + len(self.namespace) + len(self.scheduler_name)
+                + sum(64 + len(k) + len(v) for k, v in self.annotations.items())
+                + _request_size(self.request) + self.requirement.size())
+
+    @property
+    def candidate(self) -> BindCandidate:
+        return BindCandidate(self.namespace, self.name, self.request is not None, self.scheduler_name,
+                             self.requirement)
+
+    @property
+    def event_pod(self) -> dict[str, Any]:
+        """All Kube.create_event reads of a pod."""
+        return {"metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid}}
 
 
 class Extender:
@@ -51,40 +116,38 @@ class Extender:
         self.ledger = ledger
         self.mirror = mirror
         self.kube = kube
-        self.pods: OrderedDict[str, dict[str, Any]] = OrderedDict()  # uid -> pod seen in filter (for bind)
+        self.pods: ByteLRU[str, Seen] = ByteLRU(POD_CACHE_BYTES, POD_ENTRY_BYTES)  # uid -> pod seen in filter
         self._events: set[asyncio.Task[None]] = set()
-        self._recent: dict[tuple[str, str, str], float] = {}  # (pod uid, reason, message) -> last sent
+        self._recent: ByteLRU[tuple[str, str, str], float] = ByteLRU(EVENT_MEMO_BYTES)  # -> last sent
         # Memo of fit() and node scores per node, valid while the node's card states are the same object
         # (NodeSnapshot.states() keeps it while the cards are unchanged): between two pods only the nodes
-        # booked meanwhile change, so a filter over hundreds of nodes computes only those again.
+        # booked meanwhile change, so a filter over hundreds of nodes computes only those again. Entries
+        # exist only for nodes of the mirror (pruned to them), each memo holding at most 64 answers.
         self._fits: dict[str, tuple[NodeSnapshot, dict[int, CardRecord], dict[int, Any]]] = {}
         # ... and across nodes: nodes whose cards hold the same (often: nothing yet) get the same answer,
         # so a request shape seen for the first time costs one fit() per distinct card state, not per node.
         self._contents: dict[tuple[tuple[Any, ...], ...], int] = {}  # card states without the node -> id
         self._shared: dict[tuple[int, int], Any] = {}  # (content id, key id) -> FitResult or score
         self._keys: dict[tuple[Any, ...], int] = {}  # what a fit depends on -> small int (hashed once per call)
+        self._memo_bytes = 0  # approximate bytes of _keys, _contents and _shared (annotation values included)
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _remember(self, pod: dict[str, Any]) -> None:
-        uid = str((pod.get("metadata") or {}).get("uid"))
-        self.pods[uid] = pod
-        self.pods.move_to_end(uid)
-        while len(self.pods) > 10000:
-            self.pods.popitem(last=False)
+    def _remember(self, seen: Seen) -> None:
+        self.pods.put(seen.uid, seen, seen.size())
 
-    def event(self, pod: dict[str, Any], reason: str, message: str, kind: str = "Normal") -> None:
+    def event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str = "Normal") -> None:
         """Fire-and-forget Kubernetes event, so API latency never adds to a scheduling call."""
         if not (self.kube and self.cfg.events_enabled):
             return
+        message = message[:EVENT_MESSAGE_CHARS]
         # kube-scheduler retries a Pending pod often: one event per pod, reason and message a minute
         key = (str((pod.get("metadata") or {}).get("uid")), reason, message)
         now = time.monotonic()
-        if now - self._recent.get(key, -1e9) < 60:
+        last = self._recent.get(key)
+        if last is not None and now - last < 60:
             return
-        self._recent[key] = now
-        if len(self._recent) > 20000:
-            self._recent = {k: t for k, t in self._recent.items() if now - t < 60}
+        self._recent.put(key, now, 160 + len(key[0]) + len(reason) + len(message))
 
         async def send() -> None:
             try:
@@ -96,10 +159,6 @@ class Extender:
         self._events.add(task)
         task.add_done_callback(self._events.discard)
 
-    @staticmethod
-    def _annotations(pod: dict[str, Any]) -> dict[str, str]:
-        return dict((pod.get("metadata") or {}).get("annotations") or {})
-
     def _grants(self, node: str, req: SliceRequest, cards: tuple[int, ...], capacity: int) -> list[list[CardGrant]]:
         return [[CardGrant(device_id(node, i), s.memory * UNIT_MIB, s.cores) for i in cards] if not s.empty else []
                 for s in req.shares_for(capacity)]
@@ -107,14 +166,18 @@ class Extender:
     def _key(self, key: tuple[Any, ...]) -> int:
         """A small int for what a memoized answer depends on besides the cards. Call before a loop:
         it may reset every memo."""
-        if len(self._keys) >= 4096 or len(self._contents) >= 100_000 or len(self._shared) >= 200_000:
+        if self._memo_bytes > MEMO_BYTES:
             self._keys.clear()  # ids are reused after this: forget every memo holding them
             self._fits.clear()
             self._contents.clear()
             self._shared.clear()
+            self._memo_bytes = 0
         k = self._keys.get(key)
         if k is None:
             k = self._keys[key] = len(self._keys)
+            # keys hold annotation values (any length): counted by their size, not by their number
+            self._memo_bytes += 100 + sum(len(x) if isinstance(x, str) else
+                                          _request_size(x) if isinstance(x, SliceRequest) else 16 for x in key)
         return k
 
     def _content(self, snap: NodeSnapshot, memo: dict[int, Any]) -> int:
@@ -127,6 +190,7 @@ class Extender:
             cid = self._contents.get(content)
             if cid is None:
                 cid = self._contents[content] = len(self._contents)
+                self._memo_bytes += 100 + 160 * len(content)
             memo[-1] = cid
         return cid
 
@@ -145,32 +209,40 @@ class Extender:
 
     # -- verbs ---------------------------------------------------------------------------------
 
-    def filter(self, args: dict[str, Any]) -> dict[str, Any]:
-        pod = args.get("Pod") or {}
-        names: list[str] = list(args.get("NodeNames") or [])
-        full_nodes = (args.get("Nodes") or {}).get("items") if not names else None
-        if full_nodes is not None:  # a caller that is not node-cache-capable sends (and expects) Node objects
-            names = [str((n.get("metadata") or {}).get("name")) for n in full_nodes]
-        result = self._filter(pod, names)
-        if full_nodes is not None:
+    def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """ExtenderFilterResult for ExtenderArgs; ArgsError (HTTP 400) when they are malformed."""
+        a = parse_extender_args(args, self.mirror.nodes.keys())
+        if not self.mirror.ready.is_set():
+            return {"Error": "filter: card state not loaded yet (Redis unreachable?)"}
+        result = self._filter(a)
+        if a.nodes is not None:  # a caller that is not node-cache-capable sends (and expects) Node objects
             keep = set(result["NodeNames"])
-            result["Nodes"] = {"items": [n for n in full_nodes if (n.get("metadata") or {}).get("name") in keep]}
+            result["Nodes"] = {"items": [n for n, name in zip(a.nodes, a.names, strict=True) if name in keep]}
             result["NodeNames"] = None
         return result
 
-    def _filter(self, pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    def _filter(self, a: ExtenderArgs) -> dict[str, Any]:
+        pod, names = a.pod, list(a.names)
+        meta = pod["metadata"]
+        event_pod = {"metadata": {k: meta[k] for k in ("name", "namespace", "uid")}}  # not the pod: events wait
         try:
             req = pod_request(pod, self.cfg)
         except RequestError as e:
             # Fail closed: a pod that asks for cards but asks wrongly is placed nowhere.
             msg = "; ".join(e.problems)
-            self.event(pod, "FilteringFailed", msg, "Warning")
+            self.event(event_pod, "FilteringFailed", msg, "Warning")
             return {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": dict.fromkeys(names, msg),
                     "Error": ""}
         if req is None:
             return {"NodeNames": names, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
-        self._remember(pod)
-        annotations = self._annotations(pod)
+        seen = Seen.of(pod, req, a.requirement)
+        why = scheduler_refusal(seen.scheduler_name, self.cfg.scheduler_name, self.cfg.resource_count_name)
+        if why:
+            self.event(event_pod, "FilteringFailed", why, "Warning")
+            return {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": dict.fromkeys(names, why),
+                    "Error": ""}
+        self._remember(seen)
+        annotations = seen.annotations
         ok: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -199,6 +271,7 @@ class Extender:
                         if result is None:
                             result = self._shared[shared_key] = fit(snap.states(), req, annotations,
                                                                     self.cfg.gpu_scheduler_policy)
+                            self._memo_bytes += 150 + len(result.reason)
                     else:
                         result = fit(snap.states(), req, annotations, self.cfg.gpu_scheduler_policy)
                     memo[key] = result
@@ -208,18 +281,19 @@ class Extender:
                     failed[name] = result.reason
         if not ok:
             msgs = aggregate_failures({**failed, **unresolvable})
-            self.event(pod, "FilteringFailed", "; ".join([*msgs, f"no available node, {len(names)} nodes do not meet"]),
-                       "Warning")
+            self.event(event_pod, "FilteringFailed",
+                       "; ".join([*msgs, f"no available node, {len(names)} nodes do not meet"]), "Warning")
         return {"NodeNames": ok, "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
 
-    def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        pod = args.get("Pod") or {}
-        names = list(args.get("NodeNames") or [])
-        policy = policy_of(self._annotations(pod), NODE_POLICY, self.cfg.node_scheduler_policy)
+    def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """HostPriorityList for ExtenderArgs; ArgsError (HTTP 400) when they are malformed."""
+        a = parse_extender_args(args, self.mirror.nodes.keys())
+        annotations = a.pod["metadata"].get("annotations") or {}
+        policy = policy_of(annotations, NODE_POLICY, self.cfg.node_scheduler_policy)
         key = self._key(("priority", policy))
         out = []
         get, fits, memo_of = self.mirror.get, self._fits, self._memo
-        for name in names:
+        for name in a.names:
             snap = get(name)
             score = 0
             if snap:
@@ -234,32 +308,71 @@ class Extender:
                     score = self._shared.get(shared_key, -1)
                     if score < 0:
                         score = self._shared[shared_key] = extender_priority(snap.states(), policy)
+                        self._memo_bytes += 100
                     memo[key] = score
             out.append({"Host": name, "Score": int(score)})
         return out
 
-    async def bind(self, args: dict[str, Any]) -> dict[str, Any]:
-        ns, name, uid, node = (str(args.get(k) or "") for k in ("PodNamespace", "PodName", "PodUID", "Node"))
-        if not (ns and name and uid and node):
-            return {"Error": "bind: PodNamespace, PodName, PodUID and Node are required"}
-        pod = self.pods.pop(uid, None)
-        if pod is None:
-            if self.kube is None:
-                return {"Error": f"bind: pod {ns}/{name} was not seen by this replica's filter"}
-            try:
-                pod = await self.kube.get_pod(ns, name)  # filter ran on another replica
-            except KubeError as e:
-                BINDINGS.labels("error").inc()
-                return {"Error": f"bind: cannot read pod {ns}/{name}: {e}"}
+    async def _seen_from_api(self, ns: str, name: str, uid: str) -> Seen | str:
+        """The pod as the API server has it (filter ran on another replica), or why bind must stop."""
+        if self.kube is None:
+            return f"bind: pod {ns}/{name} was not seen by this replica's filter"
         try:
-            req = pod_request(pod, self.cfg)
-        except RequestError as e:
+            pod = await self.kube.get_pod(ns, name)  # filter ran on another replica
+        except KubeError as e:
+            BINDINGS.labels("error").inc()
+            return f"bind: cannot read pod {ns}/{name}: {e}"
+        got = (pod.get("metadata") or {}).get("uid") if isinstance(pod, dict) else None
+        if got != uid:
             BINDINGS.labels("rejected").inc()
-            return {"Error": "; ".join(e.problems)}
-        if req is None:
-            return await self._plain_bind(pod, ns, name, uid, node)
-        outcome, _ = await self.ledger.place(node, uid, req, self._annotations(pod), self.mirror.get(node),
-                                                  self.cfg.gpu_scheduler_policy, pod=f"{ns}/{name}")
+            return f"bind: pod {ns}/{name} has uid {got!r}, not {uid!r} (deleted and created again?)"
+        try:  # pod_request checks the pod's shape first
+            return Seen.of(pod, pod_request(pod, self.cfg), node_requirement(pod))
+        except (RequestError, ShapeError) as e:
+            BINDINGS.labels("rejected").inc()
+            return "; ".join(e.problems) if isinstance(e, RequestError) else str(e)
+
+    async def _node_labels(self, node: str) -> tuple[Mapping[str, str] | None, str]:
+        """The node's labels from the API server (the mirror has cards, not labels), or why not."""
+        if self.kube is None:
+            return None, "no API client"
+        try:
+            obj = await self.kube.get_node(node)
+        except KubeError as e:
+            return None, str(e)
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        labels = meta.get("labels") if isinstance(meta, dict) else None
+        if labels is not None and not isinstance(labels, dict):
+            return None, "the node's labels are not an object"
+        return {k: v for k, v in (labels or {}).items() if isinstance(v, str)}, ""
+
+    async def bind(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """ExtenderBindingResult for ExtenderBindingArgs; ArgsError (HTTP 400) when they are malformed."""
+        b = parse_binding_args(args)
+        ns, name, uid, node = b.namespace, b.name, b.uid, b.node
+        seen = self.pods.pop(uid)
+        if seen is not None and (seen.namespace, seen.name) != (ns, name):
+            BINDINGS.labels("rejected").inc()
+            return {"Error": f"bind: pod uid {uid} was filtered as {seen.namespace}/{seen.name}, not {ns}/{name}"}
+        if seen is None:
+            got = await self._seen_from_api(ns, name, uid)
+            if isinstance(got, str):
+                return {"Error": got}
+            seen = got
+        labels, why_not = None, ""
+        if not seen.requirement.unconstrained:
+            labels, why_not = await self._node_labels(node)
+        refusal = bind_refusal(seen.candidate, node, labels, self.cfg.scheduler_name, self.cfg.resource_count_name)
+        if refusal:  # before any reservation: nothing to release
+            BINDINGS.labels("rejected").inc()
+            msg = f"{refusal} ({why_not})" if why_not else refusal
+            self.event(seen.event_pod, "BindingFailed", msg, "Warning")
+            return {"Error": msg}
+        req = seen.request
+        assert req is not None  # bind_refusal refuses pods without a request
+        pod = seen.event_pod
+        outcome, _ = await self.ledger.place(node, uid, req, seen.annotations, self.mirror.get(node),
+                                             self.cfg.gpu_scheduler_policy, pod=f"{ns}/{name}")
         if outcome.attempts > 1:
             CONFLICTS.inc(outcome.attempts - 1)
         if not outcome.ok:
@@ -309,48 +422,36 @@ class Extender:
         return bool(meta.get("uid") == uid and (pod.get("spec") or {}).get("nodeName") == node
                     and (meta.get("annotations") or {}).get(ALLOCATED) == annotations[ALLOCATED])
 
-    async def _plain_bind(self, pod: dict[str, Any], ns: str, name: str, uid: str, node: str) -> dict[str, Any]:
-        """Pods that reach bind without asking for slices (not ours): bind them unchanged."""
-        try:
-            if self.kube is None:
-                raise KubeError(503, "no API client", "bind")
-            await self.kube.bind(ns, name, uid, node, {})
-        except Exception as e:
-            return {"Error": f"binding {ns}/{name} to {node} failed: {e}"}
-        return {"Error": ""}
-
     # -- HTTP ----------------------------------------------------------------------------------
 
-    async def _read(self, request: web.Request) -> dict[str, Any] | None:
+    @staticmethod
+    async def _read(request: web.Request, what: str) -> Any:
+        """The decoded body; ArgsError when it is not JSON (aiohttp answers 413 above BODY_LIMIT)."""
         try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError:
-            return None
-        return body if isinstance(body, dict) else None
+            return orjson.loads(await request.read())
+        except orjson.JSONDecodeError as e:
+            raise ArgsError(f"body: not JSON ({e}); allowed: an {what} JSON object") from None
 
     async def h_filter(self, request: web.Request) -> web.Response:
         with EXTENDER_SECONDS.labels("filter").time():
-            args = await self._read(request)
-            if args is None:
-                return _json({"Error": "filter: body is not ExtenderArgs JSON"})
-            if not self.mirror.ready.is_set():
-                return _json({"Error": "filter: card state not loaded yet (Redis unreachable?)"})
-            return _json(self.filter(args))
+            try:
+                return _json(self.filter(await self._read(request, "ExtenderArgs")))
+            except ArgsError as e:
+                return _bad(e)
 
     async def h_prioritize(self, request: web.Request) -> web.Response:
         with EXTENDER_SECONDS.labels("prioritize").time():
-            args = await self._read(request)
-            if args is None:
-                return _json([], status=400)
-            return _json(self.prioritize(args))
+            try:
+                return _json(self.prioritize(await self._read(request, "ExtenderArgs")))
+            except ArgsError as e:
+                return _bad(e)
 
     async def h_bind(self, request: web.Request) -> web.Response:
         with EXTENDER_SECONDS.labels("bind").time():
-            args = await self._read(request)
-            if args is None:
-                return _json({"Error": "bind: body is not ExtenderBindingArgs JSON"})
             try:
-                return _json(await self.bind(args))
+                return _json(await self.bind(await self._read(request, "ExtenderBindingArgs")))
+            except ArgsError as e:
+                return _bad(e)
             except Exception as e:  # a Redis outage must come back as an error, not a dropped connection
                 log.exception("bind failed")
                 BINDINGS.labels("error").inc()
@@ -361,6 +462,7 @@ class Extender:
         return web.Response(text="ok" if ready else "card state not loaded", status=200 if ready else 503)
 
     def routes(self, app: web.Application) -> None:
+        app[LISTEN_POLICY] = extender_policy(self.cfg)
         app.router.add_post("/filter", self.h_filter)
         app.router.add_post("/prioritize", self.h_prioritize)
         app.router.add_post("/bind", self.h_bind)

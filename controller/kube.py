@@ -92,6 +92,10 @@ class Kube:
         pod: dict[str, Any] = await self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
         return pod
 
+    async def get_node(self, name: str) -> dict[str, Any]:
+        node: dict[str, Any] = await self.request("GET", f"/api/v1/nodes/{name}")
+        return node
+
     async def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
         """Create the Binding; its annotations are copied onto the pod in the same call by the API server,
         so a pod is never bound without its allocation record. The uid precondition stops a bind of

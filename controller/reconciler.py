@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from controller.kube import Kube, KubeError
-from controller.watchers import NodeWatcher, PodWatcher, is_terminal, pod_ref
+from controller.watchers import NodeWatcher, PodWatcher, is_terminal, pod_ref, unaccounted
 from shared.annotations import AnnotationError, PodUsage, usage_from_annotations
 from shared.config import Config
 from shared.ledger import Ledger
@@ -32,7 +33,15 @@ from shared.metrics import (
     RELEASES,
 )
 from shared.node import Inventory, node_inventory
-from shared.reconcile import NodeDiff, diff_node, offers_cards, summarize
+from shared.reconcile import (
+    NodeDiff,
+    Unrecorded,
+    diff_node,
+    offers_cards,
+    quarantine_reason,
+    recovered_usage,
+    summarize,
+)
 from shared.state import NodeSnapshot
 from shared.supervise import is_transient
 
@@ -63,25 +72,33 @@ class Reconciler:
         t0 = time.monotonic()
         node_objs, _ = await self.nodes.reflector.list()
         pod_objs, _ = await self.pods.reflector.list()
-        invs = [inv for inv in (node_inventory(n, self.cfg) for n in node_objs) if offers_cards(inv)]
+        by_name = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in node_objs) if offers_cards(inv)}
         bound: dict[str, tuple[PodUsage, str]] = {}
+        lost: dict[str, list[Unrecorded]] = {}
         for pod in pod_objs:
             if is_terminal(pod) or not (pod.get("spec") or {}).get("nodeName"):
                 continue
+            usage: PodUsage | None = None
             try:
                 usage = usage_from_annotations(pod)
             except AnnotationError as e:
                 ANNOTATION_ERRORS.inc()
                 log.error("rebuild: pod %s has an undecodable allocation record: %s", pod_ref(pod), e)
-                continue
+            if usage is None and (u := unaccounted(pod, self.cfg)) is not None:
+                # no readable record: what survives on the pod, or the node stays closed (fail closed)
+                usage = recovered_usage(u, by_name.get(u.node))
+                if usage is None:
+                    lost.setdefault(u.node, []).append(u)
             if usage is not None:
                 bound[str(pod["metadata"]["uid"])] = (usage, pod_ref(pod))
+        invs = [replace(inv, error=quarantine_reason(lost[n])) if n in lost and not inv.error and inv.cards else inv
+                for n, inv in by_name.items()]
         # Reservations made since our lists began are newer than their truth: kept (measured on Redis's
         # clock by the script; the elapsed time is ours, which is fine for a duration).
         keep_ms = int((time.monotonic() - t0) * 1000) + self.keep_ms
         stats = await self.ledger.rebuild(invs, bound, keep_ms=keep_ms)
         self.nodes.known = {i.node for i in invs} | {u.node for u, _ in bound.values()}
-        self.nodes.last = {i.node: i for i in invs}
+        self.nodes.last = by_name  # the API's view; a quarantine is applied on top (NodeWatcher.effective)
         self.pods.seen = {}
         if not self.pods.reflector.synced.is_set():
             # first start: seed the pod view from the same list, so nodes written before the pod
@@ -105,13 +122,15 @@ class Reconciler:
     # -- anti-entropy ------------------------------------------------------------------------------
 
     def _views(self) -> tuple[dict[str, Inventory], dict[str, dict[str, PodUsage]], dict[str, str]]:
-        invs = dict(self.nodes.last)
+        """The watchers' view: each node as the ledger must hold it, and what each live pod holds."""
+        invs = {n: self.nodes.effective(i) for n, i in self.nodes.last.items()}
         holders: dict[str, dict[str, PodUsage]] = {}
         refs: dict[str, str] = {}
-        for uid, t in self.pods.truth.items():
-            if t.usage is not None:
-                holders.setdefault(t.usage.node, {})[uid] = t.usage
-                refs[uid] = t.ref
+        for node in {t.node for t in self.pods.truth.values() if t.node} | {
+                t.usage.node for t in self.pods.truth.values() if t.usage is not None}:
+            for uid, (usage, ref) in self.pods.holders(node).items():
+                holders.setdefault(node, {})[uid] = usage
+                refs[uid] = ref
         return invs, holders, refs
 
     async def _confirm(self, node: str, snap: NodeSnapshot, uid: str) -> tuple[str, PodUsage | None]:

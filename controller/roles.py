@@ -140,7 +140,10 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     nodes = NodeWatcher(kube, ledger, cfg)
     pods = PodWatcher(kube, ledger, mirror, cfg, nodes.lost)
     nodes.holders = pods.holders
+    nodes.quarantine = pods.quarantine
+    pods.inventories = lambda: nodes.last
     reconciler = Reconciler(kube, ledger, cfg, nodes, pods)
+    pods.unaccounted_changed = reconciler.wake.set
     mirror.on_reconnect.append(reconciler.wake.set)  # Pub/Sub lost messages meanwhile: compare soon
     health = await serve_health(cfg, sup.problems)
     sup.check("nodes", nodes.reflector.problem)

@@ -13,24 +13,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from controller.kube import Kube, KubeError
 from controller.reflector import Reflector
-from shared.annotations import ALLOCATED, AnnotationError, PodUsage, usage_from_annotations
+from shared.annotations import ALLOCATED, GPU_INDEX, AnnotationError, PodUsage, usage_from_annotations
 from shared.config import Config
 from shared.ledger import Ledger, LedgerError
 from shared.metrics import ANNOTATION_ERRORS, OVERCOMMIT, RELEASES, WATCH_EVENTS
 from shared.mirror import Mirror
 from shared.node import Inventory, node_inventory
-from shared.reconcile import offers_cards
+from shared.reconcile import Unrecorded, offers_cards, quarantine_reason, recovered_usage
+from shared.request import RequestError, pod_request
 
 log = logging.getLogger("mtsched.watchers")
 
 
-def pod_ref(pod: dict[str, Any]) -> str:
+def pod_ref(pod: Mapping[str, Any]) -> str:
     meta = pod.get("metadata") or {}
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
@@ -59,6 +60,7 @@ class NodeWatcher:
         self.known: set[str] = set()  # nodes this watcher has seen in the ledger
         self.lost = asyncio.Event()  # set when Redis turned out to have lost a known node
         self.holders: Holders = lambda node: {}
+        self.quarantine: Callable[[str], str] = lambda node: ""  # why the node must offer nothing, if so
         self.reflector = Reflector(kube, "/api/v1/nodes", self.on_event, self.on_sync, "nodes")
 
     async def apply(self, name: str, inv: Inventory | None) -> None:
@@ -81,10 +83,13 @@ class NodeWatcher:
                 self.known.discard(name)
             return
         assert inv is not None
+        self.last[name] = inv
+        inv = self.effective(inv)
         if name in self.known:
             if await self.ledger.upsert_node(inv, create=False) < 0:
                 # A node we knew is missing from Redis: the state was lost, only a rebuild may recreate it.
                 log.error("node %s is missing from Redis: state lost, rebuilding from the API server", name)
+                self.last.pop(name, None)
                 self.lost.set()
                 return
         else:
@@ -92,7 +97,12 @@ class NodeWatcher:
             await self.ledger.list_node(name)
             await self.ledger.replace_node(inv, self.holders(name), self.keep_ms)
         self.known.add(name)
-        self.last[name] = inv
+
+    def effective(self, inv: Inventory) -> Inventory:
+        """The node as the ledger must hold it: closed (an error) while pods nobody can account for hold
+        cards there."""
+        why = "" if inv.error or not inv.cards else self.quarantine(inv.node)
+        return replace(inv, error=why) if why else inv
 
     async def on_event(self, kind: str, node: dict[str, Any]) -> None:
         WATCH_EVENTS.labels("node", kind).inc()
@@ -159,6 +169,22 @@ class PodTruth:
     node: str  # spec.nodeName
     usage: PodUsage | None  # what its record books; None without a (decodable) record
     opaque: bool = False  # carries a record we cannot decode: whatever the ledger holds for it is kept
+    unrecorded: Unrecorded | None = None  # bound, asking for slices, no readable record
+
+
+def unaccounted(pod: Mapping[str, Any], cfg: Config) -> Unrecorded | None:
+    """A bound pod without a readable record that asks for slices (or whose request cannot be read, which
+    counts as asking: fail closed); None if it asks for none."""
+    try:
+        req = pod_request(pod, cfg)
+    except RequestError:
+        req = None
+    else:
+        if req is None:
+            return None
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    return Unrecorded(pod_ref(pod), str((pod.get("spec") or {}).get("nodeName") or ""), req,
+                      str(ann.get(GPU_INDEX) or ""))
 
 
 class PodWatcher:
@@ -173,10 +199,31 @@ class PodWatcher:
         self.truth: dict[str, PodTruth] = {}  # uid -> live pod that is bound or carries a record
         self.ended: dict[str, float] = {}  # uid -> when the watch saw it deleted or ended (last 10 minutes)
         self.reflector = Reflector(kube, "/api/v1/pods", self.on_event, self.on_sync, "pods")
+        self.inventories: Callable[[], Mapping[str, Inventory]] = dict  # the node watcher's view, set by the role
+        self.unaccounted_changed: Callable[[], None] = lambda: None  # a quarantine may start or end
 
     def holders(self, node: str) -> dict[str, tuple[PodUsage, str]]:
-        """Live pods whose records book cards on `node`, as this watcher's view of the API says."""
-        return {uid: (t.usage, t.ref) for uid, t in self.truth.items() if t.usage is not None and t.usage.node == node}
+        """Live pods that hold cards on `node`, as this watcher's view of the API says: from their records,
+        or (record gone) from what survives on the pod (shared.reconcile.recovered_usage)."""
+        out: dict[str, tuple[PodUsage, str]] = {}
+        inv = None
+        for uid, t in self.truth.items():
+            if t.usage is not None and t.usage.node == node:
+                out[uid] = (t.usage, t.ref)
+            elif t.unrecorded is not None and t.node == node:
+                inv = inv or self.inventories().get(node)
+                usage = recovered_usage(t.unrecorded, inv)
+                if usage is not None:
+                    out[uid] = (usage, t.ref)
+        return out
+
+    def quarantine(self, node: str) -> str:
+        """Why `node` must offer no card: pods hold cards there that nobody can account for."""
+        lost = [t.unrecorded for t in self.truth.values() if t.unrecorded is not None and t.node == node]
+        if not lost:
+            return ""
+        inv = self.inventories().get(node)
+        return quarantine_reason(u for u in lost if recovered_usage(u, inv) is None)
 
     def learn(self, uid: str, pod: dict[str, Any]) -> PodTruth | None:
         """Update the view of one live pod; returns what it says (None: neither bound nor recorded)."""
@@ -191,13 +238,21 @@ class PodWatcher:
                 usage = usage_from_annotations(pod)
             except AnnotationError:
                 opaque = True
-        truth = PodTruth(pod_ref(pod), node, usage, opaque)
+        unrecorded = None
+        if node and usage is None:
+            unrecorded = unaccounted(pod, self.cfg)
+        was = self.truth.get(uid)
+        truth = PodTruth(pod_ref(pod), node, usage, opaque, unrecorded)
         self.truth[uid] = truth
+        if (was is not None and was.unrecorded is not None) != (unrecorded is not None):
+            self.unaccounted_changed()
         return truth
 
     async def release(self, uid: str, pod: dict[str, Any], why: str) -> None:
         self.seen.pop(uid, None)
-        self.truth.pop(uid, None)
+        gone = self.truth.pop(uid, None)
+        if gone is not None and gone.unrecorded is not None:
+            self.unaccounted_changed()
         now = time.monotonic()
         self.ended[uid] = now
         if len(self.ended) > 50000:

@@ -27,6 +27,7 @@ from shared.request import (
     read_asks,
     shape_request,
 )
+from shared.shapes import pod_problems
 
 REQUEST_GPU_NUM = "mthreads.com/request-gpu-num"  # HAMi writes it for vgpu > 1; kept for compatibility
 
@@ -86,6 +87,9 @@ def _resource_patch(pod: Mapping[str, Any], asks: list[ContainerAsk],
 
 def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = ()) -> Decision:
     """Admission of a pod CREATE. `reported` = per-card capacities (units) of the cluster's sliced cards."""
+    shape = pod_problems(pod)
+    if shape:  # the rules below read only fields of the types checked here
+        return deny("; ".join(shape), code=400)
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     annotations = meta.get("annotations") or {}
@@ -115,10 +119,10 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = ()) 
     if spec.get("nodeName"):
         problems.append(f'spec.nodeName "{spec["nodeName"]}" is set: pods asking for {cr} are placed on a '
                         f"card by {cfg.scheduler_name}; use a nodeSelector instead")
-    for c in (spec.get("initContainers") or []) + spec["containers"]:
-        if (c.get("securityContext") or {}).get("privileged") and any(
-                a.name == c.get("name") and a.asks_slices for a in asks):
-            problems.append(f'container "{c.get("name")}" is privileged: a privileged container sees every '
+    # asks are in container order (init first), so each container is paired with its own ask: one pass
+    for c, a in zip((spec.get("initContainers") or []) + spec["containers"], asks, strict=True):
+        if a.asks_slices and (c.get("securityContext") or {}).get("privileged"):
+            problems.append(f'container "{a.name}" is privileged: a privileged container sees every '
                             "card, so it cannot hold a slice")
     for a in mine:
         if a.memory_in_requests_only or a.cores_in_requests_only:
@@ -205,3 +209,38 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = ()) 
         patch.append({"op": "add", "path": f"/metadata/annotations/{_esc(REQUEST_GPU_NUM)}",
                       "value": str(req.cards)})
     return Decision(True, patch=tuple(patch), warnings=tuple(warnings))
+
+
+def _our_resources(pod: Mapping[str, Any], cfg: Config) -> list[tuple[str, tuple[object, ...]]]:
+    """(container, its mthreads values under limits and requests) per container, init first."""
+    names = (*cfg.slice_resources, cfg.whole_card_resource_name)
+    spec = pod.get("spec") or {}
+    out: list[tuple[str, tuple[object, ...]]] = []
+    for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        res = c.get("resources") or {}
+        lim, req = res.get("limits") or {}, res.get("requests") or {}
+        out.append((str(c.get("name", "?")), tuple((lim.get(n), req.get(n)) for n in names)))
+    return out
+
+
+def judge_update(old: Mapping[str, Any], new: Mapping[str, Any], user: str, cfg: Config) -> Decision:
+    """Admission of a pod UPDATE (`user`: who sends it).
+
+    Pod resources are immutable after creation (in-place resize changes cpu and memory only), so the
+    card resources must stay what was admitted and booked: a change is denied. Everything else is
+    allowed for now; this is the seam for further UPDATE rules (e.g. scheduler-owned annotations
+    written only by our bind, judged from `old`, `new` and `user`).
+    """
+    for which, pod in (("oldObject", old), ("object", new)):
+        shape = pod_problems(pod)
+        if shape:
+            return deny(f"{which}: " + "; ".join(shape), code=400)
+    before, after = _our_resources(old, cfg), _our_resources(new, cfg)
+    if len(before) != len(after):
+        return deny(f"the pod's containers changed from {len(before)} to {len(after)}; its card resources "
+                    "are fixed when it is created")
+    for (name, was), (_, now) in zip(before, after, strict=True):
+        if was != now:
+            return deny(f'container "{name}": {", ".join(cfg.slice_resources)} and {cfg.whole_card_resource_name} '
+                        "cannot change after the pod is created (they were admitted and booked as they were)")
+    return Decision(True)

@@ -44,10 +44,12 @@ class Config:
     key_prefix: str = "mt"
     pending_ttl_seconds: int = 120
     reconcile_seconds: int = 30
-    listen: str = "0.0.0.0:8443"
+    listen: str = ""  # "" = the role's default (shared/listen.py): extender loopback, webhook all addresses
     metrics_listen: str = "0.0.0.0:9395"
     tls_cert_file: str = ""
     tls_key_file: str = ""
+    extender_client_ca_file: str = ""  # the extender requires client certificates signed by this CA
+    extender_allow_unauthenticated: bool = False  # explicit opt-in: non-loopback extender without mTLS
     kubeconfig: str = ""
     events_enabled: bool = True
     log_level: str = "info"
@@ -67,9 +69,16 @@ def camel(name: str) -> str:
     return head + "".join(p.capitalize() for p in rest)
 
 
-_KEYS = {camel(f.name): f.name for f in fields(Config) if f.name != "extra"}
-_KEYS["pendingTTLSeconds"] = "pending_ttl_seconds"
-_KEYS.pop("pendingTtlSeconds", None)
+# Keys whose spelling keeps an acronym in capitals (camel() would write pendingTtlSeconds).
+SPELLED = {"pendingTtlSeconds": "pendingTTLSeconds", "extenderClientCaFile": "extenderClientCAFile"}
+
+
+def key_of(name: str) -> str:
+    """The file/flag key of a Config field."""
+    return SPELLED.get(camel(name), camel(name))
+
+
+_KEYS = {key_of(f.name): f.name for f in fields(Config) if f.name != "extra"}
 _TYPES = {f.name: f.type for f in fields(Config)}
 
 
@@ -133,10 +142,14 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         errors.append(f"redisUrl: {cfg.redis_url!r} must start with redis://, rediss://, unix://, "
                       "redis+sentinel:// or redis+cluster://")
     for key in ("listen", "metrics_listen"):
-        if not _ADDR_RE.match(getattr(cfg, key)):
-            errors.append(f"{camel(key)}: {getattr(cfg, key)!r} is not host:port")
+        value = getattr(cfg, key)
+        if not _ADDR_RE.match(value) and not (key == "listen" and value == ""):
+            errors.append(f"{camel(key)}: {value!r} is not host:port")
     if bool(cfg.tls_cert_file) != bool(cfg.tls_key_file):
         errors.append("tlsCertFile and tlsKeyFile must be given together")
+    if cfg.extender_client_ca_file and not cfg.tls_cert_file:
+        errors.append("extenderClientCAFile needs tlsCertFile and tlsKeyFile: client certificates are "
+                      "checked in the TLS handshake")
     if not re.match(r"^[A-Za-z0-9_.-]{1,32}$", cfg.key_prefix):
         errors.append(f"keyPrefix: {cfg.key_prefix!r} must be 1-32 characters of [A-Za-z0-9_.-]")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
@@ -191,16 +204,14 @@ def load_config(
         for k, v in env.items()
         if k.startswith("MTSCHED_") and k not in ("MTSCHED_CONFIG",)
     }
-    if "pendingTtlSeconds" in env_values:
-        env_values["pendingTTLSeconds"] = env_values.pop("pendingTtlSeconds")
+    env_values = {SPELLED.get(k, k): v for k, v in env_values.items()}
     # The environment is shared (Service links inject MTSCHED_*_PORT into pods, the CLI reads
     # MTSCHED_LOG_FORMAT): only variables naming a setting are read; the file and flags stay strict.
     env_values = {k: v for k, v in env_values.items() if k in _KEYS}
     merged.update(_from_mapping(env_values, "environment", errors))
     if flags:
         camel_flags = {(camel(k) if "_" in k else k): v for k, v in flags.items() if v is not None}
-        if "pendingTtlSeconds" in camel_flags:
-            camel_flags["pendingTTLSeconds"] = camel_flags.pop("pendingTtlSeconds")
+        camel_flags = {SPELLED.get(k, k): v for k, v in camel_flags.items()}
         merged.update(_from_mapping(camel_flags, "flags", errors))
     cfg = replace(Config(), **merged)  # type: ignore[arg-type]
     _validate(cfg, errors)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from shared.annotations import PodUsage
 from shared.node import Inventory
+from shared.request import SliceRequest
 from shared.state import NodeSnapshot, Reservation
 
 
@@ -61,7 +62,8 @@ class _Totals:
 
 def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holders: Mapping[str, PodUsage],
               now_ms: int, keep_ms: int) -> NodeDiff:
-    """Every way `snap` (the ledger) differs from the truth (`inv`, `holders`), on Redis's clock `now_ms`."""
+    """Every way `snap` (the ledger) differs from the truth (`inv`, `holders`), on Redis's clock `now_ms`.
+    A quarantine (quarantine_reason) arrives as `inv.error`."""
     diffs: list[Difference] = []
     suspects: list[str] = []
     if snap is None:
@@ -126,6 +128,44 @@ def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holde
         if uid not in holders and not settling(r):
             suspects.append(uid)
     return NodeDiff(node, tuple(diffs), tuple(suspects))
+
+
+@dataclass(frozen=True)
+class Unrecorded:
+    """A live pod bound to a node and asking for slices whose record is missing or unreadable."""
+
+    ref: str
+    node: str
+    request: SliceRequest | None  # None when even its request cannot be read
+    gpu_index: str  # mthreads.com/gpu-index as the pod carries it ("" if absent)
+
+
+def recovered_usage(u: Unrecorded, inv: Inventory | None) -> PodUsage | None:
+    """What such a pod holds, from what survives on it: the cards of `mthreads.com/gpu-index` (written
+    by our bind next to the record) and the amounts its request books on cards of their model. None
+    when that cannot be told for sure."""
+    if u.request is None or inv is None or not u.gpu_index:
+        return None
+    try:
+        cards = tuple(sorted({int(x) for x in u.gpu_index.split(",")}))
+    except ValueError:
+        return None
+    caps = {c.index: c.capacity for c in inv.cards}
+    if len(cards) != u.request.cards or any(i not in caps for i in cards) or len({caps[i] for i in cards}) != 1:
+        return None
+    mem, cores, slices = u.request.booking_for(caps[cards[0]])
+    return PodUsage(u.node, cards, mem, cores, slices)
+
+
+def quarantine_reason(pods: Iterable[Unrecorded]) -> str:
+    """The node error that keeps a node closed while pods hold cards there that nobody can account for
+    (their usage is invisible, so any card could be over-committed): "" when there are none."""
+    refs = sorted(u.ref for u in pods)
+    if not refs:
+        return ""
+    more = f" and {len(refs) - 3} more" if len(refs) > 3 else ""
+    return (f"quarantined: {', '.join(refs[:3])}{more} bound here asking for cards without a readable "
+            "allocation record; no card is offered until they end")
 
 
 def summarize(diffs: Iterable[Difference]) -> dict[str, int]:

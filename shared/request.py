@@ -16,6 +16,7 @@ from typing import Any
 
 from shared.config import Config
 from shared.models import CORES_PER_CARD, MAX_MODEL_UNITS, CardModel, describe_models
+from shared.shapes import MAX_QUANTITY_CHARS, describe, pod_problems
 
 MAX_CARDS_PER_POD = 64  # larger than any node; above it the value is a typo
 PIN_ANNOTATION = "mtsched.io/card-memory"  # pins exclusive/multi-card pods (and slices) to one card model
@@ -100,7 +101,13 @@ class SliceRequest:
 
 def parse_quantity(value: object, container: str, resource: str, limit: int) -> int:
     """A whole number 1..limit, else RequestError naming container, resource and value."""
-    text = str(value).strip() if not isinstance(value, bool) else "?"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        raise RequestError([f'container "{container}": {resource}={describe(value)} is too large; at most {limit}'])
+    text = str(value) if not isinstance(value, bool) else "?"
+    if len(text) > MAX_QUANTITY_CHARS:  # before any regex or int(): a 5000-digit value is refused, not parsed
+        raise RequestError([f'container "{container}": {resource}={describe(value)} is too long; use a whole '
+                            f"number 1..{limit}"])
+    text = text.strip()
     where = f'container "{container}": {resource}={value!r}'
     milli = re.fullmatch(r"(-?[0-9]+)m", text)
     if milli:  # the API server canonicalises "1.5" to "1500m" before admission: show what was written
@@ -179,8 +186,9 @@ def pinned_model(pod: Mapping[str, Any], cfg: Config) -> CardModel | None:
     text = str(raw).strip()
     aliases = {"s4000": "96", "mtt-s4000": "96", "s5000": "160", "mtt-s5000": "160"}
     text = aliases.get(text.lower(), text)
-    if not re.fullmatch(r"[0-9]+", text) or CardModel(int(text)) not in cfg.models:  # isdigit() takes "²"
-        raise RequestError([f"annotation {PIN_ANNOTATION}={raw!r} names no configured card model; "
+    # isdigit() takes "²"; the length bound keeps int() away from a 5000-digit annotation
+    if not re.fullmatch(r"[0-9]{1,9}", text) or CardModel(int(text)) not in cfg.models:
+        raise RequestError([f"annotation {PIN_ANNOTATION}={describe(raw)} names no configured card model; "
                             f"allowed: {', '.join(str(m.memory) for m in cfg.models)} (or S4000/S5000), "
                             f"memoryPerCard {describe_models(cfg.models)}"])
     return CardModel(int(text))
@@ -284,6 +292,9 @@ def shape_request(asks: Sequence[ContainerAsk], cfg: Config, model: int | None) 
 
 def pod_request(pod: Mapping[str, Any], cfg: Config) -> SliceRequest | None:
     """The scheduler's view of an admitted pod: None if it asks for no slices, else its SliceRequest."""
+    problems = pod_problems(pod)
+    if problems:  # fail closed: a pod we cannot read is never "asks for nothing"
+        raise RequestError(problems)
     asks = read_asks(pod, cfg)
     pin = pinned_model(pod, cfg)
     req = shape_request(asks, cfg, pin.memory if pin else None)

@@ -1,8 +1,8 @@
 """The admission webhook: AdmissionReview v1 over HTTPS, applying shared.admission.decide.
 
-Malformed reviews get HTTP 400 and never reach the decision; the decision itself is pure, so a
-bad pod can only ever produce a denial. The per-card capacities the cluster reports (for the
-exclusive and multi-card default) come from this replica's ledger mirror.
+Malformed reviews get HTTP 400 and never reach the decision (shared/review.py); the decision
+itself is pure, so a bad pod can only ever produce a denial. The per-card capacities the cluster
+reports (for the exclusive and multi-card default) come from this replica's ledger mirror.
 """
 
 from __future__ import annotations
@@ -18,11 +18,17 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from shared.admission import Decision, decide
+from shared.admission import Decision, decide, judge_update
 from shared.config import Config
+from shared.listen import LISTEN_POLICY, webhook_policy
 from shared.metrics import ADMISSIONS, WEBHOOK_SECONDS
+from shared.review import API_VERSION, parse_review
+from shared.shapes import ShapeError, describe
 
 log = logging.getLogger("mtsched.webhook")
+
+BODY_LIMIT = 8 * 1024 * 1024  # client_max_size of the webhook's application (a larger body gets 413)
+MAX_MESSAGE_CHARS = 4096  # a denial lists every problem; the cap keeps the API server's error and event small
 
 
 def review_response(uid: str, d: Decision) -> dict[str, Any]:
@@ -31,40 +37,48 @@ def review_response(uid: str, d: Decision) -> dict[str, Any]:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(orjson.dumps(list(d.patch))).decode()
     if not d.allowed:
-        response["status"] = {"code": d.code, "message": d.message,
+        message = d.message
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = f"{message[:MAX_MESSAGE_CHARS]}... ({len(message) - MAX_MESSAGE_CHARS} more characters)"
+        response["status"] = {"code": d.code, "message": message,
                               "reason": "Forbidden" if d.code == 403 else "BadRequest"}
     if d.warnings:
         response["warnings"] = list(d.warnings)
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+    return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}
 
 
 def handle_review(body: bytes, cfg: Config, capacities: Collection[int]) -> tuple[int, dict[str, Any]]:
-    """(HTTP status, response JSON) for a raw AdmissionReview body."""
+    """(HTTP status, response JSON) for a raw AdmissionReview body.
+
+    400 with {"error": "<field>: got <value>; allowed: ..."} when the body is not a v1 AdmissionReview
+    of a Pod CREATE or UPDATE; otherwise 200 with the decision (a malformed pod is a denial naming
+    the field, which the API server shows to the user).
+    """
     try:
-        review = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return 400, {"error": "body is not JSON"}
-    request = review.get("request") if isinstance(review, dict) else None
-    if not isinstance(request, dict) or not isinstance(request.get("uid"), str):
-        return 400, {"error": "not an AdmissionReview with request.uid"}
-    uid = request["uid"]
-    obj = request.get("object")
-    kind = (request.get("kind") or {}).get("kind") if isinstance(request.get("kind"), dict) else None
-    if kind not in (None, "Pod") or (request.get("operation") not in (None, "CREATE")):
-        return 200, review_response(uid, Decision(True))  # only pod creation is ours to judge
-    if not isinstance(obj, dict) or not isinstance(obj.get("spec"), dict):
-        return 400, {"error": "request.object is not a Pod"}
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        return 400, {"error": f"body: not JSON ({e}); allowed: an AdmissionReview object"}
     try:
-        decision = decide(obj, cfg, capacities)
-    except Exception as e:  # a pod must never crash the server: deny with the cause
+        req = parse_review(doc)
+    except ShapeError as e:
+        return 400, {"error": str(e)}
+    try:
+        if req.operation == "CREATE":
+            decision = decide(req.obj, cfg, capacities)
+        else:
+            assert req.old is not None  # parse_review guarantees it for UPDATE
+            decision = judge_update(req.old, req.obj, req.user, cfg)
+    except Exception as e:  # a bug must not become a 500 (the API server would fail the request unexplained)
         log.exception("admission decision failed")
         decision = Decision(False, message=f"cannot judge this pod: {type(e).__name__}: {e}", code=400)
     ADMISSIONS.labels("allowed" if decision.allowed else "denied").inc()
-    meta = obj.get("metadata") or {}
-    name = meta.get("name") or meta.get("generateName") or "?"
     if not decision.allowed:
-        log.info("denied %s/%s: %s", request.get("namespace"), name, decision.message)
-    return 200, review_response(uid, decision)
+        meta = req.obj.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        name = meta.get("name") or meta.get("generateName") or "?"
+        log.info("denied %s %s/%s: %s", req.operation, req.namespace, describe(name),
+                 decision.message[:MAX_MESSAGE_CHARS])
+    return 200, review_response(req.uid, decision)
 
 
 class CertReloader:
@@ -102,5 +116,6 @@ class Webhook:
         return web.Response(body=orjson.dumps(out), status=status, content_type="application/json")
 
     def routes(self, app: web.Application) -> None:
+        app[LISTEN_POLICY] = webhook_policy(self.cfg)
         app.router.add_post("/mutate", self.h_review)
         app.router.add_post("/webhook", self.h_review)  # HAMi's path, for drop-in configurations

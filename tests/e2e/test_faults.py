@@ -471,3 +471,53 @@ async def test_watcher_clock_off_by_minutes(scene: Scene) -> None:
     finally:
         for i in (0, 1):
             await asyncio.to_thread(scene.stack.respawn, "watcher", i, {})
+
+
+async def test_record_removed_from_bound_pods_is_not_forgotten(scene: Scene) -> None:
+    """A bound pod loses its allocation record (an admin's patch, a buggy controller), then Redis loses its
+    state: the rebuild books it from what survives (`mthreads.com/gpu-index` and its request); a pod left
+    with nothing at all closes its node (fail closed) until it ends, instead of leaving its card looking
+    free. (The admission policy of issue 11 keeps users from doing this in the first place.)"""
+    rng = random.Random(3)
+    for i in range(12):
+        await scene.create(scene.pod(f"r-{i}", rng), time.monotonic() + 30)
+    await scene.settle()
+    want, problems = await scene.truth()
+    assert not problems
+    held = [(node, uid) for node, h in want.items() for uid in h]
+    assert len(held) >= 2
+    by_uid = {p["metadata"]["uid"]: p for p in await scene.pods()}
+    (n1, u1), (n2, u2) = held[0], next(x for x in held if x[0] != held[0][0])
+    pods = f"/api/v1/namespaces/{scene.ns}/pods"
+
+    async def strip(uid: str, keys: list[str]) -> None:
+        ops = [{"op": "remove", "path": "/metadata/annotations/" + k.replace("/", "~1")} for k in keys]
+        await scene.kube.request("PATCH", f"{pods}/{by_uid[uid]['metadata']['name']}", ops,
+                                 content_type="application/json-patch+json")
+
+    await strip(u1, [ALLOCATED])  # gpu-index survives
+    await strip(u2, [ALLOCATED, "mthreads.com/gpu-index"])  # nothing survives
+    await scene.ledger.redis.flushall()
+
+    async def rebuilt() -> bool:
+        snaps = await scene.ledger.snapshots([n1, n2])
+        return n1 in snaps and n2 in snaps and u1 in snaps[n1].reservations
+
+    await scene.until(rebuilt, "the ledger was rebuilt", CONVERGE_BOUND)
+    snaps = await scene.ledger.snapshots([n1, n2])
+    r = snaps[n1].reservations[u1]
+    assert (r.cards, r.mem, r.cores, r.slices) == want[n1][u1]  # recovered exactly
+    assert "quarantined" in snaps[n2].error and by_uid[u2]["metadata"]["name"] in snaps[n2].error
+    assert not snaps[n1].error  # a recovered pod does not close its node
+    # the closed node takes no new pod; once the unaccounted pod is gone it opens again
+    await scene.kube.request("DELETE", f"{pods}/{by_uid[u2]['metadata']['name']}", {"gracePeriodSeconds": 0},
+                             ok=(200, 202, 404))
+
+    async def reopened() -> bool:
+        s = (await scene.ledger.snapshots([n2]))[n2]
+        return not s.error
+
+    scene.figures["reopen_s"] = await scene.until(reopened, f"{n2} reopens", CONVERGE_BOUND)
+    await scene.kube.request("DELETE", f"{pods}/{by_uid[u1]['metadata']['name']}", {"gracePeriodSeconds": 0},
+                             ok=(200, 202, 404))  # bound without a record: check() would count it
+    await scene.check("record removed")

@@ -53,7 +53,8 @@ def node(name: str, units: int, cards: int) -> dict[str, Any]:
 
 def pod(uid: str, limits: dict[str, Any], annotations: dict[str, str] | None = None) -> dict[str, Any]:
     return {"metadata": {"name": f"p-{uid}", "namespace": "ns", "uid": uid, "annotations": annotations or {}},
-            "spec": {"containers": [{"name": "c", "resources": {"limits": {k: str(v) for k, v in limits.items()}}}]}}
+            "spec": {"schedulerName": "hami-scheduler",  # as admission leaves it: bind places only our pods
+                     "containers": [{"name": "c", "resources": {"limits": {k: str(v) for k, v in limits.items()}}}]}}
 
 
 @pytest.fixture

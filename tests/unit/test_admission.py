@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from shared.admission import REQUEST_GPU_NUM, Decision, _esc, decide, whole_card_model
+from shared.admission import REQUEST_GPU_NUM, Decision, _esc, decide, judge_update, whole_card_model
 from shared.annotations import ALLOCATED, BIND_PHASE, GPU_INDEX, PREDICATE_NODE, VGPU_NODE
 from shared.request import PIN_ANNOTATION, Mode, pod_request
 from tests.unit._k8s import CORE, GPU, MEM, VGPU, apply_patch, cfg, ctr, pod, slice_ctr
@@ -484,3 +484,45 @@ def test_hami_mutate_admission_table(
     assert d.allowed is ok, (case, d.message)
     if ok:  # whatever we admit, the scheduler can read
         assert pod_request(apply_patch(p, d.patch), C96) is not None
+
+
+def test_privileged_check_pairs_each_container_with_its_own_ask() -> None:
+    # Matched by name before: a privileged init container without cards named like a slice container was
+    # refused, and the privileged slice container next to it passed when names repeated.
+    p = pod(slice_ctr("a"), init=[ctr("a", securityContext={"privileged": True})])
+    allowed(p)
+    p = pod(slice_ctr("a") | {"securityContext": {"privileged": True}}, init=[ctr("a")])
+    assert denied(p).startswith('container "a" is privileged')
+
+
+@pytest.mark.parametrize(
+    ("p", "field"),
+    [
+        ({"metadata": [], "spec": {"containers": [ctr()]}}, "metadata"),
+        (pod(ctr("a", limits={VGPU: True})), 'spec.containers[0].resources.limits["mthreads.com/vgpu"]'),
+        (pod({"name": "a", "resources": {"limits": {VGPU: 2**70}}}),
+         'spec.containers[0].resources.limits["mthreads.com/vgpu"]'),
+        (pod(slice_ctr() | {"securityContext": {"privileged": "yes"}}),
+         "spec.containers[0].securityContext.privileged"),
+        (pod(slice_ctr(), schedulerName=5), "spec.schedulerName"),
+        (pod(slice_ctr(), nodeName=["n1"]), "spec.nodeName"),
+        (pod(ctr(5)), "spec.containers[0].name"),  # type: ignore[arg-type]
+    ],
+)
+def test_malformed_pod_fields_are_denied_with_400(p: dict[str, Any], field: str) -> None:
+    d = decide(p, C96)
+    assert not d.allowed and d.code == 400 and d.patch == ()
+    assert d.message.startswith(f"{field}: got ") and "; allowed: " in d.message
+
+
+def test_judge_update_denies_changed_card_resources_only() -> None:
+    before = pod(slice_ctr("a", 32, 8), ctr("b"))
+    assert judge_update(before, before, "alice", C96).allowed
+    assert judge_update(before, {**before, "metadata": {"name": "p", "labels": {"x": "y"}}}, "alice", C96).allowed
+    changed = pod(slice_ctr("a", 64, 8), ctr("b"))
+    assert 'container "a"' in judge_update(before, changed, "alice", C96).message
+    added = pod(slice_ctr("a", 32, 8), ctr("b", limits={VGPU: 1}))
+    assert 'container "b"' in judge_update(before, added, "alice", C96).message
+    fewer = pod(slice_ctr("a", 32, 8))
+    assert "containers changed from 2 to 1" in judge_update(before, fewer, "alice", C96).message
+    assert judge_update({"spec": {"containers": 5}}, before, "alice", C96).message.startswith("oldObject: ")

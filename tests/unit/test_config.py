@@ -161,3 +161,14 @@ def test_unknown_keys_in_file_and_flags_stay_errors(tmp_path: Path) -> None:
         load_config(f, env={})
     with pytest.raises(ConfigError, match="unknown setting 'bogus'"):
         load_config(env={}, flags={"bogus": 1})
+
+
+def test_extender_client_auth_keys_in_every_spelling() -> None:
+    base = {"tlsCertFile": "/tls/tls.crt", "tlsKeyFile": "/tls/tls.key"}
+    for flags, env in (({"extenderClientCAFile": "/ca.crt"}, {}),
+                       ({"extender_client_ca_file": "/ca.crt"}, {}),
+                       ({}, {"MTSCHED_EXTENDER_CLIENT_CA_FILE": "/ca.crt"})):
+        cfg = load_config(env=env, flags={**base, **flags})
+        assert cfg.extender_client_ca_file == "/ca.crt"
+    assert load_config(env={"MTSCHED_EXTENDER_ALLOW_UNAUTHENTICATED": "true"}).extender_allow_unauthenticated
+    assert load_config(env={}).listen == ""  # the role's default: shared/listen.py

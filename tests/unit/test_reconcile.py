@@ -8,7 +8,8 @@ import pytest
 
 from shared.annotations import PodUsage
 from shared.node import Card, Inventory
-from shared.reconcile import diff_node, offers_cards, summarize
+from shared.reconcile import Unrecorded, diff_node, offers_cards, quarantine_reason, recovered_usage, summarize
+from shared.request import Mode, SliceRequest
 from shared.state import CardRecord, NodeSnapshot, Reservation
 
 NOW = 1_000_000_000
@@ -112,3 +113,30 @@ def test_offers_cards() -> None:
     assert not offers_cards(Inventory(N))
     assert offers_cards(inv(96))
     assert offers_cards(inv(error="x"))
+
+
+def _slice(cards: int = 1, mem: int = 8, cores: int = 2) -> SliceRequest:
+    mode = Mode.SLICE if cards == 1 and mem else Mode.MULTI
+    return SliceRequest(mode, cards, mem, cores, 1, None, ())
+
+
+@pytest.mark.parametrize(("request_", "gpu_index", "inventory", "want"), [
+    (_slice(), "1", inv(96, 96), use((1,), 8, 2)),
+    (_slice(cards=2, mem=0, cores=16), "0,1", inv(160, 160), use((0, 1), 160, 16)),  # whole cards: the model's
+    (_slice(), "", inv(96, 96), None),  # nothing survives
+    (_slice(), "7", inv(96, 96), None),  # a card the node does not have
+    (_slice(), "x", inv(96, 96), None),
+    (_slice(cards=2, mem=0, cores=16), "0", inv(96, 96), None),  # fewer cards than it asks
+    (_slice(cards=2, mem=0, cores=16), "0,1", inv(96, 160), None),  # cards of two models
+    (None, "0", inv(96), None),  # its request cannot be read
+    (_slice(), "0", None, None),  # the node is unknown
+])
+def test_recovered_usage(request_: SliceRequest | None, gpu_index: str, inventory: Inventory | None,
+                         want: PodUsage | None) -> None:
+    assert recovered_usage(Unrecorded("ns/p", N, request_, gpu_index), inventory) == want
+
+
+def test_quarantine_reason_names_the_pods() -> None:
+    assert quarantine_reason([]) == ""
+    why = quarantine_reason(Unrecorded(f"ns/p{i}", N, None, "") for i in range(5))
+    assert why.startswith("quarantined: ns/p0, ns/p1, ns/p2 and 2 more") and "no card is offered" in why

@@ -474,3 +474,31 @@ def test_canonical_milli_quantities_are_explained(raw: str, shown: str) -> None:
 def test_api_server_canonical_forms_of_whole_numbers(raw: str, value: int) -> None:
     # The API server rewrites 4000 as "4k" before admission; it is still a whole number.
     assert parse_quantity(raw, "c", "mthreads.com/sgpu-memory", 10**7) == value
+
+
+@pytest.mark.parametrize(("raw", "needle"), [
+    ("9" * 5000, "is too long"),  # int() would refuse it with a ValueError above 4300 digits
+    ("1" * 65, "is too long"),
+    (" " * 100 + "1", "is too long"),
+    (2**70, "is too large"),  # a Python int from a caller, not from JSON (orjson reads those as floats)
+])
+def test_parse_quantity_bounds_the_input_before_parsing(raw: object, needle: str) -> None:
+    with pytest.raises(RequestError) as e:
+        parse_quantity(raw, "c", VGPU, 64)
+    assert needle in str(e.value) and len(str(e.value)) < 300
+
+
+def test_pin_annotation_of_5000_digits_is_a_request_error() -> None:
+    with pytest.raises(RequestError, match=r"\(5000 characters\) names no configured card model"):
+        pinned_model(pod(ctr("a"), annotations={PIN_ANNOTATION: "9" * 5000}), MIXED)
+
+
+@pytest.mark.parametrize("p", [
+    {"spec": {"containers": [{"resources": 5}]}},
+    {"spec": {"containers": 5}},
+    {"metadata": {"annotations": {PIN_ANNOTATION: 160}}, "spec": {"containers": []}},
+])
+def test_pod_request_refuses_what_it_cannot_read(p: dict[str, Any]) -> None:
+    # fail closed: a pod of the wrong shape is an error, never "asks for nothing"
+    with pytest.raises(RequestError, match=r": got .*; allowed: "):
+        pod_request(p, C96)
