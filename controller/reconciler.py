@@ -126,9 +126,8 @@ class Reconciler:
         invs = {n: self.nodes.effective(i) for n, i in self.nodes.last.items()}
         holders: dict[str, dict[str, PodUsage]] = {}
         refs: dict[str, str] = {}
-        for node in {t.node for t in self.pods.truth.values() if t.node} | {
-                t.usage.node for t in self.pods.truth.values() if t.usage is not None}:
-            for uid, (usage, ref) in self.pods.holders(node).items():
+        for node, held in self.pods.holders_by_node().items():
+            for uid, (usage, ref) in held.items():
                 holders.setdefault(node, {})[uid] = usage
                 refs[uid] = ref
         return invs, holders, refs

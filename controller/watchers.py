@@ -197,6 +197,7 @@ class PodWatcher:
         self.cfg = cfg
         self.seen: dict[str, str] = {}  # uid -> allocation annotation already recorded
         self.truth: dict[str, PodTruth] = {}  # uid -> live pod that is bound or carries a record
+        self.unrecorded: dict[str, Unrecorded] = {}  # the few of them without a readable record
         self.ended: dict[str, float] = {}  # uid -> when the watch saw it deleted or ended (last 10 minutes)
         self.reflector = Reflector(kube, "/api/v1/pods", self.on_event, self.on_sync, "pods")
         self.inventories: Callable[[], Mapping[str, Inventory]] = dict  # the node watcher's view, set by the role
@@ -205,21 +206,23 @@ class PodWatcher:
     def holders(self, node: str) -> dict[str, tuple[PodUsage, str]]:
         """Live pods that hold cards on `node`, as this watcher's view of the API says: from their records,
         or (record gone) from what survives on the pod (shared.reconcile.recovered_usage)."""
-        out: dict[str, tuple[PodUsage, str]] = {}
-        inv = None
+        return self.holders_by_node({node}).get(node, {})
+
+    def holders_by_node(self, only: set[str] | None = None) -> dict[str, dict[str, tuple[PodUsage, str]]]:
+        """holders() of every node (or of `only`), in one pass over the view."""
+        out: dict[str, dict[str, tuple[PodUsage, str]]] = {}
+        invs = self.inventories()
         for uid, t in self.truth.items():
-            if t.usage is not None and t.usage.node == node:
-                out[uid] = (t.usage, t.ref)
-            elif t.unrecorded is not None and t.node == node:
-                inv = inv or self.inventories().get(node)
-                usage = recovered_usage(t.unrecorded, inv)
-                if usage is not None:
-                    out[uid] = (usage, t.ref)
+            usage = t.usage
+            if usage is None and t.unrecorded is not None:
+                usage = recovered_usage(t.unrecorded, invs.get(t.node))
+            if usage is not None and (only is None or usage.node in only):
+                out.setdefault(usage.node, {})[uid] = (usage, t.ref)
         return out
 
     def quarantine(self, node: str) -> str:
         """Why `node` must offer no card: pods hold cards there that nobody can account for."""
-        lost = [t.unrecorded for t in self.truth.values() if t.unrecorded is not None and t.node == node]
+        lost = [u for u in self.unrecorded.values() if u.node == node]
         if not lost:
             return ""
         inv = self.inventories().get(node)
@@ -231,6 +234,7 @@ class PodWatcher:
         raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATED)
         if not node and raw is None:
             self.truth.pop(uid, None)
+            self.unrecorded.pop(uid, None)
             return None
         usage, opaque = None, False
         if raw is not None and node:
@@ -241,17 +245,20 @@ class PodWatcher:
         unrecorded = None
         if node and usage is None:
             unrecorded = unaccounted(pod, self.cfg)
-        was = self.truth.get(uid)
         truth = PodTruth(pod_ref(pod), node, usage, opaque, unrecorded)
         self.truth[uid] = truth
-        if (was is not None and was.unrecorded is not None) != (unrecorded is not None):
+        if (uid in self.unrecorded) != (unrecorded is not None):
             self.unaccounted_changed()
+        if unrecorded is not None:
+            self.unrecorded[uid] = unrecorded
+        else:
+            self.unrecorded.pop(uid, None)
         return truth
 
     async def release(self, uid: str, pod: dict[str, Any], why: str) -> None:
         self.seen.pop(uid, None)
-        gone = self.truth.pop(uid, None)
-        if gone is not None and gone.unrecorded is not None:
+        self.truth.pop(uid, None)
+        if self.unrecorded.pop(uid, None) is not None:
             self.unaccounted_changed()
         now = time.monotonic()
         self.ended[uid] = now
@@ -308,6 +315,7 @@ class PodWatcher:
         Reservations of pods that vanished unseen are the reconciler's (woken by the reflector)."""
         self.seen = {}
         self.truth = {}
+        self.unrecorded = {}
         for pod in pods:
             uid = str((pod.get("metadata") or {}).get("uid"))
             if is_terminal(pod):
