@@ -19,7 +19,8 @@ class BenchStack(Stack):
         log = open(role.log_path, "ab")  # noqa: SIM115 - the child writes it for its lifetime
         argv = self.role_argv(role, "bench.timed_role")  # each role with its chart identity
         if role.kind == "extender" and self.extender_http:
-            argv += ["--set", "tlsCertFile=", "--set", "tlsKeyFile="]
+            # loopback plain HTTP: the sidecar topology, where no client certificate is asked for
+            argv += ["--set", "tlsCertFile=", "--set", "tlsKeyFile=", "--set", "extenderClientCAFile="]
         role.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
 

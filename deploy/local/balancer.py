@@ -19,8 +19,10 @@ import uvloop
 from aiohttp import web
 
 
-def make_app(backends: list[str], ca: str) -> web.Application:
+def make_app(backends: list[str], ca: str, client_cert: str = "", client_key: str = "") -> web.Application:
     client_ctx = ssl.create_default_context(cafile=ca)
+    if client_cert:  # the backends require a client certificate (the extender's mTLS)
+        client_ctx.load_cert_chain(client_cert, client_key)
     session: dict[str, aiohttp.ClientSession] = {}
     counts = dict.fromkeys(backends, 0)
 
@@ -62,13 +64,19 @@ def main() -> None:
     p.add_argument("--key", required=True)
     p.add_argument("--ca", required=True)
     p.add_argument("--backend", action="append", required=True)
+    p.add_argument("--client-ca", default="", help="require callers' client certificates signed by this CA")
+    p.add_argument("--client-cert", default="", help="present this client certificate to the backends")
+    p.add_argument("--client-key", default="")
     a = p.parse_args()
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(a.cert, a.key)
+    if a.client_ca:
+        ctx.load_verify_locations(cafile=a.client_ca)
+        ctx.verify_mode = ssl.CERT_REQUIRED
     host, _, port = a.listen.rpartition(":")
 
     async def serve() -> None:
-        runner = web.AppRunner(make_app(a.backend, a.ca), access_log=None)
+        runner = web.AppRunner(make_app(a.backend, a.ca, a.client_cert, a.client_key), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, host, int(port), ssl_context=ctx, backlog=1024).start()
         await asyncio.Event().wait()

@@ -169,6 +169,9 @@ class ExtenderSpec:
     # (resource name, ignoredByScheduler). Non-empty => the extender is only called for pods that
     # request one of these in requests/limits of containers or initContainers.
     managed_resources: tuple[tuple[str, bool], ...] = (("mthreads.com/vgpu", True),)
+    # A client certificate kube-scheduler presents to the extender (mTLS), PEM; None: none.
+    client_cert_pem: bytes | None = None
+    client_key_pem: bytes | None = None
 
     def to_config(self, default_ca_pem: bytes) -> Json:
         cfg: Json = {
@@ -191,6 +194,9 @@ class ExtenderSpec:
             ca = self.ca_pem if self.ca_pem is not None else default_ca_pem
             # []byte fields are base64 in the config, as in Go's encoding/json.
             cfg["tlsConfig"] = {"insecure": False, "caData": base64.b64encode(ca).decode()}
+            if self.client_cert_pem and self.client_key_pem:
+                cfg["tlsConfig"]["certData"] = base64.b64encode(self.client_cert_pem).decode()
+                cfg["tlsConfig"]["keyData"] = base64.b64encode(self.client_key_pem).decode()
         if self.managed_resources:
             cfg["managedResources"] = [
                 {"name": n, "ignoredByScheduler": ignored} for n, ignored in self.managed_resources

@@ -45,6 +45,8 @@ class PkiPaths:
     serving_key: Path
     sa_key: Path
     sa_pub: Path
+    client_crt: Path  # kube-scheduler's (and the balancer's) client certificate for the extender (mTLS)
+    client_key: Path
 
 
 def _new_key() -> ec.EllipticCurvePrivateKey:
@@ -96,13 +98,19 @@ def make_ca(common_name: str = "mtsched-harness-ca") -> CertKey:
     return CertKey(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
+def make_client_cert(ca: CertKey, common_name: str) -> CertKey:
+    """Leaf cert with EKU clientAuth (no SANs), signed by ``ca``: a TLS client's identity."""
+    return make_serving_cert(ca, common_name, ips=(), dns_names=(), usage=ExtendedKeyUsageOID.CLIENT_AUTH)
+
+
 def make_serving_cert(
     ca: CertKey,
     common_name: str,
     ips: Sequence[str] = ("127.0.0.1",),
     dns_names: Sequence[str] = ("localhost",),
+    usage: x509.ObjectIdentifier = ExtendedKeyUsageOID.SERVER_AUTH,
 ) -> CertKey:
-    """Leaf cert with EKU serverAuth and the given SANs, signed by ``ca``."""
+    """Leaf cert with EKU serverAuth (or `usage`) and the given SANs, signed by ``ca``."""
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
@@ -111,7 +119,7 @@ def make_serving_cert(
     now = dt.datetime.now(dt.UTC)
     sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
-    cert = (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name))
         .issuer_name(ca_cert.subject)
@@ -134,9 +142,12 @@ def make_serving_cert(
             ),
             critical=True,
         )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    cert = (
+        builder.add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
         )
         .sign(ca_key, hashes.SHA256())
@@ -168,6 +179,7 @@ def write_pki(directory: Path | str) -> PkiPaths:
     api = make_serving_cert(ca, "kube-apiserver")
     serving = make_serving_cert(ca, "mtsched-harness-serving")
     sa_key, sa_pub = make_service_account_keys()
+    client = make_client_cert(ca, "mtsched-harness-kube-scheduler")
     return PkiPaths(
         dir=d,
         ca_crt=_write(d / "ca.crt", ca.cert_pem),
@@ -178,4 +190,6 @@ def write_pki(directory: Path | str) -> PkiPaths:
         serving_key=_write(d / "serving.key", serving.key_pem, private=True),
         sa_key=_write(d / "sa.key", sa_key, private=True),
         sa_pub=_write(d / "sa.pub", sa_pub),
+        client_crt=_write(d / "client.crt", client.cert_pem),
+        client_key=_write(d / "client.key", client.key_pem, private=True),
     )

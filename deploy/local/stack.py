@@ -7,12 +7,13 @@ MutatingWebhookConfiguration pointing at the webhook. Used by the e2e tests, the
 the benchmarks.
 
 Every role, kube-scheduler included, runs as the ServiceAccount the chart gives it, with the
-chart's RBAC from the rendered manifest (deploy/local/identities.py), never as the admin: a
-permission the chart lacks fails here as it would in a cluster.
+chart's RBAC and admission policy from the rendered manifest (deploy/local/identities.py), never as
+the admin: a permission the chart lacks fails here as it would in a cluster.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import ssl
@@ -21,17 +22,28 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from deploy.local.controlplane import ControlPlane, ExtenderSpec
-from deploy.local.identities import MANIFEST, Identities, deprovision, provision
+from deploy.local.identities import (
+    MANIFEST,
+    Identities,
+    deprovision,
+    provision,
+    restore_policies,
+    suspend_policies,
+)
 from deploy.local.redis import free_port, terminate
 
-WEBHOOK_SELECTOR = {"matchExpressions": [{"key": "mtsched.io/webhook", "operator": "NotIn", "values": ["ignore"]}]}
+# Namespaces labelled so are never sent to the webhook (the benchmark's plain baseline). A namespace label,
+# never a pod label: labels are set by whoever creates the object, and a pod creator must not be able to
+# skip admission (nor can a tenant label its namespace: Namespaces are cluster-scoped objects).
+WEBHOOK_NAMESPACE_SELECTOR = {"matchExpressions": [{"key": "mtsched.io/webhook", "operator": "NotIn",
+                                                    "values": ["ignore"]}]}
 
 
 @dataclass
@@ -85,6 +97,8 @@ class Stack:
             # No kubeconfig here: each role gets its own identity's on its command line (role_argv).
             "tlsCertFile": str(self.cp.pki.serving_crt),
             "tlsKeyFile": str(self.cp.pki.serving_key),
+            # the extender accepts only callers with a client certificate of the harness CA (mTLS)
+            "extenderClientCAFile": str(self.cp.pki.ca_crt),
             "pendingTTLSeconds": 30,
             **self.settings,
         }
@@ -95,6 +109,17 @@ class Stack:
         if self.identities is None:
             self.identities = provision(self.cp, self.manifest, self.dir / "identities")
         return self.identities
+
+    @contextlib.contextmanager
+    def policy_suspended(self) -> Iterator[None]:
+        """Without the chart's admission policy for a while (a cluster older than Kubernetes 1.30, or one
+        that turned it off): tests of what the ledger does with records the policy would refuse."""
+        ids = self.provision()
+        suspend_policies(self.cp, ids)
+        try:
+            yield
+        finally:
+            restore_policies(self.cp, ids)
 
     def kubeconfig(self, kind: str) -> Path:
         return self.provision()[kind].kubeconfig
@@ -159,9 +184,14 @@ class Stack:
                     "--ca", str(self.cp.pki.ca_crt)]
             for r in replicas:
                 argv += ["--backend", f"https://127.0.0.1:{r.port}"]
+            pki = self.cp.pki
+            if kind == "extender":  # mTLS on both sides, as kube-scheduler -> extender
+                argv += ["--client-ca", str(pki.ca_crt), "--client-cert", str(pki.client_crt),
+                         "--client-key", str(pki.client_key)]
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             self.balancers[kind] = (proc, port)
             ctx = ssl.create_default_context(cafile=str(self.cp.pki.ca_crt))
+            ctx.load_cert_chain(pki.client_crt, pki.client_key)
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 try:
@@ -174,9 +204,14 @@ class Stack:
     def start(self) -> Stack:
         self.start_roles()
         # kube-scheduler shares the extender's pod, hence its ServiceAccount.
-        self.cp.start_scheduler(ExtenderSpec(self._front("extender")), kubeconfig=self.kubeconfig("kube-scheduler"))
+        pki = self.cp.pki
+        # kube-scheduler authenticates to the extender with a client certificate (mTLS), as the chart's
+        # extenderClientCAFile asks of anyone who calls it
+        spec = ExtenderSpec(self._front("extender"), client_cert_pem=pki.client_crt.read_bytes(),
+                            client_key_pem=pki.client_key.read_bytes())
+        self.cp.start_scheduler(spec, kubeconfig=self.kubeconfig("kube-scheduler"))
         self.cp.register_webhooks(self._front("webhook") + "/mutate", ca_pem=self.cp.ca_pem,
-                                  namespace_selector=WEBHOOK_SELECTOR, object_selector=WEBHOOK_SELECTOR)
+                                  namespace_selector=WEBHOOK_NAMESPACE_SELECTOR)
         return self
 
     def restart(self, kind: str, index: int = 0) -> None:
