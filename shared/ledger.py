@@ -24,6 +24,7 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.connection import Connection as RedisConnection
+from redis.asyncio.connection import ConnectionPool
 
 from shared.annotations import PodUsage
 from shared.fit import FitResult, fit
@@ -49,9 +50,10 @@ def connect(url: str) -> Redis:
     redis+cluster://[:password@]host:port[,host:port].
 
     Sentinel: the client asks the sentinels for the master on every new connection, so after a
-    failover it reconnects to the new one (a write that reaches a demoted master fails with
-    READONLY, which redis-py turns into a ConnectionError and sends again). The password is used for
-    the data nodes and, unless `sentinel_password` says otherwise (empty: none), for the sentinels.
+    failover it reconnects to the new one (READONLY from a demoted master is turned into a
+    ConnectionError by redis-py's Sentinel connection, which the ledger sends again). The password
+    is used for the data nodes and, unless `sentinel_password` says otherwise (empty: none), for
+    the sentinels.
     Cluster: a RedisCluster (every ledger script names its node key first, so it is routed by the
     node's hash tag). For the feed's Pub/Sub connection use `connect_subscriber`.
     """
@@ -76,11 +78,10 @@ def connect_subscriber(url: str) -> Redis:
     """
     if not url.startswith("redis+cluster://"):
         return connect(url)
-    from redis.asyncio.connection import ConnectionPool
-
     hosts, username, password, _path, _query = _split_ha_url(url, 6379)
+    # A short connect timeout: a node that does not answer is skipped for the next one.
     pool = ConnectionPool(connection_class=_AnyClusterNode, nodes=_NodeList(hosts), username=username,
-                          password=password, decode_responses=True)
+                          password=password, decode_responses=True, socket_connect_timeout=2.0)
     return Redis.from_pool(pool)
 
 
@@ -99,18 +100,24 @@ def _split_ha_url(url: str, default_port: int) -> tuple[list[tuple[str, int]], s
 
 
 def _connect_sentinel(url: str) -> Redis:
+    from redis.asyncio.retry import Retry
     from redis.asyncio.sentinel import Sentinel
+    from redis.backoff import NoBackoff
 
     hosts, username, password, parts, query = _split_ha_url(url, 26379)
     if not parts:
         raise ValueError("redis+sentinel:// URL needs the service name: redis+sentinel://host:26379/mymaster")
-    sentinel_password = unquote(query["sentinel_password"][-1]) or None if "sentinel_password" in query \
-        else password
-    # Short timeouts towards the sentinels: an unreachable one is skipped for the next, not waited on.
-    sentinel = Sentinel(hosts, sentinel_kwargs={"password": sentinel_password, "username": username if
-                                                sentinel_password == password else None,
-                                                "socket_timeout": 2.0, "socket_connect_timeout": 2.0},
-                        username=username, password=password, decode_responses=True)  # type: ignore[no-untyped-call]
+    # The sentinels use the data nodes' credentials unless the URL gives them a password of their own.
+    sentinel_user, sentinel_password = username, password
+    if "sentinel_password" in query:
+        sentinel_user, sentinel_password = None, query["sentinel_password"][-1] or None
+    # A sentinel that does not answer (or refuses AUTH, a ConnectionError in redis-py) is skipped for
+    # the next one at once: short timeouts and no retries of its own (redis-py's default retries ten
+    # times with backoff, which stalled each master lookup for seconds).
+    sentinel_kwargs = {"username": sentinel_user, "password": sentinel_password, "socket_timeout": 2.0,
+                       "socket_connect_timeout": 2.0, "retry": Retry(NoBackoff(), 0)}
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, username=username, password=password,
+                        decode_responses=True)  # type: ignore[no-untyped-call]
     return sentinel.master_for(parts[0], redis_class=_SentinelMaster,  # type: ignore[no-any-return]
                                db=int(parts[1]) if len(parts) > 1 else 0)
 
@@ -131,7 +138,7 @@ class _Cluster(RedisCluster):
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> ClusterPipeline:
         if shard_hint:
             raise ValueError("shard_hint is not supported in cluster mode")
-        return _ClusterPipeline(self, transaction)
+        return _ClusterPipeline(self, transaction)  # type: ignore[abstract]  # as RedisCluster.pipeline does
 
 
 class _ClusterPipeline(ClusterPipeline):
@@ -211,7 +218,8 @@ class Ledger:
         self._src = {n: lib + "\n" + (LUA_DIR / f"{n}.lua").read_text() for n in SCRIPTS}
         self._sha = {n: hashlib.sha1(s.encode()).hexdigest() for n, s in self._src.items()}
         self.round_trips = 0  # counted for benchmarks: every call to Redis adds one
-        self.connection_retries = 2  # sends again after a connection error (see _retry)
+        self.connection_retries = 2  # sends again after a connection error (see _retry) ...
+        self.retry_seconds = 3.0  # ... and keeps trying this long (a Sentinel failover takes seconds)
 
     def node_key(self, node: str) -> str:
         return f"{self.prefix}:{{{node}}}:node"
@@ -229,17 +237,25 @@ class Ledger:
         the second time with the cards it booked), and so are SADD/SREM/SMEMBERS/EXISTS/SET.
         """
         failures = 0
+        deadline = time.monotonic() + self.retry_seconds
         while True:
             self.round_trips += 1
             REDIS_ROUND_TRIPS.labels(what).inc()
             try:
                 return await op()
-            except (rexc.ConnectionError, rexc.TimeoutError) as e:
+            except (rexc.ConnectionError, rexc.TimeoutError, rexc.ReadOnlyError) as e:
                 failures += 1
-                if failures > self.connection_retries:
+                # a few quick tries (a pooled connection that died), then more while a failover settles
+                if failures > self.connection_retries and time.monotonic() > deadline:
                     raise
-                log.warning("%s: %s; sending again (%d/%d)", what, e, failures, self.connection_retries)
-                await asyncio.sleep(0.05 * (failures - 1))
+                log.warning("%s: %s; sending again (%d)", what, e, failures)
+                if isinstance(e, rexc.ReadOnlyError):
+                    # the server we reach was demoted to a replica (a VIP or DNS name that moved on): new
+                    # connections find the new master
+                    pool = getattr(self.redis, "connection_pool", None)
+                    if pool is not None:
+                        await pool.disconnect()
+                await asyncio.sleep(min(0.5, 0.05 * (failures - 1)))
 
     async def _call(self, name: str, node: str, payload: Mapping[str, Any] | None = None) -> Any:
         args = (self.feed, node, orjson.dumps(payload or {}).decode())
@@ -374,14 +390,16 @@ class Ledger:
         """Give a pod's share back; True if something was held. Idempotent."""
         return bool(orjson.loads(await self._call("release", node, {"uid": uid}))["released"])
 
-    async def observe(self, uid: str, usage: PodUsage, pod: str = "") -> dict[str, Any]:
+    async def observe(self, uid: str, usage: PodUsage, pod: str = "", keep_bound: bool = False) -> dict[str, Any]:
         """Record the allocation a bound pod carries (idempotent); reports over-commit instead of hiding it.
 
         A node missing from Redis is refused ({"ok": false, "reason": "node missing"}), never created.
+        `keep_bound`: a bound reservation that differs from `usage` stays as it is, answered with
+        {"kept": true, "booked": {cards, mem, cores, slices}} (the record changed after our bind).
         """
         out: dict[str, Any] = orjson.loads(await self._call("observe", usage.node, {
             "uid": uid, "cards": list(usage.cards), "mem": usage.memory, "cores": usage.cores,
-            "slices": usage.slices, "pod": pod}))
+            "slices": usage.slices, "pod": pod, "keep_bound": keep_bound}))
         return out
 
     async def expire(self, node: str, ttl_seconds: float) -> list[str]:
@@ -425,40 +443,46 @@ class Ledger:
     # -- rebuild -------------------------------------------------------------------------------
 
     async def replace_node(self, inv: Inventory, bound: Mapping[str, tuple[PodUsage, str]],
-                           keep_ms: int | None = None) -> dict[str, Any]:
+                           keep_ms: int | None = None, keep_bound: bool = False) -> dict[str, Any]:
         """Atomically set one node to what the API implies: its cards and its bound pods' usage.
 
         Pending reservations, and those made or bound in the last `keep_ms` ms of Redis time (newer
-        than the caller's truth), are kept if they fit.
+        than the caller's truth), are kept if they fit. `keep_bound`: a pod of `bound` whose
+        reservation is bound keeps that booking where its record differs; their uids come back as
+        "kept_bound" (a list).
         """
         payload = self._cards_payload(inv)
         if keep_ms is not None:
             payload["keep_ms"] = max(0, int(keep_ms))
+        payload["keep_bound"] = keep_bound
         payload["bound"] = [
             {"uid": uid, "cards": list(u.cards), "mem": u.memory, "cores": u.cores, "slices": u.slices,
              "pod": pod}
             for uid, (u, pod) in sorted(bound.items())]
         out: dict[str, Any] = orjson.loads(await self._call("replace_node", inv.node, payload))
+        out["kept_bound"] = list(out.get("kept_bound") or [])  # cjson sends an empty list as {}
         return out
 
     async def rebuild(self, inventories: Iterable[Inventory],
                       bound: Mapping[str, tuple[PodUsage, str]],
-                      keep_ms: int | None = None) -> dict[str, int]:
+                      keep_ms: int | None = None, keep_bound: bool = False) -> dict[str, int]:
         """Recompute the whole ledger from the API server's truth (nodes + bound pods' annotations).
 
         Node by node, each an atomic replace, so no replica ever reads a node empty or doubled;
         nodes that no longer exist are removed last, unless a pod still holds cards there.
+        `keep_bound`: see replace_node (a rebuild over state Redis still has keeps what our bind booked).
         """
         by_node: dict[str, dict[str, tuple[PodUsage, str]]] = {}
         for uid, (usage, pod) in bound.items():
             by_node.setdefault(usage.node, {})[uid] = (usage, pod)
         seen = set()
-        stats = {"nodes": 0, "bound": 0, "pending_kept": 0, "pending_dropped": 0, "removed": 0}
+        stats = {"nodes": 0, "bound": 0, "pending_kept": 0, "pending_dropped": 0, "removed": 0, "kept_bound": 0}
         for inv in inventories:
             seen.add(inv.node)
             await self.list_node(inv.node)  # listed first, see upsert_node
-            out = await self.replace_node(inv, by_node.get(inv.node, {}), keep_ms)
+            out = await self.replace_node(inv, by_node.get(inv.node, {}), keep_ms, keep_bound)
             stats["nodes"] += 1
+            stats["kept_bound"] += len(out["kept_bound"])
             stats["bound"] += int(out["bound"])
             stats["pending_kept"] += int(out["pending_kept"])
             stats["pending_dropped"] += int(out["pending_dropped"])
@@ -466,7 +490,8 @@ class Ledger:
             # A node the API no longer reports while its pods still hold cards (deleted, or its capacity
             # went to 0): keep their usage on placeholder cards, so it is there if the node comes back.
             await self.list_node(node)
-            await self.replace_node(Inventory(node), by_node[node], keep_ms)
+            out = await self.replace_node(Inventory(node), by_node[node], keep_ms, keep_bound)
+            stats["kept_bound"] += len(out["kept_bound"])
             seen.add(node)
         for node in set(await self.nodes()) - seen:
             await self.remove_node(node)
@@ -476,7 +501,7 @@ class Ledger:
 
     async def redis_time_ms(self) -> int:
         """Redis's clock: the one every reservation's `created` and `bound_at` are stamped with."""
-        sec, usec = await self._retry("time", lambda: self.redis.time())  # type: ignore[no-any-return]
+        sec, usec = await self._retry("time", lambda: self.redis.time())
         return int(sec) * 1000 + int(usec) // 1000
 
     async def intact(self) -> bool:

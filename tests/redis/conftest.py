@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -44,23 +45,34 @@ async def populated(cluster: Ledger) -> Ledger:
 MirrorFactory = Callable[..., Awaitable[Mirror]]
 
 
-@pytest.fixture
-async def mirror_factory(redis_server: RedisServer) -> AsyncIterator[MirrorFactory]:
-    """Start mirrors on their own clients (as replicas do); all are stopped at the end."""
+@contextlib.asynccontextmanager
+async def mirrors(clients: Callable[[], Awaitable[tuple[Redis, Redis]]]) -> AsyncIterator[MirrorFactory]:
+    """A factory of started mirrors, each on its own (ledger client, subscriber) from `clients` (as
+    replicas have); all are stopped at the end."""
     made: list[tuple[Mirror, Redis, Redis]] = []
 
     async def make(resync_seconds: float = 300.0) -> Mirror:
-        client = Redis.from_url(redis_server.url, decode_responses=True)
-        sub = Redis.from_url(redis_server.url, decode_responses=True)
-        led = Ledger(client)
-        m = Mirror(led, subscriber=sub, resync_seconds=resync_seconds)
+        client, sub = await clients()
+        m = Mirror(Ledger(client), subscriber=sub, resync_seconds=resync_seconds)
         await m.start()
         await asyncio.wait_for(m.ready.wait(), 10)
         made.append((m, client, sub))
         return m
 
-    yield make
-    for m, client, sub in made:
-        await m.stop()
-        await client.aclose()
-        await sub.aclose()
+    try:
+        yield make
+    finally:
+        for m, client, sub in made:
+            await m.stop()
+            await client.aclose()
+            await sub.aclose()
+
+
+@pytest.fixture
+async def mirror_factory(redis_server: RedisServer) -> AsyncIterator[MirrorFactory]:
+    async def clients() -> tuple[Redis, Redis]:
+        return (Redis.from_url(redis_server.url, decode_responses=True),
+                Redis.from_url(redis_server.url, decode_responses=True))
+
+    async with mirrors(clients) as make:
+        yield make

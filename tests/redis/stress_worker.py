@@ -126,6 +126,7 @@ class Worker:
         self.client = Redis.from_url(p.url, decode_responses=True)
         self.sub = Redis.from_url(p.url, decode_responses=True)
         self.ledger = Ledger(self.client)
+        self.ledger.retry_seconds = 0  # meet a Redis restart as errors (what the restart test is about)
         self.mirror = Mirror(self.ledger, subscriber=self.sub, resync_seconds=5)
         await self.mirror.start()
         await asyncio.wait_for(self.mirror.ready.wait(), 20)

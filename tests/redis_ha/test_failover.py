@@ -1,0 +1,307 @@
+"""Redis that fails over, under the ledger: real Sentinel and Cluster processes, masters SIGKILLed.
+
+What holds and what does not (docs/redis-layout.md, "Sentinel and Cluster"):
+* Sentinel: replication is asynchronous, so the last changes the old master acknowledged before it
+  died may be missing on the new one (a booking lost, or a release lost so that a booking comes
+  back). Guaranteed: the surviving state is consistent (no card booked beyond its capacity, usage
+  equal to its reservations), only changes acknowledged before the failover completed can be
+  missing, and the clients find the new master by themselves. `intact()` stays True (the epoch was
+  replicated long before), so such a loss is healed by the reconciler's repair from the API truth,
+  emulated here by a rebuild.
+* Cluster without replicas: a primary that dies loses its shard; the other shards go on serving and
+  lose nothing. When it comes back empty, its nodes' keys are gone, which is what the watchers detect
+  (`upsert_node(create=False)` answers -1) before rebuilding; `intact()` only sees it when the epoch's
+  shard was the one lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+
+import pytest
+
+from deploy.local.redis import ClusterSetup, SentinelSetup, wait_caught_up
+from shared.annotations import PodUsage
+from shared.ledger import Ledger, connect, connect_subscriber
+from shared.mirror import Mirror
+from shared.state import NodeSnapshot
+from tests.redis.helpers import S4000, S5000, all_violations, eventually, expected_usage, inventory
+from tests.redis.test_stress import CAPACITY, INVENTORIES, assert_ledger_matches, assert_nothing_booked
+from tests.redis_ha.burst import Burst
+from tests.redis_ha.conftest import PASSWORD
+
+pytestmark = pytest.mark.redis_ha
+
+LIMITS = {(i.node, c.index): (c.capacity, 16, c.max_slices) for i in INVENTORIES for c in i.cards}
+
+
+def overcommitted(truth: Mapping[str, PodUsage]) -> set[tuple[str, int]]:
+    """Cards that what the pods really hold (the API's truth) books beyond their capacity."""
+    return {card for card, used in expected_usage(truth.values()).items()
+            if any(u > limit for u, limit in zip(used, LIMITS[card], strict=True))}
+
+
+def bookings(snaps: Mapping[str, NodeSnapshot]) -> set[tuple[str, PodUsage]]:
+    """(uid, what it books) for every reservation; one uid may be booked on two nodes after a
+    failover (its first answer was lost, the retry went elsewhere; the janitor expires the other)."""
+    return {(uid, PodUsage(n, r.cards, r.mem, r.cores, r.slices)) for n, s in snaps.items()
+            for uid, r in s.reservations.items()}
+
+
+@contextlib.asynccontextmanager
+async def watched(url: str, feed_url: str | None = None) -> AsyncIterator[tuple[Ledger, Mirror]]:
+    """A ledger client and a started mirror on it, subscribed as the roles do (to `feed_url` if given)."""
+    led, sub = Ledger(connect(url)), connect_subscriber(feed_url or url)
+    mirror = Mirror(led, subscriber=sub)
+    try:
+        await mirror.start()
+        await asyncio.wait_for(mirror.ready.wait(), 10)
+        yield led, mirror
+    finally:
+        await mirror.stop()
+        await sub.aclose()
+        await led.redis.aclose()
+
+
+async def in_sync(led: Ledger, mirror: Mirror, nodes: list[str], what: str) -> None:
+    async def synced() -> bool:
+        return mirror.ready.is_set() and mirror.nodes == await led.snapshots(nodes)
+
+    await eventually(synced, within=20, what=what)
+
+
+async def start_sentinel() -> SentinelSetup:
+    return await asyncio.to_thread(SentinelSetup(password=PASSWORD).start)
+
+
+async def start_cluster() -> ClusterSetup:
+    return await asyncio.to_thread(ClusterSetup(password=PASSWORD).start)
+
+
+async def test_sentinel_mirror_follows_a_failover() -> None:
+    setup = await start_sentinel()
+    burst = Burst(setup.url, {})  # only for its retrying()
+    try:
+        async with watched(setup.url) as (led, mirror):
+            await led.upsert_node(inventory("n4", S4000))
+            await led.upsert_node(inventory("n5", S5000))
+            assert (await led.reserve("n4", "u1", [0], 8, 2, 1))[0].ok
+            await asyncio.to_thread(wait_caught_up, setup.master())  # u1 reached the replica
+            await in_sync(led, mirror, ["n4", "n5"], "the mirror sees u1")
+            old = await asyncio.to_thread(setup.kill_master)
+            new = await asyncio.to_thread(setup.wait_failover, old)
+            with new.client() as c:  # scripts are not replicated: the first call on the new master reloads them
+                assert c.script_exists(led._sha["reserve"]) == [False]
+            out, _ = await burst.retrying(lambda: led.reserve("n5", "u2", [1], 16, 4, 1))
+            assert out.ok
+            with new.client() as c:  # the client found the new master
+                assert c.exists("mt:{n5}:res:u2") == 1
+            # the mirror re-subscribed on the new master and re-read: it holds u1 (replicated) and u2
+            await in_sync(led, mirror, ["n4", "n5"], "the mirror equals the new master's ledger")
+            assert "u1" in mirror.nodes["n4"].reservations and "u2" in mirror.nodes["n5"].reservations
+    finally:
+        await asyncio.to_thread(setup.cleanup)
+
+
+async def test_cluster_mirror_survives_the_death_of_its_node_and_rereads_a_lost_shard() -> None:
+    setup = await start_cluster()
+    burst = Burst(setup.url, {})
+    try:
+        # n5 on the first shard, n4 on the second; the mirror's feed connection starts on the third
+        owners = [setup.owner_of(f"mt:{{{n}}}:node") for n in ("n5", "n4", "nerr")]
+        assert len({o.port for o in owners}) == 3
+        spare = owners[2]
+        async with watched(setup.url, setup.url.replace(str(setup.nodes[0].port), str(spare.port))) as (led, mirror):
+            invs = [inventory("n4", S4000), inventory("n5", S5000)]
+            await led.rebuild(invs, {})
+            await in_sync(led, mirror, ["n4", "n5"], "the mirror has both nodes")
+            # The node the mirror listens on dies (it holds none of the ledger's nodes): the feed is
+            # broadcast to every node, so the subscriber goes to another one and the mirror follows on.
+            await asyncio.to_thread(spare.kill)
+            assert (await burst.retrying(lambda: led.reserve("n4", "u1", [0], 8, 2, 1)))[0].ok
+            await eventually(lambda: mirror.ready.is_set() and "u1" in mirror.nodes["n4"].reservations, within=20,
+                             what="the mirror follows the feed from another node")
+            await asyncio.to_thread(setup.restart, spare)
+            # n4's primary crashes and comes back empty: n4's keys are gone, which the watchers detect ...
+            shard = setup.owner_of(led.node_key("n4"))
+            await asyncio.to_thread(shard.kill)
+            await asyncio.to_thread(setup.restart, shard)
+            await asyncio.to_thread(setup.wait_healthy)
+            assert await burst.retrying(lambda: led.snapshot("n4")) is None
+            assert await led.upsert_node(invs[0], create=False) == -1
+            # ... and rebuild from the API's truth; the mirror re-reads the rebuilt nodes
+            await led.rebuild(invs, {"u1": (PodUsage("n4", (0,), 8, 2, 1), "ns/p1")})
+            await in_sync(led, mirror, ["n4", "n5"], "the mirror equals the rebuilt ledger")
+            assert mirror.nodes["n4"].reservations["u1"].state == "bound"
+    finally:
+        await asyncio.to_thread(setup.cleanup)
+
+
+async def test_sentinel_master_killed_mid_burst() -> None:
+    """6 workers book, bind and release on 3 nodes x 2 cards while the master is SIGKILLed."""
+    setup = await start_sentinel()
+    led = Ledger(connect(setup.url))
+    burst = Burst(setup.url, CAPACITY, workers=6, seed=11)
+    loop = asyncio.get_running_loop()
+    try:
+        await led.rebuild(INVENTORIES, {})
+        await asyncio.to_thread(wait_caught_up, setup.master())  # the epoch is on the replica
+        run = asyncio.create_task(burst.run())
+        await eventually(lambda: len(burst.acks) >= 50, within=20, what="the burst is under way")
+        old = await asyncio.to_thread(setup.kill_master)
+        await asyncio.to_thread(setup.wait_failover, old)
+        done = loop.time()
+        await eventually(lambda: burst.acked_after(done) >= 50, within=20, what="the burst goes on")
+        burst.stop.set()
+        await run
+        assert burst.unavailable > 0  # the workers did meet the failover
+
+        snaps = await burst.retrying(lambda: led.snapshots([i.node for i in INVENTORIES]))
+        assert all_violations(snaps) == []  # what survived is consistent: no card beyond capacity
+        truth = burst.truth()
+        lost = set(truth.items()) - bookings(snaps)
+        back = bookings(snaps) - set(truth.items())
+        # only what the old master acknowledged before the failover completed may be missing, and a
+        # booking nobody holds is a lost release, or a booking whose answer was lost with the master
+        assert all(burst.held[uid].acked < done for uid, _u in lost)
+        assert all(min(burst.released.get(uid, done), burst.unanswered.get(uid, done)) < done for uid, _u in back)
+        # a card is really over-committed only where a lost booking let it be booked again
+        assert overcommitted(truth) <= {(u.node, c) for _uid, u in lost for c in u.cards}
+        assert await led.intact()  # the epoch survived: this kind of loss is not flagged by intact()
+        print(f"\nsentinel failover: {len(truth)} held, {len(lost)} bookings lost, {len(back)} nobody holds, "
+              f"{burst.unavailable} calls sent again, {len(burst.acks)} changes")
+
+        # the repair from the API's truth (the reconciler's, after a reconnect) ...
+        await led.rebuild(INVENTORIES, {uid: (u, f"default/{uid}") for uid, u in truth.items()})
+        snaps = await led.snapshots(await led.nodes())
+        extra = bookings(snaps) - set(truth.items())
+        assert set(truth.items()) <= bookings(snaps)
+        # what nobody holds is kept only if pending (the janitor's TTL ends it); bound ones are dropped
+        assert all(snaps[u.node].reservations[uid].state == "pending" for uid, u in extra)
+        # ... then every pod goes, and the janitor expires what is left pending (after a TTL of 1 s)
+        for uid, u in truth.items():
+            assert await led.release(u.node, uid)
+
+        async def expired() -> bool:
+            return not any([await led.expire(i.node, 1.0) for i in INVENTORIES]) and \
+                not bookings(await led.snapshots(await led.nodes()))
+
+        await eventually(expired, within=10, what="what was left pending has expired")
+        await assert_nothing_booked(led)
+    finally:
+        burst.stop.set()
+        await led.redis.aclose()
+        await asyncio.to_thread(setup.cleanup)
+
+
+async def test_sentinel_promotes_an_empty_replica_and_the_epoch_says_so() -> None:
+    """The replica crashed too and came back empty just before the master died: Sentinel promotes it
+    (it is the only one), everything is lost, and the missing epoch is what tells the watchers."""
+    setup = await start_sentinel()
+    led = Ledger(connect(setup.url))
+    burst = Burst(setup.url, {})
+    try:
+        truth = {"u1": PodUsage("s4000-a", (0,), 8, 2, 1), "u2": PodUsage("s5000-b", (0, 1), S5000, 16, 1)}
+        await led.rebuild(INVENTORIES, {})
+        for uid, u in truth.items():
+            assert (await led.reserve(u.node, uid, u.cards, u.memory, u.cores, u.slices,
+                                      whole=len(u.cards) > 1))[0].ok
+        master, replica = setup.master(), next(r for r in setup.data if r is not setup.master())
+        await asyncio.to_thread(replica.kill)
+        await asyncio.to_thread(master.kill)
+        await asyncio.to_thread(replica.start)  # empty, and its master is gone: nothing to sync from
+        await asyncio.to_thread(setup.wait_failover, master)
+        assert not await burst.retrying(led.intact)  # detected: the epoch is gone
+        assert await led.snapshots([i.node for i in INVENTORIES]) == {}
+        # the watchers' rebuild from the API's truth
+        await led.rebuild(INVENTORIES, {uid: (u, f"default/{uid}") for uid, u in truth.items()})
+        assert await led.intact()
+        await assert_ledger_matches(led, truth, all_bound=True)
+    finally:
+        await led.redis.aclose()
+        await asyncio.to_thread(setup.cleanup)
+
+
+async def test_cluster_primary_lost_mid_burst() -> None:
+    """6 workers book, bind and release on 3 nodes over the 3 shards while one primary is SIGKILLed
+    and started again, empty."""
+    setup = await start_cluster()
+    led = Ledger(connect(setup.url))
+    burst = Burst(setup.url, CAPACITY, workers=6, seed=12)
+    loop = asyncio.get_running_loop()
+    victim = setup.owner_of(led.node_key("s4000-c"))
+    gone = {i.node for i in INVENTORIES if setup.owner_of(led.node_key(i.node)) is victim}
+    assert gone == {"s4000-c"} and setup.owner_of(led.epoch_key) is not victim
+    try:
+        await led.rebuild(INVENTORIES, {})
+        run = asyncio.create_task(burst.run())
+        await eventually(lambda: len(burst.acks) >= 50 and any(u.node in gone for u in burst.truth().values()),
+                         within=20, what="the burst is under way, with bookings on the shard to lose")
+        killed = loop.time()
+        await asyncio.to_thread(victim.kill)
+        await eventually(lambda: burst.acked_after(killed) >= 10, within=20, what="the other shards go on")
+        await asyncio.to_thread(setup.restart, victim)
+        await asyncio.to_thread(setup.wait_healthy)
+        back = loop.time()
+        await eventually(lambda: burst.acked_after(back) >= 20, within=20, what="the burst goes on")
+        burst.stop.set()
+        await run
+        assert burst.unavailable > 0
+
+        # detected: the node's keys are gone (the epoch lives on another shard, so intact() holds)
+        assert await led.intact()
+        assert await led.snapshot("s4000-c") is None
+        assert await led.upsert_node(INVENTORIES[2], create=False) == -1
+        # the other shards lost nothing: they hold exactly what the workers hold there
+        truth = burst.truth()
+        snaps = await led.snapshots(await led.nodes())
+        assert sorted(snaps) == sorted(set(CAPACITY) - gone) and all_violations(snaps) == []
+        assert bookings(snaps) == {(uid, u) for uid, u in truth.items() if u.node not in gone}
+        # what was held on the lost shard was booked before it died (after, it refused bookings);
+        # what was released since found nothing to release
+        assert all(burst.held[uid].acked < back for uid, u in truth.items() if u.node in gone)
+        assert burst.release_missed or any(u.node in gone for u in truth.values())
+        assert overcommitted(truth) == set()
+        print(f"\ncluster primary lost: {len(truth)} held, {sum(u.node in gone for u in truth.values())} on "
+              f"the lost shard, {len(burst.release_missed)} releases found nothing, "
+              f"{burst.unavailable} calls sent again, {len(burst.acks)} changes")
+
+        # the watchers' rebuild from the API's truth gives exactly that truth back
+        await led.rebuild(INVENTORIES, {uid: (u, f"default/{uid}") for uid, u in truth.items()})
+        await assert_ledger_matches(led, truth, all_bound=True)
+        for uid, u in truth.items():
+            assert await led.release(u.node, uid)
+        await assert_nothing_booked(led)
+    finally:
+        burst.stop.set()
+        await led.redis.aclose()
+        await asyncio.to_thread(setup.cleanup)
+
+
+async def test_cluster_replica_takes_over_a_killed_primary() -> None:
+    """A replica per primary: the ledger's client follows the promoted replica (and loads the scripts
+    there), n4's bookings replicated before the kill are kept, and the mirror converges."""
+    setup = await asyncio.to_thread(ClusterSetup(password=PASSWORD, replicas=1).start)
+    burst = Burst(setup.url, {})
+    nodes = ["n4", "n5", "nerr"]  # one per shard
+    try:
+        async with watched(setup.url) as (led, mirror):
+            await led.rebuild([inventory(n, S4000) for n in nodes], {})
+            assert (await led.reserve("n4", "u1", [0], 8, 2, 1))[0].ok
+            old = setup.owner_of(led.node_key("n4"))
+            await asyncio.to_thread(wait_caught_up, old)
+            await asyncio.to_thread(old.kill)
+            await asyncio.to_thread(setup.wait_failover, old)
+            new = setup.owner_of(led.node_key("n4"))
+            assert new is not old
+            with new.client() as c:
+                assert c.script_exists(led._sha["reserve"]) == [False]
+            assert (await burst.retrying(lambda: led.reserve("n4", "u2", [1], 16, 4, 1)))[0].ok
+            snap = await led.snapshot("n4")
+            assert snap is not None and sorted(snap.reservations) == ["u1", "u2"]
+            assert await led.intact()
+            await in_sync(led, mirror, nodes, "the mirror equals the ledger after the failover")
+    finally:
+        await asyncio.to_thread(setup.cleanup)
