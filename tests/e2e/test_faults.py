@@ -521,3 +521,47 @@ async def test_record_removed_from_bound_pods_is_not_forgotten(scene: Scene) -> 
     await scene.kube.request("DELETE", f"{pods}/{by_uid[u1]['metadata']['name']}", {"gracePeriodSeconds": 0},
                              ok=(200, 202, 404))  # bound without a record: check() would count it
     await scene.check("record removed")
+
+
+async def test_readiness_tells_the_truth_while_redis_is_away(scene: Scene) -> None:
+    """Redis stops answering (SIGSTOP): every role's /readyz turns 503 and says why, no process exits;
+    Redis answers again (SIGCONT): every role is ready again and the ledger equals the truth."""
+    proc = scene.redis_server.proc
+    assert proc is not None
+    await scene.burst(60, "a")
+
+    async def readiness() -> dict[str, tuple[int, str]]:
+        out = {}
+        for role in scene.stack.roles:
+            out[role.name] = await asyncio.to_thread(_readyz, role.metrics_port)
+        return out
+
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        async def all_unready() -> bool:
+            return all(code == 503 and "Redis" in text for code, text in (await readiness()).values())
+
+        scene.figures["unready_s"] = await scene.until(all_unready, "every role reports Redis unreachable", 60)
+        assert all(r.alive() for r in scene.stack.roles), "a role exited instead of waiting for Redis"
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+
+    async def all_ready() -> bool:
+        return all(code == 200 for code, _ in (await readiness()).values())
+
+    scene.figures["ready_again_s"] = await scene.until(all_ready, "every role is ready again", 60)
+    assert all(r.alive() for r in scene.stack.roles)
+    await scene.check("Redis unresponsive 10 s+")
+
+
+def _readyz(port: int) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode()
+    except OSError as e:
+        return 0, str(e)
