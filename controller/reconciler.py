@@ -21,7 +21,7 @@ from typing import Any
 
 from controller.kube import Kube, KubeError
 from controller.watchers import NodeWatcher, PodWatcher, is_terminal, pod_ref, unaccounted
-from shared.annotations import AnnotationError, PodUsage, usage_from_annotations
+from shared.annotations import ALLOCATED, AnnotationError, PodUsage, usage_from_annotations
 from shared.config import Config
 from shared.ledger import Ledger
 from shared.metrics import (
@@ -44,6 +44,7 @@ from shared.reconcile import (
 )
 from shared.state import NodeSnapshot
 from shared.supervise import is_transient
+from shared.trust import foreign_record
 
 log = logging.getLogger("mtsched.reconciler")
 
@@ -79,11 +80,16 @@ class Reconciler:
             if is_terminal(pod) or not (pod.get("spec") or {}).get("nodeName"):
                 continue
             usage: PodUsage | None = None
-            try:
-                usage = usage_from_annotations(pod)
-            except AnnotationError as e:
-                ANNOTATION_ERRORS.inc()
-                log.error("rebuild: pod %s has an undecodable allocation record: %s", pod_ref(pod), e)
+            foreign = foreign_record(pod, self.cfg) if ALLOCATED in (pod["metadata"].get("annotations") or {}) else ""
+            if foreign:
+                log.error("rebuild: pod %s carries an allocation record although %s: not booked", pod_ref(pod),
+                          foreign)
+            else:
+                try:
+                    usage = usage_from_annotations(pod)
+                except AnnotationError as e:
+                    ANNOTATION_ERRORS.inc()
+                    log.error("rebuild: pod %s has an undecodable allocation record: %s", pod_ref(pod), e)
             if usage is None and (u := unaccounted(pod, self.cfg)) is not None:
                 # no readable record: what survives on the pod, or the node stays closed (fail closed)
                 usage = recovered_usage(u, by_name.get(u.node))
@@ -96,7 +102,8 @@ class Reconciler:
         # Reservations made since our lists began are newer than their truth: kept (measured on Redis's
         # clock by the script; the elapsed time is ours, which is fine for a duration).
         keep_ms = int((time.monotonic() - t0) * 1000) + self.keep_ms
-        stats = await self.ledger.rebuild(invs, bound, keep_ms=keep_ms)
+        # keep_bound: where Redis still holds our bind's booking, a record changed since does not replace it
+        stats = await self.ledger.rebuild(invs, bound, keep_ms=keep_ms, keep_bound=True)
         self.nodes.known = {i.node for i in invs} | {u.node for u, _ in bound.values()}
         self.nodes.last = by_name  # the API's view; a quarantine is applied on top (NodeWatcher.effective)
         self.pods.seen = {}
@@ -156,8 +163,11 @@ class Reconciler:
         meta = pod.get("metadata") or {}
         if str(meta.get("uid")) != uid or is_terminal(pod) or (pod.get("spec") or {}).get("nodeName") != node:
             return "stale", None  # another pod of that name, ended, or not bound here
+        foreign = foreign_record(pod, self.cfg)
+        if foreign and unaccounted(pod, self.cfg) is None:
+            return "stale", None  # our bind never books such a pod, and it asks for no card
         try:
-            usage = usage_from_annotations(pod)
+            usage = None if foreign else usage_from_annotations(pod)
         except AnnotationError:
             return "held", kept  # fail closed: an unreadable record keeps the booking
         if usage is None:
@@ -207,7 +217,8 @@ class Reconciler:
         for uid in truth.keys() - holders.keys() - self.pods.ended.keys():
             final.setdefault(uid, (truth[uid], refs.get(uid, "")))
         await self.ledger.list_node(node)
-        await self.ledger.replace_node(inv if inv is not None else Inventory(node), final, self.keep_ms)
+        await self.ledger.replace_node(inv if inv is not None else Inventory(node), final, self.keep_ms,
+                                       keep_bound=True)
         self.nodes.known.add(node)
         self.repairs += 1
         return diff

@@ -22,11 +22,12 @@ from controller.reflector import Reflector
 from shared.annotations import ALLOCATED, GPU_INDEX, AnnotationError, PodUsage, usage_from_annotations
 from shared.config import Config
 from shared.ledger import Ledger, LedgerError
-from shared.metrics import ANNOTATION_ERRORS, OVERCOMMIT, RELEASES, WATCH_EVENTS
+from shared.metrics import ANNOTATION_ERRORS, OVERCOMMIT, RECORD_MISMATCH, RELEASES, WATCH_EVENTS
 from shared.mirror import Mirror
 from shared.node import Inventory, node_inventory
 from shared.reconcile import Unrecorded, offers_cards, quarantine_reason, recovered_usage
 from shared.request import RequestError, pod_request
+from shared.trust import foreign_record
 
 log = logging.getLogger("mtsched.watchers")
 
@@ -76,7 +77,7 @@ class NodeWatcher:
                 log.warning("node %s reports no sliced card while %d pod(s) hold cards there: their usage is "
                             "kept until they end", name, len(holders))
                 await self.ledger.list_node(name)
-                await self.ledger.replace_node(Inventory(name), holders, self.keep_ms)
+                await self.ledger.replace_node(Inventory(name), holders, self.keep_ms, keep_bound=True)
                 self.known.add(name)
             elif name in self.known or inv is None:
                 await self.ledger.remove_node(name)
@@ -95,7 +96,7 @@ class NodeWatcher:
         else:
             # New to us: written whole, with its holders' usage, before any replica can offer it.
             await self.ledger.list_node(name)
-            await self.ledger.replace_node(inv, self.holders(name), self.keep_ms)
+            await self.ledger.replace_node(inv, self.holders(name), self.keep_ms, keep_bound=True)
         self.known.add(name)
 
     def effective(self, inv: Inventory) -> Inventory:
@@ -237,7 +238,8 @@ class PodWatcher:
             self.unrecorded.pop(uid, None)
             return None
         usage, opaque = None, False
-        if raw is not None and node:
+        # a record our bind cannot have written is no record at all (shared/trust.py); record() says so
+        if raw is not None and node and not foreign_record(pod, self.cfg):
             try:
                 usage = usage_from_annotations(pod)
             except AnnotationError:
@@ -274,6 +276,13 @@ class PodWatcher:
         raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATED)
         if raw is None or self.seen.get(uid) == raw or not (pod.get("spec") or {}).get("nodeName"):
             return
+        foreign = foreign_record(pod, self.cfg)
+        if foreign:
+            RECORD_MISMATCH.labels("foreign").inc()
+            log.error("pod %s carries an allocation record although %s: our bind never wrote it, nothing is "
+                      "booked for it (record %r)", pod_ref(pod), foreign, str(raw)[:300])
+            self.seen[uid] = raw
+            return
         try:
             usage: PodUsage | None = usage_from_annotations(pod)
         except AnnotationError as e:
@@ -285,13 +294,22 @@ class PodWatcher:
         if usage is None:
             return
         try:
-            out = await self.ledger.observe(uid, usage, pod_ref(pod))
+            # keep_bound: once our bind's booking is bound, a record that says otherwise is not booked
+            out = await self.ledger.observe(uid, usage, pod_ref(pod), keep_bound=True)
         except LedgerError as e:
             log.error("cannot record %s: %s", pod_ref(pod), e)
             return
         if not out.get("ok"):
             log.error("cannot record %s on %s: %s; rebuilding", pod_ref(pod), usage.node, out.get("reason"))
             self.lost.set()
+            return
+        if out.get("kept"):
+            RECORD_MISMATCH.labels("changed").inc()
+            log.error("pod %s: its allocation record changed after our bind: it says cards %s (%d units, %d cores, "
+                      "%d slices) on %s; the ledger keeps what the bind booked: %s (record %r)", pod_ref(pod),
+                      list(usage.cards), usage.memory, usage.cores, usage.slices, usage.node, out.get("booked"),
+                      str(raw)[:300])
+            self.seen[uid] = raw
             return
         if out.get("overcommit"):
             OVERCOMMIT.inc()

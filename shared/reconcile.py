@@ -6,7 +6,9 @@ lists every difference; the reconciler (controller/reconciler.py) repairs a node
 atomic `replace_node`. Reservations newer than the keep window, and pending ones (a binder may be
 mid-flight; the janitor expires them by TTL), are never called stale. A reservation that looks stale
 is only a *suspect*: the shell confirms with the API server before it is dropped, since a lagging
-watch could otherwise free a card a running pod holds.
+watch could otherwise free a card a running pod holds. A record that differs from its pod's bound
+reservation is no difference: only our bind books and marks bound, with the record it writes, so
+the record changed since and the ledger's booking wins (`NodeDiff.kept`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ class NodeDiff:
     differences: tuple[Difference, ...] = ()
     suspects: tuple[str, ...] = ()  # uids booked here that no live holder accounts for (confirm first)
     remove: bool = False  # the API reports no sliced card here and nothing is held: drop the node
+    # uids whose record differs from their bound reservation: the booking our bind made wins (it is no
+    # difference to repair; a repair keeps it: replace_node keep_bound)
+    kept: tuple[str, ...] = ()
 
     @property
     def clean(self) -> bool:
@@ -66,6 +71,7 @@ def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holde
     A quarantine (quarantine_reason) arrives as `inv.error`."""
     diffs: list[Difference] = []
     suspects: list[str] = []
+    kept: list[str] = []
     if snap is None:
         if offers_cards(inv) or holders:
             diffs.append(Difference("node_missing", f"the ledger lacks node {node}"
@@ -116,6 +122,10 @@ def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holde
         if held is None:
             diffs.append(Difference("missing_holder", f"pod {uid} holds cards {list(usage.cards)} "
                                     f"({usage.memory} units, {usage.cores} cores) without a reservation"))
+        elif not _same(held, usage) and held.state == "bound":
+            # only our bind books and marks bound, with the record it writes: a record that says otherwise
+            # was changed since (whatever the reservation's age: a record never changes legitimately)
+            kept.append(uid)
         elif not _same(held, usage):
             diffs.append(Difference("changed_holder", f"pod {uid} holds cards {list(usage.cards)} "
                                     f"({usage.memory}/{usage.cores}), the ledger books {list(held.cards)} "
@@ -127,7 +137,7 @@ def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holde
     for uid, r in sorted(snap.reservations.items()):
         if uid not in holders and not settling(r):
             suspects.append(uid)
-    return NodeDiff(node, tuple(diffs), tuple(suspects))
+    return NodeDiff(node, tuple(diffs), tuple(suspects), kept=tuple(kept))
 
 
 @dataclass(frozen=True)

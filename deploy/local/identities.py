@@ -5,7 +5,9 @@ a fresh chart render) this creates, as the admin, the namespaces, ServiceAccount
 and (Cluster)RoleBindings exactly as rendered. Nothing is added here: a permission the chart lacks
 must fail a test, as it would fail in a cluster. Then it gets one token per ServiceAccount with
 the TokenRequest API (the apiserver signs it with --service-account-signing-key-file, so no
-kube-controller-manager is needed) and writes one kubeconfig per role.
+kube-controller-manager is needed) and writes one kubeconfig per role. The chart's
+ValidatingAdmissionPolicies (only our bind writes allocation records) are applied the same way,
+and `provision` returns once they refuse what they must.
 
 Roles map to ServiceAccounts through the chart's Deployments: the container that runs a role names
 the pod's ServiceAccount (the extender is a sidecar of kube-scheduler, so they share one).
@@ -15,19 +17,24 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from deploy.local.controlplane import ApiError, ControlPlane, ControlPlaneError
+from deploy.local.controlplane import CANARY_NAMESPACE, ApiError, ControlPlane, ControlPlaneError
+from shared.annotations import ALLOCATED
 
 MANIFEST = Path(__file__).resolve().parents[1] / "manifests" / "hami.yaml"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+POLICY, POLICY_BINDING = "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"
 # Kinds applied, in dependency order (a binding's subject and role exist before it).
-KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding")
+KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding", POLICY,
+         POLICY_BINDING)
+_PLURALS = {POLICY: "validatingadmissionpolicies", POLICY_BINDING: "validatingadmissionpolicybindings"}
 # Our roles and kube-scheduler, each by the chart container that runs it.
 ROLE_CONTAINERS = {"kube-scheduler": "kube-scheduler", "extender": "extender", "webhook": "webhook",
                    "watcher": "watcher"}
@@ -55,6 +62,7 @@ class Identity:
 class Identities:
     roles: Mapping[str, Identity]
     applied: tuple[tuple[str, str], ...]  # (kind, API path) of every object applied, in creation order
+    policy_bindings: tuple[Json, ...] = ()  # as rendered, to restore them after suspend_policies
 
     def __getitem__(self, role: str) -> Identity:
         return self.roles[role]
@@ -87,6 +95,8 @@ def _collection(obj: Json) -> str:
         return "/api/v1/namespaces"
     if kind == "ServiceAccount":
         return f"/api/v1/namespaces/{ns}/serviceaccounts"
+    if kind in _PLURALS:
+        return f"{ADMISSION}/{_PLURALS[kind]}"
     plural = kind.lower() + "s"
     return f"{RBAC}/namespaces/{ns}/{plural}" if kind in ("Role", "RoleBinding") else f"{RBAC}/{plural}"
 
@@ -110,7 +120,8 @@ def _create_or_replace(cp: ControlPlane, obj: Json) -> None:
 
 
 def apply_rbac(cp: ControlPlane, objs: Sequence[Json]) -> list[Json]:
-    """Create (or replace) the manifest's namespaces, ServiceAccounts and RBAC objects, as rendered."""
+    """Create (or replace) the manifest's namespaces, ServiceAccounts, RBAC objects and admission
+    policies, as rendered."""
     chosen = sorted((o for o in objs if o.get("kind") in KINDS), key=lambda o: KINDS.index(o["kind"]))
     namespaces = {o["metadata"]["namespace"] for o in chosen if o["metadata"].get("namespace")}
     declared = {o["metadata"]["name"] for o in chosen if o["kind"] == "Namespace"}
@@ -171,6 +182,66 @@ def wait_effective(cp: ControlPlane, bindings: Iterable[Json], timeout: float = 
         time.sleep(0.05)
 
 
+def _policy_probe(cp: ControlPlane) -> tuple[int, str]:
+    """A dry-run create of a pod carrying a forged allocation record, as the admin, in the namespace no
+    webhook of the harness sees (so only admission policies judge it): (status, message)."""
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"generateName": "policy-probe-",
+                        "annotations": {ALLOCATED: "probe-mthreads-0,Mthreads,512,1:;"}},
+           "spec": {"containers": [{"name": "c", "image": "probe.invalid/none"}]}}
+    try:
+        cp.api("POST", f"/api/v1/namespaces/{CANARY_NAMESPACE}/pods?dryRun=All", pod)
+        return 201, ""
+    except ApiError as e:
+        return e.status, e.body
+
+
+def wait_policies(cp: ControlPlane, bindings: Sequence[Json], timeout: float = EFFECTIVE_TIMEOUT) -> None:
+    """Return once the policy binding refuses the probe. Policies reach the admission chain through
+    informers, like RBAC: a role or test started before would see the old rules. The chart renders one
+    policy and one binding; a denial names the binding that made it."""
+    if len(bindings) > 1:
+        raise ControlPlaneError(f"one probe cannot tell {len(bindings)} policy bindings apart")
+    if not bindings:
+        return
+    b = bindings[0]
+    name = f"ValidatingAdmissionPolicy '{b['spec']['policyName']}' with binding '{b['metadata']['name']}'"
+    _wait_probe(cp, lambda status, message: name in message, f"{name} in effect", timeout)
+
+
+def wait_no_policy(cp: ControlPlane, timeout: float = EFFECTIVE_TIMEOUT) -> None:
+    """Return once no admission policy refuses a forged record any more (after deleting one)."""
+    _wait_probe(cp, lambda status, message: status == 201, "no policy refusing forged records", timeout)
+
+
+def _wait_probe(cp: ControlPlane, done: Callable[[int, str], bool], what: str, timeout: float) -> None:
+    cp.api("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                          "metadata": {"name": CANARY_NAMESPACE}}, ok=(201, 409))
+    deadline = time.monotonic() + timeout
+    while True:
+        status, message = _policy_probe(cp)
+        if done(status, message):
+            return
+        if time.monotonic() > deadline:
+            raise ControlPlaneError(f"{what}: not after {timeout}s; last probe: {status} {message[:300]}")
+        time.sleep(0.05)
+
+
+def suspend_policies(cp: ControlPlane, identities: Identities) -> None:
+    """Delete the policy bindings (a cluster without the policy, e.g. Kubernetes < 1.30) until
+    `restore_policies`; returns once the API server admits what they refused."""
+    for b in identities.policy_bindings:
+        cp.api("DELETE", _path(b), ok=(200, 202, 404))
+    if identities.policy_bindings:
+        wait_no_policy(cp)
+
+
+def restore_policies(cp: ControlPlane, identities: Identities) -> None:
+    for b in identities.policy_bindings:
+        _create_or_replace(cp, b)
+    wait_policies(cp, identities.policy_bindings)
+
+
 def request_token(cp: ControlPlane, namespace: str, service_account: str, seconds: int = TOKEN_SECONDS) -> str:
     body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
             "spec": {"expirationSeconds": seconds}}
@@ -199,6 +270,8 @@ def provision(cp: ControlPlane, manifest: Path = MANIFEST, directory: Path | Non
     accounts = role_service_accounts(objs)
     applied = apply_rbac(cp, objs)
     wait_effective(cp, (o for o in applied if o["kind"] in ("ClusterRoleBinding", "RoleBinding")))
+    policy_bindings = tuple(o for o in applied if o["kind"] == POLICY_BINDING)
+    wait_policies(cp, policy_bindings)
     out_dir = directory or (cp.workdir / "identities")
     tokens: dict[tuple[str, str], str] = {}
     roles: dict[str, Identity] = {}
@@ -208,7 +281,27 @@ def provision(cp: ControlPlane, manifest: Path = MANIFEST, directory: Path | Non
         ident = Identity(role, ns, sa, out_dir / f"{role}.kubeconfig")
         write_kubeconfig(cp, ident.kubeconfig, ident.username, tokens[(ns, sa)])
         roles[role] = ident
-    return Identities(roles, tuple((o["kind"], _path(o)) for o in applied))
+    return Identities(roles, tuple((o["kind"], _path(o)) for o in applied), policy_bindings)
+
+
+def tenant(cp: ControlPlane, namespace: str, directory: Path, name: str = "tenant") -> Identity:
+    """An ordinary user for tests: a ServiceAccount in `namespace` whose Role lets it create, read, change
+    and delete pods there and nothing else (what a team gets for its own namespace), with a kubeconfig."""
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": name, "namespace": namespace},
+            "rules": [{"apiGroups": [""], "resources": ["pods"],
+                       "verbs": ["create", "get", "list", "watch", "patch", "update", "delete"]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": name, "namespace": namespace},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]}
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}}
+    for obj in (account, role, binding):
+        _create_or_replace(cp, obj)
+    wait_effective(cp, [binding])
+    ident = Identity(name, namespace, name, directory / f"{name}-{namespace}.kubeconfig")
+    write_kubeconfig(cp, ident.kubeconfig, ident.username, request_token(cp, namespace, name, 3600))
+    return ident
 
 
 def deprovision(cp: ControlPlane, identities: Identities) -> None:
@@ -218,3 +311,5 @@ def deprovision(cp: ControlPlane, identities: Identities) -> None:
     for kind, path in reversed(identities.applied):
         if kind != "Namespace":
             cp.api("DELETE", path, ok=(200, 202, 404))
+    if identities.policy_bindings:
+        wait_no_policy(cp)

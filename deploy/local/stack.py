@@ -38,6 +38,7 @@ from deploy.local.identities import (
     suspend_policies,
 )
 from deploy.local.redis import free_port, terminate
+from shared.config import url_password, without_password
 
 # Namespaces labelled so are never sent to the webhook (the benchmark's plain baseline). A namespace label,
 # never a pod label: labels are set by whoever creates the object, and a pod creator must not be able to
@@ -91,9 +92,10 @@ class Stack:
         return self.dir / "mtsched.yaml"
 
     def write_config(self) -> None:
-        doc = {
+        doc: dict[str, object] = {
             "memoryPerCard": [int(x) for x in str(self.memory_per_card).split(",")],
-            "redisUrl": self.redis_url,
+            # the password goes to a file of the stack's (0600), as a mounted Secret would, never into this one
+            "redisUrl": without_password(self.redis_url),
             # No kubeconfig here: each role gets its own identity's on its command line (role_argv).
             "tlsCertFile": str(self.cp.pki.serving_crt),
             "tlsKeyFile": str(self.cp.pki.serving_key),
@@ -102,6 +104,13 @@ class Stack:
             "pendingTTLSeconds": 30,
             **self.settings,
         }
+        password = url_password(self.redis_url)
+        if password and "redisPasswordFile" not in self.settings and "redisPassword" not in self.settings:
+            path = self.dir / "redis-password"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(password)
+            doc["redisPasswordFile"] = str(path)
         self.config_path.write_text(yaml.safe_dump(doc))
 
     def provision(self) -> Identities:

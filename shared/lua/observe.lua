@@ -1,10 +1,14 @@
 -- Record the allocation a bound pod carries (watchers, rebuilds). Payload: {uid, cards, mem, cores,
--- slices, pod}. Idempotent. The API server is the truth: the booking is made even when it
+-- slices, pod, keep_bound}. Idempotent. The API server is the truth: the booking is made even when it
 -- over-commits a card (reported back so it can be alerted on), never silently dropped.
+-- keep_bound: a bound reservation is what our bind booked and wrote; a record that differs from it was
+-- changed afterwards, so it is not booked: {kept = true, booked = <the reservation>} (checked here, in
+-- the same step as the write, so no other call can come between the read and the decision).
 local p, err = payload()
 if err then return err end
 local bad = check_res(p)
 if bad then return fail("BADINPUT", bad) end
+if p.keep_bound ~= nil and type(p.keep_bound) ~= "boolean" then return fail("BADINPUT", "keep_bound must be a boolean") end
 if not redis.call('HGET', NODE_KEY, 'version') then
   -- never recreate a node from one pod: after a Redis loss only a rebuild may (with all its pods)
   return cjson.encode({ok = false, reason = "node missing"})
@@ -20,6 +24,10 @@ if r and r.cards == csv and r.mem == p.mem and r.cores == p.cores and r.slices =
     return cjson.encode({ok = true, changed = true, overcommit = overcommitted(p.cards)})
   end
   return cjson.encode({ok = true, changed = false, overcommit = false})
+end
+if r and r.state == "bound" and p.keep_bound then
+  return cjson.encode({ok = true, changed = false, overcommit = false, kept = true,
+                       booked = {cards = r.cards, mem = r.mem, cores = r.cores, slices = r.slices}})
 end
 local touched = {}
 if r then

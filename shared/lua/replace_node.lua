@@ -1,10 +1,13 @@
 -- Replace a node's state with what the API server implies, atomically (rebuild, reconcile). Payload:
--- {error, cards, bound: [{uid, cards, mem, cores, slices, pod}], keep_ms}. Reservations of pods not in
--- `bound` are kept when they still fit and are pending (a binder may be mid-flight) or were made or
--- bound in the last `keep_ms` milliseconds (newer than the caller's truth). Measured on Redis's clock
--- only: the caller's clock may be off.
+-- {error, cards, bound: [{uid, cards, mem, cores, slices, pod}], keep_ms, keep_bound}. Reservations of
+-- pods not in `bound` are kept when they still fit and are pending (a binder may be mid-flight) or were
+-- made or bound in the last `keep_ms` milliseconds (newer than the caller's truth). Measured on Redis's
+-- clock only: the caller's clock may be off. keep_bound: a pod of `bound` whose reservation here is
+-- bound keeps that booking when its record says otherwise (the record changed after our bind, see
+-- observe.lua); reported as kept_bound = [uid, ...].
 local p, err = payload()
 if err then return err end
+if p.keep_bound ~= nil and type(p.keep_bound) ~= "boolean" then return fail("BADINPUT", "keep_bound must be a boolean") end
 local _, bad = check_cards(p.cards)
 if bad then return fail("BADINPUT", bad) end
 bad = check_error(p.error)
@@ -22,6 +25,19 @@ for _, b in ipairs(p.bound) do
   if e then return fail("BADINPUT", "bound: " .. e) end
   if is_bound[b.uid] then return fail("BADINPUT", "bound: uid " .. b.uid .. " repeats") end
   is_bound[b.uid] = true
+end
+local kept_bound = {}
+if p.keep_bound then
+  for _, b in ipairs(p.bound) do
+    local r = res_view(b.uid)
+    if r and r.state == "bound" and (r.cards ~= cards_csv(b.cards) or r.mem ~= b.mem or r.cores ~= b.cores
+        or r.slices ~= b.slices) then
+      b.cards = {}
+      for i, idx in ipairs(split_cards(r.cards)) do b.cards[i] = tonumber(idx) end
+      b.mem, b.cores, b.slices = r.mem, r.cores, r.slices
+      kept_bound[#kept_bound + 1] = b.uid
+    end
+  end
 end
 for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
   local r = res_view(uid)
@@ -54,4 +70,6 @@ for _, e in ipairs(pending) do
   end
 end
 publish('rebuild', nil, nil)
-return cjson.encode({ok = true, bound = #p.bound, pending_kept = kept, pending_dropped = #pending - kept})
+-- (cjson encodes an empty kept_bound as {}, which Ledger.replace_node reads as no uid)
+return cjson.encode({ok = true, bound = #p.bound, pending_kept = kept, pending_dropped = #pending - kept,
+                     kept_bound = kept_bound})

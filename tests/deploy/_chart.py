@@ -63,6 +63,10 @@ CASES: dict[str, Case] = {
     "external-redis": Case({"redis": {"external": {
         "url": "rediss://redis.example:6380/1", "existingSecret": "mt-redis", "passwordKey": "pw",
         "username": "mtsched"}}}),
+    "external-sentinel": Case({"redis": {"external": {
+        "url": "redis+sentinel://sentinel-0.redis:26379,sentinel-1.redis:26379/mymaster/0",
+        "existingSecret": "mt-redis"}}}),
+    "external-cluster": Case(sets=("redis.external.url=redis+cluster://redis-cluster-0.redis:6379",)),
     "cert-manager": Case({"tls": {"mode": "certManager"}}),
     "cert-manager-issuer": Case({"tls": {"mode": "certManager", "certManager": {
         "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}}}}),
@@ -80,8 +84,7 @@ CASES: dict[str, Case] = {
          "schedulerName": "gpu-scheduler",
          "scheduler": {"defaultSchedulerPolicy": {"nodeSchedulerPolicy": "spread", "gpuSchedulerPolicy": "binpack"},
                        "admissionWebhook": {
-                           "namespaceSelector": {"matchLabels": {"gpu": "yes"}},
-                           "objectSelector": {"matchExpressions": [
+                           "namespaceSelector": {"matchLabels": {"gpu": "yes"}, "matchExpressions": [
                                {"key": "team", "operator": "In", "values": ["ml"]}]}}},
          "global": {"imageRegistry": "mirror.example:5000", "imagePullSecrets": ["regcred"],
                     "labels": {"cost-center": "gpu"}, "annotations": {"owner": "platform"}},

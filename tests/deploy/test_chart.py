@@ -16,7 +16,7 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
-from shared.annotations import SCHEDULER_OWNED_KEYS
+from shared.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
 from shared.config import _KEYS as CONFIG_KEYS
 from tests.deploy._chart import (
     CASES,
@@ -67,14 +67,15 @@ def test_renders_valid_objects(rendered: Rendered, name: str) -> None:
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", meta["name"]) and len(meta["name"]) <= 63
         labels = meta.get("labels") or {}
         assert labels.get("app.kubernetes.io/instance") == case.release, key
-        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"):
+        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
+                             "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
             expected = "kube-system" if key == ("RoleBinding", f"{fullname(case)}-scheduler-auth-reader") \
                 else case.namespace
             assert meta.get("namespace") == expected, key
 
 
 @pytest.mark.parametrize("name", ["defaults", "s5000", "mixed", "legacy-scalar", "set-list", "custom",
-                                  "external-redis", "seed-oneliner"])
+                                  "external-redis", "external-sentinel", "external-cluster", "seed-oneliner"])
 def test_rendered_config_is_accepted_by_mtsched(rendered: Rendered, name: str) -> None:
     case = CASES[name]
     objs = rendered(name)
@@ -105,6 +106,8 @@ def test_invalid_values_are_refused(helm: Path) -> None:
         (("scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy=random",), "gpuSchedulerPolicy"),
         (("webhook.replicas=0",), "replicas"),
         (("redis.external.url=http://x",), "url"),
+        (("scheduler.admissionWebhook.objectSelector.matchLabels.team=ml",), "objectSelector must be empty"),
+        (("scheduler.admissionPolicy.enabled=maybe",), "admissionPolicy"),
     ):
         proc = template(helm, Case(sets=sets), check=False)
         assert proc.returncode != 0, sets
@@ -195,11 +198,16 @@ def test_replicas_and_disruption_budgets(rendered: Rendered) -> None:
 
 def test_pods_are_hardened(rendered: Rendered) -> None:
     for name in ("defaults", "custom"):
-        for d in find(rendered(name), "Deployment"):
+        objs = rendered(name)
+        [hook] = find(objs, "MutatingWebhookConfiguration")[0]["webhooks"]
+        skipped = next(e["values"] for e in hook["namespaceSelector"]["matchExpressions"]
+                       if e["key"] == "kubernetes.io/metadata.name")
+        for d in find(objs, "Deployment"):
             spec = d["spec"]["template"]["spec"]
             labels = d["spec"]["template"]["metadata"]["labels"]
             where = d["metadata"]["name"]
-            assert labels["hami.io/webhook"] == "ignore", where  # never judged by our own webhook
+            # never judged by our own webhook: by their namespace, a pod label would be anyone's to set
+            assert d["metadata"]["namespace"] in skipped and "hami.io/webhook" not in labels, where
             assert spec["securityContext"]["runAsNonRoot"] is True, where
             assert spec["securityContext"]["runAsUser"] > 0, where
             assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, where
@@ -282,7 +290,9 @@ def test_custom_values_reach_every_object(rendered: Rendered) -> None:
     assert hook["clientConfig"]["service"] == {"name": "gpu-hami-webhook", "namespace": "hami-system",
                                                "path": "/mutate", "port": 443}
     assert hook["namespaceSelector"]["matchLabels"] == {"gpu": "yes"}
-    assert {"key": "team", "operator": "In", "values": ["ml"]} in hook["objectSelector"]["matchExpressions"]
+    assert {"key": "team", "operator": "In", "values": ["ml"]} in hook["namespaceSelector"]["matchExpressions"]
+    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["hami-system", "kube-system"]} \
+        in hook["namespaceSelector"]["matchExpressions"]  # the release namespace (our pods) and the whitelist
     assert "'example.com/vgpu'" in hook["matchConditions"][0]["expression"]
 
 
@@ -299,6 +309,21 @@ def test_external_redis(rendered: Rendered) -> None:
         assert pw["valueFrom"]["secretKeyRef"] == {"name": "mt-redis", "key": "pw"}
         url = next(e for e in env if e["name"] == "MTSCHED_REDIS_URL")
         assert url["value"] == "rediss://mtsched:$(REDIS_PASSWORD)@redis.example:6380/1"
+
+
+def test_external_sentinel_and_cluster_redis(rendered: Rendered) -> None:
+    objs = rendered("external-sentinel")
+    assert not [o for o in objs if o["metadata"]["name"] == "hami-redis"]
+    url = CASES["external-sentinel"].values["redis"]["external"]["url"]
+    assert embedded(objs, "hami-config", "config.yaml")["redisUrl"] == url
+    env = {e["name"]: e for e in container(one(objs, "Deployment", "hami-watcher"), "watcher")["env"]}
+    assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "mt-redis", "key": "password"}
+    # the password lands where shared.ledger.connect reads it, for the sentinels and the data nodes
+    assert env["MTSCHED_REDIS_URL"]["value"] == \
+        "redis+sentinel://:$(REDIS_PASSWORD)@sentinel-0.redis:26379,sentinel-1.redis:26379/mymaster/0"
+    objs = rendered("external-cluster")
+    assert not [o for o in objs if o["metadata"]["name"] == "hami-redis"]
+    assert embedded(objs, "hami-config", "config.yaml")["redisUrl"] == "redis+cluster://redis-cluster-0.redis:6379"
 
 
 def test_bundled_redis(rendered: Rendered) -> None:
@@ -368,8 +393,9 @@ def test_webhook_registration(rendered: Rendered) -> None:
     assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
                               "resources": ["pods"], "scope": "*"}]
     ignore = {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}
-    assert ignore in hook["objectSelector"]["matchExpressions"]
-    assert ignore in hook["namespaceSelector"]["matchExpressions"]
+    # no objectSelector: a pod label is set by whoever creates the pod, who must not skip admission
+    assert "objectSelector" not in hook
+    assert ignore in hook["namespaceSelector"]["matchExpressions"]  # namespaces: labelled by admins only
     assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]} in \
         hook["namespaceSelector"]["matchExpressions"]
     expr = hook["matchConditions"][0]["expression"]
@@ -377,7 +403,9 @@ def test_webhook_registration(rendered: Rendered) -> None:
         assert f"'{name}'" in expr
     legacy = one(rendered("hami-legacy"), "MutatingWebhookConfiguration", "hami-webhook")["webhooks"][0]
     assert legacy["failurePolicy"] == "Ignore"
-    assert [e["key"] for e in legacy["namespaceSelector"]["matchExpressions"]] == ["hami.io/webhook"]
+    # without a whitelist the release namespace is still skipped (our own pods, when matchConditions are off)
+    assert legacy["namespaceSelector"]["matchExpressions"][1:] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]}]
 
 
 def test_match_condition_lists_every_scheduler_owned_annotation(rendered: Rendered) -> None:
@@ -389,8 +417,67 @@ def test_match_condition_lists_every_scheduler_owned_annotation(rendered: Render
 
 
 def test_match_conditions_need_kubernetes_1_28(helm: Path) -> None:
-    old = objects(template(helm, Case(), "--kube-version", "v1.27.9").stdout)
+    old = objects(template(helm, Case(sets=("scheduler.admissionPolicy.enabled=false",)), "--kube-version",
+                           "v1.27.9").stdout)
     assert "matchConditions" not in one(old, "MutatingWebhookConfiguration", "hami-webhook")["webhooks"][0]
+
+
+# ------------------------------------------------------------------------------ the admission policy
+def _policy(objs: list[Json], fullname: str) -> tuple[Json, Json]:
+    policy = one(objs, "ValidatingAdmissionPolicy", f"{fullname}-allocation-records")
+    binding = one(objs, "ValidatingAdmissionPolicyBinding", f"{fullname}-allocation-records")
+    return policy["spec"], binding["spec"]
+
+
+def _cel_list(expression: str) -> list[set[str]]:
+    return [set(re.findall(r"'([^']+)'", m)) for m in re.findall(r"\[('[^\]]*')\]", expression)]
+
+
+def test_admission_policy_only_our_bind_writes_records(rendered: Rendered) -> None:
+    spec, binding = _policy(rendered("defaults"), "hami")
+    assert binding == {"policyName": "hami-allocation-records", "validationActions": ["Deny"]}
+    assert spec["failurePolicy"] == "Fail"  # fail closed
+    rules = {(tuple(r["operations"]), tuple(r["resources"])) for r in spec["matchConstraints"]["resourceRules"]}
+    # pods/status too (a status update may change annotations); Bindings copy theirs onto the pod
+    assert rules == {(("CREATE", "UPDATE"), ("pods", "pods/status")), (("CREATE",), ("pods/binding", "bindings"))}
+    [who] = spec["matchConditions"]
+    # exempt: the scheduler's ServiceAccount (the extender shares it) and the watchers'; nobody else,
+    # cluster admins included
+    assert who["expression"] == ("!(request.userInfo.username in ['system:serviceaccount:kube-system:hami-scheduler', "
+                                 "'system:serviceaccount:kube-system:hami-watcher'])")
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    everywhere, on_slices = _cel_list(variables["owned"])[1], _cel_list(variables["owned"])[0]
+    assert on_slices == set(SCHEDULER_OWNED_KEYS) and everywhere == set(MTHREADS_OWNED_KEYS)
+    assert _cel_list(variables["bindingRecord"])[0] == set(SCHEDULER_OWNED_KEYS)
+    for name in ("mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core"):
+        assert f"'{name}'" in variables["asksForSlices"]
+    assert "initContainers" in variables["asksForSlices"]
+    messages = " ".join(v["messageExpression"] for v in spec["validations"])
+    assert all(v["reason"] == "Forbidden" for v in spec["validations"])
+    for what in ("remove them from the pod you create", "may not set, change or remove them",
+                 "may only be made by hami-scheduler", "use a nodeSelector instead"):
+        assert what in messages
+
+
+def test_admission_policy_follows_release_and_resource_names(rendered: Rendered) -> None:
+    spec, _ = _policy(rendered("custom"), "gpu-hami")
+    assert "'system:serviceaccount:hami-system:gpu-hami-scheduler'" in spec["matchConditions"][0]["expression"]
+    assert "'system:serviceaccount:hami-system:gpu-hami-watcher'" in spec["matchConditions"][0]["expression"]
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert "'example.com/vgpu'" in variables["asksForSlices"]
+    assert "example.com/vgpu are placed on a card by gpu-scheduler" in spec["validations"][-1]["messageExpression"]
+    # the scheduler and watcher ServiceAccounts it exempts are the ones the Deployments run as
+    accounts = {d["spec"]["template"]["spec"]["serviceAccountName"] for d in find(rendered("custom"), "Deployment")}
+    assert {"gpu-hami-scheduler", "gpu-hami-watcher"} <= accounts
+
+
+def test_admission_policy_toggle_and_kubernetes_version(helm: Path, rendered: Rendered) -> None:
+    assert not find(rendered("disabled"), "ValidatingAdmissionPolicy")  # devices.mthreads.enabled=false
+    off = objects(template(helm, Case(sets=("scheduler.admissionPolicy.enabled=false",))).stdout)
+    assert not find(off, "ValidatingAdmissionPolicy") and not find(off, "ValidatingAdmissionPolicyBinding")
+    proc = template(helm, Case(), "--kube-version", "v1.29.9", check=False)  # no admissionregistration v1 VAP
+    assert proc.returncode != 0 and "needs Kubernetes 1.30+" in proc.stderr
+    assert "scheduler.admissionPolicy.enabled=false" in proc.stderr  # says how to install anyway
 
 
 # ------------------------------------------------------------------------------------------- TLS

@@ -36,6 +36,7 @@ import pytest
 import yaml
 
 from deploy.local.controlplane import ControlPlane
+from deploy.local.identities import wait_no_policy
 from tests.deploy._chart import (
     CASES,
     CHART,
@@ -396,23 +397,25 @@ def test_rendered_scheduler_runs_elects_and_calls_the_extender_over_tls(
 def test_rendered_webhook_fails_closed_for_slice_pods_only(helm: Path, api: Api) -> None:
     label = _unique("run")
     ns = _unique("helm-webhook")
+    home = _unique("helm-release")  # the release namespace: where our own pods run
     release = _unique("hami-wh")
     objs = objects(template(helm, Case(
         {"scheduler": {"admissionWebhook": {"namespaceSelector": {"matchLabels": {"mtsched-helm-e2e": label}}}}},
-        release=release)).stdout)
+        release=release, namespace=home)).stdout)
     hook = one(objs, "MutatingWebhookConfiguration", f"{release}-webhook")
     status, doc = api.call("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", hook)
     assert status == 201, doc
     api.ensure_namespace(ns, {"mtsched-helm-e2e": label})
+    api.ensure_namespace(home, {"mtsched-helm-e2e": label})
     gpu = {"limits": {"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "32", "mthreads.com/sgpu-core": "8"}}
     refused = 'failed calling webhook "vgpu.hami.io"'
 
     def create(resources: Json | None = None, labels: dict[str, str] | None = None,
-               annotations: dict[str, str] | None = None, init: bool = False) -> tuple[int, Json]:
+               annotations: dict[str, str] | None = None, init: bool = False, where: str = ns) -> tuple[int, Json]:
         spec: Json = {"containers": [{"name": "c", "image": "busybox", "resources": {} if init else resources or {}}]}
         if init:
             spec["initContainers"] = [{"name": "i", "image": "busybox", "resources": resources}]
-        return api.call("POST", f"/api/v1/namespaces/{ns}/pods", {
+        return api.call("POST", f"/api/v1/namespaces/{where}/pods", {
             "metadata": {"name": _unique("pod"), "labels": labels or {}, "annotations": annotations or {}},
             "spec": spec})
 
@@ -435,12 +438,16 @@ def test_rendered_webhook_fails_closed_for_slice_pods_only(helm: Path, api: Api)
         for kwargs in ({}, {"resources": {"limits": {"cpu": "1", "mthreads.com/gpu": "1"}}}):
             status, doc = create(**kwargs)  # type: ignore[arg-type]
             assert status == 201, (kwargs, doc)
-        # Our own pods carry hami.io/webhook=ignore (objectSelector).
-        status, doc = create(gpu, labels={"hami.io/webhook": "ignore"})
+        # A pod label skips nothing (HAMi's hami.io/webhook=ignore was anyone's to set) ...
+        status, doc = create(gpu, labels={"hami.io/webhook": "ignore", "mtsched.io/webhook": "ignore"})
+        assert status >= 400 and refused in doc.get("message", ""), doc
+        # ... our own pods are skipped by their namespace, whose name the API server sets.
+        status, doc = create(gpu, where=home)
         assert status == 201, doc
     finally:
         api.call("DELETE", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{release}-webhook")
-        api.call("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
+        for where in (ns, home):
+            api.call("DELETE", f"/api/v1/namespaces/{where}/pods?gracePeriodSeconds=0")
 
 
 # ------------------------------------------------------------------------- helm install/upgrade
@@ -480,13 +487,19 @@ def test_helm_install_upgrade_uninstall(helm: Path, control_plane: ControlPlane,
                                       f"{release}-webhook")
             assert base64.b64decode(hook["webhooks"][0]["clientConfig"]["caBundle"]) == \
                 base64.b64decode(secret["data"]["ca.crt"])
+            policy = f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{release}-allocation-records"
+            assert api.call("GET", policy)[0] == 200
         finally:
             run_helm(helm, ["uninstall", release, "--namespace", ns], env=env, check=False)
+            # its admission policy exempts only this release's ServiceAccounts: gone before the next test
+            wait_no_policy(control_plane)
         for path in (f"/apis/apps/v1/namespaces/{ns}/deployments/{release}-scheduler",
                      f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{release}-extender",
                      f"/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/rolebindings/"
                      f"{release}-scheduler-auth-reader",
-                     f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{release}-webhook"):
+                     f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{release}-webhook",
+                     f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/"
+                     f"{release}-allocation-records"):
             assert api.call("GET", path)[0] == 404, path
 
 

@@ -114,6 +114,14 @@ def replace_cases() -> list[tuple[str, dict[str, Any]]]:
     return cases
 
 
+def keep_bound_cases() -> list[tuple[str, str, dict[str, Any]]]:
+    """keep_bound (observe, replace_node) is a boolean or absent."""
+    obs = {k: GOOD_RES[k] for k in ("uid", "cards", "mem", "cores", "slices", "pod")}
+    rep = {"error": "", "cards": [GOOD_CARD], "bound": [obs]}
+    return [(script, f"keep_bound={v!r}", with_(base, keep_bound=v))
+            for script, base in (("observe", obs), ("replace_node", rep)) for v in ["yes", 1, 0, None, [True], {}]]
+
+
 def expire_cases() -> list[tuple[str, dict[str, Any]]]:
     return [(f"ttl_ms={t!r}", {} if t is MISSING else {"ttl_ms": t})
             for t in [MISSING, 999, 0, -1, 1000.5, "1000", 86400001, 1e300, None, True, [1000]]]
@@ -130,6 +138,7 @@ TABLE: list[tuple[str, str, str, dict[str, Any]]] = (
     + [("upsert_node", "brand-new", name, p) for name, p in upsert_cases()[:4]]
     + [("replace_node", "n4", name, p) for name, p in replace_cases()]
     + [("expire", "n4", name, p) for name, p in expire_cases()]
+    + [(script, "n4", name, p) for script, name, p in keep_bound_cases()]
 )
 
 

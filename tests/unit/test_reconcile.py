@@ -53,8 +53,13 @@ CASES = [
     ("node missing, held by a pod (re-created under it)", None, None, {"a": A}, {"node_missing": 1}, (), False),
     ("nothing anywhere", None, None, {}, {}, (), False),
     ("missing holder", snap(card(0, 96), card(1, 96)), inv(96, 96), {"a": A}, {"missing_holder": 1}, (), False),
-    ("changed holder", snap(card(0, 96, 8, 2, 1), card(1, 96), reservations=(res("a", (1,), 8, 2),)),
+    ("changed holder, pending reservation: the record wins",
+     snap(card(0, 96, 8, 2, 1), card(1, 96), reservations=(res("a", (1,), 8, 2, state="pending"),)),
      inv(96, 96), {"a": A}, {"changed_holder": 1, "usage": 2}, (), False),
+    # a bound reservation is what our bind booked: a record that says otherwise is no difference (KEPT below)
+    ("record moved to another card after bind, card hashes drifted too",
+     snap(card(0, 96, 8, 2, 1), card(1, 96), reservations=(res("a", (1,), 8, 2),)),
+     inv(96, 96), {"a": A}, {"usage": 2}, (), False),
     ("pending long after its pod was bound",
      snap(card(0, 96, 8, 2, 1), reservations=(res("a", (0,), 8, 2, state="pending"),)), inv(96), {"a": A},
      {"unbound_holder": 1}, (), False),
@@ -100,6 +105,30 @@ def test_diff_node(snapshot: NodeSnapshot | None, inventory: Inventory | None, h
     assert d.suspects == suspects
     assert d.remove is remove
     assert d.clean is (not kinds and not suspects and not remove)
+
+
+# (id, the bound reservation, the record's usage): the ledger's booking wins, whatever the record says
+KEPT = [
+    ("record grown after bind (2 units/1 core -> 96/16)", res("a", (0,), 2, 1), use((0,), 96, 16)),
+    ("record moved to another card", res("a", (0,), 2, 1), use((1,), 2, 1)),
+    ("record on two cards", res("a", (0,), 2, 1), use((0, 1), 2, 1)),
+    ("record with more slices", res("a", (0,), 2, 1), use((0,), 2, 1, slices=2)),
+    ("young reservation: a record never changes legitimately, at any age", res("a", (0,), 2, 1, created=NOW - 5),
+     use((0,), 96, 16)),
+]
+
+
+@pytest.mark.parametrize(("held", "record"), [k[1:] for k in KEPT], ids=[k[0] for k in KEPT])
+def test_a_changed_record_does_not_change_a_bound_booking(held: Reservation, record: PodUsage) -> None:
+    ledger = snap(card(0, 96, held.mem, held.cores, 1), card(1, 96), reservations=(held,))
+    d = diff_node(N, ledger, inv(96, 96), {"a": record}, NOW, KEEP)
+    assert d.kept == ("a",)
+    assert d.clean, [x.detail for x in d.differences]  # nothing to repair: no replace_node with the record
+    # while the same record on a pending reservation is a difference to repair (the record is the truth)
+    pending = snap(card(0, 96, held.mem, held.cores, 1), card(1, 96),
+                   reservations=(replace(held, state="pending", bound_at=0, created=OLD),))
+    d = diff_node(N, pending, inv(96, 96), {"a": record}, NOW, KEEP)
+    assert d.kept == () and summarize(d.differences).get("changed_holder") == 1
 
 
 def test_every_difference_names_what_differs() -> None:

@@ -221,10 +221,10 @@ MTSCHED_* variable is read as a setting and unknown ones are rejected.
 {{- $ext := .Values.redis.external }}
 {{- if and $ext.url $ext.existingSecret }}
 {{- $url := $ext.url }}
-{{- if not (regexMatch "^(redis|rediss)://[^@/]+(/.*)?$" $url) }}
-{{- fail "redis.external.url must look like redis://host:port/db or rediss://host:port/db (no user or password: use redis.external.username and existingSecret)" }}
+{{- if not (regexMatch "^(redis|rediss|redis\\+sentinel|redis\\+cluster)://[^@/]+(/.*)?$" $url) }}
+{{- fail "redis.external.url must look like redis://host:port/db, rediss://host:port/db, redis+sentinel://host:26379[,host:26379]/service[/db] or redis+cluster://host:port[,host:port] (no user or password: use redis.external.username and existingSecret)" }}
 {{- end }}
-{{- $scheme := regexFind "^rediss?://" $url }}
+{{- $scheme := regexFind "^(rediss?|redis\\+sentinel|redis\\+cluster)://" $url }}
 - name: REDIS_PASSWORD
   valueFrom:
     secretKeyRef:
@@ -292,5 +292,11 @@ readinessProbe:
 {{/* Pod annotations only the scheduler writes (shared/annotations.py SCHEDULER_OWNED_KEYS); a test keeps them in sync. */}}
 {{- define "hami.ownedAnnotations" -}}
 {{- $keys := list "hami.io/mthreads-vgpu-devices-allocated" "hami.io/mthreads-vgpu-devices-to-allocate" "mthreads.com/gpu-index" "mthreads.com/predicate-node" "mthreads.com/predicate-time" "hami.io/vgpu-node" "hami.io/vgpu-time" "hami.io/bind-phase" "hami.io/bind-time" -}}
+{{- printf "'%s'" (join "', '" $keys) -}}
+{{- end -}}
+
+{{/* The subset that steers the vendor device plugin (shared/annotations.py MTHREADS_OWNED_KEYS): ours on any pod. */}}
+{{- define "hami.mthreadsOwnedAnnotations" -}}
+{{- $keys := list "hami.io/mthreads-vgpu-devices-allocated" "hami.io/mthreads-vgpu-devices-to-allocate" "mthreads.com/gpu-index" "mthreads.com/predicate-node" "mthreads.com/predicate-time" -}}
 {{- printf "'%s'" (join "', '" $keys) -}}
 {{- end -}}

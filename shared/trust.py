@@ -1,0 +1,43 @@
+"""Which allocation records the ledger may book: only those our bind can have written.
+
+Our extender binds only pods that ask for our resources and are scheduled by our profile
+(shared/placement.py bind_refusal), and writes the record with the Binding. A record on any other
+pod (a CPU pod, a pod another scheduler bound) was written by someone else: booking it would take
+cards from the pods we place, so the watchers and rebuilds ignore it (and say so). The API server's
+admission policy (deploy/helm/hami/templates/webhook/admissionpolicy.yaml) refuses such records in
+the first place; this is the ledger's own line of defence for clusters without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shared.config import Config
+
+
+def _asks(container: object, names: tuple[str, ...]) -> bool:
+    res = container.get("resources") if isinstance(container, dict) else None
+    if not isinstance(res, dict):
+        return False
+    return any(isinstance(part, dict) and any(n in part for n in names)
+               for part in (res.get("limits"), res.get("requests")))
+
+
+def foreign_record(pod: Mapping[str, Any], cfg: Config) -> str:
+    """Why a record on `pod` cannot be our bind's ("" when it can): the same test as the admission policy's
+    (any container or init container asking for one of our resources) plus our scheduler's name."""
+    spec = pod.get("spec")
+    spec = spec if isinstance(spec, dict) else {}
+    scheduler = spec.get("schedulerName") or "default-scheduler"
+    if scheduler != cfg.scheduler_name:
+        return f'its schedulerName is "{scheduler}", not "{cfg.scheduler_name}"'
+    names = tuple(cfg.slice_resources)
+    containers: list[object] = []
+    for key in ("initContainers", "containers"):
+        part = spec.get(key)
+        if isinstance(part, list):
+            containers.extend(part)
+    if not any(_asks(c, names) for c in containers):
+        return f"it asks for none of {', '.join(names)}"
+    return ""
