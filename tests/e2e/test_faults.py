@@ -479,15 +479,16 @@ async def test_record_removed_from_bound_pods_is_not_forgotten(scene: Scene) -> 
     with nothing at all closes its node (fail closed) until it ends, instead of leaving its card looking
     free. (The admission policy of issue 11 keeps users from doing this in the first place.)"""
     rng = random.Random(3)
-    for i in range(12):
-        await scene.create(scene.pod(f"r-{i}", rng), time.monotonic() + 30)
+    first, second = list(scene.nodes)[:2]
+    for i, node in enumerate((first, first, second, second)):  # pinned: the two pods must be on two nodes
+        pod = scene.pod(f"r-{i}", rng)
+        pod["spec"]["nodeSelector"]["kubernetes.io/hostname"] = node
+        await scene.create(pod, time.monotonic() + 30)
     await scene.settle()
     want, problems = await scene.truth()
-    assert not problems
-    held = [(node, uid) for node, h in want.items() for uid in h]
-    assert len(held) >= 2
+    assert not problems and want[first] and want[second], want
     by_uid = {p["metadata"]["uid"]: p for p in await scene.pods()}
-    (n1, u1), (n2, u2) = held[0], next(x for x in held if x[0] != held[0][0])
+    (n1, u1), (n2, u2) = (first, next(iter(want[first]))), (second, next(iter(want[second])))
     pods = f"/api/v1/namespaces/{scene.ns}/pods"
 
     async def strip(uid: str, keys: list[str]) -> None:
