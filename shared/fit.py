@@ -8,7 +8,7 @@ first (spread: least used; binpack: most used; ties: the highest index, as HAMi'
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from shared.node import Card
@@ -95,30 +95,94 @@ def card_order(states: Sequence[CardState], policy: str) -> list[CardState]:
     return sorted(states, key=lambda s: (s.score(), -s.card.index))
 
 
-def card_rejection(state: CardState, req: SliceRequest, annotations: Mapping[str, str], mutex: bool) -> str:
-    """Why this card cannot take one card's worth of the request; "" if it can. HAMi's check order."""
-    card = state.card
-    if not card.healthy:
+CARD_NOT_FOUND = "CardNotFound"
+
+
+@dataclass(frozen=True)
+class CardNeed:
+    """What one card must offer for a request: everything the card rule reads besides the card. The same
+    fields travel to the reserve script (Ledger.reserve), which applies the Lua twin of `card_rule`
+    (shared/lua/_lib.lua) atomically; tests/redis/test_fit_twin.py proves the two agree."""
+
+    memory: int
+    cores: int
+    slices: int
+    accepts: frozenset[int] | None = None  # card capacities (models) that may serve it; None = any
+    deny: frozenset[int] = frozenset()  # card indices it may not use (use-/nouse-gpuuuid)
+    require_idle: bool = False  # whole cards, or the `mutex` card policy: nothing else on the card
+
+
+@dataclass(frozen=True)
+class CardView:
+    """A card as the rule reads it, from the Python state or, field for field, from a card hash."""
+
+    index: int
+    health: str  # ok | cordoned | unhealthy | removed
+    capacity: int
+    mem_used: int
+    cores: int
+    cores_used: int
+    slices: int
+    slice_limit: int
+
+
+def card_rule(c: CardView | None, n: CardNeed) -> str:
+    """Why card `c` cannot take `n`; "" if it can. One order, one set of HAMi's reason names; the Lua
+    twin is `card_rule` in shared/lua/_lib.lua (change both, the twin table must still pass)."""
+    if c is None or c.health == "removed":
+        return CARD_NOT_FOUND
+    if c.health == "unhealthy":
         return CARD_NOT_HEALTH
-    if card.cordoned:
+    if c.health == "cordoned":
         return CARD_CORDONED
-    if not card_accepts(card.capacity, req):
+    if n.accepts is not None and c.capacity not in n.accepts:
         return CARD_TYPE_MISMATCH
-    use, nouse = _id_list(annotations.get(USE_UUID)), _id_list(annotations.get(NOUSE_UUID))
-    if (use and card.id not in use) or card.id in nouse:
+    if c.index in n.deny:
         return CARD_UUID_MISMATCH
-    memory, cores, slices = req.booking_for(card.capacity)
-    if state.slices_used + slices > card.max_slices:
+    if c.slices + n.slices > c.slice_limit:
         return CARD_SLICES_EXHAUSTED
-    if (mutex or req.whole_cards) and not state.idle:
+    if n.require_idle and (c.mem_used > 0 or c.cores_used > 0 or c.slices > 0):
         return EXCLUSIVE_CONFLICT
-    if state.memory_free < memory:
+    if max(0, c.capacity - c.mem_used) < n.memory:
         return CARD_INSUFFICIENT_MEMORY
-    if cores == 0 and state.cores_free <= 0:
+    if n.cores == 0 and max(0, c.cores - c.cores_used) <= 0:
         return CARD_COMPUTE_EXHAUSTED  # HAMi: a 0-core ask may not land on a card with no core group left
-    if state.cores_free < cores:
+    if max(0, c.cores - c.cores_used) < n.cores:
         return CARD_INSUFFICIENT_CORE
     return ""
+
+
+def view_of(state: CardState) -> CardView:
+    card = state.card
+    health = "unhealthy" if not card.healthy else ("cordoned" if card.cordoned else "ok")
+    return CardView(card.index, health, card.capacity, state.memory_used, card.cores, state.cores_used,
+                    state.slices_used, card.max_slices)
+
+
+def accepted_capacities(req: SliceRequest, capacities: Iterable[int]) -> frozenset[int]:
+    """Of the card models present, those that can serve the request (card_accepts)."""
+    return frozenset(c for c in capacities if card_accepts(c, req))
+
+
+def denied_cards(states: Sequence[CardState], annotations: Mapping[str, str]) -> frozenset[int]:
+    """Cards the pod's use-/nouse-gpuuuid annotations keep it off."""
+    use, nouse = _id_list(annotations.get(USE_UUID)), _id_list(annotations.get(NOUSE_UUID))
+    return frozenset(s.card.index for s in states if (use and s.card.id not in use) or s.card.id in nouse)
+
+
+def need_for(req: SliceRequest, capacity: int, mutex: bool, accepts: frozenset[int] | None = None,
+             deny: frozenset[int] = frozenset()) -> CardNeed:
+    """The CardNeed of one card of `capacity` units for `req` (whole cards book the whole card)."""
+    memory, cores, slices = req.booking_for(capacity)
+    return CardNeed(memory, cores, slices, accepts, deny, mutex or req.whole_cards)
+
+
+def card_rejection(state: CardState, req: SliceRequest, annotations: Mapping[str, str], mutex: bool) -> str:
+    """Why this card cannot take one card's worth of the request; "" if it can (card_rule)."""
+    card = state.card
+    need = need_for(req, card.capacity, mutex, accepted_capacities(req, (card.capacity,)),
+                    denied_cards((state,), annotations))
+    return card_rule(view_of(state), need)
 
 
 def fit(states: Sequence[CardState], req: SliceRequest, annotations: Mapping[str, str],
@@ -142,6 +206,35 @@ def fit(states: Sequence[CardState], req: SliceRequest, annotations: Mapping[str
     if chosen:
         reasons[ALLOCATED_INSUFFICIENT] = len(chosen)
     return FitResult(reason=gen_reason(reasons, total))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A booking to send: the cards, and what each must offer and books (the reserve script checks the
+    same `need` with the Lua twin of card_rule, atomically). No cards: it does not fit, and why."""
+
+    cards: tuple[int, ...] = ()
+    need: CardNeed | None = None
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.cards)
+
+
+def plan_booking(states: Sequence[CardState], req: SliceRequest, annotations: Mapping[str, str],
+                 default_gpu_policy: str = "spread") -> Plan:
+    """Fit, then the CardNeed the atomic step must check: everything the card rule needs, policies
+    included (`mutex` travels as require_idle), so no rule is checked only outside the script."""
+    result = fit(states, req, annotations, default_gpu_policy)
+    if not result.ok:
+        return Plan(reason=result.reason)
+    by_index = {s.card.index: s for s in states}
+    capacity = by_index[result.cards[0]].card.capacity
+    mutex = "mutex" in policy_of(annotations, GPU_POLICY, default_gpu_policy)
+    accepts = (frozenset({capacity}) if req.whole_cards
+               else accepted_capacities(req, {s.card.capacity for s in states}))
+    return Plan(result.cards, need_for(req, capacity, mutex, accepts, denied_cards(states, annotations)))
 
 
 def apply(states: Sequence[CardState], req: SliceRequest, chosen: Sequence[int]) -> list[CardState]:

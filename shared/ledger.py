@@ -14,7 +14,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, unquote, urlparse
@@ -27,7 +27,8 @@ from redis.asyncio.connection import Connection as RedisConnection
 from redis.asyncio.connection import ConnectionPool
 
 from shared.annotations import PodUsage
-from shared.fit import FitResult, fit
+from shared.config import Config, redis_password
+from shared.fit import CardNeed, FitResult, plan_booking
 from shared.metrics import REDIS_ROUND_TRIPS
 from shared.node import Inventory
 from shared.request import SliceRequest
@@ -44,11 +45,42 @@ class LedgerError(RuntimeError):
     """A script refused its input (BADINPUT) or Redis failed; state is unchanged."""
 
 
-def connect(url: str) -> Redis:
+@dataclass(frozen=True)
+class RedisOptions:
+    """What a client needs besides its URL: the password (when the URL carries none) and, for rediss://,
+    the CA that signed the server's certificate and a client certificate (tls-auth-clients)."""
+
+    password: str | None = field(default=None, repr=False)
+    ca_file: str | None = None
+    ca_data: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> RedisOptions:
+        """From redisPassword / redisPasswordFile (read now) and redisCAFile, redisCA, redisCertFile,
+        redisKeyFile; ConfigError if the password file cannot be read."""
+        return cls(redis_password(cfg), cfg.redis_ca_file or None, cfg.redis_ca or None,
+                   cfg.redis_cert_file or None, cfg.redis_key_file or None)
+
+    @property
+    def tls(self) -> dict[str, str]:
+        """redis-py's ssl_* arguments; the system's CAs stay trusted as well (redis-py's default context)."""
+        out = {"ssl_ca_certs": self.ca_file, "ssl_ca_data": self.ca_data, "ssl_certfile": self.cert_file,
+               "ssl_keyfile": self.key_file}
+        return {k: v for k, v in out.items() if v}
+
+
+NO_OPTIONS = RedisOptions()
+
+
+def connect(url: str, options: RedisOptions = NO_OPTIONS) -> Redis:
     """A client from a URL: redis://[:password@]host:port/db, rediss:// (TLS), unix:///path?db=0,
     redis+sentinel://[:password@]host:port[,host:port]/service[/db][?sentinel_password=...],
     redis+cluster://[:password@]host:port[,host:port].
 
+    `options.password` is used wherever the URL carries no password (every form); the TLS options
+    need rediss:// (ValueError otherwise: they would be ignored, and the connection sent in clear).
     Sentinel: the client asks the sentinels for the master on every new connection, so after a
     failover it reconnects to the new one (READONLY from a demoted master is turned into a
     ConnectionError by redis-py's Sentinel connection, which the ledger sends again). The password
@@ -57,16 +89,21 @@ def connect(url: str) -> Redis:
     Cluster: a RedisCluster (every ledger script names its node key first, so it is routed by the
     node's hash tag). For the feed's Pub/Sub connection use `connect_subscriber`.
     """
+    if options.tls and not url.startswith("rediss://"):
+        raise ValueError("a CA or client certificate for Redis needs a rediss:// URL")
     if url.startswith("redis+sentinel://"):
-        return _connect_sentinel(url)
+        return _connect_sentinel(url, options.password)
     if url.startswith("redis+cluster://"):
         hosts, username, password, _path, _query = _split_ha_url(url, 6379)
         return _Cluster(startup_nodes=[ClusterNode(h, p) for h, p in hosts],  # type: ignore[return-value]
-                        username=username, password=password, decode_responses=True)
-    return Redis.from_url(url, decode_responses=True)
+                        username=username, password=password or options.password, decode_responses=True)
+    # redis-py lets the URL's own password (and ssl_* query options) win over these arguments
+    extra: dict[str, Any] = {"password": options.password} if options.password else {}
+    extra.update(options.tls)
+    return Redis.from_url(url, decode_responses=True, **extra)
 
 
-def connect_subscriber(url: str) -> Redis:
+def connect_subscriber(url: str, options: RedisOptions = NO_OPTIONS) -> Redis:
     """The client a Mirror subscribes to the feed with (Mirror(ledger, subscriber=...)).
 
     For redis+cluster:// a plain client on one cluster node at a time: classic PUBLISH reaches every
@@ -74,15 +111,29 @@ def connect_subscriber(url: str) -> Redis:
     connection to the node owning the channel name's slot, and come back to it while it is down.)
     Each new connection goes to the first node that answers, the last one that did first, and learns
     the cluster's other nodes (CLUSTER NODES), so the feed survives the death of any node. For the
-    other URL forms: connect(url) (with Sentinel the subscription follows the master).
+    other URL forms: connect(url, options) (with Sentinel the subscription follows the master).
     """
     if not url.startswith("redis+cluster://"):
-        return connect(url)
+        return connect(url, options)
     hosts, username, password, _path, _query = _split_ha_url(url, 6379)
     # A short connect timeout: a node that does not answer is skipped for the next one.
     pool = ConnectionPool(connection_class=_AnyClusterNode, nodes=_NodeList(hosts), username=username,
-                          password=password, decode_responses=True, socket_connect_timeout=2.0)
+                          password=password or options.password, decode_responses=True,
+                          socket_connect_timeout=2.0)
     return Redis.from_pool(pool)
+
+
+def explain(error: BaseException) -> str:
+    """A Redis connection failure in words that say what to configure (never the password)."""
+    text = str(error)
+    if isinstance(error, rexc.AuthenticationError):
+        if "invalid username-password pair" in text or "WRONGPASS" in text:
+            return f"Redis refused the password (wrong password or user): {text}"
+        return (f"Redis requires a password and none was given (set redisPasswordFile, or "
+                f"MTSCHED_REDIS_PASSWORD): {text}")
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return f"Redis's TLS certificate is not trusted (set redisCAFile to the CA that signed it): {text}"
+    return f"{type(error).__name__}: {text}"
 
 
 def _split_ha_url(url: str, default_port: int) -> tuple[list[tuple[str, int]], str | None, str | None, list[str],
@@ -99,12 +150,13 @@ def _split_ha_url(url: str, default_port: int) -> tuple[list[tuple[str, int]], s
             [p for p in u.path.split("/") if p], parse_qs(u.query, keep_blank_values=True))
 
 
-def _connect_sentinel(url: str) -> Redis:
+def _connect_sentinel(url: str, default_password: str | None) -> Redis:
     from redis.asyncio.retry import Retry
     from redis.asyncio.sentinel import Sentinel
     from redis.backoff import NoBackoff
 
     hosts, username, password, parts, query = _split_ha_url(url, 26379)
+    password = password or default_password
     if not parts:
         raise ValueError("redis+sentinel:// URL needs the service name: redis+sentinel://host:26379/mymaster")
     # The sentinels use the data nodes' credentials unless the URL gives them a password of their own.
@@ -323,12 +375,20 @@ class Ledger:
     # -- reservations --------------------------------------------------------------------------
 
     async def reserve(self, node: str, uid: str, cards: Sequence[int], mem: int, cores: int, slices: int,
-                      model: int = 0, whole: bool = False,
-                      pod: str = "") -> tuple[ReserveOutcome, NodeSnapshot | None]:
-        """Check-and-book on the given cards. On conflict returns the node's fresh state too."""
-        raw = await self._call("reserve", node, {
-            "uid": uid, "cards": list(cards), "mem": mem, "cores": cores, "slices": slices,
-            "model": model, "whole": whole, "pod": pod})
+                      model: int = 0, whole: bool = False, pod: str = "",
+                      need: CardNeed | None = None) -> tuple[ReserveOutcome, NodeSnapshot | None]:
+        """Check-and-book on the given cards. On conflict returns the node's fresh state too.
+
+        With `need` (a Plan's), the script checks every card with the twin of shared.fit.card_rule on
+        exactly those terms; `model`/`whole` are the short form (accepts {model}, require idle)."""
+        payload: dict[str, Any] = {"uid": uid, "cards": list(cards), "mem": mem, "cores": cores, "slices": slices,
+                                   "model": model, "whole": whole, "pod": pod}
+        if need is not None:
+            payload.update(mem=need.memory, cores=need.cores, slices=need.slices, idle=need.require_idle,
+                           deny=sorted(need.deny))
+            if need.accepts is not None:
+                payload["accepts"] = sorted(need.accepts)
+        raw = await self._call("reserve", node, payload)
         out = orjson.loads(raw)
         if out["ok"]:
             got = tuple(int(x) for x in str(out["cards"]).split(",") if x)
@@ -357,21 +417,21 @@ class Ledger:
                 return ReserveOutcome(False, reason=f"node unregistered: {snapshot.error}", attempts=attempt,
                                       round_trips=trips), None
             existing = snapshot.reservations.get(uid)
+            need = None
             if existing is not None and existing.cards:
                 # Idempotent retry: the script returns the cards already booked, whatever a new fit says.
                 result = FitResult(existing.cards)
+                chosen = existing.cards
+                mem, cores, slices = existing.mem, existing.cores, existing.slices
             else:
-                result = fit(snapshot.card_states(), req, annotations, gpu_policy)
-                if not result.ok:
-                    return (ReserveOutcome(False, reason=result.reason, attempts=attempt, round_trips=trips),
+                plan = plan_booking(snapshot.card_states(), req, annotations, gpu_policy)
+                result = FitResult(plan.cards, plan.reason)
+                if not plan.ok or plan.need is None:
+                    return (ReserveOutcome(False, reason=plan.reason, attempts=attempt, round_trips=trips),
                             result)
-            chosen = result.cards
-            # snapshot.cards includes removed cards (an existing reservation may sit on one)
-            capacity = snapshot.cards[chosen[0]].capacity if chosen[0] in snapshot.cards else 0
-            mem, cores, slices = req.booking_for(capacity)
-            outcome, fresh = await self.reserve(node, uid, chosen, mem, cores, slices,
-                                                model=req.model or (capacity if req.whole_cards else 0),
-                                                whole=req.whole_cards, pod=pod)
+                chosen, need = plan.cards, plan.need
+                mem, cores, slices = need.memory, need.cores, need.slices
+            outcome, fresh = await self.reserve(node, uid, chosen, mem, cores, slices, pod=pod, need=need)
             trips += 1
             if outcome.ok:
                 if outcome.cards != result.cards:  # booked earlier on other cards (our snapshot was stale)

@@ -91,6 +91,7 @@ local function res_view(uid)
   return {
     cards = r.cards, mem = tonumber(r.mem), cores = tonumber(r.cores), slices = tonumber(r.slices),
     state = r.state, created = tonumber(r.created), bound_at = tonumber(r.bound_at or "0"), pod = r.pod or "",
+    idle = r.idle == "1",
   }
 end
 
@@ -264,12 +265,48 @@ local function book(p, state, now, known)
   local csv = cards_csv(p.cards)
   local fields = {'cards', csv, 'mem', p.mem, 'cores', p.cores, 'slices', p.slices,
                   'state', state, 'created', now, 'pod', p.pod or ""}
+  if p.idle then fields[#fields + 1] = 'idle'; fields[#fields + 1] = '1' end
   local bound_at = 0
   if state == "bound" then bound_at = now; fields[#fields + 1] = 'bound_at'; fields[#fields + 1] = now end
   redis.call('HSET', res_key(p.uid), unpack(fields))
   redis.call('SADD', PODS_KEY, p.uid)
   return views, {cards = csv, mem = p.mem, cores = p.cores, slices = p.slices, state = state, created = now,
                  bound_at = bound_at, pod = p.pod or ""}
+end
+
+-- The card rule: why card view `c` cannot take `n` = {mem, cores, slices, accepts (set of capacities or
+-- nil = any), deny (set of indices or nil), idle (boolean)}; nil if it can. The twin of card_rule in
+-- shared/fit.py: same order, same reason names (tests/redis/test_fit_twin.py runs one table through
+-- both). `idx` is the card's index as a number.
+local function card_rule(c, idx, n)
+  if not c or c.health == "removed" then return "CardNotFound" end
+  if c.health == "unhealthy" then return "CardNotHealth" end
+  if c.health == "cordoned" then return "CardCordoned" end
+  if c.health ~= "ok" then return "CardNotHealth" end
+  if n.accepts and not n.accepts[c.capacity] then return "CardTypeMismatch" end
+  if n.deny and n.deny[idx] then return "CardUuidMismatch" end
+  if c.slices + n.slices > c.slice_limit then return "CardTimeSlicingExhausted" end
+  if n.idle and (c.mem_used > 0 or c.cores_used > 0 or c.slices > 0) then
+    return "ExclusiveDeviceAllocateConflict"
+  end
+  local mem_free = math.max(0, c.capacity - c.mem_used)
+  local cores_free = math.max(0, c.cores - c.cores_used)
+  if mem_free < n.mem then return "CardInsufficientMemory" end
+  if n.cores == 0 and cores_free <= 0 then return "CardComputeUnitsExhausted" end
+  if cores_free < n.cores then return "CardInsufficientCore" end
+  return nil
+end
+
+-- A list of whole numbers lo..hi from the payload as a set, or nil when absent; (nil, error) if malformed.
+local function int_set(list, lo, hi, what)
+  if list == nil then return nil, nil end
+  if not is_list(list, 1024) then return nil, what .. " must be a list" end
+  local set = {}
+  for _, v in ipairs(list) do
+    if not is_int(v, lo, hi) then return nil, what .. " must hold whole numbers " .. lo .. ".." .. hi end
+    set[v] = true
+  end
+  return set, nil
 end
 
 local function overcommitted(list)

@@ -56,16 +56,16 @@ for _, e in ipairs(pending) do
   local uid, r = e[1], e[2]
   local fits = true
   local list = split_cards(r.cards)
+  -- the same card rule a reservation was booked under (card_rule), with the terms it was booked on
+  local need = {mem = r.mem, cores = r.cores, slices = r.slices, idle = r.idle}
   for _, idx in ipairs(list) do
-    local c = card_view(idx)
-    if not c or c.health ~= "ok" or c.mem_free < r.mem or c.cores_free < r.cores
-        or c.slices + r.slices > c.slice_limit then fits = false end
+    if card_rule(card_view(idx), tonumber(idx), need) then fits = false end
   end
   if fits then
     local nums = {}
     for i, idx in ipairs(list) do nums[i] = tonumber(idx) end
-    book({uid = uid, cards = nums, mem = r.mem, cores = r.cores, slices = r.slices, pod = r.pod}, r.state,
-         r.created)
+    book({uid = uid, cards = nums, mem = r.mem, cores = r.cores, slices = r.slices, pod = r.pod, idle = r.idle},
+         r.state, r.created)
     kept = kept + 1
   end
 end
