@@ -154,8 +154,7 @@ def card_rule(c: CardView | None, n: CardNeed) -> str:
 
 def view_of(state: CardState) -> CardView:
     card = state.card
-    health = "unhealthy" if not card.healthy else ("cordoned" if card.cordoned else "ok")
-    return CardView(card.index, health, card.capacity, state.memory_used, card.cores, state.cores_used,
+    return CardView(card.index, card.health, card.capacity, state.memory_used, card.cores, state.cores_used,
                     state.slices_used, card.max_slices)
 
 

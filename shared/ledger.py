@@ -330,7 +330,7 @@ class Ledger:
     def _cards_payload(inv: Inventory) -> dict[str, Any]:
         return {"error": inv.error, "cards": [
             {"index": c.index, "capacity": c.capacity, "slice_limit": c.max_slices,
-             "health": "cordoned" if c.cordoned else ("ok" if c.healthy else "unhealthy")}
+             "health": c.health}
             for c in inv.cards]}
 
     async def upsert_node(self, inv: Inventory, create: bool = True) -> int:

@@ -38,6 +38,12 @@ class Card:
         return device_id(self.node, self.index)
 
     @property
+    def health(self) -> str:
+        """The one word the ledger stores (ok | cordoned | unhealthy): a sick card is sick first, so a card
+        both unhealthy and cordoned reads back as unhealthy, the reason card_rule gives for it anyway."""
+        return "unhealthy" if not self.healthy else ("cordoned" if self.cordoned else "ok")
+
+    @property
     def model(self) -> CardModel:
         return CardModel(self.capacity)
 

@@ -43,10 +43,6 @@ class NodeDiff:
         return not self.differences and not self.suspects and not self.remove
 
 
-def _health(inv_card_healthy: bool, cordoned: bool) -> str:
-    return "cordoned" if cordoned else ("ok" if inv_card_healthy else "unhealthy")
-
-
 def offers_cards(inv: Inventory | None) -> bool:
     """Whether the API server reports this node as one the ledger should hold (cards, or an error)."""
     return inv is not None and bool(inv.cards or inv.error)
@@ -90,7 +86,7 @@ def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holde
     want = {c.index: c for c in (inv.cards if inv is not None else ())}
     for idx, c in want.items():
         rec = snap.cards.get(idx)
-        health = _health(c.healthy, c.cordoned)
+        health = c.health
         if rec is None:
             diffs.append(Difference("card", f"card {idx} missing"))
         elif (rec.capacity, rec.slice_limit, rec.health, rec.cores) != (c.capacity, c.max_slices, health, c.cores):

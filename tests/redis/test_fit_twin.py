@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from deploy.local.redis import RedisServer
 from shared.annotations import PodUsage
 from shared.config import Config
-from shared.fit import CardNeed, CardView, card_rule, plan_booking
+from shared.fit import CardNeed, CardView, card_rule, plan_booking, view_of
 from shared.ledger import Ledger
 from shared.models import CardModel
 from shared.node import Card, Inventory
@@ -155,3 +155,17 @@ async def test_two_replicas_racing_cannot_break_mutex(ledger: Ledger, redis_serv
     holders = {idx: [u for u, r in snap.reservations.items() if idx in r.cards] for idx in snap.cards}
     assert holders == {0: ["pod-b"], 1: ["pod-a"]}
     await other.redis.aclose()
+
+
+async def test_a_card_both_sick_and_cordoned_gives_one_answer_on_both_sides(ledger: Ledger) -> None:
+    """The stored health keeps the reason that decides (sick before cordoned), so the round trip through
+    Redis and the mirror's snapshot cannot turn one answer into another."""
+    sick = Card("both", 0, S4000, healthy=False, cordoned=True)
+    await ledger.upsert_node(Inventory("both", (sick,)))
+    snap = await ledger.snapshot("both")
+    assert snap is not None and snap.cards[0].health == "unhealthy"
+    (state,) = snap.card_states()
+    n = need()
+    assert card_rule(view_of(state), n) == "CardNotHealth"
+    out, _ = await ledger.reserve("both", "x", [0], n.memory, n.cores, n.slices, need=n)
+    assert out.reason == "CardNotHealth"
