@@ -53,6 +53,7 @@ from typing import Any
 from bench import prom
 from bench.workload import CHART_IGNORE_LABEL, IGNORE_LABEL, RUN_LABEL, Shape, our_pod, plain_pod, shapes
 from controller.logs import Progress
+from shared.config import redact_url
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NODE_LABEL = "mtsched.io/bench-node"
@@ -108,11 +109,11 @@ class Local:
 
     def __init__(self, say: Progress, scheduler_verbosity: int):
         from deploy.local.controlplane import ControlPlane, ensure_binaries
-        from deploy.local.redis import RedisServer
+        from deploy.local.redis import RedisServer, new_password
 
         say("control-plane binaries (built once from the pinned Go modules, then cached)")
         self.cp = ControlPlane(bin_dir=ensure_binaries(progress=sys.stderr), scheduler_verbosity=scheduler_verbosity)
-        self.redis = RedisServer()
+        self.redis = RedisServer(password=new_password())
         self.stack: Any = None
         self.say = say
 
@@ -120,7 +121,7 @@ class Local:
         self.cp.start()
         self.say(f"kube-apiserver up at {self.cp.server_url}")
         self.redis.start()
-        self.say(f"redis-server up at {self.redis.url}")
+        self.say(f"redis-server up at {redact_url(self.redis.url)}")
 
     def target(self, replicas: int, webhooks: int, extender_http: bool = False,
                settings: dict[str, str] | None = None) -> Target:

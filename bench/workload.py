@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 VGPU, MEM, CORE = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core"
-IGNORE_LABEL = "mtsched.io/webhook"  # deploy/local/stack.py WEBHOOK_SELECTOR: value "ignore" skips the webhook
+IGNORE_LABEL = "mtsched.io/webhook"  # on a namespace, "ignore" skips the webhook (stack.py WEBHOOK_NAMESPACE_SELECTOR)
 CHART_IGNORE_LABEL = "hami.io/webhook"  # the Helm chart's selector (deploy/helm/hami): same value
 RUN_LABEL = "mtsched.io/bench-run"
 SLICE_MEMORY = (2, 4, 8, 16, 32)

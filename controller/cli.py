@@ -21,7 +21,7 @@ import orjson
 import uvloop
 
 from controller import logs
-from shared.config import Config, ConfigError, key_of, load_config
+from shared.config import Config, ConfigError, key_of, load_config, redact_url
 
 
 def _parse_sets(items: list[str]) -> dict[str, object]:
@@ -83,15 +83,25 @@ def main(argv: list[str] | None = None) -> int:
         raw = asdict(cfg)
         raw["memory_per_card"] = [m.memory for m in cfg.models]
         raw.pop("extra", None)
+        # printed for humans and logs: passwords never
+        raw["redis_url"] = redact_url(cfg.redis_url)
+        if cfg.redis_password:
+            raw["redis_password"] = "***"
         doc = {key_of(k): v for k, v in raw.items()}
         print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
         return 0
     if args.cmd == "cards":
         from controller.cards import card_table
-        from shared.ledger import Ledger, connect
+        from shared.ledger import Ledger, RedisOptions, connect
+
+        try:
+            options = RedisOptions.from_config(cfg)
+        except ConfigError as e:
+            print(f"mtsched cards: {e}", file=sys.stderr)
+            return 2
 
         async def show() -> str:
-            client = connect(args.redis_url or cfg.redis_url)
+            client = connect(args.redis_url or cfg.redis_url, options)
             try:
                 return await card_table(Ledger(client, cfg.key_prefix))
             finally:
@@ -108,7 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     from controller import roles
 
     role = {"extender": roles.run_extender, "webhook": roles.run_webhook, "watcher": roles.run_watcher}[args.cmd]
-    return _run_role(role, cfg)
+    try:
+        return _run_role(role, cfg)
+    except ConfigError as e:  # found on the way up, e.g. an unreadable redisPasswordFile
+        print(f"mtsched {args.cmd}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

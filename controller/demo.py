@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from controller.logs import Progress
+from shared.config import redact_url
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "deploy" / "examples" / "pods.yaml"
 NAMESPACE = "demo"
@@ -113,7 +114,7 @@ async def _table(redis_url: str) -> str:
 
 def run_demo(memory_per_card: str = "96,160", keep: bool = False) -> int:
     from deploy.local.controlplane import ControlPlane, ensure_binaries
-    from deploy.local.redis import RedisServer
+    from deploy.local.redis import RedisServer, new_password
     from deploy.local.stack import Stack
 
     say = Progress()
@@ -123,14 +124,14 @@ def run_demo(memory_per_card: str = "96,160", keep: bool = False) -> int:
     bin_dir = ensure_binaries(progress=sys.stderr)
     say(f"binaries ready in {bin_dir} ({time.monotonic() - t:.0f}s)")
     cp = ControlPlane(bin_dir=bin_dir)
-    redis = RedisServer()
+    redis = RedisServer(password=new_password())
     stack: Stack | None = None
     try:
         t = time.monotonic()
         cp.start()
         say(f"control plane up at {cp.server_url} ({time.monotonic() - t:.1f}s); kubeconfig {cp.kubeconfig_path}")
         redis.start()
-        say(f"redis-server up at {redis.url}")
+        say(f"redis-server up at {redact_url(redis.url)} (AUTH on; the roles read the password from a file)")
         stack = Stack(cp, redis.url, memory_per_card, extenders=2, webhooks=2, watchers=1)
         stack.start()
         say(f"mtsched roles up (memoryPerCard [{memory_per_card}]): 1 watcher, 2 extenders and 2 webhooks behind "
@@ -143,11 +144,11 @@ def run_demo(memory_per_card: str = "96,160", keep: bool = False) -> int:
         rejected = sum(1 for _, r in results if r.startswith("REJECTED"))
         pending = sum(1 for _, r in results if r.startswith("PENDING"))
         say(f"done: {bound} bound, {rejected} rejected, {pending} pending. The same table any time: "
-            f"mtsched cards --set redisUrl={redis.url}")
+            f"mtsched cards --config {stack.config_path}")
         say(f"next run: ~{time.monotonic() - say.t0:.0f}s (binaries are cached)")
         if keep:
-            say(f"kept running; try: KUBECONFIG={cp.kubeconfig_path} and redis-cli -p {redis.port} "
-                "--scan --pattern 'mt:*'. Ctrl-C to stop")
+            say(f"kept running; try: KUBECONFIG={cp.kubeconfig_path} and REDISCLI_AUTH=$(cat "
+                f"{stack.dir / 'redis-password'}) redis-cli -p {redis.port} --scan --pattern 'mt:*'. Ctrl-C to stop")
             try:
                 while True:
                     time.sleep(3600)

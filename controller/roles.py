@@ -17,8 +17,8 @@ from controller.extender import Extender
 from controller.kube import Kube
 from controller.reconciler import Reconciler
 from controller.watchers import Janitor, NodeWatcher, PodWatcher
-from shared.config import Config
-from shared.ledger import Ledger, connect, connect_subscriber
+from shared.config import Config, redact_url
+from shared.ledger import Ledger, RedisOptions, connect, connect_subscriber, explain
 from shared.metrics import READY, metrics_handler, register_mirror
 from shared.mirror import Mirror
 from shared.supervise import Heartbeat, Supervisor, probe_loop
@@ -77,17 +77,19 @@ async def watch_certs(reloader: CertReloader | None) -> None:
 
 
 async def _ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False) -> tuple[Ledger, Mirror]:
-    ledger = Ledger(connect(cfg.redis_url), cfg.key_prefix)
+    options = RedisOptions.from_config(cfg)
+    ledger = Ledger(connect(cfg.redis_url, options), cfg.key_prefix)
     backoff = 0.5
     while True:
         try:
             await ledger.load_scripts()
             break
         except Exception as e:
-            log.warning("Redis at %s not reachable (%s); retrying", cfg.redis_url, e)
+            # the URL may carry a password: only its redacted form is ever logged
+            log.warning("Redis at %s not reachable (%s); retrying", redact_url(cfg.redis_url), explain(e))
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5)
-    mirror = Mirror(ledger, subscriber=connect_subscriber(cfg.redis_url))
+    mirror = Mirror(ledger, subscriber=connect_subscriber(cfg.redis_url, options))
     sup.spawn("mirror", mirror.run)
     sup.check("mirror", lambda: "" if mirror.ready.is_set() else "not in sync with Redis")
     redis_ok = Heartbeat("Redis", max_age=6.0)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, unquote
 
 import yaml
 
@@ -41,6 +42,16 @@ class Config:
     max_slices_per_card: int = DEFAULT_MAX_INST
     force_overwrite_default_scheduler: bool = True
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # The password, when redisUrl carries none: best from a file (a mounted Secret) or the environment
+    # (MTSCHED_REDIS_PASSWORD from a Secret); never in repr() and never logged.
+    redis_password: str = field(default="", repr=False)
+    redis_password_file: str = ""
+    # rediss:// only: the CA that signed the server's certificate (a file, or PEM text, e.g. from a
+    # Secret-backed MTSCHED_REDIS_CA), and a client certificate for servers with tls-auth-clients.
+    redis_ca_file: str = ""
+    redis_ca: str = ""
+    redis_cert_file: str = ""
+    redis_key_file: str = ""
     key_prefix: str = "mt"
     pending_ttl_seconds: int = 120
     reconcile_seconds: int = 30
@@ -70,7 +81,8 @@ def camel(name: str) -> str:
 
 
 # Keys whose spelling keeps an acronym in capitals (camel() would write pendingTtlSeconds).
-SPELLED = {"pendingTtlSeconds": "pendingTTLSeconds", "extenderClientCaFile": "extenderClientCAFile"}
+SPELLED = {"pendingTtlSeconds": "pendingTTLSeconds", "extenderClientCaFile": "extenderClientCAFile",
+           "redisCaFile": "redisCAFile", "redisCa": "redisCA"}
 
 
 def key_of(name: str) -> str:
@@ -139,8 +151,22 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     if not cfg.scheduler_name or not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", cfg.scheduler_name):
         errors.append(f"schedulerName: {cfg.scheduler_name!r} is not a valid scheduler name")
     if not cfg.redis_url.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://")):
-        errors.append(f"redisUrl: {cfg.redis_url!r} must start with redis://, rediss://, unix://, "
+        errors.append(f"redisUrl: {redact_url(cfg.redis_url)!r} must start with redis://, rediss://, unix://, "
                       "redis+sentinel:// or redis+cluster://")
+    if cfg.redis_password and cfg.redis_password_file:
+        errors.append("redisPassword and redisPasswordFile are both set: give the password one way")
+    if (cfg.redis_password or cfg.redis_password_file) and url_password(cfg.redis_url):
+        errors.append(f"redisUrl {redact_url(cfg.redis_url)!r} carries a password and redisPassword or "
+                      "redisPasswordFile gives one too: give it one way")
+    tls_keys = [key_of(k) for k in ("redis_ca_file", "redis_ca", "redis_cert_file", "redis_key_file")
+                if getattr(cfg, k)]
+    if tls_keys and not cfg.redis_url.startswith("rediss://"):
+        errors.append(f"{', '.join(tls_keys)}: need a rediss:// redisUrl (TLS is available for single-endpoint "
+                      "Redis only)")
+    if cfg.redis_ca_file and cfg.redis_ca:
+        errors.append("redisCAFile and redisCA are both set: give the CA one way")
+    if bool(cfg.redis_cert_file) != bool(cfg.redis_key_file):
+        errors.append("redisCertFile and redisKeyFile must be given together")
     for key in ("listen", "metrics_listen"):
         value = getattr(cfg, key)
         if not _ADDR_RE.match(value) and not (key == "listen" and value == ""):
@@ -154,6 +180,61 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         errors.append(f"keyPrefix: {cfg.key_prefix!r} must be 1-32 characters of [A-Za-z0-9_.-]")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
         errors.append(f"logLevel: {cfg.log_level!r} is not one of debug, info, warning, error")
+
+
+def _url_parts(url: str) -> tuple[str, str, str, str]:
+    """(scheme://, userinfo, hosts and path, ?query) of a Redis URL of any form; userinfo "" without one.
+
+    The userinfo ends at the last "@" before the query, so an unencoded "/" or "@" in a password
+    still counts as part of it: redacting too much is harmless, too little is not.
+    """
+    scheme, sep, rest = url.partition("://")
+    before, q, query = rest.partition("?")
+    userinfo, at, hosts = before.rpartition("@")
+    return scheme + sep, userinfo if at else "", hosts, q + query
+
+
+_QUERY_SECRET = re.compile(r"([?&](?:sentinel_)?password=)[^&#]+")
+
+
+def url_password(url: str) -> str | None:
+    """The password a Redis URL carries (redis://user:pw@host, or ?password= as redis-py reads it)."""
+    _scheme, userinfo, _hosts, query = _url_parts(url)
+    _user, colon, password = userinfo.partition(":")
+    if colon and password:
+        return unquote(password)
+    from_query = parse_qs(query[1:]).get("password")
+    return from_query[-1] if from_query and from_query[-1] else None
+
+
+def redact_url(url: str) -> str:
+    """The URL for log lines and error messages: its passwords replaced by ***."""
+    scheme, userinfo, hosts, query = _url_parts(url)
+    user, colon, password = userinfo.partition(":")
+    auth = f"{user}:***@" if colon and password else (f"{userinfo}@" if userinfo else "")
+    return scheme + auth + hosts + _QUERY_SECRET.sub(r"\1***", query)
+
+
+def without_password(url: str) -> str:
+    """The URL with the password taken out of its userinfo (the user, if any, stays)."""
+    scheme, userinfo, hosts, query = _url_parts(url)
+    user = userinfo.partition(":")[0]
+    return scheme + (f"{user}@" if user else "") + hosts + query
+
+
+def redis_password(cfg: Config) -> str | None:
+    """The password from redisPasswordFile (read now: a rotated Secret takes effect at the next start)
+    or redisPassword; None when neither is set (the URL may still carry one)."""
+    if cfg.redis_password_file:
+        try:
+            text = Path(cfg.redis_password_file).read_text()
+        except OSError as e:
+            raise ConfigError(f"redisPasswordFile: cannot read {cfg.redis_password_file}: {e.strerror}") from e
+        password = text.rstrip("\r\n")  # a file written by echo ends with a newline that is no part of it
+        if not password:
+            raise ConfigError(f"redisPasswordFile: {cfg.redis_password_file} is empty")
+        return password
+    return cfg.redis_password or None
 
 
 def _from_mapping(values: Mapping[str, object], source: str, errors: list[str]) -> dict[str, object]:

@@ -125,14 +125,20 @@ def connect_subscriber(url: str, options: RedisOptions = NO_OPTIONS) -> Redis:
 
 def explain(error: BaseException) -> str:
     """A Redis connection failure in words that say what to configure (never the password)."""
-    text = str(error)
-    if isinstance(error, rexc.AuthenticationError):
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, rexc.AuthenticationError):
+        cause = cause.__cause__  # RedisCluster wraps the node's refusal in a RedisClusterException
+    text = str(cause or error)
+    if cause is not None:
         if "invalid username-password pair" in text or "WRONGPASS" in text:
             return f"Redis refused the password (wrong password or user): {text}"
         return (f"Redis requires a password and none was given (set redisPasswordFile, or "
                 f"MTSCHED_REDIS_PASSWORD): {text}")
     if "CERTIFICATE_VERIFY_FAILED" in text:
         return f"Redis's TLS certificate is not trusted (set redisCAFile to the CA that signed it): {text}"
+    if "AuthenticationError" in text:  # Sentinel's MasterNotFoundError names the sentinels' own errors only
+        return (f"the sentinels refused the credentials (no password or a wrong one: redisPasswordFile, "
+                f"MTSCHED_REDIS_PASSWORD, or ?sentinel_password= when they have their own): {text}")
     return f"{type(error).__name__}: {text}"
 
 

@@ -7,13 +7,15 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from redis.asyncio import Redis
 
-from deploy.local.redis import RedisServer
+from deploy.local.redis import RedisServer, new_password
 from shared.ledger import Ledger
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
+    # AUTH on, as in every deployment: `url` carries the password for the tests' own clients, and
+    # stacks hand it to the roles in a file (deploy/local/stack.py)
+    server = RedisServer(password=new_password()).start()
     yield server
     server.cleanup()
 

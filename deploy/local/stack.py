@@ -8,7 +8,9 @@ the benchmarks.
 
 Every role, kube-scheduler included, runs as the ServiceAccount the chart gives it, with the
 chart's RBAC and admission policy from the rendered manifest (deploy/local/identities.py), never as
-the admin: a permission the chart lacks fails here as it would in a cluster.
+the admin: a permission the chart lacks fails here as it would in a cluster. Redis requires a
+password: a password in `redis_url` (RedisServer.url) reaches the roles as `redisPasswordFile`, a
+file of the stack's (0600, as a mounted Secret would be), never in their config file or logs.
 """
 
 from __future__ import annotations

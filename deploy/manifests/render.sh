@@ -6,8 +6,9 @@
 # HELM=/path/to/helm overrides the helm built by deploy/helm-tools/build-helm.sh.
 #
 # Deterministic on purpose: tls.mode=external (no certificate generated at render time: you
-# create the Secret, see docs/install.md) and --kube-version pinned to the Kubernetes release
-# the local control plane tests run (deploy/local/gomod/k8s/go.mod), which sets the
+# create the Secret, see docs/install.md), redis.auth.existingSecret (no Redis password in a file
+# anyone can read: you create that Secret too) and --kube-version pinned to the Kubernetes
+# release the local control plane tests run (deploy/local/gomod/k8s/go.mod), which sets the
 # kube-scheduler image tag; change that tag to your cluster's version.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,14 +19,14 @@ k8s_ver=$(grep -E '^\s*k8s.io/kubernetes v' "$root/deploy/local/gomod/k8s/go.mod
 render() {
   cat <<HEADER
 # hami (mtsched) for kube-system, rendered from deploy/helm/hami with its default values and
-#   --set tls.mode=external --kube-version $k8s_ver
-# Do not edit: regenerate with deploy/manifests/render.sh. Before applying, create the Secret
-# hami-scheduler-tls (tls.crt, tls.key, ca.crt) in kube-system, set the kube-scheduler image tag
-# to your cluster's version, and afterwards put ca.crt into the webhook's caBundle
-# (docs/install.md, "Without Helm").
+#   --set tls.mode=external --set redis.auth.existingSecret=hami-redis-auth --kube-version $k8s_ver
+# Do not edit: regenerate with deploy/manifests/render.sh. Before applying, create the Secrets
+# hami-scheduler-tls (tls.crt, tls.key, ca.crt) and hami-redis-auth (password) in kube-system,
+# set the kube-scheduler image tag to your cluster's version, and afterwards put ca.crt into the
+# webhook's caBundle (docs/install.md, "Without Helm").
 HEADER
   "$helm" template hami "$root/deploy/helm/hami" --namespace kube-system \
-    --kube-version "$k8s_ver" --set tls.mode=external
+    --kube-version "$k8s_ver" --set tls.mode=external --set redis.auth.existingSecret=hami-redis-auth
 }
 if [ "${1:-}" = "--stdout" ]; then
   render

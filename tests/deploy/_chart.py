@@ -67,6 +67,15 @@ CASES: dict[str, Case] = {
         "url": "redis+sentinel://sentinel-0.redis:26379,sentinel-1.redis:26379/mymaster/0",
         "existingSecret": "mt-redis"}}}),
     "external-cluster": Case(sets=("redis.external.url=redis+cluster://redis-cluster-0.redis:6379",)),
+    # TLS with a private CA, an ACL user and its password (tests/deploy/test_trust_chart.py)
+    "external-redis-tls": Case({"redis": {"external": {
+        "url": "rediss://redis.example:6380/0", "existingSecret": "mt-redis", "username": "mtsched",
+        "tls": {"caSecret": "mt-redis-ca"}}}}),
+    "redis-no-auth": Case(sets=("redis.auth.enabled=false",)),
+    "network-policy": Case({"networkPolicy": {"enabled": True, "metricsFrom": [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]},
+        "mtsched": {"metricsBindAddress": "::"}}),
     "cert-manager": Case({"tls": {"mode": "certManager"}}),
     "cert-manager-issuer": Case({"tls": {"mode": "certManager", "certManager": {
         "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}}}}),

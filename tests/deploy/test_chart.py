@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 from shared.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
 from shared.config import _KEYS as CONFIG_KEYS
+from shared.config import SPELLED
 from tests.deploy._chart import (
     CASES,
     CHART,
@@ -75,21 +76,22 @@ def test_renders_valid_objects(rendered: Rendered, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["defaults", "s5000", "mixed", "legacy-scalar", "set-list", "custom",
-                                  "external-redis", "external-sentinel", "external-cluster", "seed-oneliner"])
+                                  "external-redis", "external-sentinel", "external-cluster", "seed-oneliner",
+                                  "external-redis-tls", "redis-no-auth", "network-policy"])
 def test_rendered_config_is_accepted_by_mtsched(rendered: Rendered, name: str) -> None:
     case = CASES[name]
     objs = rendered(name)
     cm = one(objs, "ConfigMap", f"{fullname(case)}-config")
-    # The pods' environment is part of the configuration (MTSCHED_* overrides the file).
-    env = {e["name"]: e["value"] for e in container(one(objs, "Deployment", f"{fullname(case)}-watcher"),
-                                                     "watcher").get("env", []) if "value" in e}
-    env = {k: v.replace("$(REDIS_PASSWORD)", "s3cret") for k, v in env.items() if k.startswith("MTSCHED_")}
+    # The pods' environment is part of the configuration (MTSCHED_* overrides the file); a variable
+    # from a Secret gets what the kubelet would put there.
+    env = {e["name"]: e.get("value", "from-a-secret") for e in container(
+        one(objs, "Deployment", f"{fullname(case)}-watcher"), "watcher").get("env", [])}
+    env = {k: v for k, v in env.items() if k.startswith("MTSCHED_")}
     out = check_config(cm["data"]["config.yaml"], env)
     assert out["memoryPerCard"] == list(case.memory)
     assert out["schedulerName"] == case.values.get("schedulerName", "hami-scheduler")
     assert out["tlsCertFile"] == "/etc/mtsched/tls/tls.crt"
-    if "MTSCHED_REDIS_URL" in env:
-        assert out["redisUrl"] == env["MTSCHED_REDIS_URL"]
+    assert out["redisPassword"] == ("***" if "MTSCHED_REDIS_PASSWORD" in env else "")
 
 
 def test_config_keys_are_known_settings(rendered: Rendered) -> None:
@@ -240,7 +242,7 @@ def test_only_known_mtsched_environment(rendered: Rendered) -> None:
                 for e in c.get("env", []):
                     if e["name"].startswith("MTSCHED_") and e["name"] != "MTSCHED_CONFIG":
                         key = re.sub(r"_([a-z])", lambda m: m.group(1).upper(), e["name"][8:].lower())
-                        assert key in CONFIG_KEYS or key == "pendingTtlSeconds", (name, e["name"])
+                        assert SPELLED.get(key, key) in CONFIG_KEYS, (name, e["name"])
 
 
 # --------------------------------------------------------------------------------------- values
@@ -299,16 +301,12 @@ def test_custom_values_reach_every_object(rendered: Rendered) -> None:
 def test_external_redis(rendered: Rendered) -> None:
     objs = rendered("external-redis")
     assert not [o for o in objs if o["metadata"]["name"] == "hami-redis"]
-    assert embedded(objs, "hami-config", "config.yaml")["redisUrl"] == "rediss://redis.example:6380/1"
+    # the ACL user in the URL, the password from the Secret (shared.ledger.connect adds it)
+    assert embedded(objs, "hami-config", "config.yaml")["redisUrl"] == "rediss://mtsched@redis.example:6380/1"
     for role, cname in (("scheduler", "extender"), ("webhook", "webhook"), ("watcher", "watcher")):
-        env = container(one(objs, "Deployment", f"hami-{role}"), cname)["env"]
-        names = [e["name"] for e in env]
-        # REDIS_PASSWORD first: $(VAR) only expands variables defined earlier.
-        assert names.index("REDIS_PASSWORD") < names.index("MTSCHED_REDIS_URL")
-        pw = next(e for e in env if e["name"] == "REDIS_PASSWORD")
-        assert pw["valueFrom"]["secretKeyRef"] == {"name": "mt-redis", "key": "pw"}
-        url = next(e for e in env if e["name"] == "MTSCHED_REDIS_URL")
-        assert url["value"] == "rediss://mtsched:$(REDIS_PASSWORD)@redis.example:6380/1"
+        env = {e["name"]: e for e in container(one(objs, "Deployment", f"hami-{role}"), cname)["env"]}
+        assert env["MTSCHED_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "mt-redis", "key": "pw"}
+        assert "MTSCHED_REDIS_URL" not in env
 
 
 def test_external_sentinel_and_cluster_redis(rendered: Rendered) -> None:
@@ -317,10 +315,8 @@ def test_external_sentinel_and_cluster_redis(rendered: Rendered) -> None:
     url = CASES["external-sentinel"].values["redis"]["external"]["url"]
     assert embedded(objs, "hami-config", "config.yaml")["redisUrl"] == url
     env = {e["name"]: e for e in container(one(objs, "Deployment", "hami-watcher"), "watcher")["env"]}
-    assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "mt-redis", "key": "password"}
-    # the password lands where shared.ledger.connect reads it, for the sentinels and the data nodes
-    assert env["MTSCHED_REDIS_URL"]["value"] == \
-        "redis+sentinel://:$(REDIS_PASSWORD)@sentinel-0.redis:26379,sentinel-1.redis:26379/mymaster/0"
+    # shared.ledger.connect uses it for the sentinels and the data nodes
+    assert env["MTSCHED_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "mt-redis", "key": "password"}
     objs = rendered("external-cluster")
     assert not [o for o in objs if o["metadata"]["name"] == "hami-redis"]
     assert embedded(objs, "hami-config", "config.yaml")["redisUrl"] == "redis+cluster://redis-cluster-0.redis:6379"
@@ -332,6 +328,7 @@ def test_bundled_redis(rendered: Rendered) -> None:
     c = container(redis, "redis")
     assert c["command"] == ["redis-server"]
     assert c["args"][:2] == ["--save", ""]
+    assert c["args"][-2:] == ["--requirepass", "$(REDISCLI_AUTH)"]  # AUTH: tests/deploy/test_trust_chart.py
     assert redis["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     policy = one(objs, "NetworkPolicy", "hami-redis")
     allowed = policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"]
@@ -516,7 +513,7 @@ def test_generated_certificate(rendered: Rendered) -> None:
 def test_cert_manager(rendered: Rendered) -> None:
     for name in ("cert-manager", "hami-legacy"):
         objs = rendered(name)
-        assert not find(objs, "Secret")
+        assert not find(objs, "Secret", "hami-scheduler-tls")
         cert = one(objs, "Certificate", "hami-scheduler-serving-cert")
         assert cert["spec"]["secretName"] == "hami-scheduler-tls"
         assert cert["spec"]["ipAddresses"] == ["127.0.0.1"]
@@ -535,7 +532,7 @@ def test_cert_manager(rendered: Rendered) -> None:
 
 def test_external_tls(rendered: Rendered) -> None:
     objs = rendered("external-tls")
-    assert not find(objs, "Secret") and not find(objs, "Certificate")
+    assert not find(objs, "Secret", "hami-scheduler-tls") and not find(objs, "Certificate")
     hook = one(objs, "MutatingWebhookConfiguration", "hami-webhook")["webhooks"][0]
     assert hook["clientConfig"]["caBundle"] == CASES["external-tls"].values["tls"]["external"]["caBundle"]
     for d in find(objs, "Deployment"):

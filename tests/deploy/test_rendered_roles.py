@@ -16,7 +16,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -37,8 +37,10 @@ def _port() -> int:
 
 
 @contextlib.contextmanager
-def webhook_process(objs: list[Json], redis_url: str) -> Iterator[tuple[int, Path]]:
-    """`mtsched webhook` with the rendered config; yields (HTTPS port, CA file)."""
+def webhook_process(objs: list[Json], redis_url: str,
+                    extra_env: Mapping[str, str] | None = None) -> Iterator[tuple[int, Path]]:
+    """`mtsched webhook` with the rendered config (and `extra_env`, e.g. the pod's MTSCHED_REDIS_PASSWORD);
+    yields (HTTPS port, CA file)."""
     data = {k: base64.b64decode(v) for k, v in one(objs, "Secret", "hami-scheduler-tls")["data"].items()}
     config = one(objs, "ConfigMap", "hami-config")["data"]["config.yaml"]
     assert yaml.safe_load(config)["tlsCertFile"] == "/etc/mtsched/tls/tls.crt"
@@ -49,6 +51,7 @@ def webhook_process(objs: list[Json], redis_url: str) -> Iterator[tuple[int, Pat
             (work / name).write_bytes(raw)
         (work / "config.yaml").write_text(config)
         env = {k: v for k, v in os.environ.items() if not k.startswith("MTSCHED_")}
+        env.update(extra_env or {})
         argv = [sys.executable, "-m", "controller.cli", "webhook", "--config", str(work / "config.yaml"),
                 "--log-format", "text",
                 f"--set=listen=127.0.0.1:{port}", f"--set=metricsListen=127.0.0.1:{metrics}",

@@ -199,7 +199,7 @@ def _scheduler_files(objs: list[Json], fullname: str, kubeconfig: Path, workdir:
     ksc["clientConnection"] = {"kubeconfig": str(kubeconfig)}
     for ext in ksc.get("extenders", []):
         assert ext["tlsConfig"]["caFile"] == "/etc/mtsched/tls/ca.crt"
-        secrets = find(objs, "Secret")
+        secrets = [s for s in find(objs, "Secret") if "ca.crt" in s["data"]]  # not the Redis password's
         ca = base64.b64decode(secrets[0]["data"]["ca.crt"]) if secrets else _throwaway_ca()
         (workdir / "ca.crt").write_bytes(ca)
         ext["tlsConfig"]["caFile"] = str(workdir / "ca.crt")
@@ -467,6 +467,7 @@ def test_helm_install_upgrade_uninstall(helm: Path, control_plane: ControlPlane,
             out = run("install", release, str(CHART), "--create-namespace")
             assert "STATUS: deployed" in out and "Card models (devices.mthreads.memoryPerCard): [96]" in out
             _, secret = api.call("GET", f"/api/v1/namespaces/{ns}/secrets/{release}-scheduler-tls")
+            _, redis_auth = api.call("GET", f"/api/v1/namespaces/{ns}/secrets/{release}-redis-auth")
             _, deploy = api.call("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/{release}-scheduler")
             # Empty image tag: the version the cluster reports.
             assert container(deploy, "kube-scheduler")["image"] == "registry.k8s.io/kube-scheduler:v" + \
@@ -477,6 +478,8 @@ def test_helm_install_upgrade_uninstall(helm: Path, control_plane: ControlPlane,
             run("upgrade", release, str(CHART), values=upgraded)
             _, secret2 = api.call("GET", f"/api/v1/namespaces/{ns}/secrets/{release}-scheduler-tls")
             assert secret2["data"] == secret["data"]  # lookup kept the certificate
+            _, redis_auth2 = api.call("GET", f"/api/v1/namespaces/{ns}/secrets/{release}-redis-auth")
+            assert redis_auth2["data"] == redis_auth["data"] and redis_auth["data"]["password"]  # and the password
             _, deploy2 = api.call("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/{release}-scheduler")
             after = deploy2["spec"]["template"]["metadata"]["annotations"]
             assert after["checksum/config"] != before["checksum/config"]  # the pods roll

@@ -78,7 +78,7 @@ def stack(control_plane: ControlPlane, redis_server: RedisServer) -> Iterator[St
 
     if redis_server.proc is None or redis_server.proc.poll() is not None:
         redis_server.start()
-    sync_redis.Redis(port=redis_server.port).flushall()
+    sync_redis.Redis(port=redis_server.port, password=redis_server.password).flushall()
     # A short reconcile period, for the reconciler's confirmation below.
     st = Stack(control_plane, redis_server.url, "96", settings={"reconcileSeconds": 2})
     try:

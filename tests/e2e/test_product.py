@@ -51,7 +51,7 @@ def stack(request: pytest.FixtureRequest, control_plane: ControlPlane,
 
     if redis_server.proc is None or redis_server.proc.poll() is not None:
         redis_server.start()
-    sync_redis.Redis(port=redis_server.port).flushall()
+    sync_redis.Redis(port=redis_server.port, password=redis_server.password).flushall()
     mixed = request.param == "96,160"
     st = Stack(control_plane, redis_server.url, request.param, extenders=2 if mixed else 1,
                webhooks=2 if mixed else 1, watchers=2 if mixed else 1)

@@ -34,7 +34,7 @@ def trust_stack(control_plane: ControlPlane, redis_server: RedisServer) -> Itera
 
     if redis_server.proc is None or redis_server.proc.poll() is not None:
         redis_server.start()
-    sync_redis.Redis(port=redis_server.port).flushall()
+    sync_redis.Redis(port=redis_server.port, password=redis_server.password).flushall()
     st = Stack(control_plane, redis_server.url, "96,160")
     try:
         st.start()

@@ -145,7 +145,8 @@ async def test_mirror_resyncs_after_a_redis_restart(redis_server: RedisServer, r
     await led.upsert_node(inventory("n5", S5000))
     for i in range(4):
         await led.reserve("n4", f"u{i}", [0], 2, 1, 1)
-    sub = (Redis(host="127.0.0.1", port=redis_server.port, decode_responses=True) if client_retries
+    sub = (Redis(host="127.0.0.1", port=redis_server.port, password=redis_server.password, decode_responses=True)
+           if client_retries
            else Redis.from_url(redis_server.url, decode_responses=True))
     own = Redis.from_url(redis_server.url, decode_responses=True)
     m = Mirror(Ledger(own), subscriber=sub, resync_seconds=300)  # the periodic resync is not what saves us
