@@ -263,6 +263,18 @@ class Scene:
         self.figures["drain_s"] = await self.until(empty, "0 reservations after deleting every pod", CONVERGE_BOUND)
         FIGURES[label] = dict(self.figures)
 
+    async def held_node(self) -> str:
+        """A node where pods hold cards (waits until there is one: the burst is still being placed)."""
+        found: list[str] = []
+
+        async def any_held() -> bool:
+            snaps = await self.ledger.snapshots(self.nodes)
+            found[:] = [n for n, s in snaps.items() if s.reservations]
+            return bool(found)
+
+        await self.until(any_held, "pods hold cards on some node", 60)
+        return found[0]
+
     async def cleanup(self) -> None:
         for n in self.nodes:
             await self.kube.request("DELETE", f"/api/v1/nodes/{n}", ok=(200, 202, 404))
@@ -384,14 +396,8 @@ async def watcher_relists(scene: Scene) -> int:
 
 
 async def test_node_deleted_and_recreated_under_held_cards(scene: Scene) -> None:
-    name = next(iter(scene.nodes))
-
-    async def held_on_node() -> bool:
-        s = (await scene.ledger.snapshots([name])).get(name)
-        return s is not None and len(s.reservations) > 0
-
     async def fault() -> None:
-        await scene.until(held_on_node, f"pods hold cards on {name}", 60)
+        name = await scene.held_node()
         await scene.kube.request("DELETE", f"/api/v1/nodes/{name}", ok=(200, 202))
 
         async def offers_nothing() -> bool:
@@ -405,9 +411,7 @@ async def test_node_deleted_and_recreated_under_held_cards(scene: Scene) -> None
 
 
 async def test_node_capacity_drops_to_zero_and_returns(scene: Scene) -> None:
-    name = list(scene.nodes)[2]
-
-    async def set_capacity(cards: int) -> None:
+    async def set_capacity(name: str, cards: int) -> None:
         node = await scene.kube.request("GET", f"/api/v1/nodes/{name}")
         model = 160 if name.startswith("s5000") else 96
         for part in ("capacity", "allocatable"):
@@ -416,14 +420,15 @@ async def test_node_capacity_drops_to_zero_and_returns(scene: Scene) -> None:
         await scene.kube.request("PUT", f"/api/v1/nodes/{name}/status", node)
 
     async def fault() -> None:
-        await set_capacity(0)
+        name = await scene.held_node()
+        await set_capacity(name, 0)
 
         async def offers_nothing() -> bool:
             s = (await scene.ledger.snapshots([name])).get(name)
             return s is None or not s.card_states()
 
         await scene.until(offers_nothing, f"{name} offers no card at capacity 0", 30)
-        await set_capacity(4)
+        await set_capacity(name, 4)
 
     await run(scene, "capacity 0 and back", fault)
 
