@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine lacks for the quick start and the tests: redis-server and
-# redis-tools (Debian), this package with its test extras (PyPI), and the control-plane binaries
+# redis-tools and faketime (Debian), this package with its test extras (PyPI), and the control-plane binaries
 # built from pinned Go modules (cached in ~/.cache/mthreads-harness). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
-  echo "[setup] installing redis-server and redis-tools (Debian packages)"
+if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null || ! command -v faketime >/dev/null; then
+  echo "[setup] installing redis-server, redis-tools and faketime (Debian packages; faketime: the clock-skew fault test)"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends redis-server redis-tools >/dev/null
+  $SUDO apt-get install -y -qq --no-install-recommends redis-server redis-tools faketime >/dev/null
 fi
 echo "[setup] installing mtsched and its test tools (pip)"
 python3 -m pip install -q -e '.[test,bench]'
