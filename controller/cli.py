@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.cmd == "demo":
-        from controller.demo import run_demo
+        from deploy.local.demo import run_demo
 
         return run_demo(args.memory_per_card, keep=args.keep)
     try:
@@ -82,7 +82,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "check-config":
         raw = asdict(cfg)
         raw["memory_per_card"] = [m.memory for m in cfg.models]
-        raw.pop("extra", None)
         # printed for humans and logs: passwords never
         raw["redis_url"] = redact_url(cfg.redis_url)
         if cfg.redis_password:

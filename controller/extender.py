@@ -16,29 +16,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from controller.fit_memo import FitMemo, request_size
 from controller.kube import Kube, KubeError
 from shared.annotations import ALLOCATED, CardGrant, binding_annotations, device_id
 from shared.bounded import ByteLRU
 from shared.config import Config
 from shared.extender_args import ArgsError, ExtenderArgs, parse_binding_args, parse_extender_args
-from shared.fit import (
-    GPU_POLICY,
-    NODE_POLICY,
-    NOUSE_UUID,
-    USE_UUID,
-    FitResult,
-    aggregate_failures,
-    extender_priority,
-    fit,
-    policy_of,
-)
+from shared.fit import GPU_POLICY, NODE_POLICY, NOUSE_UUID, USE_UUID, aggregate_failures, policy_of
 from shared.ledger import Ledger
 from shared.listen import LISTEN_POLICY, extender_policy
 from shared.metrics import BINDINGS, CONFLICTS, EXTENDER_SECONDS, RESERVATIONS
@@ -47,7 +38,6 @@ from shared.models import UNIT_MIB
 from shared.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
 from shared.request import RequestError, SliceRequest, pod_request
 from shared.shapes import ShapeError
-from shared.state import CardRecord, NodeSnapshot
 
 log = logging.getLogger("mtsched.extender")
 
@@ -67,10 +57,6 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 def _bad(e: ArgsError) -> web.Response:
     return _json({"error": str(e)}, status=400)
-
-
-def _request_size(req: SliceRequest | None) -> int:
-    return 0 if req is None else 200 + sum(120 + len(s.name) for s in req.shares)
 
 
 @dataclass(frozen=True)
@@ -97,7 +83,7 @@ class Seen:
         """Approximate bytes this entry keeps alive (strings plus a fixed overhead per object)."""
         return (400 + len(self.uid) + len(self.name) + len(self.namespace) + len(self.scheduler_name)
                 + sum(64 + len(k) + len(v) for k, v in self.annotations.items())
-                + _request_size(self.request) + self.requirement.size())
+                + request_size(self.request) + self.requirement.size())
 
     @property
     def candidate(self) -> BindCandidate:
@@ -119,17 +105,7 @@ class Extender:
         self.pods: ByteLRU[str, Seen] = ByteLRU(POD_CACHE_BYTES, POD_ENTRY_BYTES)  # uid -> pod seen in filter
         self._events: set[asyncio.Task[None]] = set()
         self._recent: ByteLRU[tuple[str, str, str], float] = ByteLRU(EVENT_MEMO_BYTES)  # -> last sent
-        # Memo of fit() and node scores per node, valid while the node's card states are the same object
-        # (NodeSnapshot.states() keeps it while the cards are unchanged): between two pods only the nodes
-        # booked meanwhile change, so a filter over hundreds of nodes computes only those again. Entries
-        # exist only for nodes of the mirror (pruned to them), each memo holding at most 64 answers.
-        self._fits: dict[str, tuple[NodeSnapshot, dict[int, CardRecord], dict[int, Any]]] = {}
-        # ... and across nodes: nodes whose cards hold the same (often: nothing yet) get the same answer,
-        # so a request shape seen for the first time costs one fit() per distinct card state, not per node.
-        self._contents: dict[tuple[tuple[Any, ...], ...], int] = {}  # card states without the node -> id
-        self._shared: dict[tuple[int, int], Any] = {}  # (content id, key id) -> FitResult or score
-        self._keys: dict[tuple[Any, ...], int] = {}  # what a fit depends on -> small int (hashed once per call)
-        self._memo_bytes = 0  # approximate bytes of _keys, _contents and _shared (annotation values included)
+        self.memo = FitMemo(mirror, MEMO_BYTES)  # fit() answers and node scores (controller/fit_memo.py)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -162,50 +138,6 @@ class Extender:
     def _grants(self, node: str, req: SliceRequest, cards: tuple[int, ...], capacity: int) -> list[list[CardGrant]]:
         return [[CardGrant(device_id(node, i), s.memory * UNIT_MIB, s.cores) for i in cards] if not s.empty else []
                 for s in req.shares_for(capacity)]
-
-    def _key(self, key: tuple[Any, ...]) -> int:
-        """A small int for what a memoized answer depends on besides the cards. Call before a loop:
-        it may reset every memo."""
-        if self._memo_bytes > MEMO_BYTES:
-            self._keys.clear()  # ids are reused after this: forget every memo holding them
-            self._fits.clear()
-            self._contents.clear()
-            self._shared.clear()
-            self._memo_bytes = 0
-        k = self._keys.get(key)
-        if k is None:
-            k = self._keys[key] = len(self._keys)
-            # keys hold annotation values (any length): counted by their size, not by their number
-            self._memo_bytes += 100 + sum(len(x) if isinstance(x, str) else
-                                          _request_size(x) if isinstance(x, SliceRequest) else 16 for x in key)
-        return k
-
-    def _content(self, snap: NodeSnapshot, memo: dict[int, Any]) -> int:
-        """Id of the node's card states less the node name (the only thing fit() reads of a card besides
-        these fields is its device id, for the UUID annotations: pods with those skip sharing)."""
-        cid: int | None = memo.get(-1)
-        if cid is None:
-            content = tuple((s.card.index, s.card.capacity, s.card.max_slices, s.card.healthy, s.card.cordoned,
-                             s.card.cores, s.memory_used, s.cores_used, s.slices_used) for s in snap.states())
-            cid = self._contents.get(content)
-            if cid is None:
-                cid = self._contents[content] = len(self._contents)
-                self._memo_bytes += 100 + 160 * len(content)
-            memo[-1] = cid
-        return cid
-
-    def _memo(self, name: str, snap: NodeSnapshot) -> dict[int, Any]:
-        """The node's memo: valid while the mirror holds the same snapshot with the same cards dict.
-
-        The mirror never edits a cards dict in place: every change installs a new dict (or a new
-        snapshot), so two identity checks tell whether anything fit() reads may have changed.
-        """
-        entry = self._fits.get(name)
-        if entry is None or entry[0] is not snap or entry[1] is not snap.cards:
-            if entry is None and len(self._fits) > 2 * len(self.mirror.nodes) + 64:
-                self._fits = {n: e for n, e in self._fits.items() if n in self.mirror.nodes}
-            entry = self._fits[name] = (snap, snap.cards, {})
-        return entry[2]
 
     # -- verbs ---------------------------------------------------------------------------------
 
@@ -242,43 +174,7 @@ class Extender:
             return {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": dict.fromkeys(names, why),
                     "Error": ""}
         self._remember(seen)
-        annotations = seen.annotations
-        ok: list[str] = []
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
-        # everything fit() reads besides the card states
-        key = self._key(("fit", req, annotations.get(USE_UUID), annotations.get(NOUSE_UUID),
-                         annotations.get(GPU_POLICY), self.cfg.gpu_scheduler_policy))
-        share = not (annotations.get(USE_UUID) or annotations.get(NOUSE_UUID))
-        get, fits, memo_of = self.mirror.get, self._fits, self._memo  # hot loop: hundreds of nodes per call
-        for name in names:
-            snap = get(name)
-            if snap is None:
-                unresolvable[name] = "node unregistered"
-            elif snap.error:
-                unresolvable[name] = f"node unregistered: {snap.error}"
-            else:
-                entry = fits.get(name)
-                memo = entry[2] if entry is not None and entry[0] is snap and entry[1] is snap.cards \
-                    else memo_of(name, snap)
-                result: FitResult | None = memo.get(key)
-                if result is None:
-                    if len(memo) >= 64:
-                        memo.clear()
-                    if share:
-                        shared_key = (self._content(snap, memo), key)
-                        result = self._shared.get(shared_key)
-                        if result is None:
-                            result = self._shared[shared_key] = fit(snap.states(), req, annotations,
-                                                                    self.cfg.gpu_scheduler_policy)
-                            self._memo_bytes += 150 + len(result.reason)
-                    else:
-                        result = fit(snap.states(), req, annotations, self.cfg.gpu_scheduler_policy)
-                    memo[key] = result
-                if result.cards:  # result.ok
-                    ok.append(name)
-                else:
-                    failed[name] = result.reason
+        ok, failed, unresolvable = self.memo.fit_nodes(names, req, seen.annotations, self.cfg.gpu_scheduler_policy)
         if not ok:
             msgs = aggregate_failures({**failed, **unresolvable})
             self.event(event_pod, "FilteringFailed",
@@ -290,28 +186,7 @@ class Extender:
         a = parse_extender_args(args, self.mirror.nodes.keys())
         annotations = a.pod["metadata"].get("annotations") or {}
         policy = policy_of(annotations, NODE_POLICY, self.cfg.node_scheduler_policy)
-        key = self._key(("priority", policy))
-        out = []
-        get, fits, memo_of = self.mirror.get, self._fits, self._memo
-        for name in a.names:
-            snap = get(name)
-            score = 0
-            if snap:
-                entry = fits.get(name)
-                memo = entry[2] if entry is not None and entry[0] is snap and entry[1] is snap.cards \
-                    else memo_of(name, snap)
-                score = memo.get(key, -1)
-                if score < 0:
-                    if len(memo) >= 64:
-                        memo.clear()
-                    shared_key = (self._content(snap, memo), key)
-                    score = self._shared.get(shared_key, -1)
-                    if score < 0:
-                        score = self._shared[shared_key] = extender_priority(snap.states(), policy)
-                        self._memo_bytes += 100
-                    memo[key] = score
-            out.append({"Host": name, "Score": int(score)})
-        return out
+        return self.memo.scores(a.names, policy)
 
     async def _seen_from_api(self, ns: str, name: str, uid: str) -> Seen | str:
         """The pod as the API server has it (filter ran on another replica), or why bind must stop."""
@@ -432,19 +307,19 @@ class Extender:
         except orjson.JSONDecodeError as e:
             raise ArgsError(f"body: not JSON ({e}); allowed: an {what} JSON object") from None
 
-    async def h_filter(self, request: web.Request) -> web.Response:
-        with EXTENDER_SECONDS.labels("filter").time():
+    async def _answer(self, request: web.Request, verb: str, call: Callable[[Mapping[str, Any]], Any]) -> web.Response:
+        """A filter or prioritize call: timed, decoded, answered (400 for malformed arguments)."""
+        with EXTENDER_SECONDS.labels(verb).time():
             try:
-                return _json(self.filter(await self._read(request, "ExtenderArgs")))
+                return _json(call(await self._read(request, "ExtenderArgs")))
             except ArgsError as e:
                 return _bad(e)
 
+    async def h_filter(self, request: web.Request) -> web.Response:
+        return await self._answer(request, "filter", self.filter)
+
     async def h_prioritize(self, request: web.Request) -> web.Response:
-        with EXTENDER_SECONDS.labels("prioritize").time():
-            try:
-                return _json(self.prioritize(await self._read(request, "ExtenderArgs")))
-            except ArgsError as e:
-                return _bad(e)
+        return await self._answer(request, "prioritize", self.prioritize)
 
     async def h_bind(self, request: web.Request) -> web.Response:
         with EXTENDER_SECONDS.labels("bind").time():

@@ -217,8 +217,14 @@ class Reconciler:
         for uid in truth.keys() - holders.keys() - self.pods.ended.keys():
             final.setdefault(uid, (truth[uid], refs.get(uid, "")))
         await self.ledger.list_node(node)
-        await self.ledger.replace_node(inv if inv is not None else Inventory(node), final, self.keep_ms,
-                                       keep_bound=True)
+        # kept: whatever was made or bound since `now_ms - keep_ms`, however long this pass took since its read
+        out = await self.ledger.replace_node(inv if inv is not None else Inventory(node), final, self.keep_ms,
+                                             keep_bound=True, keep_from=now_ms - self.keep_ms)
+        if int(out.get("pending_dropped") or 0):
+            # newer than our truth, but no longer fitting next to it: said out loud, never silently
+            RECONCILE_REPAIRS.labels("dropped_unfit").inc(int(out["pending_dropped"]))
+            log.warning("reconcile: node %s: %s reservation(s) newer than the view no longer fit and were dropped",
+                        node, out["pending_dropped"])
         self.nodes.known.add(node)
         self.repairs += 1
         return diff
@@ -231,9 +237,17 @@ class Reconciler:
         """One pass over every node the ledger or the API knows; returns the repairs made, by kind."""
         t0 = time.monotonic()
         invs, holders, _ = self._views()
-        names = set(await self.ledger.nodes()) | {n for n, i in invs.items() if offers_cards(i)} | set(holders)
+        listed = set(await self.ledger.nodes())
+        names = listed | {n for n, i in invs.items() if offers_cards(i)} | set(holders)
+        now_ms = await self.ledger.redis_time_ms()  # before the read: what is newer than it, the read lacks
         snaps = await self.ledger.snapshots(sorted(names))
-        now_ms = await self.ledger.redis_time_ms()
+        for node in sorted(snaps.keys() - listed):
+            # its keys exist but `mt:nodes` lost it (an edit, or a remove racing a re-create): mirrors only
+            # read listed nodes, so every replica would call it unregistered
+            await self.ledger.list_node(node)
+            await self.ledger.announce(node)
+            RECONCILE_REPAIRS.labels("unlisted").inc()
+            log.warning("reconcile: node %s was missing from %s: listed again", node, self.ledger.nodes_key)
         # The view is taken after the ledger was read: a pod released meanwhile is then missing from both,
         # while a view older than the read would book it again, with nobody left to release it.
         invs, holders, refs = self._views()

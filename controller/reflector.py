@@ -76,10 +76,7 @@ class Reflector:
                           if v}
         self.resource_version = ""
         self.synced = asyncio.Event()
-        self.relists = 0
-        self.resumes = 0
         self.events = 0
-        self.handler_failures = 0
         self._poison, self._poison_rv = 0, ""
         # Readiness: when the stream last worked (opened, or an event/bookmark handled), and since when
         # it has been failing. A watch that resumes within seconds is routine (the server closes it
@@ -123,16 +120,11 @@ class Reflector:
             return f"{self.name}: stream failing for {time.monotonic() - self.failing_since:.0f}s ({self.last_error})"
         return ""
 
-    @property
-    def live(self) -> bool:
-        return self.synced.is_set() and self.failing_since is None
-
     async def run(self) -> None:
         backoff = 0.2
         while True:
             try:
                 items, rv = await self.list()
-                self.relists += 1
                 WATCH_RELISTS.labels(self.name).inc()
                 try:
                     await self.on_sync(items)
@@ -176,7 +168,6 @@ class Reflector:
                         if not line.strip():
                             continue
                         await self._handle(orjson.loads(line))
-                self.resumes += 1
                 WATCH_RESUMES.labels(self.name).inc()
             except (Gone, asyncio.CancelledError):
                 raise
@@ -189,7 +180,6 @@ class Reflector:
                     self._poison_rv = self.resource_version
                     if self._poison >= 5:  # the same event keeps failing for a reason no retry cures
                         raise e.__cause__ from e
-                self.resumes += 1
                 WATCH_RESUMES.labels(self.name).inc()
                 log.warning("%s: watch interrupted (%s); resuming from %s in %.1fs", self.name, e,
                             self.resource_version, backoff)
@@ -214,7 +204,6 @@ class Reflector:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            self.handler_failures += 1
             raise HandlerError(f"{self.name}: handling {kind} failed: {type(e).__name__}: {e}") from e
         if rv:
             self.resource_version = rv  # only after handling, so a crash mid-event replays it

@@ -13,16 +13,20 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from controller.extender import BODY_LIMIT as EXTENDER_BODY_LIMIT
 from controller.extender import Extender
 from controller.kube import Kube
 from controller.reconciler import Reconciler
 from controller.watchers import Janitor, NodeWatcher, PodWatcher
+from shared.card_metrics import register_mirror
 from shared.config import Config, redact_url
 from shared.ledger import Ledger, RedisOptions, connect, connect_subscriber, explain
-from shared.metrics import READY, metrics_handler, register_mirror
+from shared.metrics import READY, metrics_handler
 from shared.mirror import Mirror
 from shared.supervise import Heartbeat, Supervisor, probe_loop
-from webhook.server import CertReloader, Webhook
+from shared.tls import CertReloader, watch_certs
+from webhook.server import BODY_LIMIT as WEBHOOK_BODY_LIMIT
+from webhook.server import Webhook
 
 log = logging.getLogger("mtsched")
 
@@ -65,15 +69,6 @@ async def serve_health(cfg: Config, problems: Callable[[], list[str]]) -> web.Ap
 
 def tls(cfg: Config) -> CertReloader | None:
     return CertReloader(cfg.tls_cert_file, cfg.tls_key_file) if cfg.tls_cert_file else None
-
-
-async def watch_certs(reloader: CertReloader | None) -> None:
-    while reloader is not None:
-        await asyncio.sleep(10)
-        try:
-            reloader.maybe_reload()
-        except (OSError, ssl.SSLError) as e:
-            log.error("TLS certificate reload failed, keeping the previous one: %s", e)
 
 
 async def _ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False) -> tuple[Ledger, Mirror]:
@@ -119,7 +114,7 @@ async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
     sup = Supervisor()
     ledger, mirror = await _ledger(cfg, sup)
     kube = await Kube.create(cfg.kubeconfig)
-    app = web.Application(client_max_size=32 * 1024 * 1024)  # ExtenderArgs with a whole NodeList
+    app = web.Application(client_max_size=EXTENDER_BODY_LIMIT)
     Extender(cfg, ledger, mirror, kube).routes(app)
     ok = await _serve_api(cfg, app, sup, stop)
     await kube.close()
@@ -129,7 +124,7 @@ async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
 async def run_webhook(cfg: Config, stop: asyncio.Event) -> bool:
     sup = Supervisor()
     _, mirror = await _ledger(cfg, sup)
-    app = web.Application(client_max_size=8 * 1024 * 1024)
+    app = web.Application(client_max_size=WEBHOOK_BODY_LIMIT)
     Webhook(cfg, mirror.capacities).routes(app)
     # ready once the mirror knows the cards the cluster reports (the mixed-fleet default needs them)
     return await _serve_api(cfg, app, sup, stop)

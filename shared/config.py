@@ -12,7 +12,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
 from urllib.parse import parse_qs, unquote
 
 import yaml
@@ -64,7 +63,6 @@ class Config:
     kubeconfig: str = ""
     events_enabled: bool = True
     log_level: str = "info"
-    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def models(self) -> tuple[CardModel, ...]:
@@ -90,7 +88,7 @@ def key_of(name: str) -> str:
     return SPELLED.get(camel(name), camel(name))
 
 
-_KEYS = {key_of(f.name): f.name for f in fields(Config) if f.name != "extra"}
+_KEYS = {key_of(f.name): f.name for f in fields(Config)}
 _TYPES = {f.name: f.type for f in fields(Config)}
 
 

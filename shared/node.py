@@ -18,7 +18,6 @@ from shared.config import Config
 from shared.models import CORES_PER_CARD, DEFAULT_MAX_INST, CardModel, describe_models
 
 SGPU_CORES_LABEL = "mthreads.com/sgpu.cores"
-GPU_NODE_LABEL = "mthreads.com/gpu-node"
 MAX_INST_ANNOTATION = "mtsched.io/max-inst"  # per-node override of slices per card (vendor max_inst)
 CORDON_ANNOTATION = "hami.io/device-cordon"  # comma list of device ids taken out of service
 

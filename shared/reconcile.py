@@ -21,6 +21,8 @@ from shared.node import Inventory
 from shared.request import SliceRequest
 from shared.state import NodeSnapshot, Reservation
 
+FUTURE_MS = 60_000  # as shared/lua/_lib.lua: a stamp later than now + this comes from a clock that jumped
+
 
 @dataclass(frozen=True)
 class Difference:
@@ -76,7 +78,10 @@ def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holde
     young_from = now_ms - keep_ms
 
     def settling(r: Reservation) -> bool:
-        return r.state == "pending" or max(r.created, r.bound_at) >= young_from
+        stamp = max(r.created, r.bound_at)
+        if stamp > now_ms + FUTURE_MS:
+            return False  # stamped by a clock that jumped (a failover to a server behind): judge it now
+        return r.state == "pending" or stamp >= young_from
 
     if not offers_cards(inv) and not holders and all(not settling(r) for r in snap.reservations.values()):
         return NodeDiff(node, (), (), remove=True)

@@ -54,7 +54,7 @@ class TaskState:
 class Supervisor:
     max_failures: int = 5
     unready_after: float = 10.0
-    healthy_after: float = 30.0
+    healthy_after: float = 5.0  # running this long without stopping clears a task's failures
     max_backoff: float = 10.0
     tasks: dict[str, TaskState] = field(default_factory=dict)
     checks: dict[str, Check] = field(default_factory=dict)
@@ -76,10 +76,16 @@ class Supervisor:
         TASK_UP.labels(name).set(1)
         while True:
             started = loop.time()
+            run = asyncio.ensure_future(body())
             try:
-                await body()
+                # a task that has run for `healthy_after` without stopping works again: not failing any more
+                done, _ = await asyncio.wait({run}, timeout=self.healthy_after)
+                if not done:
+                    st.failures, st.failing_since = 0, None
+                await run
                 error: BaseException = RuntimeError("ended by itself")
             except asyncio.CancelledError:
+                run.cancel()
                 raise
             except Exception as e:
                 error = e

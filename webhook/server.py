@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
-import ssl
 import time
 from collections.abc import Callable, Collection
 from typing import Any
@@ -24,6 +22,10 @@ from shared.listen import LISTEN_POLICY, webhook_policy
 from shared.metrics import ADMISSIONS, WEBHOOK_SECONDS
 from shared.review import API_VERSION, parse_review
 from shared.shapes import ShapeError, describe
+from shared.tls import CertReloader
+
+# CertReloader moved to shared/tls.py (every role serves TLS); still importable from here.
+__all__ = ["BODY_LIMIT", "MAX_MESSAGE_CHARS", "CertReloader", "Webhook", "handle_review", "review_response"]
 
 log = logging.getLogger("mtsched.webhook")
 
@@ -79,28 +81,6 @@ def handle_review(body: bytes, cfg: Config, capacities: Collection[int]) -> tupl
         log.info("denied %s %s/%s: %s", req.operation, req.namespace, describe(name),
                  decision.message[:MAX_MESSAGE_CHARS])
     return 200, review_response(req.uid, decision)
-
-
-class CertReloader:
-    """Serves the certificate from files and picks up renewed files without a restart."""
-
-    def __init__(self, cert: str, key: str):
-        self.cert, self.key = cert, key
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
-        self._stamp: tuple[float, float] = (0.0, 0.0)
-        self.reloads = 0
-        self.maybe_reload()
-
-    def maybe_reload(self) -> bool:
-        stamp = (os.stat(self.cert).st_mtime, os.stat(self.key).st_mtime)
-        if stamp == self._stamp:
-            return False
-        self.context.load_cert_chain(self.cert, self.key)  # new handshakes use the new pair
-        self._stamp = stamp
-        self.reloads += 1
-        log.info("loaded TLS certificate %s", self.cert)
-        return True
 
 
 class Webhook:

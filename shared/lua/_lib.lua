@@ -9,6 +9,7 @@ local FEED = ARGV[1]
 local NODE = ARGV[2]
 local PODS_KEY = BASE .. ":pods"
 local MAX_UNITS = 1048576
+local FUTURE_MS = 60000  -- a reservation stamped later than now + this comes from a clock that jumped
 
 local function card_key(idx) return BASE .. ":card:" .. idx end
 local function res_key(uid) return BASE .. ":res:" .. uid end
@@ -75,22 +76,35 @@ local function card_indices()
   return out
 end
 
+-- A whole number from a hash field; 0 when missing or damaged (someone edited Redis by hand): every
+-- script keeps working, and fails closed (a card with no capacity or slice limit takes nothing) until
+-- the reconciler rewrites the node from the API's truth.
+local function num(v)
+  local n = tonumber(v)
+  if n == nil or n ~= n or n == math.huge or n == -math.huge then return 0 end
+  return math.floor(n)
+end
+
 local function card_view(idx)
   local c = hgetall(card_key(idx))
   if not c then return nil end
   return {
-    capacity = tonumber(c.capacity), mem_used = tonumber(c.mem_used), mem_free = tonumber(c.mem_free),
-    cores = tonumber(c.cores), cores_used = tonumber(c.cores_used), cores_free = tonumber(c.cores_free),
-    slices = tonumber(c.slices), slice_limit = tonumber(c.slice_limit), health = c.health,
+    capacity = num(c.capacity), mem_used = num(c.mem_used), mem_free = num(c.mem_free),
+    cores = num(c.cores), cores_used = num(c.cores_used), cores_free = num(c.cores_free),
+    slices = num(c.slices), slice_limit = num(c.slice_limit), health = c.health or "unhealthy",
   }
 end
 
 local function res_view(uid)
   local r = hgetall(res_key(uid))
   if not r then return nil end
+  local cards = {}
+  for idx in string.gmatch(r.cards or "", "[^,]+") do
+    if string.match(idx, "^%d+$") then cards[#cards + 1] = idx end
+  end
   return {
-    cards = r.cards, mem = tonumber(r.mem), cores = tonumber(r.cores), slices = tonumber(r.slices),
-    state = r.state, created = tonumber(r.created), bound_at = tonumber(r.bound_at or "0"), pod = r.pod or "",
+    cards = table.concat(cards, ","), mem = num(r.mem), cores = num(r.cores), slices = num(r.slices),
+    state = r.state or "bound", created = num(r.created), bound_at = num(r.bound_at), pod = r.pod or "",
     idle = r.idle == "1",
   }
 end

@@ -8,7 +8,7 @@ for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
   local r = res_view(uid)
   if not r then
     redis.call('SREM', PODS_KEY, uid)
-  elseif r.state == "pending" and now - r.created > p.ttl_ms then
+  elseif r.state == "pending" and (now - r.created > p.ttl_ms or r.created - now > FUTURE_MS) then
     local views = drop_reservation(uid, r)
     publish('expire', uid, false, split_cards(r.cards), views)
     gone[#gone + 1] = uid

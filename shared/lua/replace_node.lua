@@ -16,8 +16,18 @@ if not is_list(p.bound, 100000) then return fail("BADINPUT", "bound must be a li
 if p.keep_ms ~= nil and not is_int(p.keep_ms, 0, 86400000) then
   return fail("BADINPUT", "keep_ms must be 0..86400000")
 end
+if p.keep_from ~= nil and not is_int(p.keep_from, 0, 9007199254740991) then
+  return fail("BADINPUT", "keep_from must be a time in ms")
+end
+local now0 = now_ms()
 local keep_from = math.huge
-if p.keep_ms ~= nil then keep_from = now_ms() - p.keep_ms end
+if p.keep_ms ~= nil then keep_from = now0 - p.keep_ms end
+-- keep_from: an instant on Redis's clock (the caller read the ledger after it), so a reservation made
+-- after the caller's read is kept however long the caller took
+if p.keep_from ~= nil then keep_from = math.min(keep_from, p.keep_from) end
+-- a stamp from the future (a failover to a server whose clock is behind) is not "newer than the truth":
+-- it would be kept for ever
+local keep_until = now0 + FUTURE_MS
 -- Everything is validated before the first write: a script that fails half-way is not rolled back.
 local pending, is_bound = {}, {}
 for _, b in ipairs(p.bound) do
@@ -41,7 +51,9 @@ if p.keep_bound then
 end
 for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
   local r = res_view(uid)
-  if r and not is_bound[uid] and (r.state == "pending" or math.max(r.created, r.bound_at) >= keep_from) then
+  local stamp = r and math.max(r.created, r.bound_at)
+  if r and not is_bound[uid] and ((r.state == "pending" and stamp <= keep_until)
+      or (stamp >= keep_from and stamp <= keep_until)) then
     pending[#pending + 1] = {uid, r}
   end
   redis.call('DEL', res_key(uid))

@@ -112,10 +112,10 @@ async def test_fit_memos_are_counted_in_bytes_and_reset_past_the_bound() -> None
     p = pod("u1")
     p["metadata"]["annotations"] = {USE_UUID: "s5k-mthreads-0," + "y" * 100_000}
     ext.filter({"Pod": p, "NodeNames": ["s5k"]})
-    assert ext._memo_bytes > 100_000  # the key holds the annotation value
-    ext._memo_bytes = MEMO_BYTES + 1
+    assert ext.memo.bytes > 100_000  # the key holds the annotation value
+    ext.memo.bytes = MEMO_BYTES + 1
     ext.filter({"Pod": pod("u2"), "NodeNames": ["s4k", "s5k"]})
-    assert ext._memo_bytes < 100_000 and len(ext._keys) == 1
+    assert ext.memo.bytes < 100_000 and len(ext.memo.keys) == 1
 
 
 async def test_event_memo_is_bounded_by_bytes() -> None:

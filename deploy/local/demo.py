@@ -1,4 +1,5 @@
-"""`mtsched demo`: the main job on an embedded default.
+"""`mtsched demo`: the main job on an embedded default (run by controller/cli.py, which imports this
+harness module only for that subcommand, so the roles never load the test harness).
 
 Builds (first run only) and starts a real local control plane (etcd, kube-apiserver,
 kube-scheduler), a Redis, our three roles with two extender and two webhook replicas, creates a
@@ -17,9 +18,13 @@ from typing import Any
 import yaml
 
 from controller.logs import Progress
+from deploy.local import nodes as simulated
+from deploy.local.controlplane import ControlPlane, ensure_binaries
+from deploy.local.redis import RedisServer, new_password
+from deploy.local.stack import Stack
 from shared.config import redact_url
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "deploy" / "examples" / "pods.yaml"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "pods.yaml"
 NAMESPACE = "demo"
 
 
@@ -33,7 +38,6 @@ def _limits(pod: dict[str, Any]) -> str:
 
 async def _apply(kubeconfig: str, say: Progress) -> list[tuple[str, str]]:
     from controller.kube import Kube, KubeError
-    from deploy.local import nodes as simulated
     from shared.annotations import ALLOCATED, decode_allocation
 
     kube = await Kube.create(kubeconfig)
@@ -113,10 +117,6 @@ async def _table(redis_url: str) -> str:
 
 
 def run_demo(memory_per_card: str = "96,160", keep: bool = False) -> int:
-    from deploy.local.controlplane import ControlPlane, ensure_binaries
-    from deploy.local.redis import RedisServer, new_password
-    from deploy.local.stack import Stack
-
     say = Progress()
     say("building the control plane if needed (first run only: kube-apiserver, kube-scheduler and etcd from "
         "their pinned Go modules; several minutes on 2 cores, then cached)")

@@ -1,0 +1,7 @@
+"""`python -m bench.load`."""
+
+import sys
+
+from bench.load.cli import main
+
+sys.exit(main())

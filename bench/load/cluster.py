@@ -1,0 +1,204 @@
+"""The cluster under test: where pods go and /metrics are read (Target), the local control plane with
+Redis and our roles (Local), the simulated nodes, and a read-only view of the ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controller.logs import Progress
+from shared.config import redact_url
+
+NODE_LABEL = "mtsched.io/bench-node"
+NODE_PREFIX = "bench-node-"
+CARDS_PER_NODE = 8
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+
+
+def machine() -> dict[str, Any]:
+    mem_kib = 0
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_kib = int(line.split()[1])
+    return {"cpus": os.cpu_count(), "memory_gib": round(mem_kib / 2**20, 1), "load_avg": os.getloadavg(),
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+@dataclass
+class Target:
+    """Where pods go and where the roles' /metrics are read."""
+
+    kubeconfig: str
+    metrics: dict[str, list[str]] = field(default_factory=dict)  # extender|webhook|watcher -> URLs
+    redis_url: str = ""
+    key_prefix: str = "mt"
+    fine: bool = False  # roles run through bench.timed_role (fine latency buckets)
+    replicas: int | str = "installed"
+    pids: dict[str, int] = field(default_factory=dict)  # local processes, for CPU time per component
+    scheduler_metrics: tuple[str, str] | None = None  # (URL, bearer token) of kube-scheduler's /metrics
+
+
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """utime + stime of each process (and of this one, as "bench-client"), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for name, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[name] = (int(fields[11]) + int(fields[12])) / tick
+    t = os.times()
+    out["bench-client"] = t.user + t.system
+    return out
+
+
+class Local:
+    """ControlPlane + Redis + our roles (through bench.timed_role) on this machine."""
+
+    def __init__(self, say: Progress, scheduler_verbosity: int):
+        from deploy.local.controlplane import ControlPlane, ensure_binaries
+        from deploy.local.redis import RedisServer, new_password
+
+        say("control-plane binaries (built once from the pinned Go modules, then cached)")
+        self.cp = ControlPlane(bin_dir=ensure_binaries(progress=sys.stderr), scheduler_verbosity=scheduler_verbosity)
+        self.redis = RedisServer(password=new_password())
+        self.stack: Any = None
+        self.say = say
+
+    def start(self) -> None:
+        self.cp.start()
+        self.say(f"kube-apiserver up at {self.cp.server_url}")
+        self.redis.start()
+        self.say(f"redis-server up at {redact_url(self.redis.url)}")
+
+    def target(self, replicas: int, webhooks: int, extender_http: bool = False,
+               settings: dict[str, str] | None = None) -> Target:
+        """(Re)start our roles with `replicas` extenders; kube-scheduler is restarted to call them."""
+        from bench.stack import BenchStack
+
+        if self.stack is not None:
+            self.stack.stop()
+        self.stack = BenchStack(self.cp, self.redis.url, "96,160", extenders=replicas, webhooks=webhooks,
+                                watchers=1, settings=dict(settings or {}), extender_http=extender_http).start()
+        urls: dict[str, list[str]] = defaultdict(list)
+        for role in self.stack.roles:
+            urls[role.kind].append(f"http://127.0.0.1:{role.metrics_port}/metrics")
+        self.say(f"mtsched up: {replicas} extender(s){' behind the random balancer' if replicas > 1 else ''}, "
+                 f"{webhooks} webhook(s), 1 watcher; kube-scheduler restarted with the extender"
+                 f"{' over plain HTTP (sidecar topology)' if extender_http else ' over HTTPS'}")
+        pids = {name: proc.popen.pid for name, proc in self.cp._procs.items()}
+        if self.redis.proc is not None:
+            pids["redis"] = self.redis.proc.pid
+        for role in self.stack.roles:
+            if role.proc is not None:
+                pids[role.name] = role.proc.pid
+        for kind, (proc, _) in self.stack.balancers.items():
+            pids[f"balancer-{kind}"] = proc.pid
+        sched = (f"https://127.0.0.1:{self.cp._sched_port}/metrics", self.cp.token)
+        return Target(str(self.cp.kubeconfig_path), dict(urls), self.redis.url, fine=True, replicas=replicas,
+                      pids=pids, scheduler_metrics=sched)
+
+    def stop(self) -> None:
+        if self.stack is not None:
+            with contextlib.suppress(Exception):
+                self.stack.stop()
+        self.redis.cleanup()
+        self.cp.stop()
+
+
+# -- API helpers -----------------------------------------------------------------------------------
+
+async def list_all(kube: Any, path: str, **query: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    cont = ""
+    while True:
+        q: dict[str, Any] = {"limit": 500, **query}
+        if cont:
+            q["continue"] = cont
+        page = await kube.request("GET", path, query=q)
+        items.extend(page.get("items") or [])
+        cont = (page.get("metadata") or {}).get("continue") or ""
+        if not cont:
+            return items
+
+
+async def gather_limited(n: int, coros: Sequence[Callable[[], Any]]) -> list[Any]:
+    sem = asyncio.Semaphore(n)
+
+    async def one(c: Callable[[], Any]) -> Any:
+        async with sem:
+            return await c()
+
+    return list(await asyncio.gather(*(one(c) for c in coros)))
+
+
+def node_model(name: str) -> int:
+    return 96 if int(name.rsplit("-", 1)[1]) % 2 == 0 else 160
+
+
+async def ensure_nodes(kube: Any, count: int, kwok: bool, say: Progress) -> list[str]:
+    from deploy.local import nodes as simulated
+
+    existing = {n["metadata"]["name"] for n in await list_all(kube, "/api/v1/nodes", labelSelector=NODE_LABEL)}
+    want = [f"{NODE_PREFIX}{i:05d}" for i in range(count)]
+    todo = [n for n in want if n not in existing]
+
+    def make(name: str) -> dict[str, Any]:
+        body = (simulated.s4000_node if node_model(name) == 96 else simulated.s5000_node)(
+            name, sliced_cards=CARDS_PER_NODE, labels={NODE_LABEL: "true"})
+        if kwok:
+            body["metadata"]["annotations"] = {KWOK_ANNOTATION: "fake"}
+            body["metadata"]["labels"]["type"] = "kwok"
+            body["spec"]["taints"] = [{"key": KWOK_ANNOTATION, "value": "fake", "effect": "NoSchedule"}]
+        return body
+
+    t = time.monotonic()
+    await gather_limited(32, [lambda n=n: kube.request("POST", "/api/v1/nodes", make(n)) for n in todo])  # type: ignore[misc]
+    extra = sorted(existing - set(want))
+    await gather_limited(32, [lambda n=n: kube.request("DELETE", f"/api/v1/nodes/{n}", ok=(200, 202, 404))  # type: ignore[misc]
+                              for n in extra])
+    say(f"nodes: {count} ({count // 2} S4000 + {count - count // 2} S5000, {CARDS_PER_NODE} cards each): "
+        f"created {len(todo)}, removed {len(extra)} in {time.monotonic() - t:.1f}s")
+    return want
+
+
+async def delete_nodes(kube: Any) -> None:
+    names = [n["metadata"]["name"] for n in await list_all(kube, "/api/v1/nodes", labelSelector=NODE_LABEL)]
+    await gather_limited(32, [lambda n=n: kube.request("DELETE", f"/api/v1/nodes/{n}", ok=(200, 202, 404))  # type: ignore[misc]
+                              for n in names])
+
+
+# -- the ledger (when Redis is reachable) -----------------------------------------------------------
+
+class LedgerView:
+    def __init__(self, redis_url: str, prefix: str):
+        from shared.ledger import Ledger, connect
+
+        self.client = connect(redis_url)
+        self.ledger = Ledger(self.client, prefix)
+
+    async def snapshots(self, nodes: Sequence[str]) -> dict[str, Any]:
+        return await self.ledger.snapshots(nodes)
+
+    async def wait(self, nodes: Sequence[str], ok: Callable[[dict[str, Any]], bool],
+                   timeout: float) -> tuple[bool, dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            snaps = await self.snapshots(nodes)
+            if ok(snaps) or time.monotonic() > deadline:
+                return ok(snaps), snaps
+            await asyncio.sleep(0.5)
+
+    async def close(self) -> None:
+        await self.client.aclose()

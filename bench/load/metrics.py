@@ -1,0 +1,88 @@
+"""What the roles' and kube-scheduler's /metrics say about a phase: latency, round trips, the
+scheduling cycle."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from bench import prom
+from bench.load.cluster import Target
+
+
+def scrape_all(target: Target) -> dict[str, prom.Scrape]:
+    out: dict[str, prom.Scrape] = {}
+    for kind, urls in target.metrics.items():
+        parts = []
+        for u in urls:
+            try:
+                parts.append(prom.scrape(u))
+            except OSError as e:
+                print(f"  (could not scrape {u}: {e})", flush=True)
+        out[kind] = prom.merge(parts)
+    if target.scheduler_metrics:
+        try:
+            out["kube-scheduler"] = prom.scrape(target.scheduler_metrics[0], token=target.scheduler_metrics[1])
+        except OSError as e:
+            print(f"  (could not scrape kube-scheduler: {e})", flush=True)
+    return out
+
+
+def scheduling_cycle(d: dict[str, prom.Scrape]) -> dict[str, Any]:
+    """kube-scheduler's own view of the serial part of a pod's scheduling: the scheduling algorithm
+    (its filters and scores, and the extender's filter and prioritize calls), one pod at a time."""
+    s = d.get("kube-scheduler", {})
+    name = "scheduler_scheduling_algorithm_duration_seconds"
+    n = prom.total(s, f"{name}_count")
+    if not n:
+        return {}
+    mean = prom.total(s, f"{name}_sum") / n
+    cum = prom.buckets(s, name)
+    return {"algorithm_runs": int(n), "mean_ms": round(mean * 1000, 3), "p50_ms": ms(prom.quantile(cum, 0.5)),
+            "p99_ms": ms(prom.quantile(cum, 0.99)), "serial_bound_pods_s": round(1 / mean, 1) if mean else None}
+
+
+def ms(v: float | None) -> float | None:
+    return None if v is None else round(v * 1000, 3)
+
+
+def latency(d: dict[str, prom.Scrape], fine: bool) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    ext, hook = d.get("extender", {}), d.get("webhook", {})
+    for verb in ("filter", "prioritize", "bind"):
+        s = (prom.summary(ext, "mtsched_bench_seconds", verb=verb) if fine
+             else prom.summary(ext, "mtsched_extender_request_seconds", verb=verb))
+        out[verb] = {"count": s["count"], "mean_ms": ms(s["mean"]), "p50_ms": ms(s["p50"]), "p90_ms": ms(s["p90"]),
+                     "p99_ms": ms(s["p99"])}
+    s = (prom.summary(hook, "mtsched_bench_seconds", verb="webhook") if fine
+         else prom.summary(hook, "mtsched_webhook_request_seconds"))
+    out["webhook"] = {"count": s["count"], "mean_ms": ms(s["mean"]), "p50_ms": ms(s["p50"]), "p90_ms": ms(s["p90"]),
+                      "p99_ms": ms(s["p99"])}
+    if fine:  # where a bind's time goes (bench/timed_role.py)
+        for part in ("filter.compute", "prioritize.compute", "bind.ledger_place", "bind.api_binding",
+                     "bind.ledger_mark_bound", "bind.api_get_pod", "webhook.compute", "extender.loop_lag",
+                     "webhook.loop_lag"):
+            src = hook if part.startswith("webhook") else ext
+            verb = "loop_lag" if part.endswith("loop_lag") else part
+            s = prom.summary(src, "mtsched_bench_seconds", verb=verb)
+            if s["count"]:
+                out[part] = {"count": s["count"], "mean_ms": ms(s["mean"]), "p50_ms": ms(s["p50"]),
+                             "p90_ms": ms(s["p90"]), "p99_ms": ms(s["p99"])}
+    # the product histogram's own verdict at the 5 ms bucket boundary (exact, whatever the resolution)
+    for verb in ("filter", "prioritize", "bind"):
+        cum = prom.buckets(ext, "mtsched_extender_request_seconds", verb=verb)
+        n = cum[-1][1] if cum else 0
+        le5 = next((c for le, c in cum if abs(le - 0.005) < 1e-9), None)
+        out[verb]["share_le_5ms"] = round(le5 / n, 4) if n and le5 is not None else None
+    return out
+
+
+def round_trips(d: dict[str, prom.Scrape]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for kind, s in d.items():
+        ops: Counter[str] = Counter()
+        for (name, labels), v in s.items():
+            if name == "mtsched_redis_round_trips_total" and v:
+                ops[dict(labels).get("op", "?")] += int(v)
+        out[kind] = dict(ops)
+    return out

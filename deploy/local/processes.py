@@ -1,0 +1,94 @@
+"""Child processes of the harness: each component in its own process group, logging to a file, and
+polled until it answers (or exits, which fails at once with its log's last lines)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploy.local.errors import ControlPlaneError
+
+
+def free_port() -> int:
+    # Bind-to-0 then close: a tiny race with other processes, acceptable for tests.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def default_workdir_parent() -> str | None:
+    # tmpfs makes etcd and the apiserver noticeably faster to start and write.
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+def tail(path: Path, lines: int) -> str:
+    try:
+        data = path.read_text(errors="replace").splitlines()
+    except OSError as e:
+        return f"<cannot read {path}: {e}>"
+    return "\n".join(data[-lines:])
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.popen.poll() is not None:
+            return
+        # Each component runs in its own session, so its process group id is its pid.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(5)
+
+
+def spawn(workdir: Path, name: str, argv: list[str]) -> Proc:
+    """Start ``argv`` in ``workdir``, appending its output to ``{name}.log`` there."""
+    log_path = workdir / f"{name}.log"
+    with open(log_path, "ab") as log:
+        log.write(f"\n# {time.strftime('%H:%M:%S')} {' '.join(argv)}\n".encode())
+        log.flush()
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+            start_new_session=True,  # own process group: stop() kills the whole group
+        )
+    return Proc(name, popen, log_path)
+
+
+def wait_ready(proc: Proc, ready: Callable[[], bool], limit: float) -> None:
+    """Poll ``ready`` (connection and TLS errors count as "not yet") until it holds, for ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while True:
+        if not proc.alive():
+            raise ControlPlaneError(
+                f"{proc.name} exited with {proc.popen.returncode}\n{tail(proc.log_path, 40)}"
+            )
+        with contextlib.suppress(OSError, ValueError, ssl.SSLError):
+            if ready():
+                return
+        if time.monotonic() > deadline:
+            raise ControlPlaneError(f"{proc.name} not ready after {limit}s\n{tail(proc.log_path, 40)}")
+        time.sleep(0.1)

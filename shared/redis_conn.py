@@ -1,0 +1,230 @@
+"""Redis clients from a URL, for every role: standalone (redis://, rediss://, unix://), Sentinel
+(redis+sentinel://) and Cluster (redis+cluster://), with the password and TLS options of the
+configuration, and the feed subscriber's client (`connect_subscriber`). Errors are explained in
+words that name the setting to change (`explain`), never the password.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlparse
+
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.asyncio.connection import Connection as RedisConnection
+from redis.asyncio.connection import ConnectionPool
+
+from shared.config import Config, redis_password
+
+
+@dataclass(frozen=True)
+class RedisOptions:
+    """What a client needs besides its URL: the password (when the URL carries none) and, for rediss://,
+    the CA that signed the server's certificate and a client certificate (tls-auth-clients)."""
+
+    password: str | None = field(default=None, repr=False)
+    ca_file: str | None = None
+    ca_data: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> RedisOptions:
+        """From redisPassword / redisPasswordFile (read now) and redisCAFile, redisCA, redisCertFile,
+        redisKeyFile; ConfigError if the password file cannot be read."""
+        return cls(redis_password(cfg), cfg.redis_ca_file or None, cfg.redis_ca or None,
+                   cfg.redis_cert_file or None, cfg.redis_key_file or None)
+
+    @property
+    def tls(self) -> dict[str, str]:
+        """redis-py's ssl_* arguments; the system's CAs stay trusted as well (redis-py's default context)."""
+        out = {"ssl_ca_certs": self.ca_file, "ssl_ca_data": self.ca_data, "ssl_certfile": self.cert_file,
+               "ssl_keyfile": self.key_file}
+        return {k: v for k, v in out.items() if v}
+
+
+NO_OPTIONS = RedisOptions()
+
+
+def connect(url: str, options: RedisOptions = NO_OPTIONS) -> Redis:
+    """A client from a URL: redis://[:password@]host:port/db, rediss:// (TLS), unix:///path?db=0,
+    redis+sentinel://[:password@]host:port[,host:port]/service[/db][?sentinel_password=...],
+    redis+cluster://[:password@]host:port[,host:port].
+
+    `options.password` is used wherever the URL carries no password (every form); the TLS options
+    need rediss:// (ValueError otherwise: they would be ignored, and the connection sent in clear).
+    Sentinel: the client asks the sentinels for the master on every new connection, so after a
+    failover it reconnects to the new one (READONLY from a demoted master is turned into a
+    ConnectionError by redis-py's Sentinel connection, which the ledger sends again). The password
+    is used for the data nodes and, unless `sentinel_password` says otherwise (empty: none), for
+    the sentinels.
+    Cluster: a RedisCluster (every ledger script names its node key first, so it is routed by the
+    node's hash tag). For the feed's Pub/Sub connection use `connect_subscriber`.
+    """
+    if options.tls and not url.startswith("rediss://"):
+        raise ValueError("a CA or client certificate for Redis needs a rediss:// URL")
+    if url.startswith("redis+sentinel://"):
+        return _connect_sentinel(url, options.password)
+    if url.startswith("redis+cluster://"):
+        hosts, username, password, _path, _query = _split_ha_url(url, 6379)
+        return _Cluster(startup_nodes=[ClusterNode(h, p) for h, p in hosts],  # type: ignore[return-value]
+                        username=username, password=password or options.password, decode_responses=True)
+    # redis-py lets the URL's own password (and ssl_* query options) win over these arguments
+    extra: dict[str, Any] = {"password": options.password} if options.password else {}
+    extra.update(options.tls)
+    return Redis.from_url(url, decode_responses=True, **extra)
+
+
+def connect_subscriber(url: str, options: RedisOptions = NO_OPTIONS) -> Redis:
+    """The client a Mirror subscribes to the feed with (Mirror(ledger, subscriber=...)).
+
+    For redis+cluster:// a plain client on one cluster node at a time: classic PUBLISH reaches every
+    node of a cluster, so any node serves the feed. (redis-py's RedisCluster.pubsub() would pin the
+    connection to the node owning the channel name's slot, and come back to it while it is down.)
+    Each new connection goes to the first node that answers, the last one that did first, and learns
+    the cluster's other nodes (CLUSTER NODES), so the feed survives the death of any node. For the
+    other URL forms: connect(url, options) (with Sentinel the subscription follows the master).
+    """
+    if not url.startswith("redis+cluster://"):
+        return connect(url, options)
+    hosts, username, password, _path, _query = _split_ha_url(url, 6379)
+    # A short connect timeout: a node that does not answer is skipped for the next one.
+    pool = ConnectionPool(connection_class=_AnyClusterNode, nodes=_NodeList(hosts), username=username,
+                          password=password or options.password, decode_responses=True,
+                          socket_connect_timeout=2.0)
+    return Redis.from_pool(pool)
+
+
+def explain(error: BaseException) -> str:
+    """A Redis connection failure in words that say what to configure (never the password)."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, rexc.AuthenticationError):
+        cause = cause.__cause__  # RedisCluster wraps the node's refusal in a RedisClusterException
+    text = str(cause or error)
+    if cause is not None:
+        if "invalid username-password pair" in text or "WRONGPASS" in text:
+            return f"Redis refused the password (wrong password or user): {text}"
+        return (f"Redis requires a password and none was given (set redisPasswordFile, or "
+                f"MTSCHED_REDIS_PASSWORD): {text}")
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return f"Redis's TLS certificate is not trusted (set redisCAFile to the CA that signed it): {text}"
+    if "AuthenticationError" in text:  # Sentinel's MasterNotFoundError names the sentinels' own errors only
+        return (f"the sentinels refused the credentials (no password or a wrong one: redisPasswordFile, "
+                f"MTSCHED_REDIS_PASSWORD, or ?sentinel_password= when they have their own): {text}")
+    return f"{type(error).__name__}: {text}"
+
+
+def _split_ha_url(url: str, default_port: int) -> tuple[list[tuple[str, int]], str | None, str | None, list[str],
+                                                         dict[str, list[str]]]:
+    """(hosts, username, password, path parts, query) of a redis+sentinel:// or redis+cluster:// URL."""
+    u = urlparse("redis://" + url.split("://", 1)[1])
+    hosts = []
+    for h in u.netloc.rsplit("@", 1)[-1].split(","):
+        host, sep, port = h.rpartition(":")
+        hosts.append((host, int(port)) if sep and port.isdigit() else (h, default_port))
+    if not hosts or not all(h for h, _p in hosts):
+        raise ValueError(f"{url.split('://', 1)[0]}:// URL names no host")
+    return (hosts, unquote(u.username) if u.username else None, unquote(u.password) if u.password else None,
+            [p for p in u.path.split("/") if p], parse_qs(u.query, keep_blank_values=True))
+
+
+def _connect_sentinel(url: str, default_password: str | None) -> Redis:
+    from redis.asyncio.retry import Retry
+    from redis.asyncio.sentinel import Sentinel
+    from redis.backoff import NoBackoff
+
+    hosts, username, password, parts, query = _split_ha_url(url, 26379)
+    password = password or default_password
+    if not parts:
+        raise ValueError("redis+sentinel:// URL needs the service name: redis+sentinel://host:26379/mymaster")
+    # The sentinels use the data nodes' credentials unless the URL gives them a password of their own.
+    sentinel_user, sentinel_password = username, password
+    if "sentinel_password" in query:
+        sentinel_user, sentinel_password = None, query["sentinel_password"][-1] or None
+    # A sentinel that does not answer (or refuses AUTH, a ConnectionError in redis-py) is skipped for
+    # the next one at once: short timeouts and no retries of its own (redis-py's default retries ten
+    # times with backoff, which stalled each master lookup for seconds).
+    sentinel_kwargs = {"username": sentinel_user, "password": sentinel_password, "socket_timeout": 2.0,
+                       "socket_connect_timeout": 2.0, "retry": Retry(NoBackoff(), 0)}
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, username=username, password=password,
+                        decode_responses=True)  # type: ignore[no-untyped-call]
+    return sentinel.master_for(parts[0], redis_class=_SentinelMaster,  # type: ignore[no-any-return]
+                               db=int(parts[1]) if len(parts) > 1 else 0)
+
+
+class _SentinelMaster(Redis):
+    """The master's client from Sentinel.master_for; closing it also closes the sentinel connections."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        manager = getattr(self.connection_pool, "sentinel_manager", None)
+        if manager is not None:
+            await manager.aclose()
+
+
+class _Cluster(RedisCluster):
+    """RedisCluster whose pipelines run EVALSHA (Ledger.snapshots reads many nodes in one go)."""
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> ClusterPipeline:
+        if shard_hint:
+            raise ValueError("shard_hint is not supported in cluster mode")
+        return _ClusterPipeline(self, transaction)  # type: ignore[abstract]  # as RedisCluster.pipeline does
+
+
+class _ClusterPipeline(ClusterPipeline):
+    """redis-py blocks EVALSHA in cluster pipelines, as a script's keys could span slots. Ours name
+    their node key first and touch only keys of that node's hash tag, so EVALSHA is routed by it
+    like any keyed command (NOSCRIPT still comes back as NoScriptError)."""
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+        return self.execute_command("EVALSHA", sha, numkeys, *keys_and_args)
+
+
+class _NodeList:
+    """Addresses of a cluster's nodes, shared by a subscriber's connections; the last that answered first."""
+
+    def __init__(self, seeds: Sequence[tuple[str, int]]):
+        self.addresses = list(dict.fromkeys(seeds))
+
+    def answered(self, address: tuple[str, int]) -> None:
+        self.addresses.remove(address)
+        self.addresses.insert(0, address)
+
+    def learn(self, cluster_nodes: str, via: str) -> None:
+        """Add the nodes a CLUSTER NODES reply lists (`via`: the host it came from, for "myself" without one)."""
+        for line in cluster_nodes.splitlines():
+            f = line.split()
+            if len(f) < 3 or any(flag in f[2] for flag in ("noaddr", "handshake")):
+                continue
+            host, _, port = f[1].split("@", 1)[0].rpartition(":")
+            if port.isdigit() and int(port) and (host or via, int(port)) not in self.addresses:
+                self.addresses.append((host or via, int(port)))
+
+
+class _AnyClusterNode(RedisConnection):
+    """A connection to whichever node of the cluster answers first (see connect_subscriber)."""
+
+    def __init__(self, *, nodes: _NodeList, **kwargs: Any):
+        self.nodes = nodes
+        super().__init__(**kwargs)
+
+    async def _connect(self) -> None:
+        error: BaseException = OSError("no cluster node to connect to")
+        for address in list(self.nodes.addresses):
+            self.host, self.port = address
+            try:
+                await super()._connect()  # type: ignore[no-untyped-call]
+            except (TimeoutError, OSError) as e:
+                error = e
+                continue
+            self.nodes.answered(address)
+            return
+        raise error
+
+    async def on_connect_check_health(self, check_health: bool = True) -> None:
+        await super().on_connect_check_health(check_health)
+        await self.send_command("CLUSTER", "NODES", check_health=False)
+        self.nodes.learn(str(await self.read_response()), self.host)
