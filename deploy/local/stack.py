@@ -181,7 +181,17 @@ class Stack:
             if not role.alive():
                 self._spawn(role)
         for role in self.roles:
-            self._wait_ready(role)
+            for attempt in range(3):
+                try:
+                    self._wait_ready(role)
+                    break
+                except RuntimeError:
+                    # free_port() releases the port it found; another process on this machine may take it
+                    # before the role binds it: pick new ports and start again (nothing points at them yet)
+                    if attempt == 2 or role.alive() or "address already in use" not in self.tail(role, 60):
+                        raise
+                    role.port, role.metrics_port = free_port(), free_port()
+                    self._spawn(role)
 
     def _front(self, kind: str) -> str:
         replicas = [r for r in self.roles if r.kind == kind]
