@@ -8,7 +8,7 @@ coroutines):
 * cycle: place + mark_bound + release of one pod, over and over (a steady scheduling loop);
 * place: Ledger.place alone, filling the cluster up to a quota (then released, untimed).
 
-Pods are slices of random valid sizes (2..32 units, 1..4 core groups), built by shared.request.
+Pods are slices of random valid sizes (2..32 units, 1..4 core groups), built by shared.domain.request.
 Side by side, the ceiling: redis-benchmark sending a trivial EVALSHA (`return 1`, no key) to the
 same server in the same run: `-n 200000` (a few seconds, enough for a stable rate), `-c 50`
 connections (at least as many requests in flight as our clients keep, so the single-threaded
@@ -50,9 +50,9 @@ from redis.asyncio import Redis
 
 from bench.ledger_client import PLACE_SIZES, SIZES, client_main
 from deploy.local.redis import RedisServer
-from shared.ledger import Ledger
-from shared.mirror import Mirror
-from shared.node import Card, Inventory
+from shared.domain.node import Card, Inventory
+from shared.store.ledger import Ledger
+from shared.store.mirror import Mirror
 
 RESULTS = Path(__file__).with_name("results") / "ledger.json"
 

@@ -12,10 +12,10 @@ from typing import Any
 from redis.asyncio import Redis
 
 from shared.config import Config
-from shared.ledger import Ledger
-from shared.mirror import Mirror
-from shared.models import CardModel
-from shared.request import SliceRequest, pod_request
+from shared.domain.models import CardModel
+from shared.domain.request import SliceRequest, pod_request
+from shared.store.ledger import Ledger
+from shared.store.mirror import Mirror
 
 PROFILES = Path(__file__).with_name("results")  # --profile writes profile-ledger-<mode>.txt here
 CFG = Config(memory_per_card=(CardModel(96), CardModel(160)))

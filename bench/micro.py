@@ -23,11 +23,11 @@ from redis.asyncio import Redis
 from bench.workload import admitted_pod, shapes
 from controller.extender import Extender
 from shared.config import load_config
-from shared.fit import fit
-from shared.ledger import Ledger
-from shared.mirror import Mirror
-from shared.request import pod_request
-from shared.state import CardRecord, NodeSnapshot
+from shared.domain.fit import fit
+from shared.domain.request import pod_request
+from shared.store.ledger import Ledger
+from shared.store.mirror import Mirror
+from shared.store.state import CardRecord, NodeSnapshot
 
 MODELS = (96, 160)
 

@@ -27,7 +27,7 @@ from controller import cli, roles
 from controller import kube as kube_module
 from controller.extender import Extender
 from controller.kube import Kube
-from shared.ledger import Ledger
+from shared.store.ledger import Ledger
 from webhook import server as webhook_server
 from webhook.server import Webhook
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from shared.ledger import Ledger
-from shared.models import CardModel
-from shared.state import NodeSnapshot
+from shared.domain.models import CardModel
+from shared.store.ledger import Ledger
+from shared.store.state import NodeSnapshot
 
 
 def _gib(units: int) -> str:

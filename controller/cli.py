@@ -20,8 +20,8 @@ from dataclasses import asdict
 import orjson
 import uvloop
 
-from controller import logs
 from shared.config import Config, ConfigError, key_of, load_config, redact_url
+from shared.serving import logs
 
 
 def _parse_sets(items: list[str]) -> dict[str, object]:
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "cards":
         from controller.cards import card_table
-        from shared.ledger import Ledger, RedisOptions, connect
+        from shared.store.ledger import Ledger, RedisOptions, connect
 
         try:
             options = RedisOptions.from_config(cfg)
@@ -108,15 +108,16 @@ def main(argv: list[str] | None = None) -> int:
 
         print(asyncio.run(show()))
         return 0
-    from shared.listen import start_problems
+    from shared.serving.listen import start_problems
 
     problems = start_problems(cfg, args.cmd)
     if problems:  # e.g. an extender on a public address without client authentication: refuse to start
         print(f"mtsched {args.cmd}: " + "; ".join(problems), file=sys.stderr)
         return 2
     from controller import roles
+    from webhook.runner import run_webhook
 
-    role = {"extender": roles.run_extender, "webhook": roles.run_webhook, "watcher": roles.run_watcher}[args.cmd]
+    role = {"extender": roles.run_extender, "webhook": run_webhook, "watcher": roles.run_watcher}[args.cmd]
     try:
         return _run_role(role, cfg)
     except ConfigError as e:  # found on the way up, e.g. an unreadable redisPasswordFile

@@ -5,9 +5,9 @@ atomically in the ledger (one round trip when the mirror is current), creates th
 the allocation annotations in the same API call, then marks the reservation bound (a second
 round trip). On any failure the reservation is released and the error returned.
 
-Arguments are checked before anything else (shared/extender_args.py): malformed ones get HTTP 400
+Arguments are checked before anything else (shared/domain/extender_args.py): malformed ones get HTTP 400
 naming the field. Bind places only pods that ask for our cards, under our profile, on a node they
-may go to (shared/placement.py); anything else is refused before a reservation is made. Every
+may go to (shared/domain/placement.py); anything else is refused before a reservation is made. Every
 cache here is bounded by bytes (docs/install.md, Security).
 """
 
@@ -25,19 +25,19 @@ from aiohttp import web
 
 from controller.fit_memo import FitMemo, request_size
 from controller.kube import Kube, KubeError
-from shared.annotations import ALLOCATED, CardGrant, binding_annotations, device_id
-from shared.bounded import ByteLRU
 from shared.config import Config
-from shared.extender_args import ArgsError, ExtenderArgs, parse_binding_args, parse_extender_args
-from shared.fit import GPU_POLICY, NODE_POLICY, NOUSE_UUID, USE_UUID, aggregate_failures, policy_of
-from shared.ledger import Ledger
-from shared.listen import LISTEN_POLICY, extender_policy
-from shared.metrics import BINDINGS, CONFLICTS, EXTENDER_SECONDS, RESERVATIONS
-from shared.mirror import Mirror
-from shared.models import UNIT_MIB
-from shared.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
-from shared.request import RequestError, SliceRequest, pod_request
-from shared.shapes import ShapeError
+from shared.domain.annotations import ALLOCATED, CardGrant, binding_annotations, device_id
+from shared.domain.extender_args import ArgsError, ExtenderArgs, parse_binding_args, parse_extender_args
+from shared.domain.fit import GPU_POLICY, NODE_POLICY, NOUSE_UUID, USE_UUID, aggregate_failures, policy_of
+from shared.domain.models import UNIT_MIB
+from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
+from shared.domain.request import RequestError, SliceRequest, pod_request
+from shared.domain.shapes import ShapeError
+from shared.serving.bounded import ByteLRU
+from shared.serving.listen import LISTEN_POLICY, extender_policy
+from shared.serving.metrics import BINDINGS, CONFLICTS, EXTENDER_SECONDS, RESERVATIONS
+from shared.store.ledger import Ledger
+from shared.store.mirror import Mirror
 
 log = logging.getLogger("mtsched.extender")
 

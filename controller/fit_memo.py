@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shared.fit import GPU_POLICY, NOUSE_UUID, USE_UUID, FitResult, extender_priority, fit
-from shared.mirror import Mirror
-from shared.request import SliceRequest
-from shared.state import CardRecord, NodeSnapshot
+from shared.domain.fit import GPU_POLICY, NOUSE_UUID, USE_UUID, FitResult, extender_priority, fit
+from shared.domain.request import SliceRequest
+from shared.store.mirror import Mirror
+from shared.store.state import CardRecord, NodeSnapshot
 
 NODE_ANSWERS = 64  # answers kept per node (a node's memo is emptied when full)
 

@@ -4,7 +4,7 @@ continuous anti-entropy for every other kind of drift.
 * Every `check_seconds` (2 s): is the ledger intact (`mt:epoch` exists, no known node went missing)?
   If not, rebuild it whole from a fresh list of nodes and pods.
 * Every `reconcileSeconds` (and soon after a watch re-list or a Redis reconnect): compare each node's
-  ledger with the watchers' view of the API (`shared.reconcile.diff_node`) and repair any node that
+  ledger with the watchers' view of the API (`shared.domain.reconcile.diff_node`) and repair any node that
   differs by one atomic `replace_node`: missing holders booked, stale ones dropped (after the API
   server confirmed, pod by pod, that they are gone), usage recomputed from reservations, cards as
   the node reports them. Each repair is logged with the difference and counted.
@@ -21,19 +21,10 @@ from typing import Any
 
 from controller.kube import Kube, KubeError
 from controller.watchers import NodeWatcher, PodWatcher, is_terminal, pod_ref, unaccounted
-from shared.annotations import ALLOCATED, AnnotationError, PodUsage, usage_from_annotations
 from shared.config import Config
-from shared.ledger import Ledger
-from shared.metrics import (
-    ANNOTATION_ERRORS,
-    LEDGER_REBUILDS,
-    RECONCILE_REPAIRS,
-    RECONCILE_RUNS,
-    RECONCILE_SECONDS,
-    RELEASES,
-)
-from shared.node import Inventory, node_inventory
-from shared.reconcile import (
+from shared.domain.annotations import ALLOCATED, AnnotationError, PodUsage, usage_from_annotations
+from shared.domain.node import Inventory, node_inventory
+from shared.domain.reconcile import (
     NodeDiff,
     Unrecorded,
     diff_node,
@@ -42,9 +33,18 @@ from shared.reconcile import (
     recovered_usage,
     summarize,
 )
-from shared.state import NodeSnapshot
-from shared.supervise import is_transient
-from shared.trust import foreign_record
+from shared.domain.trust import foreign_record
+from shared.serving.metrics import (
+    ANNOTATION_ERRORS,
+    LEDGER_REBUILDS,
+    RECONCILE_REPAIRS,
+    RECONCILE_RUNS,
+    RECONCILE_SECONDS,
+    RELEASES,
+)
+from shared.serving.supervise import is_transient
+from shared.store.ledger import Ledger
+from shared.store.state import NodeSnapshot
 
 log = logging.getLogger("mtsched.reconciler")
 

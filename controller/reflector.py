@@ -18,8 +18,8 @@ import aiohttp
 import orjson
 
 from controller.kube import Kube, KubeError
-from shared.metrics import WATCH_RELISTS, WATCH_RESUMES
-from shared.supervise import is_transient
+from shared.serving.metrics import WATCH_RELISTS, WATCH_RESUMES
+from shared.serving.supervise import is_transient
 
 log = logging.getLogger("mtsched.reflector")
 

@@ -19,15 +19,15 @@ from typing import Any
 
 from controller.kube import Kube, KubeError
 from controller.reflector import Reflector
-from shared.annotations import ALLOCATED, GPU_INDEX, AnnotationError, PodUsage, usage_from_annotations
 from shared.config import Config
-from shared.ledger import Ledger, LedgerError
-from shared.metrics import ANNOTATION_ERRORS, OVERCOMMIT, RECORD_MISMATCH, RELEASES, WATCH_EVENTS
-from shared.mirror import Mirror
-from shared.node import Inventory, node_inventory
-from shared.reconcile import Unrecorded, offers_cards, quarantine_reason, recovered_usage
-from shared.request import RequestError, pod_request
-from shared.trust import foreign_record
+from shared.domain.annotations import ALLOCATED, GPU_INDEX, AnnotationError, PodUsage, usage_from_annotations
+from shared.domain.node import Inventory, node_inventory
+from shared.domain.reconcile import Unrecorded, offers_cards, quarantine_reason, recovered_usage
+from shared.domain.request import RequestError, pod_request
+from shared.domain.trust import foreign_record
+from shared.serving.metrics import ANNOTATION_ERRORS, OVERCOMMIT, RECORD_MISMATCH, RELEASES, WATCH_EVENTS
+from shared.store.ledger import Ledger, LedgerError
+from shared.store.mirror import Mirror
 
 log = logging.getLogger("mtsched.watchers")
 
@@ -206,7 +206,7 @@ class PodWatcher:
 
     def holders(self, node: str) -> dict[str, tuple[PodUsage, str]]:
         """Live pods that hold cards on `node`, as this watcher's view of the API says: from their records,
-        or (record gone) from what survives on the pod (shared.reconcile.recovered_usage)."""
+        or (record gone) from what survives on the pod (shared.domain.reconcile.recovered_usage)."""
         return self.holders_by_node({node}).get(node, {})
 
     def holders_by_node(self, only: set[str] | None = None) -> dict[str, dict[str, tuple[PodUsage, str]]]:
@@ -238,7 +238,7 @@ class PodWatcher:
             self.unrecorded.pop(uid, None)
             return None
         usage, opaque = None, False
-        # a record our bind cannot have written is no record at all (shared/trust.py); record() says so
+        # a record our bind cannot have written is no record at all (shared/domain/trust.py); record() says so
         if raw is not None and node and not foreign_record(pod, self.cfg):
             try:
                 usage = usage_from_annotations(pod)

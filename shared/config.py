@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, unquote
 
 import yaml
 
-from shared.models import CORES_PER_CARD, DEFAULT_MAX_INST, CardModel, ModelError, parse_memory_per_card
+from shared.domain.models import CORES_PER_CARD, DEFAULT_MAX_INST, CardModel, ModelError, parse_memory_per_card
 
 POLICIES = ("binpack", "spread")
 _RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -54,7 +54,7 @@ class Config:
     key_prefix: str = "mt"
     pending_ttl_seconds: int = 120
     reconcile_seconds: int = 30
-    listen: str = ""  # "" = the role's default (shared/listen.py): extender loopback, webhook all addresses
+    listen: str = ""  # "" = the role's default (shared/serving/listen.py): extender loopback, webhook all addresses
     metrics_listen: str = "0.0.0.0:9395"
     tls_cert_file: str = ""
     tls_key_file: str = ""

@@ -8,7 +8,7 @@ import pytest
 from redis.asyncio import Redis
 
 from deploy.local.redis import RedisServer, new_password
-from shared.ledger import Ledger
+from shared.store.ledger import Ledger
 
 
 @pytest.fixture(scope="session")

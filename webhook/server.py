@@ -1,6 +1,6 @@
-"""The admission webhook: AdmissionReview v1 over HTTPS, applying shared.admission.decide.
+"""The admission webhook: AdmissionReview v1 over HTTPS, applying shared.domain.admission.decide.
 
-Malformed reviews get HTTP 400 and never reach the decision (shared/review.py); the decision
+Malformed reviews get HTTP 400 and never reach the decision (shared/domain/review.py); the decision
 itself is pure, so a bad pod can only ever produce a denial. The per-card capacities the cluster
 reports (for the exclusive and multi-card default) come from this replica's ledger mirror.
 """
@@ -16,15 +16,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from shared.admission import Decision, decide, judge_update
 from shared.config import Config
-from shared.listen import LISTEN_POLICY, webhook_policy
-from shared.metrics import ADMISSIONS, WEBHOOK_SECONDS
-from shared.review import API_VERSION, parse_review
-from shared.shapes import ShapeError, describe
-from shared.tls import CertReloader
+from shared.domain.admission import Decision, decide, judge_update
+from shared.domain.review import API_VERSION, parse_review
+from shared.domain.shapes import ShapeError, describe
+from shared.serving.listen import LISTEN_POLICY, webhook_policy
+from shared.serving.metrics import ADMISSIONS, WEBHOOK_SECONDS
+from shared.serving.tls import CertReloader
 
-# CertReloader moved to shared/tls.py (every role serves TLS); still importable from here.
+# CertReloader moved to shared/serving/tls.py (every role serves TLS); still importable from here.
 __all__ = ["BODY_LIMIT", "MAX_MESSAGE_CHARS", "CertReloader", "Webhook", "handle_review", "review_response"]
 
 log = logging.getLogger("mtsched.webhook")

@@ -12,7 +12,7 @@ from bench.load.cluster import LedgerView, list_all, node_model
 
 async def check(kube: Any, ns: str, ledger: LedgerView | None, node_names: list[str], bound: int) -> dict[str, Any]:
     """Over-commit (ledger and annotations), unannotated bindings, ledger/annotation agreement."""
-    from shared.annotations import ALLOCATED, AnnotationError, usage_from_annotations
+    from shared.domain.annotations import ALLOCATED, AnnotationError, usage_from_annotations
 
     pods = await list_all(kube, f"/api/v1/namespaces/{ns}/pods")
     usage: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0, 0])

@@ -46,7 +46,7 @@ from bench.load.cluster import LedgerView, Local, Target, delete_nodes, ensure_n
 from bench.load.phase import Phase, run_phase
 from bench.load.report import save, summarize
 from bench.workload import shapes
-from controller.logs import Progress
+from shared.serving.logs import Progress
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.logs import Progress
 from shared.config import redact_url
+from shared.serving.logs import Progress
 
 NODE_LABEL = "mtsched.io/bench-node"
 NODE_PREFIX = "bench-node-"
@@ -183,7 +183,7 @@ async def delete_nodes(kube: Any) -> None:
 
 class LedgerView:
     def __init__(self, redis_url: str, prefix: str):
-        from shared.ledger import Ledger, connect
+        from shared.store.ledger import Ledger, connect
 
         self.client = connect(redis_url)
         self.ledger = Ledger(self.client, prefix)

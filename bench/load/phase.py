@@ -17,7 +17,7 @@ from bench.load.checks import check
 from bench.load.cluster import KWOK_ANNOTATION, LedgerView, Target, cpu_seconds, list_all
 from bench.load.metrics import latency, round_trips, scheduling_cycle, scrape_all
 from bench.workload import CHART_IGNORE_LABEL, IGNORE_LABEL, RUN_LABEL, Shape, our_pod, plain_pod
-from controller.logs import Progress
+from shared.serving.logs import Progress
 
 WHOLE_CARD_MEMORY = 160  # the webhook gives exclusive/multi pods the largest reported model: S5000
 

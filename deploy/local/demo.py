@@ -17,12 +17,12 @@ from typing import Any
 
 import yaml
 
-from controller.logs import Progress
 from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane, ensure_binaries
 from deploy.local.redis import RedisServer, new_password
 from deploy.local.stack import Stack
 from shared.config import redact_url
+from shared.serving.logs import Progress
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "pods.yaml"
 NAMESPACE = "demo"
@@ -38,7 +38,7 @@ def _limits(pod: dict[str, Any]) -> str:
 
 async def _apply(kubeconfig: str, say: Progress) -> list[tuple[str, str]]:
     from controller.kube import Kube, KubeError
-    from shared.annotations import ALLOCATED, decode_allocation
+    from shared.domain.annotations import ALLOCATED, decode_allocation
 
     kube = await Kube.create(kubeconfig)
     results: list[tuple[str, str]] = []
@@ -107,7 +107,7 @@ async def _apply(kubeconfig: str, say: Progress) -> list[tuple[str, str]]:
 
 async def _table(redis_url: str) -> str:
     from controller.cards import card_table
-    from shared.ledger import Ledger, connect
+    from shared.store.ledger import Ledger, connect
 
     client = connect(redis_url)
     try:

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from deploy.local.controlplane import CANARY_NAMESPACE, ApiError, ControlPlane, ControlPlaneError
-from shared.annotations import ALLOCATED
+from shared.domain.annotations import ALLOCATED
 
 MANIFEST = Path(__file__).resolve().parents[1] / "manifests" / "hami.yaml"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"

@@ -16,9 +16,9 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
-from shared.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
 from shared.config import _KEYS as CONFIG_KEYS
 from shared.config import SPELLED
+from shared.domain.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
 from tests.deploy._chart import (
     CASES,
     CHART,
@@ -301,7 +301,7 @@ def test_custom_values_reach_every_object(rendered: Rendered) -> None:
 def test_external_redis(rendered: Rendered) -> None:
     objs = rendered("external-redis")
     assert not [o for o in objs if o["metadata"]["name"] == "hami-redis"]
-    # the ACL user in the URL, the password from the Secret (shared.ledger.connect adds it)
+    # the ACL user in the URL, the password from the Secret (shared.store.ledger.connect adds it)
     assert embedded(objs, "hami-config", "config.yaml")["redisUrl"] == "rediss://mtsched@redis.example:6380/1"
     for role, cname in (("scheduler", "extender"), ("webhook", "webhook"), ("watcher", "watcher")):
         env = {e["name"]: e for e in container(one(objs, "Deployment", f"hami-{role}"), cname)["env"]}
@@ -315,7 +315,7 @@ def test_external_sentinel_and_cluster_redis(rendered: Rendered) -> None:
     url = CASES["external-sentinel"].values["redis"]["external"]["url"]
     assert embedded(objs, "hami-config", "config.yaml")["redisUrl"] == url
     env = {e["name"]: e for e in container(one(objs, "Deployment", "hami-watcher"), "watcher")["env"]}
-    # shared.ledger.connect uses it for the sentinels and the data nodes
+    # shared.store.ledger.connect uses it for the sentinels and the data nodes
     assert env["MTSCHED_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "mt-redis", "key": "password"}
     objs = rendered("external-cluster")
     assert not [o for o in objs if o["metadata"]["name"] == "hami-redis"]

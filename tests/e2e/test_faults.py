@@ -39,11 +39,11 @@ from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer, new_password
 from deploy.local.stack import Stack
-from shared.annotations import ALLOCATED, AnnotationError, usage_from_annotations
 from shared.config import load_config
-from shared.ledger import Ledger
-from shared.node import node_inventory
-from shared.state import NodeSnapshot
+from shared.domain.annotations import ALLOCATED, AnnotationError, usage_from_annotations
+from shared.domain.node import node_inventory
+from shared.store.ledger import Ledger
+from shared.store.state import NodeSnapshot
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 

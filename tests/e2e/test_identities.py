@@ -27,7 +27,7 @@ from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
-from shared.ledger import Ledger
+from shared.store.ledger import Ledger
 
 pytestmark = pytest.mark.e2e
 

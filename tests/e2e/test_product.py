@@ -24,7 +24,7 @@ from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
-from shared.annotations import (
+from shared.domain.annotations import (
     ALLOCATED,
     BIND_PHASE,
     GPU_INDEX,
@@ -34,9 +34,9 @@ from shared.annotations import (
     VGPU_TIME,
     decode_allocation,
 )
-from shared.ledger import Ledger
-from shared.models import valid_memory_values
-from shared.state import NodeSnapshot
+from shared.domain.models import valid_memory_values
+from shared.store.ledger import Ledger
+from shared.store.state import NodeSnapshot
 
 pytestmark = pytest.mark.e2e
 
@@ -391,8 +391,8 @@ async def test_200_pods_at_once_no_overcommit(cluster: Cluster, stack: Stack) ->
             assert (card.mem_used, card.cores_used, card.slices) == tuple(used), (node, idx, used, card)
     # every pod still pending really fits nowhere (nothing was left pending that a card could take)
     from shared.config import load_config
-    from shared.fit import fit
-    from shared.request import pod_request
+    from shared.domain.fit import fit
+    from shared.domain.request import pod_request
 
     cfg = load_config(env={}, flags={"memoryPerCard": stack.memory_per_card})
     for p in listed:

@@ -35,7 +35,7 @@ from deploy.local.stack import Stack
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 CONVERGE_BOUND = 60.0  # tests/e2e/test_faults.py, docs/runbooks.md
-MIRROR_RESYNC = 30.0  # shared/mirror.py resync_seconds
+MIRROR_RESYNC = 30.0  # shared/store/mirror.py resync_seconds
 
 
 @pytest.fixture(scope="module")

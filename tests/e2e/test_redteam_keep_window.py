@@ -38,10 +38,10 @@ from controller.watchers import NodeWatcher, PodWatcher
 from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
-from shared.annotations import CardGrant, binding_annotations, device_id, usage_from_annotations
 from shared.config import load_config
-from shared.ledger import Ledger
-from shared.mirror import Mirror
+from shared.domain.annotations import CardGrant, binding_annotations, device_id, usage_from_annotations
+from shared.store.ledger import Ledger
+from shared.store.mirror import Mirror
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 

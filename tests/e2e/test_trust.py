@@ -38,9 +38,9 @@ from deploy.local.controlplane import ControlPlane
 from deploy.local.identities import tenant
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
-from shared.annotations import ALLOCATED, BIND_PHASE, GPU_INDEX, PREDICATE_TIME
-from shared.ledger import Ledger
-from shared.state import NodeSnapshot
+from shared.domain.annotations import ALLOCATED, BIND_PHASE, GPU_INDEX, PREDICATE_TIME
+from shared.store.ledger import Ledger
+from shared.store.state import NodeSnapshot
 
 pytestmark = pytest.mark.e2e
 

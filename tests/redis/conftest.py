@@ -10,8 +10,8 @@ import pytest
 from redis.asyncio import Redis
 
 from deploy.local.redis import RedisServer
-from shared.ledger import Ledger
-from shared.mirror import Mirror
+from shared.store.ledger import Ledger
+from shared.store.mirror import Mirror
 from tests.redis.helpers import S4000, S5000, inventory
 
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from shared.annotations import PodUsage
-from shared.node import Card, Inventory
-from shared.state import NodeSnapshot
+from shared.domain.annotations import PodUsage
+from shared.domain.node import Card, Inventory
+from shared.store.state import NodeSnapshot
 
 S4000 = 96
 S5000 = 160

@@ -2,7 +2,7 @@
 
 A worker runs many coroutines over one Ledger and its own Mirror, like an extender replica: each
 coroutine places random pods (slices of random valid sizes, several containers, exclusive cards,
-multi-card pods; built by shared.request from pod dicts) with Ledger.place, "binds" them (records
+multi-card pods; built by shared.domain.request from pod dicts) with Ledger.place, "binds" them (records
 the placement as the pod's annotations would, then mark_bound) and releases at random, with random
 delays. Every Redis call is retried on connection errors, as a replica would, so a Redis restart
 only slows it down.
@@ -32,12 +32,12 @@ from typing import Any, TypeVar
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 
-from shared.annotations import PodUsage
 from shared.config import Config
-from shared.ledger import Ledger
-from shared.mirror import Mirror
-from shared.models import CardModel
-from shared.request import SliceRequest, pod_request
+from shared.domain.annotations import PodUsage
+from shared.domain.models import CardModel
+from shared.domain.request import SliceRequest, pod_request
+from shared.store.ledger import Ledger
+from shared.store.mirror import Mirror
 from tests.redis.helpers import exclusive_pod, multi_pod, slice_pod
 
 T = TypeVar("T")

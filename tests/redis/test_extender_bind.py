@@ -13,11 +13,11 @@ from redis.asyncio import Redis
 
 from controller.extender import Extender
 from controller.kube import KubeError
-from shared.annotations import ALLOCATED, GPU_INDEX, decode_allocation
 from shared.config import load_config
-from shared.ledger import Ledger
-from shared.mirror import Mirror
-from shared.node import node_inventory
+from shared.domain.annotations import ALLOCATED, GPU_INDEX, decode_allocation
+from shared.domain.node import node_inventory
+from shared.store.ledger import Ledger
+from shared.store.mirror import Mirror
 
 pytestmark = pytest.mark.redis
 CFG = load_config(env={}, flags={"memoryPerCard": "96,160"})

@@ -1,5 +1,5 @@
 """The card rule and its Lua twin agree: one table of cases (every reason, every ordering that matters)
-runs through shared.fit.card_rule and through the reserve script on a real redis-server, and a
+runs through shared.domain.fit.card_rule and through the reserve script on a real redis-server, and a
 hypothesis property compares them on random card states. And two replicas racing cannot break `mutex`.
 """
 
@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from deploy.local.redis import RedisServer
-from shared.annotations import PodUsage
 from shared.config import Config
-from shared.fit import CardNeed, CardView, card_rule, plan_booking, view_of
-from shared.ledger import Ledger
-from shared.models import CardModel
-from shared.node import Card, Inventory
-from shared.request import pod_request
+from shared.domain.annotations import PodUsage
+from shared.domain.fit import CardNeed, CardView, card_rule, plan_booking, view_of
+from shared.domain.models import CardModel
+from shared.domain.node import Card, Inventory
+from shared.domain.request import pod_request
+from shared.store.ledger import Ledger
 from tests.redis.helpers import S4000, S5000, slice_pod
 
 pytestmark = pytest.mark.redis

@@ -9,9 +9,9 @@ import pytest
 from redis.asyncio import Redis
 
 from deploy.local.redis import RedisServer
-from shared.annotations import PodUsage
-from shared.ledger import Ledger
-from shared.mirror import Mirror
+from shared.domain.annotations import PodUsage
+from shared.store.ledger import Ledger
+from shared.store.mirror import Mirror
 from tests.redis.conftest import MirrorFactory
 from tests.redis.helpers import S4000, S5000, eventually, inventory
 

@@ -9,13 +9,13 @@ import pytest
 from redis.asyncio import Redis
 
 from deploy.local.redis import RedisServer
-from shared.annotations import PodUsage
 from shared.config import Config
-from shared.fit import FitResult
-from shared.ledger import Ledger
-from shared.models import CardModel
-from shared.request import pod_request
-from shared.state import NodeSnapshot
+from shared.domain.annotations import PodUsage
+from shared.domain.fit import FitResult
+from shared.domain.models import CardModel
+from shared.domain.request import pod_request
+from shared.store.ledger import Ledger
+from shared.store.state import NodeSnapshot
 from tests.redis.helpers import (
     S4000,
     S5000,

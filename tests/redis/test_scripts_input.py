@@ -12,8 +12,8 @@ import orjson
 import pytest
 from redis import exceptions as rexc
 
-from shared.annotations import PodUsage
-from shared.ledger import Ledger, LedgerError
+from shared.domain.annotations import PodUsage
+from shared.store.ledger import Ledger, LedgerError
 from tests.redis.helpers import S4000, S5000, dump, inventory, violations
 
 PAYLOAD_SCRIPTS = ("upsert_node", "reserve", "mark_bound", "release", "observe", "expire", "replace_node")

@@ -25,11 +25,11 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from deploy.local.redis import RedisServer
-from shared.annotations import PodUsage
 from shared.config import Config
-from shared.ledger import Ledger
-from shared.models import CardModel
-from shared.request import pod_request
+from shared.domain.annotations import PodUsage
+from shared.domain.models import CardModel
+from shared.domain.request import pod_request
+from shared.store.ledger import Ledger
 from tests.redis import stress_worker
 from tests.redis.helpers import (
     S4000,

@@ -18,11 +18,11 @@ from prometheus_client import REGISTRY
 
 from controller.kube import Kube
 from controller.watchers import PodWatcher
-from shared.annotations import ALLOCATED, PodUsage
 from shared.config import Config
-from shared.ledger import Ledger
-from shared.mirror import Mirror
-from shared.models import CardModel
+from shared.domain.annotations import ALLOCATED, PodUsage
+from shared.domain.models import CardModel
+from shared.store.ledger import Ledger
+from shared.store.mirror import Mirror
 from tests.redis.helpers import S4000, dump, inventory, violations
 
 pytestmark = pytest.mark.redis

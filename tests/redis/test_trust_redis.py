@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 from redis import exceptions as rexc
 
-from controller import roles
 from deploy.local.pki import CertKey, make_ca, make_client_cert, make_serving_cert
 from deploy.local.redis import ClusterSetup, RedisServer, SentinelSetup, ServerTLS, new_password
 from shared.config import Config, ConfigError, load_config, without_password
-from shared.ledger import Ledger, RedisOptions, connect, connect_subscriber, explain
-from shared.mirror import Mirror
-from shared.supervise import Supervisor
+from shared.serving.supervise import Supervisor
+from shared.store.ledger import Ledger, RedisOptions, connect, connect_subscriber, explain
+from shared.store.mirror import Mirror
+from shared.store.session import open_ledger
 from tests.redis.helpers import S4000, inventory
 
 pytestmark = pytest.mark.redis
@@ -173,7 +173,7 @@ async def test_the_role_logs_no_password(auth_server: RedisServer, caplog: pytes
     secret = "wrong-" + new_password()
     cfg = _config(f"redis://:{secret}@127.0.0.1:{auth_server.port}/0")
     caplog.set_level(logging.WARNING, logger="mtsched")
-    task = asyncio.create_task(roles._ledger(cfg, Supervisor()))
+    task = asyncio.create_task(open_ledger(cfg, Supervisor()))
     try:
         for _ in range(200):
             if any("not reachable" in r.getMessage() for r in caplog.records):
@@ -195,7 +195,7 @@ async def test_the_role_connects_with_its_password_file(auth_server: RedisServer
     path = _password_file(tmp_path, str(auth_server.password))
     sup = Supervisor()
     ledger, mirror = await asyncio.wait_for(
-        roles._ledger(_config(_plain(auth_server), redisPasswordFile=str(path)), sup), 10)
+        open_ledger(_config(_plain(auth_server), redisPasswordFile=str(path)), sup), 10)
     try:
         await asyncio.wait_for(mirror.ready.wait(), 10)
     finally:

@@ -22,9 +22,9 @@ from typing import TypeVar
 
 from redis import exceptions as rexc
 
-from shared.annotations import PodUsage
-from shared.ledger import Ledger, LedgerError, connect
-from shared.request import SliceRequest, pod_request
+from shared.domain.annotations import PodUsage
+from shared.domain.request import SliceRequest, pod_request
+from shared.store.ledger import Ledger, LedgerError, connect
 from tests.redis.stress_worker import CFG, random_pod
 
 T = TypeVar("T")

@@ -2,7 +2,7 @@
 started here (never mocked), both requiring a password so that every connection authenticates.
 
 `redis_client` (tests/conftest.py) is overridden with a client of each topology made by
-`shared.ledger.connect`, so the ledger fixtures built on it (`ledger`, and tests/redis's `cluster`
+`shared.store.ledger.connect`, so the ledger fixtures built on it (`ledger`, and tests/redis's `cluster`
 and `populated`, imported below) and the tests of tests/redis that take them run unchanged on
 Sentinel and on Cluster. `mirror_factory` likewise makes mirrors subscribed through
 `connect_subscriber`. Tests that kill processes start setups of their own.
@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from deploy.local.redis import ClusterSetup, SentinelSetup
-from shared.ledger import connect, connect_subscriber
+from shared.store.ledger import connect, connect_subscriber
 from tests.redis.conftest import MirrorFactory, cluster, mirrors, populated
 
 __all__ = ["cluster", "populated"]  # fixtures of tests/redis, on the topology of `redis_client`

@@ -1,5 +1,5 @@
 """The ledger's behaviour on Redis Sentinel and on Redis Cluster: a subset of the tests of
-tests/redis, run unchanged on clients made by `shared.ledger.connect` (see conftest.py), and what is
+tests/redis, run unchanged on clients made by `shared.store.ledger.connect` (see conftest.py), and what is
 particular to the two topologies (URLs, AUTH, keys spread over shards).
 
 On Cluster the two-node fixtures spread over all three shards (n5 on the first, n4 and nx on the
@@ -19,8 +19,8 @@ from redis import exceptions as rexc
 from redis.asyncio.sentinel import MasterNotFoundError
 
 from deploy.local.redis import ClusterSetup, SentinelSetup
-from shared.ledger import Ledger, connect, connect_subscriber
-from shared.mirror import Mirror
+from shared.store.ledger import Ledger, connect, connect_subscriber
+from shared.store.mirror import Mirror
 from tests.redis import test_mirror, test_scripts_behaviour, test_scripts_input
 from tests.redis.conftest import MirrorFactory
 from tests.redis.helpers import S4000, eventually, inventory

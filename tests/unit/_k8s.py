@@ -10,9 +10,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shared.config import Config
-from shared.fit import CardState
-from shared.models import parse_memory_per_card
-from shared.node import Card
+from shared.domain.fit import CardState
+from shared.domain.models import parse_memory_per_card
+from shared.domain.node import Card
 
 VGPU = "mthreads.com/vgpu"
 MEM = "mthreads.com/sgpu-memory"

@@ -16,9 +16,9 @@ from controller.extender import BODY_LIMIT as EXTENDER_BODY_LIMIT
 from controller.extender import Extender
 from controller.kube import Kube, KubeError
 from shared.config import Config, load_config
-from shared.ledger import Ledger, ReserveOutcome
-from shared.mirror import Mirror
-from shared.state import CardRecord, NodeSnapshot
+from shared.store.ledger import Ledger, ReserveOutcome
+from shared.store.mirror import Mirror
+from shared.store.state import CardRecord, NodeSnapshot
 from webhook.server import BODY_LIMIT as WEBHOOK_BODY_LIMIT
 from webhook.server import Webhook
 
@@ -103,7 +103,7 @@ def extender_app(ext: Extender) -> web.Application:
 
 
 def webhook_app(cfg: Config = CFG) -> web.Application:
-    app = web.Application(client_max_size=WEBHOOK_BODY_LIMIT)  # as controller.roles.run_webhook
+    app = web.Application(client_max_size=WEBHOOK_BODY_LIMIT)  # as webhook.runner.run_webhook
     Webhook(cfg, lambda: {96, 160}).routes(app)
     return app
 

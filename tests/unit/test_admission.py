@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from shared.admission import REQUEST_GPU_NUM, Decision, _esc, decide, judge_update, whole_card_model
-from shared.annotations import ALLOCATED, BIND_PHASE, GPU_INDEX, PREDICATE_NODE, VGPU_NODE
-from shared.request import PIN_ANNOTATION, Mode, pod_request
+from shared.domain.admission import REQUEST_GPU_NUM, Decision, _esc, decide, judge_update, whole_card_model
+from shared.domain.annotations import ALLOCATED, BIND_PHASE, GPU_INDEX, PREDICATE_NODE, VGPU_NODE
+from shared.domain.request import PIN_ANNOTATION, Mode, pod_request
 from tests.unit._k8s import CORE, GPU, MEM, VGPU, apply_patch, cfg, ctr, pod, slice_ctr
 
 C96 = cfg((96,))

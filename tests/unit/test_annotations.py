@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from shared.annotations import (
+from shared.domain.annotations import (
     ALLOCATED,
     BIND_PHASE,
     BIND_TIME,

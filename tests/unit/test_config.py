@@ -171,4 +171,4 @@ def test_extender_client_auth_keys_in_every_spelling() -> None:
         cfg = load_config(env=env, flags={**base, **flags})
         assert cfg.extender_client_ca_file == "/ca.crt"
     assert load_config(env={"MTSCHED_EXTENDER_ALLOW_UNAUTHENTICATED": "true"}).extender_allow_unauthenticated
-    assert load_config(env={}).listen == ""  # the role's default: shared/listen.py
+    assert load_config(env={}).listen == ""  # the role's default: shared/serving/listen.py

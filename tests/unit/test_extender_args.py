@@ -1,4 +1,4 @@
-"""kube-scheduler's extender arguments (shared/extender_args.py), by tables."""
+"""kube-scheduler's extender arguments (shared/domain/extender_args.py), by tables."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from shared.extender_args import ArgsError, parse_binding_args, parse_extender_args
-from shared.shapes import MAX_NODES
+from shared.domain.extender_args import ArgsError, parse_binding_args, parse_extender_args
+from shared.domain.shapes import MAX_NODES
 
 
 def pod(**meta: Any) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from controller.extender import MEMO_BYTES, POD_CACHE_BYTES, POD_ENTRY_BYTES
-from shared.fit import USE_UUID
+from shared.domain.fit import USE_UUID
 from tests.unit._servers import FakeKube, FakeLedger, bind_args, extender, pod
 
 SELECT = {"nodeSelector": {"pool": "gpu"}}

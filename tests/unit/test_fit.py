@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from shared import fit as F
-from shared.fit import (
+from shared.domain import fit as F
+from shared.domain.fit import (
     CardState,
     aggregate_failures,
     apply,
@@ -17,8 +17,8 @@ from shared.fit import (
     gen_reason,
     node_score,
 )
-from shared.node import Card, node_inventory
-from shared.request import PIN_ANNOTATION, ContainerShare, Mode, SliceRequest, pod_request
+from shared.domain.node import Card, node_inventory
+from shared.domain.request import PIN_ANNOTATION, ContainerShare, Mode, SliceRequest, pod_request
 from tests.unit._k8s import VGPU, cards, cfg, ctr, node, pod, slice_ctr
 
 MIXED = cfg((96, 160))

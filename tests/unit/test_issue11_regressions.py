@@ -20,11 +20,11 @@ from redis.asyncio import Redis
 
 from controller.extender import Extender
 from controller.kube import Kube, KubeError
-from shared.admission import decide
 from shared.config import load_config
-from shared.ledger import Ledger, ReserveOutcome
-from shared.mirror import Mirror
-from shared.state import CardRecord, NodeSnapshot
+from shared.domain.admission import decide
+from shared.store.ledger import Ledger, ReserveOutcome
+from shared.store.mirror import Mirror
+from shared.store.state import CardRecord, NodeSnapshot
 from webhook.server import Webhook, handle_review
 
 CFG = load_config(env={}, flags={"memoryPerCard": "96,160"})

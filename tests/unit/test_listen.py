@@ -18,10 +18,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from controller import cli, roles
+from controller import cli
 from deploy.local.pki import CertKey, make_ca, make_serving_cert
 from shared.config import ConfigError, load_config
-from shared.listen import EXTENDER_LISTEN, WEBHOOK_LISTEN, extender_policy, is_loopback, start_problems
+from shared.serving.http import serve
+from shared.serving.listen import EXTENDER_LISTEN, WEBHOOK_LISTEN, extender_policy, is_loopback, start_problems
 from tests.unit._servers import extender, extender_app
 from webhook.server import CertReloader
 
@@ -74,7 +75,7 @@ def test_cli_refuses_to_start_an_unprotected_public_extender(capsys: pytest.Capt
 async def test_serve_refuses_before_opening_the_port() -> None:
     cfg = load_config(env={}, flags={"listen": "0.0.0.0:0"})
     with pytest.raises(ConfigError, match="is not a loopback address"):
-        await roles.serve(extender_app(extender(cfg)), cfg.listen, None)
+        await serve(extender_app(extender(cfg)), cfg.listen, None)
 
 
 # --- mutual TLS, for real ---------------------------------------------------------------------------
@@ -126,7 +127,7 @@ async def test_mutual_tls_refuses_callers_without_a_certificate_from_the_client_
     cfg = load_config(env={}, flags={"listen": "127.0.0.1:0", "tlsCertFile": server[0], "tlsKeyFile": server[1],
                                      "extenderClientCAFile": ca_file})
     reloader = CertReloader(cfg.tls_cert_file, cfg.tls_key_file)
-    runner = await roles.serve(extender_app(extender(cfg)), cfg.listen, reloader.context)
+    runner = await serve(extender_app(extender(cfg)), cfg.listen, reloader.context)
     try:
         port = runner.addresses[0][1]
         url = f"https://127.0.0.1:{port}"
@@ -149,7 +150,7 @@ async def test_without_client_ca_the_server_asks_no_certificate(tmp_path: Path) 
     (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
     cfg = load_config(env={}, flags={"listen": "127.0.0.1:0", "tlsCertFile": server[0], "tlsKeyFile": server[1]})
     reloader = CertReloader(cfg.tls_cert_file, cfg.tls_key_file)
-    runner = await roles.serve(extender_app(extender(cfg)), cfg.listen, reloader.context)
+    runner = await serve(extender_app(extender(cfg)), cfg.listen, reloader.context)
     try:
         assert reloader.context.verify_mode == ssl.CERT_NONE
         assert await call(f"https://127.0.0.1:{runner.addresses[0][1]}", str(tmp_path / "ca.crt"), None) == 200

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from shared.ledger import Ledger
-from shared.mirror import Mirror
+from shared.store.ledger import Ledger
+from shared.store.mirror import Mirror
 
 
 def card(mem_used: int) -> dict[str, object]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.models import (
+from shared.domain.models import (
     CORES_PER_CARD,
     DEFAULT_MAX_INST,
     UNIT_MIB,

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from shared.models import CardModel
-from shared.node import (
+from shared.domain.models import CardModel
+from shared.domain.node import (
     CORDON_ANNOTATION,
     MAX_INST_ANNOTATION,
     SGPU_CORES_LABEL,

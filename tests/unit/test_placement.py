@@ -1,4 +1,4 @@
-"""Node constraints and bind admissibility (shared/placement.py), by tables."""
+"""Node constraints and bind admissibility (shared/domain/placement.py), by tables."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from shared.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement
-from shared.shapes import ShapeError
+from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement
+from shared.domain.shapes import ShapeError
 
 REQ = "requiredDuringSchedulingIgnoredDuringExecution"
 

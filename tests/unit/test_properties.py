@@ -7,8 +7,8 @@ from typing import Any
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from shared.admission import decide
-from shared.annotations import (
+from shared.domain.admission import decide
+from shared.domain.annotations import (
     ALLOCATED,
     AnnotationError,
     CardGrant,
@@ -18,10 +18,10 @@ from shared.annotations import (
     encode_allocation,
     usage_from_annotations,
 )
-from shared.fit import GPU_POLICY, CardState, apply, fit
-from shared.models import CardModel
-from shared.node import SGPU_CORES_LABEL, node_inventory
-from shared.request import RequestError, SliceRequest, pod_request
+from shared.domain.fit import GPU_POLICY, CardState, apply, fit
+from shared.domain.models import CardModel
+from shared.domain.node import SGPU_CORES_LABEL, node_inventory
+from shared.domain.request import RequestError, SliceRequest, pod_request
 from tests.unit._k8s import CORE, GPU, MEM, VGPU, apply_patch, cfg, ctr, node, pod
 
 MIXED = cfg((96, 160))

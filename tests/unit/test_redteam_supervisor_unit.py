@@ -13,7 +13,7 @@ import asyncio
 
 from redis import exceptions as rexc
 
-from shared.supervise import Supervisor
+from shared.serving.supervise import Supervisor
 
 
 async def test_a_task_that_recovered_does_not_count_as_failing() -> None:

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from shared.models import CardModel
-from shared.request import (
+from shared.domain.models import CardModel
+from shared.domain.request import (
     PIN_ANNOTATION,
     ContainerShare,
     Mode,

@@ -1,4 +1,4 @@
-"""Shape checks (shared/shapes.py) and the byte-bounded cache (shared/bounded.py), by tables."""
+"""Shape checks (shared/domain/shapes.py) and the byte-bounded cache (shared/serving/bounded.py), by tables."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from shared.bounded import ByteLRU
-from shared.shapes import (
+from shared.domain.shapes import (
     MAX_CONTAINERS,
     MAX_PROBLEMS,
     describe,
@@ -18,6 +17,7 @@ from shared.shapes import (
     key_path,
     pod_problems,
 )
+from shared.serving.bounded import ByteLRU
 
 
 @pytest.mark.parametrize(("value", "shown"), [

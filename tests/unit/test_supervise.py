@@ -11,7 +11,7 @@ from redis import exceptions as rexc
 
 from controller.kube import KubeError
 from controller.reflector import lines
-from shared.supervise import Heartbeat, Supervisor, is_transient
+from shared.serving.supervise import Heartbeat, Supervisor, is_transient
 
 
 @pytest.mark.parametrize(("error", "transient"), [

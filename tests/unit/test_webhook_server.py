@@ -13,7 +13,7 @@ import pytest
 
 from deploy.local.pki import make_ca, make_serving_cert
 from shared.config import load_config
-from shared.shapes import MAX_CONTAINERS
+from shared.domain.shapes import MAX_CONTAINERS
 from webhook.server import MAX_MESSAGE_CHARS, CertReloader, handle_review
 
 CFG = load_config(env={}, flags={"memoryPerCard": "160"})

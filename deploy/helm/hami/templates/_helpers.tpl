@@ -332,13 +332,13 @@ readinessProbe:
   failureThreshold: 2
 {{- end -}}
 
-{{/* Pod annotations only the scheduler writes (shared/annotations.py SCHEDULER_OWNED_KEYS); a test keeps them in sync. */}}
+{{/* Pod annotations only the scheduler writes (shared/domain/annotations.py SCHEDULER_OWNED_KEYS); a test keeps them in sync. */}}
 {{- define "hami.ownedAnnotations" -}}
 {{- $keys := list "hami.io/mthreads-vgpu-devices-allocated" "hami.io/mthreads-vgpu-devices-to-allocate" "mthreads.com/gpu-index" "mthreads.com/predicate-node" "mthreads.com/predicate-time" "hami.io/vgpu-node" "hami.io/vgpu-time" "hami.io/bind-phase" "hami.io/bind-time" -}}
 {{- printf "'%s'" (join "', '" $keys) -}}
 {{- end -}}
 
-{{/* The subset that steers the vendor device plugin (shared/annotations.py MTHREADS_OWNED_KEYS): ours on any pod. */}}
+{{/* The subset that steers the vendor device plugin (shared/domain/annotations.py MTHREADS_OWNED_KEYS): ours on any pod. */}}
 {{- define "hami.mthreadsOwnedAnnotations" -}}
 {{- $keys := list "hami.io/mthreads-vgpu-devices-allocated" "hami.io/mthreads-vgpu-devices-to-allocate" "mthreads.com/gpu-index" "mthreads.com/predicate-node" "mthreads.com/predicate-time" -}}
 {{- printf "'%s'" (join "', '" $keys) -}}

@@ -16,10 +16,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
 from shared.config import Config
-from shared.models import CORES_PER_CARD, CardModel, describe_models, union_memory_values
-from shared.request import (
+from shared.domain.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
+from shared.domain.models import CORES_PER_CARD, CardModel, describe_models, union_memory_values
+from shared.domain.request import (
     PIN_ANNOTATION,
     ContainerAsk,
     RequestError,
@@ -27,7 +27,7 @@ from shared.request import (
     read_asks,
     shape_request,
 )
-from shared.shapes import pod_problems
+from shared.domain.shapes import pod_problems
 
 REQUEST_GPU_NUM = "mthreads.com/request-gpu-num"  # HAMi writes it for vgpu > 1; kept for compatibility
 

@@ -15,8 +15,8 @@ from enum import StrEnum
 from typing import Any
 
 from shared.config import Config
-from shared.models import CORES_PER_CARD, MAX_MODEL_UNITS, CardModel, describe_models
-from shared.shapes import MAX_QUANTITY_CHARS, describe, pod_problems
+from shared.domain.models import CORES_PER_CARD, MAX_MODEL_UNITS, CardModel, describe_models
+from shared.domain.shapes import MAX_QUANTITY_CHARS, describe, pod_problems
 
 MAX_CARDS_PER_POD = 64  # larger than any node; above it the value is a typo
 PIN_ANNOTATION = "mtsched.io/card-memory"  # pins exclusive/multi-card pods (and slices) to one card model

@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from shared.annotations import PodUsage
-from shared.node import Inventory
-from shared.request import SliceRequest
-from shared.state import NodeSnapshot, Reservation
+from shared.domain.annotations import PodUsage
+from shared.domain.node import Inventory
+from shared.domain.request import SliceRequest
+from shared.store.state import NodeSnapshot, Reservation
 
-FUTURE_MS = 60_000  # as shared/lua/_lib.lua: a stamp later than now + this comes from a clock that jumped
+FUTURE_MS = 60_000  # as shared/store/lua/_lib.lua: a stamp later than now + this comes from a clock that jumped
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 -- Check-and-book a reservation on given cards. Payload: {uid, cards, mem, cores, slices, accepts, deny,
 -- idle, pod} (legacy: model = accepts {model}, whole = idle). Every card is checked by card_rule, the
--- twin of shared/fit.py's. Idempotent by uid: a repeated call returns the cards already booked. On
+-- twin of shared/domain/fit.py's. Idempotent by uid: a repeated call returns the cards already booked. On
 -- conflict returns the reason and the node's current state, so the caller can refit without another read.
 local p, err = payload()
 if err then return err end

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shared.shapes import MAX_NAME_CHARS, MAX_UID_CHARS, ShapeError
+from shared.domain.shapes import MAX_NAME_CHARS, MAX_UID_CHARS, ShapeError
 
 API_VERSION = "admission.k8s.io/v1"
 OPERATIONS = ("CREATE", "UPDATE")  # the webhook is registered for CREATE; UPDATE is judged too

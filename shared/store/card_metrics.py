@@ -1,6 +1,6 @@
 """Per-card gauges read from a replica's mirror at scrape time (ours and HAMi's metric names).
 
-Apart from shared/metrics.py, which the ledger imports: the gauges need the mirror, which needs the ledger.
+Apart from shared/serving/metrics.py, which the ledger imports: the gauges need the mirror, which needs the ledger.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from shared.mirror import Mirror
-from shared.models import UNIT_MIB
+from shared.domain.models import UNIT_MIB
+from shared.store.mirror import Mirror
 
 
 class CardCollector(Collector):

@@ -7,7 +7,7 @@ pod), and on any other address it requires a client certificate signed by `exten
 reachable by the API server, so it keeps listening on all addresses.
 
 The checks are pure; `ListenPolicy.apply` is the one step with I/O (reading the client CA), run
-by controller.roles.serve() when it opens the role's port.
+by shared.serving.http.serve() when it opens the role's port.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from redis import exceptions as rexc
 
-from shared.metrics import TASK_FAILURES, TASK_UP
+from shared.serving.metrics import TASK_FAILURES, TASK_UP
 
 log = logging.getLogger("mtsched.supervise")
 

@@ -14,8 +14,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-from shared.placement import NodeRequirement, node_requirement
-from shared.shapes import (
+from shared.domain.placement import NodeRequirement, node_requirement
+from shared.domain.shapes import (
     MAX_NODES,
     MAX_UID_CHARS,
     ShapeError,

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shared.annotations import device_id
 from shared.config import Config
-from shared.models import CORES_PER_CARD, DEFAULT_MAX_INST, CardModel, describe_models
+from shared.domain.annotations import device_id
+from shared.domain.models import CORES_PER_CARD, DEFAULT_MAX_INST, CardModel, describe_models
 
 SGPU_CORES_LABEL = "mthreads.com/sgpu.cores"
 MAX_INST_ANNOTATION = "mtsched.io/max-inst"  # per-node override of slices per card (vendor max_inst)

@@ -21,8 +21,8 @@ import orjson
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 
-from shared.ledger import Ledger
-from shared.state import CardRecord, NodeSnapshot, Reservation
+from shared.store.ledger import Ledger
+from shared.store.state import CardRecord, NodeSnapshot, Reservation
 
 log = logging.getLogger("mtsched.mirror")
 

@@ -2,7 +2,7 @@
 
 Every change is one script on one node's keys (one hash tag per node, so it also works on Redis
 Cluster), idempotent by pod UID. Redis is rebuildable state: the API server's pod annotations are
-the durable record, and `rebuild` recomputes everything from them. Scripts live in shared/lua/,
+the durable record, and `rebuild` recomputes everything from them. Scripts live in shared/store/lua/,
 are loaded once and called by SHA (reloaded after NOSCRIPT, e.g. when Redis restarted).
 Key layout: docs/redis-layout.md.
 """
@@ -22,15 +22,15 @@ import orjson
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 
-from shared.annotations import PodUsage
-from shared.fit import CardNeed, FitResult, plan_booking
-from shared.metrics import REDIS_ROUND_TRIPS
-from shared.node import Inventory
-from shared.redis_conn import NO_OPTIONS, RedisOptions, connect, connect_subscriber, explain
-from shared.request import SliceRequest
-from shared.state import NodeSnapshot
+from shared.domain.annotations import PodUsage
+from shared.domain.fit import CardNeed, FitResult, plan_booking
+from shared.domain.node import Inventory
+from shared.domain.request import SliceRequest
+from shared.serving.metrics import REDIS_ROUND_TRIPS
+from shared.store.redis_conn import NO_OPTIONS, RedisOptions, connect, connect_subscriber, explain
+from shared.store.state import NodeSnapshot
 
-# The connection helpers moved to shared/redis_conn.py; callers keep importing them from here.
+# The connection helpers moved to shared/store/redis_conn.py; callers keep importing them from here.
 __all__ = ["LUA_DIR", "NO_OPTIONS", "SCRIPTS", "Ledger", "LedgerError", "RedisOptions", "ReserveOutcome", "connect",
            "connect_subscriber", "explain", "now_ms"]
 
@@ -180,7 +180,7 @@ class Ledger:
                       need: CardNeed | None = None) -> tuple[ReserveOutcome, NodeSnapshot | None]:
         """Check-and-book on the given cards. On conflict returns the node's fresh state too.
 
-        With `need` (a Plan's), the script checks every card with the twin of shared.fit.card_rule on
+        With `need` (a Plan's), the script checks every card with the twin of shared.domain.fit.card_rule on
         exactly those terms; `model`/`whole` are the short form (accepts {model}, require idle)."""
         payload: dict[str, Any] = {"uid": uid, "cards": list(cards), "mem": mem, "cores": cores, "slices": slices,
                                    "model": model, "whole": whole, "pod": pod}

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from shared.models import CORES_PER_CARD, UNIT_MIB
+from shared.domain.models import CORES_PER_CARD, UNIT_MIB
 
 ALLOCATED = "hami.io/mthreads-vgpu-devices-allocated"
 GPU_INDEX = "mthreads.com/gpu-index"

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.fit import CardState
-from shared.node import Card
+from shared.domain.fit import CardState
+from shared.domain.node import Card
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Which allocation records the ledger may book: only those our bind can have written.
 
 Our extender binds only pods that ask for our resources and are scheduled by our profile
-(shared/placement.py bind_refusal), and writes the record with the Binding. A record on any other
+(shared/domain/placement.py bind_refusal), and writes the record with the Binding. A record on any other
 pod (a CPU pod, a pod another scheduler bound) was written by someone else: booking it would take
 cards from the pods we place, so the watchers and rebuilds ignore it (and say so). The API server's
 admission policy (deploy/helm/hami/templates/webhook/admissionpolicy.yaml) refuses such records in

@@ -11,8 +11,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from shared.node import Card
-from shared.request import SliceRequest, card_accepts
+from shared.domain.node import Card
+from shared.domain.request import SliceRequest, card_accepts
 
 USE_UUID = "mthreads.ai/use-gpuuuid"
 NOUSE_UUID = "mthreads.ai/nouse-gpuuuid"
@@ -102,7 +102,7 @@ CARD_NOT_FOUND = "CardNotFound"
 class CardNeed:
     """What one card must offer for a request: everything the card rule reads besides the card. The same
     fields travel to the reserve script (Ledger.reserve), which applies the Lua twin of `card_rule`
-    (shared/lua/_lib.lua) atomically; tests/redis/test_fit_twin.py proves the two agree."""
+    (shared/store/lua/_lib.lua) atomically; tests/redis/test_fit_twin.py proves the two agree."""
 
     memory: int
     cores: int
@@ -128,7 +128,7 @@ class CardView:
 
 def card_rule(c: CardView | None, n: CardNeed) -> str:
     """Why card `c` cannot take `n`; "" if it can. One order, one set of HAMi's reason names; the Lua
-    twin is `card_rule` in shared/lua/_lib.lua (change both, the twin table must still pass)."""
+    twin is `card_rule` in shared/store/lua/_lib.lua (change both, the twin table must still pass)."""
     if c is None or c.health == "removed":
         return CARD_NOT_FOUND
     if c.health == "unhealthy":

@@ -290,7 +290,7 @@ end
 
 -- The card rule: why card view `c` cannot take `n` = {mem, cores, slices, accepts (set of capacities or
 -- nil = any), deny (set of indices or nil), idle (boolean)}; nil if it can. The twin of card_rule in
--- shared/fit.py: same order, same reason names (tests/redis/test_fit_twin.py runs one table through
+-- shared/domain/fit.py: same order, same reason names (tests/redis/test_fit_twin.py runs one table through
 -- both). `idx` is the card's index as a number.
 local function card_rule(c, idx, n)
   if not c or c.health == "removed" then return "CardNotFound" end

@@ -2,8 +2,8 @@
 
 Pure and linear in the size of what they look at. Every problem is one line that starts with the
 field (`spec.containers[2].resources: ...`), shows the value (truncated, never a whole object) and
-says what is allowed, so a user or an operator can act on it. The rules (shared/request.py,
-shared/admission.py) only ever see values of the types checked here.
+says what is allowed, so a user or an operator can act on it. The rules (shared/domain/request.py,
+shared/domain/admission.py) only ever see values of the types checked here.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prometheus metrics of every role and the /metrics handler (per-card gauges: shared/card_metrics.py)."""
+"""Prometheus metrics of every role and the /metrics handler (per-card gauges: shared/store/card_metrics.py)."""
 
 from __future__ import annotations
 

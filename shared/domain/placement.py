@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shared.shapes import ShapeError, is_dns_subdomain, key_path
+from shared.domain.shapes import ShapeError, is_dns_subdomain, key_path
 
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 FIELD_OPERATORS = ("In", "NotIn")  # matchFields: only metadata.name, as in Kubernetes

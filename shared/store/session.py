@@ -1,0 +1,42 @@
+"""A role's supervised connection to the shared state: the Ledger, its Mirror and the Redis probe."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from shared.config import Config, redact_url
+from shared.serving.supervise import Heartbeat, Supervisor, probe_loop
+from shared.store.card_metrics import register_mirror
+from shared.store.ledger import Ledger
+from shared.store.mirror import Mirror
+from shared.store.redis_conn import RedisOptions, connect, connect_subscriber, explain
+
+log = logging.getLogger("mtsched")
+
+
+async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False) -> tuple[Ledger, Mirror]:
+    """Connect (retrying until Redis answers), then keep the mirror and the PING probe under `sup`."""
+    options = RedisOptions.from_config(cfg)
+    ledger = Ledger(connect(cfg.redis_url, options), cfg.key_prefix)
+    backoff = 0.5
+    while True:
+        try:
+            await ledger.load_scripts()
+            break
+        except Exception as e:
+            # the URL may carry a password: only its redacted form is ever logged
+            log.warning("Redis at %s not reachable (%s); retrying", redact_url(cfg.redis_url), explain(e))
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5)
+    mirror = Mirror(ledger, subscriber=connect_subscriber(cfg.redis_url, options))
+    sup.spawn("mirror", mirror.run)
+    sup.check("mirror", lambda: "" if mirror.ready.is_set() else "not in sync with Redis")
+    redis_ok = Heartbeat("Redis", max_age=6.0)
+    sup.spawn("redis-probe", lambda: probe_loop(redis_ok, ledger.redis.ping))
+    sup.check("redis", redis_ok)
+    if card_metrics:
+        # Per-card gauges come from the watchers only: at 1000 nodes they are ~9 MB per scrape, which
+        # would stall the extender's and webhook's event loops for half a second each time.
+        register_mirror(mirror)
+    return ledger, mirror
