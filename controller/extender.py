@@ -25,6 +25,7 @@ from aiohttp import web
 
 from controller.fit_memo import FitMemo, request_size
 from controller.kube import Kube, KubeError
+from controller.preempt import Preemption
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED, CardGrant, binding_annotations, device_id
 from shared.domain.extender_args import ArgsError, ExtenderArgs, parse_binding_args, parse_extender_args
@@ -341,4 +342,5 @@ class Extender:
         app.router.add_post("/filter", self.h_filter)
         app.router.add_post("/prioritize", self.h_prioritize)
         app.router.add_post("/bind", self.h_bind)
+        app.router.add_post("/preempt", Preemption(self).handle)  # controller/preempt.py
         app.router.add_get("/readyz", self.h_ready)

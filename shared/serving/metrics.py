@@ -46,3 +46,8 @@ RECONCILE_RUNS = Counter("mtsched_reconcile_runs_total", "Reconciliation passes 
 RECONCILE_SECONDS = Histogram("mtsched_reconcile_seconds", "Duration of one reconciliation pass", buckets=BUCKETS)
 LEDGER_REBUILDS = Counter("mtsched_ledger_rebuilds_total", "Full rebuilds of the ledger from the API server",
                           ["why"])
+PREEMPT_NODES = Counter("mtsched_preempt_nodes_total",
+                        "Candidate nodes of preempt calls by what the extender did with kube-scheduler's victims: "
+                        "kept, reduced (victims freeing no usable card dropped), unchanged (the cards do not block), "
+                        "no_card (no card freed: node dropped), unknown_node, not_ready, bad_request, no_request, "
+                        "error", ["outcome"])

@@ -1,0 +1,139 @@
+"""Card-aware preemption: which of the victims kube-scheduler proposes on a node free a card (pure).
+
+kube-scheduler's dry run removes lower-priority pods until the preemptor fits the node's *totals*
+(its own filter plugins; the extender is not asked). Those victims may sit on several cards and free
+none of them enough. Here the proposal is reduced to the fewest victims (then the lowest priorities)
+that free `req.cards` cards the preemptor fits on under the same per-card rule the filter applies
+(`card_rejection`, i.e. `card_rule`), checked at the end by `fit` on the cards as they would be.
+Victims that hold no card on the node (no reservation there) are kept: kube-scheduler proposed them
+for a reason its own plugins judged (CPU, memory, pod count), which is not ours to overrule. Victims
+on other cards are dropped. No card freed: the node is dropped (`Choice.victims` empty).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from itertools import combinations
+
+from shared.domain.fit import GPU_POLICY, CardState, card_rejection, fit, policy_of
+from shared.domain.request import SliceRequest
+
+SUBSETS_PER_CARD = 4096  # subsets tried on one card before settling for all its proposed victims
+
+KEPT = "kept"  # the proposal frees a card as it is
+REDUCED = "reduced"  # some proposed victims freed nothing the preemptor can use and were dropped
+UNCHANGED = "unchanged"  # a card already fits: the cards do not block, kube-scheduler's choice stands
+NO_CARD = "no_card"  # no card is freed by the proposed victims: the node is dropped
+
+
+@dataclass(frozen=True)
+class Victim:
+    uid: str
+    priority: int
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What one pod books on this node: the same amounts on each of `cards` (a reservation)."""
+
+    cards: tuple[int, ...]
+    memory: int
+    cores: int
+    slices: int
+
+
+@dataclass(frozen=True)
+class Choice:
+    outcome: str
+    victims: tuple[str, ...] = ()  # uids to evict, in the proposal's order; empty: drop the node
+    cards: tuple[int, ...] = ()  # the cards freed for the preemptor (empty when UNCHANGED or NO_CARD)
+    reason: str = ""  # NO_CARD: why, per card
+
+
+def _without(states: Sequence[CardState], gone: Sequence[Holding]) -> list[CardState]:
+    """The node's cards once the pods holding `gone` are evicted."""
+    out = []
+    for s in states:
+        i = s.card.index
+        mem = sum(h.memory for h in gone if i in h.cards)
+        cores = sum(h.cores for h in gone if i in h.cards)
+        slices = sum(h.slices for h in gone if i in h.cards)
+        if mem or cores or slices:
+            s = replace(s, memory_used=max(0, s.memory_used - mem), cores_used=max(0, s.cores_used - cores),
+                        slices_used=max(0, s.slices_used - slices))
+        out.append(s)
+    return out
+
+
+def _cost(victims: Sequence[Victim]) -> tuple[int, int, int]:
+    """Fewest victims, then the lowest highest priority, then the lowest sum (kube-scheduler's order too)."""
+    prios = [v.priority for v in victims]
+    return len(prios), max(prios, default=-(2**31)), sum(prios)
+
+
+def _free_one(state: CardState, on_card: Sequence[Victim], holdings: Mapping[str, Holding],
+              req: SliceRequest, annotations: Mapping[str, str], mutex: bool) -> tuple[Victim, ...] | str:
+    """The cheapest subset of `on_card` whose eviction lets the card take the request, or why none does."""
+    def frees(subset: Sequence[Victim]) -> str:
+        after = _without((state,), [holdings[v.uid] for v in subset])[0]
+        return card_rejection(after, req, annotations, mutex)
+
+    why = frees(on_card)
+    if why:  # the rule is monotone in what is removed: if all of them do not free it, no subset does
+        return why
+    tried = 0
+    for k in range(len(on_card) + 1):
+        best: tuple[Victim, ...] | None = None
+        for subset in combinations(on_card, k):
+            tried += 1
+            if tried > SUBSETS_PER_CARD:
+                return tuple(on_card)  # too many to search: all of them free it (checked above)
+            if not frees(subset) and (best is None or _cost(subset) < _cost(best)):
+                best = subset
+        if best is not None:
+            return best
+    return tuple(on_card)
+
+
+def choose_victims(states: Sequence[CardState], holdings: Mapping[str, Holding], proposed: Sequence[Victim],
+                   req: SliceRequest, annotations: Mapping[str, str], default_gpu_policy: str = "spread") -> Choice:
+    """What to evict on one node so the preemptor gets `req.cards` cards; see the module docstring.
+
+    `holdings`: the node's reservations by pod uid; `proposed`: kube-scheduler's victims on the node."""
+    if fit(states, req, annotations, default_gpu_policy).ok:
+        return Choice(UNCHANGED, tuple(v.uid for v in proposed))
+    mutex = "mutex" in policy_of(annotations, GPU_POLICY, default_gpu_policy)
+    holders = [v for v in proposed if v.uid in holdings]
+    per_card: dict[int, tuple[Victim, ...]] = {}
+    reasons: list[str] = []
+    for s in states:
+        on_card = [v for v in holders if s.card.index in holdings[v.uid].cards]
+        got = _free_one(s, on_card, holdings, req, annotations, mutex)
+        if isinstance(got, str):
+            reasons.append(f"card {s.card.index}: {got}")
+        else:
+            per_card[s.card.index] = got
+    capacity = {s.card.index: s.card.capacity for s in states}
+    best: tuple[tuple[int, int, int], tuple[int, ...], tuple[Victim, ...]] | None = None
+    for cards in combinations(sorted(per_card), req.cards):
+        if len({capacity[i] for i in cards}) > 1:
+            continue  # the cards of one pod are of one model (plan_booking)
+        chosen = {v.uid: v for i in cards for v in per_card[i]}  # a multi-card holder counts once
+        gone = tuple(v for v in holders if v.uid in chosen)
+        # the filter's own answer on the cards as they would be: the preemptor must fit there
+        after = fit(_without(states, [holdings[v.uid] for v in gone]), req, annotations, default_gpu_policy)
+        if not after.ok:
+            continue
+        key = (_cost(gone), cards, gone)
+        if best is None or key[:2] < best[:2]:
+            best = key
+    if best is None:
+        why = "; ".join(reasons) or f"fewer than {req.cards} cards could be freed"
+        return Choice(NO_CARD, reason=why)
+    _, cards, gone = best
+    keep = {v.uid for v in gone} | {v.uid for v in proposed if v.uid not in holdings}
+    victims = tuple(v.uid for v in proposed if v.uid in keep)
+    if not victims:  # nothing to evict frees a card (cannot happen: the preemptor did not fit as things are)
+        return Choice(NO_CARD, reason="no proposed victim holds a card")
+    return Choice(KEPT if len(victims) == len(proposed) else REDUCED, victims, cards)
