@@ -26,7 +26,7 @@ class ExtenderSpec:
     filter_verb: str | None = "filter"
     prioritize_verb: str | None = "prioritize"
     bind_verb: str | None = "bind"
-    preempt_verb: str | None = None
+    preempt_verb: str | None = "preempt"
     weight: int = 1
     node_cache_capable: bool = True
     http_timeout: str = "30s"

@@ -162,12 +162,23 @@ def test_kube_scheduler_configuration(rendered: Rendered) -> None:
     assert "clientConnection" not in ksc  # in-cluster credentials of the hami-scheduler ServiceAccount
     assert ksc["extenders"] == [{
         "urlPrefix": "https://127.0.0.1:8443",
-        "filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind",
+        "filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind", "preemptVerb": "preempt",
         "weight": 1, "enableHTTPS": True,
         "tlsConfig": {"insecure": False, "caFile": "/etc/mtsched/tls/ca.crt"},
         "nodeCacheCapable": True, "ignorable": False, "httpTimeout": "30s",
         "managedResources": [{"name": "mthreads.com/vgpu", "ignoredByScheduler": True}],
     }]
+
+
+def test_local_harness_calls_the_same_verbs_as_the_chart(rendered: Rendered) -> None:
+    """deploy/local runs kube-scheduler with the extender entry the chart renders (preempt included)."""
+    from deploy.local.scheduler_config import ExtenderSpec
+
+    (chart,) = embedded(rendered("defaults"), "hami-scheduler", "scheduler-config.yaml")["extenders"]
+    local = ExtenderSpec("https://127.0.0.1:8443").to_config(b"ca")
+    verbs = ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb")
+    assert {k: local.get(k) for k in verbs} == {k: chart.get(k) for k in verbs}
+    assert local["preemptVerb"] == "preempt" and local["nodeCacheCapable"] is chart["nodeCacheCapable"] is True
 
 
 def test_disabled_leaves_a_plain_scheduler(rendered: Rendered) -> None:
