@@ -126,7 +126,7 @@ class Preemption:
         log.info("preempt for %s: %d of %d nodes kept (%s); dropped: %s", ref, len(out), len(a.nodes),
                  "; ".join(chosen) or "none", "; ".join(refused) or "none")
         if out:
-            self.ext.event(event_pod, "PreemptionCardChosen", "victims reduced to the card(s) they free: "
+            self.ext.event(event_pod, "PreemptionCardChosen", "evicting only victims that free a card: "
                            + "; ".join(chosen))
         else:
             self.ext.event(event_pod, "PreemptionNotHelpful", "no card would be freed by evicting the proposed "
