@@ -23,7 +23,7 @@ from controller.kube import KubeError
 from shared.domain.extender_args import ArgsError
 from shared.domain.preempt import Choice, Holding, Victim, choose_victims
 from shared.domain.preempt_args import NodeVictims, PreemptionArgs, parse_preemption_args
-from shared.domain.request import RequestError, pod_request
+from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.serving.metrics import EXTENDER_SECONDS, PREEMPT_NODES
 from shared.store.state import NodeSnapshot
 
@@ -78,15 +78,13 @@ class Preemption:
         await asyncio.gather(*(read(u, r) for u, r in lookups.items()))
         return known
 
-    def _node(self, a: PreemptionArgs, node: str, victims: NodeVictims, snap: NodeSnapshot | None,
+    def _node(self, a: PreemptionArgs, req: SliceRequest, victims: NodeVictims, snap: NodeSnapshot | None,
               prios: Mapping[str, int]) -> Choice:
         if snap is None or snap.error:
             return Choice(UNKNOWN_NODE, reason="node unknown to the card ledger" if snap is None else snap.error)
         holdings = {uid: Holding(r.cards, r.mem, r.cores, r.slices) for uid, r in snap.reservations.items()}
         ceiling = max(a.priority - 1, -(2**31))
         proposed = [Victim(v.uid, prios.get(v.uid, ceiling)) for v in victims.pods]
-        req = pod_request(a.pod, self.ext.cfg)
-        assert req is not None  # checked by preempt()
         annotations = a.pod["metadata"].get("annotations") or {}
         return choose_victims(snap.states(), holdings, proposed, req, annotations, self.ext.cfg.gpu_scheduler_policy)
 
@@ -114,7 +112,7 @@ class Preemption:
         refused: list[str] = []
         chosen: list[str] = []
         for node, victims in a.nodes.items():
-            choice = self._node(a, node, victims, self.ext.mirror.get(node), prios)
+            choice = self._node(a, req, victims, self.ext.mirror.get(node), prios)
             PREEMPT_NODES.labels(choice.outcome).inc()
             if not choice.victims:
                 refused.append(f"{node}: {choice.reason}")
