@@ -16,6 +16,7 @@ from shared.domain.models import CardModel
 from shared.domain.request import SliceRequest, pod_request
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
+from shared.store.placing import place
 
 PROFILES = Path(__file__).with_name("results")  # --profile writes profile-ledger-<mode>.txt here
 CFG = Config(memory_per_card=(CardModel(96), CardModel(160)))
@@ -72,7 +73,7 @@ async def client(mode: str, url: str, worker: int, coroutines: int, seconds: flo
         for _ in range(8):
             node = nodes[r.randrange(len(nodes))]
             t0 = time.perf_counter()
-            out, _ = await ledger.place(node, uid, req, {}, mirror.get(node), "spread")
+            out, _ = await place(ledger, node, uid, req, {}, mirror.get(node), "spread")
             if measuring:
                 latencies.append(time.perf_counter() - t0)
                 place_trips += out.round_trips

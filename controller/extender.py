@@ -1,7 +1,9 @@
 """The scheduler extender: filter, prioritize and bind for kube-scheduler (extender/v1 wire format).
 
-Filter and prioritize read only the local mirror (no Redis call per node). Bind books the card(s)
-atomically in the ledger (one round trip when the mirror is current), creates the Binding with
+Filter and prioritize read only the local mirror (no Redis call per node). Bind takes filter's fit for
+the chosen node when the node has not changed since (the memo, keyed by (node, seq)), else plans afresh
+from the mirror (pure: shared/store/state.py plan_on), and books the plan's card(s) atomically in the
+ledger (one round trip when the mirror is current; the script checks every card again), creates the Binding with
 the allocation annotations in the same API call, then marks the reservation bound (a second
 round trip). On any failure the reservation is released and the error returned.
 
@@ -37,8 +39,10 @@ from shared.domain.shapes import ShapeError
 from shared.serving.bounded import ByteLRU
 from shared.serving.listen import LISTEN_POLICY, extender_policy
 from shared.serving.metrics import BINDINGS, CONFLICTS, EXTENDER_SECONDS, RESERVATIONS
-from shared.store.ledger import Ledger
+from shared.store.ledger import Ledger, ReserveOutcome
 from shared.store.mirror import Mirror
+from shared.store.placing import place
+from shared.store.state import plan_on
 
 log = logging.getLogger("mtsched.extender")
 
@@ -140,6 +144,17 @@ class Extender:
         return [[CardGrant(device_id(node, i), s.memory * UNIT_MIB, s.cores) for i in cards] if not s.empty else []
                 for s in req.shares_for(capacity)]
 
+    def _capacity(self, node: str, req: SliceRequest, outcome: ReserveOutcome) -> int:
+        """Units per booked card: the plan's; only an earlier booking on other cards than planned (its
+        capacity unknown to the plan) is looked up in the mirror."""
+        if outcome.capacity:
+            return outcome.capacity
+        snap = self.mirror.get(node)
+        record = snap.cards.get(outcome.cards[0]) if snap is not None and outcome.cards else None
+        if record is not None and record.capacity:
+            return record.capacity
+        return (req.model or req.memory) if req.whole_cards else req.memory
+
     # -- verbs ---------------------------------------------------------------------------------
 
     def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -180,7 +195,9 @@ class Extender:
             msgs = aggregate_failures({**failed, **unresolvable})
             self.event(event_pod, "FilteringFailed",
                        "; ".join([*msgs, f"no available node, {len(names)} nodes do not meet"]), "Warning")
-        return {"NodeNames": ok, "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+        # the edge: card counts become HAMi's "N/M Reason" text here
+        return {"NodeNames": ok, "FailedNodes": {n: r.text for n, r in failed.items()},
+                "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
 
     def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         """HostPriorityList for ExtenderArgs; ArgsError (HTTP 400) when they are malformed."""
@@ -247,8 +264,14 @@ class Extender:
         req = seen.request
         assert req is not None  # bind_refusal refuses pods without a request
         pod = seen.event_pod
-        outcome, _ = await self.ledger.place(node, uid, req, seen.annotations, self.mirror.get(node),
-                                             self.cfg.gpu_scheduler_policy, pod=f"{ns}/{name}")
+        policy = self.cfg.gpu_scheduler_policy
+        snap = self.mirror.get(node)
+        plan = None
+        if snap is not None and not snap.error:  # filter's fit at the same seq, else a fresh one
+            plan = plan_on(snap, uid, req, seen.annotations, policy,
+                           self.memo.fitted(node, snap, req, seen.annotations, policy))
+        outcome, _ = await place(self.ledger, node, uid, req, seen.annotations, snap, policy, pod=f"{ns}/{name}",
+                                 plan=plan)
         if outcome.attempts > 1:
             CONFLICTS.inc(outcome.attempts - 1)
         if not outcome.ok:
@@ -258,13 +281,7 @@ class Extender:
             self.event(pod, "BindingFailed", msg, "Warning")
             return {"Error": msg}
         RESERVATIONS.labels("existing" if outcome.existing else "booked").inc()
-        snap = self.mirror.get(node)
-        capacity = 0
-        if snap and outcome.cards and outcome.cards[0] in snap.cards:
-            capacity = snap.cards[outcome.cards[0]].capacity
-        if req.whole_cards and not capacity:
-            capacity = req.model or 0
-        grants = self._grants(node, req, outcome.cards, capacity or req.memory)
+        grants = self._grants(node, req, outcome.cards, self._capacity(node, req, outcome))
         annotations = binding_annotations(node, grants, time.time_ns())
         try:
             if self.kube is None:

@@ -1,12 +1,12 @@
 """The extender's memo of fit() answers and node scores, so a filter over hundreds of nodes computes
 only what changed since the last pod.
 
-Per node, an answer is valid while the mirror holds the same snapshot with the same cards dict: the
-mirror never edits a cards dict in place (every change installs a new dict or a new snapshot), so two
-identity checks tell whether anything fit() reads may have changed. Between two pods only the nodes
-booked meanwhile change. Across nodes, nodes whose cards hold the same (often: nothing yet) share an
-answer, so a request shape seen for the first time costs one fit() per distinct card state, not per
-node. Bounded by bytes: past `max_bytes` every memo is dropped.
+Per node, answers are keyed by (node, seq): a mirror snapshot never changes, every change installs a new one
+with the next seq (shared/store/state.py), so an answer memoized at the seq the mirror holds is current. Each
+node keeps the answers of its latest seq only. Between two pods only the nodes booked meanwhile change. Bind
+takes filter's fit from here (`fitted`) instead of fitting again. Across nodes, nodes whose cards hold the
+same (often: nothing yet) share an answer, so a request shape seen for the first time costs one fit() per
+distinct card state, not per node. Bounded by bytes: past `max_bytes` every memo is dropped.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shared.domain.fit import GPU_POLICY, NOUSE_UUID, USE_UUID, FitResult, extender_priority, fit
+from shared.domain.fit import GPU_POLICY, NOUSE_UUID, USE_UUID, FitResult, Reasons, extender_priority, fit
 from shared.domain.request import SliceRequest
 from shared.store.mirror import Mirror
-from shared.store.state import CardRecord, NodeSnapshot
+from shared.store.state import NodeSnapshot
 
 NODE_ANSWERS = 64  # answers kept per node (a node's memo is emptied when full)
 
@@ -31,8 +31,8 @@ class FitMemo:
     def __init__(self, mirror: Mirror, max_bytes: int):
         self.mirror = mirror  # entries exist only for nodes of the mirror (pruned to them)
         self.max_bytes = max_bytes
-        # node -> (snapshot, its cards dict, {key id: answer; -1: content id})
-        self.fits: dict[str, tuple[NodeSnapshot, dict[int, CardRecord], dict[int, Any]]] = {}
+        # node -> (the snapshot's seq, {key id: answer; -1: content id}): answers keyed by (node, seq)
+        self.fits: dict[str, tuple[int, dict[int, Any]]] = {}
         self.contents: dict[tuple[tuple[Any, ...], ...], int] = {}  # card states without the node -> id
         self.shared: dict[tuple[int, int], Any] = {}  # (content id, key id) -> FitResult or score
         self.keys: dict[tuple[Any, ...], int] = {}  # what a fit depends on -> small int (hashed once per call)
@@ -70,23 +70,35 @@ class FitMemo:
         return cid
 
     def node(self, name: str, snap: NodeSnapshot) -> dict[int, Any]:
-        """The node's memo, new when the mirror's snapshot or its cards dict is not the one memoized."""
+        """The node's memo at the snapshot's seq (a new one when the node changed since)."""
         entry = self.fits.get(name)
-        if entry is None or entry[0] is not snap or entry[1] is not snap.cards:
+        if entry is None or entry[0] != snap.seq:
             if entry is None and len(self.fits) > 2 * len(self.mirror.nodes) + 64:
                 self.fits = {n: e for n, e in self.fits.items() if n in self.mirror.nodes}
-            entry = self.fits[name] = (snap, snap.cards, {})
-        return entry[2]
+            entry = self.fits[name] = (snap.seq, {})
+        return entry[1]
+
+    def fit_key(self, req: SliceRequest, annotations: Mapping[str, str], gpu_policy: str) -> int:
+        """The key of everything fit() reads besides the card states."""
+        return self.key(("fit", req, annotations.get(USE_UUID), annotations.get(NOUSE_UUID),
+                         annotations.get(GPU_POLICY), gpu_policy))
+
+    def fitted(self, name: str, snap: NodeSnapshot, req: SliceRequest, annotations: Mapping[str, str],
+               gpu_policy: str) -> FitResult | None:
+        """Filter's fit of this request on this snapshot of the node, if memoized (bind reuses it)."""
+        entry = self.fits.get(name)
+        if entry is None or entry[0] != snap.seq:
+            return None  # the node changed since filter (or filter ran elsewhere)
+        result: FitResult | None = entry[1].get(self.fit_key(req, annotations, gpu_policy))
+        return result
 
     def fit_nodes(self, names: Sequence[str], req: SliceRequest, annotations: Mapping[str, str],
-                  gpu_policy: str) -> tuple[list[str], dict[str, str], dict[str, str]]:
-        """(nodes that fit, failed node -> reason, unresolvable node -> reason) for one pod."""
+                  gpu_policy: str) -> tuple[list[str], dict[str, Reasons], dict[str, str]]:
+        """(nodes that fit, failed node -> card reasons, unresolvable node -> reason) for one pod."""
         ok: list[str] = []
-        failed: dict[str, str] = {}
+        failed: dict[str, Reasons] = {}
         unresolvable: dict[str, str] = {}
-        # everything fit() reads besides the card states
-        key = self.key(("fit", req, annotations.get(USE_UUID), annotations.get(NOUSE_UUID),
-                        annotations.get(GPU_POLICY), gpu_policy))
+        key = self.fit_key(req, annotations, gpu_policy)
         share = not (annotations.get(USE_UUID) or annotations.get(NOUSE_UUID))
         get, fits, memo_of = self.mirror.get, self.fits, self.node  # hot loop: hundreds of nodes per call
         for name in names:
@@ -97,8 +109,7 @@ class FitMemo:
                 unresolvable[name] = f"node unregistered: {snap.error}"
             else:
                 entry = fits.get(name)
-                memo = entry[2] if entry is not None and entry[0] is snap and entry[1] is snap.cards \
-                    else memo_of(name, snap)
+                memo = entry[1] if entry is not None and entry[0] == snap.seq else memo_of(name, snap)
                 result: FitResult | None = memo.get(key)
                 if result is None:
                     if len(memo) >= NODE_ANSWERS:
@@ -108,14 +119,14 @@ class FitMemo:
                         result = self.shared.get(shared_key)
                         if result is None:
                             result = self.shared[shared_key] = fit(snap.states(), req, annotations, gpu_policy)
-                            self.bytes += 150 + len(result.reason)
+                            self.bytes += 150 + 60 * len(result.reasons.counts)
                     else:
                         result = fit(snap.states(), req, annotations, gpu_policy)
                     memo[key] = result
                 if result.cards:  # result.ok
                     ok.append(name)
                 else:
-                    failed[name] = result.reason
+                    failed[name] = result.reasons
         return ok, failed, unresolvable
 
     def scores(self, names: Sequence[str], policy: str) -> list[dict[str, Any]]:
@@ -128,8 +139,7 @@ class FitMemo:
             score = 0
             if snap:
                 entry = fits.get(name)
-                memo = entry[2] if entry is not None and entry[0] is snap and entry[1] is snap.cards \
-                    else memo_of(name, snap)
+                memo = entry[1] if entry is not None and entry[0] == snap.seq else memo_of(name, snap)
                 score = memo.get(key, -1)
                 if score < 0:
                     if len(memo) >= NODE_ANSWERS:

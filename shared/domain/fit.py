@@ -1,6 +1,8 @@
 """Fitting a SliceRequest onto a node's cards, and scoring nodes: pure functions.
 
-Reason names and the "N/M Reason" aggregation are HAMi's, so users' alerts and greps keep working.
+Reason names and the "N/M Reason" aggregation are HAMi's, so users' alerts and greps keep working. Reasons
+travel as counts (`Reasons`); the "N/M Reason" text is made only where it leaves the process (the filter's
+HTTP reply, bind errors, events).
 Card order follows HAMi: cards are sorted by the card policy and the best candidate is tried
 first (spread: least used; binpack: most used; ties: the highest index, as HAMi's backward scan).
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from shared.domain.node import Card
 from shared.domain.request import SliceRequest, card_accepts
@@ -65,13 +68,42 @@ class CardState:
 
 
 @dataclass(frozen=True)
+class Reasons:
+    """Why a node cannot take a request, as counts: reason name -> cards that gave it, of `total` cards
+    (sorted by name, zero counts left out, so equal counts are equal values)."""
+
+    counts: tuple[tuple[str, int], ...] = ()
+    total: int = 0
+
+    @classmethod
+    def of(cls, counts: Mapping[str, int], total: int) -> Reasons:
+        return cls(tuple(sorted((r, n) for r, n in counts.items() if n)), total)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(r for r, _ in self.counts)
+
+    @cached_property
+    def text(self) -> str:
+        """HAMi's "N/M Reason, ..." (made once per value: memoized answers share their Reasons)."""
+        return gen_reason(dict(self.counts), self.total)
+
+
+NO_REASONS = Reasons()
+
+
+@dataclass(frozen=True)
 class FitResult:
     cards: tuple[int, ...] = ()  # chosen card indices; empty = no fit
-    reason: str = ""  # "N/M Reason, ..." when it does not fit
+    reasons: Reasons = NO_REASONS  # why not, when it does not fit
 
     @property
     def ok(self) -> bool:
         return bool(self.cards)
+
+    @property
+    def reason(self) -> str:
+        """HAMi's text of `reasons` ("" when it fits)."""
+        return self.reasons.text
 
 
 def gen_reason(reasons: Mapping[str, int], total: int) -> str:
@@ -189,7 +221,7 @@ def fit(states: Sequence[CardState], req: SliceRequest, annotations: Mapping[str
     """Choose `req.cards` cards on one node, or say why not."""
     total = len(states)
     if req.cards > total:
-        return FitResult(reason=gen_reason({NODE_INSUFFICIENT_DEVICE: 1}, 1))
+        return FitResult(reasons=Reasons.of({NODE_INSUFFICIENT_DEVICE: 1}, 1))
     policy = policy_of(annotations, GPU_POLICY, default_gpu_policy)
     mutex = "mutex" in policy
     reasons: Counter[str] = Counter()
@@ -204,36 +236,43 @@ def fit(states: Sequence[CardState], req: SliceRequest, annotations: Mapping[str
             return FitResult(tuple(sorted(chosen)))
     if chosen:
         reasons[ALLOCATED_INSUFFICIENT] = len(chosen)
-    return FitResult(reason=gen_reason(reasons, total))
+    return FitResult(reasons=Reasons.of(reasons, total))
 
 
 @dataclass(frozen=True)
 class Plan:
-    """A booking to send: the cards, and what each must offer and books (the reserve script checks the
-    same `need` with the Lua twin of card_rule, atomically). No cards: it does not fit, and why."""
+    """A booking to send: the cards, their capacity (each card's units, what the grants are cut from) and
+    what each must offer and books (the reserve script checks the same `need` with the Lua twin of
+    card_rule, atomically). No cards: it does not fit, and `reasons` say why."""
 
     cards: tuple[int, ...] = ()
+    capacity: int = 0
     need: CardNeed | None = None
-    reason: str = ""
+    reasons: Reasons = NO_REASONS
 
     @property
     def ok(self) -> bool:
-        return bool(self.cards)
+        return bool(self.cards) and self.need is not None
+
+    @property
+    def reason(self) -> str:
+        return self.reasons.text
 
 
 def plan_booking(states: Sequence[CardState], req: SliceRequest, annotations: Mapping[str, str],
-                 default_gpu_policy: str = "spread") -> Plan:
-    """Fit, then the CardNeed the atomic step must check: everything the card rule needs, policies
+                 default_gpu_policy: str = "spread", fitted: FitResult | None = None) -> Plan:
+    """Fit (or take `fitted`, a fit of the same request on these same states, e.g. filter's memoized
+    one), then the CardNeed the atomic step must check: everything the card rule needs, policies
     included (`mutex` travels as require_idle), so no rule is checked only outside the script."""
-    result = fit(states, req, annotations, default_gpu_policy)
+    result = fitted if fitted is not None else fit(states, req, annotations, default_gpu_policy)
     if not result.ok:
-        return Plan(reason=result.reason)
+        return Plan(reasons=result.reasons)
     by_index = {s.card.index: s for s in states}
     capacity = by_index[result.cards[0]].card.capacity
     mutex = "mutex" in policy_of(annotations, GPU_POLICY, default_gpu_policy)
     accepts = (frozenset({capacity}) if req.whole_cards
                else accepted_capacities(req, {s.card.capacity for s in states}))
-    return Plan(result.cards, need_for(req, capacity, mutex, accepts, denied_cards(states, annotations)))
+    return Plan(result.cards, capacity, need_for(req, capacity, mutex, accepts, denied_cards(states, annotations)))
 
 
 def apply(states: Sequence[CardState], req: SliceRequest, chosen: Sequence[int]) -> list[CardState]:
@@ -263,11 +302,11 @@ def extender_priority(states: Sequence[CardState], policy: str) -> int:
     return fill if policy != "spread" else 10 - fill
 
 
-def aggregate_failures(failed: Mapping[str, str]) -> list[str]:
-    """HAMi's FilteringFailed event texts: "N nodes Reason(n1,n2)" per reason type, sorted."""
+def aggregate_failures(failed: Mapping[str, Reasons | str]) -> list[str]:
+    """HAMi's FilteringFailed event texts: "N nodes Reason(n1,n2)" per reason type, sorted. A node maps to
+    its card reasons (counts) or to one node-level reason (e.g. "node unregistered")."""
     by_reason: dict[str, list[str]] = {}
-    for node, reason in failed.items():
-        for item in reason.split(", "):
-            name = item.split(" ", 1)[-1] if "/" in item.split(" ", 1)[0] else item
+    for node, why in failed.items():
+        for name in (why,) if isinstance(why, str) else why.names():
             by_reason.setdefault(name, []).append(node)
     return [f"{len(nodes)} nodes {r}({','.join(sorted(nodes))})" for r, nodes in sorted(by_reason.items())]

@@ -23,9 +23,8 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from shared.domain.annotations import PodUsage
-from shared.domain.fit import CardNeed, FitResult, plan_booking
+from shared.domain.fit import CardNeed, Plan, Reasons
 from shared.domain.node import Inventory
-from shared.domain.request import SliceRequest
 from shared.serving.metrics import REDIS_ROUND_TRIPS
 from shared.store.redis_conn import NO_OPTIONS, RedisOptions, connect, connect_subscriber, explain
 from shared.store.state import NodeSnapshot
@@ -47,12 +46,23 @@ class LedgerError(RuntimeError):
 
 @dataclass(frozen=True)
 class ReserveOutcome:
+    """What a reservation came to: the booked cards and their capacity (0: not known, the booking is an
+    earlier one on other cards than planned), or why not: the script's or the node's one reason
+    (`refused`), or a plan's card counts (`reasons`)."""
+
     ok: bool
     cards: tuple[int, ...] = ()
-    reason: str = ""
+    refused: str = ""
     existing: bool = False
     attempts: int = 1
     round_trips: int = 1
+    capacity: int = 0
+    reasons: Reasons | None = None
+
+    @property
+    def reason(self) -> str:
+        """Why not, as text (HAMi's "N/M Reason" for card counts): for bind errors and logs."""
+        return self.reasons.text if self.reasons is not None else self.refused
 
 
 class Ledger:
@@ -195,54 +205,24 @@ class Ledger:
             got = tuple(int(x) for x in str(out["cards"]).split(",") if x)
             return ReserveOutcome(True, got, existing=bool(out.get("existing"))), None
         snap = NodeSnapshot.from_json(out["node"]) if out.get("node") else None
-        return ReserveOutcome(False, reason=str(out.get("reason", ""))), snap
+        return ReserveOutcome(False, refused=str(out.get("reason", ""))), snap
 
-    async def place(self, node: str, uid: str, req: SliceRequest, annotations: Mapping[str, str],
-                    snapshot: NodeSnapshot | None, gpu_policy: str, pod: str = "",
-                    max_attempts: int = 3) -> tuple[ReserveOutcome, FitResult | None]:
-        """Fit `req` on the node (from a mirror's snapshot) and book it atomically; refit on conflict.
+    async def place(self, node: str, uid: str, plan: Plan, pod: str = "") -> tuple[ReserveOutcome,
+                                                                                   NodeSnapshot | None]:
+        """Send a plan (shared.domain.fit.plan_booking: the caller plans) to the atomic reserve script.
 
-        One round trip when the mirror is current; each conflict costs one more (the script returns
-        the fresh state with its refusal, so no extra read is needed).
+        Booked: the cards with their capacity (the plan's, when the script booked the planned cards).
+        Refused: the reason and the node's fresh state, so the caller can plan again without a read. The
+        replanning loop is shared.store.placing.place.
         """
-        trips = 0
-        result: FitResult | None = None
-        for attempt in range(1, max_attempts + 1):
-            if snapshot is None:
-                snapshot = await self.snapshot(node)
-                trips += 1
-                if snapshot is None:
-                    return ReserveOutcome(False, reason="node unregistered", attempts=attempt,
-                                          round_trips=trips), None
-            if snapshot.error:
-                return ReserveOutcome(False, reason=f"node unregistered: {snapshot.error}", attempts=attempt,
-                                      round_trips=trips), None
-            existing = snapshot.reservations.get(uid)
-            need = None
-            if existing is not None and existing.cards:
-                # Idempotent retry: the script returns the cards already booked, whatever a new fit says.
-                result = FitResult(existing.cards)
-                chosen = existing.cards
-                mem, cores, slices = existing.mem, existing.cores, existing.slices
-            else:
-                plan = plan_booking(snapshot.card_states(), req, annotations, gpu_policy)
-                result = FitResult(plan.cards, plan.reason)
-                if not plan.ok or plan.need is None:
-                    return (ReserveOutcome(False, reason=plan.reason, attempts=attempt, round_trips=trips),
-                            result)
-                chosen, need = plan.cards, plan.need
-                mem, cores, slices = need.memory, need.cores, need.slices
-            outcome, fresh = await self.reserve(node, uid, chosen, mem, cores, slices, pod=pod, need=need)
-            trips += 1
-            if outcome.ok:
-                if outcome.cards != result.cards:  # booked earlier on other cards (our snapshot was stale)
-                    result = FitResult(outcome.cards)
-                return ReserveOutcome(True, outcome.cards, existing=outcome.existing, attempts=attempt,
-                                      round_trips=trips), result
-            log.debug("reserve conflict on %s for %s: %s (attempt %d)", node, uid, outcome.reason, attempt)
-            snapshot = fresh
-        return ReserveOutcome(False, reason=f"conflict: {outcome.reason}", attempts=max_attempts,
-                              round_trips=trips), result
+        need = plan.need
+        if need is None:
+            raise ValueError(f"place on {node} for {uid}: the plan has no booking ({plan.reason})")
+        outcome, fresh = await self.reserve(node, uid, plan.cards, need.memory, need.cores, need.slices, pod=pod,
+                                            need=need)
+        if outcome.ok and outcome.cards == plan.cards:
+            outcome = ReserveOutcome(True, outcome.cards, existing=outcome.existing, capacity=plan.capacity)
+        return outcome, fresh
 
     async def mark_bound(self, node: str, uid: str) -> bool:
         return bool(orjson.loads(await self._call("mark_bound", node, {"uid": uid}))["ok"])

@@ -7,12 +7,16 @@ next one it expects; on a gap, an unknown node or a rebuild it re-reads that nod
 trip). On (re)connect it re-reads everything in one pipelined round trip, and it re-reads
 everything periodically as a safety net, since Pub/Sub drops messages while disconnected.
 So filtering 500 nodes costs no Redis read at all.
+
+Each change replaces the node's snapshot whole with a new immutable one, which carries the next `seq`
+(shared/store/state.py): what is derived from a snapshot is keyed by (node, seq).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -76,7 +80,7 @@ class Mirror:
         for name, snap in snaps.items():
             prev = self.nodes.get(name)
             if prev is not None and prev == snap:
-                snaps[name] = prev  # same value: keep the object, so what was derived from it stays valid
+                snaps[name] = prev  # same value: keep its seq, so what was derived from it stays valid
         self.nodes = snaps
         for n in snaps:
             self._notify(n)
@@ -114,7 +118,6 @@ class Mirror:
         if cur is None:
             if version == 1 and kind == "node":
                 cur = NodeSnapshot(node, 0)
-                self.nodes[node] = cur
             else:
                 return node
         if version == 1 and cur.version > 1:
@@ -132,10 +135,9 @@ class Mirror:
         uid = msg.get("uid")
         res = msg.get("res") if uid else None
         new_res = Reservation.from_json(str(uid), res) if uid and res else None
-        # Always a new dict, never an edit in place: readers (the extender's fit memo) tell a changed
-        # node from an unchanged one by the identity of its cards dict.
+        new_cards: Mapping[int, CardRecord] = cur.cards
         if msg.get("full", True):
-            cur.cards = {k: v for k, v in changed.items() if v is not None}
+            new_cards = {k: v for k, v in changed.items() if v is not None}
         elif changed:
             merged = dict(cur.cards)
             for k, rec in changed.items():
@@ -143,14 +145,17 @@ class Mirror:
                     merged.pop(k, None)
                 else:
                     merged[k] = rec
-            cur.cards = merged
-        cur.error = str(msg.get("error") or "")
+            new_cards = merged
+        reservations = cur.reservations
         if uid:
+            reservations = dict(cur.reservations)
             if new_res is not None:
-                cur.reservations[str(uid)] = new_res
+                reservations[str(uid)] = new_res
             else:
-                cur.reservations.pop(str(uid), None)
-        cur.version = version
+                reservations.pop(str(uid), None)
+        # the whole snapshot replaced by a new value (a new seq), never an edit in place
+        self.nodes[node] = dataclasses.replace(cur, version=version, error=str(msg.get("error") or ""),
+                                               cards=new_cards, reservations=reservations)
         self.applied += 1
         self._notify(node)
         return None

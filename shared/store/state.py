@@ -1,14 +1,23 @@
-"""Plain data for the shared card state, as the ledger scripts return it and mirrors hold it."""
+"""Plain data for the shared card state, as the ledger scripts return it and mirrors hold it.
+
+A NodeSnapshot never changes: a change to a node is a new snapshot, and every snapshot made in this
+process gets the next `seq` (one counter), so (node, seq) names one state of the node. Caches derived from
+a snapshot (the extender's fit memo) are keyed by it; nothing depends on object identity.
+"""
 
 from __future__ import annotations
 
-import operator
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
-from shared.domain.fit import CardState
+from shared.domain.fit import CardNeed, CardState, FitResult, Plan, plan_booking
 from shared.domain.node import Card
+from shared.domain.request import SliceRequest
+
+_SEQ = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -50,18 +59,16 @@ class Reservation:
                    int(d.get("created") or 0), int(d.get("bound_at") or 0), str(d.get("pod") or ""))
 
 
-@dataclass
+@dataclass(frozen=True)
 class NodeSnapshot:
     node: str
-    version: int
+    version: int  # the ledger's version of the node (the feed's order; starts over when its keys are new)
     error: str = ""
-    cards: dict[int, CardRecord] = field(default_factory=dict)
-    reservations: dict[str, Reservation] = field(default_factory=dict)
-    # card_states() memo: (node name, the CardRecord objects it was built from, the states). CardRecord is
-    # frozen, so the same objects mean the same input; any change to `cards` (a new dict or a new record)
-    # is seen by identity. Not part of the value (compare/repr).
-    _states_memo: tuple[str, tuple[CardRecord, ...], tuple[CardState, ...]] | None = field(
-        default=None, init=False, compare=False, repr=False)
+    cards: Mapping[int, CardRecord] = field(default_factory=dict)  # never edited: a change is a new snapshot
+    reservations: Mapping[str, Reservation] = field(default_factory=dict)
+    # This process's version of the value: the next number of one counter for every snapshot made (also by
+    # dataclasses.replace), so monotonic per node in a mirror. Not part of the value (compare/repr).
+    seq: int = field(default_factory=lambda: next(_SEQ), init=False, compare=False, repr=False)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> NodeSnapshot:
@@ -80,23 +87,30 @@ class NodeSnapshot:
         return list(self.states())
 
     def states(self) -> tuple[CardState, ...]:
-        """card_states() as a tuple that stays the same object while the node's cards are unchanged.
+        """card_states() as a tuple, built once per snapshot (the extender filters hundreds of nodes per
+        call, and most of them did not change since the previous pod)."""
+        return self._states
 
-        Built once per change of the cards (the extender filters hundreds of nodes per call, and most
-        of them did not change since the previous pod), so callers may memoize on its identity.
-        """
-        records = tuple(self.cards.values())
-        memo = self._states_memo
-        if (memo is not None and memo[0] == self.node and len(memo[1]) == len(records)
-                and all(map(operator.is_, memo[1], records))):
-            return memo[2]
+    @cached_property
+    def _states(self) -> tuple[CardState, ...]:
         out = []
-        for c in sorted(records, key=lambda c: c.index):
+        for c in sorted(self.cards.values(), key=lambda c: c.index):
             if c.health == "removed":
                 continue
             card = Card(self.node, c.index, c.capacity, c.slice_limit, healthy=c.health in ("ok", "cordoned"),
                         cordoned=c.health == "cordoned", cores=c.cores)
             out.append(CardState(card, c.mem_used, c.cores_used, c.slices))
-        states = tuple(out)
-        self._states_memo = (self.node, records, states)
-        return states
+        return tuple(out)
+
+
+def plan_on(snap: NodeSnapshot, uid: str, req: SliceRequest, annotations: Mapping[str, str], gpu_policy: str,
+            fitted: FitResult | None = None) -> Plan:
+    """What to send for pod `uid` on this node state (pure). A node that already holds the pod's booking
+    gets that booking again (the script answers a repeated reserve with it, whatever a new fit says);
+    otherwise plan_booking, reusing `fitted` (a fit of this request on this very snapshot) when given."""
+    existing = snap.reservations.get(uid)
+    if existing is not None and existing.cards:
+        record = snap.cards.get(existing.cards[0])
+        return Plan(existing.cards, record.capacity if record is not None else 0,
+                    CardNeed(existing.mem, existing.cores, existing.slices))
+    return plan_booking(snap.states(), req, annotations, gpu_policy, fitted)

@@ -38,6 +38,7 @@ from shared.domain.models import CardModel
 from shared.domain.request import SliceRequest, pod_request
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
+from shared.store.placing import place
 from tests.redis.helpers import exclusive_pod, multi_pod, slice_pod
 
 T = TypeVar("T")
@@ -213,8 +214,8 @@ class Worker:
         nodes = list(self.plan.nodes)
         rng.shuffle(nodes)
         for node in nodes:  # the extender's filter + bind, simplified: first node that takes it
-            out, _fit = await self.retrying(lambda node=node: self.ledger.place(
-                node, uid, req, {}, self.mirror.get(node), policy, pod=f"default/{uid}"))
+            out, _fit = await self.retrying(lambda node=node: place(
+                self.ledger, node, uid, req, {}, self.mirror.get(node), policy, pod=f"default/{uid}"))
             self.stats.place_trips += out.round_trips
             self.stats.conflicts += out.attempts - 1
             if not out.ok:

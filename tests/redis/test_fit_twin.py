@@ -20,6 +20,7 @@ from shared.domain.models import CardModel
 from shared.domain.node import Card, Inventory
 from shared.domain.request import pod_request
 from shared.store.ledger import Ledger
+from shared.store.placing import place
 from tests.redis.helpers import S4000, S5000, slice_pod
 
 pytestmark = pytest.mark.redis
@@ -145,8 +146,8 @@ async def test_two_replicas_racing_cannot_break_mutex(ledger: Ledger, redis_serv
     # both replicas plan on the same view: the same card
     assert plan_booking(stale.card_states(), slice_req, {}).cards == plan_booking(stale.card_states(), mutex_req,
                                                                                   mutex).cards == (1,)
-    a, _ = await ledger.place("race", "pod-a", slice_req, {}, stale, "spread", pod="ns/a")
-    b, _ = await other.place("race", "pod-b", mutex_req, mutex, stale, "spread", pod="ns/b")
+    a, _ = await place(ledger, "race", "pod-a", slice_req, {}, stale, "spread", pod="ns/a")
+    b, _ = await place(other, "race", "pod-b", mutex_req, mutex, stale, "spread", pod="ns/b")
     assert a.ok and b.ok
     assert a.cards == (1,) and b.cards == (0,), (a, b)
     assert b.attempts == 2  # refused once, then placed on the idle card

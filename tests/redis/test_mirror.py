@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import orjson
 import pytest
@@ -55,7 +56,8 @@ async def test_mirror_applies_the_feed_in_order(cluster: Ledger, mirror_factory:
 async def test_mirror_refetches_a_node_after_a_gap(cluster: Ledger, mirror_factory: MirrorFactory) -> None:
     led = cluster
     m = await mirror_factory()
-    m.nodes["n4"].version -= 1  # as if one message had been lost
+    m.nodes["n4"] = dataclasses.replace(m.nodes["n4"], version=m.nodes["n4"].version - 1)  # as if one message
+    # had been lost
     await led.reserve("n4", "u1", [0], 8, 2, 1)
     await wait_synced(m, led)
     assert m.refetches == 1

@@ -15,6 +15,7 @@ from shared.domain.fit import FitResult
 from shared.domain.models import CardModel
 from shared.domain.request import pod_request
 from shared.store.ledger import Ledger
+from shared.store.placing import place
 from shared.store.state import NodeSnapshot
 from tests.redis.helpers import (
     S4000,
@@ -390,7 +391,7 @@ async def test_place_books_in_one_round_trip_with_a_current_snapshot(cluster: Le
     req = pod_request(slice_pod((8, 2), (4, 1)), CFG)
     assert req is not None
     trips = led.round_trips
-    out, fit = await led.place("n4", "u1", req, {}, await snap(led, "n4"), "spread")
+    out, fit = await place(led, "n4", "u1", req, {}, await snap(led, "n4"), "spread")
     assert led.round_trips == trips + 2  # the snapshot read above, and the reserve
     assert out.ok and out.round_trips == 1 and out.attempts == 1
     assert fit is not None and fit.cards == out.cards
@@ -405,16 +406,16 @@ async def test_place_exclusive_and_multi_book_whole_cards(cluster: Ledger) -> No
     ex = pod_request(exclusive_pod(), CFG)
     multi = pod_request(multi_pod(2, pin="S5000"), CFG)
     assert ex is not None and multi is not None
-    out, _ = await led.place("n4", "e1", ex, {}, None, "spread")
+    out, _ = await place(led, "n4", "e1", ex, {}, None, "spread")
     assert out.ok and len(out.cards) == 1
-    out, _ = await led.place("n5", "m1", multi, {}, None, "spread")
+    out, _ = await place(led, "n5", "m1", multi, {}, None, "spread")
     assert out.ok and out.cards == (0, 1)
     s4, s5 = await snap(led, "n4"), await snap(led, "n5")
     assert sum(1 for c in s4.cards.values() if c.mem_free == 0 and c.cores_free == 0 and c.slices == 1) == 1
     assert all(c.mem_free == 0 and c.cores_free == 0 for c in s5.cards.values())
-    out, _ = await led.place("n4", "m2", pod_request(multi_pod(2), CFG), {}, None, "spread")  # type: ignore[arg-type]
+    out, _ = await place(led, "n4", "m2", pod_request(multi_pod(2), CFG), {}, None, "spread")  # type: ignore[arg-type]
     assert not out.ok and "ExclusiveDeviceAllocateConflict" in out.reason
-    out, _ = await led.place("n4", "m3", pod_request(multi_pod(2, pin="S5000"), CFG), {}, None,  # type: ignore[arg-type]
+    out, _ = await place(led, "n4", "m3", pod_request(multi_pod(2, pin="S5000"), CFG), {}, None,  # type: ignore[arg-type]
                              "spread")
     assert not out.ok and "CardTypeMismatch" in out.reason
     assert violations(s4) == [] and violations(s5) == []
@@ -428,10 +429,10 @@ async def test_place_refits_after_a_conflict(cluster: Ledger) -> None:
     assert req is not None
     # the stale snapshot says both cards are empty; spread picks card 1 (ties: highest index) ...
     assert (await led.reserve("n4", "other", [1], 64, 4, 1))[0].ok  # ... which another replica just took
-    out, fit = await led.place("n4", "u1", req, {}, stale, "spread")
+    out, fit = await place(led, "n4", "u1", req, {}, stale, "spread")
     assert out.ok and out.cards == (0,) and out.attempts == 2 and out.round_trips == 2
     assert fit is not None and fit.cards == (0,)
-    out, fit = await led.place("n4", "u2", req, {}, stale, "spread")  # refused, and the fresh state says why
+    out, fit = await place(led, "n4", "u2", req, {}, stale, "spread")  # refused, and the fresh state says why
     assert not out.ok and out.reason == "2/2 CardInsufficientMemory" and out.round_trips == 1
 
 
@@ -440,11 +441,11 @@ async def test_place_twice_returns_the_first_booking(cluster: Ledger) -> None:
     led = cluster
     req = pod_request(slice_pod((8, 1)), CFG)
     assert req is not None
-    first, _ = await led.place("n4", "u1", req, {}, None, "binpack")
+    first, _ = await place(led, "n4", "u1", req, {}, None, "binpack")
     assert first.ok and first.cards == (1,)  # empty cards tie: the highest index, as HAMi
     before = await dump(led.redis)
     for snapshot in (None, await snap(led, "n4")):
-        again, fit = await led.place("n4", "u1", req, {}, snapshot, "spread")
+        again, fit = await place(led, "n4", "u1", req, {}, snapshot, "spread")
         assert again.ok and again.existing and again.cards == first.cards
         assert fit == FitResult(first.cards)
     # a stale snapshot that does not know u1 yet (card 1 a little used, so spread picks card 0): the
@@ -454,7 +455,7 @@ async def test_place_twice_returns_the_first_booking(cluster: Ledger) -> None:
              for i in (0, 1)}
     stale = NodeSnapshot.from_json({"node": "n4", "version": 1, "error": "", "exists": True, "res": {},
                                     "cards": cards})
-    again, fit = await led.place("n4", "u1", req, {}, stale, "spread")
+    again, fit = await place(led, "n4", "u1", req, {}, stale, "spread")
     assert again.ok and again.existing and again.cards == first.cards and fit == FitResult(first.cards)
     assert await dump(led.redis) == before
 
@@ -468,7 +469,7 @@ async def test_place_retry_of_a_booking_on_a_removed_card(cluster: Ledger) -> No
     assert (await led.reserve("n4", "full", [1], S4000, 16, 1, whole=True))[0].ok
     req = pod_request(slice_pod((8, 1)), CFG)
     assert req is not None
-    out, fit = await led.place("n4", "u1", req, {}, await snap(led, "n4"), "spread")
+    out, fit = await place(led, "n4", "u1", req, {}, await snap(led, "n4"), "spread")
     assert out.ok and out.existing and out.cards == (0,) and fit == FitResult((0,))
 
 
@@ -477,10 +478,10 @@ async def test_place_on_unknown_or_broken_node(populated: Ledger) -> None:
     led = populated
     req = pod_request(slice_pod((8, 1)), CFG)
     assert req is not None
-    out, _ = await led.place("ghost", "u9", req, {}, None, "spread")
+    out, _ = await place(led, "ghost", "u9", req, {}, None, "spread")
     assert not out.ok and out.reason == "node unregistered"
-    out, _ = await led.place("nerr", "u9", req, {}, None, "spread")
+    out, _ = await place(led, "nerr", "u9", req, {}, None, "spread")
     assert not out.ok and out.reason.startswith("node unregistered: ")
-    out, fit = await led.place("nx", "u9", req, {}, None, "spread")
+    out, fit = await place(led, "nx", "u9", req, {}, None, "spread")
     assert not out.ok and fit is not None
     assert out.reason == "1/3 CardCordoned, 1/3 CardNotHealth, 1/3 CardTimeSlicingExhausted"

@@ -30,6 +30,7 @@ from shared.domain.annotations import PodUsage
 from shared.domain.models import CardModel
 from shared.domain.request import pod_request
 from shared.store.ledger import Ledger
+from shared.store.placing import place
 from tests.redis import stress_worker
 from tests.redis.helpers import (
     S4000,
@@ -226,7 +227,7 @@ async def test_pending_reservations_expire_after_the_ttl(cluster: Ledger) -> Non
         assert req is not None
         uid = f"t-{i}"
         for node in rng.sample(nodes, len(nodes)):
-            out, _ = await led.place(node, uid, req, {}, None, rng.choice(["spread", "binpack"]))
+            out, _ = await place(led, node, uid, req, {}, None, rng.choice(["spread", "binpack"]))
             if out.ok:
                 placed[uid] = PodUsage(node, out.cards, *req.booking_for(capacity[node]))
                 r = rng.random()
@@ -247,7 +248,7 @@ async def test_pending_reservations_expire_after_the_ttl(cluster: Ledger) -> Non
     assert req is not None
     for k in range(3):
         for node in nodes:
-            out, _ = await led.place(node, f"late-{k}", req, {}, None, "spread")
+            out, _ = await place(led, node, f"late-{k}", req, {}, None, "spread")
             if out.ok:
                 late[f"late-{k}"] = PodUsage(node, out.cards, 2, 1, 1)
                 break

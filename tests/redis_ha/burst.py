@@ -25,6 +25,7 @@ from redis import exceptions as rexc
 from shared.domain.annotations import PodUsage
 from shared.domain.request import SliceRequest, pod_request
 from shared.store.ledger import Ledger, LedgerError, connect
+from shared.store.placing import place
 from tests.redis.stress_worker import CFG, random_pod
 
 T = TypeVar("T")
@@ -137,7 +138,7 @@ class Burst:
             if avoid.get(node, 0.0) > loop.time():
                 continue
             try:
-                out, _fit = await led.place(node, uid, req, {}, None, policy, pod=f"default/{uid}")
+                out, _fit = await place(led, node, uid, req, {}, None, policy, pod=f"default/{uid}")
             except Exception as e:
                 if not redis_unavailable(e):
                     raise

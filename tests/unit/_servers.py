@@ -53,7 +53,7 @@ class FakeLedger:
     async def place(self, node: str, uid: str, *_: Any, **__: Any) -> tuple[ReserveOutcome, None]:
         self.placed.append((node, uid))
         if self.refuse:
-            return ReserveOutcome(False, reason=self.refuse), None
+            return ReserveOutcome(False, refused=self.refuse), None
         return ReserveOutcome(True, cards=(0,)), None
 
     async def mark_bound(self, node: str, uid: str) -> None:

@@ -105,7 +105,7 @@ def test_gen_reason(reasons: dict[str, int], total: int, text: str) -> None:
 
 def test_fit_success_takes_the_highest_index_on_a_tie() -> None:
     # HAMi "fit success": two idle cards -> dev-1 (backward scan).
-    assert fit(cards(96, 2), sl(32, 8), {}) == F.FitResult((1,), "")
+    assert fit(cards(96, 2), sl(32, 8), {}) == F.FitResult((1,))
 
 
 @pytest.mark.parametrize(
@@ -139,7 +139,8 @@ def test_fit_success_takes_the_highest_index_on_a_tie() -> None:
 def test_hami_fit_table(
     state: CardState, req: SliceRequest, annotations: dict[str, str], reason: str
 ) -> None:
-    assert fit([state], req, annotations) == F.FitResult((), reason)
+    result = fit([state], req, annotations)
+    assert result.cards == () and result.reason == reason
 
 
 def test_compute_units_exhausted_for_a_zero_core_ask() -> None:
@@ -432,11 +433,11 @@ def test_card_score() -> None:
 
 def test_aggregate_failures() -> None:
     # FilteringFailed: "%d nodes %s(%s)" per reason type, e.g. "2 nodes CardInsufficientMemory(n1,n2)".
-    failed = {
-        "n2": "2/2 CardInsufficientMemory",
-        "n1": "1/2 CardInsufficientMemory, 1/2 CardUuidMismatch",
+    failed: dict[str, F.Reasons | str] = {
+        "n2": F.Reasons.of({"CardInsufficientMemory": 2}, 2),
+        "n1": F.Reasons.of({"CardInsufficientMemory": 1, "CardUuidMismatch": 1}, 2),
         "n3": "node unregistered",
-        "n4": fit(cards(96, 1), whole(2), {}).reason,
+        "n4": fit(cards(96, 1), whole(2), {}).reasons,
     }
     assert aggregate_failures(failed) == [
         "2 nodes CardInsufficientMemory(n1,n2)",

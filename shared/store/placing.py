@@ -1,0 +1,58 @@
+"""Placing a pod on a node: plan (pure, shared.store.state.plan_on), send (Ledger.place), plan again on refusal.
+
+One round trip when the caller's snapshot is current; each conflict costs one more (the script returns the
+fresh state with its refusal, so no extra read is needed). Planning never weakens a check: the reserve
+script applies the Lua twin of card_rule to the plan's cards atomically.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from shared.domain.fit import FitResult, Plan
+from shared.domain.request import SliceRequest
+from shared.store.ledger import Ledger, ReserveOutcome
+from shared.store.state import NodeSnapshot, plan_on
+
+log = logging.getLogger("mtsched.ledger")
+
+
+async def place(ledger: Ledger, node: str, uid: str, req: SliceRequest, annotations: Mapping[str, str],
+                snapshot: NodeSnapshot | None, gpu_policy: str, pod: str = "", max_attempts: int = 3,
+                plan: Plan | None = None) -> tuple[ReserveOutcome, FitResult | None]:
+    """Book `req` for pod `uid` on `node` atomically; returns the outcome and the fit it came to.
+
+    `snapshot`: the node as the caller knows it (None: read it). `plan`: one already made on `snapshot`
+    (plan_on, e.g. from filter's memoized fit), sent as it is on the first attempt.
+    """
+    trips = 0
+    result: FitResult | None = None
+    outcome = ReserveOutcome(False)
+    for attempt in range(1, max_attempts + 1):
+        if snapshot is None:
+            plan = None
+            snapshot = await ledger.snapshot(node)
+            trips += 1
+            if snapshot is None:
+                return ReserveOutcome(False, refused="node unregistered", attempts=attempt,
+                                      round_trips=trips), None
+        if snapshot.error:
+            return ReserveOutcome(False, refused=f"node unregistered: {snapshot.error}", attempts=attempt,
+                                  round_trips=trips), None
+        if plan is None:
+            plan = plan_on(snapshot, uid, req, annotations, gpu_policy)
+        result = FitResult(plan.cards, plan.reasons)
+        if not plan.ok:
+            return ReserveOutcome(False, reasons=plan.reasons, attempts=attempt, round_trips=trips), result
+        outcome, fresh = await ledger.place(node, uid, plan, pod=pod)
+        trips += 1
+        if outcome.ok:
+            if outcome.cards != result.cards:  # booked earlier on other cards (our snapshot was stale)
+                result = FitResult(outcome.cards)
+            return ReserveOutcome(True, outcome.cards, existing=outcome.existing, attempts=attempt,
+                                  round_trips=trips, capacity=outcome.capacity), result
+        log.debug("reserve conflict on %s for %s: %s (attempt %d)", node, uid, outcome.reason, attempt)
+        snapshot, plan = fresh, None
+    return ReserveOutcome(False, refused=f"conflict: {outcome.reason}", attempts=max_attempts,
+                          round_trips=trips), result
