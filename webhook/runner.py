@@ -18,11 +18,13 @@ from webhook.server import BODY_LIMIT, Webhook
 async def run_webhook(cfg: Config, stop: asyncio.Event) -> bool:
     sup = Supervisor()
     _, mirror = await open_ledger(cfg, sup)
-    kube = await Kube.create(cfg.kubeconfig)  # reads ResourceQuotas and pods for the quota check
+    # the quota check reads ResourceQuotas and pods (webhook/quotas.py); without it no API calls
+    kube = await Kube.create(cfg.kubeconfig) if cfg.quota_check else None
     app = web.Application(client_max_size=BODY_LIMIT)
-    Webhook(cfg, mirror.capacities, QuotaReader(kube, cfg)).routes(app)
+    Webhook(cfg, mirror.capacities, QuotaReader(kube, cfg) if kube else None).routes(app)
     # ready once the mirror knows the cards the cluster reports (the mixed-fleet default needs them)
     try:
         return await serve_api(cfg, app, sup, stop)
     finally:
-        await kube.close()
+        if kube:
+            await kube.close()

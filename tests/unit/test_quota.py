@@ -226,3 +226,29 @@ def test_the_reader_fails_closed(answers: dict[str, Any]) -> None:
     allowed, msg = judged(Api(answers), pod("n", slice_(8)))
     assert not allowed
     assert msg.startswith("cannot check the ResourceQuotas of namespace team: ")
+
+
+def test_the_review_handler_answers_with_the_quota_refusal_and_updates_pass() -> None:
+    import orjson
+
+    from webhook.server import handle_review_with_quotas
+
+    def review(op: str, p: dict[str, Any]) -> bytes:
+        req: dict[str, Any] = {"uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                               "operation": op, "namespace": "team", "object": p}
+        if op == "UPDATE":
+            req["oldObject"] = p
+        return orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req})
+
+    api = Api({QUOTAS: {"items": [hq("gpu", **{f"limits.{VGPU}": "1"})]},
+               PODS: {"items": [pod("a", slice_(2), phase="Running")]}})
+    reader = QuotaReader(api, CFG)
+    status, out = asyncio.run(handle_review_with_quotas(review("CREATE", pod("n", slice_(2))), CFG, {96}, reader))
+    assert status == 200 and out["response"]["allowed"] is False
+    assert out["response"]["status"] == {
+        "code": 403, "reason": "Forbidden",
+        "message": f"exceeded quota: gpu, requested: limits.{VGPU}=1, left: limits.{VGPU}=0 "
+                   "(used 1 by 1 pod, limited 1)"}
+    calls = len(api.calls)
+    status, out = asyncio.run(handle_review_with_quotas(review("UPDATE", pod("a", slice_(2))), CFG, {96}, reader))
+    assert out["response"]["allowed"] is True and len(api.calls) == calls  # an UPDATE charges nothing new
