@@ -113,17 +113,17 @@ def instrument() -> None:
 
     Extender.filter = counting_filter  # type: ignore[method-assign]
     Extender.prioritize = timed_prioritize  # type: ignore[method-assign]
-    plain_review = webhook_server.handle_review
+    plain_review = webhook_server.judge
     compute_review = BENCH_SECONDS.labels("webhook.compute")
 
-    def timed_review(*args: Any, **kwargs: Any) -> tuple[int, dict[str, Any]]:
+    def timed_review(*args: Any, **kwargs: Any) -> webhook_server.Judged | tuple[int, dict[str, Any]]:
         start = time.perf_counter()
         try:
             return plain_review(*args, **kwargs)
         finally:
             compute_review.observe(time.perf_counter() - start)
 
-    webhook_server.handle_review = timed_review  # Webhook.h_review looks it up at call time
+    webhook_server.judge = timed_review  # the review handlers look it up at call time
 
 
 async def _lag_probe(period: float = 0.005) -> None:

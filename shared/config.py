@@ -62,6 +62,9 @@ class Config:
     extender_allow_unauthenticated: bool = False  # explicit opt-in: non-loopback extender without mTLS
     kubeconfig: str = ""
     events_enabled: bool = True
+    # The webhook enforces namespace quotas in the limits./bare forms (shared/domain/quota.py); it
+    # then needs the API server (list resourcequotas and pods). false: those forms hold nothing.
+    quota_check: bool = True
     log_level: str = "info"
 
     @property

@@ -6,17 +6,25 @@ import asyncio
 
 from aiohttp import web
 
+from controller.kube import Kube
 from shared.config import Config
 from shared.serving.http import serve_api
 from shared.serving.supervise import Supervisor
 from shared.store.session import open_ledger
+from webhook.quotas import QuotaReader
 from webhook.server import BODY_LIMIT, Webhook
 
 
 async def run_webhook(cfg: Config, stop: asyncio.Event) -> bool:
     sup = Supervisor()
     _, mirror = await open_ledger(cfg, sup)
+    # the quota check reads ResourceQuotas and pods (webhook/quotas.py); without it no API calls
+    kube = await Kube.create(cfg.kubeconfig) if cfg.quota_check else None
     app = web.Application(client_max_size=BODY_LIMIT)
-    Webhook(cfg, mirror.capacities).routes(app)
+    Webhook(cfg, mirror.capacities, QuotaReader(kube, cfg) if kube else None).routes(app)
     # ready once the mirror knows the cards the cluster reports (the mixed-fleet default needs them)
-    return await serve_api(cfg, app, sup, stop)
+    try:
+        return await serve_api(cfg, app, sup, stop)
+    finally:
+        if kube:
+            await kube.close()

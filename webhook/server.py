@@ -2,7 +2,9 @@
 
 Malformed reviews get HTTP 400 and never reach the decision (shared/domain/review.py); the decision
 itself is pure, so a bad pod can only ever produce a denial. The per-card capacities the cluster
-reports (for the exclusive and multi-card default) come from this replica's ledger mirror.
+reports (for the exclusive and multi-card default) come from this replica's ledger mirror. A CREATE
+the rules allow is then checked against the namespace's ResourceQuotas in the forms the API server
+does not enforce for extended resources (webhook/quotas.py reads them, shared/domain/quota.py judges).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import base64
 import logging
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -18,14 +21,16 @@ from aiohttp import web
 
 from shared.config import Config
 from shared.domain.admission import Decision, decide, judge_update
-from shared.domain.review import API_VERSION, parse_review
+from shared.domain.review import API_VERSION, AdmissionRequest, parse_review
 from shared.domain.shapes import ShapeError, describe
 from shared.serving.listen import LISTEN_POLICY, webhook_policy
 from shared.serving.metrics import ADMISSIONS, WEBHOOK_SECONDS
 from shared.serving.tls import CertReloader
+from webhook.quotas import QuotaReader
 
 # CertReloader moved to shared/serving/tls.py (every role serves TLS); still importable from here.
-__all__ = ["BODY_LIMIT", "MAX_MESSAGE_CHARS", "CertReloader", "Webhook", "handle_review", "review_response"]
+__all__ = ["BODY_LIMIT", "MAX_MESSAGE_CHARS", "CertReloader", "Judged", "Webhook", "handle_review",
+           "handle_review_with_quotas", "judge", "respond", "review_response"]
 
 log = logging.getLogger("mtsched.webhook")
 
@@ -49,13 +54,14 @@ def review_response(uid: str, d: Decision) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}
 
 
-def handle_review(body: bytes, cfg: Config, capacities: Collection[int]) -> tuple[int, dict[str, Any]]:
-    """(HTTP status, response JSON) for a raw AdmissionReview body.
+@dataclass(frozen=True)
+class Judged:
+    req: AdmissionRequest
+    decision: Decision
 
-    400 with {"error": "<field>: got <value>; allowed: ..."} when the body is not a v1 AdmissionReview
-    of a Pod CREATE or UPDATE; otherwise 200 with the decision (a malformed pod is a denial naming
-    the field, which the API server shows to the user).
-    """
+
+def judge(body: bytes, cfg: Config, capacities: Collection[int]) -> Judged | tuple[int, dict[str, Any]]:
+    """The pure decision for a raw AdmissionReview body, or (400, {"error": ...}) for a bad body."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as e:
@@ -73,6 +79,11 @@ def handle_review(body: bytes, cfg: Config, capacities: Collection[int]) -> tupl
     except Exception as e:  # a bug must not become a 500 (the API server would fail the request unexplained)
         log.exception("admission decision failed")
         decision = Decision(False, message=f"cannot judge this pod: {type(e).__name__}: {e}", code=400)
+    return Judged(req, decision)
+
+
+def respond(j: Judged) -> tuple[int, dict[str, Any]]:
+    req, decision = j.req, j.decision
     ADMISSIONS.labels("allowed" if decision.allowed else "denied").inc()
     if not decision.allowed:
         meta = req.obj.get("metadata")
@@ -83,14 +94,42 @@ def handle_review(body: bytes, cfg: Config, capacities: Collection[int]) -> tupl
     return 200, review_response(req.uid, decision)
 
 
+def handle_review(body: bytes, cfg: Config, capacities: Collection[int]) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, response JSON) for a raw AdmissionReview body, without the quota check.
+
+    400 with {"error": "<field>: got <value>; allowed: ..."} when the body is not a v1 AdmissionReview
+    of a Pod CREATE or UPDATE; otherwise 200 with the decision (a malformed pod is a denial naming
+    the field, which the API server shows to the user).
+    """
+    j = judge(body, cfg, capacities)
+    return j if isinstance(j, tuple) else respond(j)
+
+
+async def handle_review_with_quotas(body: bytes, cfg: Config, capacities: Collection[int],
+                                    quotas: QuotaReader) -> tuple[int, dict[str, Any]]:
+    """handle_review, then a CREATE the rules allow is checked against the namespace's quotas in the
+    forms the API server does not enforce for extended resources (shared/domain/quota.py)."""
+    j = judge(body, cfg, capacities)
+    if isinstance(j, tuple):
+        return j
+    if j.req.operation == "CREATE":
+        j = Judged(j.req, await quotas.judge(j.req.namespace, j.req.obj, j.decision))
+    return respond(j)
+
+
 class Webhook:
-    def __init__(self, cfg: Config, capacities: Callable[[], Collection[int]]):
+    def __init__(self, cfg: Config, capacities: Callable[[], Collection[int]], quotas: QuotaReader | None = None):
         self.cfg = cfg
         self.capacities = capacities
+        self.quotas = quotas  # None: no quota check (unit tests of the admission rules alone)
 
     async def h_review(self, request: web.Request) -> web.Response:
         start = time.perf_counter()
-        status, out = handle_review(await request.read(), self.cfg, self.capacities())
+        body = await request.read()
+        if self.quotas is None:
+            status, out = handle_review(body, self.cfg, self.capacities())
+        else:
+            status, out = await handle_review_with_quotas(body, self.cfg, self.capacities(), self.quotas)
         result = "bad" if status != 200 else ("allowed" if out["response"]["allowed"] else "denied")
         WEBHOOK_SECONDS.labels(result).observe(time.perf_counter() - start)
         return web.Response(body=orjson.dumps(out), status=status, content_type="application/json")

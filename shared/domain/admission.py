@@ -19,6 +19,7 @@ from typing import Any
 from shared.config import Config
 from shared.domain.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
 from shared.domain.models import CORES_PER_CARD, CardModel, describe_models, union_memory_values
+from shared.domain.quota import asks_usage
 from shared.domain.request import (
     PIN_ANNOTATION,
     ContainerAsk,
@@ -39,6 +40,8 @@ class Decision:
     patch: tuple[dict[str, Any], ...] = ()
     warnings: tuple[str, ...] = field(default_factory=tuple)
     code: int = 200
+    # what the admitted pod is charged per resource after the fills (shared/domain/quota.py)
+    usage: tuple[tuple[str, int], ...] = ()
 
 
 def deny(message: str, code: int = 403) -> Decision:
@@ -208,7 +211,8 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = ()) 
             patch.append({"op": "add", "path": "/metadata/annotations", "value": {}})
         patch.append({"op": "add", "path": f"/metadata/annotations/{_esc(REQUEST_GPU_NUM)}",
                       "value": str(req.cards)})
-    return Decision(True, patch=tuple(patch), warnings=tuple(warnings))
+    return Decision(True, patch=tuple(patch), warnings=tuple(warnings),
+                    usage=tuple(asks_usage(completed, cfg).items()))
 
 
 def _our_resources(pod: Mapping[str, Any], cfg: Config) -> list[tuple[str, tuple[object, ...]]]:

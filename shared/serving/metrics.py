@@ -16,6 +16,10 @@ CONFLICTS = Counter("mtsched_reservation_conflicts_total",
 RELEASES = Counter("mtsched_releases_total", "Reservations released", ["why"])
 BINDINGS = Counter("mtsched_bindings_total", "Bind calls by outcome", ["result"])
 ADMISSIONS = Counter("mtsched_admissions_total", "Admission decisions", ["result"])
+QUOTA_CHECKS = Counter("mtsched_webhook_quota_checks_total",
+                       "Pods checked against a namespace quota in the limits. or bare form (the forms only the "
+                       "webhook enforces), by result: allowed, denied, error (quotas or pods unreadable: refused)",
+                       ["result"])
 WATCH_RELISTS = Counter("mtsched_watch_relists_total", "Full lists of a watched resource (start, 410 Gone, errors)",
                         ["resource"])
 WATCH_RESUMES = Counter("mtsched_watch_resumes_total", "Watch streams resumed from the last resourceVersion",

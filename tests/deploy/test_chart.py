@@ -375,10 +375,13 @@ def test_least_privilege_rbac(rendered: Rendered) -> None:
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
         # the nudge: the node annotation mtsched.io/capacity-freed after a release
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
-    # The webhook and Redis need nothing from the API: no binding, no token.
-    for sa in ("hami-webhook", "hami-redis"):
-        assert _bindings_of(objs, sa) == []
-        assert one(objs, "ServiceAccount", sa)["automountServiceAccountToken"] is False
+    # The webhook only lists the namespace's ResourceQuotas and pods (the quota forms only it enforces,
+    # shared/domain/quota.py); Redis needs nothing from the API: no binding, no token.
+    assert [b["roleRef"]["name"] for b in _bindings_of(objs, "hami-webhook")] == ["hami-webhook"]
+    assert one(objs, "ClusterRole", "hami-webhook")["rules"] == [
+        {"apiGroups": [""], "resources": ["resourcequotas", "pods"], "verbs": ["list"]}]
+    assert _bindings_of(objs, "hami-redis") == []
+    assert one(objs, "ServiceAccount", "hami-redis")["automountServiceAccountToken"] is False
     for d in find(objs, "Deployment"):
         assert d["spec"]["template"]["spec"]["serviceAccountName"] == d["metadata"]["name"]
     # No verb that writes anything but bindings, events and the watcher's node nudge.

@@ -60,8 +60,12 @@ ACCESS: list[tuple[str, str, str, str, bool]] = [
     ("extender", "patch", "nodes", "", False),
     ("extender", "get", "secrets", "kube-system", False),
     ("extender", "update", "pods", "default", False),
-    # webhook: no API calls at all
+    # webhook: lists the namespace's ResourceQuotas and pods for the quota check (webhook/quotas.py)
+    ("webhook", "list", "resourcequotas", "default", True),
+    ("webhook", "list", "pods", "default", True),
     ("webhook", "get", "pods", "default", False),
+    ("webhook", "watch", "pods", "default", False),
+    ("webhook", "update", "resourcequotas/status", "default", False),
     ("webhook", "list", "nodes", "", False),
     ("webhook", "get", "secrets", "kube-system", False),
     # kube-scheduler: its informers and the binding it makes for non-extender pods
@@ -152,7 +156,7 @@ async def test_forbidden_calls_are_refused_and_the_nudge_goes_through(stack: Sta
                 await watcher.request(method, path)
             assert info.value.status == 403, info.value
         with pytest.raises(KubeError) as info:
-            await clients["webhook"].request("GET", f"/api/v1/namespaces/{ns}/pods")
+            await clients["webhook"].request("GET", f"/api/v1/namespaces/{ns}/pods/slice")  # list only
         assert info.value.status == 403, info.value
 
         # The pod only after the watcher booked the node's cards, else the extender turns it away.

@@ -1,0 +1,171 @@
+"""Namespace quotas on slices: the forms Kubernetes does not enforce for extended resources.
+
+What the API server already does (kube-apiserver v1.36, checked in its source): the ResourceQuota
+admission plugin runs after every mutating webhook, so it counts the amounts our webhook fills in
+for exclusive and multi-card pods (the API server defaults requests to limits after the patch). For
+an extended resource it counts and enforces only `requests.<name>` (e.g.
+`requests.mthreads.com/sgpu-memory`), atomically (compare-and-swap on the quota's `status.used`),
+and only once the quota controller has written `status.hard` and `status.used`. Its refusal:
+`exceeded quota: <quota>, requested: <key>=<n>, used: <key>=<n>, limited: <key>=<n>`.
+
+The API server also stores `limits.<name>` (the form HAMi documents, e.g.
+`limits.mthreads.com/sgpu-memory`) and the bare `<name>`, but never counts or enforces them for an
+extended resource. Those two forms are what this module judges: the pod's asks (after our fills)
+plus what the namespace's live pods hold, against every such quota whose scopes select the pod.
+Pure: the webhook reads the quotas and pods and passes them in.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from shared.config import Config
+from shared.domain.request import ContainerAsk, RequestError, read_asks
+
+LIMITS_PREFIX = "limits."
+TERMINAL_PHASES = ("Succeeded", "Failed")  # the API server stops charging a pod once it is terminal
+_QUANTITY = re.compile(r"^\+?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:([eE][-+]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$")
+_SUFFIX = {"": Fraction(1), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
+           "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
+           "P": Fraction(10**15), "E": Fraction(10**18), "Ki": Fraction(2**10), "Mi": Fraction(2**20),
+           "Gi": Fraction(2**30), "Ti": Fraction(2**40), "Pi": Fraction(2**50), "Ei": Fraction(2**60)}
+
+
+class QuotaError(ValueError):
+    """A quota or a pod we cannot read: the webhook refuses (fail closed) with this message."""
+
+
+@dataclass(frozen=True)
+class QuotaLimit:
+    quota: str
+    key: str  # as written in spec.hard
+    resource: str  # the pod resource it limits
+    hard: int
+
+
+def enforced_keys(cfg: Config) -> dict[str, str]:
+    """spec.hard key -> pod resource, for the forms only our webhook enforces."""
+    out: dict[str, str] = {}
+    for resource in cfg.slice_resources:
+        out[LIMITS_PREFIX + resource] = resource
+        out[resource] = resource
+    return out
+
+
+def hard_value(text: object, where: str) -> int:
+    """A quota amount as a whole number of units, rounded down (a fraction of a unit grants nothing)."""
+    m = _QUANTITY.match(str(text).strip()) if isinstance(text, (str, int)) and not isinstance(text, bool) else None
+    if m is None or len(str(text)) > 64:
+        raise QuotaError(f"{where}={text!r} is not a quantity; cannot check the pod against it")
+    exp = int(m.group(2)[1:]) if m.group(2) else 0
+    if abs(exp) > 30:
+        raise QuotaError(f"{where}={text!r} is out of range; cannot check the pod against it")
+    value = Fraction(m.group(1)) * _SUFFIX[m.group(3) or ""] * Fraction(10) ** exp
+    return int(value)  # floor: values are never negative here
+
+
+def limits_of(quota: Mapping[str, Any], cfg: Config) -> list[QuotaLimit]:
+    meta, spec = quota.get("metadata") or {}, quota.get("spec") or {}
+    name = str(meta.get("name", "?"))
+    keys = enforced_keys(cfg)
+    hard = spec.get("hard") or {}
+    return [QuotaLimit(name, key, keys[key], hard_value(value, f'quota "{name}" spec.hard {key}'))
+            for key, value in sorted(hard.items()) if key in keys]
+
+
+def asks_usage(asks: Sequence[ContainerAsk], cfg: Config) -> dict[str, int]:
+    """What a pod is charged per resource: the larger of the sum over app containers and the largest
+    init container (init containers run one at a time), as the API server charges `requests.*`."""
+    out: dict[str, int] = {}
+    for resource, field in zip(cfg.slice_resources, ("count", "memory", "cores"), strict=True):
+        app = sum(getattr(a, field) or 0 for a in asks if not a.init)
+        init = max((getattr(a, field) or 0 for a in asks if a.init), default=0)
+        if max(app, init):
+            out[resource] = max(app, init)
+    return out
+
+
+def pod_usage(pod: Mapping[str, Any], cfg: Config) -> dict[str, int]:
+    """What a pod already in the namespace holds (nothing once it is terminal)."""
+    if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+        return {}
+    try:
+        return asks_usage(read_asks(pod, cfg), cfg)
+    except RequestError as e:
+        name = (pod.get("metadata") or {}).get("name", "?")
+        raise QuotaError(f'cannot count pod "{name}" against the quota: {"; ".join(e.problems)}') from e
+
+
+def _affinity_crosses_namespaces(spec: Mapping[str, Any]) -> bool:
+    affinity = spec.get("affinity") or {}
+    for kind in ("podAffinity", "podAntiAffinity"):
+        block = affinity.get(kind) or {}
+        terms = list(block.get("requiredDuringSchedulingIgnoredDuringExecution") or [])
+        terms += [w.get("podAffinityTerm") or {} for w in block.get("preferredDuringSchedulingIgnoredDuringExecution")
+                  or []]
+        if any(t.get("namespaces") or t.get("namespaceSelector") is not None for t in terms):
+            return True
+    return False
+
+
+def _scope_selects(scope: str, operator: str, values: Sequence[str], pod: Mapping[str, Any]) -> bool:
+    spec = pod.get("spec") or {}
+    if scope in ("Terminating", "NotTerminating"):
+        deadline = spec.get("activeDeadlineSeconds")
+        terminating = isinstance(deadline, int) and deadline >= 0
+        return terminating == (scope == "Terminating")
+    if scope in ("BestEffort", "NotBestEffort"):
+        best_effort = not any(
+            name in (part or {})
+            for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])
+            for part in ((c.get("resources") or {}).get("limits"), (c.get("resources") or {}).get("requests"))
+            for name in ("cpu", "memory"))
+        return best_effort == (scope == "BestEffort")
+    if scope == "PriorityClass":
+        pc = spec.get("priorityClassName") or ""
+        return {"In": pc in values, "NotIn": pc not in values, "Exists": bool(pc),
+                "DoesNotExist": not pc}.get(operator, True)
+    if scope == "CrossNamespacePodAffinity":
+        return _affinity_crosses_namespaces(spec)
+    return False  # scopes of other kinds (VolumeAttributesClass) never select a pod
+
+
+def in_scope(quota: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    """Whether the quota's scopes and scopeSelector select the pod (no scopes: every pod)."""
+    spec = quota.get("spec") or {}
+    terms = [(str(s), "Exists", ()) for s in spec.get("scopes") or []]
+    for e in (spec.get("scopeSelector") or {}).get("matchExpressions") or []:
+        terms.append((str(e.get("scopeName")), str(e.get("operator")), tuple(e.get("values") or ())))
+    return all(_scope_selects(scope, op, values, pod) for scope, op, values in terms)
+
+
+def judge_quotas(pod: Mapping[str, Any], asked: Mapping[str, int], quotas: Sequence[Mapping[str, Any]],
+                 pods: Sequence[Mapping[str, Any]], cfg: Config) -> str | None:
+    """None when the pod fits every `limits.`/bare quota of its namespace, else the refusal.
+
+    `asked`: the pod's charge after our fills (asks_usage); `pods`: the namespace's pods as the API
+    server lists them now (the pod being created is not among them). Raises QuotaError when a quota
+    or a counted pod cannot be read.
+    """
+    problems: list[str] = []
+    usage: list[dict[str, int]] | None = None
+    for q in quotas:
+        limits = [lim for lim in limits_of(q, cfg) if asked.get(lim.resource)]
+        if not limits or not in_scope(q, pod):
+            continue
+        if usage is None:
+            usage = [pod_usage(p, cfg) for p in pods]
+        selected = [u for p, u in zip(pods, usage, strict=True) if u and in_scope(q, p)]
+        for lim in limits:
+            want = asked[lim.resource]
+            used = sum(u.get(lim.resource, 0) for u in selected)
+            if used + want > lim.hard:
+                left = max(lim.hard - used, 0)
+                holders = sum(1 for u in selected if u.get(lim.resource))
+                problems.append(f"exceeded quota: {lim.quota}, requested: {lim.key}={want}, left: {lim.key}={left} "
+                                f"(used {used} by {holders} pod{'s' if holders != 1 else ''}, limited {lim.hard})")
+    return "; ".join(problems) or None
