@@ -35,7 +35,7 @@ from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError
 from shared.serving.bounded import ByteLRU
 from shared.serving.listen import LISTEN_POLICY, extender_policy
-from shared.serving.metrics import BINDINGS, CONFLICTS, EXTENDER_SECONDS, RESERVATIONS
+from shared.serving.metrics import BINDINGS, CONFLICTS, EXTENDER_SECONDS, RESERVATIONS, count_filter_failures
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
 
@@ -177,6 +177,7 @@ class Extender:
         ok, failed, unresolvable = self.memo.fit_nodes(names, req, seen.annotations, self.cfg.gpu_scheduler_policy)
         if not ok:
             msgs = aggregate_failures({**failed, **unresolvable})
+            count_filter_failures(failed, unresolvable)
             self.event(event_pod, "FilteringFailed",
                        "; ".join([*msgs, f"no available node, {len(names)} nodes do not meet"]), "Warning")
         return {"NodeNames": ok, "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}

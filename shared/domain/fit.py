@@ -263,11 +263,15 @@ def extender_priority(states: Sequence[CardState], policy: str) -> int:
     return fill if policy != "spread" else 10 - fill
 
 
+def reason_names(reason: str) -> list[str]:
+    """The reason names in one node's failure text ("1/2 CardInsufficientMemory, 1/2 CardNotHealth")."""
+    return [item.split(" ", 1)[-1] if "/" in item.split(" ", 1)[0] else item for item in reason.split(", ")]
+
+
 def aggregate_failures(failed: Mapping[str, str]) -> list[str]:
     """HAMi's FilteringFailed event texts: "N nodes Reason(n1,n2)" per reason type, sorted."""
     by_reason: dict[str, list[str]] = {}
     for node, reason in failed.items():
-        for item in reason.split(", "):
-            name = item.split(" ", 1)[-1] if "/" in item.split(" ", 1)[0] else item
+        for name in reason_names(reason):
             by_reason.setdefault(name, []).append(node)
     return [f"{len(nodes)} nodes {r}({','.join(sorted(nodes))})" for r, nodes in sorted(by_reason.items())]
