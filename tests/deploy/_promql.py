@@ -10,14 +10,21 @@ metric name. `{__name__="x"}` selectors count as x.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
+import shutil
+import subprocess
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "helm" / "hami" / "dashboards" / "mtsched.json"
+BUILD_PROMQL = ROOT / "deploy" / "helm-tools" / "build-promql-check.sh"
 
 AGGREGATIONS = {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk",
                 "topk", "quantile", "limitk", "limit_ratio"}
@@ -165,3 +172,37 @@ class Scrape:
         if kind in ("histogram", "summary"):
             return any(f"{name}{s}" in self.samples for s in ("_bucket", "_sum", "_count"))
         return False
+
+
+# ------------------------------------------------------------------------- the real PromQL parser
+def promql_checker(pytestconfig: pytest.Config) -> Path:
+    """promql-check (Prometheus's parser, built once by deploy/helm-tools/build-promql-check.sh); skip if
+    it cannot be built for lack of Go, fail if the build fails."""
+    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
+    uncaptured = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
+    with uncaptured:
+        proc = subprocess.run([str(BUILD_PROMQL)], stdout=subprocess.PIPE, stderr=None, text=True, check=False)
+    path = Path(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else None
+    if proc.returncode == 0 and path and path.is_file():
+        return path
+    if shutil.which("go") is None:
+        pytest.skip("promql-check is not built and Go (1.26+) is not installed: "
+                    "run deploy/helm-tools/build-promql-check.sh")
+    pytest.fail(f"building promql-check with {BUILD_PROMQL} failed (exit {proc.returncode})", pytrace=False)
+
+
+_RANGE_VARS = re.compile(r"\$\{?__(?:rate_interval|interval|range)(?:_ms|_s)?\}?")
+
+
+def concrete(expr: str) -> str:
+    """What Grafana sends Prometheus: its range variables as a duration, other variables as a regex."""
+    return _GRAFANA_VAR.sub(".*", _RANGE_VARS.sub("5m", expr))
+
+
+def parse_errors(checker: Path, exprs: Sequence[str]) -> list[str]:
+    """The parser's verdict on each expression: "ok" or its error."""
+    proc = subprocess.run([str(checker)], input="".join(json.dumps(e) + "\n" for e in exprs), capture_output=True,
+                          text=True, check=True, timeout=60)
+    out = proc.stdout.splitlines()
+    assert len(out) == len(exprs), proc.stdout + proc.stderr
+    return out

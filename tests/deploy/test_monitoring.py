@@ -21,9 +21,12 @@ from tests.deploy._chart import ROOT, Case, Json, find, objects, one, template
 from tests.deploy._promql import (
     DASHBOARD,
     Scrape,
+    concrete,
     dashboard_queries,
     dashboard_variable_queries,
     metric_names,
+    parse_errors,
+    promql_checker,
     rule_queries,
     variable_metric_names,
 )
@@ -118,6 +121,20 @@ def _our_registry() -> str:
     cards = CollectorRegistry()
     cards.register(CardCollector(SimpleNamespace(nodes={})))  # type: ignore[arg-type]
     return generate_latest(prom_registry.REGISTRY).decode() + generate_latest(cards).decode()
+
+
+def test_every_query_parses_with_the_prometheus_parser(pytestconfig: pytest.Config, rendered: Rendered) -> None:
+    queries = [*dashboard_queries(dashboard()), *rule_queries(monitoring_objects(rendered))]
+    assert len(queries) > 30
+    exprs = [concrete(e) for _, e in queries]
+    verdicts = parse_errors(promql_checker(pytestconfig), [*exprs, "sum(rate(x[5m])"])
+    assert verdicts[-1] != "ok"  # the checker does refuse a broken expression
+    bad = {where: (e, v) for (where, _), e, v in zip(queries, exprs, verdicts, strict=False) if v != "ok"}
+    assert not bad, bad
+
+
+def test_concrete_queries() -> None:
+    assert concrete('rate(a{node=~"$node"}[$__rate_interval]) + b[${__range}]') == 'rate(a{node=~".*"}[5m]) + b[5m]'
 
 
 def test_every_queried_metric_is_one_our_code_defines(rendered: Rendered) -> None:
