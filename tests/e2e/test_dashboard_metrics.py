@@ -39,10 +39,11 @@ pytestmark = pytest.mark.e2e
 
 VGPU, MEM, CORE = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core"
 LABEL = "mtsched.io/e2e-dashboard"
-# Counters whose labelled series appear only when something goes wrong: declared (TYPE line) but
-# without samples on a healthy cluster. Everything else queried must have samples.
+# Counters whose labelled series appear only when something goes wrong (or, for resumes, once a watch
+# stream ends and is resumed): declared (TYPE line) but without samples on a young, healthy cluster.
+# Everything else queried must have samples.
 TROUBLE_ONLY = {"mtsched_reconcile_repairs_total", "mtsched_record_mismatch_total", "mtsched_task_failures_total",
-                }
+                "mtsched_watch_resumes_total"}
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +110,9 @@ async def test_every_queried_metric_is_in_a_real_scrape(stack: Stack, pytestconf
         await wait_for("the node's cards in the watcher's gauges",
                        lambda: f'mtsched_card_cores_limit{{device_index="1",device_type="Mthreads",'
                                f'device_uuid="{node}-mthreads-1",node="{node}"}}' in stack.metrics(watcher))
-        # two 10-core slices land on the two cards (card spread); a third fits the node, no card
-        for name in ("a", "b", "c"):
+        # two 10-core slices land on the two cards (card spread); a third, created after them, fits the
+        # node but no card
+        for name in ("a", "b"):
             await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod(name, run, 10))
 
         async def bound(name: str) -> bool:
@@ -118,8 +120,9 @@ async def test_every_queried_metric_is_in_a_real_scrape(stack: Stack, pytestconf
 
         deadline = time.monotonic() + 60
         while not (await bound("a") and await bound("b")):
-            assert time.monotonic() < deadline, "a and b never bound"
+            assert time.monotonic() < deadline, "a and b never bound: " + stack.logs(10)
             await asyncio.sleep(0.3)
+        await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod("c", run, 10))
         extender = stack.role("extender")
         failure = 'mtsched_filter_failures_total{reason="CardInsufficientCore"}'
         await wait_for("a filter failure by HAMi reason", lambda: failure in stack.metrics(extender))
