@@ -115,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mtsched {args.cmd}: " + "; ".join(problems), file=sys.stderr)
         return 2
     from controller import roles
+    from shared.serving.metrics import ROLE
     from webhook.runner import run_webhook
 
     role = {"extender": roles.run_extender, "webhook": run_webhook, "watcher": roles.run_watcher}[args.cmd]
+    ROLE.labels(args.cmd).set(1)  # lets dashboards and alerts tell the roles apart
     try:
         return _run_role(role, cfg)
     except ConfigError as e:  # found on the way up, e.g. an unreadable redisPasswordFile

@@ -38,7 +38,7 @@ from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError
 from shared.serving.bounded import ByteLRU
 from shared.serving.listen import LISTEN_POLICY, extender_policy
-from shared.serving.metrics import BINDINGS, CONFLICTS, EXTENDER_SECONDS, RESERVATIONS
+from shared.serving.metrics import BINDINGS, CONFLICTS, EXTENDER_SECONDS, RESERVATIONS, count_filter_failures
 from shared.store.ledger import Ledger, ReserveOutcome
 from shared.store.mirror import Mirror
 from shared.store.placing import place
@@ -193,6 +193,7 @@ class Extender:
         ok, failed, unresolvable = self.memo.fit_nodes(names, req, seen.annotations, self.cfg.gpu_scheduler_policy)
         if not ok:
             msgs = aggregate_failures({**failed, **unresolvable})
+            count_filter_failures(failed, unresolvable)
             self.event(event_pod, "FilteringFailed",
                        "; ".join([*msgs, f"no available node, {len(names)} nodes do not meet"]), "Warning")
         # the edge: card counts become HAMi's "N/M Reason" text here

@@ -37,6 +37,7 @@ from shared.domain.trust import foreign_record
 from shared.serving.metrics import (
     ANNOTATION_ERRORS,
     LEDGER_REBUILDS,
+    RECONCILE_LAST,
     RECONCILE_REPAIRS,
     RECONCILE_RUNS,
     RECONCILE_SECONDS,
@@ -260,6 +261,7 @@ class Reconciler:
                     repaired[kind] = repaired.get(kind, 0) + n
         RECONCILE_SECONDS.observe(time.monotonic() - t0)
         RECONCILE_RUNS.labels("repaired" if repaired else "clean").inc()
+        RECONCILE_LAST.set_to_current_time()
         self.last_pass = {"nodes": len(names), "repaired": repaired, "seconds": round(time.monotonic() - t0, 3)}
         return repaired
 

@@ -302,11 +302,16 @@ def extender_priority(states: Sequence[CardState], policy: str) -> int:
     return fill if policy != "spread" else 10 - fill
 
 
+def failure_names(why: Reasons | str) -> tuple[str, ...]:
+    """The reason names of one node's failure: its card reasons, or its one node-level reason."""
+    return (why,) if isinstance(why, str) else why.names()
+
+
 def aggregate_failures(failed: Mapping[str, Reasons | str]) -> list[str]:
     """HAMi's FilteringFailed event texts: "N nodes Reason(n1,n2)" per reason type, sorted. A node maps to
     its card reasons (counts) or to one node-level reason (e.g. "node unregistered")."""
     by_reason: dict[str, list[str]] = {}
     for node, why in failed.items():
-        for name in (why,) if isinstance(why, str) else why.names():
+        for name in failure_names(why):
             by_reason.setdefault(name, []).append(node)
     return [f"{len(nodes)} nodes {r}({','.join(sorted(nodes))})" for r, nodes in sorted(by_reason.items())]

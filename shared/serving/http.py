@@ -43,9 +43,9 @@ async def serve_health(cfg: Config, problems: Callable[[], list[str]]) -> web.Ap
 
     async def readyz(_: web.Request) -> web.Response:
         why = problems()
-        READY.set(0 if why else 1)
         return web.Response(text="ok" if not why else "not ready:\n" + "\n".join(why), status=503 if why else 200)
 
+    READY.set_function(lambda: 0.0 if problems() else 1.0)  # live at every scrape, probed or not
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

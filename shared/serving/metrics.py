@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+
+from shared.domain.fit import Reasons, failure_names
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -37,16 +42,19 @@ RECORD_MISMATCH = Counter("mtsched_record_mismatch_total",
                           "(the booking is kept), or on a pod our scheduler does not place (foreign)", ["kind"])
 
 
-async def metrics_handler(_: web.Request) -> web.Response:
-    return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
 TASK_FAILURES = Counter("mtsched_task_failures_total", "Supervised tasks that stopped and were restarted",
                         ["task", "kind"])
 TASK_UP = Gauge("mtsched_task_up", "1 while a supervised task runs, 0 while it waits to be restarted", ["task"])
-READY = Gauge("mtsched_ready", "1 when the role's readiness checks pass (what /readyz answers)")
+READY = Gauge("mtsched_ready", "1 when the role's readiness checks pass (what /readyz answers), read at scrape time")
+ROLE = Gauge("mtsched_role_info", "1, labelled with the role this process runs (join on instance for a role)",
+             ["role"])
+REDIS_UP = Gauge("mtsched_redis_up", "1 while Redis answered a PING within the last 6 s (the readiness check)")
 RECONCILE_REPAIRS = Counter("mtsched_reconcile_repairs_total",
                             "Differences between the ledger and the API server that the reconciler repaired",
                             ["kind"])
 RECONCILE_RUNS = Counter("mtsched_reconcile_runs_total", "Reconciliation passes over every node", ["result"])
+RECONCILE_LAST = Gauge("mtsched_reconcile_last_pass_timestamp_seconds",
+                       "Unix time a reconciliation pass over every node last completed (0: none yet)")
 RECONCILE_SECONDS = Histogram("mtsched_reconcile_seconds", "Duration of one reconciliation pass", buckets=BUCKETS)
 LEDGER_REBUILDS = Counter("mtsched_ledger_rebuilds_total", "Full rebuilds of the ledger from the API server",
                           ["why"])
@@ -55,3 +63,26 @@ PREEMPT_NODES = Counter("mtsched_preempt_nodes_total",
                         "kept, reduced (victims freeing no usable card dropped), unchanged (the cards do not block), "
                         "no_card (no card freed: node dropped), unknown_node, not_ready, bad_request, no_request, "
                         "error", ["outcome"])
+FILTER_FAILURES = Counter("mtsched_filter_failures_total",
+                          "Filter calls that placed a pod on no node, once per HAMi reason any node gave",
+                          ["reason"])
+
+_REASON = re.compile(r"[A-Z][A-Za-z]{0,63}")
+
+
+def failure_label(name: str) -> str:
+    """A bounded label for one reason name: HAMi's CamelCase names as they are, anything else by kind."""
+    if _REASON.fullmatch(name):
+        return name
+    return "NodeUnregistered" if name.startswith("node unregistered") else "Other"
+
+
+def count_filter_failures(*failed: Mapping[str, Reasons | str]) -> None:
+    """One increment per distinct reason among the nodes' failures (card counts or a node-level reason)."""
+    labels = {failure_label(n) for f in failed for why in f.values() for n in failure_names(why)}
+    for label in labels:
+        FILTER_FAILURES.labels(label).inc()
+
+
+async def metrics_handler(_: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 from shared.config import Config, redact_url
+from shared.serving.metrics import REDIS_UP
 from shared.serving.supervise import Heartbeat, Supervisor, probe_loop
 from shared.store.card_metrics import register_mirror
 from shared.store.ledger import Ledger
@@ -35,6 +36,7 @@ async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False) 
     redis_ok = Heartbeat("Redis", max_age=6.0)
     sup.spawn("redis-probe", lambda: probe_loop(redis_ok, ledger.redis.ping))
     sup.check("redis", redis_ok)
+    REDIS_UP.set_function(lambda: 0.0 if redis_ok() else 1.0)
     if card_metrics:
         # Per-card gauges come from the watchers only: at 1000 nodes they are ~9 MB per scrape, which
         # would stall the extender's and webhook's event loops for half a second each time.

@@ -31,7 +31,8 @@ MANIFEST = ROOT / "deploy" / "manifests" / "hami.yaml"
 Json = dict[str, Any]
 
 # Kinds from CRDs the local control plane does not have: they cannot be validated server-side.
-CRD_KINDS = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate")}
+CRD_KINDS = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate"),
+             ("monitoring.coreos.com/v1", "PrometheusRule")}
 
 # A throwaway CA bundle for tls.mode=external cases (only its base64 shape matters to the chart).
 _FAKE_CA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
@@ -86,6 +87,11 @@ CASES: dict[str, Case] = {
         "kubeScheduler": {"imageTag": "v1.30.4"},
         "admissionWebhook": {"failurePolicy": "Ignore", "whitelistNamespaces": None}}}),
     "disabled": Case(_mt(enabled=False)),
+    # the Grafana dashboard ConfigMap and the PrometheusRule (tests/deploy/test_monitoring.py)
+    "monitoring": Case({"monitoring": {
+        "dashboard": {"enabled": True, "annotations": {"grafana_folder": "GPU"}},
+        "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"},
+                           "runbookUrl": "https://git.example/mtsched/blob/main/docs/runbooks.md"}}}),
     "replicas-3": Case({"scheduler": {"replicas": 3}, "webhook": {"replicas": 3}, "watcher": {"replicas": 3}}),
     "replicas-1": Case({"scheduler": {"replicas": 1}, "webhook": {"replicas": 1}, "watcher": {"replicas": 1}}),
     "custom": Case(
