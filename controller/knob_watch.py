@@ -64,17 +64,19 @@ class KnobWatch:
         self.last.pop(node, None)
 
     async def observe(self, node: Mapping[str, Any], inv: Inventory,
-                      holders: Callable[[], Mapping[str, tuple[PodUsage, str]]]) -> list[KnobChange]:
+                      holders: Callable[[], Mapping[str, tuple[PodUsage, str]]]) -> tuple[list[KnobChange], bool]:
         """Compare the node's published knobs with the last ones seen; report changes on held cards.
-        `holders` (pods holding cards on the node) is asked only when a knob changed: node events are
-        frequent (status heartbeats), knob changes rare."""
+        Returns them, and whether a card's max_inst rose (pods the extender turned away may fit now: the
+        caller nudges kube-scheduler once the ledger has the new limit). `holders` (pods holding cards on
+        the node) is asked only when a knob changed: node events are frequent, knob changes rare."""
         if inv.error or not inv.cards:
-            return []  # nothing to compare now: keep the last reading for when the node is readable again
+            return [], False  # nothing to compare now: keep the last reading for when the node is readable
         new = {c.index: c.knobs for c in inv.cards if c.knobs is not None}
         old = self.last.get(inv.node)
         self.last[inv.node] = new
         if old is None or all(old[i] == new[i] for i in set(old) & set(new)):
-            return []
+            return [], False
+        raised = any(new[i].max_inst > old[i].max_inst for i in set(old) & set(new))
         held: dict[int, list[str]] = {}
         for usage, ref in holders().values():
             for idx in usage.cards:
@@ -85,7 +87,7 @@ class KnobWatch:
             log.warning("node %s: %s", inv.node, change.message(inv.node))
             if self.events:
                 await self._event(node, change)
-        return changes
+        return changes, raised
 
     async def _event(self, node: Mapping[str, Any], change: KnobChange) -> None:
         try:

@@ -66,6 +66,7 @@ class NodeWatcher:
         self.quarantine: Callable[[str], str] = lambda node: ""  # why the node must offer nothing, if so
         self.reflector = Reflector(kube, "/api/v1/nodes", self.on_event, self.on_sync, "nodes")
         self.knobs = KnobWatch(kube, cfg.events_enabled, cfg.scheduler_name)  # knob changes under held slices
+        self.nudge: Callable[[str], None] = lambda node: None  # the pod watcher's Nudger, set by the role
 
     async def apply(self, name: str, inv: Inventory | None) -> None:
         """Bring the ledger's node `name` to what the API says (`inv`; None: the Node is gone)."""
@@ -112,11 +113,14 @@ class NodeWatcher:
         WATCH_EVENTS.labels("node", kind).inc()
         name = str((node.get("metadata") or {}).get("name"))
         inv = None if kind == "DELETED" else node_inventory(node, self.cfg)
+        raised = False
         if inv is None:
             self.knobs.forget(name)
         else:
-            await self.knobs.observe(node, inv, lambda: self.holders(name))
+            _, raised = await self.knobs.observe(node, inv, lambda: self.holders(name))
         await self.apply(name, inv)
+        if raised:  # a card takes more slices now: kube-scheduler retries once the ledger says so
+            self.nudge(name)
 
     async def on_sync(self, nodes: list[dict[str, Any]]) -> None:
         invs = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in nodes)}

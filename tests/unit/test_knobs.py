@@ -289,18 +289,21 @@ async def test_the_watcher_reports_a_change_on_a_held_card_once_per_node_version
         return held
 
     first = node({ANNOTATION: knobs_annotation({1: CardKnobs(16, 0, 1, 100)})})
-    assert await watch.observe(first, node_inventory(first, Config()), holders) == []  # the baseline
+    assert await watch.observe(first, node_inventory(first, Config()), holders) == ([], False)  # the baseline
     same = node({ANNOTATION: knobs_annotation({1: CardKnobs(16, 0, 1, 100)})})
-    assert await watch.observe(same, node_inventory(same, Config()), holders) == []
+    assert await watch.observe(same, node_inventory(same, Config()), holders) == ([], False)
     assert asked == []  # no knob changed: the pods are not even looked at
     changed = node({ANNOTATION: knobs_annotation({1: CardKnobs(4, 0, 1, 100)})})
     changed["metadata"]["resourceVersion"] = "42"
-    out = await watch.observe(changed, node_inventory(changed, Config()), holders)
-    assert [(c.card, c.knob, c.old, c.new) for c in out] == [(1, "max_inst", 16, 4)]
+    out, raised = await watch.observe(changed, node_inventory(changed, Config()), holders)
+    assert [(c.card, c.knob, c.old, c.new) for c in out] == [(1, "max_inst", 16, 4)] and not raised
     assert posted[0]["reason"] == "CardKnobsChangedWhileHeld" and posted[0]["type"] == "Warning"
     assert posted[0]["involvedObject"]["kind"] == "Node" and "ns/a" in posted[0]["message"]
     # two replicas name the same change alike, so the API server keeps one event
     assert event_body(changed, out[0], "x")["metadata"]["name"] == posted[0]["metadata"]["name"]
+    up = node({ANNOTATION: knobs_annotation({1: CardKnobs(8, 0, 1, 100)})})
+    out, raised = await watch.observe(up, node_inventory(up, Config()), holders)
+    assert raised and [(c.old, c.new) for c in out] == [(4, 8)]  # more slices: kube-scheduler gets nudged
 
 
 # -- the card table -----------------------------------------------------------------------------------
