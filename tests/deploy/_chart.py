@@ -86,6 +86,7 @@ CASES: dict[str, Case] = {
         "kubeScheduler": {"imageTag": "v1.30.4"},
         "admissionWebhook": {"failurePolicy": "Ignore", "whitelistNamespaces": None}}}),
     "disabled": Case(_mt(enabled=False)),
+    "node-agent": Case({"nodeAgent": {"enabled": True, "intervalSeconds": 10}}),
     "replicas-3": Case({"scheduler": {"replicas": 3}, "webhook": {"replicas": 3}, "watcher": {"replicas": 3}}),
     "replicas-1": Case({"scheduler": {"replicas": 1}, "webhook": {"replicas": 1}, "watcher": {"replicas": 1}}),
     "custom": Case(
