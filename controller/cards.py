@@ -15,21 +15,27 @@ def _gib(units: int) -> str:
 
 
 def render_table(snaps: Mapping[str, NodeSnapshot]) -> str:
-    header = ("NODE", "CARD", "MODEL", "MEMORY USED/TOTAL", "CORES", "SLICES", "HEALTH", "PODS")
+    header = ("NODE", "CARD", "MODEL", "MEMORY USED/TOTAL", "CORES", "SLICES", "POLICY", "OVERCOMMIT", "HEALTH",
+              "PODS")
     rows: list[tuple[str, ...]] = []
     for node in sorted(snaps):
         snap = snaps[node]
         if snap.error:
-            rows.append((node, "-", "-", "-", "-", "-", "invalid", snap.error))
+            rows.append((node, "-", "-", "-", "-", "-", "-", "-", "invalid", snap.error))
             continue
         for idx in sorted(snap.cards):
             c = snap.cards[idx]
+            knobs = c.knobs
             pods = sorted(r.pod or r.uid for r in snap.reservations.values() if idx in r.cards)
             pending = sum(1 for r in snap.reservations.values() if idx in r.cards and r.state == "pending")
             rows.append((
                 node, f"{node}-mthreads-{idx}", CardModel(c.capacity).name,
                 f"{c.mem_used}/{c.capacity} ({_gib(c.mem_used)}/{_gib(c.capacity)} GiB)",
-                f"{c.cores_used}/{c.cores}", f"{c.slices}/{c.slice_limit}", c.health,
+                f"{c.cores_used}/{c.cores}", f"{c.slices}/{c.slice_limit}",
+                # the node agent's knobs; "-" when the node publishes none. Overcommit is shown, never booked
+                # (docs/rules.md, "Card knobs"): MEMORY's total stays the card's physical memory
+                knobs.describe_policy() if knobs else "-", f"{knobs.overcommit_ratio}%" if knobs else "-",
+                c.health,
                 ", ".join(pods) + (f" ({pending} pending)" if pending else "")))
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]

@@ -1,6 +1,7 @@
 """`mtsched`: one command for every role and tool.
 
   mtsched extender|webhook|watcher [--config FILE] [--set key=value ...]
+  mtsched node-agent [--config FILE]        publish this node's /proc/sgpu_km card knobs (MTSCHED_NODE_NAME)
   mtsched cards [--redis-url URL]          the card table from Redis
   mtsched check-config [--config FILE]     validate a configuration and print it
   mtsched demo                             the quick start (local control plane + sample pods)
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mtsched", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for name in ("extender", "webhook", "watcher", "check-config", "cards"):
+    for name in ("extender", "webhook", "watcher", "node-agent", "check-config", "cards"):
         p = sub.add_parser(name)
         p.add_argument("--config", help="YAML config file (also MTSCHED_CONFIG)")
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -115,10 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mtsched {args.cmd}: " + "; ".join(problems), file=sys.stderr)
         return 2
     from controller import roles
+    from controller.node_agent import run_node_agent
     from shared.serving.metrics import ROLE
     from webhook.runner import run_webhook
 
-    role = {"extender": roles.run_extender, "webhook": run_webhook, "watcher": roles.run_watcher}[args.cmd]
+    role = {"extender": roles.run_extender, "webhook": run_webhook, "watcher": roles.run_watcher,
+            "node-agent": run_node_agent}[args.cmd]
     ROLE.labels(args.cmd).set(1)  # lets dashboards and alerts tell the roles apart
     try:
         return _run_role(role, cfg)

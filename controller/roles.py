@@ -42,6 +42,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     pods = PodWatcher(kube, ledger, mirror, cfg, nodes.lost)
     nodes.holders = pods.holders
     nodes.quarantine = pods.quarantine
+    nodes.nudge = pods.nudger.nudge
     pods.inventories = lambda: nodes.last
     reconciler = Reconciler(kube, ledger, cfg, nodes, pods)
     pods.unaccounted_changed = reconciler.wake.set

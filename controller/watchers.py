@@ -11,12 +11,14 @@ arrives a moment later.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from controller.knob_watch import KnobWatch
 from controller.kube import Kube, KubeError
 from controller.reflector import Reflector
 from shared.config import Config
@@ -63,6 +65,8 @@ class NodeWatcher:
         self.holders: Holders = lambda node: {}
         self.quarantine: Callable[[str], str] = lambda node: ""  # why the node must offer nothing, if so
         self.reflector = Reflector(kube, "/api/v1/nodes", self.on_event, self.on_sync, "nodes")
+        self.knobs = KnobWatch(kube, cfg.events_enabled, cfg.scheduler_name)  # knob changes under held slices
+        self.nudge: Callable[[str], None] = lambda node: None  # the pod watcher's Nudger, set by the role
 
     async def apply(self, name: str, inv: Inventory | None) -> None:
         """Bring the ledger's node `name` to what the API says (`inv`; None: the Node is gone)."""
@@ -108,10 +112,21 @@ class NodeWatcher:
     async def on_event(self, kind: str, node: dict[str, Any]) -> None:
         WATCH_EVENTS.labels("node", kind).inc()
         name = str((node.get("metadata") or {}).get("name"))
-        await self.apply(name, None if kind == "DELETED" else node_inventory(node, self.cfg))
+        inv = None if kind == "DELETED" else node_inventory(node, self.cfg)
+        raised = False
+        if inv is None:
+            self.knobs.forget(name)
+        else:
+            _, raised = await self.knobs.observe(node, inv, lambda: self.holders(name))
+        await self.apply(name, inv)
+        if raised:  # a card takes more slices now: kube-scheduler retries once the ledger says so
+            self.nudge(name)
 
     async def on_sync(self, nodes: list[dict[str, Any]]) -> None:
         invs = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in nodes)}
+        for n in nodes:  # a re-list may carry a change the lost stream did not deliver
+            name = str((n.get("metadata") or {}).get("name"))
+            await self.knobs.observe(n, invs[name], functools.partial(self.holders, name))
         self.last = {}  # force a write: the ledger may have been flushed or edited meanwhile
         for inv in invs.values():
             await self.apply(inv.node, inv)

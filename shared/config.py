@@ -65,6 +65,11 @@ class Config:
     # The webhook enforces namespace quotas in the limits./bare forms (shared/domain/quota.py); it
     # then needs the API server (list resourcequotas and pods). false: those forms hold nothing.
     quota_check: bool = True
+    # the node agent (controller/node_agent.py): its node (MTSCHED_NODE_NAME from the downward API),
+    # where the vendor's knobs are, and how often they are read again
+    node_name: str = ""
+    card_knobs_path: str = "/proc/sgpu_km"
+    card_knobs_seconds: int = 30
     log_level: str = "info"
 
     @property
@@ -149,6 +154,12 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         errors.append(f"pendingTTLSeconds: {cfg.pending_ttl_seconds} is outside 5..3600")
     if not 2 <= cfg.reconcile_seconds <= 3600:
         errors.append(f"reconcileSeconds: {cfg.reconcile_seconds} is outside 2..3600")
+    if not 1 <= cfg.card_knobs_seconds <= 3600:
+        errors.append(f"cardKnobsSeconds: {cfg.card_knobs_seconds} is outside 1..3600")
+    if cfg.node_name and not re.match(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", cfg.node_name):
+        errors.append(f"nodeName: {cfg.node_name!r} is not a valid node name")
+    if not cfg.card_knobs_path.startswith("/"):
+        errors.append(f"cardKnobsPath: {cfg.card_knobs_path!r} must be an absolute path")
     if not cfg.scheduler_name or not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", cfg.scheduler_name):
         errors.append(f"schedulerName: {cfg.scheduler_name!r} is not a valid scheduler name")
     if not cfg.redis_url.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://")):

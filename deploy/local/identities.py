@@ -35,9 +35,13 @@ POLICY, POLICY_BINDING = "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicy
 KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding", POLICY,
          POLICY_BINDING)
 _PLURALS = {POLICY: "validatingadmissionpolicies", POLICY_BINDING: "validatingadmissionpolicybindings"}
-# Our roles and kube-scheduler, each by the chart container that runs it.
+# Our roles and kube-scheduler, each by the chart container that runs it (in a Deployment or a DaemonSet).
 ROLE_CONTAINERS = {"kube-scheduler": "kube-scheduler", "extender": "extender", "webhook": "webhook",
-                   "watcher": "watcher"}
+                   "watcher": "watcher", "node-agent": "node-agent"}
+OPTIONAL_ROLES = {"node-agent"}  # rendered only when the chart enables it (nodeAgent.enabled)
+# The user extra the API server derives from a token bound to a pod on a node (or to the Node): what the
+# chart's node-agent admission policy compares with the Node written.
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 # Long enough for a kept demo or a long benchmark; tokens are never refreshed.
 TOKEN_SECONDS = 24 * 3600
 # RBAC changes reach the authorizer through an informer: new bindings take a moment to apply.
@@ -76,14 +80,14 @@ def role_service_accounts(objs: Sequence[Json]) -> dict[str, tuple[str, str]]:
     """role -> (namespace, ServiceAccount) of the Deployment whose pod runs the role's container."""
     out: dict[str, tuple[str, str]] = {}
     for d in objs:
-        if d.get("kind") != "Deployment":
+        if d.get("kind") not in ("Deployment", "DaemonSet"):
             continue
         spec = d["spec"]["template"]["spec"]
         names = {c["name"] for c in spec.get("containers", [])}
         for role, container in ROLE_CONTAINERS.items():
             if container in names:
                 out[role] = (d["metadata"]["namespace"], spec.get("serviceAccountName") or "default")
-    missing = sorted(set(ROLE_CONTAINERS) - set(out))
+    missing = sorted(set(ROLE_CONTAINERS) - set(out) - OPTIONAL_ROLES)
     if missing:
         raise ControlPlaneError(f"the manifest has no Deployment running {', '.join(missing)}")
     return out
@@ -198,8 +202,10 @@ def _policy_probe(cp: ControlPlane) -> tuple[int, str]:
 
 def wait_policies(cp: ControlPlane, bindings: Sequence[Json], timeout: float = EFFECTIVE_TIMEOUT) -> None:
     """Return once the policy binding refuses the probe. Policies reach the admission chain through
-    informers, like RBAC: a role or test started before would see the old rules. The chart renders one
-    policy and one binding; a denial names the binding that made it."""
+    informers, like RBAC: a role or test started before would see the old rules. The probe is a forged
+    record, so only the allocation-records binding is waited for here (the node agent's policy judges
+    only the agent's own writes: tests/e2e/test_node_agent.py waits for it); a denial names the binding."""
+    bindings = [b for b in bindings if str(b["spec"]["policyName"]).endswith("-allocation-records")]
     if len(bindings) > 1:
         raise ControlPlaneError(f"one probe cannot tell {len(bindings)} policy bindings apart")
     if not bindings:
@@ -247,6 +253,27 @@ def request_token(cp: ControlPlane, namespace: str, service_account: str, second
             "spec": {"expirationSeconds": seconds}}
     out = cp.api("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token", body)
     return str(out["status"]["token"])
+
+
+def node_bound_token(cp: ControlPlane, namespace: str, service_account: str, node: str,
+                     seconds: int = TOKEN_SECONDS) -> str:
+    """A token bound to the Node `node`, as a DaemonSet pod's projected token is bound to a pod on it: the
+    API server then puts the node's name into the user's extra (NODE_NAME_EXTRA)."""
+    uid = cp.api("GET", f"/api/v1/nodes/{node}")["metadata"]["uid"]
+    body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"expirationSeconds": seconds,
+                     "boundObjectRef": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}}}
+    out = cp.api("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token", body)
+    return str(out["status"]["token"])
+
+
+def node_identity(cp: ControlPlane, identities: Identities, role: str, node: str, directory: Path) -> Identity:
+    """`role`'s identity (a DaemonSet's) as its pod on `node` has it: a kubeconfig with a node-bound token."""
+    base = identities[role]
+    ident = Identity(role, base.namespace, base.service_account, directory / f"{role}-{node}.kubeconfig")
+    write_kubeconfig(cp, ident.kubeconfig, ident.username,
+                     node_bound_token(cp, base.namespace, base.service_account, node))
+    return ident
 
 
 def write_kubeconfig(cp: ControlPlane, path: Path, user: str, token: str) -> None:

@@ -15,6 +15,8 @@ from typing import Any
 
 from shared.config import Config
 from shared.domain.annotations import device_id
+from shared.domain.knobs import ANNOTATION as KNOBS_ANNOTATION
+from shared.domain.knobs import CardKnobs, KnobError, KnobReport, decode_annotation
 from shared.domain.models import CORES_PER_CARD, DEFAULT_MAX_INST, CardModel, describe_models
 
 SGPU_CORES_LABEL = "mthreads.com/sgpu.cores"
@@ -31,6 +33,7 @@ class Card:
     healthy: bool = True
     cordoned: bool = False
     cores: int = CORES_PER_CARD
+    knobs: CardKnobs | None = None  # what the node agent read from /proc/sgpu_km (None: not published)
 
     @property
     def id(self) -> str:
@@ -103,6 +106,8 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
         if len(indices) != n:
             return Inventory(name, error=f"label {SGPU_CORES_LABEL}={label!r} lists {len(indices)} cards but "
                                          f"{cfg.resource_core_name} capacity {cores} means {n}")
+    # slices per card, most specific first: the card's own max_inst (the node agent's annotation: what the
+    # vendor module enforces), else the node's mtsched.io/max-inst, else the cluster's maxSlicesPerCard
     max_slices = cfg.max_slices_per_card
     raw_inst = annotations.get(MAX_INST_ANNOTATION)
     if raw_inst is not None:
@@ -111,8 +116,17 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
             return Inventory(name, error=f"annotation {MAX_INST_ANNOTATION}={raw_inst!r} is outside "
                                          f"1..{DEFAULT_MAX_INST}")
         max_slices = inst
+    knobs = KnobReport()
+    raw_knobs = annotations.get(KNOBS_ANNOTATION)
+    if raw_knobs is not None:
+        try:
+            knobs = decode_annotation(str(raw_knobs))
+        except KnobError as e:
+            return Inventory(name, error=str(e))
     cordoned = {p.strip() for p in str(annotations.get(CORDON_ANNOTATION, "")).split(",") if p.strip()}
-    cards = tuple(
-        Card(name, i, per_card, max_slices, cordoned=device_id(name, i) in cordoned) for i in sorted(indices)
-    )
-    return Inventory(name, cards)
+    cards = []
+    for i in sorted(indices):
+        k = knobs.cards.get(i)
+        cards.append(Card(name, i, per_card, k.max_inst if k else max_slices,
+                          cordoned=device_id(name, i) in cordoned, knobs=k))
+    return Inventory(name, tuple(cards))

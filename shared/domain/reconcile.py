@@ -98,6 +98,8 @@ def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holde
             diffs.append(Difference("card", f"card {idx} is capacity {rec.capacity}, slice_limit {rec.slice_limit}, "
                                     f"{rec.health}, {rec.cores} cores; the node reports {c.capacity}, "
                                     f"{c.max_slices}, {health}, {c.cores}"))
+        elif rec.knobs != c.knobs:  # shown only, but the card table must not show stale knobs
+            diffs.append(Difference("card", f"card {idx} shows knobs {rec.knobs}; the node publishes {c.knobs}"))
     totals: dict[int, _Totals] = {}
     for uid, r in snap.reservations.items():
         for idx in r.cards:

@@ -134,9 +134,11 @@ class Ledger:
 
     @staticmethod
     def _cards_payload(inv: Inventory) -> dict[str, Any]:
+        # the knobs besides max_inst (already the slice_limit) travel for display only: no rule reads them
         return {"error": inv.error, "cards": [
-            {"index": c.index, "capacity": c.capacity, "slice_limit": c.max_slices,
-             "health": c.health}
+            {"index": c.index, "capacity": c.capacity, "slice_limit": c.max_slices, "health": c.health,
+             **({"policy": c.knobs.policy, "time_slice": c.knobs.time_slice,
+                 "overcommit_ratio": c.knobs.overcommit_ratio} if c.knobs else {})}
             for c in inv.cards]}
 
     async def upsert_node(self, inv: Inventory, create: bool = True) -> int:

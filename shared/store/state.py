@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Any
 
 from shared.domain.fit import CardNeed, CardState, FitResult, Plan, plan_booking
+from shared.domain.knobs import CardKnobs
 from shared.domain.node import Card
 from shared.domain.request import SliceRequest
 
@@ -32,12 +33,27 @@ class CardRecord:
     slices: int
     slice_limit: int
     health: str  # ok | cordoned | unhealthy | removed
+    # the node agent's knobs (shared/domain/knobs.py), for display; None when the node publishes none
+    policy: int | None = None
+    time_slice: int | None = None
+    overcommit_ratio: int | None = None
 
     @classmethod
     def from_json(cls, index: int, d: Mapping[str, Any]) -> CardRecord:
+        def opt(key: str) -> int | None:
+            v = d.get(key)
+            return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
         return cls(index, int(d["capacity"]), int(d["mem_used"]), int(d["mem_free"]), int(d["cores"]),
                    int(d["cores_used"]), int(d["cores_free"]), int(d["slices"]), int(d["slice_limit"]),
-                   str(d["health"]))
+                   str(d["health"]), opt("policy"), opt("time_slice"), opt("overcommit_ratio"))
+
+    @property
+    def knobs(self) -> CardKnobs | None:
+        """The card's knobs as the agent published them (max_inst is the slice limit), or None."""
+        if self.policy is None or self.time_slice is None or self.overcommit_ratio is None:
+            return None
+        return CardKnobs(self.slice_limit, self.policy, self.time_slice, self.overcommit_ratio)
 
 
 @dataclass(frozen=True)
@@ -98,7 +114,7 @@ class NodeSnapshot:
             if c.health == "removed":
                 continue
             card = Card(self.node, c.index, c.capacity, c.slice_limit, healthy=c.health in ("ok", "cordoned"),
-                        cordoned=c.health == "cordoned", cores=c.cores)
+                        cordoned=c.health == "cordoned", cores=c.cores, knobs=c.knobs)
             out.append(CardState(card, c.mem_used, c.cores_used, c.slices))
         return tuple(out)
 

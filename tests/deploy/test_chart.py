@@ -374,7 +374,9 @@ def test_least_privilege_rbac(rendered: Rendered) -> None:
         # the reconciler confirms with the API server before it frees a reservation
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
         # the nudge: the node annotation mtsched.io/capacity-freed after a release
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
+        # Warning events on Nodes: a card knob changed under held slices (controller/knob_watch.py)
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     # The webhook only lists the namespace's ResourceQuotas and pods (the quota forms only it enforces,
     # shared/domain/quota.py); Redis needs nothing from the API: no binding, no token.
     assert [b["roleRef"]["name"] for b in _bindings_of(objs, "hami-webhook")] == ["hami-webhook"]
@@ -608,3 +610,43 @@ def test_dockerfile() -> None:
             assert (ROOT / path).exists(), path
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["image"]["repository"].endswith("mtsched")
+
+
+# ----------------------------------------------------------------------------------- the node agent
+def test_the_node_agent_is_off_by_default_and_complete_when_on(rendered: Rendered) -> None:
+    assert not find(rendered("defaults"), "DaemonSet")
+    assert not [o for o in rendered("defaults") if "node-agent" in o["metadata"]["name"]]
+    objs = rendered("node-agent")
+    ds = one(objs, "DaemonSet", "hami-node-agent")
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "hami-node-agent"
+    assert spec["nodeSelector"] == {"mthreads.com/gpu-node": "true"}
+    c = container(ds, "node-agent")
+    assert c["args"][:2] == ["node-agent", "--config=/etc/mtsched/config.yaml"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["MTSCHED_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["MTSCHED_CARD_KNOBS_PATH"]["value"] == "/host/proc/sgpu_km"
+    assert env["MTSCHED_CARD_KNOBS_SECONDS"]["value"] == "10"
+    assert "MTSCHED_REDIS_PASSWORD" not in env  # no Redis, no Secret
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["sgpu-km"] == {"name": "sgpu-km", "mountPath": "/host/proc/sgpu_km", "readOnly": True}
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert vols["sgpu-km"]["hostPath"] == {"path": "/proc/sgpu_km", "type": "Directory"}
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    # the settings the environment gives are settings mtsched knows (and accepts)
+    cm = one(objs, "ConfigMap", "hami-config")
+    out = check_config(cm["data"]["config.yaml"], {k: e.get("value", "gpu-node-1") for k, e in env.items()
+                                                   if k != "MTSCHED_CONFIG"})
+    assert (out["cardKnobsPath"], out["cardKnobsSeconds"], out["nodeName"]) == ("/host/proc/sgpu_km", 10,
+                                                                               "gpu-node-1")
+    # RBAC: get and patch nodes only; the admission policy keeps it to its own node and its annotation
+    assert one(objs, "ClusterRole", "hami-node-agent")["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    assert [b["roleRef"]["name"] for b in _bindings_of(objs, "hami-node-agent")] == ["hami-node-agent"]
+    policy = one(objs, "ValidatingAdmissionPolicy", "hami-node-agent-writes")["spec"]
+    assert policy["failurePolicy"] == "Fail"
+    assert "'system:serviceaccount:kube-system:hami-node-agent'" in policy["matchConditions"][0]["expression"]
+    assert "authentication.kubernetes.io/node-name" in policy["validations"][0]["expression"]
+    assert one(objs, "ValidatingAdmissionPolicyBinding", "hami-node-agent-writes")["spec"] == {
+        "policyName": "hami-node-agent-writes", "validationActions": ["Deny"]}

@@ -85,14 +85,23 @@ local function num(v)
   return math.floor(n)
 end
 
+-- The card knobs the node agent published besides max_inst, shown and never judged: absent (nil, so
+-- left out of the JSON) when the node publishes none or a field is damaged.
+local KNOB_FIELDS = {"policy", "time_slice", "overcommit_ratio"}
+
 local function card_view(idx)
   local c = hgetall(card_key(idx))
   if not c then return nil end
-  return {
+  local v = {
     capacity = num(c.capacity), mem_used = num(c.mem_used), mem_free = num(c.mem_free),
     cores = num(c.cores), cores_used = num(c.cores_used), cores_free = num(c.cores_free),
     slices = num(c.slices), slice_limit = num(c.slice_limit), health = c.health or "unhealthy",
   }
+  for _, k in ipairs(KNOB_FIELDS) do
+    local n = tonumber(c[k])
+    if n and n == math.floor(n) then v[k] = n end
+  end
+  return v
 end
 
 local function res_view(uid)
@@ -140,7 +149,8 @@ local function add_usage(idx, mem, cores, slices, sign, c)
   local mf, cf = math.max(0, c.capacity - mu), math.max(0, c.cores - cu)
   redis.call('HSET', key, 'mem_used', mu, 'mem_free', mf, 'cores_used', cu, 'cores_free', cf, 'slices', su)
   return {capacity = c.capacity, mem_used = mu, mem_free = mf, cores = c.cores, cores_used = cu, cores_free = cf,
-          slices = su, slice_limit = c.slice_limit, health = c.health}
+          slices = su, slice_limit = c.slice_limit, health = c.health, policy = c.policy,
+          time_slice = c.time_slice, overcommit_ratio = c.overcommit_ratio}
 end
 
 local function split_cards(s)
@@ -185,7 +195,8 @@ local function publish(kind, uid, res, touched, views)
   return v
 end
 
--- Validates a card list from the payload: [{index, capacity, slice_limit, health}].
+-- Validates a card list from the payload: [{index, capacity, slice_limit, health, and optionally the
+-- knobs policy, time_slice, overcommit_ratio}].
 local function check_cards(list)
   if not is_list(list, 1024) then return nil, "cards must be a list of at most 1024 cards" end
   local seen = {}
@@ -194,6 +205,10 @@ local function check_cards(list)
         or not is_int(c.slice_limit, 1, 16)
         or (c.health ~= "ok" and c.health ~= "cordoned" and c.health ~= "unhealthy") then
       return nil, "each card needs index 0..1023, capacity 2..4096, slice_limit 1..16, health ok|cordoned|unhealthy"
+    end
+    if (c.policy ~= nil and not is_int(c.policy, 0, 2)) or (c.time_slice ~= nil and not is_int(c.time_slice, 1, 1000000))
+        or (c.overcommit_ratio ~= nil and not is_int(c.overcommit_ratio, 100, 200)) then
+      return nil, "card knobs, when given: policy 0..2, time_slice 1..1000000, overcommit_ratio 100..200"
     end
     if seen[c.index] then return nil, "card index " .. c.index .. " repeats" end
     seen[c.index] = true
@@ -226,6 +241,9 @@ local function write_cards(list, reset)
     redis.call('HSET', card_key(idx), 'id', NODE .. "-mthreads-" .. idx, 'capacity', c.capacity,
                'mem_used', mu, 'mem_free', math.max(0, c.capacity - mu), 'cores', 16, 'cores_used', cu,
                'cores_free', math.max(0, 16 - cu), 'slices', su, 'slice_limit', c.slice_limit, 'health', c.health)
+    for _, k in ipairs(KNOB_FIELDS) do
+      if c[k] ~= nil then redis.call('HSET', card_key(idx), k, c[k]) else redis.call('HDEL', card_key(idx), k) end
+    end
     keep[#keep + 1] = c.index
   end
   table.sort(keep)
