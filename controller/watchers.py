@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from controller.kube import Kube, KubeError
+from controller.mismatch import MismatchReporter
 from controller.reflector import Reflector
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED, GPU_INDEX, AnnotationError, PodUsage, usage_from_annotations
@@ -63,6 +64,7 @@ class NodeWatcher:
         self.holders: Holders = lambda node: {}
         self.quarantine: Callable[[str], str] = lambda node: ""  # why the node must offer nothing, if so
         self.reflector = Reflector(kube, "/api/v1/nodes", self.on_event, self.on_sync, "nodes")
+        self.mismatch = MismatchReporter(kube, cfg)  # events, gauge and log line (controller/mismatch.py)
 
     async def apply(self, name: str, inv: Inventory | None) -> None:
         """Bring the ledger's node `name` to what the API says (`inv`; None: the Node is gone)."""
@@ -108,10 +110,16 @@ class NodeWatcher:
     async def on_event(self, kind: str, node: dict[str, Any]) -> None:
         WATCH_EVENTS.labels("node", kind).inc()
         name = str((node.get("metadata") or {}).get("name"))
-        await self.apply(name, None if kind == "DELETED" else node_inventory(node, self.cfg))
+        inv = None if kind == "DELETED" else node_inventory(node, self.cfg)
+        self.mismatch.observe(name, node, inv)
+        await self.apply(name, inv)
 
     async def on_sync(self, nodes: list[dict[str, Any]]) -> None:
         invs = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in nodes)}
+        for n in nodes:
+            name = str((n.get("metadata") or {}).get("name"))
+            self.mismatch.observe(name, n, invs.get(name))
+        self.mismatch.synced(set(invs))
         self.last = {}  # force a write: the ledger may have been flushed or edited meanwhile
         for inv in invs.values():
             await self.apply(inv.node, inv)

@@ -17,6 +17,6 @@ async def run_webhook(cfg: Config, stop: asyncio.Event) -> bool:
     sup = Supervisor()
     _, mirror = await open_ledger(cfg, sup)
     app = web.Application(client_max_size=BODY_LIMIT)
-    Webhook(cfg, mirror.capacities).routes(app)
+    Webhook(cfg, mirror.capacities, mirror.mismatched).routes(app)
     # ready once the mirror knows the cards the cluster reports (the mixed-fleet default needs them)
     return await serve_api(cfg, app, sup, stop)

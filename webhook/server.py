@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import orjson
@@ -49,7 +49,8 @@ def review_response(uid: str, d: Decision) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}
 
 
-def handle_review(body: bytes, cfg: Config, capacities: Collection[int]) -> tuple[int, dict[str, Any]]:
+def handle_review(body: bytes, cfg: Config, capacities: Collection[int],
+                  mismatched: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
     """(HTTP status, response JSON) for a raw AdmissionReview body.
 
     400 with {"error": "<field>: got <value>; allowed: ..."} when the body is not a v1 AdmissionReview
@@ -66,7 +67,7 @@ def handle_review(body: bytes, cfg: Config, capacities: Collection[int]) -> tupl
         return 400, {"error": str(e)}
     try:
         if req.operation == "CREATE":
-            decision = decide(req.obj, cfg, capacities)
+            decision = decide(req.obj, cfg, capacities, mismatched)
         else:
             assert req.old is not None  # parse_review guarantees it for UPDATE
             decision = judge_update(req.old, req.obj, req.user, cfg)
@@ -84,13 +85,15 @@ def handle_review(body: bytes, cfg: Config, capacities: Collection[int]) -> tupl
 
 
 class Webhook:
-    def __init__(self, cfg: Config, capacities: Callable[[], Collection[int]]):
+    def __init__(self, cfg: Config, capacities: Callable[[], Collection[int]],
+                 mismatched: Callable[[], Mapping[str, str]] = dict):
         self.cfg = cfg
         self.capacities = capacities
+        self.mismatched = mismatched  # nodes with sliced cards that offer none, and why (the mirror's)
 
     async def h_review(self, request: web.Request) -> web.Response:
         start = time.perf_counter()
-        status, out = handle_review(await request.read(), self.cfg, self.capacities())
+        status, out = handle_review(await request.read(), self.cfg, self.capacities(), self.mismatched())
         result = "bad" if status != 200 else ("allowed" if out["response"]["allowed"] else "denied")
         WEBHOOK_SECONDS.labels(result).observe(time.perf_counter() - start)
         return web.Response(body=orjson.dumps(out), status=status, content_type="application/json")
