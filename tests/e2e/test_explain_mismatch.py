@@ -141,9 +141,11 @@ async def test_mismatched_nodes_are_loud(world: World, kube: Kube) -> None:
     for i in (0, 1):
         log = (st.dir / f"watcher-{i}.log").read_text()
         line = next(x for x in log.splitlines() if "report sliced cards but offer none" in x)
+        print(f"\n--- watcher-{i} log ---\n{line}")
         assert "2 node(s)" in line and world.s5000 in line and world.badlabel in line and S5000_ERROR in line
     # a Warning event on each node
     ev = await until("event on the S5000 node", lambda: node_events(kube, world.s5000))
+    print(f"\n--- node event ---\n{ev[0]['type']} {ev[0]['reason']} {ev[0]['message']}")
     assert ev[0]["type"] == "Warning" and S5000_ERROR in ev[0]["message"] and "model mismatch" in ev[0]["message"]
     ev = await until("event on the mislabelled node", lambda: node_events(kube, world.badlabel))
     assert "label mismatch" in ev[0]["message"] and "lists 3 cards" in ev[0]["message"]
@@ -152,6 +154,7 @@ async def test_mismatched_nodes_are_loud(world: World, kube: Kube) -> None:
     ns = await new_namespace(kube)
     warnings = await create_with_warnings(kube, ns, slice_pod("only-mismatched", world.run, 32))
     text = " | ".join(warnings)
+    print("\n--- admission warnings ---\n" + "\n".join(warnings))  # the README shows these
     assert "stays Pending" in text and f"node {world.s5000}: {S5000_ERROR}" in text, warnings
     assert f"node {world.badlabel}: label" in text
 
@@ -216,7 +219,7 @@ async def test_explain_a_pod_pending_on_full_cards(world: World, kube: Kube) -> 
                     and e["reason"] == "FilteringFailed" and f"CardInsufficientMemory({full})" in e["message"]]
         msgs = await until("c rejected by the filter, with HAMi's reason text", filtered)
         assert f"node unregistered: {S5000_ERROR}({world.s5000})" in msgs[0], msgs
-
+        print(f"\n--- FilteringFailed ---\n{msgs[0]}")
         # the CLI: the pod from the API server, the cards from Redis
         out = await asyncio.to_thread(run_cli, world, f"{ns}/c")
         assert out.returncode == 0, out.stderr
