@@ -363,7 +363,9 @@ def test_least_privilege_rbac(rendered: Rendered) -> None:
         # the reconciler confirms with the API server before it frees a reservation
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
         # the nudge: the node annotation mtsched.io/capacity-freed after a release
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
+        # NodeCardMismatch events on nodes whose capacity, label or model disagree (controller/mismatch.py)
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     # The webhook and Redis need nothing from the API: no binding, no token.
     for sa in ("hami-webhook", "hami-redis"):
         assert _bindings_of(objs, sa) == []
