@@ -90,6 +90,9 @@ def _explain(args: argparse.Namespace, cfg: Config) -> int:
     except ExplainError as e:
         print(f"mtsched explain: {e}", file=sys.stderr)
         return 2 if e.status == 400 else 1
+    except Exception as e:  # no kubeconfig, Redis unreachable: one line, not a traceback
+        print(f"mtsched explain: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -7,6 +7,7 @@ like `mtsched cards`) or the extender's mirror (the endpoint), then renders the 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict
 
@@ -21,6 +22,8 @@ from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError, describe, is_dns_label, is_dns_subdomain
 from shared.store.mirror import Mirror
 from shared.store.state import NodeSnapshot
+
+log = logging.getLogger("mtsched.explain")
 
 Snapshots = Callable[[], Awaitable[Mapping[str, NodeSnapshot]]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -135,6 +138,10 @@ def explain_handler(cfg: Config, kube: Kube | None, mirror: Mirror) -> Handler:
             e = await gather(kube, request.query.get("pod", ""), snapshots, cfg)
         except ExplainError as err:
             return web.Response(body=orjson.dumps({"error": str(err)}), status=err.status,
+                                content_type="application/json")
+        except Exception as err:  # the API server unreachable, a bug: an answer that says so, never a 500
+            log.exception("explain failed")
+            return web.Response(body=orjson.dumps({"error": f"explain: {type(err).__name__}: {err}"}), status=502,
                                 content_type="application/json")
         if output == "text":
             return web.Response(text=to_text(e) + "\n")

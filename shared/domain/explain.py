@@ -186,8 +186,8 @@ def explain_node(snap: NodeSnapshot, req: SliceRequest, annotations: Mapping[str
                  default_gpu_policy: str) -> NodeWhy:
     """One node: the filter's verdict (fit) and every card's reason (card_rejection / card_rule)."""
     if snap.error:
-        return NodeWhy(snap.node, reason=f"node unregistered: {snap.error}", mismatch=mismatch_kind(snap.error),
-                       detail="the node offers no card: " + snap.error)
+        # the filter's text for it (extender: "node unregistered: <why>")
+        return NodeWhy(snap.node, reason=f"node unregistered: {snap.error}", mismatch=mismatch_kind(snap.error))
     states = snap.states()
     result = fit(states, req, annotations, default_gpu_policy)
     mutex = "mutex" in policy_of(annotations, GPU_POLICY, default_gpu_policy)

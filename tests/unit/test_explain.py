@@ -4,16 +4,22 @@ checked against what the filter itself answers for the same cards."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from redis.asyncio import Redis
 
-from controller.explain import ExplainError, parse_ref, to_json, to_text
+from controller.explain import ExplainError, explain_handler, parse_ref, to_json, to_text
+from controller.kube import Kube, KubeError
 from shared.domain.explain import Explanation, explain
 from shared.domain.fit import USE_UUID, fit, gen_reason
 from shared.domain.placement import node_requirement
 from shared.domain.request import SliceRequest, pod_request
+from shared.store.ledger import Ledger
+from shared.store.mirror import Mirror
 from shared.store.state import CardRecord, NodeSnapshot, Reservation
 from tests.unit._k8s import VGPU, cfg, ctr, pod, slice_ctr
 
@@ -161,3 +167,43 @@ def test_bad_pod_reference_is_a_400_naming_the_value(ref: object) -> None:
 
 def test_good_pod_reference() -> None:
     assert parse_ref("kube-system/my.pod-1") == ("kube-system", "my.pod-1")
+
+
+class PodOnlyKube:
+    """The one call gather() makes besides listing nodes: get_pod (the pod here, or a 404)."""
+
+    def __init__(self, pods: dict[tuple[str, str], dict[str, Any]]):
+        self.pods = pods
+
+    async def get_pod(self, ns: str, name: str) -> dict[str, Any]:
+        if (ns, name) not in self.pods:
+            raise KubeError(404, {"message": f'pods "{name}" not found'}, "GET pod")
+        return self.pods[(ns, name)]
+
+
+async def test_endpoint_answers_every_case_without_a_500() -> None:
+    mirror = Mirror(Ledger(Redis()))  # never connects: the handler reads only .ready and .nodes
+    p = dict(SLICE64, metadata={"name": "p", "namespace": "ns", "uid": "u"})
+    kube = cast(Kube, PodOnlyKube({("ns", "p"): p}))
+    app = web.Application()
+    app.router.add_get("/debug/explain", explain_handler(MIXED, kube, mirror))
+    async with TestClient(TestServer(app)) as client:
+        r = await client.get("/debug/explain", params={"pod": "ns/p"})
+        assert r.status == 503 and "not loaded" in (await r.json())["error"]
+        mirror.nodes = {"n1": FULL_CARD_3}
+        mirror.ready.set()
+        r = await client.get("/debug/explain", params={"pod": "ns/p"})
+        doc = await r.json()
+        assert r.status == 200 and doc["nodes"][0]["cards"][0]["reason"] == "CardInsufficientMemory"
+        r = await client.get("/debug/explain", params={"pod": "ns/p", "output": "text"})
+        assert r.status == 200 and "needs 64 units, 32 free; held by ns/a (32), ns/b (32)" in await r.text()
+        for params, status, phrase in (({"pod": "ns/p", "output": "yaml"}, 400, "allowed: json, text"),
+                                       ({}, 400, "allowed: NAMESPACE/NAME"),
+                                       ({"pod": "ns/nobody"}, 404, "cannot read pod ns/nobody")):
+            r = await client.get("/debug/explain", params=params)
+            assert r.status == status and phrase in (await r.json())["error"], await r.text()
+    app = web.Application()
+    app.router.add_get("/debug/explain", explain_handler(MIXED, None, mirror))
+    async with TestClient(TestServer(app)) as client:
+        r = await client.get("/debug/explain", params={"pod": "ns/p"})
+        assert r.status == 503 and "no API client" in (await r.json())["error"]
