@@ -177,8 +177,10 @@ def _advice(reason: str, view: CardView, req: SliceRequest, memory: int, cores: 
     gone = _freeing(view, reason, rule, holders)
     if gone:
         fix = f"fits once {', '.join(h.pod for h in gone)} end{'s' if len(gone) == 1 else ''}"
+    elif rule(replace(view, mem_used=0, cores_used=0, slices=0)):
+        fix = "not even this card idle takes it: ask less (or raise the card's slice limit)"
     else:
-        fix = "no holder ending frees enough: the booked usage exceeds what its holders explain"
+        fix = "the card holds more than its reservations explain (the reconciler repairs such drift)"
     return detail + held, fix
 
 
