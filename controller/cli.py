@@ -3,6 +3,7 @@
   mtsched extender|webhook|watcher [--config FILE] [--set key=value ...]
   mtsched node-agent [--config FILE]        publish this node's /proc/sgpu_km card knobs (MTSCHED_NODE_NAME)
   mtsched cards [--redis-url URL]          the card table from Redis
+  mtsched explain NAMESPACE/POD [-o json]  why a pod is Pending: per node and card, reason, holders, fix
   mtsched check-config [--config FILE]     validate a configuration and print it
   mtsched demo                             the quick start (local control plane + sample pods)
 """
@@ -17,12 +18,16 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 import orjson
 import uvloop
 
 from shared.config import Config, ConfigError, key_of, load_config, redact_url
 from shared.serving import logs
+
+if TYPE_CHECKING:
+    from shared.store.state import NodeSnapshot
 
 
 def _parse_sets(items: list[str]) -> dict[str, object]:
@@ -53,18 +58,62 @@ def _run_role(main: Callable[[Config, asyncio.Event], Awaitable[bool]], cfg: Con
     return 0 if uvloop.run(runner()) else 1
 
 
+def _explain(args: argparse.Namespace, cfg: Config) -> int:
+    """The pod from the API server (kubeconfig), the cards from Redis, as `mtsched cards` reads them."""
+    from controller.explain import ExplainError, gather, render
+    from controller.kube import Kube
+    from shared.store.ledger import Ledger, RedisOptions, connect
+
+    try:
+        options = RedisOptions.from_config(cfg)
+    except ConfigError as e:
+        print(f"mtsched explain: {e}", file=sys.stderr)
+        return 2
+    kubeconfig = (args.kubeconfig or cfg.kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+                  or os.path.expanduser("~/.kube/config"))
+
+    async def run() -> str:
+        client = connect(args.redis_url or cfg.redis_url, options)
+        kube = await Kube.create(kubeconfig)
+        try:
+            ledger = Ledger(client, cfg.key_prefix)
+
+            async def snapshots() -> dict[str, NodeSnapshot]:
+                return await ledger.snapshots(await ledger.nodes())
+
+            return render(await gather(kube, args.pod, snapshots, cfg), args.output)
+        finally:
+            await kube.close()
+            await client.aclose()
+
+    try:
+        print(asyncio.run(run()))
+    except ExplainError as e:
+        print(f"mtsched explain: {e}", file=sys.stderr)
+        return 2 if e.status == 400 else 1
+    except Exception as e:  # no kubeconfig, Redis unreachable: one line, not a traceback
+        print(f"mtsched explain: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mtsched", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for name in ("extender", "webhook", "watcher", "node-agent", "check-config", "cards"):
+    for name in ("extender", "webhook", "watcher", "node-agent", "check-config", "cards", "explain"):
         p = sub.add_parser(name)
         p.add_argument("--config", help="YAML config file (also MTSCHED_CONFIG)")
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override one setting, e.g. --set memoryPerCard=96,160 (repeatable)")
         p.add_argument("--log-format", choices=("json", "text"), default=os.environ.get("MTSCHED_LOG_FORMAT", "json"))
-        if name == "cards":
+        if name in ("cards", "explain"):
             p.add_argument("--redis-url", help="defaults to the configured redisUrl")
+        if name == "explain":
+            p.add_argument("pod", help="NAMESPACE/NAME")
+            p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+            p.add_argument("--kubeconfig", help="defaults to the configured kubeconfig, then $KUBECONFIG, "
+                                                "then ~/.kube/config")
     demo = sub.add_parser("demo", help="quick start on a local control plane")
     demo.add_argument("--memory-per-card", default="96,160")
     demo.add_argument("--keep", action="store_true", help="keep everything running until Ctrl-C")
@@ -109,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(asyncio.run(show()))
         return 0
+    if args.cmd == "explain":
+        return _explain(args, cfg)
     from shared.serving.listen import start_problems
 
     problems = start_problems(cfg, args.cmd)

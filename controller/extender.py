@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from controller.explain import explain_handler
 from controller.fit_memo import FitMemo, request_size
 from controller.kube import Kube, KubeError
 from controller.preempt import Preemption
@@ -362,3 +363,4 @@ class Extender:
         app.router.add_post("/bind", self.h_bind)
         app.router.add_post("/preempt", Preemption(self).handle)  # controller/preempt.py
         app.router.add_get("/readyz", self.h_ready)
+        app.router.add_get("/debug/explain", explain_handler(self.cfg, self.kube, self.mirror))  # controller/explain.py

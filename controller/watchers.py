@@ -20,6 +20,7 @@ from typing import Any
 
 from controller.knob_watch import KnobWatch
 from controller.kube import Kube, KubeError
+from controller.mismatch import MismatchReporter
 from controller.reflector import Reflector
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED, GPU_INDEX, AnnotationError, PodUsage, usage_from_annotations
@@ -67,6 +68,7 @@ class NodeWatcher:
         self.reflector = Reflector(kube, "/api/v1/nodes", self.on_event, self.on_sync, "nodes")
         self.knobs = KnobWatch(kube, cfg.events_enabled, cfg.scheduler_name)  # knob changes under held slices
         self.nudge: Callable[[str], None] = lambda node: None  # the pod watcher's Nudger, set by the role
+        self.mismatch = MismatchReporter(kube, cfg)  # events, gauge and log line (controller/mismatch.py)
 
     async def apply(self, name: str, inv: Inventory | None) -> None:
         """Bring the ledger's node `name` to what the API says (`inv`; None: the Node is gone)."""
@@ -118,6 +120,7 @@ class NodeWatcher:
             self.knobs.forget(name)
         else:
             _, raised = await self.knobs.observe(node, inv, lambda: self.holders(name))
+        self.mismatch.observe(name, node, inv)
         await self.apply(name, inv)
         if raised:  # a card takes more slices now: kube-scheduler retries once the ledger says so
             self.nudge(name)
@@ -127,6 +130,8 @@ class NodeWatcher:
         for n in nodes:  # a re-list may carry a change the lost stream did not deliver
             name = str((n.get("metadata") or {}).get("name"))
             await self.knobs.observe(n, invs[name], functools.partial(self.holders, name))
+            self.mismatch.observe(name, n, invs.get(name))
+        self.mismatch.synced(set(invs))
         self.last = {}  # force a write: the ledger may have been flushed or edited meanwhile
         for inv in invs.values():
             await self.apply(inv.node, inv)

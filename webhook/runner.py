@@ -21,7 +21,7 @@ async def run_webhook(cfg: Config, stop: asyncio.Event) -> bool:
     # the quota check reads ResourceQuotas and pods (webhook/quotas.py); without it no API calls
     kube = await Kube.create(cfg.kubeconfig) if cfg.quota_check else None
     app = web.Application(client_max_size=BODY_LIMIT)
-    Webhook(cfg, mirror.capacities, QuotaReader(kube, cfg) if kube else None).routes(app)
+    Webhook(cfg, mirror.capacities, QuotaReader(kube, cfg) if kube else None, mirror.mismatched).routes(app)
     # ready once the mirror knows the cards the cluster reports (the mixed-fleet default needs them)
     try:
         return await serve_api(cfg, app, sup, stop)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +60,8 @@ class Judged:
     decision: Decision
 
 
-def judge(body: bytes, cfg: Config, capacities: Collection[int]) -> Judged | tuple[int, dict[str, Any]]:
+def judge(body: bytes, cfg: Config, capacities: Collection[int],
+          mismatched: Mapping[str, str] | None = None) -> Judged | tuple[int, dict[str, Any]]:
     """The pure decision for a raw AdmissionReview body, or (400, {"error": ...}) for a bad body."""
     try:
         doc = orjson.loads(body)
@@ -72,7 +73,7 @@ def judge(body: bytes, cfg: Config, capacities: Collection[int]) -> Judged | tup
         return 400, {"error": str(e)}
     try:
         if req.operation == "CREATE":
-            decision = decide(req.obj, cfg, capacities)
+            decision = decide(req.obj, cfg, capacities, mismatched)
         else:
             assert req.old is not None  # parse_review guarantees it for UPDATE
             decision = judge_update(req.old, req.obj, req.user, cfg)
@@ -94,22 +95,24 @@ def respond(j: Judged) -> tuple[int, dict[str, Any]]:
     return 200, review_response(req.uid, decision)
 
 
-def handle_review(body: bytes, cfg: Config, capacities: Collection[int]) -> tuple[int, dict[str, Any]]:
+def handle_review(body: bytes, cfg: Config, capacities: Collection[int],
+                  mismatched: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
     """(HTTP status, response JSON) for a raw AdmissionReview body, without the quota check.
 
     400 with {"error": "<field>: got <value>; allowed: ..."} when the body is not a v1 AdmissionReview
     of a Pod CREATE or UPDATE; otherwise 200 with the decision (a malformed pod is a denial naming
     the field, which the API server shows to the user).
     """
-    j = judge(body, cfg, capacities)
+    j = judge(body, cfg, capacities, mismatched)
     return j if isinstance(j, tuple) else respond(j)
 
 
 async def handle_review_with_quotas(body: bytes, cfg: Config, capacities: Collection[int],
-                                    quotas: QuotaReader) -> tuple[int, dict[str, Any]]:
+                                    quotas: QuotaReader,
+                                    mismatched: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
     """handle_review, then a CREATE the rules allow is checked against the namespace's quotas in the
     forms the API server does not enforce for extended resources (shared/domain/quota.py)."""
-    j = judge(body, cfg, capacities)
+    j = judge(body, cfg, capacities, mismatched)
     if isinstance(j, tuple):
         return j
     if j.req.operation == "CREATE":
@@ -118,18 +121,21 @@ async def handle_review_with_quotas(body: bytes, cfg: Config, capacities: Collec
 
 
 class Webhook:
-    def __init__(self, cfg: Config, capacities: Callable[[], Collection[int]], quotas: QuotaReader | None = None):
+    def __init__(self, cfg: Config, capacities: Callable[[], Collection[int]], quotas: QuotaReader | None = None,
+                 mismatched: Callable[[], Mapping[str, str]] = dict):
         self.cfg = cfg
         self.capacities = capacities
         self.quotas = quotas  # None: no quota check (unit tests of the admission rules alone)
+        self.mismatched = mismatched  # nodes with sliced cards that offer none, and why (the mirror's)
 
     async def h_review(self, request: web.Request) -> web.Response:
         start = time.perf_counter()
         body = await request.read()
         if self.quotas is None:
-            status, out = handle_review(body, self.cfg, self.capacities())
+            status, out = handle_review(body, self.cfg, self.capacities(), self.mismatched())
         else:
-            status, out = await handle_review_with_quotas(body, self.cfg, self.capacities(), self.quotas)
+            status, out = await handle_review_with_quotas(body, self.cfg, self.capacities(), self.quotas,
+                                                         self.mismatched())
         result = "bad" if status != 200 else ("allowed" if out["response"]["allowed"] else "denied")
         WEBHOOK_SECONDS.labels(result).observe(time.perf_counter() - start)
         return web.Response(body=orjson.dumps(out), status=status, content_type="application/json")

@@ -24,6 +24,8 @@ from shared.domain.request import (
     PIN_ANNOTATION,
     ContainerAsk,
     RequestError,
+    SliceRequest,
+    card_accepts,
     pinned_model,
     read_asks,
     shape_request,
@@ -88,8 +90,30 @@ def _resource_patch(pod: Mapping[str, Any], asks: list[ContainerAsk],
     return ops
 
 
-def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = ()) -> Decision:
-    """Admission of a pod CREATE. `reported` = per-card capacities (units) of the cluster's sliced cards."""
+MAX_NODE_WARNINGS = 3  # the API server may cut long warning lists; `mtsched explain` names every node
+WARNING_CHARS = 256  # the API server may truncate longer warnings
+
+
+def mismatch_warnings(req: SliceRequest, reported: Collection[int], mismatched: Mapping[str, str]) -> list[str]:
+    """Warnings for a pod that no usable card of the cluster can serve while nodes report sliced cards they
+    do not offer (capacity, sgpu.cores label or card model disagree; `mismatched`: node -> why): the pod
+    could only go there, and will stay Pending until they are fixed."""
+    if not mismatched or any(card_accepts(c, req) for c in reported):
+        return []
+    names = sorted(mismatched)
+    out = [f"no node offers a card this pod can use: {len(names)} node(s) report sliced cards but offer none "
+           "(capacity, sgpu.cores label or card model disagree with the configuration); the pod stays Pending "
+           "until they are fixed (mtsched explain NAMESPACE/POD)"]
+    out += [f"node {n}: {mismatched[n]}"[:WARNING_CHARS] for n in names[:MAX_NODE_WARNINGS]]
+    if len(names) > MAX_NODE_WARNINGS:
+        out.append(f"and {len(names) - MAX_NODE_WARNINGS} more node(s)")
+    return out
+
+
+def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = (),
+           mismatched: Mapping[str, str] | None = None) -> Decision:
+    """Admission of a pod CREATE. `reported` = per-card capacities (units) of the cluster's usable sliced cards;
+    `mismatched` = nodes that report sliced cards but offer none, and why (for the warning only)."""
     shape = pod_problems(pod)
     if shape:  # the rules below read only fields of the types checked here
         return deny("; ".join(shape), code=400)
@@ -201,6 +225,7 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = ()) 
                         f"({', '.join(f'{s.name}={s.memory}' for s in req.shares if not s.empty)}); "
                         f"no configured card model holds that: memoryPerCard {describe_models(cfg.models)}")
 
+    warnings.extend(mismatch_warnings(req, reported, mismatched or {}))
     patch: list[dict[str, Any]] = []
     if spec.get("schedulerName") != cfg.scheduler_name:
         patch.append({"op": "add" if "schedulerName" not in spec else "replace",

@@ -25,6 +25,7 @@ import orjson
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 
+from shared.domain.node import mismatch_kind
 from shared.store.ledger import Ledger
 from shared.store.state import CardRecord, NodeSnapshot, Reservation
 
@@ -60,6 +61,11 @@ class Mirror:
         """Per-card capacities reported by the cluster's usable cards (the webhook's mixed-fleet input)."""
         return {c.capacity for s in self.nodes.values() if not s.error for c in s.cards.values()
                 if c.health != "removed"}
+
+    def mismatched(self) -> dict[str, str]:
+        """Nodes that report sliced cards but offer none because their capacity, label or card model disagrees
+        with the configuration, and why (the webhook's admission warning)."""
+        return {n: s.error for n, s in self.nodes.items() if mismatch_kind(s.error)}
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="mirror")

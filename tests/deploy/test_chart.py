@@ -375,7 +375,8 @@ def test_least_privilege_rbac(rendered: Rendered) -> None:
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
         # the nudge: the node annotation mtsched.io/capacity-freed after a release
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
-        # Warning events on Nodes: a card knob changed under held slices (controller/knob_watch.py)
+        # Warning events on Nodes: a card knob changed under held slices (controller/knob_watch.py),
+        # capacity, label or model disagree (controller/mismatch.py)
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     # The webhook only lists the namespace's ResourceQuotas and pods (the quota forms only it enforces,
     # shared/domain/quota.py); Redis needs nothing from the API: no binding, no token.

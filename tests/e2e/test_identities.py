@@ -52,11 +52,13 @@ ACCESS: list[tuple[str, str, str, str, bool]] = [
     ("watcher", "get", "secrets", "kube-system", False),
     ("watcher", "create", "pods/binding", "default", False),
     ("watcher", "patch", "pods", "default", False),
+    ("watcher", "create", "events", "default", True),  # NodeCardMismatch on nodes (controller/mismatch.py)
     # extender: get_pod, bind (pods/binding), create_event (core events)
     ("extender", "get", "pods", "default", True),
     ("extender", "create", "pods/binding", "default", True),
     ("extender", "create", "events", "default", True),
     ("extender", "get", "nodes", "", True),  # the node's labels at bind (through system:kube-scheduler)
+    ("extender", "list", "nodes", "", True),  # /debug/explain: the nodes' labels (through system:kube-scheduler)
     ("extender", "patch", "nodes", "", False),
     ("extender", "get", "secrets", "kube-system", False),
     ("extender", "update", "pods", "default", False),

@@ -171,6 +171,18 @@ async def assert_nothing_booked(led: Ledger) -> None:
     assert leftovers == []
 
 
+async def _until_booked(led: Ledger, within: float, besides: frozenset[str] | set[str] = frozenset()) -> bool:
+    """Poll (bounded) until the ledger holds a reservation whose uid is not in `besides`."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):  # Redis may be restarting under the workers
+            snaps = await led.snapshots(await led.nodes())
+            if any(uid not in besides for s in snaps.values() for uid in s.reservations):
+                return True
+        await asyncio.sleep(0.05)
+    return False
+
+
 def merge(truths: dict[int, tuple[Any, ...]]) -> dict[str, PodUsage]:
     out: dict[str, PodUsage] = {}
     for t in truths.values():
@@ -280,9 +292,8 @@ async def test_redis_restart_mid_run_then_rebuild_from_api_truth(redis_server: R
     try:
         async with fleet(redis_server.url, workers=2, coroutines=12, ops=100_000, seconds=30, seed=3,
                          lifetime=(0.3, 4.0)) as f:
-            await asyncio.sleep(2.0)  # let bookings pile up
-            before = await ledger.snapshots(await ledger.nodes())
-            assert sum(len(s.reservations) for s in before.values()) > 0
+            # let bookings pile up (waits on the condition, bounded: a loaded machine starts the workers late)
+            assert await _until_booked(ledger, 60.0), "the workers made no booking within 60 s"
             # down for a second, then back empty: every key and script is gone
             await asyncio.to_thread(redis_server.stop)
             await asyncio.sleep(1.0)
@@ -300,7 +311,8 @@ async def test_redis_restart_mid_run_then_rebuild_from_api_truth(redis_server: R
             print(f"\nrestart: rebuilt from {len(truth)} placements the API holds")
             await assert_ledger_matches(ledger, truth, all_bound=True)
             f.pause.clear()
-            await asyncio.sleep(2.0)  # and on they go, over the rebuilt ledger
+            # and on they go, over the rebuilt ledger: until it holds a booking made after the rebuild
+            assert await _until_booked(ledger, 60.0, besides=set(truth)), "no booking after the rebuild"
             f.stop.set()
             _, stats_ = await f.wind_down(ledger)
     finally:

@@ -1,0 +1,118 @@
+"""Mismatches are loud: a node that reports sliced cards but offers none because its capacity, its
+`mthreads.com/sgpu.cores` label or its card model disagrees with the configuration (an S5000 under
+`memoryPerCard: [96]`) stays closed (fail closed, shared/domain/node.py), and is made visible where an
+operator looks: a Warning event on the Node once per distinct problem, the gauge
+`mtsched_node_mismatch{reason}`, and one summary line in the log after the first list. (The admission
+warning is shared/domain/admission.py's; `mtsched explain` shows the node's problem too.)
+
+The event's name is derived from the node's uid and the problem, so several watcher replicas, or a
+restarted one, report a problem once: the API server refuses the same name twice (409) until the
+event expires (the API server's event TTL, one hour by default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import Gauge
+
+from controller.kube import Kube, KubeError
+from shared.config import Config
+from shared.domain.node import MISMATCH_KINDS, Inventory
+
+log = logging.getLogger("mtsched.watchers")
+
+NODE_MISMATCH = Gauge("mtsched_node_mismatch",
+                      "Nodes that report sliced cards but offer none: capacity, sgpu.cores label or card model "
+                      "disagree with the configuration (should stay 0)", ["reason"])
+EVENT_REASON = "NodeCardMismatch"
+EVENT_NAMESPACE = "default"  # where events about cluster-scoped objects go (as the kubelet's node events)
+
+
+def event_name(node: str, uid: str, kind: str, error: str) -> str:
+    digest = hashlib.sha256(f"{uid}\0{kind}\0{error}".encode()).hexdigest()[:12]
+    return f"{node[:200]}.mtsched-mismatch.{digest}"
+
+
+def event_body(node: str, uid: str, kind: str, error: str, component: str) -> dict[str, Any]:
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": event_name(node, uid, kind, error), "namespace": EVENT_NAMESPACE},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid},
+        "reason": EVENT_REASON, "type": "Warning",
+        "message": f"node offers no sliced card ({kind} mismatch): {error}"[:1024],
+        "source": {"component": component}, "reportingComponent": component,
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }
+
+
+class MismatchReporter:
+    """The node watcher's view of mismatched nodes: node -> (kind, error), with the gauge and events."""
+
+    def __init__(self, kube: Kube | None, cfg: Config):
+        self.kube = kube
+        self.cfg = cfg
+        self.problems: dict[str, tuple[str, str]] = {}
+        self.listed = False
+        self.sent = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._gauge()
+
+    def _gauge(self) -> None:
+        counts = dict.fromkeys(MISMATCH_KINDS, 0)
+        for kind, _ in self.problems.values():
+            counts[kind] = counts.get(kind, 0) + 1
+        for kind, n in counts.items():
+            NODE_MISMATCH.labels(kind).set(n)
+
+    def observe(self, name: str, node: Mapping[str, Any] | None, inv: Inventory | None) -> None:
+        """One node as the API reports it (None: deleted). An event only when its problem changed."""
+        now = (inv.problem, inv.error) if inv is not None and inv.problem else None
+        before = self.problems.get(name)
+        if now is None:
+            if before is not None:
+                self.problems.pop(name)
+                log.info("node %s: its mismatch is resolved (%s)", name, before[1])
+                self._gauge()
+            return
+        if before == now:
+            return
+        self.problems[name] = now
+        self._gauge()
+        uid = str(((node or {}).get("metadata") or {}).get("uid") or "")
+        if self.kube is not None and self.cfg.events_enabled:
+            task = asyncio.create_task(self._send(name, uid, *now))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def synced(self, names: set[str]) -> None:
+        """After a (re-)list of `names`: forget nodes that are gone; after the first, one summary line."""
+        for gone in set(self.problems) - names:
+            self.problems.pop(gone)
+        self._gauge()
+        if not self.listed:
+            self.listed = True
+            if self.problems:
+                log.warning("%d node(s) report sliced cards but offer none (their capacity, sgpu.cores label or "
+                            "card model disagrees with memoryPerCard %s): %s", len(self.problems),
+                            [m.memory for m in self.cfg.models],
+                            "; ".join(f"{n} ({k}: {e})" for n, (k, e) in sorted(self.problems.items())))
+
+    async def _send(self, node: str, uid: str, kind: str, error: str) -> None:
+        assert self.kube is not None
+        try:
+            await self.kube.request("POST", f"/api/v1/namespaces/{EVENT_NAMESPACE}/events",
+                                    event_body(node, uid, kind, error, self.cfg.scheduler_name))
+            self.sent += 1
+        except KubeError as e:
+            if e.status != 409:  # 409: another replica (or this one before a restart) reported it already
+                (log.warning if e.status in (401, 403) else log.debug)(
+                    "could not record the mismatch event of node %s: %s", node, e)
+        except Exception as e:
+            log.debug("could not record the mismatch event of node %s: %s", node, e)

@@ -1,0 +1,144 @@
+"""Mismatches are loud (issue 13 item 5): the kind of every node_inventory error, the admission warning of
+pods that only mismatched nodes could take, and the watcher's reporter (gauge, once per change)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from controller.mismatch import MismatchReporter, event_body, event_name
+from shared.domain.admission import decide, mismatch_warnings
+from shared.domain.node import (
+    ANNOTATION_MISMATCH,
+    CAPACITY_MISMATCH,
+    LABEL_MISMATCH,
+    MAX_INST_ANNOTATION,
+    MODEL_MISMATCH,
+    SGPU_CORES_LABEL,
+    mismatch_kind,
+    node_inventory,
+)
+from shared.domain.request import pod_request
+from tests.unit._k8s import VGPU, cfg, ctr, node, pod, slice_ctr
+
+C96 = cfg((96,))
+MIXED = cfg((96, 160))
+
+# (node, config, kind node_inventory must report, a phrase of its error)
+NODES: list[tuple[dict[str, Any], Any, str, str]] = [
+    (node("s5000", cores=32, memory=320), C96, MODEL_MISMATCH, "160 units per card (320/2) is no configured"),
+    (node("odd", cores=32, memory=200), MIXED, MODEL_MISMATCH, "100 units per card"),
+    (node("lbl", cores=32, memory=192, labels={SGPU_CORES_LABEL: "0-1-2"}), C96, LABEL_MISMATCH,
+     "lists 3 cards but mthreads.com/sgpu-core capacity 32 means 2"),
+    (node("lbl2", cores=48, memory=288, labels={SGPU_CORES_LABEL: "0"}), C96, LABEL_MISMATCH, "lists 1 cards"),
+    (node("dup", cores=32, memory=192, labels={SGPU_CORES_LABEL: "1-1"}), C96, LABEL_MISMATCH, "repeats"),
+    (node("junk", cores=32, memory=192, labels={SGPU_CORES_LABEL: "a-b"}), C96, LABEL_MISMATCH, "not a list"),
+    (node("c17", cores=17, memory=96), C96, CAPACITY_MISMATCH, "not a multiple of 16"),
+    (node("cfrac", cores="1.5", memory=96), C96, CAPACITY_MISMATCH, "not a whole number"),
+    (node("nomem", cores=32), C96, CAPACITY_MISMATCH, "missing or not a whole number"),
+    (node("uneven", cores=48, memory=100), C96, CAPACITY_MISMATCH, "does not divide evenly"),
+    (node("inst", cores=16, memory=96, annotations={MAX_INST_ANNOTATION: "17"}), C96, ANNOTATION_MISMATCH,
+     "outside 1..16"),
+]
+
+
+@pytest.mark.parametrize(("n", "c", "kind", "phrase"), NODES, ids=[n[0]["metadata"]["name"] for n in NODES])
+def test_every_inventory_error_has_a_kind_readable_from_its_text(n: dict[str, Any], c: Any, kind: str,
+                                                                 phrase: str) -> None:
+    inv = node_inventory(n, c)
+    assert inv.cards == () and phrase in inv.error, inv
+    assert inv.problem == kind
+    # the ledger and the mirrors keep only the text: it must say the same kind
+    assert mismatch_kind(inv.error) == kind
+
+
+@pytest.mark.parametrize("error", ["", "2 pod(s) hold cards that nobody can account for: ns/a",
+                                   "quarantined while unrecorded pods hold cards"])
+def test_other_errors_are_no_mismatch(error: str) -> None:
+    assert mismatch_kind(error) == ""
+
+
+def test_good_nodes_report_no_problem() -> None:
+    for n, c in ((node("ok", cores=32, memory=192), C96), (node("s5", cores=32, memory=320), MIXED),
+                 (node("cpu"), C96)):
+        assert node_inventory(n, c).problem == ""
+
+
+S5000_ERR = "160 units per card (320/2) is no configured card model; memoryPerCard [96]"
+
+
+@pytest.mark.parametrize(("memory", "reported", "mismatched", "warned"), [
+    (64, (), {"s5000-a": S5000_ERR}, True),  # the only sliced node is closed: the pod can go nowhere
+    (64, (96,), {"s5000-a": S5000_ERR}, False),  # an S4000 takes it: no warning
+    (64, (), {}, False),  # no node at all: nothing to point at
+    (64, (160,), {"s4000-b": "label ... lists 3 cards"}, False),
+])
+def test_mismatch_warning_only_when_no_usable_card_serves(memory: int, reported: tuple[int, ...],
+                                                          mismatched: dict[str, str], warned: bool) -> None:
+    c = MIXED
+    req = pod_request(pod(slice_ctr(memory=memory, cores=4)), c)
+    assert req is not None
+    out = mismatch_warnings(req, reported, mismatched)
+    assert bool(out) == warned
+    if warned:
+        assert "stays Pending" in out[0] and "mtsched explain" in out[0]
+        assert out[1] == f"node s5000-a: {S5000_ERR}"
+        assert all(len(w) <= 256 for w in out)
+
+
+def test_model_pinned_pod_warned_when_only_other_models_are_usable() -> None:
+    # [96, 160]: a 128-unit slice needs an S5000; the S5000 node's label disagrees, S4000s are fine
+    req = pod_request(pod(slice_ctr(memory=128, cores=4)), MIXED)
+    assert req is not None
+    out = mismatch_warnings(req, (96,), {"s5000-x": "label mthreads.com/sgpu.cores='0-1-2' lists 3 cards"})
+    assert len(out) == 2 and "s5000-x" in out[1]
+
+
+def test_many_mismatched_nodes_are_counted_not_listed() -> None:
+    req = pod_request(pod(slice_ctr(memory=8, cores=1)), C96)
+    assert req is not None
+    out = mismatch_warnings(req, (), {f"n{i}": S5000_ERR for i in range(5)})
+    assert len(out) == 1 + 3 + 1 and out[-1] == "and 2 more node(s)"
+
+
+def test_decide_adds_the_warning_and_still_allows() -> None:
+    d = decide(pod(slice_ctr(memory=32, cores=2)), C96, (), {"s5000-a": S5000_ERR})
+    assert d.allowed and any("stays Pending" in w for w in d.warnings), d
+    d = decide(pod(slice_ctr(memory=32, cores=2)), C96, (96,), {"s5000-a": S5000_ERR})
+    assert d.allowed and not any("stays Pending" in w for w in d.warnings)
+    # exclusive: the whole-card fill warning stays, the mismatch warning comes after it
+    d = decide(pod(ctr("x", {VGPU: 1})), C96, (), {"s5000-a": S5000_ERR})
+    assert d.allowed and "exclusive mode" in d.warnings[0] and "stays Pending" in d.warnings[1]
+
+
+def gauge(kind: str) -> float:
+    return REGISTRY.get_sample_value("mtsched_node_mismatch", {"reason": kind}) or 0.0
+
+
+def test_reporter_counts_changes_once_and_forgets_fixed_and_gone_nodes() -> None:
+    r = MismatchReporter(None, C96)  # no API client: the view and the gauge only
+    bad = node("s5000", cores=32, memory=320)
+    r.observe("s5000", bad, node_inventory(bad, C96))
+    r.observe("s5000", bad, node_inventory(bad, C96))  # heartbeat: same problem
+    lbl = node("lbl", cores=32, memory=192, labels={SGPU_CORES_LABEL: "0-1-2"})
+    r.observe("lbl", lbl, node_inventory(lbl, C96))
+    r.synced({"s5000", "lbl"})
+    assert gauge(MODEL_MISMATCH) == 1 and gauge(LABEL_MISMATCH) == 1 and gauge(CAPACITY_MISMATCH) == 0
+    fixed = node("lbl", cores=32, memory=192, labels={SGPU_CORES_LABEL: "0-1"})
+    r.observe("lbl", fixed, node_inventory(fixed, C96))
+    assert gauge(LABEL_MISMATCH) == 0 and set(r.problems) == {"s5000"}
+    r.synced(set())  # re-listed: the node is gone
+    assert gauge(MODEL_MISMATCH) == 0 and r.problems == {}
+
+
+def test_event_names_are_one_per_node_object_and_problem() -> None:
+    a = event_name("n1", "uid-1", MODEL_MISMATCH, S5000_ERR)
+    assert a == event_name("n1", "uid-1", MODEL_MISMATCH, S5000_ERR)  # every replica: the same name
+    assert a != event_name("n1", "uid-2", MODEL_MISMATCH, S5000_ERR)  # node re-created
+    assert a != event_name("n1", "uid-1", LABEL_MISMATCH, "label ...")  # another problem
+    body = event_body("n1", "uid-1", MODEL_MISMATCH, S5000_ERR, "hami-scheduler")
+    assert body["type"] == "Warning" and body["involvedObject"] == {"apiVersion": "v1", "kind": "Node",
+                                                                    "name": "n1", "uid": "uid-1"}
+    assert S5000_ERR in body["message"] and "model mismatch" in body["message"]
