@@ -268,7 +268,11 @@ async def test_binding_carries_every_annotation(cluster: Cluster) -> None:
     assert ann[GPU_INDEX] == "0" and ann[PREDICATE_NODE] == node and ann[VGPU_NODE] == node
     assert ann[BIND_PHASE] == "allocating"
     assert int(ann[PREDICATE_TIME]) > 10**18 and int(ann[VGPU_TIME]) > 10**9
-    assert any("BindingSucceed" in e for e in await cluster.events("annotated"))
+    # the event is sent in the background after the Binding: wait for it (bounded), then assert
+    deadline = time.monotonic() + 30
+    while not any("BindingSucceed" in e for e in (evs := await cluster.events("annotated"))):
+        assert time.monotonic() < deadline, evs
+        await asyncio.sleep(0.2)
 
 
 # -- capacity: pending with reasons, release on delete / completion ------------------------------
