@@ -270,7 +270,10 @@ async def test_binding_carries_every_annotation(cluster: Cluster) -> None:
     assert int(ann[PREDICATE_TIME]) > 10**18 and int(ann[VGPU_TIME]) > 10**9
     # the event is sent in the background after the Binding: wait for it (bounded), then assert
     deadline = time.monotonic() + 30
-    while not any("BindingSucceed" in e for e in (evs := await cluster.events("annotated"))):
+    while True:
+        evs = await cluster.events("annotated")
+        if any("BindingSucceed" in e for e in evs):
+            break
         assert time.monotonic() < deadline, evs
         await asyncio.sleep(0.2)
 
