@@ -25,9 +25,9 @@ from controller.extender import Extender
 from shared.config import load_config
 from shared.domain.fit import fit
 from shared.domain.request import pod_request
+from shared.domain.state import CardRecord, NodeSnapshot
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
-from shared.store.state import CardRecord, NodeSnapshot
 
 MODELS = (96, 160)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from shared.domain.models import CardModel
+from shared.domain.state import NodeSnapshot
 from shared.store.ledger import Ledger
-from shared.store.state import NodeSnapshot
 
 
 def _gib(units: int) -> str:

@@ -27,7 +27,7 @@ from shared.config import Config, ConfigError, key_of, load_config, redact_url
 from shared.serving import logs
 
 if TYPE_CHECKING:
-    from shared.store.state import NodeSnapshot
+    from shared.domain.state import NodeSnapshot
 
 
 def _parse_sets(items: list[str]) -> dict[str, object]:

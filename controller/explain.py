@@ -20,8 +20,8 @@ from shared.domain.explain import CardWhy, Explanation, NodeWhy, explain
 from shared.domain.placement import NodeRequirement, node_requirement
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError, describe, is_dns_label, is_dns_subdomain
+from shared.domain.state import NodeSnapshot
 from shared.store.mirror import Mirror
-from shared.store.state import NodeSnapshot
 
 log = logging.getLogger("mtsched.explain")
 

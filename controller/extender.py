@@ -2,7 +2,7 @@
 
 Filter and prioritize read only the local mirror (no Redis call per node). Bind takes filter's fit for
 the chosen node when the node has not changed since (the memo, keyed by (node, seq)), else plans afresh
-from the mirror (pure: shared/store/state.py plan_on), and books the plan's card(s) atomically in the
+from the mirror (pure: shared/domain/state.py plan_on), and books the plan's card(s) atomically in the
 ledger (one round trip when the mirror is current; the script checks every card again), creates the Binding with
 the allocation annotations in the same API call, then marks the reservation bound (a second
 round trip). On any failure the reservation is released and the error returned.
@@ -37,13 +37,13 @@ from shared.domain.models import UNIT_MIB
 from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError
+from shared.domain.state import plan_on
 from shared.serving.bounded import ByteLRU
 from shared.serving.listen import LISTEN_POLICY, extender_policy
 from shared.serving.metrics import BINDINGS, CONFLICTS, EXTENDER_SECONDS, RESERVATIONS, count_filter_failures
 from shared.store.ledger import Ledger, ReserveOutcome
 from shared.store.mirror import Mirror
 from shared.store.placing import place
-from shared.store.state import plan_on
 
 log = logging.getLogger("mtsched.extender")
 

@@ -2,7 +2,7 @@
 only what changed since the last pod.
 
 Per node, answers are keyed by (node, seq): a mirror snapshot never changes, every change installs a new one
-with the next seq (shared/store/state.py), so an answer memoized at the seq the mirror holds is current. Each
+with the next seq (shared/domain/state.py), so an answer memoized at the seq the mirror holds is current. Each
 node keeps the answers of its latest seq only. Between two pods only the nodes booked meanwhile change. Bind
 takes filter's fit from here (`fitted`) instead of fitting again. Across nodes, nodes whose cards hold the
 same (often: nothing yet) share an answer, so a request shape seen for the first time costs one fit() per
@@ -16,8 +16,8 @@ from typing import Any
 
 from shared.domain.fit import GPU_POLICY, NOUSE_UUID, USE_UUID, FitResult, Reasons, extender_priority, fit
 from shared.domain.request import SliceRequest
+from shared.domain.state import NodeSnapshot
 from shared.store.mirror import Mirror
-from shared.store.state import NodeSnapshot
 
 NODE_ANSWERS = 64  # answers kept per node (a node's memo is emptied when full)
 

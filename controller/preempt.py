@@ -24,8 +24,8 @@ from shared.domain.extender_args import ArgsError
 from shared.domain.preempt import Choice, Holding, Victim, choose_victims
 from shared.domain.preempt_args import NodeVictims, PreemptionArgs, parse_preemption_args
 from shared.domain.request import RequestError, SliceRequest, pod_request
+from shared.domain.state import NodeSnapshot
 from shared.serving.metrics import EXTENDER_SECONDS, PREEMPT_NODES
-from shared.store.state import NodeSnapshot
 
 if TYPE_CHECKING:
     from controller.extender import Extender

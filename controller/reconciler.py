@@ -33,6 +33,7 @@ from shared.domain.reconcile import (
     recovered_usage,
     summarize,
 )
+from shared.domain.state import NodeSnapshot
 from shared.domain.trust import foreign_record
 from shared.serving.metrics import (
     ANNOTATION_ERRORS,
@@ -45,7 +46,6 @@ from shared.serving.metrics import (
 )
 from shared.serving.supervise import is_transient
 from shared.store.ledger import Ledger
-from shared.store.state import NodeSnapshot
 
 log = logging.getLogger("mtsched.reconciler")
 

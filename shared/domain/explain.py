@@ -40,7 +40,7 @@ from shared.domain.models import CardModel
 from shared.domain.node import CORDON_ANNOTATION, mismatch_kind
 from shared.domain.placement import NodeRequirement
 from shared.domain.request import Mode, SliceRequest
-from shared.store.state import CardRecord, NodeSnapshot
+from shared.domain.state import CardRecord, NodeSnapshot
 
 USAGE_REASONS = (CARD_SLICES_EXHAUSTED, EXCLUSIVE_CONFLICT, CARD_INSUFFICIENT_MEMORY, CARD_COMPUTE_EXHAUSTED,
                  CARD_INSUFFICIENT_CORE)  # reasons that holders ending can clear

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from shared.domain.annotations import PodUsage
 from shared.domain.node import Inventory
 from shared.domain.request import SliceRequest
-from shared.store.state import NodeSnapshot, Reservation
+from shared.domain.state import NodeSnapshot, Reservation
 
 FUTURE_MS = 60_000  # as shared/store/lua/_lib.lua: a stamp later than now + this comes from a clock that jumped
 

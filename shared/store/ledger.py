@@ -25,9 +25,9 @@ from redis.asyncio import Redis
 from shared.domain.annotations import PodUsage
 from shared.domain.fit import CardNeed, Plan, Reasons
 from shared.domain.node import Inventory
+from shared.domain.state import NodeSnapshot
 from shared.serving.metrics import REDIS_ROUND_TRIPS
 from shared.store.redis_conn import NO_OPTIONS, RedisOptions, connect, connect_subscriber, explain
-from shared.store.state import NodeSnapshot
 
 # The connection helpers moved to shared/store/redis_conn.py; callers keep importing them from here.
 __all__ = ["LUA_DIR", "NO_OPTIONS", "SCRIPTS", "Ledger", "LedgerError", "RedisOptions", "ReserveOutcome", "connect",

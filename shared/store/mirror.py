@@ -9,7 +9,7 @@ everything periodically as a safety net, since Pub/Sub drops messages while disc
 So filtering 500 nodes costs no Redis read at all.
 
 Each change replaces the node's snapshot whole with a new immutable one, which carries the next `seq`
-(shared/store/state.py): what is derived from a snapshot is keyed by (node, seq).
+(shared/domain/state.py): what is derived from a snapshot is keyed by (node, seq).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from shared.domain.node import mismatch_kind
+from shared.domain.state import CardRecord, NodeSnapshot, Reservation
 from shared.store.ledger import Ledger
-from shared.store.state import CardRecord, NodeSnapshot, Reservation
 
 log = logging.getLogger("mtsched.mirror")
 

@@ -1,4 +1,4 @@
-"""Placing a pod on a node: plan (pure, shared.store.state.plan_on), send (Ledger.place), plan again on refusal.
+"""Placing a pod on a node: plan (pure, shared.domain.state.plan_on), send (Ledger.place), plan again on refusal.
 
 One round trip when the caller's snapshot is current; each conflict costs one more (the script returns the
 fresh state with its refusal, so no extra read is needed). Planning never weakens a check: the reserve
@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 from shared.domain.fit import FitResult, Plan
 from shared.domain.request import SliceRequest
+from shared.domain.state import NodeSnapshot, plan_on
 from shared.store.ledger import Ledger, ReserveOutcome
-from shared.store.state import NodeSnapshot, plan_on
 
 log = logging.getLogger("mtsched.ledger")
 

@@ -42,8 +42,8 @@ from deploy.local.stack import Stack
 from shared.config import load_config
 from shared.domain.annotations import ALLOCATED, AnnotationError, usage_from_annotations
 from shared.domain.node import node_inventory
+from shared.domain.state import NodeSnapshot
 from shared.store.ledger import Ledger
-from shared.store.state import NodeSnapshot
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 

@@ -35,8 +35,8 @@ from shared.domain.annotations import (
     decode_allocation,
 )
 from shared.domain.models import valid_memory_values
+from shared.domain.state import NodeSnapshot
 from shared.store.ledger import Ledger
-from shared.store.state import NodeSnapshot
 
 pytestmark = pytest.mark.e2e
 

@@ -39,8 +39,8 @@ from deploy.local.identities import tenant
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
 from shared.domain.annotations import ALLOCATED, BIND_PHASE, GPU_INDEX, PREDICATE_TIME
+from shared.domain.state import NodeSnapshot
 from shared.store.ledger import Ledger
-from shared.store.state import NodeSnapshot
 
 pytestmark = pytest.mark.e2e
 

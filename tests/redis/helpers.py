@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 
 from shared.domain.annotations import PodUsage
 from shared.domain.node import Card, Inventory
-from shared.store.state import NodeSnapshot
+from shared.domain.state import NodeSnapshot
 
 S4000 = 96
 S5000 = 160

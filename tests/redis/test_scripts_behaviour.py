@@ -14,9 +14,9 @@ from shared.domain.annotations import PodUsage
 from shared.domain.fit import FitResult
 from shared.domain.models import CardModel
 from shared.domain.request import pod_request
+from shared.domain.state import NodeSnapshot
 from shared.store.ledger import Ledger
 from shared.store.placing import place
-from shared.store.state import NodeSnapshot
 from tests.redis.helpers import (
     S4000,
     S5000,

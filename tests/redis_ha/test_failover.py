@@ -24,9 +24,9 @@ import pytest
 
 from deploy.local.redis import ClusterSetup, SentinelSetup, wait_caught_up
 from shared.domain.annotations import PodUsage
+from shared.domain.state import NodeSnapshot
 from shared.store.ledger import Ledger, connect, connect_subscriber
 from shared.store.mirror import Mirror
-from shared.store.state import NodeSnapshot
 from tests.redis.helpers import S4000, S5000, all_violations, eventually, expected_usage, inventory
 from tests.redis.test_stress import CAPACITY, INVENTORIES, assert_ledger_matches, assert_nothing_booked
 from tests.redis_ha.burst import Burst

@@ -16,9 +16,9 @@ from controller.extender import BODY_LIMIT as EXTENDER_BODY_LIMIT
 from controller.extender import Extender
 from controller.kube import Kube, KubeError
 from shared.config import Config, load_config
+from shared.domain.state import CardRecord, NodeSnapshot
 from shared.store.ledger import Ledger, ReserveOutcome
 from shared.store.mirror import Mirror
-from shared.store.state import CardRecord, NodeSnapshot
 from webhook.server import BODY_LIMIT as WEBHOOK_BODY_LIMIT
 from webhook.server import Webhook
 

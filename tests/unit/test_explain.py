@@ -18,9 +18,9 @@ from shared.domain.explain import Explanation, explain
 from shared.domain.fit import USE_UUID, fit, gen_reason
 from shared.domain.placement import node_requirement
 from shared.domain.request import SliceRequest, pod_request
+from shared.domain.state import CardRecord, NodeSnapshot, Reservation
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
-from shared.store.state import CardRecord, NodeSnapshot, Reservation
 from tests.unit._k8s import VGPU, cfg, ctr, pod, slice_ctr
 
 MIXED = cfg((96, 160))

@@ -22,9 +22,9 @@ from controller.extender import Extender
 from controller.kube import Kube, KubeError
 from shared.config import load_config
 from shared.domain.admission import decide
+from shared.domain.state import CardRecord, NodeSnapshot
 from shared.store.ledger import Ledger, ReserveOutcome
 from shared.store.mirror import Mirror
-from shared.store.state import CardRecord, NodeSnapshot
 from webhook.server import Webhook, handle_review
 
 CFG = load_config(env={}, flags={"memoryPerCard": "96,160"})

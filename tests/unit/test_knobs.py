@@ -30,7 +30,7 @@ from shared.domain.knobs import (
     should_patch,
 )
 from shared.domain.node import MAX_INST_ANNOTATION, node_inventory
-from shared.store.state import CardRecord, NodeSnapshot
+from shared.domain.state import CardRecord, NodeSnapshot
 
 DEFAULT = {"max_inst": "16\n", "policy": "0\n", "time_slice": "1\n", "overcommit_ratio": "100\n"}
 

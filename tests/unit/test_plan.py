@@ -16,9 +16,9 @@ from shared.domain import fit as F
 from shared.domain.fit import CardNeed, CardState, FitResult, Plan, Reasons, fit, plan_booking
 from shared.domain.node import Card
 from shared.domain.request import SliceRequest, pod_request
+from shared.domain.state import CardRecord, NodeSnapshot, Reservation, plan_on
 from shared.store.ledger import Ledger, ReserveOutcome
 from shared.store.mirror import Mirror
-from shared.store.state import CardRecord, NodeSnapshot, Reservation, plan_on
 from tests.unit._k8s import VGPU, cfg, ctr, pod, slice_ctr
 from tests.unit._servers import CFG, FakeKube, bind_args, mirror
 from tests.unit._servers import pod as admitted

@@ -16,7 +16,7 @@ from shared.domain.node import Card
 from shared.domain.preempt import KEPT, NO_CARD, REDUCED, UNCHANGED, Holding, Victim, choose_victims
 from shared.domain.preempt_args import MAX_VICTIMS, parse_preemption_args
 from shared.domain.request import SliceRequest, pod_request
-from shared.store.state import CardRecord, NodeSnapshot, Reservation
+from shared.domain.state import CardRecord, NodeSnapshot, Reservation
 from tests.unit._k8s import VGPU, cfg, ctr, pod, slice_ctr
 from tests.unit._servers import FakeKube, extender
 

@@ -10,7 +10,7 @@ from shared.domain.annotations import PodUsage
 from shared.domain.node import Card, Inventory
 from shared.domain.reconcile import Unrecorded, diff_node, offers_cards, quarantine_reason, recovered_usage, summarize
 from shared.domain.request import Mode, SliceRequest
-from shared.store.state import CardRecord, NodeSnapshot, Reservation
+from shared.domain.state import CardRecord, NodeSnapshot, Reservation
 
 NOW = 1_000_000_000
 KEEP = 10_000
