@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="then one more run of ours at this steady rate, for latency (pods/s; 0: skip; default 50)")
     p.add_argument("--paced-pods", type=int, default=1000, help="pods of the paced run (default 1000)")
     p.add_argument("--large-pods", type=int, default=1000,
-                   help="then one more run of ours with that many large pods, all at once (0: skip; default 1000)")
+                   help="then one more run of ours with that many large pods (at most --pods), all at once "
+                        "(0: skip; default 1000)")
     p.add_argument("--large-annotation-kb", type=int, default=50,
                    help="the large pods' annotation, KB per pod (default 50)")
     p.add_argument("--repeat", type=int, default=2, help="ours/plain pairs per setting, order alternating (default 2)")
@@ -105,8 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     for pct in args.percentage_of_nodes_to_score:
         if not 0 <= pct <= 100:
             p.error(f"--percentage-of-nodes-to-score: got {pct}; allowed: 0 (kube-scheduler's default) to 100")
-    if args.large_pods and args.large_pods > args.pods:
-        p.error(f"--large-pods: got {args.large_pods}; allowed: at most --pods ({args.pods})")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {}
@@ -235,7 +234,7 @@ def plan(n: int, replicas: int | str, pct: int, args: argparse.Namespace, pods: 
         out.append((Phase("paced", n, replicas, 0, rate=args.paced_rate, percentage=pct), args.paced_pods))
     if args.large_pods:
         out.append((Phase("large", n, replicas, 0, percentage=pct, large_kb=args.large_annotation_kb),
-                     args.large_pods))
+                     min(args.large_pods, pods)))  # the first pods of the mix, as paced
     return out
 
 

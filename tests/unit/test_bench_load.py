@@ -161,6 +161,7 @@ def test_plan_order_and_sizes() -> None:
                    ("paced", 0, 10, 100), ("large", 0, 5, 100)]
     assert [ph.mode for ph, _ in plan(100, 1, 0, _args(no_plain=True, paced_rate=0, large_pods=0), 40)] == [
         "ours", "ours"]
+    assert plan(100, 1, 0, _args(large_pods=1000), 40)[-1][1] == 40  # at most the mix
 
 
 def _phase(mode: str, replicas: int | str, pods_s: float, pct: int = 0, **res: Any) -> Phase:
