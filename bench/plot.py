@@ -13,6 +13,9 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = doc["summary"]
+    # one percentageOfNodesToScore per plot: the first of the run (the others are in the JSON and the table)
+    pct = rows[0].get("percentage_of_nodes_to_score", 0) if rows else 0
+    rows = [r for r in rows if r.get("percentage_of_nodes_to_score", 0) == pct]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 6))
     replicas = sorted({r["replicas"] for r in rows})
     plain: dict[int, list[float]] = {}
@@ -31,13 +34,19 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         for r in sel:
             ax1.annotate(f"{r['ours_pods_s']:.0f}", (r["nodes"], r["ours_pods_s"]), textcoords="offset points",
                          xytext=(6, -12), fontsize=8, color=f"C{i}")
+    ext = sorted((r for r in rows if r.get("external") and r["replicas"] == rows[0]["replicas"]),
+                 key=lambda r: r["nodes"])
+    if ext:
+        ax1.plot([r["nodes"] for r in ext], [r["external_pods_s"] for r in ext], "^-.", color="C5",
+                 label=f"{ext[0]['external']} (an extender started outside the bench)")
     for x in xs:
         if plain[x]:
             v = sum(plain[x]) / len(plain[x])
             ax1.annotate(f"{v:.0f}", (x, v), textcoords="offset points", xytext=(6, 4), fontsize=8, color="grey")
     ax1.set_xlabel("nodes (8 cards each)")
     ax1.set_ylabel("pods/s (first create to last bind)")
-    ax1.set_title(f"End-to-end throughput, {doc['config']['pods']} pods per run")
+    ax1.set_title(f"End-to-end throughput, {doc['config']['pods']} pods per run, "
+                  f"percentageOfNodesToScore {pct or 'default'}")
     ax1.set_ylim(bottom=0)
     ax1.set_xticks(xs or [0])
     ax1.grid(alpha=0.3)

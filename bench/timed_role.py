@@ -28,6 +28,7 @@ from controller import kube as kube_module
 from controller.extender import Extender
 from controller.kube import Kube
 from shared.store.ledger import Ledger
+from webhook import runner as webhook_runner
 from webhook import server as webhook_server
 from webhook.server import Webhook
 
@@ -156,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     instrument()
     if os.environ.get("MTSCHED_BENCH_TRUST_ENV") == "1":  # A/B of the change (docs/benchmarks.md)
         kube_module._skip_empty_env_lookups = _keep_env_lookups
-    for name in ("run_extender", "run_webhook", "run_watcher"):  # cli.main looks them up at call time
-        setattr(roles, name, _with_lag_probe(getattr(roles, name)))
+    # cli.main looks them up at call time
+    for module, name in ((roles, "run_extender"), (webhook_runner, "run_webhook"), (roles, "run_watcher")):
+        setattr(module, name, _with_lag_probe(getattr(module, name)))
     out = os.environ.get("MTSCHED_BENCH_PROFILE")  # a path: profile this role's CPU time (cProfile) into it
     if not out:
         return cli.main(argv)

@@ -17,18 +17,24 @@ two phases on the same nodes, in alternating order:
   them, placed by the `default-scheduler` profile with no extender call.
 
 then one more run of ours at a steady rate (--paced-rate, default 50 pods/s), for latency at a
-load the machine sustains.
+load the machine sustains, and one of ours with large pods (--large-pods, each carrying a
+--large-annotation-kb annotation), for what the pods cost in memory. With --external-extender, an
+extender started outside the benchmark is timed on the same nodes and pods (created already in their
+admitted form), kube-scheduler calling it; --percentage-of-nodes-to-score repeats everything for each
+value of kube-scheduler's percentageOfNodesToScore.
 
 Each phase measures pods/s from the first create to the last bind (bind times from a watch),
 extender and webhook latency (the roles' /metrics before/after; fine buckets in local mode, see
 bench/timed_role.py), kube-scheduler's algorithm time per pod, CPU time per process (local mode),
-Redis round trips per pod, and correctness: over-committed cards (ledger and recomputed from the
+Redis round trips per pod, RSS of each role (VmRSS/VmHWM, growth per 1,000 nodes and pods), and
+correctness: over-committed cards (ledger and recomputed from the
 pods' annotations), pods bound without annotations, reservations leaked after every pod is
 deleted. Results: bench/results/<run>.json, latest.json, throughput.png. docs/benchmarks.md
 explains the figures.
 
   python -m bench.load                  # 500 and 1000 nodes, 2000 pods, 1 and 3 replicas (~22 min)
   python -m bench.load --nodes 50 --pods 200 --replicas 1 --repeat 1 --paced-pods 200   # a quick look
+  python -m bench.load --nodes 5000 --replicas 1 --percentage-of-nodes-to-score 0 100   # on demand, slow
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.load import external, memory
 from bench.load.cluster import LedgerView, Local, Target, delete_nodes, ensure_nodes, machine
 from bench.load.phase import Phase, run_phase
 from bench.load.report import save, summarize
@@ -54,7 +61,12 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nodes", type=int, nargs="+", default=[500, 1000], help="node counts (default 500 1000)")
+    p.add_argument("--nodes", type=int, nargs="+", default=[500, 1000],
+                   help="node counts (default 500 1000; 5000 on demand: slow, ~1 min to create the nodes alone)")
+    p.add_argument("--node-concurrency", type=int, default=32, help="node creates in flight (default 32)")
+    p.add_argument("--percentage-of-nodes-to-score", type=int, nargs="+", default=[0], metavar="N",
+                   help="local: kube-scheduler's percentageOfNodesToScore, globally and in every profile; every "
+                        "value is one more pass over the plan (0: kube-scheduler's adaptive default; default 0)")
     p.add_argument("--pods", type=int, default=2000, help="pods per phase (default 2000)")
     p.add_argument("--rate", type=float, default=0.0, help="create pods at this rate (pods/s); default all at once")
     p.add_argument("--concurrency", type=int, default=32, help="creates in flight when all at once (default 32)")
@@ -63,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paced-rate", type=float, default=50.0,
                    help="then one more run of ours at this steady rate, for latency (pods/s; 0: skip; default 50)")
     p.add_argument("--paced-pods", type=int, default=1000, help="pods of the paced run (default 1000)")
+    p.add_argument("--large-pods", type=int, default=1000,
+                   help="then one more run of ours with that many large pods (at most --pods), all at once "
+                        "(0: skip; default 1000)")
+    p.add_argument("--large-annotation-kb", type=int, default=50,
+                   help="the large pods' annotation, KB per pod (default 50)")
     p.add_argument("--repeat", type=int, default=2, help="ours/plain pairs per setting, order alternating (default 2)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a phase may take to bind (default 300)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain kube-scheduler phases")
@@ -83,12 +100,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-nodes", action="store_true", help="do not delete the simulated nodes at the end")
     p.add_argument("--scheduler-verbosity", type=int, default=2, help="local kube-scheduler --v (default 2)")
     p.add_argument("--out", default=str(RESULTS), help="results directory (default bench/results)")
+    external.add_options(p)
     args = p.parse_args(argv)
+    ext = external.from_args(args)
+    for pct in args.percentage_of_nodes_to_score:
+        if not 0 <= pct <= 100:
+            p.error(f"--percentage-of-nodes-to-score: got {pct}; allowed: 0 (kube-scheduler's default) to 100")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {}
     try:
-        asyncio.run(amain(args, doc))
+        asyncio.run(amain(args, doc, ext))
     finally:
         if doc.get("run_id"):
             save(doc, out_dir)
@@ -97,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if bad else 0
 
 
-async def amain(args: argparse.Namespace, doc: dict[str, Any]) -> None:
+async def amain(args: argparse.Namespace, doc: dict[str, Any], ext: external.External | None = None) -> None:
     from bench import micro
     from controller.kube import Kube
 
@@ -106,7 +128,7 @@ async def amain(args: argparse.Namespace, doc: dict[str, Any]) -> None:
     run_id = started.strftime("%Y%m%d-%H%M%S")
     doc.update({"run_id": run_id, "started": started.isoformat(), "command": " ".join(sys.argv),
                            "machine": machine(), "config": {k: v for k, v in vars(args).items()},
-                           "micro": [], "phases": [], "summary": []})
+                           "micro": [], "phases": [], "node_memory": [], "summary": []})
     say(f"machine: {doc['machine']['cpus']} cpus, {doc['machine']['memory_gib']} GiB, load average "
         f"{' '.join(f'{x:.2f}' for x in doc['machine']['load_avg'])}")
     mix = shapes(args.pods, args.seed)
@@ -134,37 +156,58 @@ async def amain(args: argparse.Namespace, doc: dict[str, Any]) -> None:
             local.start()
             targets = [(r, None) for r in args.replicas]
             kubeconfig = str(local.cp.kubeconfig_path)
+        if local is not None and args.publish_kubeconfig:
+            publish = Path(args.publish_kubeconfig)
+            await asyncio.to_thread(publish.write_bytes, local.cp.kubeconfig_path.read_bytes())
+            say(f"kubeconfig of the local control plane published at {args.publish_kubeconfig}")
         kube = await Kube.create(kubeconfig)
         try:
             for n in args.nodes:
-                names = await ensure_nodes(kube, n, args.kwok, say)
-                for replicas, fixed in targets:
-                    target = fixed or (local.target(int(replicas), args.webhooks, args.extender_http,
-                                                    dict(x.split("=", 1) for x in args.set)) if local else None)
-                    assert target is not None
-                    ledger = LedgerView(target.redis_url, target.key_prefix) if target.redis_url else None
-                    try:
-                        if ledger is not None:
-                            ok, _ = await ledger.wait(names, lambda s, n=n: len(s) >= n, 120)  # type: ignore[misc]
-                            say(f"ledger holds the {n} nodes" if ok else "ledger did not get every node in 120s")
-                        await asyncio.sleep(2.0)  # kube-scheduler's informer sees the nodes
-                        for rep in range(args.repeat):
-                            order = ["ours", "plain"] if rep % 2 == 0 else ["plain", "ours"]
-                            for mode in order:
-                                if mode == "plain" and args.no_plain:
-                                    continue
-                                ph = Phase(mode, n, replicas, rep, rate=args.rate)
-                                await run_phase(kube, target, ledger, names, mix, ph, args, say)
+                names: list[str] = []
+                for pct in args.percentage_of_nodes_to_score:
+                    for replicas, fixed in targets:
+                        if local is not None:
+                            local.percentage = pct
+                        elif pct:
+                            say("--percentage-of-nodes-to-score applies to the local control plane only")
+                        target = fixed or (local.target(int(replicas), args.webhooks, args.extender_http,
+                                                        dict(x.split("=", 1) for x in args.set)) if local else None)
+                        assert target is not None
+                        mem_start = memory.sample(target.pids)
+                        created = 0
+                        if not names:
+                            names, created = await ensure_nodes(kube, n, args.kwok, say, args.node_concurrency)
+                        ledger = LedgerView(target.redis_url, target.key_prefix) if target.redis_url else None
+                        try:
+                            if ledger is not None:
+                                wait = max(120.0, n / 20)
+                                ok, _ = await ledger.wait(names, lambda s, n=n: len(s) >= n, wait)  # type: ignore[misc]
+                                say(f"ledger holds the {n} nodes" if ok
+                                    else f"ledger did not get every node in {wait:g}s")
+                            await asyncio.sleep(2.0)  # kube-scheduler's informer sees the nodes
+                            if created:
+                                rec = node_memory(n, replicas, pct, created, mem_start, memory.sample(target.pids))
+                                doc["node_memory"].append(rec)
+                                say(f"RSS MiB per 1000 nodes ({created} created): " + ", ".join(
+                                    f"{k} {v}" for k, v in memory.by_role(rec["rss_mib_per_1000_nodes"]).items()))
+                            for ph, pods in plan(n, replicas, pct, args, len(mix)):
+                                await run_phase(kube, target, ledger, names, mix[:pods], ph, args, say)
                                 phases.append(ph)
                                 doc["phases"].append(ph.result)
-                        if args.paced_rate and args.paced_pods:
-                            ph = Phase("paced", n, replicas, 0, rate=args.paced_rate)
-                            await run_phase(kube, target, ledger, names, mix[:args.paced_pods], ph, args, say)
+                        finally:
+                            if ledger is not None:
+                                await ledger.close()
+                    if ext is not None and local is not None:
+                        target = local.external_target(ext)
+                        if not await asyncio.to_thread(external.wait_until_answers, ext, local.cp.pki.ca_crt, say):
+                            say(f"{ext.name} at {ext.url} did not answer in {ext.wait_seconds:g}s: its phases skipped")
+                            continue
+                        await asyncio.sleep(2.0)
+                        for rep in range(args.repeat):
+                            ph = Phase("external", n, ext.name, rep, percentage=pct)
+                            await run_phase(kube, target, None, names, mix, ph, args, say)
                             phases.append(ph)
                             doc["phases"].append(ph.result)
-                    finally:
-                        if ledger is not None:
-                            await ledger.close()
             if not args.keep_nodes:
                 await delete_nodes(kube)
         finally:
@@ -175,4 +218,29 @@ async def amain(args: argparse.Namespace, doc: dict[str, Any]) -> None:
             local.stop()
         doc["machine"]["load_avg_end"] = os.getloadavg()
         doc["finished"] = datetime.now(UTC).isoformat()
-        doc["summary"] = summarize(phases, fine=local is not None)
+        doc["summary"] = summarize(phases, fine=local is not None, node_memory=doc["node_memory"])
+
+
+def plan(n: int, replicas: int | str, pct: int, args: argparse.Namespace, pods: int) -> list[tuple[Phase, int]]:
+    """The phases of one setting, in order, with their pod counts: ours/plain pairs (order alternating),
+    paced, large."""
+    out: list[tuple[Phase, int]] = []
+    for rep in range(args.repeat):
+        for mode in (["ours", "plain"] if rep % 2 == 0 else ["plain", "ours"]):
+            if mode == "plain" and args.no_plain:
+                continue
+            out.append((Phase(mode, n, replicas, rep, rate=args.rate, percentage=pct), pods))
+    if args.paced_rate and args.paced_pods:
+        out.append((Phase("paced", n, replicas, 0, rate=args.paced_rate, percentage=pct), args.paced_pods))
+    if args.large_pods:
+        out.append((Phase("large", n, replicas, 0, percentage=pct, large_kb=args.large_annotation_kb),
+                     min(args.large_pods, pods)))  # the first pods of the mix, as paced
+    return out
+
+
+def node_memory(n: int, replicas: int | str, pct: int, created: int, before: memory.Sample,
+                after: memory.Sample) -> dict[str, Any]:
+    return {"nodes": n, "replicas": replicas, "percentage": pct, "created": created,
+            "rss_mib_start": memory.mib(before), "rss_mib_nodes": memory.mib(after),
+            "hwm_mib_nodes": memory.mib(after, "hwm_kib"),
+            "rss_mib_per_1000_nodes": memory.growth_per_1000(before, after, created)}

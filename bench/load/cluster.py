@@ -75,6 +75,16 @@ class Local:
         self.redis = RedisServer(password=new_password())
         self.stack: Any = None
         self.say = say
+        self.percentage = 0  # kube-scheduler's percentageOfNodesToScore (0: its own default)
+        self.server_name = ""  # tlsConfig.serverName of the extender entry (an external extender's)
+        base = self.cp.scheduler_config
+
+        def tuned() -> dict[str, Any]:
+            from bench.load.external import tune_scheduler_config
+
+            return tune_scheduler_config(base(), self.percentage, self.server_name)
+
+        setattr(self.cp, "scheduler_config", tuned)  # noqa: B010 - every (re)start of kube-scheduler reads it
 
     def start(self) -> None:
         self.cp.start()
@@ -87,6 +97,7 @@ class Local:
         """(Re)start our roles with `replicas` extenders; kube-scheduler is restarted to call them."""
         from bench.stack import BenchStack
 
+        self.server_name = ""
         if self.stack is not None:
             self.stack.stop()
         self.stack = BenchStack(self.cp, self.redis.url, "96,160", extenders=replicas, webhooks=webhooks,
@@ -97,9 +108,7 @@ class Local:
         self.say(f"mtsched up: {replicas} extender(s){' behind the random balancer' if replicas > 1 else ''}, "
                  f"{webhooks} webhook(s), 1 watcher; kube-scheduler restarted with the extender"
                  f"{' over plain HTTP (sidecar topology)' if extender_http else ' over HTTPS'}")
-        pids = {name: proc.popen.pid for name, proc in self.cp._procs.items()}
-        if self.redis.proc is not None:
-            pids["redis"] = self.redis.proc.pid
+        pids = self.plane_pids()
         for role in self.stack.roles:
             if role.proc is not None:
                 pids[role.name] = role.proc.pid
@@ -108,6 +117,34 @@ class Local:
         sched = (f"https://127.0.0.1:{self.cp._sched_port}/metrics", self.cp.token)
         return Target(str(self.cp.kubeconfig_path), dict(urls), self.redis.url, fine=True, replicas=replicas,
                       pids=pids, scheduler_metrics=sched)
+
+    def plane_pids(self) -> dict[str, int]:
+        pids = {name: proc.popen.pid for name, proc in self.cp._procs.items()}
+        if self.redis.proc is not None:
+            pids["redis"] = self.redis.proc.pid
+        return pids
+
+    def external_target(self, ext: Any) -> Target:
+        """Our roles stopped (the webhook stays registered: the external pods' namespace skips it), the
+        chart's admission policy suspended (it lets only our extender's identity write allocation
+        records; another extender writes its own), kube-scheduler restarted with only the external
+        extender (under the chart's identity). The next `target` provisions everything again."""
+        from deploy.local.identities import suspend_policies
+
+        kubeconfig = None
+        if self.stack is not None:
+            self.stack.stop_roles()
+            kubeconfig = self.stack.kubeconfig("kube-scheduler")
+            suspend_policies(self.cp, self.stack.provision())
+        self.server_name = ext.server_name
+        self.cp.start_scheduler(ext.spec(), kubeconfig=kubeconfig)
+        self.say(f"kube-scheduler restarted calling {ext.name} at {ext.url} (our roles stopped)")
+        pids = self.plane_pids()
+        pid = ext.process_id()
+        if pid:
+            pids[ext.name] = pid
+        sched = (f"https://127.0.0.1:{self.cp._sched_port}/metrics", self.cp.token)
+        return Target(str(self.cp.kubeconfig_path), {}, "", replicas=ext.name, pids=pids, scheduler_metrics=sched)
 
     def stop(self) -> None:
         if self.stack is not None:
@@ -147,7 +184,10 @@ def node_model(name: str) -> int:
     return 96 if int(name.rsplit("-", 1)[1]) % 2 == 0 else 160
 
 
-async def ensure_nodes(kube: Any, count: int, kwok: bool, say: Progress) -> list[str]:
+async def ensure_nodes(kube: Any, count: int, kwok: bool, say: Progress,
+                       concurrency: int = 32) -> tuple[list[str], int]:
+    """The simulated nodes bench-node-00000.. (count of them, created or removed to match), and how many
+    were created now. Creates run `concurrency` at a time (5,000 nodes: about a minute here)."""
     from deploy.local import nodes as simulated
 
     existing = {n["metadata"]["name"] for n in await list_all(kube, "/api/v1/nodes", labelSelector=NODE_LABEL)}
@@ -164,13 +204,14 @@ async def ensure_nodes(kube: Any, count: int, kwok: bool, say: Progress) -> list
         return body
 
     t = time.monotonic()
-    await gather_limited(32, [lambda n=n: kube.request("POST", "/api/v1/nodes", make(n)) for n in todo])  # type: ignore[misc]
+    await gather_limited(concurrency, [lambda n=n: kube.request("POST", "/api/v1/nodes", make(n))  # type: ignore[misc]
+                                       for n in todo])
     extra = sorted(existing - set(want))
-    await gather_limited(32, [lambda n=n: kube.request("DELETE", f"/api/v1/nodes/{n}", ok=(200, 202, 404))  # type: ignore[misc]
+    await gather_limited(concurrency, [lambda n=n: kube.request("DELETE", f"/api/v1/nodes/{n}", ok=(200, 202, 404))  # type: ignore[misc]
                               for n in extra])
     say(f"nodes: {count} ({count // 2} S4000 + {count - count // 2} S5000, {CARDS_PER_NODE} cards each): "
         f"created {len(todo)}, removed {len(extra)} in {time.monotonic() - t:.1f}s")
-    return want
+    return want, len(todo)
 
 
 async def delete_nodes(kube: Any) -> None:

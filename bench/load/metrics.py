@@ -9,6 +9,8 @@ from typing import Any
 from bench import prom
 from bench.load.cluster import Target
 
+SCRAPE_TIMEOUT = 60.0  # a role's /metrics is ~45 MB at 5,000 nodes (per-card gauges): seconds to generate
+
 
 def scrape_all(target: Target) -> dict[str, prom.Scrape]:
     out: dict[str, prom.Scrape] = {}
@@ -16,7 +18,7 @@ def scrape_all(target: Target) -> dict[str, prom.Scrape]:
         parts = []
         for u in urls:
             try:
-                parts.append(prom.scrape(u))
+                parts.append(prom.scrape(u, timeout=SCRAPE_TIMEOUT))
             except OSError as e:
                 print(f"  (could not scrape {u}: {e})", flush=True)
         out[kind] = prom.merge(parts)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench import prom
+from bench.load import memory
 from bench.load.checks import check
 from bench.load.cluster import KWOK_ANNOTATION, LedgerView, Target, cpu_seconds, list_all
 from bench.load.metrics import latency, round_trips, scheduling_cycle, scrape_all
@@ -20,15 +21,19 @@ from bench.workload import CHART_IGNORE_LABEL, IGNORE_LABEL, RUN_LABEL, Shape, o
 from shared.serving.logs import Progress
 
 WHOLE_CARD_MEMORY = 160  # the webhook gives exclusive/multi pods the largest reported model: S5000
+LARGE_ANNOTATION = "bench.mtsched.io/payload"  # the large pods' filler (not a key the webhook owns)
+OUR_MODES = ("ours", "paced", "large")  # through our webhook and extender
 
 
 @dataclass
 class Phase:
-    mode: str  # ours | plain | paced (ours, created at a steady rate, for latency)
+    mode: str  # ours | plain | paced (ours at a steady rate) | large (ours, big annotation) | external
     nodes: int
-    replicas: int | str
+    replicas: int | str  # extender replicas, or the external extender's name
     rep: int
     rate: float = 0.0  # pods/s; 0: all at once
+    percentage: int = 0  # kube-scheduler's percentageOfNodesToScore (0: its default)
+    large_kb: int = 0  # large: the annotation's size per pod
     result: dict[str, Any] = field(default_factory=dict)
     diff: dict[str, prom.Scrape] = field(default_factory=dict)
 
@@ -40,12 +45,11 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
     run = uuid.uuid4().hex[:6]
     ns = f"bench-{ph.mode}-{run}"
     ns_labels = {RUN_LABEL: run}
-    if ph.mode == "plain":
+    if ph.mode in ("plain", "external"):  # external: created already admitted, the webhook must not see them
         ns_labels[IGNORE_LABEL] = ns_labels[CHART_IGNORE_LABEL] = "ignore"
     await kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns, "labels": ns_labels}})
-    ours = ph.mode != "plain"
-    pods = [our_pod(f"p{i:05d}", s, run) if ours else plain_pod(f"p{i:05d}", s, run, WHOLE_CARD_MEMORY)
-            for i, s in enumerate(mix)]
+    ours = ph.mode in OUR_MODES
+    pods = make_pods(ph, mix, run)
     rate = ph.rate
     if args.kwok:
         for p in pods:
@@ -66,7 +70,9 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
     await asyncio.wait_for(watch.synced.wait(), 30)
     before = scrape_all(target)
     cpu_before = cpu_seconds(target.pids)
-    label = f"{ph.mode:5s} nodes={ph.nodes} replicas={ph.replicas} rep={ph.rep}"
+    mem_before = memory.sample(target.pids)
+    label = (f"{ph.mode:5s} nodes={ph.nodes} replicas={ph.replicas} rep={ph.rep}"
+             + (f" pct={ph.percentage}" if ph.percentage else ""))
     say(f"{label}: creating {len(pods)} pods in {ns} "
         f"({'all at once, ' + str(args.concurrency) + ' in flight' if not rate else f'{rate:g}/s'})")
     create_ms: list[float] = []
@@ -120,6 +126,7 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
     t_end = max(bound_at.values()) if bound_at else time.monotonic()
     cpu_after = cpu_seconds(target.pids)
     await asyncio.sleep(1.0)  # let the last binds' metrics land
+    mem_bound = memory.sample(target.pids)  # the pods still exist: every cache holds them
     after = scrape_all(target)
     d = {k: prom.diff(after.get(k, {}), before.get(k, {})) for k in after}
     bound = len(bound_at)
@@ -141,6 +148,13 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
     res["cpu_ms_per_pod"] = {k: round(1000 * v / bound, 2) for k, v in res["cpu_seconds"].items()} if bound else {}
     res["cpu_busy_share"] = round(sum(cpu.values()) / ((os.cpu_count() or 1) * (t_end - t_start)), 3)
     res["scheduling_cycle"] = scheduling_cycle(d)
+    res["percentage_of_nodes_to_score"] = ph.percentage
+    if ph.large_kb:
+        res["annotation_kb_per_pod"] = ph.large_kb
+    res["rss_mib_before"] = memory.mib(mem_before)
+    res["rss_mib_bound"] = memory.mib(mem_bound)
+    res["hwm_mib_bound"] = memory.mib(mem_bound, "hwm_kib")
+    res["rss_mib_per_1000_pods"] = memory.growth_per_1000(mem_before, mem_bound, bound)
     say(f"{label}: {bound}/{len(pods)} bound in {res['seconds']}s = {res['throughput_pods_s']} pods/s "
         f"(creates took {res['create_seconds']}s){' TIMED OUT' if timed_out else ''}; kube-scheduler "
         f"algorithm per pod {res['scheduling_cycle'].get('mean_ms')} ms mean (serial bound "
@@ -172,6 +186,12 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
             f" ms, bind {lat['bind']['p50_ms']}/{lat['bind']['p99_ms']} ms, webhook "
             f"{lat['webhook']['p50_ms']}/{lat['webhook']['p99_ms']} ms; Redis round trips per pod "
             f"{res['redis_per_pod']}; {res['correctness']}")
+    elif ph.mode == "external":  # from the pods' annotations (ours' format; another extender may write none)
+        res["correctness"] = await check(kube, ns, None, node_names, bound)
+        say(f"{label}: {res['correctness']}")
+    grow = memory.by_role(res["rss_mib_per_1000_pods"], extra=(str(ph.replicas),))
+    if grow:
+        say(f"{label}: RSS MiB per 1000 pods: " + ", ".join(f"{k} {v}" for k, v in grow.items()))
     # delete everything, then look for leaked reservations
     before_del = scrape_all(target)
     t = time.monotonic()
@@ -199,3 +219,24 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
     say(f"{label}: deleted in {res['delete_seconds']}s"
         + (f", leaked reservations: {res['leaked_reservations']}" if "leaked_reservations" in res else ""))
     ph.result, ph.diff = res, d
+
+
+def make_pods(ph: Phase, mix: list[Shape], run: str) -> list[dict[str, Any]]:
+    """The phase's pods: plain twins, pods as users write them (ours), or as our webhook admits them."""
+    if ph.mode == "plain":
+        return [plain_pod(f"p{i:05d}", s, run, WHOLE_CARD_MEMORY) for i, s in enumerate(mix)]
+    pods = [our_pod(f"p{i:05d}", s, run) for i, s in enumerate(mix)]
+    if ph.mode == "large":
+        filler = "x" * (ph.large_kb * 1000)
+        for p in pods:
+            p["metadata"]["annotations"] = {LARGE_ANNOTATION: filler}
+    if ph.mode == "external":
+        from dataclasses import replace
+
+        from bench.load.external import admit
+        from shared.config import Config
+        from shared.domain.models import CardModel
+
+        cfg = replace(Config(), memory_per_card=(CardModel(96), CardModel(WHOLE_CARD_MEMORY)))
+        pods = [admit(p, cfg, (96, WHOLE_CARD_MEMORY)) for p in pods]
+    return pods

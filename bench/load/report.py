@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import prom
+from bench.load import memory
 from bench.load.metrics import latency, round_trips
 from bench.load.phase import Phase
 
@@ -18,25 +19,56 @@ def _mean_dicts(ds: list[dict[str, float]]) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def summarize(phases: list[Phase], fine: bool) -> list[dict[str, Any]]:
-    rows = []
-    keys = sorted({(p.nodes, str(p.replicas)) for p in phases}, key=lambda k: (k[0], k[1]))
-    for nodes, replicas in keys:
-        def sel(mode: str, nodes: int = nodes, replicas: str = replicas) -> list[Phase]:
-            return [p for p in phases if p.nodes == nodes and str(p.replicas) == replicas and p.mode == mode]
+def _max_dicts(ds: list[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for d in ds:
+        for k, v in d.items():
+            out[k] = max(out.get(k, v), v)
+    return out
 
-        ours, plain, paced = sel("ours"), sel("plain"), sel("paced")
-        if not ours and not paced:
+
+def memory_fields(ours: list[Phase], large: list[Phase], every: list[Phase], nodes_rec: dict[str, Any] | None,
+                  extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """RSS growth per 1,000 nodes / pods / large pods and peak RSS per role (MiB). Growth per pod is
+    the largest among the runs: a later run reuses memory the previous one freed."""
+    def grow(ps: list[Phase]) -> dict[str, float] | None:
+        if not ps:
+            return None
+        return memory.by_role(_max_dicts([p.result.get("rss_mib_per_1000_pods", {}) for p in ps]), extra)
+
+    peak = _max_dicts([p.result.get("hwm_mib_bound", {}) for p in every])
+    return {
+        "rss_mib_per_1000_nodes": memory.by_role(nodes_rec["rss_mib_per_1000_nodes"], extra) if nodes_rec else None,
+        "rss_mib_per_1000_pods": grow(ours),
+        "rss_mib_per_1000_large_pods": grow(large),
+        "large_annotation_kb": large[0].large_kb if large else None,
+        "rss_mib_peak": memory.by_role(peak, extra),
+    }
+
+
+def summarize(phases: list[Phase], fine: bool, node_memory: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """One row per (nodes, replicas, percentageOfNodesToScore); an external extender's runs at the same
+    nodes and percentage go into every such row, beside ours and plain."""
+    rows = []
+    keys = sorted({(p.nodes, str(p.replicas), p.percentage) for p in phases if p.mode != "external"},
+                  key=lambda k: (k[0], k[2], k[1]))
+    for nodes, replicas, pct in keys:
+        def sel(mode: str, nodes: int = nodes, replicas: str = replicas, pct: int = pct) -> list[Phase]:
+            return [p for p in phases if p.nodes == nodes and p.percentage == pct and p.mode == mode
+                    and (mode == "external" or str(p.replicas) == replicas)]
+
+        ours, plain, paced, large, ext = sel("ours"), sel("plain"), sel("paced"), sel("large"), sel("external")
+        if not ours and not paced and not large:
             continue
         o = [p.result["throughput_pods_s"] for p in ours]
         pl = [p.result["throughput_pods_s"] for p in plain]
         merged = {k: prom.merge(p.diff.get(k, {}) for p in ours) for k in ("extender", "webhook", "watcher")}
         bound = sum(p.result["bound"] for p in ours)
         rt = round_trips(merged)
-        checked = ours + paced
+        checked = ours + paced + large
         corr = [p.result.get("correctness", {}) for p in checked]
         row: dict[str, Any] = {
-            "nodes": nodes, "replicas": replicas, "runs": len(ours),
+            "nodes": nodes, "replicas": replicas, "percentage_of_nodes_to_score": pct, "runs": len(ours),
             "ours_pods_s": round(statistics.fmean(o), 1) if o else None, "ours_pods_s_all": o,
             "plain_pods_s": round(statistics.fmean(pl), 1) if pl else None, "plain_pods_s_all": pl,
             "ratio": round(statistics.fmean(o) / statistics.fmean(pl), 3) if o and pl and statistics.fmean(pl)
@@ -61,6 +93,30 @@ def summarize(phases: list[Phase], fine: bool) -> list[dict[str, Any]]:
             "pending_after_timeout": sum(c.get("pending", 0) for c in corr),
             "pods_checked": sum(p.result["pods"] for p in checked),
         }
+        rec = next((m for m in node_memory or [] if m["nodes"] == nodes and str(m["replicas"]) == replicas
+                    and m["percentage"] == pct), None)
+        row.update(memory_fields(ours, large, ours + paced + large, rec))
+        if ext:
+            e = [p.result["throughput_pods_s"] for p in ext]
+            ecorr = [p.result.get("correctness", {}) for p in ext]
+            name = str(ext[0].replicas)
+            row.update(
+                external=name, external_pods_s=round(statistics.fmean(e), 1), external_pods_s_all=e,
+                external_ratio=round(statistics.fmean(e) / statistics.fmean(pl), 3) if pl and statistics.fmean(pl)
+                else None,
+                scheduler_algorithm_ms_external=round(statistics.fmean(
+                    [p.result["scheduling_cycle"]["mean_ms"] for p in ext if p.result.get("scheduling_cycle")]
+                    or [0]), 2),
+                cpu_ms_per_pod_external=_mean_dicts([p.result.get("cpu_ms_per_pod", {}) for p in ext]),
+                external_overcommitted_cards_annotations=sum(c.get("overcommitted_cards_annotations", 0)
+                                                             for c in ecorr),
+                external_unannotated_bound=sum(c.get("unannotated_bound", 0) for c in ecorr),
+                external_pending=sum(c.get("pending", 0) for c in ecorr),
+                external_rss_mib_per_1000_pods=_max_dicts([memory.by_role(
+                    p.result.get("rss_mib_per_1000_pods", {}), (name,)) for p in ext]),
+                external_rss_mib_peak=memory.by_role(_max_dicts([p.result.get("hwm_mib_bound", {}) for p in ext]),
+                                                     (name,)),
+            )
         if paced:
             pm = {k: prom.merge(p.diff.get(k, {}) for p in paced) for k in ("extender", "webhook", "watcher")}
             pb = sum(p.result["bound"] for p in paced)
@@ -86,25 +142,56 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
     def grid(head: tuple[str, ...], body: list[list[str]]) -> list[str]:
         return [" | ".join(head), " | ".join("-" * len(h) for h in head)] + [" | ".join(r) for r in body]
 
+    def pct(r: dict[str, Any]) -> str:
+        return str(r.get("percentage_of_nodes_to_score") or "default")
+
     lines = ["Throughput (pods created all at once; pods/s from first create to last bind)"]
-    lines += grid(("nodes", "ext", "ours/s", "plain/s", "ratio", "sched algo ms ours/plain", "CPU ms/pod ours/plain",
-                   "RT/pod", "overcommit", "unannot", "leaks", "pending"),
-                  [[str(r["nodes"]), r["replicas"], f(r["ours_pods_s"]), f(r["plain_pods_s"]), f(r["ratio"], 2),
+    lines += grid(("nodes", "ext", "pct", "ours/s", "plain/s", "ratio", "sched algo ms ours/plain",
+                   "CPU ms/pod ours/plain", "RT/pod", "overcommit", "unannot", "leaks", "pending"),
+                  [[str(r["nodes"]), r["replicas"], pct(r), f(r["ours_pods_s"]), f(r["plain_pods_s"]), f(r["ratio"], 2),
                     f"{f(r['scheduler_algorithm_ms_ours'])}/{f(r['scheduler_algorithm_ms_plain'])}",
                     f"{f(sum(r['cpu_ms_per_pod_ours'].values()))}/{f(sum(r['cpu_ms_per_pod_plain'].values()))}",
                     f(r["redis_per_pod_extender"], 2),
                     f"{r['overcommitted_cards_ledger']}+{r['overcommitted_cards_annotations']}",
                     str(r["unannotated_bound"]), str(r["leaked_reservations"]), str(r["pending_after_timeout"])]
                    for r in rows])
+    ext_rows = [r for r in rows if r.get("external")]
+    if ext_rows:
+        lines += ["", "An extender started outside the bench, same nodes and pods (created already admitted)"]
+        lines += grid(("nodes", "pct", "extender", "pods/s", "runs", "/ plain", "/ ours", "sched algo ms",
+                       "CPU ms/pod", "overcommit (annotations)", "unannot", "pending"),
+                      [[str(r["nodes"]), pct(r), r["external"], f(r["external_pods_s"]),
+                        ", ".join(f(x) for x in r["external_pods_s_all"]), f(r["external_ratio"], 2),
+                        f(r["external_pods_s"] / r["ours_pods_s"], 2) if r["ours_pods_s"] else "-",
+                        f(r["scheduler_algorithm_ms_external"]), f(sum(r["cpu_ms_per_pod_external"].values())),
+                        str(r["external_overcommitted_cards_annotations"]), str(r["external_unannotated_bound"]),
+                        str(r["external_pending"])]
+                       for r in ext_rows if r["replicas"] == ext_rows[0]["replicas"]])
+    lines += ["", "Memory, MiB of RSS (VmRSS) per role: growth per 1000 nodes / per 1000 pods / per 1000 large pods"
+              " (annotation KB each), and peak (VmHWM)"]
+    body = []
+    for r in rows:
+        kinds = sorted({k for key in ("rss_mib_per_1000_nodes", "rss_mib_per_1000_pods", "rss_mib_per_1000_large_pods",
+                                      "rss_mib_peak") for k in (r.get(key) or {})})
+        for k in kinds:
+            body.append([str(r["nodes"]), r["replicas"], pct(r), k,
+                         *(f((r.get(key) or {}).get(k), 2) for key in ("rss_mib_per_1000_nodes",
+                                                                       "rss_mib_per_1000_pods",
+                                                                       "rss_mib_per_1000_large_pods")),
+                         f(r.get("large_annotation_kb")), f((r.get("rss_mib_peak") or {}).get(k))])
+    lines += grid(("nodes", "ext", "pct", "role", "per 1000 nodes", "per 1000 pods", "per 1000 large pods", "KB",
+                   "peak"), body)
     lines += ["", "Latency p50/p99 ms, handler time (filter.compute: the verb's own work)"]
     body = []
     for r in rows:
         for label, key in (("burst", "latency_ms"), (f"{f(r.get('paced_rate'), 0)}/s", "latency_paced_ms")):
             lat = r.get(key)
             if lat:
-                body.append([str(r["nodes"]), r["replicas"], label, f(r["filter_nodes_mean"], 0), pp(lat, "filter"),
-                             pp(lat, "filter.compute"), pp(lat, "prioritize"), pp(lat, "bind"), pp(lat, "webhook")])
-    lines += grid(("nodes", "ext", "load", "names", "filter", "filter.compute", "prioritize", "bind", "webhook"), body)
+                body.append([str(r["nodes"]), r["replicas"], pct(r), label, f(r["filter_nodes_mean"], 0),
+                             pp(lat, "filter"), pp(lat, "filter.compute"), pp(lat, "prioritize"), pp(lat, "bind"),
+                             pp(lat, "webhook")])
+    lines += grid(("nodes", "ext", "pct", "load", "names", "filter", "filter.compute", "prioritize", "bind",
+                   "webhook"), body)
     if micro:
         lines.append("")
         lines.append("in-process Extender.filter (no HTTP): " + "; ".join(
@@ -112,7 +199,8 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
             f" (prioritize p99 {m['prioritize_p99_ms']:.2f} ms; first call per request shape "
             f"{m['filter_cold_mean_ms']:.2f} ms)" for m in micro))
     lines.append("RT/pod = the extender's Redis round trips per bound pod; overcommit = cards over-committed in the "
-                 "ledger + recomputed from annotations; p99 from 8 %-wide buckets")
+                 "ledger + recomputed from annotations; p99 from 8 %-wide buckets; pct = kube-scheduler's "
+                 "percentageOfNodesToScore (default: its adaptive default)")
     return "\n".join(lines)
 
 

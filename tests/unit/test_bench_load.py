@@ -1,0 +1,198 @@
+"""The load benchmark's pure parts: memory parsing and arithmetic, kube-scheduler's configuration for
+percentageOfNodesToScore and an external extender, pods in their admitted form, the summary rows."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from bench.load import memory
+from bench.load.cli import plan
+from bench.load.external import External, add_options, admit, apply_patch, from_args, tune_scheduler_config
+from bench.load.phase import LARGE_ANNOTATION, Phase, make_pods
+from bench.load.report import summarize, table
+from bench.workload import CORE, MEM, VGPU, shapes
+from shared.config import Config
+from shared.domain.models import CardModel
+
+STATUS = """Name:\tpython
+VmPeak:\t  900000 kB
+VmHWM:\t  204800 kB
+VmRSS:\t  102400 kB
+Threads:\t4
+"""
+
+
+def test_parse_status_reads_rss_and_peak() -> None:
+    assert memory.parse_status(STATUS) == {"rss_kib": 102400, "hwm_kib": 204800}
+    assert memory.parse_status("Name:\tzombie\n") == {}
+
+
+@pytest.mark.parametrize(("before", "after", "count", "want"), [
+    (100 * 1024, 150 * 1024, 500, 100.0),  # 50 MiB for 500 -> 100 MiB per 1000
+    (100 * 1024, 100 * 1024, 40, 0.0),
+    (100 * 1024, 90 * 1024, 1000, -10.0),  # shrinking is reported as it is
+])
+def test_growth_per_1000(before: int, after: int, count: int, want: float) -> None:
+    b = {"extender-0": {"rss_kib": before}}
+    a = {"extender-0": {"rss_kib": after}, "webhook-0": {"rss_kib": 1}}  # only in one sample: left out
+    assert memory.growth_per_1000(b, a, count) == {"extender-0": want}
+
+
+def test_growth_of_nothing_is_empty() -> None:
+    assert memory.growth_per_1000({"x": {"rss_kib": 1}}, {"x": {"rss_kib": 2}}, 0) == {}
+
+
+def test_by_role_sums_replicas_and_keeps_named_processes() -> None:
+    values = {"extender-0": 1.5, "extender-1": 2.0, "watcher-0": 3.0, "kube-apiserver": 9.0, "hami": 4.0}
+    assert memory.by_role(values) == {"extender": 3.5, "watcher": 3.0}
+    assert memory.by_role(values, ("hami",)) == {"extender": 3.5, "watcher": 3.0, "hami": 4.0}
+
+
+def _cfg() -> dict[str, Any]:
+    return {"percentageOfNodesToScore": 100,
+            "profiles": [{"schedulerName": "default-scheduler"}, {"schedulerName": "hami-scheduler"}],
+            "extenders": [{"urlPrefix": "https://x", "tlsConfig": {"insecure": False}}]}
+
+
+def test_percentage_set_globally_and_per_profile() -> None:
+    out = tune_scheduler_config(_cfg(), 30)
+    assert out["percentageOfNodesToScore"] == 30
+    assert [p["percentageOfNodesToScore"] for p in out["profiles"]] == [30, 30]
+
+
+def test_percentage_zero_is_kube_schedulers_default() -> None:
+    cfg = _cfg()
+    out = tune_scheduler_config(cfg, 0)
+    assert "percentageOfNodesToScore" not in out
+    assert all("percentageOfNodesToScore" not in p for p in out["profiles"])
+    assert cfg["percentageOfNodesToScore"] == 100  # the input is left alone
+
+
+def test_server_name_only_on_tls_extenders() -> None:
+    cfg = _cfg()
+    cfg["extenders"].append({"urlPrefix": "http://y"})
+    out = tune_scheduler_config(cfg, 0, "ext.example")
+    assert out["extenders"][0]["tlsConfig"]["serverName"] == "ext.example"
+    assert "tlsConfig" not in out["extenders"][1]
+
+
+@pytest.mark.parametrize("pct", [-1, 101])
+def test_percentage_out_of_range(pct: int) -> None:
+    with pytest.raises(ValueError, match="percentageOfNodesToScore"):
+        tune_scheduler_config(_cfg(), pct)
+
+
+def test_apply_patch_add_replace_and_escapes() -> None:
+    doc = {"spec": {"containers": [{"name": "a"}]}, "metadata": {}}
+    out = apply_patch(doc, [{"op": "add", "path": "/metadata/annotations", "value": {}},
+                            {"op": "add", "path": "/metadata/annotations/a.io~1b", "value": "1"},
+                            {"op": "replace", "path": "/spec/containers/0", "value": {"name": "b"}}])
+    assert out == {"spec": {"containers": [{"name": "b"}]}, "metadata": {"annotations": {"a.io/b": "1"}}}
+    assert doc["metadata"] == {}
+    with pytest.raises(ValueError, match="remove"):
+        apply_patch(doc, [{"op": "remove", "path": "/metadata"}])
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--kubeconfig")
+    add_options(p)
+    return p.parse_args(list(argv))
+
+
+def test_external_options() -> None:
+    assert from_args(_parse()) is None
+    ext = from_args(_parse("--external-extender", "https://h:1", "--external-node-cache-capable", "false",
+                           "--external-prioritize-verb", "", "--external-weight", "3", "--external-pid", "42"))
+    assert ext == External("https://h:1", node_cache_capable=False, prioritize_verb="", weight=3, pid="42")
+    assert ext.process_id() == 42
+    spec = ext.spec()
+    assert (spec.prioritize_verb, spec.filter_verb, spec.weight, spec.node_cache_capable) == (None, "filter", 3, False)
+
+
+@pytest.mark.parametrize("argv", [
+    ("--external-extender", "h:1"),
+    ("--external-extender", "https://h:1", "--external-client-cert", "c.pem"),
+    ("--external-extender", "https://h:1", "--kubeconfig", "k"),
+])
+def test_external_options_refused(argv: tuple[str, ...]) -> None:
+    with pytest.raises(SystemExit):
+        from_args(_parse(*argv))
+
+
+def test_external_pods_are_what_the_webhook_admits() -> None:
+    mix = shapes(200, 7)
+    pods = make_pods(Phase("external", 10, "x", 0), mix, "r")
+    for s, p in zip(mix, pods, strict=True):
+        limits = p["spec"]["containers"][0]["resources"]["limits"]
+        assert p["spec"]["schedulerName"] == "hami-scheduler"
+        assert (int(limits[MEM]), int(limits[CORE])) == s.admitted(160)
+        assert limits[VGPU] == str(s.vgpu)
+        assert ((p["metadata"].get("annotations") or {}).get("mthreads.com/request-gpu-num")
+                == (str(s.vgpu) if s.vgpu > 1 else None))
+
+
+def test_admit_refuses_what_the_webhook_denies() -> None:
+    cfg = replace(Config(), memory_per_card=(CardModel(96),))
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {"limits": {
+        VGPU: "1", MEM: "7"}}}]}}
+    with pytest.raises(ValueError, match="would deny"):
+        admit(pod, cfg, (96,))
+
+
+def test_large_pods_carry_the_annotation() -> None:
+    pods = make_pods(Phase("large", 10, 1, 0, large_kb=50), shapes(3), "r")
+    assert all(len(p["metadata"]["annotations"][LARGE_ANNOTATION]) == 50_000 for p in pods)
+
+
+def _args(**kw: Any) -> argparse.Namespace:
+    base = {"repeat": 2, "no_plain": False, "rate": 0.0, "paced_rate": 50.0, "paced_pods": 10, "large_pods": 5,
+            "large_annotation_kb": 50}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_plan_order_and_sizes() -> None:
+    got = [(ph.mode, ph.rep, pods, ph.percentage) for ph, pods in plan(100, 1, 100, _args(), 40)]
+    assert got == [("ours", 0, 40, 100), ("plain", 0, 40, 100), ("plain", 1, 40, 100), ("ours", 1, 40, 100),
+                   ("paced", 0, 10, 100), ("large", 0, 5, 100)]
+    assert [ph.mode for ph, _ in plan(100, 1, 0, _args(no_plain=True, paced_rate=0, large_pods=0), 40)] == [
+        "ours", "ours"]
+    assert plan(100, 1, 0, _args(large_pods=1000), 40)[-1][1] == 40  # at most the mix
+
+
+def _phase(mode: str, replicas: int | str, pods_s: float, pct: int = 0, **res: Any) -> Phase:
+    ph = Phase(mode, 20, replicas, 0, percentage=pct, large_kb=50 if mode == "large" else 0)
+    ph.result = {"throughput_pods_s": pods_s, "bound": 40, "pods": 40, "scheduling_cycle": {"mean_ms": 2.0},
+                 "cpu_ms_per_pod": {"kube-scheduler": 1.0}, **res}
+    return ph
+
+
+def test_summary_puts_external_beside_ours_and_plain() -> None:
+    phases = [
+        _phase("ours", 1, 50.0, rss_mib_per_1000_pods={"extender-0": 10.0, "webhook-0": 1.0},
+               hwm_mib_bound={"extender-0": 80.0}),
+        _phase("ours", 1, 40.0, rss_mib_per_1000_pods={"extender-0": 4.0}, hwm_mib_bound={"extender-0": 90.0}),
+        _phase("plain", 1, 100.0),
+        _phase("large", 1, 30.0, rss_mib_per_1000_pods={"extender-0": 60.0}),
+        _phase("external", "hami", 20.0, correctness={"unannotated_bound": 40},
+               rss_mib_per_1000_pods={"hami": 7.0}),
+        _phase("ours", 1, 45.0, pct=100),
+    ]
+    node_memory = [{"nodes": 20, "replicas": 1, "percentage": 0, "rss_mib_per_1000_nodes": {"extender-0": 25.0}}]
+    rows = summarize(phases, fine=True, node_memory=node_memory)
+    assert [(r["percentage_of_nodes_to_score"], r["ours_pods_s"]) for r in rows] == [(0, 45.0), (100, 45.0)]
+    r = rows[0]
+    assert (r["external"], r["external_pods_s"], r["external_ratio"]) == ("hami", 20.0, 0.2)
+    assert r["external_unannotated_bound"] == 40 and r["unannotated_bound"] == 0  # not counted as ours
+    assert r["external_rss_mib_per_1000_pods"] == {"hami": 7.0}
+    assert r["rss_mib_per_1000_pods"] == {"extender": 10.0, "webhook": 1.0}  # the largest of the runs
+    assert r["rss_mib_per_1000_large_pods"] == {"extender": 60.0} and r["large_annotation_kb"] == 50
+    assert r["rss_mib_per_1000_nodes"] == {"extender": 25.0} and r["rss_mib_peak"] == {"extender": 90.0}
+    assert "external" not in rows[1] and rows[1]["rss_mib_per_1000_nodes"] is None
+    text = table(rows, [])
+    assert "hami | 20.0" in text and "per 1000 large pods" in text
+    assert "20 | 1 | default | extender | 25.00 | 10.00 | 60.00 | 50 | 90.0" in text
