@@ -24,6 +24,7 @@ from fractions import Fraction
 from typing import Any
 
 from shared.config import Config
+from shared.domain.lifecycle import peak
 from shared.domain.request import ContainerAsk, RequestError, read_asks
 
 LIMITS_PREFIX = "limits."
@@ -78,14 +79,13 @@ def limits_of(quota: Mapping[str, Any], cfg: Config) -> list[QuotaLimit]:
 
 
 def asks_usage(asks: Sequence[ContainerAsk], cfg: Config) -> dict[str, int]:
-    """What a pod is charged per resource: the larger of the sum over app containers and the largest
-    init container (init containers run one at a time), as the API server charges `requests.*`."""
+    """What a pod is charged per resource: the most its containers hold at once (init containers one at a
+    time, sidecars beside the apps: shared/domain/lifecycle.py), as the API server charges `requests.*`."""
     out: dict[str, int] = {}
     for resource, field in zip(cfg.slice_resources, ("count", "memory", "cores"), strict=True):
-        app = sum(getattr(a, field) or 0 for a in asks if not a.init)
-        init = max((getattr(a, field) or 0 for a in asks if a.init), default=0)
-        if max(app, init):
-            out[resource] = max(app, init)
+        held = peak((a.kind, getattr(a, field) or 0) for a in asks)  # sidecars beside the apps
+        if held:
+            out[resource] = held
     return out
 
 
