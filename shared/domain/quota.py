@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from fractions import Fraction
 from typing import Any
 
@@ -89,9 +90,25 @@ def asks_usage(asks: Sequence[ContainerAsk], cfg: Config) -> dict[str, int]:
     return out
 
 
-def pod_usage(pod: Mapping[str, Any], cfg: Config) -> dict[str, int]:
-    """What a pod already in the namespace holds (nothing once it is terminal)."""
-    if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+def stuck_terminating(pod: Mapping[str, Any], now: float) -> bool:
+    """Past its deletion time plus its grace period (e.g. its node is lost): the API server stops charging
+    it (QuotaV1Pod), so the namespace can start its replacement. `now`: seconds since the epoch."""
+    meta = pod.get("metadata") or {}
+    at, grace = meta.get("deletionTimestamp"), meta.get("deletionGracePeriodSeconds")
+    if not isinstance(at, str) or isinstance(grace, bool) or not isinstance(grace, int):
+        return False
+    try:
+        deleted = datetime.fromisoformat(at)
+    except ValueError:
+        return False  # unreadable: charged
+    if deleted.tzinfo is None:
+        return False
+    return now > deleted.timestamp() + grace
+
+
+def pod_usage(pod: Mapping[str, Any], cfg: Config, now: float = 0.0) -> dict[str, int]:
+    """What a pod already in the namespace holds (nothing once it is terminal or stuck terminating)."""
+    if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES or stuck_terminating(pod, now):
         return {}
     try:
         return asks_usage(read_asks(pod, cfg), cfg)
@@ -144,12 +161,12 @@ def in_scope(quota: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
 
 
 def judge_quotas(pod: Mapping[str, Any], asked: Mapping[str, int], quotas: Sequence[Mapping[str, Any]],
-                 pods: Sequence[Mapping[str, Any]], cfg: Config) -> str | None:
+                 pods: Sequence[Mapping[str, Any]], cfg: Config, now: float = 0.0) -> str | None:
     """None when the pod fits every `limits.`/bare quota of its namespace, else the refusal.
 
     `asked`: the pod's charge after our fills (asks_usage); `pods`: the namespace's pods as the API
     server lists them now (the pod being created is not among them). Raises QuotaError when a quota
-    or a counted pod cannot be read.
+    or a counted pod cannot be read. `now` (seconds since the epoch; 0: none is) tells pods stuck terminating.
     """
     problems: list[str] = []
     usage: list[dict[str, int]] | None = None
@@ -158,7 +175,7 @@ def judge_quotas(pod: Mapping[str, Any], asked: Mapping[str, int], quotas: Seque
         if not limits or not in_scope(q, pod):
             continue
         if usage is None:
-            usage = [pod_usage(p, cfg) for p in pods]
+            usage = [pod_usage(p, cfg, now) for p in pods]
         selected = [u for p, u in zip(pods, usage, strict=True) if u and in_scope(q, p)]
         for lim in limits:
             want = asked[lim.resource]
