@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from shared.domain.admission import decide
 from shared.domain.annotations import ALLOCATED, PodUsage, usage_from_annotations
 from shared.domain.fit import CardState, fit
 from shared.domain.node import Card
@@ -70,6 +71,8 @@ def test_two_sidecar_pods_do_not_fit_where_the_card_has_room_for_one() -> None:
 
 def test_the_quota_charges_a_sidecar_beside_the_apps() -> None:
     assert asks_usage(read_asks(with_sidecar(), C), C) == {VGPU: 2, MEM: 64, CORE: 12}
+    d = decide(with_sidecar(), C, {S4000})  # what the webhook's quota check is handed
+    assert d.allowed and dict(d.usage) == {VGPU: 2, MEM: 64, CORE: 12}
 
 
 def test_a_bound_pods_record_counts_its_sidecar_beside_the_apps() -> None:
