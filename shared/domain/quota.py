@@ -58,16 +58,20 @@ def enforced_keys(cfg: Config) -> dict[str, str]:
     return out
 
 
-def hard_value(text: object, where: str) -> int:
-    """A quota amount as a whole number of units, rounded down (a fraction of a unit grants nothing)."""
+def quantity(text: object, where: str) -> Fraction:
+    """A Kubernetes quantity (never negative here) exactly, or QuotaError naming `where`."""
     m = _QUANTITY.match(str(text).strip()) if isinstance(text, (str, int)) and not isinstance(text, bool) else None
     if m is None or len(str(text)) > 64:
         raise QuotaError(f"{where}={text!r} is not a quantity; cannot check the pod against it")
     exp = int(m.group(2)[1:]) if m.group(2) else 0
     if abs(exp) > 30:
         raise QuotaError(f"{where}={text!r} is out of range; cannot check the pod against it")
-    value = Fraction(m.group(1)) * _SUFFIX[m.group(3) or ""] * Fraction(10) ** exp
-    return int(value)  # floor: values are never negative here
+    return Fraction(m.group(1)) * _SUFFIX[m.group(3) or ""] * Fraction(10) ** exp
+
+
+def hard_value(text: object, where: str) -> int:
+    """A quota amount as a whole number of units, rounded down (a fraction of a unit grants nothing)."""
+    return int(quantity(text, where))  # floor: values are never negative here
 
 
 def limits_of(quota: Mapping[str, Any], cfg: Config) -> list[QuotaLimit]:
@@ -129,6 +133,17 @@ def _affinity_crosses_namespaces(spec: Mapping[str, Any]) -> bool:
     return False
 
 
+def _best_effort(spec: Mapping[str, Any]) -> bool:
+    """The API server's QoS rule: no positive cpu or memory request or limit, read from the pod-level
+    resources when the pod has them (spec.resources), else from every container."""
+    pod_level = spec.get("resources")  # present (even empty): it alone decides, as in ComputePodQOS
+    holders = [pod_level] if isinstance(pod_level, dict) else [c.get("resources") or {} for c in
+                                             (spec.get("initContainers") or []) + (spec.get("containers") or [])]
+    return not any(quantity(amount, f"{name} of the pod") > 0
+                   for res in holders for part in (res.get("limits"), res.get("requests"))
+                   for name, amount in (part or {}).items() if name in ("cpu", "memory"))
+
+
 def _scope_selects(scope: str, operator: str, values: Sequence[str], pod: Mapping[str, Any]) -> bool:
     spec = pod.get("spec") or {}
     if scope in ("Terminating", "NotTerminating"):
@@ -136,12 +151,7 @@ def _scope_selects(scope: str, operator: str, values: Sequence[str], pod: Mappin
         terminating = isinstance(deadline, int) and deadline >= 0
         return terminating == (scope == "Terminating")
     if scope in ("BestEffort", "NotBestEffort"):
-        best_effort = not any(
-            name in (part or {})
-            for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])
-            for part in ((c.get("resources") or {}).get("limits"), (c.get("resources") or {}).get("requests"))
-            for name in ("cpu", "memory"))
-        return best_effort == (scope == "BestEffort")
+        return _best_effort(spec) == (scope == "BestEffort")
     if scope == "PriorityClass":
         pc = spec.get("priorityClassName") or ""
         return {"In": pc in values, "NotIn": pc not in values, "Exists": bool(pc),

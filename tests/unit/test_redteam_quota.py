@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shared.domain.admission import decide
-from shared.domain.quota import judge_quotas
-from tests.unit.test_quota import CFG, MEM, PODS, QUOTAS, Api, hq, pod, slice_
+from shared.domain.quota import in_scope, judge_quotas
+from tests.unit.test_quota import CFG, MEM, PODS, QUOTAS, Api, hq, pod, quota, slice_
 from webhook.quotas import QuotaReader
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC).timestamp()
@@ -48,3 +48,18 @@ def test_the_webhook_reads_the_clock_for_it() -> None:
     p = pod("new", slice_(64))
     d = asyncio.run(QuotaReader(api, CFG).judge("team", p, decide(p, CFG, {96})))
     assert d.allowed, d.message
+
+
+# BestEffort as the API server's QoS rule (ComputePodQOS) decides it: only positive cpu/memory amounts count,
+# and pod-level resources (spec.resources, on by default since Kubernetes 1.34) decide when present. A pod
+# with `spec.resources.limits.cpu` dodged a NotBestEffort quota: the webhook took it for BestEffort.
+def test_pod_level_resources_make_a_pod_not_best_effort() -> None:
+    p = pod("p", slice_(8), resources={"limits": {"cpu": "1"}, "requests": {"cpu": "1"}})
+    assert in_scope(quota("nb", scopes=["NotBestEffort"]), p)
+    assert not in_scope(quota("b", scopes=["BestEffort"]), p)
+
+
+def test_zero_cpu_and_memory_leave_a_pod_best_effort() -> None:
+    p = pod("p", {**slice_(8), "cpu": "0", "memory": "0"})
+    assert in_scope(quota("b", scopes=["BestEffort"]), p)
+    assert not in_scope(quota("nb", scopes=["NotBestEffort"]), p)
