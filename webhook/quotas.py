@@ -8,6 +8,7 @@ namespace holds. A failed read refuses the pod (fail closed). The rule is shared
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -55,7 +56,7 @@ class QuotaReader:
             pods: Sequence[Mapping[str, Any]] = []
             if quotas:
                 pods = await self._items(f"/api/v1/namespaces/{ns}/pods", {"fieldSelector": LIVE_PODS})
-            refusal = judge_quotas(pod, asked, quotas, pods, self.cfg)
+            refusal = judge_quotas(pod, asked, quotas, pods, self.cfg, now=time.time())
         except Exception as e:  # fail closed: a quota we cannot check is not a quota that holds
             QUOTA_CHECKS.labels("error").inc()
             log.warning("quota check in namespace %s failed: %s", namespace, e)

@@ -209,7 +209,7 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = (),
         return deny("; ".join(problems))
     completed = [
         ContainerAsk(a.name, a.init, a.count, fills.get(i, {}).get(mr, a.memory),
-                     fills.get(i, {}).get(kr, a.cores), a.whole_gpu)
+                     fills.get(i, {}).get(kr, a.cores), a.whole_gpu, sidecar=a.sidecar)
         for i, a in enumerate(asks)
     ]
     try:

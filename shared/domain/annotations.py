@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from shared.domain.lifecycle import APP, kind_of, peak
 from shared.domain.models import CORES_PER_CARD, UNIT_MIB
 
 ALLOCATED = "hami.io/mthreads-vgpu-devices-allocated"
@@ -155,12 +156,14 @@ def usage_from_annotations(pod: Mapping[str, object]) -> PodUsage | None:
         raise AnnotationError(f"{ALLOCATED}={raw!r} names no card")
     ids = list(cards)
     per_card: dict[str, tuple[int, int, int]] = {}
+    inits = spec.get("initContainers") or []
+    kinds = [kind_of(c if isinstance(c, Mapping) else {}, True) for c in inits] + [APP] * (n_all - n_init)
     for ident in ids:
-        app = [g for grants in containers[n_init:] for g in grants if g.device_id == ident]
-        init = [g for grants in containers[:n_init] for g in grants if g.device_id == ident]
-        mem = max(sum(g.memory_mib for g in app), max((g.memory_mib for g in init), default=0)) // UNIT_MIB
-        cores = max(sum(g.cores for g in app), max((g.cores for g in init), default=0))
-        slices = max(len(app), 1 if init else 0)
+        # what each container holds on this card; held at once as Kubernetes runs them (lifecycle.py)
+        mine = [[g for g in grants if g.device_id == ident] for grants in containers]
+        mem = peak((k, sum(g.memory_mib for g in gs)) for k, gs in zip(kinds, mine, strict=True)) // UNIT_MIB
+        cores = peak((k, sum(g.cores for g in gs)) for k, gs in zip(kinds, mine, strict=True))
+        slices = peak((k, len(gs)) for k, gs in zip(kinds, mine, strict=True))
         per_card[ident] = (mem, cores, slices)
     if len(set(per_card.values())) != 1:
         raise AnnotationError(f"{ALLOCATED}: cards of one pod hold different amounts {per_card}")

@@ -20,6 +20,7 @@ from shared.domain.fit import GPU_POLICY, CardState, card_rejection, fit, policy
 from shared.domain.request import SliceRequest
 
 SUBSETS_PER_CARD = 4096  # subsets tried on one card before settling for all its proposed victims
+CARD_SETS = 1024  # sets of req.cards cards tried, cheapest cards first (C(40, 10) is 8e8: never all of them)
 
 KEPT = "kept"  # the proposal frees a card as it is
 REDUCED = "reduced"  # some proposed victims freed nothing the preemptor can use and were dropped
@@ -116,7 +117,12 @@ def choose_victims(states: Sequence[CardState], holdings: Mapping[str, Holding],
             per_card[s.card.index] = got
     capacity = {s.card.index: s.card.capacity for s in states}
     best: tuple[tuple[int, int, int], tuple[int, ...], tuple[Victim, ...]] | None = None
-    for cards in combinations(sorted(per_card), req.cards):
+    # cheapest cards first, so the first sets tried are the likely best; bounded (the event loop waits)
+    by_cost = sorted(per_card, key=lambda i: (_cost(per_card[i]), i))
+    for tried, chosen_cards in enumerate(combinations(by_cost, req.cards)):
+        if tried >= CARD_SETS:
+            break
+        cards = tuple(sorted(chosen_cards))
         if len({capacity[i] for i in cards}) > 1:
             continue  # the cards of one pod are of one model (plan_booking)
         chosen = {v.uid: v for i in cards for v in per_card[i]}  # a multi-card holder counts once

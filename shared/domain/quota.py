@@ -20,10 +20,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from fractions import Fraction
 from typing import Any
 
 from shared.config import Config
+from shared.domain.lifecycle import peak
 from shared.domain.request import ContainerAsk, RequestError, read_asks
 
 LIMITS_PREFIX = "limits."
@@ -56,16 +58,20 @@ def enforced_keys(cfg: Config) -> dict[str, str]:
     return out
 
 
-def hard_value(text: object, where: str) -> int:
-    """A quota amount as a whole number of units, rounded down (a fraction of a unit grants nothing)."""
+def quantity(text: object, where: str) -> Fraction:
+    """A Kubernetes quantity (never negative here) exactly, or QuotaError naming `where`."""
     m = _QUANTITY.match(str(text).strip()) if isinstance(text, (str, int)) and not isinstance(text, bool) else None
     if m is None or len(str(text)) > 64:
         raise QuotaError(f"{where}={text!r} is not a quantity; cannot check the pod against it")
     exp = int(m.group(2)[1:]) if m.group(2) else 0
     if abs(exp) > 30:
         raise QuotaError(f"{where}={text!r} is out of range; cannot check the pod against it")
-    value = Fraction(m.group(1)) * _SUFFIX[m.group(3) or ""] * Fraction(10) ** exp
-    return int(value)  # floor: values are never negative here
+    return Fraction(m.group(1)) * _SUFFIX[m.group(3) or ""] * Fraction(10) ** exp
+
+
+def hard_value(text: object, where: str) -> int:
+    """A quota amount as a whole number of units, rounded down (a fraction of a unit grants nothing)."""
+    return int(quantity(text, where))  # floor: values are never negative here
 
 
 def limits_of(quota: Mapping[str, Any], cfg: Config) -> list[QuotaLimit]:
@@ -78,20 +84,35 @@ def limits_of(quota: Mapping[str, Any], cfg: Config) -> list[QuotaLimit]:
 
 
 def asks_usage(asks: Sequence[ContainerAsk], cfg: Config) -> dict[str, int]:
-    """What a pod is charged per resource: the larger of the sum over app containers and the largest
-    init container (init containers run one at a time), as the API server charges `requests.*`."""
+    """What a pod is charged per resource: the most its containers hold at once (init containers one at a
+    time, sidecars beside the apps: shared/domain/lifecycle.py), as the API server charges `requests.*`."""
     out: dict[str, int] = {}
     for resource, field in zip(cfg.slice_resources, ("count", "memory", "cores"), strict=True):
-        app = sum(getattr(a, field) or 0 for a in asks if not a.init)
-        init = max((getattr(a, field) or 0 for a in asks if a.init), default=0)
-        if max(app, init):
-            out[resource] = max(app, init)
+        held = peak((a.kind, getattr(a, field) or 0) for a in asks)  # sidecars beside the apps
+        if held:
+            out[resource] = held
     return out
 
 
-def pod_usage(pod: Mapping[str, Any], cfg: Config) -> dict[str, int]:
-    """What a pod already in the namespace holds (nothing once it is terminal)."""
-    if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+def stuck_terminating(pod: Mapping[str, Any], now: float) -> bool:
+    """Past its deletion time plus its grace period (e.g. its node is lost): the API server stops charging
+    it (QuotaV1Pod), so the namespace can start its replacement. `now`: seconds since the epoch."""
+    meta = pod.get("metadata") or {}
+    at, grace = meta.get("deletionTimestamp"), meta.get("deletionGracePeriodSeconds")
+    if not isinstance(at, str) or isinstance(grace, bool) or not isinstance(grace, int):
+        return False
+    try:
+        deleted = datetime.fromisoformat(at)
+    except ValueError:
+        return False  # unreadable: charged
+    if deleted.tzinfo is None:
+        return False
+    return now > deleted.timestamp() + grace
+
+
+def pod_usage(pod: Mapping[str, Any], cfg: Config, now: float = 0.0) -> dict[str, int]:
+    """What a pod already in the namespace holds (nothing once it is terminal or stuck terminating)."""
+    if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES or stuck_terminating(pod, now):
         return {}
     try:
         return asks_usage(read_asks(pod, cfg), cfg)
@@ -112,6 +133,17 @@ def _affinity_crosses_namespaces(spec: Mapping[str, Any]) -> bool:
     return False
 
 
+def _best_effort(spec: Mapping[str, Any]) -> bool:
+    """The API server's QoS rule: no positive cpu or memory request or limit, read from the pod-level
+    resources when the pod has them (spec.resources), else from every container."""
+    pod_level = spec.get("resources")  # present (even empty): it alone decides, as in ComputePodQOS
+    holders = [pod_level] if isinstance(pod_level, dict) else [c.get("resources") or {} for c in
+                                             (spec.get("initContainers") or []) + (spec.get("containers") or [])]
+    return not any(quantity(amount, f"{name} of the pod") > 0
+                   for res in holders for part in (res.get("limits"), res.get("requests"))
+                   for name, amount in (part or {}).items() if name in ("cpu", "memory"))
+
+
 def _scope_selects(scope: str, operator: str, values: Sequence[str], pod: Mapping[str, Any]) -> bool:
     spec = pod.get("spec") or {}
     if scope in ("Terminating", "NotTerminating"):
@@ -119,12 +151,7 @@ def _scope_selects(scope: str, operator: str, values: Sequence[str], pod: Mappin
         terminating = isinstance(deadline, int) and deadline >= 0
         return terminating == (scope == "Terminating")
     if scope in ("BestEffort", "NotBestEffort"):
-        best_effort = not any(
-            name in (part or {})
-            for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])
-            for part in ((c.get("resources") or {}).get("limits"), (c.get("resources") or {}).get("requests"))
-            for name in ("cpu", "memory"))
-        return best_effort == (scope == "BestEffort")
+        return _best_effort(spec) == (scope == "BestEffort")
     if scope == "PriorityClass":
         pc = spec.get("priorityClassName") or ""
         return {"In": pc in values, "NotIn": pc not in values, "Exists": bool(pc),
@@ -144,12 +171,12 @@ def in_scope(quota: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
 
 
 def judge_quotas(pod: Mapping[str, Any], asked: Mapping[str, int], quotas: Sequence[Mapping[str, Any]],
-                 pods: Sequence[Mapping[str, Any]], cfg: Config) -> str | None:
+                 pods: Sequence[Mapping[str, Any]], cfg: Config, now: float = 0.0) -> str | None:
     """None when the pod fits every `limits.`/bare quota of its namespace, else the refusal.
 
     `asked`: the pod's charge after our fills (asks_usage); `pods`: the namespace's pods as the API
     server lists them now (the pod being created is not among them). Raises QuotaError when a quota
-    or a counted pod cannot be read.
+    or a counted pod cannot be read. `now` (seconds since the epoch; 0: none is) tells pods stuck terminating.
     """
     problems: list[str] = []
     usage: list[dict[str, int]] | None = None
@@ -158,7 +185,7 @@ def judge_quotas(pod: Mapping[str, Any], asked: Mapping[str, int], quotas: Seque
         if not limits or not in_scope(q, pod):
             continue
         if usage is None:
-            usage = [pod_usage(p, cfg) for p in pods]
+            usage = [pod_usage(p, cfg, now) for p in pods]
         selected = [u for p, u in zip(pods, usage, strict=True) if u and in_scope(q, p)]
         for lim in limits:
             want = asked[lim.resource]

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from shared.config import Config
+from shared.domain.lifecycle import APP, INIT, SIDECAR, kind_of, peak
 from shared.domain.models import CORES_PER_CARD, MAX_MODEL_UNITS, CardModel, describe_models
 from shared.domain.shapes import MAX_QUANTITY_CHARS, describe, pod_problems
 
@@ -49,10 +50,20 @@ class ContainerAsk:
     whole_gpu: bool
     memory_in_requests_only: bool = False
     cores_in_requests_only: bool = False
+    sidecar: bool = False  # an init container with restartPolicy Always: runs beside the apps (lifecycle.py)
 
     @property
     def asks_slices(self) -> bool:
         return self.count is not None or self.memory is not None or self.cores is not None
+
+    @property
+    def kind(self) -> str:
+        return SIDECAR if self.sidecar else INIT if self.init else APP
+
+    @property
+    def beside_apps(self) -> bool:
+        """Runs while the app containers run (an app container or a sidecar)."""
+        return not self.init or self.sidecar
 
 
 @dataclass(frozen=True)
@@ -172,6 +183,7 @@ def read_asks(pod: Mapping[str, Any], cfg: Config) -> list[ContainerAsk]:
             whole_gpu=whole,
             memory_in_requests_only=req_only[cfg.resource_memory_name],
             cores_in_requests_only=req_only[cfg.resource_core_name],
+            sidecar=kind_of(c, init) == SIDECAR,
         ))
     if problems:
         raise RequestError(problems)
@@ -223,7 +235,7 @@ def shape_request(asks: Sequence[ContainerAsk], cfg: Config, model: int | None) 
                 problems.append(
                     f'container "{a.name}": {cr}={a.count}, but container "{multi[0].name}" asks {cr}={n}; '
                     "a multi-card pod's mthreads containers must all ask the same whole cards")
-        if len([a for a in mine if not a.init]) > 1:
+        if len([a for a in mine if a.beside_apps]) > 1:
             problems.append(f"only one app container may ask {cr}={n} (multi-card): all mthreads containers "
                             "of a pod share the same cards")
         mems = sorted({a.memory for a in mine if a.memory is not None})
@@ -252,7 +264,7 @@ def shape_request(asks: Sequence[ContainerAsk], cfg: Config, model: int | None) 
         if a.cores is not None and a.cores != CORES_PER_CARD:
             problems.append(f'container "{a.name}": {kr}={a.cores} without {mr}; a slice needs both: add '
                             f"{mr}, or remove {kr} to take the whole card")
-    apps = [a for a in mine if not a.init]
+    apps = [a for a in mine if a.beside_apps]  # sidecars run beside the apps
     if exclusive and len(exclusive) != len(mine):
         problems.append(f"exclusive containers (only {cr}: 1: {', '.join(a.name for a in exclusive)}) take "
                         f"the whole card and cannot share it with slice containers "
@@ -273,12 +285,10 @@ def shape_request(asks: Sequence[ContainerAsk], cfg: Config, model: int | None) 
         ContainerShare(a.name, a.init, a.memory or 0, a.cores if a.cores is not None else cfg.default_cores)
         if a.asks_slices else ContainerShare(a.name, a.init, 0, 0)
         for a in asks)
-    app_mem = sum(s.memory for s in shares if not s.init)
-    app_cores = sum(s.cores for s in shares if not s.init)
-    init_mem = max((s.memory for s in shares if s.init), default=0)
-    init_cores = max((s.cores for s in shares if s.init), default=0)
-    slices = max(len(apps), 1 if any(a.init for a in mine) else 0)
-    mem, cores = max(app_mem, init_mem), max(app_cores, init_cores)
+    # what the card holds at once: init containers one at a time, sidecars beside the rest (lifecycle.py)
+    mem = peak((a.kind, s.memory) for a, s in zip(asks, shares, strict=True))
+    cores = peak((a.kind, s.cores) for a, s in zip(asks, shares, strict=True))
+    slices = peak((a.kind, 1 if a.asks_slices else 0) for a in asks)
     if cores > CORES_PER_CARD:
         problems.append(f"the pod's slice containers share one card and ask {cores} {kr} in all; "
                         f"a card has {CORES_PER_CARD}")
