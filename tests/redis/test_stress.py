@@ -291,7 +291,7 @@ async def test_redis_restart_mid_run_then_rebuild_from_api_truth(redis_server: R
     check_task = asyncio.create_task(checker.run())
     try:
         async with fleet(redis_server.url, workers=2, coroutines=12, ops=100_000, seconds=30, seed=3,
-                         lifetime=(0.3, 12.0)) as f:  # some outlive the restart however slow, some act while Redis is down
+                         lifetime=(0.3, 12.0)) as f:  # outlive a slow restart, or act in it
             # let bookings pile up (waits on the condition, bounded: a loaded machine starts the workers late)
             assert await _until_booked(ledger, 60.0), "the workers made no booking within 60 s"
             # down for a second, then back empty: every key and script is gone
