@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shared.domain.models import CORES_PER_CARD, UNIT_MIB
+from shared.domain.request import ContainerShare, pod_footprint
 
 ALLOCATED = "hami.io/mthreads-vgpu-devices-allocated"
 GPU_INDEX = "mthreads.com/gpu-index"
@@ -155,13 +156,10 @@ def usage_from_annotations(pod: Mapping[str, object]) -> PodUsage | None:
         raise AnnotationError(f"{ALLOCATED}={raw!r} names no card")
     ids = list(cards)
     per_card: dict[str, tuple[int, int, int]] = {}
-    for ident in ids:
-        app = [g for grants in containers[n_init:] for g in grants if g.device_id == ident]
-        init = [g for grants in containers[:n_init] for g in grants if g.device_id == ident]
-        mem = max(sum(g.memory_mib for g in app), max((g.memory_mib for g in init), default=0)) // UNIT_MIB
-        cores = max(sum(g.cores for g in app), max((g.cores for g in init), default=0))
-        slices = max(len(app), 1 if init else 0)
-        per_card[ident] = (mem, cores, slices)
+    for ident in ids:  # memory_mib is a whole number of units (decode_allocation checks it)
+        peak = pod_footprint(ContainerShare(str(i), i < n_init, g.memory_mib // UNIT_MIB, g.cores)
+                             for i, grants in enumerate(containers) for g in grants if g.device_id == ident)
+        per_card[ident] = (peak.memory, peak.cores, peak.slices)
     if len(set(per_card.values())) != 1:
         raise AnnotationError(f"{ALLOCATED}: cards of one pod hold different amounts {per_card}")
     mem, cores, slices = next(iter(per_card.values()))

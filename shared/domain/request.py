@@ -9,7 +9,7 @@ Both the webhook (before mutation) and the scheduler (after) use them, so the ru
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -67,6 +67,31 @@ class ContainerShare:
     @property
     def empty(self) -> bool:
         return self.memory == 0 and self.cores == 0
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What a pod's containers hold together on one card: memory units, core groups, slice instances."""
+
+    memory: int
+    cores: int
+    slices: int
+
+
+def pod_footprint(shares: Iterable[ContainerShare]) -> Footprint:
+    """The pod's peak on one card from what each container holds on it. Init containers run one at a time
+    before the app containers, which run together: per resource, the larger of the app containers' sum and
+    the largest init container. Slices: one per app container, or one while only init containers hold the
+    card. A container that holds nothing counts for nothing. The request parser (what a pod books) and the
+    annotation decoder (what a bound pod's record books) both use this, so the two cannot drift apart."""
+    held = [s for s in shares if not s.empty]
+    app = [s for s in held if not s.init]
+    init = [s for s in held if s.init]
+    return Footprint(
+        memory=max(sum(s.memory for s in app), max((s.memory for s in init), default=0)),
+        cores=max(sum(s.cores for s in app), max((s.cores for s in init), default=0)),
+        slices=max(len(app), 1 if init else 0),
+    )
 
 
 @dataclass(frozen=True)
@@ -273,12 +298,8 @@ def shape_request(asks: Sequence[ContainerAsk], cfg: Config, model: int | None) 
         ContainerShare(a.name, a.init, a.memory or 0, a.cores if a.cores is not None else cfg.default_cores)
         if a.asks_slices else ContainerShare(a.name, a.init, 0, 0)
         for a in asks)
-    app_mem = sum(s.memory for s in shares if not s.init)
-    app_cores = sum(s.cores for s in shares if not s.init)
-    init_mem = max((s.memory for s in shares if s.init), default=0)
-    init_cores = max((s.cores for s in shares if s.init), default=0)
-    slices = max(len(apps), 1 if any(a.init for a in mine) else 0)
-    mem, cores = max(app_mem, init_mem), max(app_cores, init_cores)
+    peak = pod_footprint(shares)
+    mem, cores, slices = peak.memory, peak.cores, peak.slices
     if cores > CORES_PER_CARD:
         problems.append(f"the pod's slice containers share one card and ask {cores} {kr} in all; "
                         f"a card has {CORES_PER_CARD}")
