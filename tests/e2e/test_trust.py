@@ -55,20 +55,9 @@ BOUND_WITHIN = 30.0
 
 @pytest.fixture(scope="module")
 def stack(control_plane: ControlPlane, redis_server: RedisServer) -> Iterator[Stack]:
-    import redis as sync_redis
-
-    if redis_server.proc is None or redis_server.proc.poll() is not None:
-        redis_server.start()
-    sync_redis.Redis(port=redis_server.port, password=redis_server.password).flushall()
     # A short reconcile period, so a repair pass over the changed record comes within the test.
-    st = Stack(control_plane, redis_server.url, "96", settings={"reconcileSeconds": 2})
-    try:
-        st.start()
-    except Exception:
-        st.stop()
-        raise
-    yield st
-    st.stop()
+    with Stack(control_plane, redis_server.empty().url, "96", settings={"reconcileSeconds": 2}).running() as st:
+        yield st
 
 
 @dataclass
