@@ -19,7 +19,7 @@ import orjson
 
 from controller.kube import Kube, KubeError
 from shared.serving.metrics import WATCH_RELISTS, WATCH_RESUMES
-from shared.serving.supervise import is_transient
+from shared.serving.supervise import Backoff, is_transient
 
 log = logging.getLogger("mtsched.reflector")
 
@@ -121,7 +121,7 @@ class Reflector:
         return ""
 
     async def run(self) -> None:
-        backoff = 0.2
+        backoff = Backoff()
         while True:
             try:
                 items, rv = await self.list()
@@ -135,7 +135,7 @@ class Reflector:
                 self._working()
                 for cb in self.on_resync:
                     cb()
-                backoff = 0.2
+                backoff.reset()
                 await self._watch()
             except Gone:
                 log.info("%s: resourceVersion %s expired (410): re-listing", self.name, self.resource_version)
@@ -143,13 +143,12 @@ class Reflector:
                 raise
             except (TimeoutError, KubeError, aiohttp.ClientError, OSError, HandlerError, ValueError) as e:
                 self._failing(e)
-                log.warning("%s: list failed (%s); retrying in %.1fs", self.name, e, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
+                log.warning("%s: list failed (%s); retrying in %.1fs", self.name, e, backoff.delay)
+                await backoff.sleep()
 
     async def _watch(self) -> None:
         """Watch until Gone; resumes transparently after closed streams and network errors."""
-        backoff = 0.2
+        backoff = Backoff()
         while True:
             query = {"watch": "true", "allowWatchBookmarks": "true", "resourceVersion": self.resource_version,
                      # the server closes the stream after this; we resume from the last version
@@ -162,7 +161,7 @@ class Reflector:
                         raise Gone()
                     if resp.status != 200:
                         raise KubeError(resp.status, (await resp.read()).decode(errors="replace"), "watch")
-                    backoff = 0.2
+                    backoff.reset()
                     self._working()
                     async for line in lines(resp.content):
                         if not line.strip():
@@ -182,9 +181,8 @@ class Reflector:
                         raise e.__cause__ from e
                 WATCH_RESUMES.labels(self.name).inc()
                 log.warning("%s: watch interrupted (%s); resuming from %s in %.1fs", self.name, e,
-                            self.resource_version, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
+                            self.resource_version, backoff.delay)
+                await backoff.sleep()
 
     async def _handle(self, event: dict[str, Any]) -> None:
         kind = event.get("type")

@@ -17,7 +17,7 @@ from controller.reconciler import Reconciler
 from controller.watchers import Janitor, NodeWatcher, PodWatcher
 from shared.config import Config
 from shared.serving.http import serve_api, serve_health
-from shared.serving.supervise import Supervisor
+from shared.serving.supervise import Backoff, Supervisor
 from shared.store.session import open_ledger
 
 log = logging.getLogger("mtsched")
@@ -50,15 +50,14 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     health = await serve_health(cfg, sup.problems)
     sup.check("nodes", nodes.reflector.problem)
     sup.check("pods", pods.reflector.problem)
-    backoff = 0.5
+    backoff = Backoff(0.5)
     while not stop.is_set():
         try:
             await reconciler.rebuild()
             break
         except Exception as e:
-            log.warning("initial rebuild failed (%s); retrying in %.1fs", e, backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 10.0)
+            log.warning("initial rebuild failed (%s); retrying in %.1fs", e, backoff.delay)
+            await backoff.sleep()
     sup.spawn("nodes", nodes.reflector.run)
     sup.spawn("pods", pods.reflector.run)
     sup.spawn("reconciler", reconciler.run)

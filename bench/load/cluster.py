@@ -195,8 +195,7 @@ async def ensure_nodes(kube: Any, count: int, kwok: bool, say: Progress,
     todo = [n for n in want if n not in existing]
 
     def make(name: str) -> dict[str, Any]:
-        body = (simulated.s4000_node if node_model(name) == 96 else simulated.s5000_node)(
-            name, sliced_cards=CARDS_PER_NODE, labels={NODE_LABEL: "true"})
+        body = simulated.gpu_node(name, node_model(name), sliced_cards=CARDS_PER_NODE, labels={NODE_LABEL: "true"})
         if kwok:
             body["metadata"]["annotations"] = {KWOK_ANNOTATION: "fake"}
             body["metadata"]["labels"]["type"] = "kwok"

@@ -4,29 +4,17 @@
 #   HARNESS_CACHE  cache root (default: $HOME/.cache/mthreads-harness)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-# Versions come from the pinned modules, so bumping go.mod is the whole upgrade.
-k8s_ver=$(grep -E '^\s*k8s.io/kubernetes v' "$here/gomod/k8s/go.mod" | awk '{print $2}')
-etcd_ver=$(grep -E '^\s*go.etcd.io/etcd/server/v3 v' "$here/gomod/etcd/go.mod" | awk '{print $2}')
-[ -n "$k8s_ver" ] && [ -n "$etcd_ver" ] || { echo "build-binaries: cannot read pinned versions" >&2; exit 1; }
-cache=${HARNESS_CACHE:-$HOME/.cache/mthreads-harness}
+tool=build-binaries
+. "$here/gobuild.sh"
+k8s_ver=$(pinned k8s.io/kubernetes "$here/gomod/k8s/go.mod")
+etcd_ver=$(pinned go.etcd.io/etcd/server/v3 "$here/gomod/etcd/go.mod")
+[ -n "$k8s_ver" ] && [ -n "$etcd_ver" ] || { echo "$tool: cannot read pinned versions" >&2; exit 1; }
 out="$cache/k8s-$k8s_ver-etcd-$etcd_ver"
 if [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-scheduler" ] && [ -x "$out/etcd" ]; then
   echo "$out"; exit 0
 fi
-command -v go >/dev/null || { echo "build-binaries: Go 1.26+ is needed to build the control plane" >&2; exit 1; }
-mkdir -p "$out.tmp"
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+begin "$out" "the control plane"
 minor=$(echo "$k8s_ver" | cut -d. -f2)
-start=$(date +%s)
-log() { echo "[build-binaries +$(( $(date +%s) - start ))s] $*" >&2; }
-# `go build -v` names each package it compiles (cache hits are silent): count them as progress,
-# pass anything else (compiler errors) through. pipefail keeps go's exit status.
-progress() {
-  awk -v what="$1" -v start="$start" '
-    /^[A-Za-z0-9._~\/-]+$/ { n++; if (n % 200 == 0) printf "[build-binaries +%ds] %s: %d packages compiled\n", systime() - start, what, n; next }
-    { print }
-    END { printf "[build-binaries +%ds] %s: go build ended (%d packages compiled)\n", systime() - start, what, n }'
-}
 if [ ! -x "$out.tmp/etcd" ]; then
   log "building etcd $etcd_ver (first run only)"
   (cd "$here/gomod/etcd" && go build -v -trimpath -ldflags "-s -w" -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3 2>&1) \
@@ -43,6 +31,5 @@ for bin in kube-scheduler kube-apiserver; do
   fi
 done
 "$out.tmp/kube-apiserver" --version >&2
-rm -rf "$out" && mv "$out.tmp" "$out"
-log "done: $out ($(du -sh "$out" | cut -f1))"
+finish "$out"
 echo "$out"

@@ -28,9 +28,9 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import yaml
 
@@ -56,6 +56,19 @@ __all__ = [
 ]
 
 Json = dict[str, Any]
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def in_thread(fn: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
+    """The async twin of a blocking method, same arguments: runs it in a thread, so that a server living
+    in the caller's event loop (an extender, a webhook) can answer the calls the method waits for."""
+
+    async def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    run.__name__, run.__doc__ = f"{fn.__name__}_async", f"{fn.__name__} in a thread (in_thread)."
+    return run
 
 
 class ControlPlane:
@@ -333,21 +346,7 @@ class ControlPlane:
         if p is not None:
             p.stop()
 
-    async def start_scheduler_async(
-        self,
-        extender: ExtenderSpec | None = None,
-        scheduler_name: str = "hami-scheduler",
-        extra_profiles: Sequence[Json] = (),
-        extra_args: Sequence[str] = (),
-        feature_gates: Mapping[str, bool] | None = None,
-        *,
-        kubeconfig: Path | str | None = None,
-    ) -> None:
-        """start_scheduler in a thread, so an extender served by the caller's loop stays responsive."""
-        await asyncio.to_thread(
-            self.start_scheduler, extender, scheduler_name, extra_profiles, extra_args, feature_gates,
-            kubeconfig=kubeconfig,
-        )
+    start_scheduler_async = in_thread(start_scheduler)  # an in-loop extender stays responsive meanwhile
 
     # ----------------------------------------------------------------------------------- webhooks
     def register_webhooks(
@@ -401,9 +400,7 @@ class ControlPlane:
             canary.shutdown()
             canary.server_close()
 
-    async def register_webhooks_async(self, *args: Any, **kwargs: Any) -> None:
-        """register_webhooks in a thread, so a webhook served by the caller's loop can answer."""
-        await asyncio.to_thread(self.register_webhooks, *args, **kwargs)
+    register_webhooks_async = in_thread(register_webhooks)  # an in-loop webhook can answer meanwhile
 
     def unregister_webhooks(self, name: str = "mtsched") -> None:
         for kind in ("mutating", "validating"):

@@ -44,9 +44,9 @@ async def _apply(kubeconfig: str, say: Progress) -> list[tuple[str, str]]:
     results: list[tuple[str, str]] = []
     try:
         cluster = [
-            simulated.s4000_node("s4000-node-1", sliced_cards=4, whole_cards=2),
-            simulated.s5000_node("s5000-node-1", sliced_cards=4, card_ids=[0, 2, 3, 5]),
-            simulated.s5000_node("s5000-node-2", sliced_cards=2),
+            simulated.gpu_node("s4000-node-1", simulated.S4000_MEMORY_UNITS, sliced_cards=4, whole_cards=2),
+            simulated.gpu_node("s5000-node-1", simulated.S5000_MEMORY_UNITS, sliced_cards=4, card_ids=[0, 2, 3, 5]),
+            simulated.gpu_node("s5000-node-2", simulated.S5000_MEMORY_UNITS, sliced_cards=2),
         ]
         for node in cluster:
             await kube.request("POST", "/api/v1/nodes", node)

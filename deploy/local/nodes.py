@@ -38,6 +38,9 @@ def gpu_node(
 ) -> Json:
     """A V1Node-shaped dict for a node with ``sliced_cards`` shared cards and ``whole_cards`` exclusive ones.
 
+    ``memory_units_per_card`` names the card model: S4000_MEMORY_UNITS (96 = 48 GiB, MTT S4000) or
+    S5000_MEMORY_UNITS (160 = 80 GiB, MTT S5000).
+
     ``card_ids`` are the ids of the sliced cards (default 0..sliced_cards-1); they form the
     ``mthreads.com/sgpu.cores`` label ("0-1-2-..."). ``mthreads.com/gpu.count`` is the total number
     of cards (sliced + whole).
@@ -70,28 +73,6 @@ def gpu_node(
         "spec": {},
         "status": {"capacity": dict(resources), "allocatable": dict(resources)},
     }
-
-
-def s4000_node(
-    name: str,
-    sliced_cards: int = 8,
-    whole_cards: int = 0,
-    card_ids: Sequence[int | str] | None = None,
-    labels: Mapping[str, str] | None = None,
-) -> Json:
-    """An MTT S4000 node (96 sgpu-memory units = 48 GiB per card)."""
-    return gpu_node(name, S4000_MEMORY_UNITS, sliced_cards, whole_cards, card_ids, labels)
-
-
-def s5000_node(
-    name: str,
-    sliced_cards: int = 8,
-    whole_cards: int = 0,
-    card_ids: Sequence[int | str] | None = None,
-    labels: Mapping[str, str] | None = None,
-) -> Json:
-    """An MTT S5000 node (160 sgpu-memory units = 80 GiB per card)."""
-    return gpu_node(name, S5000_MEMORY_UNITS, sliced_cards, whole_cards, card_ids, labels)
 
 
 async def create_nodes(api_client: client.ApiClient, nodes: Iterable[Json]) -> list[client.V1Node]:

@@ -65,19 +65,19 @@ def _name(cn: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
-def make_ca(common_name: str = "mtsched-harness-ca") -> CertKey:
-    """Self-signed ECDSA P-256 CA."""
-    key = _new_key()
+def _builder(subject: str, issuer: x509.Name, key: ec.EllipticCurvePrivateKey, ca: bool) -> x509.CertificateBuilder:
+    """What the CA and the leaf certs share: names, key, serial, validity, basic constraints and key usage
+    (signing only; a CA also signs certificates and CRLs)."""
     now = dt.datetime.now(dt.UTC)
-    cert = (
+    return (
         x509.CertificateBuilder()
-        .subject_name(_name(common_name))
-        .issuer_name(_name(common_name))
+        .subject_name(_name(subject))
+        .issuer_name(issuer)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - _BACKDATE)
         .not_valid_after(now + _VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), critical=True)
         .add_extension(
             x509.KeyUsage(
                 digital_signature=True,
@@ -85,13 +85,21 @@ def make_ca(common_name: str = "mtsched-harness-ca") -> CertKey:
                 key_encipherment=False,
                 data_encipherment=False,
                 key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
+                key_cert_sign=ca,
+                crl_sign=ca,
                 encipher_only=False,
                 decipher_only=False,
             ),
             critical=True,
         )
+    )
+
+
+def make_ca(common_name: str = "mtsched-harness-ca") -> CertKey:
+    """Self-signed ECDSA P-256 CA."""
+    key = _new_key()
+    cert = (
+        _builder(common_name, _name(common_name), key, ca=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -116,34 +124,10 @@ def make_serving_cert(
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise TypeError("CA key must be ECDSA (made by make_ca)")
     key = _new_key()
-    now = dt.datetime.now(dt.UTC)
     sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common_name))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _BACKDATE)
-        .not_valid_after(now + _VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-    )
+    builder = (_builder(common_name, ca_cert.subject, key, ca=False)
+               .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     cert = (

@@ -162,6 +162,15 @@ class RedisServer:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def empty(self) -> RedisServer:
+        """Running (started again if a test stopped or crashed it) and holding no data: a clean start for
+        the next user of a server shared by many tests."""
+        if not self.running:
+            self.start()
+        with self.client() as r:
+            r.flushall()
+        return self
+
     def cleanup(self) -> None:
         """Stop and remove the working directory this server created."""
         self.stop()

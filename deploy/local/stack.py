@@ -235,6 +235,15 @@ class Stack:
                                   namespace_selector=WEBHOOK_NAMESPACE_SELECTOR)
         return self
 
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Stack]:
+        """Started for the `with` block and stopped after it, also when starting fails halfway (roles
+        spawned, identities provisioned, the scheduler up): `with Stack(...).running() as st: yield st`."""
+        try:
+            yield self.start()
+        finally:
+            self.stop()
+
     def restart(self, kind: str, index: int = 0) -> None:
         role = next(r for r in self.roles if r.kind == kind and r.index == index)
         self._stop(role)

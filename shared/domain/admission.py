@@ -218,8 +218,8 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = (),
         return deny("; ".join(e.problems))
     assert req is not None
     if not req.whole_cards:
-        fitting = [m for m in (cfg.models if pin is None else (pin,))
-                   if all(s.empty or m.accepts(s.memory) for s in req.shares) and req.memory <= m.memory]
+        # the scheduler's own rule (card_accepts; the pin is req.model), and the peak must fit an empty card
+        fitting = [m for m in cfg.models if card_accepts(m.memory, req) and req.memory <= m.memory]
         if not fitting:
             return deny(f"the pod's slice containers share one card and ask {req.memory} {mr} in all "
                         f"({', '.join(f'{s.name}={s.memory}' for s in req.shares if not s.empty)}); "

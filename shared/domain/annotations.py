@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from shared.domain.lifecycle import APP, kind_of, peak
+from shared.domain.lifecycle import APP, footprint, kind_of
 from shared.domain.models import CORES_PER_CARD, UNIT_MIB
 
 ALLOCATED = "hami.io/mthreads-vgpu-devices-allocated"
@@ -158,13 +158,12 @@ def usage_from_annotations(pod: Mapping[str, object]) -> PodUsage | None:
     per_card: dict[str, tuple[int, int, int]] = {}
     inits = spec.get("initContainers") or []
     kinds = [kind_of(c if isinstance(c, Mapping) else {}, True) for c in inits] + [APP] * (n_all - n_init)
-    for ident in ids:
+    for ident in ids:  # memory_mib is a whole number of units (decode_allocation checks it)
         # what each container holds on this card; held at once as Kubernetes runs them (lifecycle.py)
         mine = [[g for g in grants if g.device_id == ident] for grants in containers]
-        mem = peak((k, sum(g.memory_mib for g in gs)) for k, gs in zip(kinds, mine, strict=True)) // UNIT_MIB
-        cores = peak((k, sum(g.cores for g in gs)) for k, gs in zip(kinds, mine, strict=True))
-        slices = peak((k, len(gs)) for k, gs in zip(kinds, mine, strict=True))
-        per_card[ident] = (mem, cores, slices)
+        fp = footprint((k, sum(g.memory_mib for g in gs) // UNIT_MIB, sum(g.cores for g in gs), len(gs))
+                       for k, gs in zip(kinds, mine, strict=True))
+        per_card[ident] = (fp.memory, fp.cores, fp.slices)
     if len(set(per_card.values())) != 1:
         raise AnnotationError(f"{ALLOCATED}: cards of one pod hold different amounts {per_card}")
     mem, cores, slices = next(iter(per_card.values()))

@@ -10,6 +10,7 @@ charge and the usage read back from a bound pod's record.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 INIT, SIDECAR, APP = "init", "sidecar", "app"
 
@@ -33,3 +34,21 @@ def peak(parts: Iterable[tuple[str, int]]) -> int:
         else:
             apps += amount
     return max(top, sidecars + apps)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What a pod's containers hold together on one card: memory units, core groups, slice instances."""
+
+    memory: int
+    cores: int
+    slices: int
+
+
+def footprint(held: Iterable[tuple[str, int, int, int]]) -> Footprint:
+    """The pod's footprint on one card from (kind, memory, cores, slices) per container, init containers
+    in their order: the peak of each, as Kubernetes runs them. The request parser (what a pod books) and
+    the allocation-record decoder (what a bound pod's record books) both use this, so they cannot drift."""
+    parts = list(held)
+    return Footprint(peak((k, m) for k, m, _, _ in parts), peak((k, c) for k, _, c, _ in parts),
+                     peak((k, n) for k, _, _, n in parts))

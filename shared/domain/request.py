@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from shared.config import Config
-from shared.domain.lifecycle import APP, INIT, SIDECAR, kind_of, peak
+from shared.domain.lifecycle import APP, INIT, SIDECAR, footprint, kind_of
 from shared.domain.models import CORES_PER_CARD, MAX_MODEL_UNITS, CardModel, describe_models
 from shared.domain.shapes import MAX_QUANTITY_CHARS, describe, pod_problems
 
@@ -286,9 +286,8 @@ def shape_request(asks: Sequence[ContainerAsk], cfg: Config, model: int | None) 
         if a.asks_slices else ContainerShare(a.name, a.init, 0, 0)
         for a in asks)
     # what the card holds at once: init containers one at a time, sidecars beside the rest (lifecycle.py)
-    mem = peak((a.kind, s.memory) for a, s in zip(asks, shares, strict=True))
-    cores = peak((a.kind, s.cores) for a, s in zip(asks, shares, strict=True))
-    slices = peak((a.kind, 1 if a.asks_slices else 0) for a in asks)
+    fp = footprint((a.kind, s.memory, s.cores, 1 if a.asks_slices else 0) for a, s in zip(asks, shares, strict=True))
+    mem, cores, slices = fp.memory, fp.cores, fp.slices
     if cores > CORES_PER_CARD:
         problems.append(f"the pod's slice containers share one card and ask {cores} {kr} in all; "
                         f"a card has {CORES_PER_CARD}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 # Kubernetes sets no limit on containers per pod; 1024 (app + init together) is far above any real
@@ -145,25 +145,25 @@ def optional_str(obj: Mapping[str, Any], key: str, field: str, problems: Problem
         problems.bad(field, value, f"a string of at most {limit} characters")
 
 
+def _entries(value: object, field: str, problems: Problems, allowed: str) -> Iterable[tuple[Any, Any]]:
+    """The entries of an optional object field: none when it is null, or when it is no object (reported)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        problems.bad(field, value, allowed)
+        return ()
+    return value.items()
+
+
 def string_map(value: object, field: str, problems: Problems) -> None:
     """null or an object of string values (annotations, labels, nodeSelector)."""
-    if value is None:
-        return
-    if not isinstance(value, dict):
-        problems.bad(field, value, "an object of string values")
-        return
-    for k, v in value.items():
+    for k, v in _entries(value, field, problems, "an object of string values"):
         if not isinstance(v, str):
             problems.bad(key_path(field, k), v, "a string")
 
 
 def _quantities(value: object, field: str, problems: Problems) -> None:
-    if value is None:
-        return
-    if not isinstance(value, dict):
-        problems.bad(field, value, "an object of resource quantities")
-        return
-    for k, v in value.items():
+    for k, v in _entries(value, field, problems, "an object of resource quantities"):
         if isinstance(v, str):
             if len(v) > MAX_QUANTITY_CHARS:
                 problems.bad(key_path(field, k), v, f"a quantity of at most {MAX_QUANTITY_CHARS} characters")

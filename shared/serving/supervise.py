@@ -41,6 +41,32 @@ def is_transient(e: BaseException) -> bool:
                           aiohttp.ClientError, TimeoutError, ConnectionError, OSError))
 
 
+def backoff_delay(attempt: int, first: float = 0.2, most: float = 10.0) -> float:
+    """The wait before retry `attempt` (0 = the first retry): `first`, doubling each time, at most `most`."""
+    return min(most, first * (1 << min(max(attempt, 0), 30)))
+
+
+class Backoff:
+    """The waits of one retry loop (backoff_delay); `reset()` once a try worked, so the next failure
+    waits `first` again."""
+
+    def __init__(self, first: float = 0.2, most: float = 10.0) -> None:
+        self.first, self.most, self.attempt = first, most, 0
+
+    @property
+    def delay(self) -> float:
+        """What the next `sleep()` waits (for the log line before it)."""
+        return backoff_delay(self.attempt, self.first, self.most)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+    async def sleep(self) -> None:
+        delay = self.delay
+        self.attempt += 1
+        await asyncio.sleep(delay)
+
+
 @dataclass
 class TaskState:
     name: str
@@ -104,7 +130,7 @@ class Supervisor:
                 TASK_UP.labels(name).set(0)
                 self.failed.set()
                 return
-            delay = min(self.max_backoff, 0.2 * 2 ** min(st.failures - 1, 10))
+            delay = backoff_delay(st.failures - 1, most=self.max_backoff)
             log.warning("task %s stopped (%s, %s); restarting in %.1fs", name, st.last_error,
                         "transient" if transient else f"{st.failures}/{self.max_failures}", delay,
                         exc_info=error if not transient else None)

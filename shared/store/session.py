@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from shared.config import Config, redact_url
 from shared.serving.metrics import REDIS_UP
-from shared.serving.supervise import Heartbeat, Supervisor, probe_loop
+from shared.serving.supervise import Backoff, Heartbeat, Supervisor, probe_loop
 from shared.store.card_metrics import register_mirror
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
@@ -20,7 +19,7 @@ async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False) 
     """Connect (retrying until Redis answers), then keep the mirror and the PING probe under `sup`."""
     options = RedisOptions.from_config(cfg)
     ledger = Ledger(connect(cfg.redis_url, options), cfg.key_prefix)
-    backoff = 0.5
+    backoff = Backoff(0.5, 5.0)
     while True:
         try:
             await ledger.load_scripts()
@@ -28,8 +27,7 @@ async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False) 
         except Exception as e:
             # the URL may carry a password: only its redacted form is ever logged
             log.warning("Redis at %s not reachable (%s); retrying", redact_url(cfg.redis_url), explain(e))
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5)
+            await backoff.sleep()
     mirror = Mirror(ledger, subscriber=connect_subscriber(cfg.redis_url, options))
     sup.spawn("mirror", mirror.run)
     sup.check("mirror", lambda: "" if mirror.ready.is_set() else "not in sync with Redis")

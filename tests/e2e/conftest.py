@@ -71,35 +71,33 @@ def _start_plane(pytestconfig: pytest.Config, **kwargs: Any) -> ControlPlane:
     return cp
 
 
-@pytest.fixture(scope="session")
-def control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
-    cp = _start_plane(pytestconfig)
+@contextlib.contextmanager
+def _plane(pytestconfig: pytest.Config, **kwargs: Any) -> Iterator[ControlPlane]:
+    cp = _start_plane(pytestconfig, **kwargs)
     try:
         yield cp
     finally:
         _planes.remove(cp)
         cp.stop()
+
+
+@pytest.fixture(scope="session")
+def control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
+    with _plane(pytestconfig) as cp:
+        yield cp
 
 
 @pytest.fixture(scope="session")
 def control_plane_no_watch_cache(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
-    cp = _start_plane(pytestconfig, watch_cache=False)
-    try:
+    with _plane(pytestconfig, watch_cache=False) as cp:
         yield cp
-    finally:
-        _planes.remove(cp)
-        cp.stop()
 
 
 @pytest.fixture(scope="module")
 def own_control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
     """A plane for one module alone, for tests that restart or break it (fault tests)."""
-    cp = _start_plane(pytestconfig)
-    try:
+    with _plane(pytestconfig) as cp:
         yield cp
-    finally:
-        _planes.remove(cp)
-        cp.stop()
 
 
 @pytest.hookimpl(wrapper=True)

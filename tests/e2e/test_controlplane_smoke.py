@@ -15,7 +15,14 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from deploy.local.controlplane import ControlPlane, ExtenderSpec
-from deploy.local.nodes import create_nodes, delete_nodes, s4000_node, s5000_node, set_capacity
+from deploy.local.nodes import (
+    S4000_MEMORY_UNITS,
+    S5000_MEMORY_UNITS,
+    create_nodes,
+    delete_nodes,
+    gpu_node,
+    set_capacity,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -53,9 +60,10 @@ async def test_simulated_nodes_capacity(
         await create_nodes(
             api_client,
             [
-                s4000_node(n4, sliced_cards=8, labels={"mtsched.io/test-group": group}),
-                s5000_node(
+                gpu_node(n4, S4000_MEMORY_UNITS, sliced_cards=8, labels={"mtsched.io/test-group": group}),
+                gpu_node(
                     n5,
+                    S5000_MEMORY_UNITS,
                     sliced_cards=2,
                     whole_cards=2,
                     card_ids=[5, 7],
@@ -140,7 +148,8 @@ async def test_scheduler_binds_through_extender(
     url = await https_server(app)
 
     labels = {"mtsched.io/test-group": group}
-    await create_nodes(api_client, [s4000_node(n1, labels=labels), s5000_node(n2, labels=labels)])
+    await create_nodes(api_client, [gpu_node(n1, S4000_MEMORY_UNITS, labels=labels),
+                                    gpu_node(n2, S5000_MEMORY_UNITS, labels=labels)])
     await control_plane.start_scheduler_async(ExtenderSpec(url))
     try:
         sel = {"nodeSelector": {"mtsched.io/test-group": group}}

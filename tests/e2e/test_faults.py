@@ -71,15 +71,9 @@ def redis_fault_server() -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="module")
 def fault_stack(own_control_plane: ControlPlane, redis_fault_server: RedisServer) -> Iterator[Stack]:
-    st = Stack(own_control_plane, redis_fault_server.url, "96,160", extenders=2, webhooks=2, watchers=2,
-               settings={"reconcileSeconds": RECONCILE_SECONDS, "pendingTTLSeconds": PENDING_TTL})
-    try:
-        st.start()
-    except Exception:
-        st.stop()
-        raise
-    yield st
-    st.stop()
+    with Stack(own_control_plane, redis_fault_server.url, "96,160", extenders=2, webhooks=2, watchers=2,
+               settings={"reconcileSeconds": RECONCILE_SECONDS, "pendingTTLSeconds": PENDING_TTL}).running() as st:
+        yield st
     if FIGURES:
         print("\nfault matrix figures (seconds):")
         for name, figs in FIGURES.items():

@@ -10,8 +10,6 @@ the nudge (a node patch) and the reconciler's confirmation (a GET of a pod).
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -28,6 +26,7 @@ from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
 from shared.store.ledger import Ledger
+from tests.e2e._wait import until
 
 pytestmark = pytest.mark.e2e
 
@@ -80,20 +79,9 @@ ACCESS: list[tuple[str, str, str, str, bool]] = [
 
 @pytest.fixture(scope="module")
 def stack(control_plane: ControlPlane, redis_server: RedisServer) -> Iterator[Stack]:
-    import redis as sync_redis
-
-    if redis_server.proc is None or redis_server.proc.poll() is not None:
-        redis_server.start()
-    sync_redis.Redis(port=redis_server.port, password=redis_server.password).flushall()
     # A short reconcile period, for the reconciler's confirmation below.
-    st = Stack(control_plane, redis_server.url, "96", settings={"reconcileSeconds": 2})
-    try:
-        st.start()
-    except Exception:
-        st.stop()
-        raise
-    yield st
-    st.stop()
+    with Stack(control_plane, redis_server.empty().url, "96", settings={"reconcileSeconds": 2}).running() as st:
+        yield st
 
 
 @pytest_asyncio.fixture
@@ -167,7 +155,7 @@ async def test_forbidden_calls_are_refused_and_the_nudge_goes_through(stack: Sta
             async def booked() -> bool | None:
                 return True if node in await ledger.snapshots([node]) else None
 
-            await _until(booked, f"{node} in the ledger", lambda: stack.logs(20))
+            await until(booked, f"{node} in the ledger", lambda: stack.logs(20))
         finally:
             await ledger.redis.aclose()
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "slice"},
@@ -175,7 +163,7 @@ async def test_forbidden_calls_are_refused_and_the_nudge_goes_through(stack: Sta
                    "name": "c", "image": "busybox", "resources": {"limits": {
                        "mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "8", "mthreads.com/sgpu-core": "2"}}}]}}
         await admin.request("POST", f"/api/v1/namespaces/{ns}/pods", pod)
-        bound = await _until(lambda: _bound(admin, ns, "slice"), "the slice pod bound by the extender")
+        bound = await until(lambda: _bound(admin, ns, "slice"), "the slice pod bound by the extender")
         assert bound["spec"]["nodeName"] == node
         assert FREED_ANNOTATION not in (await _node(admin, node))["metadata"].get("annotations", {})
         await admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods/slice", {"gracePeriodSeconds": 0})
@@ -185,7 +173,7 @@ async def test_forbidden_calls_are_refused_and_the_nudge_goes_through(stack: Sta
             n = await _node(admin, node)
             return n if FREED_ANNOTATION in n["metadata"].get("annotations", {}) else None
 
-        await _until(nudged, f"the watcher's {FREED_ANNOTATION} annotation on {node}",
+        await until(nudged, f"the watcher's {FREED_ANNOTATION} annotation on {node}",
                      lambda: stack.logs(20))
     finally:
         await admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods/slice", {"gracePeriodSeconds": 0},
@@ -203,15 +191,6 @@ async def _bound(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
     return pod if pod["spec"].get("nodeName") else None
 
 
-async def _until(check: Any, what: str, details: Any = None, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while (got := await check()) is None:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{details() if details else ''}")
-        await asyncio.sleep(0.2)
-    return got
-
-
 async def test_reconciler_confirms_a_stale_reservation_as_the_watcher(stack: Stack, clients: dict[str, Kube]) -> None:
     """A bound reservation no pod explains is dropped only after the watcher read the pod from the API
     server (404): that GET is made as hami-watcher."""
@@ -224,7 +203,7 @@ async def test_reconciler_confirms_a_stale_reservation_as_the_watcher(stack: Sta
         async def booked() -> bool | None:
             return True if node in await ledger.snapshots([node]) else None
 
-        await _until(booked, f"{node} in the ledger", lambda: stack.logs(20))
+        await until(booked, f"{node} in the ledger", lambda: stack.logs(20))
         uid = str(uuid.uuid4())
         outcome, _ = await ledger.reserve(node, uid, [0], 2, 1, 1, pod=f"e2e-ghost-{run}/ghost")
         assert outcome.ok, outcome
@@ -235,7 +214,7 @@ async def test_reconciler_confirms_a_stale_reservation_as_the_watcher(stack: Sta
             return True if snap is not None and uid not in snap.reservations else None
 
         # Older than the reconciler's keep window (10 s), then a pass every 2 s.
-        await _until(dropped, f"the ghost reservation on {node} dropped", lambda: stack.logs(20), timeout=40)
+        await until(dropped, f"the ghost reservation on {node} dropped", lambda: stack.logs(20), timeout=40)
     finally:
         await ledger.redis.aclose()
         await admin.request("DELETE", f"/api/v1/nodes/{node}", ok=(200, 202, 404))

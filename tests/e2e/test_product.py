@@ -47,21 +47,10 @@ VGPU, MEM, CORE, GPU = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthread
 @pytest.fixture(scope="module", params=["96", "160", "96,160"], ids=["s4000", "s5000", "mixed"])
 def stack(request: pytest.FixtureRequest, control_plane: ControlPlane,
           redis_server: RedisServer) -> Iterator[Stack]:
-    import redis as sync_redis
-
-    if redis_server.proc is None or redis_server.proc.poll() is not None:
-        redis_server.start()
-    sync_redis.Redis(port=redis_server.port, password=redis_server.password).flushall()
     mixed = request.param == "96,160"
-    st = Stack(control_plane, redis_server.url, request.param, extenders=2 if mixed else 1,
-               webhooks=2 if mixed else 1, watchers=2 if mixed else 1)
-    try:
-        st.start()
-    except Exception:
-        st.stop()
-        raise
-    yield st
-    st.stop()
+    with Stack(control_plane, redis_server.empty().url, request.param, extenders=2 if mixed else 1,
+               webhooks=2 if mixed else 1, watchers=2 if mixed else 1).running() as st:
+        yield st
 
 
 class Cluster:

@@ -47,15 +47,9 @@ def redis_own() -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="module")
 def stack(own_control_plane: ControlPlane, redis_own: RedisServer) -> Iterator[Stack]:
-    st = Stack(own_control_plane, redis_own.url, "96,160", extenders=1, webhooks=1, watchers=2,
-               settings={"reconcileSeconds": 5, "pendingTTLSeconds": 30})
-    try:
-        st.start()
-    except Exception:
-        st.stop()
-        raise
-    yield st
-    st.stop()
+    with Stack(own_control_plane, redis_own.url, "96,160", extenders=1, webhooks=1, watchers=2,
+               settings={"reconcileSeconds": 5, "pendingTTLSeconds": 30}).running() as st:
+        yield st
 
 
 async def make_node(kube: Kube, client: Redis) -> str:

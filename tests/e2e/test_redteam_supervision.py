@@ -54,15 +54,9 @@ def redis_own() -> Iterator[RedisServer]:
 
 @pytest.fixture
 def stack(own_control_plane: ControlPlane, redis_own: RedisServer) -> Iterator[Stack]:
-    st = Stack(own_control_plane, redis_own.url, "96,160", extenders=1, webhooks=1, watchers=1,
-               settings={"reconcileSeconds": 5, "pendingTTLSeconds": 30})
-    try:
-        st.start()
-    except Exception:
-        st.stop()
-        raise
-    yield st
-    st.stop()
+    with Stack(own_control_plane, redis_own.url, "96,160", extenders=1, webhooks=1, watchers=1,
+               settings={"reconcileSeconds": 5, "pendingTTLSeconds": 30}).running() as st:
+        yield st
 
 
 def readyz(role: Role) -> tuple[int, str]:

@@ -20,11 +20,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +40,7 @@ from deploy.local.stack import Stack
 from shared.domain.annotations import ALLOCATED, BIND_PHASE, GPU_INDEX, PREDICATE_TIME
 from shared.domain.state import NodeSnapshot
 from shared.store.ledger import Ledger
+from tests.e2e._wait import until
 
 pytestmark = pytest.mark.e2e
 
@@ -55,20 +55,9 @@ BOUND_WITHIN = 30.0
 
 @pytest.fixture(scope="module")
 def stack(control_plane: ControlPlane, redis_server: RedisServer) -> Iterator[Stack]:
-    import redis as sync_redis
-
-    if redis_server.proc is None or redis_server.proc.poll() is not None:
-        redis_server.start()
-    sync_redis.Redis(port=redis_server.port, password=redis_server.password).flushall()
     # A short reconcile period, so a repair pass over the changed record comes within the test.
-    st = Stack(control_plane, redis_server.url, "96", settings={"reconcileSeconds": 2})
-    try:
-        st.start()
-    except Exception:
-        st.stop()
-        raise
-    yield st
-    st.stop()
+    with Stack(control_plane, redis_server.empty().url, "96", settings={"reconcileSeconds": 2}).running() as st:
+        yield st
 
 
 @dataclass
@@ -123,16 +112,6 @@ class Env:
             await (kube or self.user).request(method, path, body, content_type=content_type)
         assert info.value.status == 403, info.value
         return str(info.value)
-
-
-async def until(check: Callable[[], Awaitable[Any]], what: str, details: Callable[[], str] | None = None,
-                timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while (got := await check()) is None:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{details() if details else ''}")
-        await asyncio.sleep(0.2)
-    return got
 
 
 @pytest_asyncio.fixture

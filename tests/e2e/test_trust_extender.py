@@ -30,19 +30,8 @@ BIND = {"PodName": "nobody", "PodNamespace": "default", "PodUID": "00000000-0000
 
 @pytest.fixture(scope="module")
 def trust_stack(control_plane: ControlPlane, redis_server: RedisServer) -> Iterator[Stack]:
-    import redis as sync_redis
-
-    if redis_server.proc is None or redis_server.proc.poll() is not None:
-        redis_server.start()
-    sync_redis.Redis(port=redis_server.port, password=redis_server.password).flushall()
-    st = Stack(control_plane, redis_server.url, "96,160")
-    try:
-        st.start()
-    except Exception:
-        st.stop()
-        raise
-    yield st
-    st.stop()
+    with Stack(control_plane, redis_server.empty().url, "96,160").running() as st:
+        yield st
 
 
 def _ctx(st: Stack, cert: tuple[Path, Path] | None) -> ssl.SSLContext:

@@ -11,7 +11,7 @@ from redis import exceptions as rexc
 
 from controller.kube import KubeError
 from controller.reflector import lines
-from shared.serving.supervise import Heartbeat, Supervisor, is_transient
+from shared.serving.supervise import Backoff, Heartbeat, Supervisor, backoff_delay, is_transient
 
 
 @pytest.mark.parametrize(("error", "transient"), [
@@ -113,3 +113,31 @@ class _Protocol:
 
     def resume_reading(self, **_: object) -> None:
         pass
+
+
+@pytest.mark.parametrize(("attempt", "first", "most", "delay"), [
+    (0, 0.2, 10.0, 0.2),
+    (1, 0.2, 10.0, 0.4),
+    (3, 0.2, 10.0, 1.6),
+    (6, 0.2, 10.0, 10.0),  # 12.8 capped
+    (10_000, 0.2, 10.0, 10.0),  # no overflow after a long outage
+    (2, 0.5, 5.0, 2.0),
+    (4, 0.5, 5.0, 5.0),
+])
+def test_backoff_delay(attempt: int, first: float, most: float, delay: float) -> None:
+    assert backoff_delay(attempt, first, most) == pytest.approx(delay)
+
+
+async def test_backoff_doubles_until_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+
+    async def sleep(d: float) -> None:
+        slept.append(d)
+
+    monkeypatch.setattr("shared.serving.supervise.asyncio.sleep", sleep)
+    b = Backoff(0.5, 3.0)
+    for _ in range(4):
+        await b.sleep()
+    b.reset()
+    await b.sleep()
+    assert slept == [0.5, 1.0, 2.0, 3.0, 0.5]
