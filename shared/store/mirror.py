@@ -27,6 +27,7 @@ from redis.asyncio import Redis
 
 from shared.domain.node import mismatch_kind
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation
+from shared.serving.supervise import Backoff
 from shared.store.ledger import Ledger
 
 log = logging.getLogger("mtsched.mirror")
@@ -187,7 +188,7 @@ class Mirror:
             return node if isinstance(node, str) and node else None
 
     async def _run(self) -> None:
-        backoff = 0.2
+        backoff = Backoff(0.2, 5.0)
         while True:
             pubsub = self.subscriber.pubsub()
             conn = None
@@ -203,7 +204,7 @@ class Mirror:
                     for cb in self.on_reconnect:
                         cb()
                 self._subscribed_once = True
-                backoff = 0.2
+                backoff.reset()
                 loop = asyncio.get_running_loop()
                 next_resync = loop.time() + self.resync_seconds
                 while True:
@@ -226,9 +227,8 @@ class Mirror:
                 raise
             except (rexc.ConnectionError, rexc.TimeoutError, OSError) as e:
                 self.ready.clear()
-                log.warning("mirror lost Redis (%s); retrying in %.1fs", e, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                log.warning("mirror lost Redis (%s); retrying in %.1fs", e, backoff.delay)
+                await backoff.sleep()
             finally:
                 if conn is not None:
                     conn.deregister_connect_callback(self._on_reconnect)
