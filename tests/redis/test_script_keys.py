@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from redis.asyncio import Redis
@@ -21,13 +21,14 @@ from shared.store.keys import Known
 from shared.store.ledger import SCRIPTS, Ledger, LedgerError
 from tests.redis.helpers import S4000, S5000, inventory, violations
 
+# Also run on Sentinel and Cluster: tests/redis_ha/test_behaviour.py.
 STRICT = (Path(__file__).parent / "lua" / "strict_keys.lua").read_text()
 
 
 class StrictLedger(Ledger):
     """A Ledger whose scripts fail on any key not in KEYS; records which scripts it ran."""
 
-    ran: set[str] = set()
+    ran: ClassVar[set[str]] = set()
 
     @staticmethod
     def _source(name: str) -> str:
@@ -41,7 +42,6 @@ class StrictLedger(Ledger):
 
 @pytest.fixture
 async def warm(redis_client: Redis) -> StrictLedger:
-    StrictLedger.ran = set()
     return StrictLedger(redis_client)
 
 
@@ -53,6 +53,7 @@ def cold(led: Ledger) -> StrictLedger:
 @pytest.mark.redis
 async def test_every_script_declares_every_key_it_touches(warm: StrictLedger) -> None:
     led = warm
+    StrictLedger.ran = set()
     assert await cold(led).upsert_node(inventory("n4", S4000)) == 1
     assert await led.upsert_node(inventory("n5", S5000)) == 1
     # booking, the idempotent repeat, refusals with the node's state (all cards known / not all known)
@@ -106,7 +107,8 @@ async def test_a_script_that_touches_an_undeclared_key_fails(warm: StrictLedger)
         def _source(name: str) -> str:
             src = StrictLedger._source(name)
             if name == "release":  # reads a card the reservation does not hold
-                src = src.replace("local r = res_view(p.uid)", "redis.call('HGETALL', card_key(99))\nlocal r = res_view(p.uid)")
+                line = "local r = res_view(p.uid)"
+                src = src.replace(line, "redis.call('HGETALL', card_key(99))\n" + line)
             return src
 
     assert await warm.upsert_node(inventory("n4", S4000)) == 1
