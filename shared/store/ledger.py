@@ -145,6 +145,7 @@ class Ledger:
                 if not str(e).startswith(MOREKEYS):
                     raise LedgerError(f"{name} on {node}: {e}") from e
                 self._known[node] = self.known(node).learn(str(e))
+                log.debug("%s on %s: the node has keys this ledger did not know of; calling again", name, node)
         raise LedgerError(f"{name} on {node}: the node's cards and reservations kept changing; try again")
 
     # -- inventory -----------------------------------------------------------------------------
