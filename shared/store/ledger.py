@@ -335,10 +335,25 @@ class Ledger:
             batch = [(n, self.keys.snapshot(n, self.known(n))) for n in todo]
 
             async def read(batch: list[tuple[str, list[str]]] = batch) -> list[Any]:
-                pipe = self.redis.pipeline(transaction=False)
-                for n, keys in batch:
-                    pipe.evalsha(script.sha, len(keys), *keys, self.feed, n, "{}")
-                return await pipe.execute(raise_on_error=False)
+                def queue() -> Any:
+                    pipe = self.redis.pipeline(transaction=False)
+                    for n, keys in batch:
+                        pipe.evalsha(script.sha, len(keys), *keys, self.feed, n, "{}")
+                    return pipe
+
+                # each node's answer in its place (MOREKEYS or NOSCRIPT for some must not lose the others)
+                raws: list[Any] = await queue().execute(raise_on_error=False)
+                if any(map(_failed, raws)):
+                    # a shard or a connection failed: send again raising, which is how redis-py's cluster
+                    # pipeline resends after refreshing the cluster's layout; a script's own error reply
+                    # there is read in its place once more
+                    try:
+                        raws = await queue().execute()
+                    except rexc.ResponseError as e:
+                        if _failed(e):
+                            raise
+                        raws = await queue().execute(raise_on_error=False)
+                return raws
 
             raws = await self._retry("snapshots", read)
             todo, noscript = [], False
@@ -349,6 +364,8 @@ class Ledger:
                 elif isinstance(raw, rexc.ResponseError) and str(raw).startswith(MOREKEYS):
                     todo.append(n)
                     self._known[n] = self.known(n).learn(str(raw))
+                elif _failed(raw):
+                    raise raw  # as a call outside a pipeline would (the caller waits for Redis)
                 elif isinstance(raw, Exception):
                     raise LedgerError(f"snapshot of {n}: {raw}") from raw
                 else:
@@ -434,6 +451,12 @@ class Ledger:
     async def intact(self) -> bool:
         """False once Redis lost the state a rebuild wrote (restart without persistence, FLUSHALL)."""
         return bool(await self._retry("exists", lambda: self.redis.exists(self.epoch_key)))
+
+
+def _failed(raw: Any) -> bool:
+    """A pipelined command that failed for want of Redis (connection, cluster down), not by its script."""
+    return isinstance(raw, Exception) and (not isinstance(raw, rexc.ResponseError)
+                                           or isinstance(raw, rexc.ClusterError | rexc.TryAgainError))
 
 
 def now_ms() -> int:
