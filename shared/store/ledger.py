@@ -119,6 +119,10 @@ class Ledger:
     def known(self, node: str) -> Known:
         return self._known.get(node, NOTHING)
 
+    def _saw(self, node: str, cards: Iterable[str] = (), uids: Iterable[str] = (), gone: Iterable[str] = ()) -> None:
+        k = self.known(node)
+        self._known[node] = Known(k.cards | frozenset(cards), (k.uids | frozenset(uids)) - frozenset(gone))
+
     def _learn(self, node: str, snap: NodeSnapshot | None) -> None:
         if snap is None:
             self._known.pop(node, None)
@@ -180,8 +184,7 @@ class Ledger:
             raise
         if version < 0:
             return version
-        known = self.known(inv.node)  # it has the reported cards now (and those still held, known before)
-        self._known[inv.node] = Known(known.cards | {str(c.index) for c in inv.cards}, known.uids)
+        self._saw(inv.node, cards=(str(c.index) for c in inv.cards))  # (and those still held, known before)
         if not create:
             await self.list_node(inv.node)
         return version
@@ -225,8 +228,7 @@ class Ledger:
         raw = await self._call("reserve", node, payload, lambda k: self.keys.reserve(node, uid, cards, k))
         out = orjson.loads(raw)
         if out["ok"]:
-            known = self.known(node)
-            self._known[node] = Known(known.cards, known.uids | {uid})
+            self._saw(node, uids=[uid])
             got = tuple(int(x) for x in str(out["cards"]).split(",") if x)
             return ReserveOutcome(True, got, existing=bool(out.get("existing"))), None
         snap = NodeSnapshot.from_json(out["node"]) if out.get("node") else None
@@ -287,8 +289,7 @@ class Ledger:
         """Give a pod's share back; True if something was held. Idempotent."""
         out = orjson.loads(await self._call("release", node, {"uid": uid},
                                             lambda k: self.keys.release(node, uid, k)))
-        known = self.known(node)
-        self._known[node] = Known(known.cards, known.uids - {uid})
+        self._saw(node, gone=[uid])
         return bool(out["released"])
 
     async def observe(self, uid: str, usage: PodUsage, pod: str = "", keep_bound: bool = False) -> dict[str, Any]:
@@ -307,8 +308,7 @@ class Ledger:
     async def expire(self, node: str, ttl_seconds: float) -> list[str]:
         """Release pending reservations older than the TTL on one node; returns their uids."""
         gone = [str(u) for u in orjson.loads(await self._call("expire", node, {"ttl_ms": int(ttl_seconds * 1000)}))]
-        known = self.known(node)
-        self._known[node] = Known(known.cards, known.uids - set(gone))
+        self._saw(node, gone=gone)
         return gone
 
     # -- reads ---------------------------------------------------------------------------------
@@ -341,12 +341,11 @@ class Ledger:
                         pipe.evalsha(script.sha, len(keys), *keys, self.feed, n, "{}")
                     return pipe
 
-                # each node's answer in its place (MOREKEYS or NOSCRIPT for some must not lose the others)
+                # each node's answer in its place (MOREKEYS or NOSCRIPT for some must not lose the others);
+                # after a shard's or connection's failure send again raising, which is how redis-py's
+                # cluster pipeline resends after refreshing its layout (a script's error: read in place)
                 raws: list[Any] = await queue().execute(raise_on_error=False)
                 if any(map(_failed, raws)):
-                    # a shard or a connection failed: send again raising, which is how redis-py's cluster
-                    # pipeline resends after refreshing the cluster's layout; a script's own error reply
-                    # there is read in its place once more
                     try:
                         raws = await queue().execute()
                     except rexc.ResponseError as e:
