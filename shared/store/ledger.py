@@ -1,16 +1,16 @@
 """The Ledger: shared per-card state in Redis, changed only by atomic Lua scripts.
 
 Every change is one script on one node's keys (one hash tag per node, so it also works on Redis
-Cluster), idempotent by pod UID. Redis is rebuildable state: the API server's pod annotations are
-the durable record, and `rebuild` recomputes everything from them. Scripts live in shared/store/lua/,
-are loaded once and called by SHA (reloaded after NOSCRIPT, e.g. when Redis restarted).
+Cluster), idempotent by pod UID, with every key it touches in KEYS (shared/store/keys.py). Redis is
+rebuildable state: the API server's pod annotations are the durable record, and `rebuild` recomputes
+everything from them. Scripts live in shared/store/lua/ and are redis-py script objects: loaded once
+and called by SHA (redis-py loads a script again after NOSCRIPT, e.g. when Redis restarted).
 Key layout: docs/redis-layout.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -27,6 +27,7 @@ from shared.domain.fit import CardNeed, Plan, Reasons
 from shared.domain.node import Inventory
 from shared.domain.state import NodeSnapshot
 from shared.serving.metrics import REDIS_ROUND_TRIPS
+from shared.store.keys import MOREKEYS, NOTHING, Known, Layout
 from shared.store.redis_conn import NO_OPTIONS, RedisOptions, connect, connect_subscriber, explain
 
 # The connection helpers moved to shared/store/redis_conn.py; callers keep importing them from here.
@@ -38,6 +39,10 @@ T = TypeVar("T")
 LUA_DIR = Path(__file__).with_name("lua")
 SCRIPTS = ("upsert_node", "reserve", "mark_bound", "release", "observe", "expire", "snapshot", "replace_node",
            "remove_node")
+# Calls of one script while it answers MOREKEYS. One more is needed whenever the node gained a reservation
+# (or a card) since the keys were last seen; a node changing that fast is rare, but the stress test's three
+# replicas booking one node without pause made a snapshot ask up to 12 times.
+KEY_ROUNDS = 32
 
 
 class LedgerError(RuntimeError):
@@ -69,23 +74,29 @@ class Ledger:
     def __init__(self, redis: Redis, prefix: str = "mt"):
         self.redis = redis
         self.prefix = prefix
-        self.feed = f"{prefix}:feed"
-        self.nodes_key = f"{prefix}:nodes"
-        self.epoch_key = f"{prefix}:epoch"  # set by every rebuild; its absence means the state was lost
-        lib = (LUA_DIR / "_lib.lua").read_text()
-        self._src = {n: lib + "\n" + (LUA_DIR / f"{n}.lua").read_text() for n in SCRIPTS}
-        self._sha = {n: hashlib.sha1(s.encode()).hexdigest() for n, s in self._src.items()}
+        self.keys = Layout(prefix)
+        self.feed = self.keys.feed
+        self.nodes_key = self.keys.nodes
+        self.epoch_key = self.keys.epoch  # set by every rebuild; its absence means the state was lost
+        self._scripts = {n: redis.register_script(self._source(n)) for n in SCRIPTS}
+        # each node's cards and reservations as last seen: declared in KEYS when a script may need them
+        self._known: dict[str, Known] = {}
         self.round_trips = 0  # counted for benchmarks: every call to Redis adds one
         self.connection_retries = 2  # sends again after a connection error (see _retry) ...
         self.retry_seconds = 3.0  # ... and keeps trying this long (a Sentinel failover takes seconds)
 
     def node_key(self, node: str) -> str:
-        return f"{self.prefix}:{{{node}}}:node"
+        return self.keys.node(node)
+
+    @staticmethod
+    def _source(name: str) -> str:
+        return (LUA_DIR / "_lib.lua").read_text() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
 
     async def load_scripts(self) -> None:
-        for name, src in self._src.items():
-            sha = await self.redis.script_load(src)
-            assert sha == self._sha[name], f"script {name}: Redis returned {sha}"
+        """Load every script now (fails early when Redis cannot be reached); calls would load them too."""
+        for name, script in self._scripts.items():
+            sha = await self.redis.script_load(script.script)
+            assert sha == script.sha, f"script {name}: Redis returned {sha}"
 
     async def _retry(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
         """One round trip, sent again on a connection error (at most `connection_retries` times).
@@ -115,20 +126,41 @@ class Ledger:
                         await pool.disconnect()
                 await asyncio.sleep(min(0.5, 0.05 * (failures - 1)))
 
-    async def _call(self, name: str, node: str, payload: Mapping[str, Any] | None = None) -> Any:
+    def known(self, node: str) -> Known:
+        return self._known.get(node, NOTHING)
+
+    def _saw(self, node: str, cards: Iterable[str] = (), uids: Iterable[str] = (), gone: Iterable[str] = ()) -> None:
+        k = self.known(node)
+        self._known[node] = Known(k.cards | frozenset(cards), (k.uids | frozenset(uids)) - frozenset(gone))
+
+    def _learn(self, node: str, snap: NodeSnapshot | None) -> None:
+        if snap is None:
+            self._known.pop(node, None)
+        else:
+            self._known[node] = Known(frozenset(map(str, snap.cards)), frozenset(snap.reservations))
+
+    async def _call(self, name: str, node: str, payload: Mapping[str, Any] | None = None,
+                    keys: Callable[[Known], list[str]] | None = None) -> Any:
+        """Run one script on one node. `keys` makes its KEYS from what is known of the node (default:
+        every key of the node); after MOREKEYS it is called again with what the script asked for."""
+        script = self._scripts[name]
         args = (self.feed, node, orjson.dumps(payload or {}).decode())
-        key = self.node_key(node)
-        for attempt in (1, 2):
+        make = keys or (lambda known: self.keys.whole_node(node, known))
+        for _ in range(KEY_ROUNDS):
+            declared = make(self.known(node))
+
+            async def send(declared: list[str] = declared) -> Any:
+                # redis-py's script object sends EVALSHA, and on NOSCRIPT loads the script and sends it again
+                return await script(declared, args)
+
             try:
-                return await self._retry(name, lambda: self.redis.evalsha(self._sha[name], 1, key, *args))
-            except rexc.NoScriptError:
-                if attempt == 2:
-                    raise
-                log.info("scripts missing in Redis (restarted or flushed?): reloading")
-                await self.load_scripts()
+                return await self._retry(name, send)
             except rexc.ResponseError as e:
-                raise LedgerError(f"{name} on {node}: {e}") from e
-        raise AssertionError("unreachable")
+                if not str(e).startswith(MOREKEYS):
+                    raise LedgerError(f"{name} on {node}: {e}") from e
+                self._known[node] = self.known(node).learn(str(e))
+                log.debug("%s on %s: the node has keys this ledger did not know of; calling again", name, node)
+        raise LedgerError(f"{name} on {node}: the node's cards and reservations kept changing; try again")
 
     # -- inventory -----------------------------------------------------------------------------
 
@@ -156,19 +188,22 @@ class Ledger:
             # never removed by a rebuild.
             added = await self.list_node(inv.node)
         try:
-            version = int(await self._call("upsert_node", inv.node, payload))
+            version = int(await self._call("upsert_node", inv.node, payload, lambda k: self.keys.upsert_node(
+                inv.node, (c.index for c in inv.cards), k)))
         except LedgerError:
             if added:  # refused input leaves no trace
                 await self._retry("srem", lambda: self.redis.srem(self.nodes_key, inv.node))
             raise
         if version < 0:
             return version
+        self._saw(inv.node, cards=(str(c.index) for c in inv.cards))  # (and those still held, known before)
         if not create:
             await self.list_node(inv.node)
         return version
 
     async def remove_node(self, node: str) -> bool:
         existed = bool(await self._call("remove_node", node))
+        self._known.pop(node, None)
         await self._retry("srem", lambda: self.redis.srem(self.nodes_key, node))
         return existed
 
@@ -190,7 +225,8 @@ class Ledger:
     async def reserve(self, node: str, uid: str, cards: Sequence[int], mem: int, cores: int, slices: int,
                       model: int = 0, whole: bool = False, pod: str = "",
                       need: CardNeed | None = None) -> tuple[ReserveOutcome, NodeSnapshot | None]:
-        """Check-and-book on the given cards. On conflict returns the node's fresh state too.
+        """Check-and-book on the given cards. On conflict returns the node's fresh state too: all its cards
+        (or None, when the node has cards this ledger did not know of) and the reservations it knew of.
 
         With `need` (a Plan's), the script checks every card with the twin of shared.domain.fit.card_rule on
         exactly those terms; `model`/`whole` are the short form (accepts {model}, require idle)."""
@@ -201,9 +237,10 @@ class Ledger:
                            deny=sorted(need.deny))
             if need.accepts is not None:
                 payload["accepts"] = sorted(need.accepts)
-        raw = await self._call("reserve", node, payload)
+        raw = await self._call("reserve", node, payload, lambda k: self.keys.reserve(node, uid, cards, k))
         out = orjson.loads(raw)
         if out["ok"]:
+            self._saw(node, uids=[uid])
             got = tuple(int(x) for x in str(out["cards"]).split(",") if x)
             return ReserveOutcome(True, got, existing=bool(out.get("existing"))), None
         snap = NodeSnapshot.from_json(out["node"]) if out.get("node") else None
@@ -227,11 +264,15 @@ class Ledger:
         return outcome, fresh
 
     async def mark_bound(self, node: str, uid: str) -> bool:
-        return bool(orjson.loads(await self._call("mark_bound", node, {"uid": uid}))["ok"])
+        return bool(orjson.loads(await self._call("mark_bound", node, {"uid": uid},
+                                                  lambda _k: self.keys.mark_bound(node, uid)))["ok"])
 
     async def release(self, node: str, uid: str) -> bool:
         """Give a pod's share back; True if something was held. Idempotent."""
-        return bool(orjson.loads(await self._call("release", node, {"uid": uid}))["released"])
+        out = orjson.loads(await self._call("release", node, {"uid": uid},
+                                            lambda k: self.keys.release(node, uid, k)))
+        self._saw(node, gone=[uid])
+        return bool(out["released"])
 
     async def observe(self, uid: str, usage: PodUsage, pod: str = "", keep_bound: bool = False) -> dict[str, Any]:
         """Record the allocation a bound pod carries (idempotent); reports over-commit instead of hiding it.
@@ -242,46 +283,82 @@ class Ledger:
         """
         out: dict[str, Any] = orjson.loads(await self._call("observe", usage.node, {
             "uid": uid, "cards": list(usage.cards), "mem": usage.memory, "cores": usage.cores,
-            "slices": usage.slices, "pod": pod, "keep_bound": keep_bound}))
+            "slices": usage.slices, "pod": pod, "keep_bound": keep_bound},
+            lambda k: self.keys.observe(usage.node, uid, usage.cards, k)))
         return out
 
     async def expire(self, node: str, ttl_seconds: float) -> list[str]:
         """Release pending reservations older than the TTL on one node; returns their uids."""
-        return list(orjson.loads(await self._call("expire", node, {"ttl_ms": int(ttl_seconds * 1000)})))
+        gone = [str(u) for u in orjson.loads(await self._call("expire", node, {"ttl_ms": int(ttl_seconds * 1000)}))]
+        self._saw(node, gone=gone)
+        return gone
 
     # -- reads ---------------------------------------------------------------------------------
 
     async def snapshot(self, node: str) -> NodeSnapshot | None:
         d = orjson.loads(await self._call("snapshot", node))
-        return NodeSnapshot.from_json(d) if d.get("exists") else None
+        snap = NodeSnapshot.from_json(d) if d.get("exists") else None
+        self._learn(node, snap)
+        return snap
 
     async def snapshots(self, nodes: Iterable[str]) -> dict[str, NodeSnapshot]:
-        """Many nodes in one round trip (pipelined)."""
-        names = list(nodes)
-        if not names:
-            return {}
+        """Many nodes in one round trip (pipelined); one more for the nodes whose keys changed (MOREKEYS).
 
-        async def read() -> list[Any]:
-            pipe = self.redis.pipeline(transaction=False)
-            for n in names:
-                pipe.evalsha(self._sha["snapshot"], 1, self.node_key(n), self.feed, n, "{}")
-            return await pipe.execute()
-
-        for attempt in (1, 2):
-            try:
-                raws = await self._retry("snapshots", read)
+        The one place without redis-py's script object: in a pipeline it would send SCRIPT EXISTS before
+        every execute (a round trip more each time) and it does not work with cluster pipelines at all,
+        so EVALSHA is queued by hand and NOSCRIPT is answered here, by loading the script once.
+        """
+        script = self._scripts["snapshot"]
+        todo = list(dict.fromkeys(nodes))
+        got: dict[str, NodeSnapshot | None] = {}
+        for _ in range(KEY_ROUNDS + 1):
+            if not todo:
                 break
-            except rexc.NoScriptError:
-                if attempt == 2:
-                    raise
-                await self.load_scripts()
-        out = {}
-        for raw in raws:
-            d = orjson.loads(raw)
-            if d.get("exists"):
-                snap = NodeSnapshot.from_json(d)
-                out[snap.node] = snap
-        return out
+            batch = [(n, self.keys.snapshot(n, self.known(n))) for n in todo]
+
+            async def read(batch: list[tuple[str, list[str]]] = batch) -> list[Any]:
+                def queue() -> Any:
+                    pipe = self.redis.pipeline(transaction=False)
+                    for n, keys in batch:
+                        pipe.evalsha(script.sha, len(keys), *keys, self.feed, n, "{}")
+                    return pipe
+
+                # each node's answer in its place (MOREKEYS or NOSCRIPT for some must not lose the others);
+                # after a shard's or connection's failure send again raising, which is how redis-py's
+                # cluster pipeline resends after refreshing its layout (a script's error: read in place)
+                raws: list[Any] = await queue().execute(raise_on_error=False)
+                if any(map(_failed, raws)):
+                    try:
+                        raws = await queue().execute()
+                    except rexc.ResponseError as e:
+                        if _failed(e):
+                            raise
+                        raws = await queue().execute(raise_on_error=False)
+                return raws
+
+            raws = await self._retry("snapshots", read)
+            todo, noscript = [], False
+            for (n, _keys), raw in zip(batch, raws, strict=True):
+                if isinstance(raw, rexc.NoScriptError):
+                    todo.append(n)
+                    noscript = True
+                elif isinstance(raw, rexc.ResponseError) and str(raw).startswith(MOREKEYS):
+                    todo.append(n)
+                    self._known[n] = self.known(n).learn(str(raw))
+                elif _failed(raw):
+                    raise raw  # as a call outside a pipeline would (the caller waits for Redis)
+                elif isinstance(raw, Exception):
+                    raise LedgerError(f"snapshot of {n}: {raw}") from raw
+                else:
+                    d = orjson.loads(raw)
+                    got[n] = NodeSnapshot.from_json(d) if d.get("exists") else None
+                    self._learn(n, got[n])
+            if noscript:  # Redis restarted or flushed (or a promoted replica): load it and read those again
+                log.info("snapshot script missing in Redis (restarted or flushed?): loading it")
+                await self._retry("script_load", lambda: self.redis.script_load(script.script))
+        if todo:
+            raise LedgerError(f"snapshots: the keys of {', '.join(todo)} kept changing; try again")
+        return {n: s for n, s in got.items() if s is not None}
 
     # -- rebuild -------------------------------------------------------------------------------
 
@@ -305,7 +382,9 @@ class Ledger:
             {"uid": uid, "cards": list(u.cards), "mem": u.memory, "cores": u.cores, "slices": u.slices,
              "pod": pod}
             for uid, (u, pod) in sorted(bound.items())]
-        out: dict[str, Any] = orjson.loads(await self._call("replace_node", inv.node, payload))
+        named = [(uid, u.cards) for uid, (u, _pod) in bound.items()]
+        out: dict[str, Any] = orjson.loads(await self._call("replace_node", inv.node, payload, lambda k: (
+            self.keys.replace_node(inv.node, (c.index for c in inv.cards), named, k))))
         out["kept_bound"] = list(out.get("kept_bound") or [])  # cjson sends an empty list as {}
         return out
 
@@ -353,6 +432,12 @@ class Ledger:
     async def intact(self) -> bool:
         """False once Redis lost the state a rebuild wrote (restart without persistence, FLUSHALL)."""
         return bool(await self._retry("exists", lambda: self.redis.exists(self.epoch_key)))
+
+
+def _failed(raw: Any) -> bool:
+    """A pipelined command that failed for want of Redis (connection, cluster down), not by its script."""
+    return isinstance(raw, Exception) and (not isinstance(raw, rexc.ResponseError)
+                                           or isinstance(raw, rexc.ClusterError | rexc.TryAgainError))
 
 
 def now_ms() -> int:

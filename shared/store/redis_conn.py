@@ -61,8 +61,9 @@ def connect(url: str, options: RedisOptions = NO_OPTIONS) -> Redis:
     ConnectionError by redis-py's Sentinel connection, which the ledger sends again). The password
     is used for the data nodes and, unless `sentinel_password` says otherwise (empty: none), for
     the sentinels.
-    Cluster: a RedisCluster (every ledger script names its node key first, so it is routed by the
-    node's hash tag). For the feed's Pub/Sub connection use `connect_subscriber`.
+    Cluster: a RedisCluster (every ledger script gets all its keys in KEYS, all under one node's hash
+    tag, so it is routed by that slot; redis-py's script objects work with it as they are). For the
+    feed's Pub/Sub connection use `connect_subscriber`.
     """
     if options.tls and not url.startswith("rediss://"):
         raise ValueError("a CA or client certificate for Redis needs a rediss:// URL")
@@ -175,9 +176,10 @@ class _Cluster(RedisCluster):
 
 
 class _ClusterPipeline(ClusterPipeline):
-    """redis-py blocks EVALSHA in cluster pipelines, as a script's keys could span slots. Ours name
-    their node key first and touch only keys of that node's hash tag, so EVALSHA is routed by it
-    like any keyed command (NOSCRIPT still comes back as NoScriptError)."""
+    """redis-py blocks EVALSHA in cluster pipelines, as a script's keys could span slots. Ours declare
+    every key they touch in KEYS, all of one node's hash tag, so EVALSHA is routed by that slot like
+    any keyed command (NOSCRIPT and MOREKEYS come back as errors in their place, for Ledger.snapshots).
+    A script object cannot be used here: redis-py's cluster pipeline does not take it."""
 
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
         return self.execute_command("EVALSHA", sha, numkeys, *keys_and_args)

@@ -166,7 +166,7 @@ async def test_payload_that_is_not_a_json_object_is_refused(populated: Ledger, s
     led = populated
     before = await dump(led.redis)
     with pytest.raises(rexc.ResponseError, match="BADINPUT"):
-        await led.redis.evalsha(led._sha[script], 1, led.node_key("n4"), led.feed, "n4", raw)  # type: ignore[misc]
+        await led.redis.evalsha(led._scripts[script].sha, 1, led.node_key("n4"), led.feed, "n4", raw)  # type: ignore[misc]
     assert await dump(led.redis) == before
 
 
@@ -176,7 +176,7 @@ async def test_scripts_without_payload_ignore_it(populated: Ledger, script: str)
     """snapshot and remove_node take no payload: garbage there is not an error."""
     led = populated
     before = await dump(led.redis)
-    raw = await led.redis.evalsha(led._sha[script], 1, led.node_key("nope"), led.feed, "nope",  # type: ignore[misc]
+    raw = await led.redis.evalsha(led._scripts[script].sha, 1, led.node_key("nope"), led.feed, "nope",  # type: ignore[misc]
                                   "not json")
     assert (orjson.loads(raw)["exists"] is False) if script == "snapshot" else raw == 0
     assert await dump(led.redis) == before

@@ -21,7 +21,7 @@ from redis.asyncio.sentinel import MasterNotFoundError
 from deploy.local.redis import ClusterSetup, SentinelSetup
 from shared.store.ledger import Ledger, connect, connect_subscriber
 from shared.store.mirror import Mirror
-from tests.redis import test_mirror, test_scripts_behaviour, test_scripts_input
+from tests.redis import test_mirror, test_script_keys, test_scripts_behaviour, test_scripts_input
 from tests.redis.conftest import MirrorFactory
 from tests.redis.helpers import S4000, eventually, inventory
 from tests.redis_ha.conftest import PASSWORD, settle_feed
@@ -58,6 +58,11 @@ def name(case: Any) -> str:
 @pytest.mark.parametrize("case", ON_TWO_NODES, ids=name)
 async def test_on_two_nodes(case: Case, cluster: Ledger) -> None:
     await case(cluster)
+
+
+async def test_every_script_declares_every_key_it_touches(redis_client: Any) -> None:
+    """On Cluster the keys of the scenario's nodes live on different shards (n4, n5)."""
+    await test_script_keys.test_every_script_declares_every_key_it_touches(test_script_keys.StrictLedger(redis_client))
 
 
 @pytest.mark.parametrize("case", ON_POPULATED, ids=name)

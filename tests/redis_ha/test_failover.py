@@ -93,7 +93,7 @@ async def test_sentinel_mirror_follows_a_failover() -> None:
             old = await asyncio.to_thread(setup.kill_master)
             new = await asyncio.to_thread(setup.wait_failover, old)
             with new.client() as c:  # scripts are not replicated: the first call on the new master reloads them
-                assert c.script_exists(led._sha["reserve"]) == [False]
+                assert c.script_exists(led._scripts["reserve"].sha) == [False]
             out, _ = await burst.retrying(lambda: led.reserve("n5", "u2", [1], 16, 4, 1))
             assert out.ok
             with new.client() as c:  # the client found the new master
@@ -297,7 +297,7 @@ async def test_cluster_replica_takes_over_a_killed_primary() -> None:
             new = setup.owner_of(led.node_key("n4"))
             assert new is not old
             with new.client() as c:
-                assert c.script_exists(led._sha["reserve"]) == [False]
+                assert c.script_exists(led._scripts["reserve"].sha) == [False]
             assert (await burst.retrying(lambda: led.reserve("n4", "u2", [1], 16, 4, 1)))[0].ok
             snap = await led.snapshot("n4")
             assert snap is not None and sorted(snap.reservations) == ["u1", "u2"]

@@ -1,18 +1,39 @@
 -- Shared prelude, prepended to every ledger script when it is loaded (one SHA per script).
 -- Calling convention for every script:
 --   KEYS[1] = "<prefix>:{<node>}:node"   (the node hash; its hash tag puts all node keys in one slot)
+--   KEYS[2..] = every other key the script may touch, all of the same {<node>}: the pods set
+--     "<base>:pods", card hashes "<base>:card:<idx>", reservation hashes "<base>:res:<uid>"
+--     (built by shared/store/keys.py, one function per script; Redis Cluster requires every key in KEYS)
 --   ARGV[1] = feed channel, ARGV[2] = node name, ARGV[3] = JSON payload (script specific)
--- Every other key the scripts touch shares the {<node>} hash tag, so each call stays on one slot.
+-- Which cards and reservations a node has only Redis knows: a script that needs a card or reservation
+-- key its caller did not declare answers MOREKEYS (see `need_keys`) before its first write, and the caller
+-- calls again with them. The node hash and the pods set are the index: scripts read them first.
 local NODE_KEY = KEYS[1]
 local BASE = string.sub(NODE_KEY, 1, -6)          -- strip ":node"
 local FEED = ARGV[1]
 local NODE = ARGV[2]
 local PODS_KEY = BASE .. ":pods"
+local DECLARED = {}
+for _, k in ipairs(KEYS) do DECLARED[k] = true end
 local MAX_UNITS = 1048576
 local FUTURE_MS = 60000  -- a reservation stamped later than now + this comes from a clock that jumped
 
 local function card_key(idx) return BASE .. ":card:" .. idx end
 local function res_key(uid) return BASE .. ":res:" .. uid end
+
+-- nil when every card and reservation key in `cards` (indices) and `uids` is in KEYS; else the MOREKEYS
+-- error reply naming the lists to declare: with whole = true they are all the node has (the caller
+-- replaces what it knew), else only the ones this call needs (added to it). Called before any write.
+local function need_keys(cards, uids, whole)
+  local missing = false
+  for _, idx in ipairs(cards) do if not DECLARED[card_key(idx)] then missing = true end end
+  for _, uid in ipairs(uids) do if not DECLARED[res_key(uid)] then missing = true end end
+  if not missing then return nil end
+  local c, u = {}, {}
+  for i, idx in ipairs(cards) do c[i] = tostring(idx) end
+  for i, uid in ipairs(uids) do u[i] = uid end
+  return redis.error_reply("MOREKEYS " .. cjson.encode({cards = c, uids = u, whole = whole == true}))
+end
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -123,6 +144,34 @@ local function node_view()
   for _, idx in ipairs(card_indices()) do cards[idx] = card_view(idx) end
   local res = {}
   for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do res[uid] = res_view(uid) end
+  local n = hgetall(NODE_KEY) or {}
+  return {node = NODE, version = tonumber(n.version or "0"), error = n.error or "", cards = cards, res = res,
+          exists = n.version ~= nil}
+end
+
+-- need_keys() for a script that reads the whole node: all its cards and reservations, plus the `cards` and
+-- `uids` the call itself names (both optional); the node's complete lists.
+local function need_node_keys(cards, uids)
+  local c, u = card_indices(), redis.call('SMEMBERS', PODS_KEY)
+  for _, idx in ipairs(cards or {}) do c[#c + 1] = idx end
+  for _, uid in ipairs(uids or {}) do u[#u + 1] = uid end
+  return need_keys(c, u, true)
+end
+
+-- The node's state sent with a refused booking, so the caller refits without another read: every card
+-- (nil when one of them is not in KEYS: the caller then reads the node) and the reservations that are
+-- in KEYS (the caller declares those it knows of; a refit needs only the cards, and the caller's own
+-- reservation, which is declared and, had it existed, would have been answered as existing).
+local function refusal_view()
+  local cards = {}
+  for _, idx in ipairs(card_indices()) do
+    if not DECLARED[card_key(idx)] then return nil end
+    cards[idx] = card_view(idx)
+  end
+  local res = {}
+  for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
+    if DECLARED[res_key(uid)] then res[uid] = res_view(uid) end
+  end
   local n = hgetall(NODE_KEY) or {}
   return {node = NODE, version = tonumber(n.version or "0"), error = n.error or "", cards = cards, res = res,
           exists = n.version ~= nil}

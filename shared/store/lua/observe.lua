@@ -13,7 +13,13 @@ if not redis.call('HGET', NODE_KEY, 'version') then
   -- never recreate a node from one pod: after a Redis loss only a rebuild may (with all its pods)
   return cjson.encode({ok = false, reason = "node missing"})
 end
+local more = need_keys(p.cards, {p.uid})
+if more then return more end
 local r = res_view(p.uid)
+if r then
+  more = need_keys(split_cards(r.cards), {})  -- a different booking of the uid is given back
+  if more then return more end
+end
 local csv = cards_csv(p.cards)
 if r and r.cards == csv and r.mem == p.mem and r.cores == p.cores and r.slices == p.slices then
   if r.state ~= "bound" then

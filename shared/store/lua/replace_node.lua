@@ -36,6 +36,25 @@ for _, b in ipairs(p.bound) do
   if is_bound[b.uid] then return fail("BADINPUT", "bound: uid " .. b.uid .. " repeats") end
   is_bound[b.uid] = true
 end
+-- KEYS: the whole node, the reported cards, every bound pod's reservation and cards, then (once those
+-- are declared and can be read) the cards of the reservations it has, which it may keep
+local named_cards, named_uids = {}, {}
+for _, c in ipairs(p.cards) do named_cards[#named_cards + 1] = c.index end
+for _, b in ipairs(p.bound) do
+  named_uids[#named_uids + 1] = b.uid
+  for _, idx in ipairs(b.cards) do named_cards[#named_cards + 1] = idx end
+end
+local more = need_node_keys(named_cards, named_uids)
+if more then return more end
+local held = {}
+for _, list in ipairs({redis.call('SMEMBERS', PODS_KEY), named_uids}) do
+  for _, uid in ipairs(list) do
+    local r = res_view(uid)
+    if r then for _, idx in ipairs(split_cards(r.cards)) do held[#held + 1] = idx end end
+  end
+end
+more = need_keys(held, {})
+if more then return more end
 local kept_bound = {}
 if p.keep_bound then
   for _, b in ipairs(p.bound) do

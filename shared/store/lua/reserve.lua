@@ -1,7 +1,8 @@
 -- Check-and-book a reservation on given cards. Payload: {uid, cards, mem, cores, slices, accepts, deny,
 -- idle, pod} (legacy: model = accepts {model}, whole = idle). Every card is checked by card_rule, the
 -- twin of shared/domain/fit.py's. Idempotent by uid: a repeated call returns the cards already booked. On
--- conflict returns the reason and the node's current state, so the caller can refit without another read.
+-- conflict returns the reason and the node's current cards (refusal_view), so the caller can refit
+-- without another read.
 local p, err = payload()
 if err then return err end
 local bad = check_res(p)
@@ -17,21 +18,23 @@ if (p.model or 0) > 0 then accepts = accepts or {}; accepts[p.model] = true end
 local need = {mem = p.mem, cores = p.cores, slices = p.slices, accepts = accepts, deny = deny,
               idle = p.idle or p.whole or false}
 p.idle = need.idle
+local more = need_keys(p.cards, {p.uid})
+if more then return more end
 local r = res_view(p.uid)
 if r then return cjson.encode({ok = true, existing = true, cards = r.cards, state = r.state}) end
 if not redis.call('HGET', NODE_KEY, 'version') then
-  return cjson.encode({ok = false, reason = "node unregistered", node = node_view()})
+  return cjson.encode({ok = false, reason = "node unregistered", node = refusal_view()})
 end
 local nodeerr = redis.call('HGET', NODE_KEY, 'error')
 if nodeerr and nodeerr ~= "" then
-  return cjson.encode({ok = false, reason = "node unregistered: " .. nodeerr, node = node_view()})
+  return cjson.encode({ok = false, reason = "node unregistered: " .. nodeerr, node = refusal_view()})
 end
 local seen = {}
 for _, idx in ipairs(p.cards) do
   local c = card_view(tostring(math.floor(idx)))
   seen[tostring(math.floor(idx))] = c
   local why = card_rule(c, math.floor(idx), need)
-  if why then return cjson.encode({ok = false, reason = why, card = idx, node = node_view()}) end
+  if why then return cjson.encode({ok = false, reason = why, card = idx, node = refusal_view()}) end
 end
 local views, res = book(p, "pending", now_ms(), seen)
 local v = publish('reserve', p.uid, res, p.cards, views)

@@ -1,0 +1,130 @@
+"""Every ledger script declares every key it touches in KEYS (Redis Cluster requires it).
+
+The scripts run on a real redis-server behind a test-only prelude (tests/redis/lua/strict_keys.lua)
+that fails any redis.call on a key not in KEYS. Each step runs on a ledger that knows nothing of the
+node yet (so the scripts' MOREKEYS discovery is exercised) and on one that does; together the steps
+take every script through the branches that touch keys: booking, refusal (with the node's state),
+idempotent repeats, replacing a booking, unknown cards, removed cards, expiry, rebuild, removal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from redis.asyncio import Redis
+
+from shared.domain.annotations import PodUsage
+from shared.store.keys import Known
+from shared.store.ledger import SCRIPTS, Ledger, LedgerError
+from tests.redis.helpers import S4000, S5000, inventory, violations
+
+# Also run on Sentinel and Cluster: tests/redis_ha/test_behaviour.py.
+STRICT = (Path(__file__).parent / "lua" / "strict_keys.lua").read_text()
+
+
+class StrictLedger(Ledger):
+    """A Ledger whose scripts fail on any key not in KEYS; records which scripts it ran."""
+
+    ran: ClassVar[set[str]] = set()
+
+    @staticmethod
+    def _source(name: str) -> str:
+        return STRICT + "\n" + Ledger._source(name)
+
+    async def _call(self, name: str, node: str, payload: Mapping[str, Any] | None = None,
+                    keys: Any = None) -> Any:
+        StrictLedger.ran.add(name)
+        return await super()._call(name, node, payload, keys)
+
+
+@pytest.fixture
+async def warm(redis_client: Redis) -> StrictLedger:
+    return StrictLedger(redis_client)
+
+
+def cold(led: Ledger) -> StrictLedger:
+    """A ledger on the same Redis that has seen nothing (as a replica that just started)."""
+    return StrictLedger(led.redis)
+
+
+@pytest.mark.redis
+async def test_every_script_declares_every_key_it_touches(warm: StrictLedger) -> None:
+    led = warm
+    StrictLedger.ran = set()
+    assert await cold(led).upsert_node(inventory("n4", S4000)) == 1
+    assert await led.upsert_node(inventory("n5", S5000)) == 1
+    # booking, the idempotent repeat, refusals with the node's state (all cards known / not all known)
+    assert (await cold(led).reserve("n4", "u1", [0], 8, 2, 1, pod="ns/p1"))[0].ok
+    again, _ = await cold(led).reserve("n4", "u1", [1], 8, 2, 1)
+    assert again.ok and again.existing and again.cards == (0,)
+    await led.snapshot("n4")
+    refused, fresh = await led.reserve("n4", "u2", [0], S4000, 16, 1, whole=True)
+    assert refused.reason == "ExclusiveDeviceAllocateConflict" and fresh is not None and set(fresh.cards) == {0, 1}
+    refused, fresh = await cold(led).reserve("n4", "u2", [0], S4000, 16, 1, whole=True)
+    assert not refused.ok and fresh is None  # it did not know the node's cards: the caller reads the node
+    assert await cold(led).mark_bound("n4", "u1")
+    # observe: a new booking, the same again, a different one (replaced), an unknown card, kept bound
+    assert (await cold(led).observe("u3", PodUsage("n4", (1,), 8, 1, 1), "ns/p3"))["changed"]
+    assert not (await cold(led).observe("u3", PodUsage("n4", (1,), 8, 1, 1), "ns/p3"))["changed"]
+    assert (await cold(led).observe("u3", PodUsage("n4", (0,), 8, 1, 1), "ns/p3"))["changed"]
+    assert (await cold(led).observe("u4", PodUsage("n4", (7,), 4, 1, 1), "ns/p4"))["ok"]
+    kept = await cold(led).observe("u1", PodUsage("n4", (1,), 2, 1, 1), "ns/p1", keep_bound=True)
+    assert kept.get("kept") is True
+    # a card no longer reported stays "removed" while held, and disappears with its last holder
+    assert (await led.reserve("n4", "u5", [1], 8, 1, 1))[0].ok
+    assert await cold(led).upsert_node(inventory("n4", S4000, 1)) > 1
+    assert (await cold(led).snapshot("n4")).cards[1].health == "removed"  # type: ignore[union-attr]
+    assert await cold(led).release("n4", "u5") and not await cold(led).release("n4", "u5")
+    assert 1 not in (await cold(led).snapshot("n4")).cards  # type: ignore[union-attr]
+    # expire: a pending booking stamped from a clock far ahead
+    assert (await led.reserve("n5", "u6", [1], 8, 1, 1))[0].ok
+    await led.redis.hset(led.keys.res("n5", "u6"), "created", str(await led.redis_time_ms() + 3_600_000))
+    assert await cold(led).expire("n5", 60) == ["u6"]
+    # rebuild: bound pods, a pending booking kept, a bound booking kept (keep_bound), unknown nodes removed
+    assert (await led.reserve("n4", "u7", [0], 2, 1, 1))[0].ok
+    bound = {"u1": (PodUsage("n4", (1,), 2, 1, 1), "ns/p1"), "u8": (PodUsage("n4", (3,), 4, 1, 1), "ns/p8")}
+    out = await cold(led).replace_node(inventory("n4", S4000, 2), bound, keep_bound=True)
+    assert out["pending_kept"] == 1 and out["kept_bound"] == ["u1"]
+    snaps = await cold(led).snapshots(["n4", "n5", "ghost"])
+    assert sorted(snaps) == ["n4", "n5"] and violations(snaps["n4"], allow_overcommit=True) == []
+    assert set(snaps["n4"].reservations) == {"u1", "u7", "u8"}
+    await led.list_node("gone")
+    await led.rebuild([inventory("n4", S4000)], {})
+    assert await cold(led).remove_node("n5") is False  # rebuild removed it already
+    assert await led.nodes() == ["n4"]
+    assert StrictLedger.ran == set(SCRIPTS)
+
+
+@pytest.mark.redis
+async def test_a_script_that_touches_an_undeclared_key_fails(warm: StrictLedger) -> None:
+    """The check itself: a script that reads one key more than its KEYS is refused, and nothing changes."""
+
+    class Broken(StrictLedger):
+        @staticmethod
+        def _source(name: str) -> str:
+            src = StrictLedger._source(name)
+            if name == "release":  # reads a card the reservation does not hold
+                line = "local r = res_view(p.uid)"
+                src = src.replace(line, "redis.call('HGETALL', card_key(99))\n" + line)
+            return src
+
+    assert await warm.upsert_node(inventory("n4", S4000)) == 1
+    assert (await warm.reserve("n4", "u1", [0], 8, 1, 1))[0].ok
+    with pytest.raises(LedgerError, match=r"UNDECLARED HGETALL mt:\{n4\}:card:99"):
+        await Broken(warm.redis).release("n4", "u1")
+
+
+@pytest.mark.redis
+async def test_keys_are_all_of_the_node_and_built_in_one_place(warm: StrictLedger) -> None:
+    """Every KEYS list starts with the node hash and stays under the node's hash tag (one slot)."""
+    k, known = warm.keys, Known(frozenset({"0", "3"}), frozenset({"a"}))
+    lists = [k.upsert_node("n", [1], known), k.reserve("n", "u", [1], known), k.mark_bound("n", "u"),
+             k.release("n", "u", known), k.observe("n", "u", [2], known), k.snapshot("n", known),
+             k.expire("n", known), k.remove_node("n", known), k.replace_node("n", [1], [("b", [4])], known)]
+    for keys in lists:
+        assert keys[0] == "mt:{n}:node" and all(x.startswith("mt:{n}:") for x in keys) and len(set(keys)) == len(keys)
+    assert k.reserve("n", "u", [1], known) == ["mt:{n}:node", "mt:{n}:pods", "mt:{n}:card:0", "mt:{n}:card:1",
+                                               "mt:{n}:card:3", "mt:{n}:res:a", "mt:{n}:res:u"]
