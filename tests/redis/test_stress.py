@@ -119,13 +119,16 @@ class Fleet:
 
 @contextlib.asynccontextmanager
 async def fleet(url: str, workers: int, coroutines: int, ops: int, seconds: float, seed: int,
-                lifetime: tuple[float, float] = (0.0, 0.03)) -> AsyncIterator[Fleet]:
+                lifetime: tuple[float, float] = (0.0, 0.03),
+                lifetimes: list[tuple[float, float]] | None = None) -> AsyncIterator[Fleet]:
+    """`lifetimes`: one range per worker instead of the same `lifetime` for all."""
     ctx = mp.get_context("spawn")
     q, pause, stop, quiet, release_all = ctx.Queue(), ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event()
     procs = []
     for w in range(workers):
         plan = stress_worker.Plan(url=url, worker=w, coroutines=coroutines, ops=ops, seconds=seconds,
-                                  seed=seed * 100 + w, nodes=CAPACITY, lifetime=lifetime)
+                                  seed=seed * 100 + w, nodes=CAPACITY,
+                                  lifetime=lifetimes[w] if lifetimes else lifetime)
         proc = ctx.Process(target=stress_worker.main, args=(plan, q, pause, stop, quiet, release_all),
                            daemon=True)
         proc.start()
@@ -171,13 +174,14 @@ async def assert_nothing_booked(led: Ledger) -> None:
     assert leftovers == []
 
 
-async def _until_booked(led: Ledger, within: float, besides: frozenset[str] | set[str] = frozenset()) -> bool:
-    """Poll (bounded) until the ledger holds a reservation whose uid is not in `besides`."""
+async def _until_booked(led: Ledger, within: float, besides: frozenset[str] | set[str] = frozenset(),
+                        at_least: int = 1) -> bool:
+    """Poll (bounded) until the ledger holds `at_least` reservations whose uids are not in `besides`."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         with contextlib.suppress(Exception):  # Redis may be restarting under the workers
             snaps = await led.snapshots(await led.nodes())
-            if any(uid not in besides for s in snaps.values() for uid in s.reservations):
+            if sum(uid not in besides for s in snaps.values() for uid in s.reservations) >= at_least:
                 return True
         await asyncio.sleep(0.05)
     return False
@@ -291,9 +295,10 @@ async def test_redis_restart_mid_run_then_rebuild_from_api_truth(redis_server: R
     check_task = asyncio.create_task(checker.run())
     try:
         async with fleet(redis_server.url, workers=2, coroutines=12, ops=100_000, seconds=30, seed=3,
-                         lifetime=(0.3, 12.0)) as f:  # outlive a slow restart, or act in it
+                         # worker 0's pods come and go (they meet the outage), worker 1's outlive a slow restart
+                         lifetimes=[(0.3, 4.0), (60.0, 90.0)]) as f:
             # let bookings pile up (waits on the condition, bounded: a loaded machine starts the workers late)
-            assert await _until_booked(ledger, 60.0), "the workers made no booking within 60 s"
+            assert await _until_booked(ledger, 60.0, at_least=6), "the workers made no 6 bookings within 60 s"
             # down for a second, then back empty: every key and script is gone
             await asyncio.to_thread(redis_server.stop)
             await asyncio.sleep(1.0)
