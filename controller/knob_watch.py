@@ -63,6 +63,12 @@ class KnobWatch:
     def forget(self, node: str) -> None:
         self.last.pop(node, None)
 
+    def keep_only(self, nodes: set[str]) -> None:
+        """After a re-list: forget the nodes that vanished while the watch was down (a node of that name
+        created later starts a new baseline, never a change against the old node's knobs)."""
+        for node in set(self.last) - nodes:
+            del self.last[node]
+
     async def observe(self, node: Mapping[str, Any], inv: Inventory,
                       holders: Callable[[], Mapping[str, tuple[PodUsage, str]]]) -> tuple[list[KnobChange], bool]:
         """Compare the node's published knobs with the last ones seen; report changes on held cards.

@@ -127,9 +127,13 @@ class NodeWatcher:
 
     async def on_sync(self, nodes: list[dict[str, Any]]) -> None:
         invs = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in nodes)}
+        self.knobs.keep_only(set(invs))  # nodes gone while the watch was down: no baseline kept for them
+        raised: list[str] = []
         for n in nodes:  # a re-list may carry a change the lost stream did not deliver
             name = str((n.get("metadata") or {}).get("name"))
-            await self.knobs.observe(n, invs[name], functools.partial(self.holders, name))
+            _, up = await self.knobs.observe(n, invs[name], functools.partial(self.holders, name))
+            if up:
+                raised.append(name)
             self.mismatch.observe(name, n, invs.get(name))
         self.mismatch.synced(set(invs))
         self.last = {}  # force a write: the ledger may have been flushed or edited meanwhile
@@ -137,6 +141,8 @@ class NodeWatcher:
             await self.apply(inv.node, inv)
         for name in set(await self.ledger.nodes()) - {n for n, i in invs.items() if offers_cards(i)}:
             await self.apply(name, None)
+        for name in raised:  # as on_event: once the ledger has the higher limit, kube-scheduler retries
+            self.nudge(name)
 
 
 FREED_ANNOTATION = "mtsched.io/capacity-freed"

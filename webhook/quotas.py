@@ -1,8 +1,12 @@
 """Reads what the quota rule needs from the API server: the namespace's ResourceQuotas and, when one
 of them uses a form only we enforce (`limits.mthreads.com/...` or the bare name), its live pods.
 
-Every read is a quorum read (no resourceVersion=0): a stale cache would undercount what the
-namespace holds. A failed read refuses the pod (fail closed). The rule is shared/domain/quota.py.
+The quotas are a quorum read (a quota created a moment ago holds at once). The pods, listed on every
+pod create in such a namespace, are read cheaply and bounded: `resourceVersion=0` (the API server
+answers from its watch cache, never from etcd; it may lag etcd by moments, docs/rules.md), only the
+non-terminal pods (field selector), in pages of PAGE when the server pages (from etcd it does; its
+watch cache ignores `limit` with resourceVersion=0 and answers at once), and no more than MAX_PODS.
+A failed or unbounded read refuses the pod (fail closed). The rule is shared/domain/quota.py.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ log = logging.getLogger("mtsched.webhook")
 # The namespace's pods the API server still charges (terminal pods hold nothing).
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 READ_TIMEOUT = 5.0  # well inside the webhook's own timeout at the API server
+PAGE = 500  # pods per list answer when the API server pages
+MAX_PODS = 10_000  # more live pods than this in one namespace: the pod is refused, the check stays bounded
 
 
 class Api(Protocol):
@@ -32,17 +38,41 @@ class Api(Protocol):
 
 
 class QuotaReader:
-    def __init__(self, api: Api, cfg: Config):
+    def __init__(self, api: Api, cfg: Config, page: int = PAGE, max_pods: int = MAX_PODS):
         self.api = api
         self.cfg = cfg
         self.keys = enforced_keys(cfg)
+        self.page, self.max_pods = page, max_pods
 
-    async def _items(self, path: str, query: Mapping[str, str] | None = None) -> list[Mapping[str, Any]]:
+    async def _list(self, path: str, query: Mapping[str, str] | None = None) -> tuple[list[Mapping[str, Any]], str]:
+        """(items, continue token or "")."""
         out = await self.api.request("GET", path, query=query, timeout=READ_TIMEOUT)
         items = out.get("items") if isinstance(out, dict) else None
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise QuotaError(f"GET {path}: the answer has no list of items")
-        return items
+        token = (out.get("metadata") or {}).get("continue") or ""
+        if not isinstance(token, str):
+            raise QuotaError(f"GET {path}: metadata.continue is not a string")
+        return items, token
+
+    async def _items(self, path: str) -> list[Mapping[str, Any]]:
+        return (await self._list(path))[0]
+
+    async def live_pods(self, namespace: str) -> list[Mapping[str, Any]]:
+        """The namespace's non-terminal pods from the watch cache, page by page, at most max_pods."""
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods"
+        query = {"fieldSelector": LIVE_PODS, "limit": str(self.page), "resourceVersion": "0"}
+        pods: list[Mapping[str, Any]] = []
+        while True:
+            items, token = await self._list(path, query)
+            pods += items
+            if len(pods) > self.max_pods:
+                raise QuotaError(f"namespace {namespace} has more than {self.max_pods} live pods; the quota check "
+                                 "reads no more")
+            if not token:
+                return pods
+            # the token carries the snapshot's resourceVersion: the next pages read the same one
+            query = {"fieldSelector": LIVE_PODS, "limit": str(self.page), "continue": token}
 
     async def judge(self, namespace: str, pod: Mapping[str, Any], decision: Decision) -> Decision:
         """The decision, or a refusal when the pod exceeds a quota only we enforce (or we cannot tell)."""
@@ -55,7 +85,7 @@ class QuotaReader:
                       if any(k in self.keys for k in ((q.get("spec") or {}).get("hard") or {}))]
             pods: Sequence[Mapping[str, Any]] = []
             if quotas:
-                pods = await self._items(f"/api/v1/namespaces/{ns}/pods", {"fieldSelector": LIVE_PODS})
+                pods = await self.live_pods(namespace)
             refusal = judge_quotas(pod, asked, quotas, pods, self.cfg, now=time.time())
         except Exception as e:  # fail closed: a quota we cannot check is not a quota that holds
             QUOTA_CHECKS.labels("error").inc()

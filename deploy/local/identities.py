@@ -55,7 +55,8 @@ class Identity:
     role: str
     namespace: str
     service_account: str
-    kubeconfig: Path
+    kubeconfig: Path  # written only when the role's pod mounts a token
+    token: bool = True  # False: the chart mounts no token into its pod (automountServiceAccountToken: false)
 
     @property
     def username(self) -> str:
@@ -90,6 +91,25 @@ def role_service_accounts(objs: Sequence[Json]) -> dict[str, tuple[str, str]]:
     missing = sorted(set(ROLE_CONTAINERS) - set(out) - OPTIONAL_ROLES)
     if missing:
         raise ControlPlaneError(f"the manifest has no Deployment running {', '.join(missing)}")
+    return out
+
+
+def token_mounted(objs: Sequence[Json]) -> dict[str, bool]:
+    """role -> whether its pod gets a ServiceAccount token: the pod's automountServiceAccountToken, else
+    its ServiceAccount's, else true (as the kubelet decides). E.g. the webhook without its quota check."""
+    accounts = {(d["metadata"].get("namespace"), d["metadata"]["name"]): d.get("automountServiceAccountToken", True)
+                for d in objs if d.get("kind") == "ServiceAccount"}
+    out: dict[str, bool] = {}
+    for d in objs:
+        if d.get("kind") not in ("Deployment", "DaemonSet"):
+            continue
+        spec = d["spec"]["template"]["spec"]
+        names = {c["name"] for c in spec.get("containers", [])}
+        sa = (d["metadata"]["namespace"], spec.get("serviceAccountName") or "default")
+        mounted = spec.get("automountServiceAccountToken", accounts.get(sa, True))
+        for role, container in ROLE_CONTAINERS.items():
+            if container in names:
+                out[role] = bool(mounted)
     return out
 
 
@@ -295,6 +315,7 @@ def provision(cp: ControlPlane, manifest: Path = MANIFEST, directory: Path | Non
     """Apply the manifest's identities and RBAC to `cp`; one kubeconfig per role in `directory`."""
     objs = load_manifest(manifest)
     accounts = role_service_accounts(objs)
+    mounted = token_mounted(objs)
     applied = apply_rbac(cp, objs)
     wait_effective(cp, (o for o in applied if o["kind"] in ("ClusterRoleBinding", "RoleBinding")))
     policy_bindings = tuple(o for o in applied if o["kind"] == POLICY_BINDING)
@@ -303,11 +324,13 @@ def provision(cp: ControlPlane, manifest: Path = MANIFEST, directory: Path | Non
     tokens: dict[tuple[str, str], str] = {}
     roles: dict[str, Identity] = {}
     for role, (ns, sa) in sorted(accounts.items()):
+        ident = Identity(role, ns, sa, out_dir / f"{role}.kubeconfig", mounted.get(role, True))
+        roles[role] = ident
+        if not ident.token:  # its pod has no credentials: neither does the role here
+            continue
         if (ns, sa) not in tokens:
             tokens[(ns, sa)] = request_token(cp, ns, sa)
-        ident = Identity(role, ns, sa, out_dir / f"{role}.kubeconfig")
         write_kubeconfig(cp, ident.kubeconfig, ident.username, tokens[(ns, sa)])
-        roles[role] = ident
     return Identities(roles, tuple((o["kind"], _path(o)) for o in applied), policy_bindings)
 
 

@@ -12,6 +12,7 @@ knobs cannot be read is published as unreadable (with why), never with guessed v
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ KNOBS = tuple(RANGES)
 FROZEN_WHILE_HELD = ("max_inst", "policy", "time_slice")
 POLICY_NAMES = {0: "performance", 1: "weak", 2: "strong"}
 _INT = re.compile(r"[0-9]{1,9}")
-_CARD = re.compile(r"[0-9]{1,4}")
+_CARD = re.compile(r"0|[1-9][0-9]{0,3}")  # canonical only: "00" and "0" would name one card twice
 
 
 class KnobError(ValueError):
@@ -90,7 +91,7 @@ def parse_card(where: str, texts: Mapping[str, str]) -> CardKnobs:
 
 def card_index(name: str) -> int:
     if not _CARD.fullmatch(name) or int(name) > MAX_CARD_INDEX:
-        raise KnobError(f"{name[:40]!r} is not a card index 0..{MAX_CARD_INDEX}")
+        raise KnobError(f"{name[:40]!r} is not a card index 0..{MAX_CARD_INDEX} (decimal, no leading zeros)")
     return int(name)
 
 
@@ -127,13 +128,27 @@ def _strings(value: object, what: str) -> dict[str, str]:
     return dict(value)
 
 
+def _object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object whose keys are all distinct: a repeated key (two readings of one card) is refused."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        keys = [k for k, _ in pairs]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        raise KnobError(f"annotation {ANNOTATION}: key(s) {', '.join(map(repr, twice))[:200]} given twice")
+    return out
+
+
+def _no_constant(name: str) -> object:
+    raise KnobError(f"annotation {ANNOTATION} is not JSON: {name} is not a number")
+
+
 def decode_annotation(raw: str) -> KnobReport:
     """The annotation value as the agent wrote it; KnobError naming the field for anything else."""
     if len(raw) > MAX_ANNOTATION_BYTES:
         raise KnobError(f"annotation {ANNOTATION} is longer than {MAX_ANNOTATION_BYTES} bytes")
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
+    try:  # the stdlib parser: it shows every key, so a repeated one is refused, not silently the last
+        doc = json.loads(raw, object_pairs_hook=_object, parse_constant=_no_constant)
+    except (json.JSONDecodeError, RecursionError) as e:
         raise KnobError(f"annotation {ANNOTATION} is not JSON: {e}") from e
     if not isinstance(doc, dict):
         raise KnobError(f"annotation {ANNOTATION} must be a JSON object")

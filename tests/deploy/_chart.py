@@ -92,6 +92,8 @@ CASES: dict[str, Case] = {
         "dashboard": {"enabled": True, "annotations": {"grafana_folder": "GPU"}},
         "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"},
                            "runbookUrl": "https://git.example/mtsched/blob/main/docs/runbooks.md"}}}),
+    # the webhook without its quota check: no RBAC, no token (tests/deploy/test_chart.py)
+    "no-quota-check": Case({"mtsched": {"quotaCheck": False}}),
     "node-agent": Case({"nodeAgent": {"enabled": True, "intervalSeconds": 10}}),
     "replicas-3": Case({"scheduler": {"replicas": 3}, "webhook": {"replicas": 3}, "watcher": {"replicas": 3}}),
     "replicas-1": Case({"scheduler": {"replicas": 1}, "webhook": {"replicas": 1}, "watcher": {"replicas": 1}}),

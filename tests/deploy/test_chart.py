@@ -16,6 +16,7 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
+from deploy.local import identities
 from shared.config import _KEYS as CONFIG_KEYS
 from shared.config import SPELLED
 from shared.domain.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
@@ -394,6 +395,24 @@ def test_least_privilege_rbac(rendered: Rendered) -> None:
             if role["metadata"]["name"] == "hami-watcher" and rule["resources"] == ["nodes"]:
                 forbidden.discard("patch")
             assert not set(rule["verbs"]) & forbidden, (role["metadata"]["name"], rule)
+
+
+@pytest.mark.parametrize("name,on", [("defaults", True), ("no-quota-check", False)])
+def test_quota_check_decides_the_webhooks_rbac_and_token(rendered: Rendered, name: str, on: bool) -> None:
+    objs = rendered(name)
+    config = yaml.safe_load(one(objs, "ConfigMap", "hami-config")["data"]["config.yaml"])
+    assert config["quotaCheck"] is on
+    assert bool(find(objs, "ClusterRole", "hami-webhook")) is on
+    assert [b["roleRef"]["name"] for b in _bindings_of(objs, "hami-webhook")] == (["hami-webhook"] if on else [])
+    account = one(objs, "ServiceAccount", "hami-webhook")
+    pod = one(objs, "Deployment", "hami-webhook")["spec"]["template"]["spec"]
+    assert account.get("automountServiceAccountToken", True) is on
+    assert pod.get("automountServiceAccountToken", True) is on
+    # the local harness reads the same identities either way: the webhook runs as its ServiceAccount,
+    # with a token only when its pod mounts one (deploy/local/identities.py, stack.role_argv)
+    assert identities.role_service_accounts(objs)["webhook"] == ("kube-system", "hami-webhook")
+    assert identities.token_mounted(objs) == {"kube-scheduler": True, "extender": True, "webhook": on,
+                                              "watcher": True}
 
 
 # ----------------------------------------------------------------------------------- the webhook

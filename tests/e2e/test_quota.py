@@ -260,3 +260,23 @@ async def test_without_the_controllers_status_the_api_server_enforces_nothing(en
     msg = await env.refused("frac", slice_(2))
     assert msg == (f'pods "frac" is forbidden: exceeded quota: unsynced, requested: requests.{MEM}=2, '
                    f"used: requests.{MEM}=96, limited: requests.{MEM}=2")
+
+
+async def test_the_webhook_reads_live_pods_from_the_cache_page_by_page(env: Env) -> None:
+    """The pod list's query (resourceVersion=0, a field selector on status.phase, limit, continue) as the real
+    API server answers it to the webhook's identity: every live pod, whether it pages or not."""
+    from shared.config import load_config
+    from webhook.quotas import QuotaReader
+
+    names = {f"frac-{i}" for i in range(5)}
+    for name in sorted(names):
+        await env.create(name, slice_(2))
+    webhook = await Kube.create(str(env.stack.kubeconfig("webhook")))
+    try:
+        reader = QuotaReader(webhook, load_config(env={}, flags={"memoryPerCard": "96"}), page=2)
+        listed = await reader.live_pods(env.ns)
+        assert {p["metadata"]["name"] for p in listed} == names
+        with pytest.raises(Exception, match="more than 3 live pods"):
+            await QuotaReader(webhook, reader.cfg, page=2, max_pods=3).live_pods(env.ns)
+    finally:
+        await webhook.close()

@@ -4,9 +4,13 @@ judged by the reserve script (real redis-server)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from shared.domain.knobs import CardKnobs
+from controller.watchers import NodeWatcher
+from shared.config import Config
+from shared.domain.knobs import ANNOTATION, CardKnobs, KnobReport, encode_annotation
 from shared.domain.node import Card, Inventory
 from shared.store.ledger import Ledger, LedgerError
 from tests.redis.conftest import MirrorFactory
@@ -48,3 +52,35 @@ async def test_the_script_refuses_knobs_out_of_range(ledger: Ledger, bad: dict[s
     card = {"index": 0, "capacity": S5000, "slice_limit": 16, "health": "ok", **bad}
     with pytest.raises(LedgerError, match=r"card knobs, when given: policy 0\.\.2"):
         await ledger._call("upsert_node", "kbad", {"create": True, "cards": [card]})
+
+
+class _Kube:
+    """The watcher's API client: no call is expected here (no held card, no mismatch)."""
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+        raise AssertionError(f"unexpected {method} {path}")
+
+
+def gpu_node(name: str, max_inst: int) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"mthreads.com/sgpu.cores": "0-1"},
+                         "annotations": {ANNOTATION: encode_annotation(KnobReport(
+                             {0: CardKnobs(max_inst, 0, 1, 100), 1: CardKnobs(16, 0, 1, 100)}))}},
+            "status": {"capacity": {"mthreads.com/sgpu-core": "32", "mthreads.com/sgpu-memory": "192"}}}
+
+
+async def test_a_relist_that_raises_max_inst_nudges_once_the_ledger_has_it(ledger: Ledger) -> None:
+    """The watch was down while a card's max_inst rose: the re-list (on_sync) nudges kube-scheduler as a
+    watch event would, after the ledger holds the new limit; a node gone meanwhile leaves no baseline."""
+    watcher = NodeWatcher(_Kube(), ledger, Config())  # type: ignore[arg-type]
+    nudged: list[str] = []
+    watcher.nudge = nudged.append
+    await watcher.on_sync([gpu_node("ka", 4), gpu_node("kb", 4)])
+    assert nudged == []  # the first reading is the baseline
+    await watcher.on_sync([gpu_node("ka", 8)])  # kb vanished while the watch was down
+    assert nudged == ["ka"]
+    assert (await ledger.snapshots(["ka"]))["ka"].cards[0].slice_limit == 8
+    assert set(watcher.knobs.last) == {"ka"}
+    await watcher.on_sync([gpu_node("ka", 8), gpu_node("kb", 16)])  # a new kb: a baseline, not a rise
+    assert nudged == ["ka"]
+    await watcher.on_sync([gpu_node("ka", 2)])  # lower: nothing to retry
+    assert nudged == ["ka"]

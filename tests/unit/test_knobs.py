@@ -130,6 +130,9 @@ def test_the_annotation_is_versioned_sorted_and_round_trips(tmp_path: Path) -> N
     assert encode_annotation(decode_annotation(raw)) == raw  # same findings, same text: no needless patch
 
 
+_K = '{"max_inst":4,"policy":0,"time_slice":1,"overcommit_ratio":100}'
+
+
 @pytest.mark.parametrize(("raw", "says"), [
     ("not json", "is not JSON"),
     ("[]", "must be a JSON object"),
@@ -147,6 +150,13 @@ def test_the_annotation_is_versioned_sorted_and_round_trips(tmp_path: Path) -> N
      "overcommit_ratio=1.1 is not a whole number 100..200"),
     ('{"v":1,"cards":{},"unreadable":{"0":3}}', "unreadable must map names to strings"),
     ('{"v":1,"cards":{},"error":7}', "error must be a string"),
+    # two keys naming one card: refused, never one of them silently kept
+    ('{"v":1,"cards":{"0":' + _K + ',"00":' + _K + '}}', "'00' is not a card index 0..1023 (decimal, no leading"),
+    ('{"v":1,"cards":{"01":' + _K + '}}', "'01' is not a card index"),
+    ('{"v":1,"cards":{"+1":' + _K + '}}', "'+1' is not a card index"),
+    ('{"v":1,"cards":{"0":' + _K + ',"0":' + _K + '}}', "key(s) '0' given twice"),
+    ('{"v":1,"v":1,"cards":{}}', "key(s) 'v' given twice"),
+    ('{"v":1,"cards":{"0":{"max_inst":NaN,"policy":0,"time_slice":1,"overcommit_ratio":100}}}', "NaN is not a"),
 ])
 def test_a_malformed_annotation_is_an_error_naming_the_field(raw: str, says: str) -> None:
     with pytest.raises(KnobError) as e:
@@ -195,6 +205,19 @@ def test_an_unreadable_card_keeps_the_configured_limit_and_cards_the_node_lacks_
 def test_a_malformed_knobs_annotation_closes_the_node() -> None:
     inv = node_inventory(node({ANNOTATION: '{"v":9,"cards":{}}'}), Config())
     assert inv.cards == () and "format version 9 is not 1" in inv.error
+
+
+def test_two_keys_for_one_card_close_the_node_with_the_reason() -> None:
+    inv = node_inventory(node({ANNOTATION: '{"v":1,"cards":{"0":' + _K + ',"00":' + _K.replace('"max_inst":4',
+                                                                                              '"max_inst":1') + '}}'}),
+                         Config())
+    assert inv.cards == () and "'00' is not a card index" in inv.error and ANNOTATION in inv.error
+
+
+def test_a_card_directory_with_leading_zeros_is_unreadable() -> None:
+    texts = {"max_inst": "4\n", "policy": "0\n", "time_slice": "1\n", "overcommit_ratio": "100\n"}
+    report = build_report("/proc/sgpu_km", {"0": texts, "00": texts})
+    assert set(report.cards) == {0} and "is not a card index" in report.unreadable["00"]
 
 
 # -- what the agent patches ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 from shared.config import load_config
 from shared.domain.admission import decide
 from shared.domain.quota import QuotaError, enforced_keys, hard_value, in_scope, judge_quotas, pod_usage
-from webhook.quotas import LIVE_PODS, QuotaReader
+from webhook.quotas import LIVE_PODS, PAGE, QuotaReader
 
 CFG = load_config(env={}, flags={"memoryPerCard": "96,160"})
 MEM, CORE, VGPU = "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core", "mthreads.com/vgpu"
@@ -207,7 +207,51 @@ def test_the_reader_lists_live_pods_only_when_a_quota_needs_them() -> None:
     assert not allowed
     assert msg == f"exceeded quota: gpu, requested: limits.{MEM}=96, left: limits.{MEM}=64 " \
                   "(used 32 by 1 pod, limited 96)"
-    assert api.calls[1] == (PODS, {"fieldSelector": LIVE_PODS})
+    assert api.calls[1] == (PODS, {"fieldSelector": LIVE_PODS, "resourceVersion": "0", "limit": str(PAGE)})
+
+
+class PagedApi(Api):
+    """Answers the pod list in pages of `page` (as etcd does), with opaque continue tokens."""
+
+    def __init__(self, answers: Mapping[str, Any], pods: list[dict[str, Any]], page: int | None):
+        super().__init__(answers)
+        self.pods, self.page = pods, page
+
+    async def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
+                      ok: tuple[int, ...] = (200, 201), content_type: str = "application/json",
+                      timeout: float = 30.0) -> Any:
+        if path != PODS:
+            return await super().request(method, path, body, query, ok, content_type, timeout)
+        self.calls.append((path, dict(query or {})))
+        start = int(str((query or {}).get("continue", "tok-0"))[4:])
+        end = len(self.pods) if self.page is None else start + self.page  # None: ignores limit, as the cache
+        more = end < len(self.pods)
+        return {"metadata": {"continue": f"tok-{end}"} if more else {}, "items": self.pods[start:end]}
+
+
+@pytest.mark.parametrize("page", [2, 3, None])
+def test_the_reader_reads_every_page_of_live_pods_from_the_cache(page: int | None) -> None:
+    held = [pod(f"h{i}", slice_(16), phase="Running") for i in range(5)]  # 80 of 96 held
+    api = PagedApi({QUOTAS: {"items": [hq("gpu", **{f"limits.{MEM}": "96"})]}}, held, page)
+    reader = QuotaReader(api, CFG, page=2)
+    p = pod("n", slice_(32))
+    d = asyncio.run(reader.judge("team", p, decide(p, CFG, {96})))
+    assert not d.allowed and "left: limits.mthreads.com/sgpu-memory=16 (used 80 by 5 pods" in d.message
+    pages = [q for path, q in api.calls if path == PODS]
+    assert pages[0] == {"fieldSelector": LIVE_PODS, "limit": "2", "resourceVersion": "0"}
+    assert all(q == {"fieldSelector": LIVE_PODS, "limit": "2", "continue": q["continue"]} for q in pages[1:])
+    assert len(pages) == (1 if page is None else -(-5 // page))
+
+
+def test_the_reader_refuses_a_namespace_with_more_live_pods_than_it_reads() -> None:
+    held = [pod(f"h{i}", slice_(2), phase="Running") for i in range(7)]
+    api = PagedApi({QUOTAS: {"items": [hq("gpu", **{f"limits.{MEM}": "96"})]}}, held, 2)
+    p = pod("n", slice_(2))
+    d = asyncio.run(QuotaReader(api, CFG, page=2, max_pods=5).judge("team", p, decide(p, CFG, {96})))
+    assert not d.allowed
+    assert d.message == ("cannot check the ResourceQuotas of namespace team: namespace team has more than 5 live "
+                         "pods; the quota check reads no more; the pod is refused until they can be read (retry)")
+    assert len([c for c in api.calls if c[0] == PODS]) == 3  # stops at the page that passes the bound
 
 
 def test_the_reader_leaves_pods_without_slices_alone() -> None:
