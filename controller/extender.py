@@ -36,9 +36,10 @@ from shared.domain.models import UNIT_MIB
 from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError
+from shared.domain.topk import top_k
 from shared.serving.bounded import ByteLRU
 from shared.serving.listen import LISTEN_POLICY, extender_policy
-from shared.serving.metrics import BINDINGS, CONFLICTS, EXTENDER_SECONDS, RESERVATIONS
+from shared.serving.metrics import BINDINGS, CONFLICTS, EXTENDER_SECONDS, RESERVATIONS, TOPK_DROPPED
 from shared.store.ledger import Ledger, ReserveOutcome
 from shared.store.mirror import Mirror
 from shared.store.placing import place
@@ -111,6 +112,9 @@ class Extender:
         self._events: set[asyncio.Task[None]] = set()
         self._recent: ByteLRU[tuple[str, str, str], float] = ByteLRU(EVENT_MEMO_BYTES)  # -> last sent
         self.memo = FitMemo(mirror, MEMO_BYTES)  # fit() answers and node scores (controller/fit_memo.py)
+        # node -> uid -> (request, cards) of bookings in flight here (sent, not yet in the mirror): filter and
+        # prioritize count them, so pods filtered meanwhile are not sent to a card that is being taken
+        self.held: dict[str, dict[str, tuple[SliceRequest, tuple[int, ...]]]] = {}
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -190,7 +194,13 @@ class Extender:
             return {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": dict.fromkeys(names, why),
                     "Error": ""}
         self._remember(seen)
-        ok, failed, unresolvable = self.memo.fit_nodes(names, req, seen.annotations, self.cfg.gpu_scheduler_policy)
+        ok, failed, unresolvable = self.memo.fit_nodes(names, req, seen.annotations, self.cfg.gpu_scheduler_policy,
+                                                       self.held)
+        k = self.cfg.filter_top_k
+        if 0 < k < len(ok):  # the rest are left out of both lists: kube-scheduler drops them without a status
+            policy = policy_of(meta.get("annotations") or {}, NODE_POLICY, self.cfg.node_scheduler_policy)
+            ok = top_k(self.memo.fills(ok, self.held), k, policy)
+            TOPK_DROPPED.inc(len(names) - len(failed) - len(unresolvable) - len(ok))
         if not ok:
             msgs = aggregate_failures({**failed, **unresolvable})
             self.event(event_pod, "FilteringFailed",
@@ -204,7 +214,7 @@ class Extender:
         a = parse_extender_args(args, self.mirror.nodes.keys())
         annotations = a.pod["metadata"].get("annotations") or {}
         policy = policy_of(annotations, NODE_POLICY, self.cfg.node_scheduler_policy)
-        return self.memo.scores(a.names, policy)
+        return self.memo.scores(a.names, policy, self.held)
 
     async def _seen_from_api(self, ns: str, name: str, uid: str) -> Seen | str:
         """The pod as the API server has it (filter ran on another replica), or why bind must stop."""
@@ -267,11 +277,22 @@ class Extender:
         policy = self.cfg.gpu_scheduler_policy
         snap = self.mirror.get(node)
         plan = None
+        others = self.held.get(node)
         if snap is not None and not snap.error:  # filter's fit at the same seq, else a fresh one
-            plan = plan_on(snap, uid, req, seen.annotations, policy,
-                           self.memo.fitted(node, snap, req, seen.annotations, policy))
-        outcome, _ = await place(self.ledger, node, uid, req, seen.annotations, snap, policy, pod=f"{ns}/{name}",
-                                 plan=plan)
+            fitted = None if others else self.memo.fitted(node, snap, req, seen.annotations, policy)
+            plan = plan_on(snap, uid, req, seen.annotations, policy, fitted)
+        held = self.held.setdefault(node, {})
+        if plan is not None and plan.ok:
+            held[uid] = (req, plan.cards)
+        try:
+            outcome, _ = await place(self.ledger, node, uid, req, seen.annotations, snap, policy,
+                                     pod=f"{ns}/{name}", plan=plan)
+            if outcome.feed is not None:  # our booking in the mirror now, not when the feed brings it
+                self._apply_feed(outcome.feed)
+        finally:
+            held.pop(uid, None)
+            if not held and self.held.get(node) is held:
+                del self.held[node]
         if outcome.attempts > 1:
             CONFLICTS.inc(outcome.attempts - 1)
         if not outcome.ok:
@@ -302,6 +323,13 @@ class Extender:
         cards = ",".join(str(i) for i in outcome.cards)
         self.event(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name} (cards {cards})")
         return {"Error": ""}
+
+    def _apply_feed(self, msg: Mapping[str, Any]) -> None:
+        """The reserve script's feed message, applied as the feed would (the feed's copy is then skipped)."""
+        try:
+            self.mirror.apply(msg)  # a gap (the feed behind): None is not returned, the feed catches up
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            log.debug("booking not applied to the mirror ahead of the feed: %s", e)
 
     async def _already_bound(self, ns: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> bool:
         """A retried bind whose first attempt succeeded: the pod is on this node with this record."""

@@ -1,0 +1,91 @@
+"""The filter's top k (shared/domain/topk.py) and the bookings in flight it counts (controller/fit_memo.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from controller.extender import Extender
+from shared.domain.fit import EXCLUSIVE_CONFLICT
+from shared.domain.request import SliceRequest, pod_request
+from shared.domain.topk import top_k
+from shared.store.state import CardRecord, NodeSnapshot
+from tests.unit._servers import CFG, VGPU, extender, pod
+
+FILLS = [("n-b", 5.0), ("n-a", 5.0), ("n-c", 12.5), ("n-d", 0.0), ("n-e", 30.0)]
+
+
+@pytest.mark.parametrize(("fills", "k", "policy", "want"), [
+    (FILLS, 0, "binpack", ["n-b", "n-a", "n-c", "n-d", "n-e"]),  # 0: all, in the caller's order
+    (FILLS, 1, "binpack", ["n-e"]),  # the fullest
+    (FILLS, 3, "binpack", ["n-e", "n-c", "n-a"]),  # ties by name: n-a before n-b
+    (FILLS, 1, "spread", ["n-d"]),  # the emptiest
+    (FILLS, 3, "spread", ["n-d", "n-a", "n-b"]),
+    (FILLS, 9, "binpack", ["n-e", "n-c", "n-a", "n-b", "n-d"]),  # k above the count: all, best first
+    ([], 2, "binpack", []),
+    ([("x", 1.0)], 1, "spread", ["x"]),
+])
+def test_top_k_table(fills: list[tuple[str, float]], k: int, policy: str, want: list[str]) -> None:
+    assert top_k(fills, k, policy) == want
+
+
+def used(index: int, capacity: int, mem: int, cores: int, slices: int) -> CardRecord:
+    return CardRecord(index, capacity, mem, capacity - mem, 16, cores, 16 - cores, slices, 16, "ok")
+
+
+def four_nodes(k: int) -> Extender:
+    """Nodes n0..n3 of two 96-unit cards, n_i with i slices of 16 units / 4 cores on card 0."""
+    ext = extender(dataclasses.replace(CFG, filter_top_k=k), nodes={f"n{i}": 96 for i in range(4)})
+    for i in range(4):
+        ext.mirror.nodes[f"n{i}"] = NodeSnapshot(f"n{i}", 1, cards={0: used(0, 96, 16 * i, 4 * i, i),
+                                                                   1: used(1, 96, 0, 0, 0)})
+    return ext
+
+
+def args(p: dict[str, object], names: list[str]) -> dict[str, object]:
+    return {"Pod": p, "NodeNames": names}
+
+
+@pytest.mark.parametrize(("k", "policy", "want"), [
+    (0, "binpack", ["n0", "n1", "n2", "n3"]),
+    (1, "binpack", ["n3"]),
+    (2, "binpack", ["n3", "n2"]),
+    (1, "spread", ["n0"]),
+    (2, "spread", ["n0", "n1"]),
+])
+def test_filter_returns_the_best_k_and_reports_no_dropped_node_as_failed(k: int, policy: str,
+                                                                         want: list[str]) -> None:
+    ext = four_nodes(k)
+    p = pod("u1")
+    p["metadata"]["annotations"] = {"hami.io/node-scheduler-policy": policy}  # type: ignore[index]
+    out = ext.filter(args(p, ["n0", "n1", "n2", "n3"]))
+    assert out["NodeNames"] == want
+    assert out["FailedNodes"] == {} and out["FailedAndUnresolvableNodes"] == {}  # dropped: in neither list
+
+
+def test_filter_top_k_keeps_failed_nodes_and_their_reasons() -> None:
+    """A node that cannot take the pod is still reported with its reason; only feasible ones are cut."""
+    ext = four_nodes(1)
+    ext.mirror.nodes["n3"] = NodeSnapshot("n3", 2, cards={0: used(0, 96, 96, 16, 1), 1: used(1, 96, 96, 16, 1)})
+    out = ext.filter(args(pod("u1"), ["n0", "n1", "n2", "n3"]))
+    assert out["NodeNames"] == ["n2"]
+    assert set(out["FailedNodes"]) == {"n3"} and "CardInsufficientMemory" in out["FailedNodes"]["n3"]
+
+
+def test_a_booking_in_flight_counts_in_filter_and_prioritize() -> None:
+    """While bind books a card (not yet in the mirror), another pod's filter does not count it as free."""
+    ext = four_nodes(0)
+    whole = pod("u2", limits={VGPU: "1"})  # an exclusive card: needs an idle one
+    req = pod_request(whole, ext.cfg)
+    assert isinstance(req, SliceRequest)
+    assert "n0" in ext.filter(args(whole, ["n0"]))["NodeNames"]
+    ext.held["n0"] = {"a": (req, (0,)), "b": (req, (1,))}  # two exclusive bookings in flight on n0
+    out = ext.filter(args(pod("u3", limits={VGPU: "1"}), ["n0", "n1"]))
+    assert out["NodeNames"] == ["n1"]
+    assert EXCLUSIVE_CONFLICT in out["FailedNodes"]["n0"]
+    (score,) = ext.prioritize(args(pod("u4"), ["n0"]))
+    assert score["Score"] == 7  # binpack: both cards full (slots 2/32, cores 32/32, memory 192/192)
+    ext.mirror.nodes["n0"] = dataclasses.replace(ext.mirror.nodes["n0"], version=2)  # a new seq
+    ext.held.clear()
+    assert ext.filter(args(pod("u5", limits={VGPU: "1"}), ["n0"]))["NodeNames"] == ["n0"]
