@@ -156,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     instrument()
     if os.environ.get("MTSCHED_BENCH_TRUST_ENV") == "1":  # A/B of the change (docs/benchmarks.md)
         kube_module._skip_empty_env_lookups = _keep_env_lookups
-    for name in ("run_extender", "run_webhook", "run_watcher"):  # cli.main looks them up at call time
-        setattr(roles, name, _with_lag_probe(getattr(roles, name)))
+    import webhook.runner as webhook_runner
+
+    for module, name in ((roles, "run_extender"), (webhook_runner, "run_webhook"), (roles, "run_watcher")):
+        setattr(module, name, _with_lag_probe(getattr(module, name)))  # cli.main looks them up at call time
     out = os.environ.get("MTSCHED_BENCH_PROFILE")  # a path: profile this role's CPU time (cProfile) into it
     if not out:
         return cli.main(argv)

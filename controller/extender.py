@@ -25,13 +25,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from controller.fit_memo import FitMemo, request_size
+from controller.fit_memo import FitMemo, held_states, request_size
 from controller.kube import Kube, KubeError
 from controller.preempt import Preemption
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED, CardGrant, binding_annotations, device_id
 from shared.domain.extender_args import ArgsError, ExtenderArgs, parse_binding_args, parse_extender_args
-from shared.domain.fit import GPU_POLICY, NODE_POLICY, NOUSE_UUID, USE_UUID, aggregate_failures, policy_of
+from shared.domain.fit import GPU_POLICY, NODE_POLICY, NOUSE_UUID, USE_UUID, aggregate_failures, fit, policy_of
 from shared.domain.models import UNIT_MIB
 from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
 from shared.domain.request import RequestError, SliceRequest, pod_request
@@ -53,6 +53,7 @@ POD_CACHE_BYTES = 16 * 1024 * 1024  # pods seen in filter, kept for bind
 POD_ENTRY_BYTES = 256 * 1024  # a larger entry is not kept: bind reads that pod from the API server
 EVENT_MEMO_BYTES = 2 * 1024 * 1024  # (pod, reason, message) of recent events, to send each once a minute
 MEMO_BYTES = 32 * 1024 * 1024  # fit and score memos (checked before each call; one call adds at most its nodes)
+CLAIM_SECONDS = 5.0  # how long filter's claim on its one returned node lasts without a bind (_claim)
 EVENT_MESSAGE_CHARS = 1024  # what an event keeps of a message (Kube.create_event cuts there too)
 FIT_ANNOTATIONS = (USE_UUID, NOUSE_UUID, GPU_POLICY)  # all fit() reads of a pod's annotations
 
@@ -115,6 +116,7 @@ class Extender:
         # node -> uid -> (request, cards) of bookings in flight here (sent, not yet in the mirror): filter and
         # prioritize count them, so pods filtered meanwhile are not sent to a card that is being taken
         self.held: dict[str, dict[str, tuple[SliceRequest, tuple[int, ...]]]] = {}
+        self._claims: dict[str, tuple[str, float]] = {}  # uid -> (node, until) of filter's claims (_claim)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -194,6 +196,7 @@ class Extender:
             return {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": dict.fromkeys(names, why),
                     "Error": ""}
         self._remember(seen)
+        self._unclaim(seen.uid)  # a pod's own claim never counts against it
         ok, failed, unresolvable = self.memo.fit_nodes(names, req, seen.annotations, self.cfg.gpu_scheduler_policy,
                                                        self.held)
         k = self.cfg.filter_top_k
@@ -201,6 +204,8 @@ class Extender:
             policy = policy_of(meta.get("annotations") or {}, NODE_POLICY, self.cfg.node_scheduler_policy)
             ok = top_k(self.memo.fills(ok, self.held), k, policy)
             TOPK_DROPPED.inc(len(names) - len(failed) - len(unresolvable) - len(ok))
+        if len(ok) == 1:
+            self._claim(ok[0], seen)
         if not ok:
             msgs = aggregate_failures({**failed, **unresolvable})
             self.event(event_pod, "FilteringFailed",
@@ -277,10 +282,11 @@ class Extender:
         policy = self.cfg.gpu_scheduler_policy
         snap = self.mirror.get(node)
         plan = None
-        others = self.held.get(node)
+        others = {u for u in self.held.get(node, {}) if u != uid}
         if snap is not None and not snap.error:  # filter's fit at the same seq, else a fresh one
             fitted = None if others else self.memo.fitted(node, snap, req, seen.annotations, policy)
             plan = plan_on(snap, uid, req, seen.annotations, policy, fitted)
+        self._unclaim(uid)  # filter's claim (if any) becomes the booking in flight
         held = self.held.setdefault(node, {})
         if plan is not None and plan.ok:
             held[uid] = (req, plan.cards)
@@ -323,6 +329,32 @@ class Extender:
         cards = ",".join(str(i) for i in outcome.cards)
         self.event(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name} (cards {cards})")
         return {"Error": ""}
+
+    def _claim(self, node: str, seen: Seen) -> None:
+        """One node returned: kube-scheduler binds there (it has no other candidate), and schedules the next
+        pod before that bind arrives. Hold the pod's fit on the node meanwhile (until bind, or CLAIM_SECONDS),
+        so the next pod's filter does not count the same card as free."""
+        now = time.monotonic()
+        for uid, (_, until) in list(self._claims.items()):  # few: one per pod between filter and bind
+            if until < now:
+                self._unclaim(uid)
+        snap = self.mirror.get(node)
+        req = seen.request
+        if snap is None or req is None or seen.uid in snap.reservations:
+            return
+        result = fit(held_states(snap, self.held.get(node, {})), req, seen.annotations, self.cfg.gpu_scheduler_policy)
+        if result.cards:
+            self.held.setdefault(node, {})[seen.uid] = (req, result.cards)
+            self._claims[seen.uid] = (node, now + CLAIM_SECONDS)
+
+    def _unclaim(self, uid: str) -> None:
+        got = self._claims.pop(uid, None)
+        if got is not None:
+            held = self.held.get(got[0])
+            if held is not None:
+                held.pop(uid, None)
+                if not held:
+                    del self.held[got[0]]
 
     def _apply_feed(self, msg: Mapping[str, Any]) -> None:
         """The reserve script's feed message, applied as the feed would (the feed's copy is then skipped)."""

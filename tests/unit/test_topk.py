@@ -89,3 +89,20 @@ def test_a_booking_in_flight_counts_in_filter_and_prioritize() -> None:
     ext.mirror.nodes["n0"] = dataclasses.replace(ext.mirror.nodes["n0"], version=2)  # a new seq
     ext.held.clear()
     assert ext.filter(args(pod("u5", limits={VGPU: "1"}), ["n0"]))["NodeNames"] == ["n0"]
+
+
+def test_with_one_node_returned_the_pod_claims_its_card_until_bind() -> None:
+    """k=1: kube-scheduler has one candidate and schedules the next pod before the bind arrives; the claim
+    keeps that next pod off the card, and a pod's own claim never counts against it."""
+    ext = four_nodes(1)
+    exclusive = [pod(u, limits={VGPU: "1"}) for u in ("u1", "u2")]
+    nodes = ["n0", "n1", "n2", "n3"]
+    assert ext.filter(args(exclusive[0], nodes))["NodeNames"] == ["n3"]  # the fullest with an idle card
+    assert ext.filter(args(exclusive[0], nodes))["NodeNames"] == ["n3"]  # filtered again: its claim is its own
+    second = ext.filter(args(exclusive[1], nodes))
+    assert second["NodeNames"] == ["n2"]
+    assert EXCLUSIVE_CONFLICT in second["FailedNodes"]["n3"]  # card 1 is claimed by u1
+    ext._unclaim("u1")  # bind takes the claim over (or it lapses after CLAIM_SECONDS)
+    ext._unclaim("u2")
+    assert ext.held == {}
+    assert ext.filter(args(exclusive[1], nodes))["NodeNames"] == ["n3"]
