@@ -206,6 +206,10 @@ class Extender:
             TOPK_DROPPED.inc(len(names) - len(failed) - len(unresolvable) - len(ok))
         if len(ok) == 1:
             self._claim(ok[0], seen)
+        if k and ok:
+            # kube-scheduler reads failed nodes' statuses only when no node is feasible (the "0/N nodes"
+            # message, preemption): with a node returned they are not sent (no text made, none decoded)
+            return {"NodeNames": ok, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
         if not ok:
             msgs = aggregate_failures({**failed, **unresolvable})
             self.event(event_pod, "FilteringFailed",

@@ -64,13 +64,17 @@ def test_filter_returns_the_best_k_and_reports_no_dropped_node_as_failed(k: int,
     assert out["FailedNodes"] == {} and out["FailedAndUnresolvableNodes"] == {}  # dropped: in neither list
 
 
-def test_filter_top_k_keeps_failed_nodes_and_their_reasons() -> None:
-    """A node that cannot take the pod is still reported with its reason; only feasible ones are cut."""
-    ext = four_nodes(1)
-    ext.mirror.nodes["n3"] = NodeSnapshot("n3", 2, cards={0: used(0, 96, 96, 16, 1), 1: used(1, 96, 96, 16, 1)})
+def test_filter_top_k_reports_failed_nodes_only_when_none_fits() -> None:
+    """With a node returned, kube-scheduler never reads the failed nodes' statuses: none are sent. With none,
+    every node is reported with its reasons (the "0/N nodes are available" message, preemption)."""
+    ext, everything = four_nodes(1), four_nodes(0)
+    for e in (ext, everything):
+        e.mirror.nodes["n3"] = NodeSnapshot("n3", 2, cards={0: used(0, 96, 96, 16, 1), 1: used(1, 96, 96, 16, 1)})
     out = ext.filter(args(pod("u1"), ["n0", "n1", "n2", "n3"]))
-    assert out["NodeNames"] == ["n2"]
-    assert set(out["FailedNodes"]) == {"n3"} and "CardInsufficientMemory" in out["FailedNodes"]["n3"]
+    assert out["NodeNames"] == ["n2"] and out["FailedNodes"] == {}
+    out = ext.filter(args(pod("u2"), ["n3"]))
+    assert out["NodeNames"] == [] and "CardInsufficientMemory" in out["FailedNodes"]["n3"]
+    assert everything.filter(args(pod("u3"), ["n2", "n3"]))["FailedNodes"] == {"n3": out["FailedNodes"]["n3"]}
 
 
 def test_a_booking_in_flight_counts_in_filter_and_prioritize() -> None:
@@ -83,7 +87,7 @@ def test_a_booking_in_flight_counts_in_filter_and_prioritize() -> None:
     ext.held["n0"] = {"a": (req, (0,)), "b": (req, (1,))}  # two exclusive bookings in flight on n0
     out = ext.filter(args(pod("u3", limits={VGPU: "1"}), ["n0", "n1"]))
     assert out["NodeNames"] == ["n1"]
-    assert EXCLUSIVE_CONFLICT in out["FailedNodes"]["n0"]
+    assert EXCLUSIVE_CONFLICT in out["FailedNodes"]["n0"]  # k=0: failed nodes are reported as before
     (score,) = ext.prioritize(args(pod("u4"), ["n0"]))
     assert score["Score"] == 7  # binpack: both cards full (slots 2/32, cores 32/32, memory 192/192)
     ext.mirror.nodes["n0"] = dataclasses.replace(ext.mirror.nodes["n0"], version=2)  # a new seq
@@ -99,9 +103,9 @@ def test_with_one_node_returned_the_pod_claims_its_card_until_bind() -> None:
     nodes = ["n0", "n1", "n2", "n3"]
     assert ext.filter(args(exclusive[0], nodes))["NodeNames"] == ["n3"]  # the fullest with an idle card
     assert ext.filter(args(exclusive[0], nodes))["NodeNames"] == ["n3"]  # filtered again: its claim is its own
-    second = ext.filter(args(exclusive[1], nodes))
-    assert second["NodeNames"] == ["n2"]
-    assert EXCLUSIVE_CONFLICT in second["FailedNodes"]["n3"]  # card 1 is claimed by u1
+    assert ext.filter(args(exclusive[1], nodes))["NodeNames"] == ["n2"]
+    second = ext.filter(args(exclusive[1], ["n3"]))  # alone: n3 fails, card 1 claimed by u1
+    assert second["NodeNames"] == [] and EXCLUSIVE_CONFLICT in second["FailedNodes"]["n3"]
     ext._unclaim("u1")  # bind takes the claim over (or it lapses after CLAIM_SECONDS)
     ext._unclaim("u2")
     assert ext.held == {}
