@@ -294,15 +294,25 @@ class Extender:
         held = self.held.setdefault(node, {})
         if plan is not None and plan.ok:
             held[uid] = (req, plan.cards)
+        booked = False
         try:
             outcome, _ = await place(self.ledger, node, uid, req, seen.annotations, snap, policy,
                                      pod=f"{ns}/{name}", plan=plan)
+            booked = outcome.ok
+            if booked and (uid not in held or held[uid][1] != outcome.cards):
+                held[uid] = (req, outcome.cards)  # booked on other cards than planned: hold those
             if outcome.feed is not None:  # our booking in the mirror now, not when the feed brings it
                 self._apply_feed(outcome.feed)
         finally:
-            held.pop(uid, None)
-            if not held and self.held.get(node) is held:
-                del self.held[node]
+            snap = self.mirror.get(node)
+            if booked and not (snap is not None and uid in snap.reservations):
+                # booked, but the mirror lags the feed (a gap: our message was not applied): hold the
+                # booking until the feed brings it (the snapshot has it) or CLAIM_SECONDS pass
+                self._claims[uid] = (node, time.monotonic() + CLAIM_SECONDS)
+            else:
+                held.pop(uid, None)
+                if not held and self.held.get(node) is held:
+                    del self.held[node]
         if outcome.attempts > 1:
             CONFLICTS.inc(outcome.attempts - 1)
         if not outcome.ok:
@@ -324,6 +334,7 @@ class Extender:
                 BINDINGS.labels("success").inc()
                 return {"Error": ""}
             await self.ledger.release(node, uid)
+            self._unclaim(uid)
             BINDINGS.labels("failed").inc()
             msg = f"binding {ns}/{name} to {node} failed, reservation released: {e}"
             self.event(pod, "BindingFailed", msg, "Warning")
