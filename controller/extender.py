@@ -31,7 +31,16 @@ from controller.preempt import Preemption
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED, CardGrant, binding_annotations, device_id
 from shared.domain.extender_args import ArgsError, ExtenderArgs, parse_binding_args, parse_extender_args
-from shared.domain.fit import GPU_POLICY, NODE_POLICY, NOUSE_UUID, USE_UUID, aggregate_failures, fit, policy_of
+from shared.domain.fit import (
+    GPU_POLICY,
+    NODE_POLICY,
+    NOUSE_UUID,
+    USE_UUID,
+    FitResult,
+    aggregate_failures,
+    fit,
+    policy_of,
+)
 from shared.domain.models import UNIT_MIB
 from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
 from shared.domain.request import RequestError, SliceRequest, pod_request
@@ -286,9 +295,14 @@ class Extender:
         policy = self.cfg.gpu_scheduler_policy
         snap = self.mirror.get(node)
         plan = None
-        others = {u for u in self.held.get(node, {}) if u != uid}
+        others = {u: b for u, b in self.held.get(node, {}).items() if u != uid}
         if snap is not None and not snap.error:  # filter's fit at the same seq, else a fresh one
-            fitted = None if others else self.memo.fitted(node, snap, req, seen.annotations, policy)
+            fitted: FitResult | None = None
+            if others:  # cards other binds are booking right now: plan around them (when that fits)
+                around = fit(held_states(snap, others), req, seen.annotations, policy)
+                fitted = around if around.ok else None
+            else:
+                fitted = self.memo.fitted(node, snap, req, seen.annotations, policy)
             plan = plan_on(snap, uid, req, seen.annotations, policy, fitted)
         self._unclaim(uid)  # filter's claim (if any) becomes the booking in flight
         held = self.held.setdefault(node, {})
