@@ -38,7 +38,8 @@ class Config:
     scheduler_name: str = "hami-scheduler"
     node_scheduler_policy: str = "binpack"
     gpu_scheduler_policy: str = "spread"
-    # The filter returns the best k feasible nodes by the node policy (shared/domain/topk.py); 0: all of them
+    # The filter returns the best k feasible nodes by the node policy (shared/domain/topk.py); 0: all of them.
+    # 0 here keeps the library's behaviour; the chart sets 1 (measured: docs/rules.md, Top-k filter)
     filter_top_k: int = 0
     default_cores: int = 1
     max_slices_per_card: int = DEFAULT_MAX_INST
