@@ -605,3 +605,13 @@ def test_dockerfile() -> None:
             assert (ROOT / path).exists(), path
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["image"]["repository"].endswith("mtsched")
+
+
+def test_filter_top_k_reaches_the_config(rendered: Rendered) -> None:
+    """scheduler.filterTopK: the measured default 1 (docs/rules.md), a custom value as given; both load."""
+    from shared.config import load_config
+
+    for case, config, k in (("defaults", "hami-config", 1), ("custom", "gpu-hami-config", 5)):
+        cfg = embedded(rendered(case), config, "config.yaml")
+        assert cfg["filterTopK"] == k
+        assert load_config(env={}, flags={"filterTopK": str(cfg["filterTopK"])}).filter_top_k == k

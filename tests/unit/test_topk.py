@@ -110,3 +110,11 @@ def test_with_one_node_returned_the_pod_claims_its_card_until_bind() -> None:
     ext._unclaim("u2")
     assert ext.held == {}
     assert ext.filter(args(exclusive[1], nodes))["NodeNames"] == ["n3"]
+
+
+@pytest.mark.parametrize("raw", ["-1", "10001", "two"])
+def test_filter_top_k_out_of_range_stops_start_up(raw: str) -> None:
+    from shared.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="filterTopK"):
+        load_config(env={}, flags={"filterTopK": raw})
