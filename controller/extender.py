@@ -7,6 +7,11 @@ ledger (one round trip when the mirror is current; the script checks every card 
 the allocation annotations in the same API call, then marks the reservation bound (a second
 round trip). On any failure the reservation is released and the error returned.
 
+Filter returns the best `filterTopK` feasible nodes (shared/domain/topk.py; 0: all). Bookings this replica is
+making count in filter and prioritize until the mirror has them (`held`): the reserve script's reply carries
+the feed message it published, applied to the mirror at once; with one node returned, filter claims the
+card it fitted there until the bind arrives (kube-scheduler schedules the next pod before that bind).
+
 Arguments are checked before anything else (shared/domain/extender_args.py): malformed ones get HTTP 400
 naming the field. Bind places only pods that ask for our cards, under our profile, on a node they
 may go to (shared/domain/placement.py); anything else is refused before a reservation is made. Every
@@ -205,7 +210,9 @@ class Extender:
             return {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": dict.fromkeys(names, why),
                     "Error": ""}
         self._remember(seen)
-        self._unclaim(seen.uid)  # a pod's own claim never counts against it
+        if self._claims:
+            self._prune_claims()
+            self._unclaim(seen.uid)  # a pod's own claim never counts against it
         ok, failed, unresolvable = self.memo.fit_nodes(names, req, seen.annotations, self.cfg.gpu_scheduler_policy,
                                                        self.held)
         k = self.cfg.filter_top_k
@@ -313,6 +320,7 @@ class Extender:
             outcome, _ = await place(self.ledger, node, uid, req, seen.annotations, snap, policy,
                                      pod=f"{ns}/{name}", plan=plan)
             booked = outcome.ok
+            held = self.held.setdefault(node, held)  # the same dict, unless emptied and dropped meanwhile
             if booked and (uid not in held or held[uid][1] != outcome.cards):
                 held[uid] = (req, outcome.cards)  # booked on other cards than planned: hold those
             if outcome.feed is not None:  # our booking in the mirror now, not when the feed brings it
@@ -364,9 +372,6 @@ class Extender:
         pod before that bind arrives. Hold the pod's fit on the node meanwhile (until bind, or CLAIM_SECONDS),
         so the next pod's filter does not count the same card as free."""
         now = time.monotonic()
-        for uid, (_, until) in list(self._claims.items()):  # few: one per pod between filter and bind
-            if until < now:
-                self._unclaim(uid)
         snap = self.mirror.get(node)
         req = seen.request
         if snap is None or req is None or seen.uid in snap.reservations:
@@ -375,6 +380,14 @@ class Extender:
         if result.cards:
             self.held.setdefault(node, {})[seen.uid] = (req, result.cards)
             self._claims[seen.uid] = (node, now + CLAIM_SECONDS)
+
+    def _prune_claims(self) -> None:
+        """Drop claims that lapsed or whose booking the mirror now holds (few: pods between filter and bind)."""
+        now = time.monotonic()
+        for uid, (node, until) in list(self._claims.items()):
+            snap = self.mirror.get(node)
+            if until < now or (snap is not None and uid in snap.reservations):
+                self._unclaim(uid)
 
     def _unclaim(self, uid: str) -> None:
         got = self._claims.pop(uid, None)

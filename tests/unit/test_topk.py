@@ -10,8 +10,8 @@ from controller.extender import Extender
 from shared.domain.fit import EXCLUSIVE_CONFLICT
 from shared.domain.request import SliceRequest, pod_request
 from shared.domain.topk import top_k
-from shared.store.state import CardRecord, NodeSnapshot
-from tests.unit._servers import CFG, VGPU, extender, pod
+from shared.store.state import CardRecord, NodeSnapshot, Reservation
+from tests.unit._servers import CFG, VGPU, FakeKube, bind_args, extender, pod
 
 FILLS = [("n-b", 5.0), ("n-a", 5.0), ("n-c", 12.5), ("n-d", 0.0), ("n-e", 30.0)]
 
@@ -118,3 +118,26 @@ def test_filter_top_k_out_of_range_stops_start_up(raw: str) -> None:
 
     with pytest.raises(ConfigError, match="filterTopK"):
         load_config(env={}, flags={"filterTopK": raw})
+
+
+async def test_a_booking_the_mirror_lacks_stays_held_until_the_feed_brings_it() -> None:
+    """The reserve reply brought no message the mirror could apply (here: none at all): the booking keeps
+    counting on its node until the mirror holds the reservation, then the hold is dropped."""
+    ext = extender(dataclasses.replace(CFG, filter_top_k=0), kube=FakeKube(), nodes={"n0": 96})
+    whole = pod("u1", limits={VGPU: "1"})
+    req = pod_request(whole, ext.cfg)
+    ext.filter(args(whole, ["n0"]))
+    assert (await ext.bind(bind_args("u1", "n0")))["Error"] == ""  # FakeLedger books card 0
+    assert ext.held == {"n0": {"u1": (req, (0,))}}
+    # card 0 counts as taken: u2 gets card 1 (and, the only node returned, claims it until its bind)
+    assert ext.filter(args(pod("u2", limits={VGPU: "1"}), ["n0"]))["NodeNames"] == ["n0"]
+    assert ext.held == {"n0": {"u1": (req, (0,)), "u2": (req, (1,))}}
+    out = ext.filter(args(pod("u3", limits={VGPU: "1"}), ["n0"]))
+    assert out["NodeNames"] == [] and EXCLUSIVE_CONFLICT in out["FailedNodes"]["n0"]
+    snap = ext.mirror.nodes["n0"]  # the feed arrives: u1's reservation is in the mirror
+    ext.mirror.nodes["n0"] = dataclasses.replace(snap, version=2, cards={0: used(0, 96, 96, 16, 1), 1: snap.cards[1]},
+                                                 reservations={"u1": Reservation("u1", (0,), 96, 16, 1, "bound", 0)})
+    out = ext.filter(args(pod("u3", limits={VGPU: "1"}), ["n0"]))
+    assert out["NodeNames"] == [] and ext.held == {"n0": {"u2": (req, (1,))}}  # u1's hold dropped, u2 claims
+    ext._unclaim("u2")  # its bind (or CLAIM_SECONDS)
+    assert ext.filter(args(pod("u3", limits={VGPU: "1"}), ["n0"]))["NodeNames"] == ["n0"]
