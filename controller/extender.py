@@ -7,6 +7,11 @@ ledger (one round trip when the mirror is current; the script checks every card 
 the allocation annotations in the same API call, then marks the reservation bound (a second
 round trip). On any failure the reservation is released and the error returned.
 
+Filter returns the best `filterTopK` feasible nodes (shared/domain/topk.py; 0: all). Bookings this replica is
+making count in filter and prioritize until the mirror has them (`held`): the reserve script's reply carries
+the feed message it published, applied to the mirror at once; with one node returned, filter claims the
+card it fitted there until the bind arrives (kube-scheduler schedules the next pod before that bind).
+
 Arguments are checked before anything else (shared/domain/extender_args.py): malformed ones get HTTP 400
 naming the field. Bind places only pods that ask for our cards, under our profile, on a node they
 may go to (shared/domain/placement.py); anything else is refused before a reservation is made. Every
@@ -26,21 +31,38 @@ import orjson
 from aiohttp import web
 
 from controller.explain import explain_handler
-from controller.fit_memo import FitMemo, request_size
+from controller.fit_memo import FitMemo, held_states, request_size
 from controller.kube import Kube, KubeError
 from controller.preempt import Preemption
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED, CardGrant, binding_annotations, device_id
 from shared.domain.extender_args import ArgsError, ExtenderArgs, parse_binding_args, parse_extender_args
-from shared.domain.fit import GPU_POLICY, NODE_POLICY, NOUSE_UUID, USE_UUID, aggregate_failures, policy_of
+from shared.domain.fit import (
+    GPU_POLICY,
+    NODE_POLICY,
+    NOUSE_UUID,
+    USE_UUID,
+    FitResult,
+    aggregate_failures,
+    fit,
+    policy_of,
+)
 from shared.domain.models import UNIT_MIB
 from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError
 from shared.domain.state import plan_on
+from shared.domain.topk import top_k
 from shared.serving.bounded import ByteLRU
 from shared.serving.listen import LISTEN_POLICY, extender_policy
-from shared.serving.metrics import BINDINGS, CONFLICTS, EXTENDER_SECONDS, RESERVATIONS, count_filter_failures
+from shared.serving.metrics import (
+    BINDINGS,
+    CONFLICTS,
+    EXTENDER_SECONDS,
+    RESERVATIONS,
+    TOPK_DROPPED,
+    count_filter_failures,
+)
 from shared.store.ledger import Ledger, ReserveOutcome
 from shared.store.mirror import Mirror
 from shared.store.placing import place
@@ -53,6 +75,7 @@ POD_CACHE_BYTES = 16 * 1024 * 1024  # pods seen in filter, kept for bind
 POD_ENTRY_BYTES = 256 * 1024  # a larger entry is not kept: bind reads that pod from the API server
 EVENT_MEMO_BYTES = 2 * 1024 * 1024  # (pod, reason, message) of recent events, to send each once a minute
 MEMO_BYTES = 32 * 1024 * 1024  # fit and score memos (checked before each call; one call adds at most its nodes)
+CLAIM_SECONDS = 5.0  # how long filter's claim on its one returned node lasts without a bind (_claim)
 EVENT_MESSAGE_CHARS = 1024  # what an event keeps of a message (Kube.create_event cuts there too)
 FIT_ANNOTATIONS = (USE_UUID, NOUSE_UUID, GPU_POLICY)  # all fit() reads of a pod's annotations
 
@@ -112,6 +135,10 @@ class Extender:
         self._events: set[asyncio.Task[None]] = set()
         self._recent: ByteLRU[tuple[str, str, str], float] = ByteLRU(EVENT_MEMO_BYTES)  # -> last sent
         self.memo = FitMemo(mirror, MEMO_BYTES)  # fit() answers and node scores (controller/fit_memo.py)
+        # node -> uid -> (request, cards) of bookings in flight here (sent, not yet in the mirror): filter and
+        # prioritize count them, so pods filtered meanwhile are not sent to a card that is being taken
+        self.held: dict[str, dict[str, tuple[SliceRequest, tuple[int, ...]]]] = {}
+        self._claims: dict[str, tuple[str, float]] = {}  # uid -> (node, until) of filter's claims (_claim)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -191,7 +218,22 @@ class Extender:
             return {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": dict.fromkeys(names, why),
                     "Error": ""}
         self._remember(seen)
-        ok, failed, unresolvable = self.memo.fit_nodes(names, req, seen.annotations, self.cfg.gpu_scheduler_policy)
+        if self._claims:
+            self._prune_claims()
+            self._unclaim(seen.uid)  # a pod's own claim never counts against it
+        ok, failed, unresolvable = self.memo.fit_nodes(names, req, seen.annotations, self.cfg.gpu_scheduler_policy,
+                                                       self.held)
+        k = self.cfg.filter_top_k
+        if 0 < k < len(ok):  # the rest are left out of both lists: kube-scheduler drops them without a status
+            policy = policy_of(meta.get("annotations") or {}, NODE_POLICY, self.cfg.node_scheduler_policy)
+            ok = top_k(self.memo.fills(ok, self.held), k, policy)
+            TOPK_DROPPED.inc(len(names) - len(failed) - len(unresolvable) - len(ok))
+        if len(ok) == 1:
+            self._claim(ok[0], seen)
+        if k and ok:
+            # kube-scheduler reads failed nodes' statuses only when no node is feasible (the "0/N nodes"
+            # message, preemption): with a node returned they are not sent (no text made, none decoded)
+            return {"NodeNames": ok, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
         if not ok:
             msgs = aggregate_failures({**failed, **unresolvable})
             count_filter_failures(failed, unresolvable)
@@ -206,7 +248,7 @@ class Extender:
         a = parse_extender_args(args, self.mirror.nodes.keys())
         annotations = a.pod["metadata"].get("annotations") or {}
         policy = policy_of(annotations, NODE_POLICY, self.cfg.node_scheduler_policy)
-        return self.memo.scores(a.names, policy)
+        return self.memo.scores(a.names, policy, self.held)
 
     async def _seen_from_api(self, ns: str, name: str, uid: str) -> Seen | str:
         """The pod as the API server has it (filter ran on another replica), or why bind must stop."""
@@ -269,11 +311,39 @@ class Extender:
         policy = self.cfg.gpu_scheduler_policy
         snap = self.mirror.get(node)
         plan = None
+        others = {u: b for u, b in self.held.get(node, {}).items() if u != uid}
         if snap is not None and not snap.error:  # filter's fit at the same seq, else a fresh one
-            plan = plan_on(snap, uid, req, seen.annotations, policy,
-                           self.memo.fitted(node, snap, req, seen.annotations, policy))
-        outcome, _ = await place(self.ledger, node, uid, req, seen.annotations, snap, policy, pod=f"{ns}/{name}",
-                                 plan=plan)
+            fitted: FitResult | None = None
+            if others:  # cards other binds are booking right now: plan around them (when that fits)
+                around = fit(held_states(snap, others), req, seen.annotations, policy)
+                fitted = around if around.ok else None
+            else:
+                fitted = self.memo.fitted(node, snap, req, seen.annotations, policy)
+            plan = plan_on(snap, uid, req, seen.annotations, policy, fitted)
+        self._unclaim(uid)  # filter's claim (if any) becomes the booking in flight
+        held = self.held.setdefault(node, {})
+        if plan is not None and plan.ok:
+            held[uid] = (req, plan.cards)
+        booked = False
+        try:
+            outcome, _ = await place(self.ledger, node, uid, req, seen.annotations, snap, policy,
+                                     pod=f"{ns}/{name}", plan=plan)
+            booked = outcome.ok
+            held = self.held.setdefault(node, held)  # the same dict, unless emptied and dropped meanwhile
+            if booked and (uid not in held or held[uid][1] != outcome.cards):
+                held[uid] = (req, outcome.cards)  # booked on other cards than planned: hold those
+            if outcome.feed is not None:  # our booking in the mirror now, not when the feed brings it
+                self._apply_feed(outcome.feed)
+        finally:
+            snap = self.mirror.get(node)
+            if booked and not (snap is not None and uid in snap.reservations):
+                # booked, but the mirror lags the feed (a gap: our message was not applied): hold the
+                # booking until the feed brings it (the snapshot has it) or CLAIM_SECONDS pass
+                self._claims[uid] = (node, time.monotonic() + CLAIM_SECONDS)
+            else:
+                held.pop(uid, None)
+                if not held and self.held.get(node) is held:
+                    del self.held[node]
         if outcome.attempts > 1:
             CONFLICTS.inc(outcome.attempts - 1)
         if not outcome.ok:
@@ -295,6 +365,7 @@ class Extender:
                 BINDINGS.labels("success").inc()
                 return {"Error": ""}
             await self.ledger.release(node, uid)
+            self._unclaim(uid)
             BINDINGS.labels("failed").inc()
             msg = f"binding {ns}/{name} to {node} failed, reservation released: {e}"
             self.event(pod, "BindingFailed", msg, "Warning")
@@ -304,6 +375,44 @@ class Extender:
         cards = ",".join(str(i) for i in outcome.cards)
         self.event(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name} (cards {cards})")
         return {"Error": ""}
+
+    def _claim(self, node: str, seen: Seen) -> None:
+        """One node returned: kube-scheduler binds there (it has no other candidate), and schedules the next
+        pod before that bind arrives. Hold the pod's fit on the node meanwhile (until bind, or CLAIM_SECONDS),
+        so the next pod's filter does not count the same card as free."""
+        now = time.monotonic()
+        snap = self.mirror.get(node)
+        req = seen.request
+        if snap is None or req is None or seen.uid in snap.reservations:
+            return
+        result = fit(held_states(snap, self.held.get(node, {})), req, seen.annotations, self.cfg.gpu_scheduler_policy)
+        if result.cards:
+            self.held.setdefault(node, {})[seen.uid] = (req, result.cards)
+            self._claims[seen.uid] = (node, now + CLAIM_SECONDS)
+
+    def _prune_claims(self) -> None:
+        """Drop claims that lapsed or whose booking the mirror now holds (few: pods between filter and bind)."""
+        now = time.monotonic()
+        for uid, (node, until) in list(self._claims.items()):
+            snap = self.mirror.get(node)
+            if until < now or (snap is not None and uid in snap.reservations):
+                self._unclaim(uid)
+
+    def _unclaim(self, uid: str) -> None:
+        got = self._claims.pop(uid, None)
+        if got is not None:
+            held = self.held.get(got[0])
+            if held is not None:
+                held.pop(uid, None)
+                if not held:
+                    del self.held[got[0]]
+
+    def _apply_feed(self, msg: Mapping[str, Any]) -> None:
+        """The reserve script's feed message, applied as the feed would (the feed's copy is then skipped)."""
+        try:
+            self.mirror.apply(msg)  # a gap (the feed behind): None is not returned, the feed catches up
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            log.debug("booking not applied to the mirror ahead of the feed: %s", e)
 
     async def _already_bound(self, ns: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> bool:
         """A retried bind whose first attempt succeeded: the pod is on this node with this record."""

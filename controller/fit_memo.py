@@ -7,6 +7,10 @@ node keeps the answers of its latest seq only. Between two pods only the nodes b
 takes filter's fit from here (`fitted`) instead of fitting again. Across nodes, nodes whose cards hold the
 same (often: nothing yet) share an answer, so a request shape seen for the first time costs one fit() per
 distinct card state, not per node. Bounded by bytes: past `max_bytes` every memo is dropped.
+
+`held`: bookings this replica's bind is making right now (node -> uid -> (request, cards)), not yet in
+the mirror. A node with one is fitted and scored on its cards with those bookings applied, never from
+the memo, so a pod filtered while another pod's bind is in flight does not count that card as free.
 """
 
 from __future__ import annotations
@@ -14,12 +18,34 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shared.domain.fit import GPU_POLICY, NOUSE_UUID, USE_UUID, FitResult, Reasons, extender_priority, fit
+from shared.domain.fit import (
+    GPU_POLICY,
+    NOUSE_UUID,
+    USE_UUID,
+    CardState,
+    FitResult,
+    Reasons,
+    apply,
+    extender_priority,
+    fit,
+    node_score,
+)
 from shared.domain.request import SliceRequest
 from shared.domain.state import NodeSnapshot
 from shared.store.mirror import Mirror
 
 NODE_ANSWERS = 64  # answers kept per node (a node's memo is emptied when full)
+Held = Mapping[str, Mapping[str, tuple[SliceRequest, tuple[int, ...]]]]  # node -> uid -> (request, cards)
+NO_HELD: Held = {}
+
+
+def held_states(snap: NodeSnapshot, held: Mapping[str, tuple[SliceRequest, tuple[int, ...]]]) -> list[CardState]:
+    """The node's cards with the in-flight bookings applied (those the snapshot already holds count once)."""
+    states = list(snap.states())
+    for uid, (req, cards) in held.items():
+        if uid not in snap.reservations:
+            states = apply(states, req, cards)
+    return states
 
 
 def request_size(req: SliceRequest | None) -> int:
@@ -93,7 +119,7 @@ class FitMemo:
         return result
 
     def fit_nodes(self, names: Sequence[str], req: SliceRequest, annotations: Mapping[str, str],
-                  gpu_policy: str) -> tuple[list[str], dict[str, Reasons], dict[str, str]]:
+                  gpu_policy: str, held: Held = NO_HELD) -> tuple[list[str], dict[str, Reasons], dict[str, str]]:
         """(nodes that fit, failed node -> card reasons, unresolvable node -> reason) for one pod."""
         ok: list[str] = []
         failed: dict[str, Reasons] = {}
@@ -107,6 +133,12 @@ class FitMemo:
                 unresolvable[name] = "node unregistered"
             elif snap.error:
                 unresolvable[name] = f"node unregistered: {snap.error}"
+            elif held and name in held:
+                now = fit(held_states(snap, held[name]), req, annotations, gpu_policy)
+                if now.cards:
+                    ok.append(name)
+                else:
+                    failed[name] = now.reasons
             else:
                 entry = fits.get(name)
                 memo = entry[1] if entry is not None and entry[0] == snap.seq else memo_of(name, snap)
@@ -129,7 +161,34 @@ class FitMemo:
                     failed[name] = result.reasons
         return ok, failed, unresolvable
 
-    def scores(self, names: Sequence[str], policy: str) -> list[dict[str, Any]]:
+    def fills(self, names: Sequence[str], held: Held = NO_HELD) -> list[tuple[str, float]]:
+        """(node, card fill: node_score) of nodes of the mirror, for the filter's top k."""
+        key = self.key(("fill",))
+        out = []
+        get, fits, memo_of = self.mirror.get, self.fits, self.node
+        for name in names:
+            snap = get(name)
+            if snap is None:
+                continue
+            if held and name in held:
+                out.append((name, node_score(held_states(snap, held[name]))))
+                continue
+            entry = fits.get(name)
+            memo = entry[1] if entry is not None and entry[0] == snap.seq else memo_of(name, snap)
+            value: float | None = memo.get(key)
+            if value is None:
+                if len(memo) >= NODE_ANSWERS:
+                    memo.clear()
+                shared_key = (self.content(snap, memo), key)
+                value = self.shared.get(shared_key)
+                if value is None:
+                    value = self.shared[shared_key] = node_score(snap.states())
+                    self.bytes += 100
+                memo[key] = value
+            out.append((name, value))
+        return out
+
+    def scores(self, names: Sequence[str], policy: str, held: Held = NO_HELD) -> list[dict[str, Any]]:
         """HostPriorityList entries of the nodes under the node policy (0 for a node the mirror lacks)."""
         key = self.key(("priority", policy))
         out = []
@@ -137,7 +196,9 @@ class FitMemo:
         for name in names:
             snap = get(name)
             score = 0
-            if snap:
+            if snap and held and name in held:
+                score = extender_priority(held_states(snap, held[name]), policy)
+            elif snap:
                 entry = fits.get(name)
                 memo = entry[1] if entry is not None and entry[0] == snap.seq else memo_of(name, snap)
                 score = memo.get(key, -1)

@@ -10,6 +10,12 @@ from typing import Any
 from bench.load.cluster import LedgerView, list_all, node_model
 
 
+def packing(usage: dict[tuple[str, int], list[int]]) -> dict[str, int]:
+    """How tightly the phase packed: nodes and cards holding at least one slice (binpack: fewer is tighter)."""
+    used = [key for key, (m, k, s) in usage.items() if m or k or s]
+    return {"nodes_used": len({n for n, _ in used}), "cards_used": len(used)}
+
+
 async def check(kube: Any, ns: str, ledger: LedgerView | None, node_names: list[str], bound: int) -> dict[str, Any]:
     """Over-commit (ledger and annotations), unannotated bindings, ledger/annotation agreement."""
     from shared.domain.annotations import ALLOCATED, AnnotationError, usage_from_annotations
@@ -40,7 +46,8 @@ async def check(kube: Any, ns: str, ledger: LedgerView | None, node_names: list[
             acc[2] += u.slices
     over_ann = [f"{n}/{c}" for (n, c), (m, k, s) in usage.items() if m > node_model(n) or k > 16 or s > 16]
     out: dict[str, Any] = {"overcommitted_cards_annotations": len(over_ann), "unannotated_bound": unannotated,
-                           "undecodable": bad, "pending": kinds.pop("pending", 0), "placed": dict(kinds)}
+                           "undecodable": bad, "pending": kinds.pop("pending", 0), "placed": dict(kinds),
+                           **packing(usage)}
     # why pods waited: warning events by reason, with an example message each
     reasons: Counter[str] = Counter()
     examples: dict[str, str] = {}

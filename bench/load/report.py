@@ -92,6 +92,8 @@ def summarize(phases: list[Phase], fine: bool, node_memory: list[dict[str, Any]]
             "leaked_reservations": sum(p.result.get("leaked_reservations", 0) for p in checked),
             "pending_after_timeout": sum(c.get("pending", 0) for c in corr),
             "pods_checked": sum(p.result["pods"] for p in checked),
+            # per phase (burst phases, then paced): the policy's packing, nodes and cards holding a slice
+            "nodes_used": [c.get("nodes_used") for c in corr], "cards_used": [c.get("cards_used") for c in corr],
         }
         rec = next((m for m in node_memory or [] if m["nodes"] == nodes and str(m["replicas"]) == replicas
                     and m["percentage"] == pct), None)
@@ -181,6 +183,9 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
                          f(r.get("large_annotation_kb")), f((r.get("rss_mib_peak") or {}).get(k))])
     lines += grid(("nodes", "ext", "pct", "role", "per 1000 nodes", "per 1000 pods", "per 1000 large pods", "KB",
                    "peak"), body)
+    lines += ["", "Packing (node policy): nodes/cards holding a slice after each burst, then paced, phase: "
+              + "; ".join(f"{r['nodes']} nodes ext {r['replicas']}: " + ", ".join(
+                  f"{n}/{c}" for n, c in zip(r["nodes_used"], r["cards_used"], strict=True)) for r in rows)]
     lines += ["", "Latency p50/p99 ms, handler time (filter.compute: the verb's own work)"]
     body = []
     for r in rows:

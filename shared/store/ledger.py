@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -63,6 +63,8 @@ class ReserveOutcome:
     round_trips: int = 1
     capacity: int = 0
     reasons: Reasons | None = None
+    # a new booking: the feed message the script published, for the caller's mirror (Mirror.apply) at once
+    feed: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def reason(self) -> str:
@@ -242,7 +244,9 @@ class Ledger:
         if out["ok"]:
             self._saw(node, uids=[uid])
             got = tuple(int(x) for x in str(out["cards"]).split(",") if x)
-            return ReserveOutcome(True, got, existing=bool(out.get("existing"))), None
+            feed = out.get("feed")
+            return ReserveOutcome(True, got, existing=bool(out.get("existing")),
+                                  feed=feed if isinstance(feed, dict) else None), None
         snap = NodeSnapshot.from_json(out["node"]) if out.get("node") else None
         return ReserveOutcome(False, refused=str(out.get("reason", ""))), snap
 
@@ -260,7 +264,8 @@ class Ledger:
         outcome, fresh = await self.reserve(node, uid, plan.cards, need.memory, need.cores, need.slices, pod=pod,
                                             need=need)
         if outcome.ok and outcome.cards == plan.cards:
-            outcome = ReserveOutcome(True, outcome.cards, existing=outcome.existing, capacity=plan.capacity)
+            outcome = ReserveOutcome(True, outcome.cards, existing=outcome.existing, capacity=plan.capacity,
+                                     feed=outcome.feed)
         return outcome, fresh
 
     async def mark_bound(self, node: str, uid: str) -> bool:

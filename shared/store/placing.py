@@ -51,7 +51,7 @@ async def place(ledger: Ledger, node: str, uid: str, req: SliceRequest, annotati
             if outcome.cards != result.cards:  # booked earlier on other cards (our snapshot was stale)
                 result = FitResult(outcome.cards)
             return ReserveOutcome(True, outcome.cards, existing=outcome.existing, attempts=attempt,
-                                  round_trips=trips, capacity=outcome.capacity), result
+                                  round_trips=trips, capacity=outcome.capacity, feed=outcome.feed), result
         log.debug("reserve conflict on %s for %s: %s (attempt %d)", node, uid, outcome.reason, attempt)
         snapshot, plan = fresh, None
     return ReserveOutcome(False, refused=f"conflict: {outcome.reason}", attempts=max_attempts,

@@ -101,6 +101,7 @@ CASES: dict[str, Case] = {
         {"devices": {"mthreads": {"memoryPerCard": [160], "resourceCountName": "example.com/vgpu"}},
          "schedulerName": "gpu-scheduler",
          "scheduler": {"defaultSchedulerPolicy": {"nodeSchedulerPolicy": "spread", "gpuSchedulerPolicy": "binpack"},
+                       "filterTopK": 5,
                        "admissionWebhook": {
                            "namespaceSelector": {"matchLabels": {"gpu": "yes"}, "matchExpressions": [
                                {"key": "team", "operator": "In", "values": ["ml"]}]}}},

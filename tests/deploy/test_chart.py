@@ -670,3 +670,13 @@ def test_the_node_agent_is_off_by_default_and_complete_when_on(rendered: Rendere
     assert "authentication.kubernetes.io/node-name" in policy["validations"][0]["expression"]
     assert one(objs, "ValidatingAdmissionPolicyBinding", "hami-node-agent-writes")["spec"] == {
         "policyName": "hami-node-agent-writes", "validationActions": ["Deny"]}
+
+
+def test_filter_top_k_reaches_the_config(rendered: Rendered) -> None:
+    """scheduler.filterTopK: the measured default 1 (docs/rules.md), a custom value as given; both load."""
+    from shared.config import load_config
+
+    for case, config, k in (("defaults", "hami-config", 1), ("custom", "gpu-hami-config", 5)):
+        cfg = embedded(rendered(case), config, "config.yaml")
+        assert cfg["filterTopK"] == k
+        assert load_config(env={}, flags={"filterTopK": str(cfg["filterTopK"])}).filter_top_k == k

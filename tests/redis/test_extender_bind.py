@@ -154,3 +154,30 @@ async def test_bind_refuses_when_the_card_is_gone(setup: tuple[Extender, FakeKub
     assert len(kube.bound) == 2 and len(errors) == 1 and "no card on s4k" in errors[0]
     cards = {ann[GPU_INDEX] for _, _, _, ann in kube.bound}
     assert cards == {"0", "1"}
+
+
+async def test_a_booking_reaches_the_mirror_with_the_reserve_reply_not_later(redis_client: Redis,
+                                                                            ledger: Ledger) -> None:
+    """The reserve script returns the feed message it published; bind applies it at once, so the next pod's
+    filter sees the card taken even when the feed is slow (here: no feed at all, the mirror only resynced)."""
+    await ledger.upsert_node(node_inventory(node("s5k", 160, 2), CFG))
+    mirror = Mirror(ledger)
+    await mirror.resync()  # the mirror's state, without its feed task: nothing arrives by Pub/Sub
+    mirror.ready.set()
+    kube = FakeKube()
+    ext = Extender(CFG, ledger, mirror, kube)  # type: ignore[arg-type]
+    first = pod("w1", {"mthreads.com/vgpu": 1})  # an exclusive card
+    ext.filter({"Pod": first, "NodeNames": ["s5k"]})
+    before = mirror.get("s5k")
+    assert before is not None
+    assert (await ext.bind({"PodName": "p-w1", "PodNamespace": "ns", "PodUID": "w1", "Node": "s5k"}))["Error"] == ""
+    after = mirror.get("s5k")
+    assert after is not None and after.version == before.version + 1 and "w1" in after.reservations
+    assert ext.held == {}  # nothing held once the mirror has the booking
+    truth = await ledger.snapshot("s5k")
+    assert truth is not None and after.cards == truth.cards  # the cards exactly as the ledger holds them
+    out = ext.filter({"Pod": pod("w2", {"mthreads.com/vgpu": 1}), "NodeNames": ["s5k"]})
+    assert out["NodeNames"] == ["s5k"]  # the second card is still idle
+    assert (await ext.bind({"PodName": "p-w2", "PodNamespace": "ns", "PodUID": "w2", "Node": "s5k"}))["Error"] == ""
+    out = ext.filter({"Pod": pod("w3", {"mthreads.com/vgpu": 1}), "NodeNames": ["s5k"]})
+    assert out["NodeNames"] == [] and "2/2 ExclusiveDeviceAllocateConflict" in out["FailedNodes"]["s5k"]

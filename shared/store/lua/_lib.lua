@@ -241,7 +241,7 @@ local function publish(kind, uid, res, touched, views)
                error = redis.call('HGET', NODE_KEY, 'error') or ""}
   if uid then msg.uid = uid; msg.res = res or false end
   redis.call('PUBLISH', FEED, cjson.encode(msg))
-  return v
+  return v, msg  -- the message too: reserve hands it to its caller, which applies it to its mirror at once
 end
 
 -- Validates a card list from the payload: [{index, capacity, slice_limit, health, and optionally the

@@ -37,5 +37,5 @@ for _, idx in ipairs(p.cards) do
   if why then return cjson.encode({ok = false, reason = why, card = idx, node = refusal_view()}) end
 end
 local views, res = book(p, "pending", now_ms(), seen)
-local v = publish('reserve', p.uid, res, p.cards, views)
-return cjson.encode({ok = true, existing = false, cards = cards_csv(p.cards), version = v})
+local v, msg = publish('reserve', p.uid, res, p.cards, views)
+return cjson.encode({ok = true, existing = false, cards = cards_csv(p.cards), version = v, feed = msg})
