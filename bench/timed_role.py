@@ -24,9 +24,9 @@ from aiohttp import web, web_protocol
 from prometheus_client import Counter, Histogram
 
 from controller import cli, roles
-from controller import kube as kube_module
+from shared import kube as kube_module
 from controller.extender import Extender
-from controller.kube import Kube
+from shared.kube import Kube
 from shared.store.ledger import Ledger
 from webhook import runner as webhook_runner
 from webhook import server as webhook_server
@@ -150,7 +150,7 @@ def _with_lag_probe(role: RoleMain) -> RoleMain:
 
 
 def _keep_env_lookups(api: Any) -> None:
-    """Stand-in for controller.kube._skip_empty_env_lookups: the behaviour before that change."""
+    """Stand-in for shared.kube._skip_empty_env_lookups: the behaviour before that change."""
 
 
 def main(argv: list[str] | None = None) -> int:

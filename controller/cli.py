@@ -61,7 +61,7 @@ def _run_role(main: Callable[[Config, asyncio.Event], Awaitable[bool]], cfg: Con
 def _explain(args: argparse.Namespace, cfg: Config) -> int:
     """The pod from the API server (kubeconfig), the cards from Redis, as `mtsched cards` reads them."""
     from controller.explain import ExplainError, gather, render
-    from controller.kube import Kube
+    from shared.kube import Kube
     from shared.store.ledger import Ledger, RedisOptions, connect
 
     try:

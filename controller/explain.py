@@ -14,13 +14,13 @@ from dataclasses import asdict
 import orjson
 from aiohttp import web
 
-from controller.kube import Kube, KubeError
 from shared.config import Config
 from shared.domain.explain import CardWhy, Explanation, NodeWhy, explain
 from shared.domain.placement import NodeRequirement, node_requirement
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError, describe, is_dns_label, is_dns_subdomain
 from shared.domain.state import NodeSnapshot
+from shared.kube import Kube, KubeError
 from shared.store.mirror import Mirror
 
 log = logging.getLogger("mtsched.explain")

@@ -32,7 +32,6 @@ from aiohttp import web
 
 from controller.explain import explain_handler
 from controller.fit_memo import FitMemo, held_states, request_size
-from controller.kube import Kube, KubeError
 from controller.preempt import Preemption
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED, CardGrant, binding_annotations, device_id
@@ -53,6 +52,7 @@ from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError
 from shared.domain.state import plan_on
 from shared.domain.topk import top_k
+from shared.kube import Kube, KubeError
 from shared.serving.bounded import ByteLRU
 from shared.serving.listen import LISTEN_POLICY, extender_policy
 from shared.serving.metrics import (

@@ -23,10 +23,10 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from controller.kube import Kube, KubeError
 from shared.domain.annotations import PodUsage
 from shared.domain.knobs import CardKnobs, KnobChange, held_changes
 from shared.domain.node import Inventory
+from shared.kube import Kube, KubeError
 
 log = logging.getLogger("mtsched.knobs")
 

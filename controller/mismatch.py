@@ -21,9 +21,9 @@ from typing import Any
 
 from prometheus_client import Gauge
 
-from controller.kube import Kube, KubeError
 from shared.config import Config
 from shared.domain.node import MISMATCH_KINDS, Inventory
+from shared.kube import Kube, KubeError
 
 log = logging.getLogger("mtsched.watchers")
 

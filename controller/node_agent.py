@@ -17,9 +17,9 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge
 
-from controller.kube import Kube
 from shared.config import Config, ConfigError
 from shared.domain.knobs import ANNOTATION, KNOBS, KnobReport, build_report, encode_annotation, should_patch
+from shared.kube import Kube
 from shared.serving.http import serve_health
 from shared.serving.supervise import Heartbeat, Supervisor
 

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from controller.kube import KubeError
 from shared.domain.extender_args import ArgsError
 from shared.domain.preempt import Choice, Holding, Victim, choose_victims
 from shared.domain.preempt_args import NodeVictims, PreemptionArgs, parse_preemption_args
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.state import NodeSnapshot
+from shared.kube import KubeError
 from shared.serving.metrics import EXTENDER_SECONDS, PREEMPT_NODES
 
 if TYPE_CHECKING:

@@ -19,7 +19,6 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from controller.kube import Kube, KubeError
 from controller.watchers import NodeWatcher, PodWatcher, is_terminal, pod_ref, unaccounted
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED, AnnotationError, PodUsage, usage_from_annotations
@@ -35,6 +34,7 @@ from shared.domain.reconcile import (
 )
 from shared.domain.state import NodeSnapshot
 from shared.domain.trust import foreign_record
+from shared.kube import Kube, KubeError
 from shared.serving.metrics import (
     ANNOTATION_ERRORS,
     LEDGER_REBUILDS,

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from controller.kube import Kube, KubeError
+from shared.kube import Kube, KubeError
 from shared.serving.metrics import WATCH_RELISTS, WATCH_RESUMES
 from shared.serving.supervise import Backoff, is_transient
 

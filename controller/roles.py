@@ -12,10 +12,10 @@ from aiohttp import web
 
 from controller.extender import BODY_LIMIT as EXTENDER_BODY_LIMIT
 from controller.extender import Extender
-from controller.kube import Kube
 from controller.reconciler import Reconciler
 from controller.watchers import Janitor, NodeWatcher, PodWatcher
 from shared.config import Config
+from shared.kube import Kube
 from shared.serving.http import serve_api, serve_health
 from shared.serving.supervise import Backoff, Supervisor
 from shared.store.session import open_ledger

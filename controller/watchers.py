@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from controller.knob_watch import KnobWatch
-from controller.kube import Kube, KubeError
 from controller.mismatch import MismatchReporter
 from controller.reflector import Reflector
 from shared.config import Config
@@ -28,6 +27,7 @@ from shared.domain.node import Inventory, node_inventory
 from shared.domain.reconcile import Unrecorded, offers_cards, quarantine_reason, recovered_usage
 from shared.domain.request import RequestError, pod_request
 from shared.domain.trust import foreign_record
+from shared.kube import Kube, KubeError
 from shared.serving.metrics import ANNOTATION_ERRORS, OVERCOMMIT, RECORD_MISMATCH, RELEASES, WATCH_EVENTS
 from shared.store.ledger import Ledger, LedgerError
 from shared.store.mirror import Mirror

@@ -6,8 +6,8 @@ import asyncio
 
 from aiohttp import web
 
-from controller.kube import Kube
 from shared.config import Config
+from shared.kube import Kube
 from shared.serving.http import serve_api
 from shared.serving.supervise import Supervisor
 from shared.store.session import open_ledger

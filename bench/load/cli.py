@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
 async def amain(args: argparse.Namespace, doc: dict[str, Any], ext: external.External | None = None) -> None:
     from bench import micro
-    from controller.kube import Kube
+    from shared.kube import Kube
 
     say = Progress()
     started = datetime.now(UTC)

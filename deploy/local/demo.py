@@ -37,8 +37,8 @@ def _limits(pod: dict[str, Any]) -> str:
 
 
 async def _apply(kubeconfig: str, say: Progress) -> list[tuple[str, str]]:
-    from controller.kube import Kube, KubeError
     from shared.domain.annotations import ALLOCATED, decode_allocation
+    from shared.kube import Kube, KubeError
 
     kube = await Kube.create(kubeconfig)
     results: list[tuple[str, str]] = []

@@ -33,7 +33,7 @@ class TransientError(RuntimeError):
 
 def is_transient(e: BaseException) -> bool:
     """Errors of the parts we depend on that heal by themselves: retry them, never give up."""
-    status = getattr(e, "status", None)  # KubeError (controller/kube.py): an API server's HTTP answer
+    status = getattr(e, "status", None)  # KubeError (shared/kube.py): an API server's HTTP answer
     if isinstance(status, int) and not isinstance(e, aiohttp.ClientError):
         return status >= 500 or status in (408, 429)
     return isinstance(e, (TransientError, rexc.ConnectionError, rexc.TimeoutError, rexc.BusyLoadingError,

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from controller.kube import Kube
 from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
+from shared.kube import Kube
 from tests.deploy._chart import CASES, helm_binary, objects, template
 from tests.deploy._promql import (
     DASHBOARD,

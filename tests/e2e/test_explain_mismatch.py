@@ -26,11 +26,11 @@ import orjson
 import pytest
 import pytest_asyncio
 
-from controller.kube import Kube
 from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
+from shared.kube import Kube
 
 pytestmark = pytest.mark.e2e
 

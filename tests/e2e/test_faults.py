@@ -34,7 +34,6 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from controller.kube import Kube, KubeError
 from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer, new_password
@@ -43,6 +42,7 @@ from shared.config import load_config
 from shared.domain.annotations import ALLOCATED, AnnotationError, usage_from_annotations
 from shared.domain.node import node_inventory
 from shared.domain.state import NodeSnapshot
+from shared.kube import Kube, KubeError
 from shared.store.ledger import Ledger
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]

@@ -19,12 +19,12 @@ import pytest_asyncio
 import yaml
 from redis.asyncio import Redis
 
-from controller.kube import Kube, KubeError
 from controller.watchers import FREED_ANNOTATION
 from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
+from shared.kube import Kube, KubeError
 from shared.store.ledger import Ledger
 from tests.e2e._wait import until
 

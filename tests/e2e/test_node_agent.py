@@ -20,12 +20,12 @@ import pytest_asyncio
 from redis.asyncio import Redis
 
 from controller.cards import card_table
-from controller.kube import Kube, KubeError
 from deploy.local.controlplane import ControlPlane
 from deploy.local.identities import node_identity
 from deploy.local.redis import RedisServer, free_port, terminate
 from deploy.local.stack import Stack
 from shared.domain.knobs import ANNOTATION, CardKnobs, decode_annotation
+from shared.kube import Kube, KubeError
 from shared.store.ledger import Ledger
 from tests.deploy._chart import helm_binary, run_helm
 from tests.e2e.test_product import CORE, MEM, SCENARIO_LABEL, VGPU, Cluster, grants

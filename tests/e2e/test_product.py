@@ -19,7 +19,6 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from controller.kube import Kube, KubeError
 from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
@@ -36,6 +35,7 @@ from shared.domain.annotations import (
 )
 from shared.domain.models import valid_memory_values
 from shared.domain.state import NodeSnapshot
+from shared.kube import Kube, KubeError
 from shared.store.ledger import Ledger
 
 pytestmark = pytest.mark.e2e

@@ -32,12 +32,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from controller.kube import Kube, KubeError
 from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
 from deploy.local.identities import tenant
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
+from shared.kube import Kube, KubeError
 
 pytestmark = pytest.mark.e2e
 

@@ -32,7 +32,6 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from controller.kube import Kube
 from controller.reconciler import Reconciler
 from controller.watchers import NodeWatcher, PodWatcher
 from deploy.local import nodes as simulated
@@ -40,6 +39,7 @@ from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
 from shared.config import load_config
 from shared.domain.annotations import CardGrant, binding_annotations, device_id, usage_from_annotations
+from shared.kube import Kube
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
 

@@ -15,12 +15,12 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from controller.kube import Kube
 from deploy.local.controlplane import ControlPlane
 from deploy.local.identities import node_identity
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
 from shared.domain.knobs import ANNOTATION
+from shared.kube import Kube
 from shared.store.ledger import Ledger
 from tests.deploy._chart import helm_binary, run_helm
 from tests.e2e.test_node_agent import patch_as, until

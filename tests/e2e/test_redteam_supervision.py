@@ -31,11 +31,11 @@ from collections.abc import Iterator
 import pytest
 from redis.asyncio import Redis
 
-from controller.kube import Kube
 from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Role, Stack
+from shared.kube import Kube
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 

@@ -15,11 +15,11 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from controller.kube import Kube
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
 from shared.domain.fit import USE_UUID
+from shared.kube import Kube
 from shared.store.ledger import Ledger
 from tests.e2e.test_product import CORE, MEM, VGPU, Cluster
 

@@ -31,7 +31,6 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from controller.kube import Kube, KubeError
 from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
 from deploy.local.identities import tenant
@@ -39,6 +38,7 @@ from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
 from shared.domain.annotations import ALLOCATED, BIND_PHASE, GPU_INDEX, PREDICATE_TIME
 from shared.domain.state import NodeSnapshot
+from shared.kube import Kube, KubeError
 from shared.store.ledger import Ledger
 from tests.e2e._wait import until
 

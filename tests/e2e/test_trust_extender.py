@@ -15,12 +15,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from controller.kube import Kube
 from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
 from deploy.local.pki import make_ca, make_client_cert
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
+from shared.kube import Kube
 
 pytestmark = pytest.mark.e2e
 

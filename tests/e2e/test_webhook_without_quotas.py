@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.kube import Kube
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
+from shared.kube import Kube
 from tests.deploy._chart import Case, find, helm_binary, objects, template
 
 pytestmark = pytest.mark.e2e

@@ -12,10 +12,10 @@ import pytest
 from redis.asyncio import Redis
 
 from controller.extender import Extender
-from controller.kube import KubeError
 from shared.config import load_config
 from shared.domain.annotations import ALLOCATED, GPU_INDEX, decode_allocation
 from shared.domain.node import node_inventory
+from shared.kube import KubeError
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
 

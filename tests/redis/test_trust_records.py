@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from controller.kube import Kube
 from controller.watchers import PodWatcher
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED, PodUsage
 from shared.domain.models import CardModel
+from shared.kube import Kube
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
 from tests.redis.helpers import S4000, dump, inventory, violations

@@ -14,9 +14,9 @@ from redis.asyncio import Redis
 
 from controller.extender import BODY_LIMIT as EXTENDER_BODY_LIMIT
 from controller.extender import Extender
-from controller.kube import Kube, KubeError
 from shared.config import Config, load_config
 from shared.domain.state import CardRecord, NodeSnapshot
+from shared.kube import Kube, KubeError
 from shared.store.ledger import Ledger, ReserveOutcome
 from shared.store.mirror import Mirror
 from webhook.server import BODY_LIMIT as WEBHOOK_BODY_LIMIT

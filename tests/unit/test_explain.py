@@ -13,12 +13,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from redis.asyncio import Redis
 
 from controller.explain import ExplainError, explain_handler, parse_ref, to_json, to_text
-from controller.kube import Kube, KubeError
 from shared.domain.explain import Explanation, explain
 from shared.domain.fit import USE_UUID, fit, gen_reason
 from shared.domain.placement import node_requirement
 from shared.domain.request import SliceRequest, pod_request
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation
+from shared.kube import Kube, KubeError
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
 from tests.unit._k8s import VGPU, cfg, ctr, pod, slice_ctr

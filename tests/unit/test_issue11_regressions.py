@@ -19,10 +19,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from redis.asyncio import Redis
 
 from controller.extender import Extender
-from controller.kube import Kube, KubeError
 from shared.config import load_config
 from shared.domain.admission import decide
 from shared.domain.state import CardRecord, NodeSnapshot
+from shared.kube import Kube, KubeError
 from shared.store.ledger import Ledger, ReserveOutcome
 from shared.store.mirror import Mirror
 from webhook.server import Webhook, handle_review

@@ -11,12 +11,12 @@ import pytest
 from redis.asyncio import Redis
 
 from controller.extender import Extender
-from controller.kube import Kube
 from shared.domain import fit as F
 from shared.domain.fit import CardNeed, CardState, FitResult, Plan, Reasons, fit, plan_booking
 from shared.domain.node import Card
 from shared.domain.request import SliceRequest, pod_request
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation, plan_on
+from shared.kube import Kube
 from shared.store.ledger import Ledger, ReserveOutcome
 from shared.store.mirror import Mirror
 from tests.unit._k8s import VGPU, cfg, ctr, pod, slice_ctr

@@ -9,8 +9,8 @@ import aiohttp
 import pytest
 from redis import exceptions as rexc
 
-from controller.kube import KubeError
 from controller.reflector import lines
+from shared.kube import KubeError
 from shared.serving.supervise import Backoff, Heartbeat, Supervisor, backoff_delay, is_transient
 
 
