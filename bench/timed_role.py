@@ -24,8 +24,8 @@ from aiohttp import web, web_protocol
 from prometheus_client import Counter, Histogram
 
 from controller import cli, roles
-from shared import kube as kube_module
 from controller.extender import Extender
+from shared import kube as kube_module
 from shared.kube import Kube
 from shared.store.ledger import Ledger
 from webhook import runner as webhook_runner

@@ -14,11 +14,13 @@ import copy
 import socket
 import ssl
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from shared.domain.patch import apply_patch
 
 Json = dict[str, Any]
 
@@ -125,24 +127,6 @@ def tune_scheduler_config(cfg: Json, percentage: int, server_name: str = "") -> 
         for ext in out.get("extenders") or []:
             if "tlsConfig" in ext:
                 ext["tlsConfig"]["serverName"] = server_name
-    return out
-
-
-def apply_patch(doc: Mapping[str, Any], ops: Iterable[Mapping[str, Any]]) -> Json:
-    """RFC 6902 add/replace on objects and list indices: the operations our webhook sends."""
-    out: Json = copy.deepcopy(dict(doc))
-    for op in ops:
-        if op["op"] not in ("add", "replace"):
-            raise ValueError(f"patch op {op['op']!r}: allowed add, replace")
-        tokens = [t.replace("~1", "/").replace("~0", "~") for t in op["path"].split("/")[1:]]
-        target: Any = out
-        for t in tokens[:-1]:
-            target = target[int(t)] if isinstance(target, list) else target[t]
-        last = tokens[-1]
-        if isinstance(target, list):
-            target[int(last)] = copy.deepcopy(op["value"])
-        else:
-            target[last] = copy.deepcopy(op["value"])
     return out
 
 

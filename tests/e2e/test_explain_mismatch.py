@@ -60,8 +60,9 @@ def world(own_control_plane: ControlPlane, redis_server: RedisServer) -> Iterato
     sync_redis.Redis(port=redis_server.port, password=redis_server.password).flushall()
     run = uuid.uuid4().hex[:6]
     s5000, badlabel = f"s5000-{run}", f"badlabel-{run}"
-    cp.api("POST", "/api/v1/nodes", simulated.s5000_node(s5000, sliced_cards=2, labels={LABEL: run}))
-    bad = simulated.s4000_node(badlabel, sliced_cards=2, labels={LABEL: run})
+    cp.api("POST", "/api/v1/nodes",
+           simulated.gpu_node(s5000, simulated.S5000_MEMORY_UNITS, sliced_cards=2, labels={LABEL: run}))
+    bad = simulated.gpu_node(badlabel, simulated.S4000_MEMORY_UNITS, sliced_cards=2, labels={LABEL: run})
     bad["metadata"]["labels"][simulated.LABEL_SLICED_CORES] = "0-1-2"  # 3 card ids, capacity for 2
     cp.api("POST", "/api/v1/nodes", bad)
     st = Stack(cp, redis_server.url, "96", watchers=2)
@@ -197,7 +198,8 @@ async def test_explain_a_pod_pending_on_full_cards(world: World, kube: Kube) -> 
     # the pods' pool: a one-card S4000 node and the S5000 node (still closed); the other node is no candidate
     # kube-scheduler counts node totals: the pool's node has 64 units free in all, but 32 on each card
     full, pool = f"s4000-full-{world.run}", uuid.uuid4().hex[:6]
-    await kube.request("POST", "/api/v1/nodes", simulated.s4000_node(full, sliced_cards=2, labels={POOL: pool}))
+    await kube.request("POST", "/api/v1/nodes",
+                       simulated.gpu_node(full, simulated.S4000_MEMORY_UNITS, sliced_cards=2, labels={POOL: pool}))
     await kube.request("PATCH", f"/api/v1/nodes/{world.s5000}", {"metadata": {"labels": {POOL: pool}}},
                        content_type="application/merge-patch+json")
     ns = await new_namespace(kube)

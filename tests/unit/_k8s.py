@@ -5,7 +5,6 @@ Kept deliberately dumb: tests spell out the numbers they expect, the builders on
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -13,6 +12,7 @@ from shared.config import Config
 from shared.domain.fit import CardState
 from shared.domain.models import parse_memory_per_card
 from shared.domain.node import Card
+from shared.domain.patch import apply_patch as apply_patch  # the tests apply the webhook's patches with it
 
 VGPU = "mthreads.com/vgpu"
 MEM = "mthreads.com/sgpu-memory"
@@ -108,24 +108,3 @@ def cards(capacity: int, n: int, node_name: str = "n1", **kw: Any) -> list[CardS
     return [CardState(Card(node_name, i, capacity, **kw)) for i in range(n)]
 
 
-def _unescape(token: str) -> str:
-    return token.replace("~1", "/").replace("~0", "~")
-
-
-def apply_patch(doc: Mapping[str, Any], ops: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """RFC 6902 add/replace on objects and list indices: enough to check what the webhook sends."""
-    out: dict[str, Any] = copy.deepcopy(dict(doc))
-    for op in ops:
-        assert op["op"] in ("add", "replace"), op
-        tokens = [_unescape(t) for t in op["path"].split("/")[1:]]
-        target: Any = out
-        for t in tokens[:-1]:
-            target = target[int(t)] if isinstance(target, list) else target[t]
-        last = tokens[-1]
-        if isinstance(target, list):
-            target[int(last)] = copy.deepcopy(op["value"])
-        else:
-            if op["op"] == "replace":
-                assert last in target, f"replace of missing {op['path']}"
-            target[last] = copy.deepcopy(op["value"])
-    return out

@@ -149,6 +149,18 @@ local function node_view()
           exists = n.version ~= nil}
 end
 
+-- The payload {uid, ...} of a script on one reservation: checked, and the reservation's key declared.
+-- Returns p, or nil and the reply to return at once (BADINPUT, or MOREKEYS).
+local function uid_payload()
+  local p, err = payload()
+  if err then return nil, err end
+  local bad = check_uid(p.uid)
+  if bad then return nil, fail("BADINPUT", bad) end
+  local more = need_keys({}, {p.uid})
+  if more then return nil, more end
+  return p
+end
+
 -- need_keys() for a script that reads the whole node: all its cards and reservations, plus the `cards` and
 -- `uids` the call itself names (both optional); the node's complete lists.
 local function need_node_keys(cards, uids)

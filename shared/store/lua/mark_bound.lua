@@ -1,10 +1,6 @@
 -- Mark a reservation bound once the Binding exists. Payload: {uid}. Idempotent.
-local p, err = payload()
-if err then return err end
-local bad = check_uid(p.uid)
-if bad then return fail("BADINPUT", bad) end
-local more = need_keys({}, {p.uid})
-if more then return more end
+local p, reply = uid_payload()
+if not p then return reply end
 local r = res_view(p.uid)
 if not r then return cjson.encode({ok = false, reason = "no reservation"}) end
 if r.state ~= "bound" then

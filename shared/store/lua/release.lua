@@ -1,13 +1,9 @@
 -- Release a reservation by pod uid, giving its share back. Payload: {uid}. Idempotent.
-local p, err = payload()
-if err then return err end
-local bad = check_uid(p.uid)
-if bad then return fail("BADINPUT", bad) end
-local more = need_keys({}, {p.uid})
-if more then return more end
+local p, reply = uid_payload()
+if not p then return reply end
 local r = res_view(p.uid)
 if not r then return cjson.encode({ok = true, released = false}) end
-more = need_keys(split_cards(r.cards), {})  -- the cards it gives back (and publishes)
+local more = need_keys(split_cards(r.cards), {})  -- the cards it gives back (and publishes)
 if more then return more end
 local views = drop_reservation(p.uid, r)
 publish('release', p.uid, false, split_cards(r.cards), views)
