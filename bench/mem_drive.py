@@ -113,7 +113,7 @@ def drive_webhook(cfg: Config, batch: list[dict[str, Any]], nodes: int) -> Any:
 
 def bound(p: dict[str, Any], node: str, cfg: Config) -> dict[str, Any]:
     """The pod as the watcher sees it after our bind (record, nodeName, Running)."""
-    q = orjson.loads(orjson.dumps(p))
+    q: dict[str, Any] = orjson.loads(orjson.dumps(p))
     grants = [[CardGrant(device_id(node, 0), 1024, 10)]]
     q["metadata"]["annotations"].update(binding_annotations(node, grants, 1))
     q["spec"]["nodeName"] = node
