@@ -109,8 +109,9 @@ class Seen:
                    {k: annotations[k] for k in FIT_ANNOTATIONS if k in annotations}, requirement)
 
     def size(self) -> int:
-        """Approximate bytes this entry keeps alive (strings plus a fixed overhead per object)."""
-        return (400 + len(self.uid) + len(self.name) + len(self.namespace) + len(self.scheduler_name)
+        """Bytes this entry keeps alive, an upper bound (strings plus the objects around them: measured in
+        tests/unit/test_bounded_memory.py)."""
+        return (640 + len(self.uid) + len(self.name) + len(self.namespace) + len(self.scheduler_name)
                 + sum(64 + len(k) + len(v) for k, v in self.annotations.items())
                 + request_size(self.request) + self.requirement.size())
 

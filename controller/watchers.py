@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -38,6 +39,15 @@ log = logging.getLogger("mtsched.watchers")
 def pod_ref(pod: Mapping[str, Any]) -> str:
     meta = pod.get("metadata") or {}
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+MAX_GPU_INDEX_CHARS = 512  # what the view keeps of `gpu-index`; longer is no card list (recovered_usage: None)
+
+
+def record_digest(raw: Any) -> bytes:
+    """What the view keeps of an allocation record it has handled: 16 bytes, whatever the pod carries
+    (an annotation can be 256 KiB); a changed record has another digest, so it is handled again."""
+    return hashlib.blake2b(str(raw).encode(), digest_size=16).digest()
 
 
 def is_terminal(pod: dict[str, Any]) -> bool:
@@ -210,8 +220,10 @@ def unaccounted(pod: Mapping[str, Any], cfg: Config) -> Unrecorded | None:
         if req is None:
             return None
     ann = (pod.get("metadata") or {}).get("annotations") or {}
-    return Unrecorded(pod_ref(pod), str((pod.get("spec") or {}).get("nodeName") or ""), req,
-                      str(ann.get(GPU_INDEX) or ""))
+    gpu_index = str(ann.get(GPU_INDEX) or "")
+    if len(gpu_index) > MAX_GPU_INDEX_CHARS:  # not kept (bounded view): unreadable, so the node stays closed
+        gpu_index = "unreadable"
+    return Unrecorded(pod_ref(pod), str((pod.get("spec") or {}).get("nodeName") or ""), req, gpu_index)
 
 
 class PodWatcher:
@@ -222,7 +234,8 @@ class PodWatcher:
         self.ledger = ledger
         self.mirror = mirror
         self.cfg = cfg
-        self.seen: dict[str, str] = {}  # uid -> allocation annotation already recorded
+        # Per live pod the view keeps a few hundred bytes, never the pod (tests/unit/test_bounded_memory.py):
+        self.seen: dict[str, bytes] = {}  # uid -> digest of the allocation annotation already handled
         self.truth: dict[str, PodTruth] = {}  # uid -> live pod that is bound or carries a record
         self.unrecorded: dict[str, Unrecorded] = {}  # the few of them without a readable record
         self.ended: dict[str, float] = {}  # uid -> when the watch saw it deleted or ended (last 10 minutes)
@@ -300,22 +313,26 @@ class PodWatcher:
 
     async def record(self, uid: str, pod: dict[str, Any]) -> None:
         raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATED)
-        if raw is None or self.seen.get(uid) == raw or not (pod.get("spec") or {}).get("nodeName"):
+        if raw is None or not (pod.get("spec") or {}).get("nodeName"):
+            return
+        digest = record_digest(raw)
+        if self.seen.get(uid) == digest:
             return
         foreign = foreign_record(pod, self.cfg)
         if foreign:
             RECORD_MISMATCH.labels("foreign").inc()
             log.error("pod %s carries an allocation record although %s: our bind never wrote it, nothing is "
                       "booked for it (record %r)", pod_ref(pod), foreign, str(raw)[:300])
-            self.seen[uid] = raw
+            self.seen[uid] = digest
             return
         try:
             usage: PodUsage | None = usage_from_annotations(pod)
         except AnnotationError as e:
             # Fail closed: keep whatever the ledger holds for this pod rather than freeing capacity.
             ANNOTATION_ERRORS.inc()
-            log.error("pod %s has an undecodable allocation record, its usage is kept: %s", pod_ref(pod), e)
-            self.seen[uid] = raw
+            log.error("pod %s has an undecodable allocation record, its usage is kept: %s", pod_ref(pod),
+                      str(e)[:500])  # the error quotes the record, which can be 256 KiB
+            self.seen[uid] = digest
             return
         if usage is None:
             return
@@ -335,13 +352,13 @@ class PodWatcher:
                       "%d slices) on %s; the ledger keeps what the bind booked: %s (record %r)", pod_ref(pod),
                       list(usage.cards), usage.memory, usage.cores, usage.slices, usage.node, out.get("booked"),
                       str(raw)[:300])
-            self.seen[uid] = raw
+            self.seen[uid] = digest
             return
         if out.get("overcommit"):
             OVERCOMMIT.inc()
             log.error("pod %s over-commits card(s) %s on %s (recorded as the API server says)", pod_ref(pod),
                       usage.cards, usage.node)
-        self.seen[uid] = raw
+        self.seen[uid] = digest
 
     async def on_event(self, kind: str, pod: dict[str, Any]) -> None:
         WATCH_EVENTS.labels("pod", kind).inc()
