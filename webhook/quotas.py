@@ -21,6 +21,7 @@ from shared.config import Config
 from shared.domain.admission import Decision, deny
 from shared.domain.quota import QuotaError, enforced_keys, judge_quotas
 from shared.serving.metrics import QUOTA_CHECKS
+from shared.serving.supervise import is_transient
 
 log = logging.getLogger("mtsched.webhook")
 
@@ -90,8 +91,9 @@ class QuotaReader:
         except Exception as e:  # fail closed: a quota we cannot check is not a quota that holds
             QUOTA_CHECKS.labels("error").inc()
             log.warning("quota check in namespace %s failed: %s", namespace, e)
+            # 503 while the API server is away (clients retry a server error), 403 for what stays so
             return deny(f"cannot check the ResourceQuotas of namespace {namespace}: {e}; the pod is refused "
-                        "until they can be read (retry)")
+                        "until they can be read (retry)", 503 if is_transient(e) else 403)
         if not quotas:
             return decision
         QUOTA_CHECKS.labels("denied" if refusal else "allowed").inc()

@@ -35,6 +35,7 @@ __all__ = ["BODY_LIMIT", "MAX_MESSAGE_CHARS", "CertReloader", "Judged", "Webhook
 log = logging.getLogger("mtsched.webhook")
 
 BODY_LIMIT = 8 * 1024 * 1024  # client_max_size of the webhook's application (a larger body gets 413)
+REASONS = {403: "Forbidden", 503: "ServiceUnavailable"}  # metav1.StatusReason of a denial's code
 MAX_MESSAGE_CHARS = 4096  # a denial lists every problem; the cap keeps the API server's error and event small
 
 
@@ -48,7 +49,7 @@ def review_response(uid: str, d: Decision) -> dict[str, Any]:
         if len(message) > MAX_MESSAGE_CHARS:
             message = f"{message[:MAX_MESSAGE_CHARS]}... ({len(message) - MAX_MESSAGE_CHARS} more characters)"
         response["status"] = {"code": d.code, "message": message,
-                              "reason": "Forbidden" if d.code == 403 else "BadRequest"}
+                              "reason": REASONS.get(d.code, "BadRequest")}
     if d.warnings:
         response["warnings"] = list(d.warnings)
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}

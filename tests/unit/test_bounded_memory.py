@@ -12,10 +12,11 @@ import dataclasses
 import sys
 from typing import Any, cast
 
+from controller.kube import Kube
+
 from bench.mem_drive import PAYLOAD, _Ledger, bound, pods
 from bench.micro import build_mirror
 from controller.extender import POD_CACHE_BYTES, POD_ENTRY_BYTES, Extender
-from controller.kube import Kube
 from controller.watchers import PodWatcher
 from shared.config import load_config
 from shared.domain.annotations import ALLOCATED, GPU_INDEX

@@ -272,6 +272,17 @@ def test_the_reader_fails_closed(answers: dict[str, Any]) -> None:
     assert msg.startswith("cannot check the ResourceQuotas of namespace team: ")
 
 
+@pytest.mark.parametrize(("error", "code"), [
+    (TimeoutError(), 503),  # the API server away: a server error, which clients retry
+    (OSError("connection refused"), 503),
+    (RuntimeError("GET resourcequotas: HTTP 403: forbidden"), 403),  # stays so: forbidden
+])
+def test_a_quota_read_failure_says_whether_to_retry(error: Exception, code: int) -> None:
+    p = pod("n", slice_(8))
+    d = asyncio.run(QuotaReader(Api({QUOTAS: error}), CFG).judge("team", p, decide(p, CFG, {96})))
+    assert not d.allowed and d.code == code
+
+
 def test_the_review_handler_answers_with_the_quota_refusal_and_updates_pass() -> None:
     import orjson
 
