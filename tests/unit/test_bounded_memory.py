@@ -12,8 +12,6 @@ import dataclasses
 import sys
 from typing import Any, cast
 
-from controller.kube import Kube
-
 from bench.mem_drive import PAYLOAD, _Ledger, bound, pods
 from bench.micro import build_mirror
 from controller.extender import POD_CACHE_BYTES, POD_ENTRY_BYTES, Extender
@@ -21,6 +19,7 @@ from controller.watchers import PodWatcher
 from shared.config import load_config
 from shared.domain.annotations import ALLOCATED, GPU_INDEX
 from shared.domain.fit import USE_UUID
+from shared.kube import Kube
 from shared.store.ledger import Ledger
 
 CFG = load_config(env={}, flags={"memoryPerCard": "96,160", "eventsEnabled": "false"})
