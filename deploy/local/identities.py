@@ -327,6 +327,7 @@ def provision(cp: ControlPlane, manifest: Path = MANIFEST, directory: Path | Non
         ident = Identity(role, ns, sa, out_dir / f"{role}.kubeconfig", mounted.get(role, True))
         roles[role] = ident
         if not ident.token:  # its pod has no credentials: neither does the role here
+            ident.kubeconfig.unlink(missing_ok=True)  # nor what an earlier provision left in this directory
             continue
         if (ns, sa) not in tokens:
             tokens[(ns, sa)] = request_token(cp, ns, sa)
