@@ -307,3 +307,19 @@ def test_the_review_handler_answers_with_the_quota_refusal_and_updates_pass() ->
     calls = len(api.calls)
     status, out = asyncio.run(handle_review_with_quotas(review("UPDATE", pod("a", slice_(2))), CFG, {96}, reader))
     assert out["response"]["allowed"] is True and len(api.calls) == calls  # an UPDATE charges nothing new
+
+
+@pytest.mark.parametrize(("cache_seconds", "quota_reads"), [(2.0, 1), (0.0, 3)])
+def test_a_namespace_s_quotas_are_read_once_per_interval_and_its_pods_every_time(cache_seconds: float,
+                                                                                   quota_reads: int) -> None:
+    api = Api({QUOTAS: {"items": [hq("gpu", **{f"limits.{MEM}": "96"})]}, PODS: {"items": []}})
+    reader = QuotaReader(api, CFG, cache_seconds=cache_seconds)
+
+    async def three() -> None:
+        for name in ("a", "b", "c"):
+            p = pod(name, slice_(2))
+            assert (await reader.judge("team", p, decide(p, CFG, {96}))).allowed
+
+    asyncio.run(three())
+    assert [path for path, _ in api.calls].count(QUOTAS) == quota_reads
+    assert [path for path, _ in api.calls].count(PODS) == 3  # what a quota charges is always read fresh
