@@ -82,6 +82,7 @@ class Stack:
     identities: Identities | None = None
     roles: list[Role] = field(default_factory=list)
     balancers: dict[str, tuple[subprocess.Popen[bytes], int]] = field(default_factory=dict)
+    _webhooks_registered: bool = field(default=False, repr=False)
 
     @property
     def dir(self) -> Path:
@@ -237,6 +238,7 @@ class Stack:
         self.cp.start_scheduler(spec, kubeconfig=self.kubeconfig("kube-scheduler"))
         self.cp.register_webhooks(self._front("webhook") + "/mutate", ca_pem=self.cp.ca_pem,
                                   namespace_selector=WEBHOOK_NAMESPACE_SELECTOR)
+        self._webhooks_registered = True
         return self
 
     @contextlib.contextmanager
@@ -291,6 +293,12 @@ class Stack:
         self.roles.clear()
 
     def stop(self) -> None:
+        if self._webhooks_registered:
+            # a stopped stack must not leave the API server calling its dead webhook (failurePolicy Fail):
+            # every later pod create on this plane would fail with 500
+            self._webhooks_registered = False
+            with contextlib.suppress(Exception):
+                self.cp.unregister_webhooks()
         self.stop_roles()
         if self.identities is not None:
             # kube-scheduler runs on a token of this stack's: it stops before the token is revoked.
