@@ -277,7 +277,8 @@ class Scene:
             found[:] = [n for n, s in snaps.items() if s.reservations]
             return bool(found)
 
-        await self.until(any_held, "pods hold cards on some node", 60)
+        # a precondition, not the claim: after the restart faults kube-scheduler may take a while to place again
+        await self.until(any_held, "pods hold cards on some node", 180)
         return found[0]
 
     async def cleanup(self) -> None:
