@@ -44,13 +44,8 @@ def stack(control_plane: ControlPlane, redis_server: RedisServer) -> Iterator[St
         redis_server.start()
     sync_redis.Redis(port=redis_server.port, password=redis_server.password).flushall()
     st = Stack(control_plane, redis_server.url, "96")
-    try:
-        st.start()
-    except Exception:
-        st.stop()
-        raise
-    yield st
-    st.stop()
+    with st.running():
+        yield st
 
 
 @pytest_asyncio.fixture

@@ -48,13 +48,8 @@ def stack(control_plane: ControlPlane, redis_server: RedisServer, manifest: Path
         redis_server.start()
     sync_redis.Redis(port=redis_server.port, password=redis_server.password).flushall()
     st = Stack(control_plane, redis_server.url, "96", manifest=manifest)
-    try:
-        st.start()
-    except Exception:
-        st.stop()
-        raise
-    yield st
-    st.stop()
+    with st.running():
+        yield st
 
 
 @pytest_asyncio.fixture

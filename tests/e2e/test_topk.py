@@ -34,13 +34,8 @@ def stack(request: pytest.FixtureRequest, control_plane: ControlPlane, redis_ser
         redis_server.start()
     sync_redis.Redis(port=redis_server.port, password=redis_server.password).flushall()
     st = Stack(control_plane, redis_server.url, "96", settings={"filterTopK": request.param})
-    try:
-        st.start()
-    except Exception:
-        st.stop()
-        raise
-    yield st
-    st.stop()
+    with st.running():
+        yield st
 
 
 @pytest_asyncio.fixture

@@ -34,13 +34,8 @@ def stack(control_plane: ControlPlane, redis_server: RedisServer, pytestconfig: 
         redis_server.start()
     sync_redis.Redis(port=redis_server.port, password=redis_server.password).flushall()
     st = Stack(control_plane, redis_server.url, "96", manifest=manifest)
-    try:
-        st.start()
-    except Exception:
-        st.stop()
-        raise
-    yield st
-    st.stop()
+    with st.running():
+        yield st
 
 
 async def test_the_webhook_runs_without_a_token_and_enforces_no_limits_quota(stack: Stack) -> None:
