@@ -58,6 +58,9 @@ class Plan:
     lifetime: tuple[float, float] = (0.0, 0.03)  # seconds a pod lives once placed (uniform)
     bind_ratio: float = 0.85  # the rest stays pending until released (or expired)
     max_delay: float = 0.004
+    # at most this many pods placed in all (0: no limit), each a small slice (<= 8 units, <= 4 cores): a
+    # worker of long-lived pods that can never fill the cluster, so the others always find room
+    max_placed: int = 0
 
 
 @dataclass
@@ -109,7 +112,8 @@ class Worker:
         self.stats = Stats()
         self.truth: dict[str, PodUsage] = {}
         self.busy = 0
-        self.deadline = time.monotonic() + plan.seconds
+        self.placing = 0  # placements made or in flight
+        self.deadline = time.monotonic() + plan.seconds  # set again once the mirror is ready
 
     async def retrying(self, op: Callable[[], Awaitable[T]]) -> T:
         """Run one ledger call until Redis answers (a replica's retry loop)."""
@@ -131,6 +135,9 @@ class Worker:
         self.mirror = Mirror(self.ledger, subscriber=self.sub, resync_seconds=5)
         await self.mirror.start()
         await asyncio.wait_for(self.mirror.ready.wait(), 20)
+        # the time budget counts from the first operation, and time spent paused is added back (pauser):
+        # a loaded machine that starts the workers late must not leave them timed out when the parent resumes
+        self.deadline = time.monotonic() + p.seconds
         tasks = [asyncio.create_task(self.coroutine(i, random.Random(p.seed * 1000 + i)))
                  for i in range(p.coroutines)]
         pauser = asyncio.create_task(self.pauser())
@@ -171,8 +178,10 @@ class Worker:
         while True:
             if self.pause.is_set() and self.busy == 0:
                 self.queue.put(("paused", self.plan.worker, dict(self.truth)))
+                paused_at = time.monotonic()
                 while self.pause.is_set():  # noqa: ASYNC110 - a multiprocessing event, set by the parent
                     await asyncio.sleep(0.01)
+                self.deadline += time.monotonic() - paused_at
             await asyncio.sleep(0.01)
 
     async def coroutine(self, co: int, rng: random.Random) -> None:
@@ -188,6 +197,9 @@ class Worker:
             if not due and len(held) >= p.max_held:
                 await asyncio.sleep(min(0.05, min(h[1] for h in held) - now))
                 continue
+            if not due and p.max_placed and self.placing >= p.max_placed:
+                await asyncio.sleep(0.05)  # placed all it may: it only releases (when due)
+                continue
             self.busy += 1
             try:
                 self.stats.ops += 1
@@ -197,9 +209,11 @@ class Worker:
                     await self.release(h[0])
                 else:
                     uid = f"w{p.worker}-c{co}-{i}"
+                    self.placing += 1  # counted before the await: coroutines place concurrently
                     if await self.place(uid, rng):
                         held.append((uid, time.monotonic() + rng.uniform(*p.lifetime)))
                     else:  # unschedulable for now: a scheduler backs off before trying the pod again
+                        self.placing -= 1
                         await asyncio.sleep(rng.uniform(0, 4 * p.max_delay))
             finally:
                 self.busy -= 1
@@ -207,7 +221,10 @@ class Worker:
         # what is still held stays booked: the parent compares it with the ledger, then asks to release
 
     async def place(self, uid: str, rng: random.Random) -> bool:
-        shape, pod = random_pod(rng)
+        if self.plan.max_placed:
+            shape, pod = "small", slice_pod((rng.choice([2, 4, 8]), rng.randint(1, 4)))
+        else:
+            shape, pod = random_pod(rng)
         req = pod_request(pod, CFG)
         assert isinstance(req, SliceRequest)
         self.stats.shapes[shape] = self.stats.shapes.get(shape, 0) + 1

@@ -120,15 +120,18 @@ class Fleet:
 @contextlib.asynccontextmanager
 async def fleet(url: str, workers: int, coroutines: int, ops: int, seconds: float, seed: int,
                 lifetime: tuple[float, float] = (0.0, 0.03),
-                lifetimes: list[tuple[float, float]] | None = None) -> AsyncIterator[Fleet]:
-    """`lifetimes`: one range per worker instead of the same `lifetime` for all."""
+                lifetimes: list[tuple[float, float]] | None = None,
+                max_placed: list[int] | None = None) -> AsyncIterator[Fleet]:
+    """`lifetimes`: one range per worker instead of the same `lifetime` for all; `max_placed`: per worker,
+    the most pods it places (small slices; 0: any number, any shape)."""
     ctx = mp.get_context("spawn")
     q, pause, stop, quiet, release_all = ctx.Queue(), ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event()
     procs = []
     for w in range(workers):
         plan = stress_worker.Plan(url=url, worker=w, coroutines=coroutines, ops=ops, seconds=seconds,
                                   seed=seed * 100 + w, nodes=CAPACITY,
-                                  lifetime=lifetimes[w] if lifetimes else lifetime)
+                                  lifetime=lifetimes[w] if lifetimes else lifetime,
+                                  max_placed=max_placed[w] if max_placed else 0)
         proc = ctx.Process(target=stress_worker.main, args=(plan, q, pause, stop, quiet, release_all),
                            daemon=True)
         proc.start()
@@ -296,9 +299,11 @@ async def test_redis_restart_mid_run_then_rebuild_from_api_truth(redis_server: R
     checker = Checker(Ledger(control))
     check_task = asyncio.create_task(checker.run())
     try:
-        async with fleet(redis_server.url, workers=2, coroutines=12, ops=100_000, seconds=30, seed=3,
-                         # worker 0's pods come and go (they meet the outage), worker 1's outlive a slow restart
-                         lifetimes=[(0.0, 0.3), (60.0, 90.0)]) as f:
+        async with fleet(redis_server.url, workers=2, coroutines=12, ops=100_000, seconds=120, seed=3,
+                         # worker 0's pods come and go (they meet the outage), worker 1's outlive a slow restart;
+                         # worker 1 places 4 small slices only: long-lived pods that fill the cards would leave
+                         # worker 0 no room, so it would neither meet the outage nor book after the rebuild
+                         lifetimes=[(0.0, 0.3), (60.0, 90.0)], max_placed=[0, 4]) as f:
             # let bookings pile up (waits on the condition, bounded: a loaded machine starts the workers late)
             # worker 1's pods (uids w1-...) are the ones that outlive the restart: wait for some of them
             assert await _until_booked(ledger, 60.0, at_least=4, prefix="w1-"), "worker 1 made no 4 bookings in 60 s"
