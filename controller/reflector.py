@@ -63,6 +63,15 @@ async def lines(content: aiohttp.StreamReader, max_line: int = MAX_LINE) -> Asyn
         yield bytes(buf)
 
 
+def slim(obj: Any) -> Any:
+    """The object without what no handler reads and the API server sends with every object:
+    `metadata.managedFields` (server-side apply's field owners, often the largest part of a node or a pod)."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
+
+
 class Reflector:
     def __init__(self, kube: Kube, path: str, on_event: Handler, on_sync: SyncHandler, name: str,
                  page_size: int = 500, label_selector: str = "", field_selector: str = ""):
@@ -86,6 +95,8 @@ class Reflector:
         self.on_resync: list[Callable[[], None]] = []  # called after every (re-)list: reconcile soon
 
     async def list(self) -> tuple[list[dict[str, Any]], str]:
+        """Every object, page by page (slimmed as each page comes: the whole set is held until on_sync),
+        and the list's resourceVersion."""
         items: list[dict[str, Any]] = []
         cont = ""
         while True:
@@ -99,7 +110,7 @@ class Reflector:
                     items, cont = [], ""
                     continue
                 raise
-            items.extend(page.get("items") or [])
+            items.extend(slim(item) for item in page.get("items") or [])
             cont = (page.get("metadata") or {}).get("continue") or ""
             if not cont:
                 return items, str((page.get("metadata") or {}).get("resourceVersion") or "")
@@ -198,7 +209,7 @@ class Reflector:
             return
         self.events += 1
         try:
-            await self.on_event(str(kind), obj)
+            await self.on_event(str(kind), slim(obj))
         except asyncio.CancelledError:
             raise
         except Exception as e:
