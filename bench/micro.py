@@ -13,6 +13,7 @@ changed node, as in a real scheduling loop.
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import statistics
 import time
@@ -84,8 +85,10 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))] if s else 0.0
 
 
-def run(nodes: int, candidates: int, iterations: int, fill: float = 0.3, seed: int = 1) -> dict[str, Any]:
-    cfg = load_config(env={}, flags={"memoryPerCard": "96,160", "eventsEnabled": "false"})
+def run(nodes: int, candidates: int, iterations: int, fill: float = 0.3, seed: int = 1,
+        top_k: int = 0) -> dict[str, Any]:
+    cfg = load_config(env={}, flags={"memoryPerCard": "96,160", "eventsEnabled": "false",
+                                     "filterTopK": str(top_k)})
     mirror = build_mirror(nodes, fill, seed)
     ext = Extender(cfg, mirror.ledger, mirror, None)
     names = sorted(mirror.nodes)
@@ -118,7 +121,7 @@ def run(nodes: int, candidates: int, iterations: int, fill: float = 0.3, seed: i
             book(mirror, best, f"uid-{i}", pod, ext)
     ms = 1000.0
     return {
-        "nodes": nodes, "candidates": min(candidates, nodes), "iterations": iterations,
+        "nodes": nodes, "candidates": min(candidates, nodes), "iterations": iterations, "filter_top_k": top_k,
         "filter_p50_ms": statistics.median(t_filter) * ms, "filter_p99_ms": pct(t_filter, 0.99) * ms,
         "filter_mean_ms": statistics.fmean(t_filter) * ms,
         "prioritize_p50_ms": statistics.median(t_prio) * ms, "prioritize_p99_ms": pct(t_prio, 0.99) * ms,
@@ -133,9 +136,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--nodes", type=int, nargs="+", default=[500, 1000])
     p.add_argument("--candidates", type=int, default=500)
     p.add_argument("--iterations", type=int, default=1000)
+    p.add_argument("--filter-top-k", type=int, nargs="+", default=[0, 1],
+                   help="filterTopK values, one run each (0: every feasible node; the chart's default is 1)")
     a = p.parse_args(argv)
-    for n in a.nodes:
-        r = run(n, a.candidates, a.iterations)
+    for n, top in itertools.product(a.nodes, a.filter_top_k):
+        r = run(n, a.candidates, a.iterations, top_k=top)
         print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()), flush=True)
 
 

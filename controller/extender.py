@@ -51,7 +51,7 @@ from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError
 from shared.domain.state import plan_on
-from shared.domain.topk import top_k
+from shared.domain.topk import ranked
 from shared.kube import Kube, KubeError
 from shared.serving.bounded import ByteLRU
 from shared.serving.listen import LISTEN_POLICY, extender_policy
@@ -222,13 +222,22 @@ class Extender:
         if self._claims:
             self._prune_claims()
             self._unclaim(seen.uid)  # a pod's own claim never counts against it
-        ok, failed, unresolvable = self.memo.fit_nodes(names, req, seen.annotations, self.cfg.gpu_scheduler_policy,
-                                                       self.held)
-        k = self.cfg.filter_top_k
-        if 0 < k < len(ok):  # the rest are left out of both lists: kube-scheduler drops them without a status
+        k, gpu_policy = self.cfg.filter_top_k, self.cfg.gpu_scheduler_policy
+        if 0 < k < len(names):
+            # best first by the node policy, fitted until k fit: the same nodes as top_k over every fitting
+            # node (shared/domain/topk.py), without fitting the rest. Those are left out of both lists:
+            # kube-scheduler drops them without a status.
             policy = policy_of(meta.get("annotations") or {}, NODE_POLICY, self.cfg.node_scheduler_policy)
-            ok = top_k(self.memo.fills(ok, self.held), k, policy)
+            fills = self.memo.fills(names, self.held)  # the nodes the mirror holds
+            ok, failed, unresolvable = self.memo.fit_nodes(ranked(fills, policy), req, seen.annotations,
+                                                           gpu_policy, self.held, limit=k)
+            if not ok and len(fills) < len(names):  # none fits: every node is reported, unregistered too
+                listed = {n for n, _ in fills}
+                unresolvable = self.memo.fit_nodes([n for n in names if n not in listed], req, seen.annotations,
+                                                   gpu_policy, self.held)[2]
             TOPK_DROPPED.inc(len(names) - len(failed) - len(unresolvable) - len(ok))
+        else:
+            ok, failed, unresolvable = self.memo.fit_nodes(names, req, seen.annotations, gpu_policy, self.held)
         if len(ok) == 1:
             self._claim(ok[0], seen)
         if k and ok:

@@ -15,7 +15,7 @@ the memo, so a pod filtered while another pod's bind is in flight does not count
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from shared.domain.fit import (
@@ -118,9 +118,11 @@ class FitMemo:
         result: FitResult | None = entry[1].get(self.fit_key(req, annotations, gpu_policy))
         return result
 
-    def fit_nodes(self, names: Sequence[str], req: SliceRequest, annotations: Mapping[str, str],
-                  gpu_policy: str, held: Held = NO_HELD) -> tuple[list[str], dict[str, Reasons], dict[str, str]]:
-        """(nodes that fit, failed node -> card reasons, unresolvable node -> reason) for one pod."""
+    def fit_nodes(self, names: Iterable[str], req: SliceRequest, annotations: Mapping[str, str],
+                  gpu_policy: str, held: Held = NO_HELD,
+                  limit: int = 0) -> tuple[list[str], dict[str, Reasons], dict[str, str]]:
+        """(nodes that fit, failed node -> card reasons, unresolvable node -> reason) for one pod; with a
+        `limit` > 0, fitting stops once that many nodes fit (the nodes after are in no result)."""
         ok: list[str] = []
         failed: dict[str, Reasons] = {}
         unresolvable: dict[str, str] = {}
@@ -159,33 +161,23 @@ class FitMemo:
                     ok.append(name)
                 else:
                     failed[name] = result.reasons
+            if limit and len(ok) >= limit:
+                break
         return ok, failed, unresolvable
 
     def fills(self, names: Sequence[str], held: Held = NO_HELD) -> list[tuple[str, float]]:
-        """(node, card fill: node_score) of nodes of the mirror, for the filter's top k."""
-        key = self.key(("fill",))
+        """(node, card fill: node_score) of nodes of the mirror, for the filter's top k. A snapshot computes
+        its fill once (NodeSnapshot.fill); a node with bookings in flight is scored with them applied."""
         out = []
-        get, fits, memo_of = self.mirror.get, self.fits, self.node
+        nodes = self.mirror.nodes
         for name in names:
-            snap = get(name)
+            snap = nodes.get(name)
             if snap is None:
                 continue
             if held and name in held:
                 out.append((name, node_score(held_states(snap, held[name]))))
-                continue
-            entry = fits.get(name)
-            memo = entry[1] if entry is not None and entry[0] == snap.seq else memo_of(name, snap)
-            value: float | None = memo.get(key)
-            if value is None:
-                if len(memo) >= NODE_ANSWERS:
-                    memo.clear()
-                shared_key = (self.content(snap, memo), key)
-                value = self.shared.get(shared_key)
-                if value is None:
-                    value = self.shared[shared_key] = node_score(snap.states())
-                    self.bytes += 100
-                memo[key] = value
-            out.append((name, value))
+            else:
+                out.append((name, snap.fill))
         return out
 
     def scores(self, names: Sequence[str], policy: str, held: Held = NO_HELD) -> list[dict[str, Any]]:

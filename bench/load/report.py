@@ -200,7 +200,8 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
     if micro:
         lines.append("")
         lines.append("in-process Extender.filter (no HTTP): " + "; ".join(
-            f"{m['candidates']} of {m['nodes']} nodes: p50 {m['filter_p50_ms']:.2f} ms, p99 {m['filter_p99_ms']:.2f} ms"
+            f"{m['candidates']} of {m['nodes']} nodes, filterTopK {m.get('filter_top_k', 0)}: "
+            f"p50 {m['filter_p50_ms']:.2f} ms, p99 {m['filter_p99_ms']:.2f} ms"
             f" (prioritize p99 {m['prioritize_p99_ms']:.2f} ms; first call per request shape "
             f"{m['filter_cold_mean_ms']:.2f} ms)" for m in micro))
     lines.append("RT/pod = the extender's Redis round trips per bound pod; overcommit = cards over-committed in the "

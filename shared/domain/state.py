@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from shared.domain.fit import CardNeed, CardState, FitResult, Plan, plan_booking
+from shared.domain.fit import CardNeed, CardState, FitResult, Plan, node_score, plan_booking
 from shared.domain.knobs import CardKnobs
 from shared.domain.node import Card
 from shared.domain.request import SliceRequest
@@ -106,6 +106,12 @@ class NodeSnapshot:
         """card_states() as a tuple, built once per snapshot (the extender filters hundreds of nodes per
         call, and most of them did not change since the previous pod)."""
         return self._states
+
+    @cached_property
+    def fill(self) -> float:
+        """node_score of its cards, once per snapshot: the node policy's order for the top-k filter (it does
+        not depend on the pod, so it is the same for every pod until the node changes)."""
+        return node_score(self._states)
 
     @cached_property
     def _states(self) -> tuple[CardState, ...]:

@@ -10,17 +10,28 @@ drops nothing). With one node left kube-scheduler skips scoring (and our priorit
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
+
+
+def ranked(fills: Sequence[tuple[str, float]], policy: str) -> Iterator[str]:
+    """The names of (node, fill) pairs, best first by the node policy, produced lazily.
+
+    `fill` is the node's card fill (shared.domain.fit.node_score). binpack: fullest first; spread:
+    emptiest first; ties by node name, so equal nodes are filled in name order. The filter fits nodes in
+    this order and stops at the k-th that fits: the same nodes as `top_k` over every fitting node, at the
+    cost of fitting (and ordering: a heap, O(n) to build, O(log n) per node taken) only until k are found.
+    """
+    sign = 1.0 if policy == "spread" else -1.0
+    heap = [(sign * f, n) for n, f in fills]
+    heapq.heapify(heap)
+    while heap:
+        yield heapq.heappop(heap)[1]
 
 
 def top_k(fills: Sequence[tuple[str, float]], k: int, policy: str) -> list[str]:
     """The names of the best `k` of (node, fill) pairs, best first; `k` <= 0 keeps all in their order.
-
-    `fill` is the node's card fill (shared.domain.fit.node_score). binpack: fullest first; spread:
-    emptiest first; ties by node name, so equal nodes are filled in name order.
-    """
+    The rule the filter's early stop must equal (tests/unit/test_topk.py checks the two agree)."""
     if k <= 0:
         return [n for n, _ in fills]
-    if policy == "spread":  # nsmallest: O(n log k), the filter runs it over every feasible node
-        return [n for n, _ in heapq.nsmallest(k, fills, key=lambda nf: (nf[1], nf[0]))]
-    return [n for n, _ in heapq.nsmallest(k, fills, key=lambda nf: (-nf[1], nf[0]))]
+    return list(itertools.islice(ranked(fills, policy), k))

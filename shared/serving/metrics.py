@@ -19,7 +19,8 @@ RESERVATIONS = Counter("mtsched_reservations_total", "Reservation attempts by ou
 CONFLICTS = Counter("mtsched_reservation_conflicts_total",
                     "Reservations refused because another replica booked first (refit and retried)")
 TOPK_DROPPED = Counter("mtsched_filter_topk_dropped_total",
-                       "Feasible nodes the filter left out because they were not in the best filterTopK")
+                       "Candidate nodes the filter left out once the best filterTopK fitting ones were found "
+                       "(not fitted, or fitted and not among the best)")
 RELEASES = Counter("mtsched_releases_total", "Reservations released", ["why"])
 BINDINGS = Counter("mtsched_bindings_total", "Bind calls by outcome", ["result"])
 ADMISSIONS = Counter("mtsched_admissions_total", "Admission decisions", ["result"])

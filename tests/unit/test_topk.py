@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
@@ -11,7 +12,7 @@ from shared.domain.fit import EXCLUSIVE_CONFLICT
 from shared.domain.request import SliceRequest, pod_request
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation
 from shared.domain.topk import top_k
-from tests.unit._servers import CFG, VGPU, FakeKube, bind_args, extender, pod
+from tests.unit._servers import CFG, CORE, MEM, VGPU, FakeKube, bind_args, extender, pod
 
 FILLS = [("n-b", 5.0), ("n-a", 5.0), ("n-c", 12.5), ("n-d", 0.0), ("n-e", 30.0)]
 
@@ -141,3 +142,47 @@ async def test_a_booking_the_mirror_lacks_stays_held_until_the_feed_brings_it() 
     assert out["NodeNames"] == [] and ext.held == {"n0": {"u2": (req, (1,))}}  # u1's hold dropped, u2 claims
     ext._unclaim("u2")  # its bind (or CLAIM_SECONDS)
     assert ext.filter(args(pod("u3", limits={VGPU: "1"}), ["n0"]))["NodeNames"] == ["n0"]
+
+
+def random_node(rng: random.Random, name: str, version: int) -> NodeSnapshot:
+    cards = {}
+    for i in range(2):
+        cap = rng.choice([96, 160])
+        mem, cores, slices = (0, 0, 0) if rng.random() < 0.3 else (rng.randint(0, cap), rng.randint(0, 16),
+                                                                   rng.randint(1, 4))
+        cards[i] = used(i, cap, mem, cores, slices)
+    return NodeSnapshot(name, version, cards=cards)
+
+
+def random_pod(rng: random.Random, uid: str) -> dict[str, object]:
+    if rng.random() < 0.2:
+        return pod(uid, limits={VGPU: "1"})  # exclusive: needs an idle card
+    return pod(uid, limits={VGPU: "1", MEM: str(rng.randint(1, 96)), CORE: str(rng.randint(1, 16))})
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_filters_early_stop_returns_what_top_k_over_every_fitting_node_returns(seed: int) -> None:
+    """The filter fits nodes best first and stops at the k-th that fits; the nodes (and, when none fits, the
+    reasons) must be those of fitting every node and taking top_k, for random nodes, pods, policies and k,
+    with names the mirror lacks among the candidates."""
+    rng = random.Random(seed)
+    for case in range(10):
+        nodes = {f"n{i:02d}": random_node(rng, f"n{i:02d}", rng.randint(1, 9)) for i in range(rng.randint(1, 12))}
+        names = rng.sample(sorted(nodes), rng.randint(1, len(nodes)))
+        names += rng.sample(["gone-a", "gone-b"], rng.randint(0, 2))  # names the mirror lacks
+        rng.shuffle(names)
+        k, policy = rng.randint(1, 5), rng.choice(["binpack", "spread"])
+        p = random_pod(rng, f"u{seed}-{case}")
+        p["metadata"]["annotations"] = {"hami.io/node-scheduler-policy": policy}  # type: ignore[index]
+        every, early = (extender(dataclasses.replace(CFG, filter_top_k=kk)) for kk in (0, k))
+        for e in (every, early):
+            e.mirror.nodes.clear()
+            e.mirror.nodes.update(nodes)
+        want = every.filter(args(p, names))
+        got = early.filter(args(p, names))
+        if len(want["NodeNames"]) <= k:  # all fit nodes, in whichever order (kube-scheduler scores them)
+            assert sorted(got["NodeNames"]) == sorted(want["NodeNames"]), (seed, case)
+            if not want["NodeNames"]:
+                assert got == want, (seed, case)  # and the same reasons for every node
+        else:
+            assert got["NodeNames"] == top_k(every.memo.fills(want["NodeNames"]), k, policy), (seed, case)
