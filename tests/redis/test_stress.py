@@ -307,6 +307,9 @@ async def test_redis_restart_mid_run_then_rebuild_from_api_truth(redis_server: R
             # let bookings pile up (waits on the condition, bounded: a loaded machine starts the workers late)
             # worker 1's pods (uids w1-...) are the ones that outlive the restart: wait for some of them
             assert await _until_booked(ledger, 60.0, at_least=4, prefix="w1-"), "worker 1 made no 4 bookings in 60 s"
+            # and worker 0 is at work (a loaded machine starts one process seconds after the other): the outage
+            # must meet its calls
+            assert await _until_booked(ledger, 60.0, prefix="w0-"), "worker 0 made no booking in 60 s"
             # down for a second, then back empty: every key and script is gone
             await asyncio.to_thread(redis_server.stop)
             await asyncio.sleep(1.0)
