@@ -232,9 +232,10 @@ class Extender:
             ok, failed, unresolvable = self.memo.fit_nodes(ranked(fills, policy), req, seen.annotations,
                                                            gpu_policy, self.held, limit=k)
             if not ok and len(fills) < len(names):  # none fits: every node is reported, unregistered too
+                # (next to the snapshots with an error the first pass found unresolvable, not in their place)
                 listed = {n for n, _ in fills}
-                unresolvable = self.memo.fit_nodes([n for n in names if n not in listed], req, seen.annotations,
-                                                   gpu_policy, self.held)[2]
+                unresolvable.update(self.memo.fit_nodes([n for n in names if n not in listed], req,
+                                                        seen.annotations, gpu_policy, self.held)[2])
             TOPK_DROPPED.inc(len(names) - len(failed) - len(unresolvable) - len(ok))
         else:
             ok, failed, unresolvable = self.memo.fit_nodes(names, req, seen.annotations, gpu_policy, self.held)
