@@ -183,8 +183,8 @@ async def _until_booked(led: Ledger, within: float, besides: frozenset[str] | se
     not in `besides`."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):  # Redis may be restarting under the workers
-            snaps = await led.snapshots(await led.nodes())
+        with contextlib.suppress(Exception):  # Redis may be restarting under the workers (a call is bounded too)
+            snaps = await asyncio.wait_for(led.snapshots(await asyncio.wait_for(led.nodes(), 5.0)), 5.0)
             if sum(uid not in besides and uid.startswith(prefix)
                    for s in snaps.values() for uid in s.reservations) >= at_least:
                 return True
