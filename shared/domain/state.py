@@ -108,6 +108,11 @@ class NodeSnapshot:
         return self._states
 
     @cached_property
+    def capacities(self) -> frozenset[int]:
+        """Per-card capacities of its cards that are not removed (the webhook's mixed-fleet input)."""
+        return frozenset(c.capacity for c in self.cards.values() if c.health != "removed")
+
+    @cached_property
     def fill(self) -> float:
         """node_score of its cards, once per snapshot: the node policy's order for the top-k filter (it does
         not depend on the pod, so it is the same for every pod until the node changes)."""

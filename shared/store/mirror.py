@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -47,6 +48,9 @@ class Mirror:
         self._task: asyncio.Task[None] | None = None
         self._reconnected = False
         self._subscribed_once = False
+        self._shapes: dict[str, tuple[str, frozenset[int]]] = {}  # node -> (error, card capacities): `_track`
+        self._shape_gen = 0
+        self._derived: tuple[int, frozenset[int], Mapping[str, str]] | None = None
 
     def get(self, node: str) -> NodeSnapshot | None:
         return self.nodes.get(node)
@@ -58,15 +62,35 @@ class Mirror:
                 return name
         return None
 
-    def capacities(self) -> set[int]:
+    def capacities(self) -> frozenset[int]:
         """Per-card capacities reported by the cluster's usable cards (the webhook's mixed-fleet input)."""
-        return {c.capacity for s in self.nodes.values() if not s.error for c in s.cards.values()
-                if c.health != "removed"}
+        return self._views()[1]
 
-    def mismatched(self) -> dict[str, str]:
+    def mismatched(self) -> Mapping[str, str]:
         """Nodes that report sliced cards but offer none because their capacity, label or card model disagrees
         with the configuration, and why (the webhook's admission warning)."""
-        return {n: s.error for n, s in self.nodes.items() if mismatch_kind(s.error)}
+        return self._views()[2]
+
+    def _views(self) -> tuple[int, frozenset[int], Mapping[str, str]]:
+        """capacities() and mismatched(), derived again only when some node's error or card capacities
+        changed (`_track`): the webhook asks for both on every review, and a booking changes neither, so a
+        burst does not rescan every card of 5,000 nodes per pod."""
+        if self._derived is None or self._derived[0] != self._shape_gen:
+            caps = frozenset(c for err, cs in self._shapes.values() if not err for c in cs)
+            mismatched = MappingProxyType({n: err for n, (err, _) in self._shapes.items() if mismatch_kind(err)})
+            self._derived = (self._shape_gen, caps, mismatched)
+        return self._derived
+
+    def _track(self, node: str) -> None:
+        """Keep the node's (error, card capacities) for `_views`; a change of either invalidates them."""
+        snap = self.nodes.get(node)
+        shape = None if snap is None else (snap.error, snap.capacities)
+        if self._shapes.get(node) != shape:
+            if shape is None:
+                self._shapes.pop(node, None)
+            else:
+                self._shapes[node] = shape
+            self._shape_gen += 1
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="mirror")
@@ -88,11 +112,16 @@ class Mirror:
             prev = self.nodes.get(name)
             if prev is not None and prev == snap:
                 snaps[name] = prev  # same value: keep its seq, so what was derived from it stays valid
+        gone = [n for n in self.nodes if n not in snaps]
         self.nodes = snaps
+        for n in gone:
+            self._track(n)
         for n in snaps:
             self._notify(n)
 
     def _notify(self, node: str) -> None:
+        """Called after every change of `nodes` (written only here: the derived views depend on it)."""
+        self._track(node)
         for cb in self.on_change:
             cb(node)
 

@@ -34,3 +34,67 @@ def test_every_change_installs_a_new_cards_dict() -> None:
                          "uid": "u", "res": False}) == "n"
     assert mirror.nodes["n"].cards is after
     assert mirror.nodes["n"].seq == seq
+
+
+def _scan(mirror: Mirror) -> tuple[set[int], dict[str, str]]:
+    """capacities() and mismatched() by scanning every card, as they were computed before `_views`."""
+    from shared.domain.node import mismatch_kind
+
+    caps = {c.capacity for s in mirror.nodes.values() if not s.error for c in s.cards.values()
+            if c.health != "removed"}
+    return caps, {n: s.error for n, s in mirror.nodes.items() if mismatch_kind(s.error)}
+
+
+class _Ledger:
+    """What Mirror.resync reads: the node names and their snapshots (here: the mirror's own, less some)."""
+
+    def __init__(self) -> None:
+        self.snaps: dict[str, object] = {}
+        self.redis = Redis(port=1)  # the mirror's subscriber: never connected here
+
+    async def nodes(self) -> list[str]:
+        return list(self.snaps)
+
+    async def snapshots(self, names: list[str]) -> dict[str, object]:
+        return {n: self.snaps[n] for n in names}
+
+
+async def test_the_derived_views_follow_every_change_of_error_and_cards_and_only_those() -> None:
+    """capacities() and mismatched() are derived again only when a node's error or card capacities change;
+    after every one of 600 random steps (new nodes, bookings, removed cards, mismatch errors, removed nodes,
+    a resync that drops a node) they equal a scan of every card."""
+    import random
+    from typing import cast
+
+    rng = random.Random(7)
+    ledger = _Ledger()
+    mirror = Mirror(cast(Ledger, ledger))
+    versions: dict[str, int] = {}
+    errors = ["", "", "", "S5000 capacity 160 is no configured card model; memoryPerCard [96]",
+              "label mthreads.com/sgpu.cores=8 disagrees", "quarantined: unaccounted pods hold cards"]
+    derived = 0
+    for step in range(600):
+        node = f"n{rng.randint(0, 5)}"
+        kind = rng.choice(["node", "reserve", "reserve", "reserve", "removed", "resync"])
+        if kind == "resync":  # a periodic re-read replaces the whole map; here the ledger lost the node
+            ledger.snaps = {n: s for n, s in mirror.nodes.items() if n != node}
+            await mirror.resync()
+            versions.pop(node, None)
+        elif kind == "removed":
+            mirror.apply({"node": node, "version": versions.pop(node, 0) + 1, "kind": "removed"})
+        else:
+            v = versions.get(node, 0) + 1
+            if v == 1:
+                kind = "node"
+            cap = rng.choice([96, 160])
+            cards = {str(i): dict(card(rng.choice([0, 8])), capacity=cap, health=rng.choice(["ok", "ok", "removed"]))
+                     for i in range(2)} if kind == "node" or rng.random() < 0.3 else {}
+            msg = {"node": node, "version": v, "kind": kind, "full": bool(cards), "cards": cards,
+                   "error": rng.choice(errors) if kind == "node" else mirror.nodes[node].error}
+            assert mirror.apply(msg) is None, step
+            versions[node] = v
+        before = mirror._derived
+        caps, mismatched = _scan(mirror)
+        assert mirror.capacities() == caps and dict(mirror.mismatched()) == mismatched, step
+        derived += mirror._derived is not before
+    assert 0 < derived < 600  # bookings alone did not derive the views again
