@@ -16,14 +16,17 @@ deploy/local/pki.py, a client certificate, ALPN h2 + http/1.1 as Go offers) and 
 
 The figure is the server process's CPU (all threads, /proc/<pid>/task/*/schedstat) per request.
 All variants run at once and are measured in interleaved rounds, so a busy machine skews them alike:
-compare the ratios within one run, not absolute numbers across runs.
+compare the ratios within one run, not absolute numbers across runs. A second table splits CPU and
+wall time inside the handshake, the response write and getpeercert() (probes in the server).
 
-  python -m bench.tls_micro [--requests 600] [--rounds 3] [--variants old,product] [--modes ...]
+  python -m bench.tls_micro [--requests 600] [--rounds 3] [--variants old-uvloop,product-uvloop]
+                            [--modes keepalive,fresh,gopool] [--hogs N]
 
 Variants: `<context>-<loop>[+tweak...]`, context `old` (the SSLContext before the per-request-cost
 change) or `product` (shared.serving.tls.CertReloader today), loop `uvloop` or `asyncio`; tweaks:
-`tickets2` (2 TLS 1.3 session tickets per handshake, OpenSSL's default), `p256` (ECDHE on P-256
-only), `noverify` (no client certificate asked: not a product setting, for reference only).
+`tickets2` (2 TLS 1.3 session tickets per handshake, OpenSSL's default), `tickets0` (none, and
+no TLS 1.2 ticket either), `p256` (ECDHE on P-256 only); for reference only, not product settings:
+`noverify` (no client certificate asked), `plain` (no TLS at all).
 """
 
 from __future__ import annotations
@@ -69,10 +72,6 @@ def old_context(cert: str, key: str) -> ssl.SSLContext:
 SPLIT: dict[str, list[int]] = {"handshake": [0, 0, 0], "response write": [0, 0, 0], "peer cert": [0, 0, 0]}
 
 
-def _split() -> dict[str, list[int]]:
-    return SPLIT
-
-
 def _probe(owner: type, name: str, what: str) -> None:
     plain = getattr(owner, name)
     acc = SPLIT[what]
@@ -95,6 +94,7 @@ def install_probes() -> None:
     _probe(ssl.SSLObject, "do_handshake", "handshake")  # called again after each WANT_READ
     _probe(http_writer.StreamWriter, "_writelines", "response write")  # headers + body, one transport.write
     _probe(ssl.SSLObject, "getpeercert", "peer cert")  # the event loop decodes it after each handshake
+
 
 async def _serve(variant: str, pki: Path, port: int, stop: asyncio.Event) -> None:
     from shared.serving.http import serve
@@ -125,9 +125,9 @@ async def _serve(variant: str, pki: Path, port: int, stop: asyncio.Event) -> Non
     app = web.Application()
     app.router.add_post("/filter", filter_)
     app.router.add_post("/bind", bind)
-    client_ca = "" if "noverify" in tweaks else str(pki / "ca.crt")
+    client_ca = "" if "noverify" in tweaks or "plain" in tweaks else str(pki / "ca.crt")
     app[LISTEN_POLICY] = ListenPolicy("extender", "127.0.0.1:0", client_ca)
-    runner = await serve(app, f"127.0.0.1:{port}", ctx)
+    runner = await serve(app, f"127.0.0.1:{port}", None if "plain" in tweaks else ctx)
     print("ready", flush=True)
     await stop.wait()
     await runner.cleanup()
@@ -135,7 +135,7 @@ async def _serve(variant: str, pki: Path, port: int, stop: asyncio.Event) -> Non
 
 def server_main(variant: str, pki: Path, port: int) -> None:
     install_probes()
-    atexit.register(lambda: print(json.dumps(_split()), flush=True))
+    atexit.register(lambda: print(json.dumps(SPLIT), flush=True))
     async def run() -> None:
         stop = asyncio.Event()
         asyncio.get_running_loop().add_reader(sys.stdin.fileno(), stop.set)  # parent closes stdin: stop
@@ -186,12 +186,13 @@ async def _roundtrip(conn: Conn, request: bytes) -> None:
 @dataclass
 class Dialer:
     port: int
-    ctx: ssl.SSLContext
+    ctx: ssl.SSLContext | None
     dials: int = 0
 
     async def dial(self) -> Conn:
         self.dials += 1
-        return await asyncio.open_connection("127.0.0.1", self.port, ssl=self.ctx, server_hostname="localhost")
+        return await asyncio.open_connection("127.0.0.1", self.port, ssl=self.ctx,
+                                             server_hostname="localhost" if self.ctx else None)
 
 
 async def _close(conn: Conn) -> None:
@@ -262,6 +263,9 @@ class Server:
     warm_dials: int = 0
     split: dict[str, list[int]] = field(default_factory=dict)
 
+    def client(self, ctx: ssl.SSLContext) -> ssl.SSLContext | None:
+        return None if "+plain" in self.variant else ctx
+
     def stop(self) -> None:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.close()
@@ -297,13 +301,13 @@ def client_context(pki: Path) -> ssl.SSLContext:
 async def measure(servers: list[Server], modes: list[str], requests: int, rounds: int, pki: Path) -> None:
     ctx = client_context(pki)
     for s in servers:  # warm up: imports, first handshake, caches
-        warm = Dialer(s.port, ctx)
+        warm = Dialer(s.port, s.client(ctx))
         await drive("fresh", warm, 50)
         s.warm_dials = warm.dials
     for _ in range(rounds):
         for mode in modes:
             for s in servers:
-                dialer = Dialer(s.port, ctx)
+                dialer = Dialer(s.port, s.client(ctx))
                 before = cpu_ns(s.proc.pid)
                 await drive(mode, dialer, requests)
                 s.cpu[mode] = s.cpu.get(mode, 0) + cpu_ns(s.proc.pid) - before
