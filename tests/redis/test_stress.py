@@ -58,9 +58,14 @@ class Checker:
     violations: list[str] = field(default_factory=list)
     reservations_seen: int = 0
 
+    stopped: bool = False
+
     async def run(self) -> None:
         names = [i.node for i in INVENTORIES]
-        while True:
+        # Ended by `stop`, not by cancel alone: a cancel that lands while redis-py's read timeout also fires
+        # can come back as a TimeoutError (Python 3.11's asyncio.timeout), which this loop must survive, and
+        # then the loop would poll forever (a CI run hung here).
+        while not self.stopped:
             try:
                 snaps = await self.ledger.snapshots(names)
             except (rexc.ConnectionError, rexc.TimeoutError, OSError):
@@ -71,6 +76,12 @@ class Checker:
             self.reservations_seen = max(self.reservations_seen, sum(len(s.reservations) for s in snaps.values()))
             self.violations += all_violations(snaps)[:5]
             await asyncio.sleep(0.01)
+
+    async def stop(self, task: asyncio.Task[None]) -> None:
+        self.stopped = True
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 30.0)  # bounded: ends at its next loop at the latest
 
 
 @dataclass
@@ -210,9 +221,7 @@ async def test_concurrent_placements_never_overcommit_or_leak(redis_server: Redi
         async with fleet(redis_server.url, workers=3, coroutines=16, ops=300, seconds=20, seed=1) as f:
             truth, stats = await f.wind_down(ledger)
     finally:
-        check_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await check_task
+        await checker.stop(check_task)
     total = {k: sum(s[k] for s in stats) for k in ("ops", "placed", "refused", "released", "release_missed",
                                                    "bind_missed", "existing", "conflicts", "connection_errors")}
     print(f"\nstress: {total}, checker samples {checker.samples}, max live reservations "
@@ -332,9 +341,7 @@ async def test_redis_restart_mid_run_then_rebuild_from_api_truth(redis_server: R
             f.stop.set()
             _, stats_ = await f.wind_down(ledger)
     finally:
-        check_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await check_task
+        await checker.stop(check_task)
         await control.aclose()
     total = {k: sum(s[k] for s in stats_) for k in ("ops", "placed", "released", "release_missed", "bind_missed",
                                                     "connection_errors")}
