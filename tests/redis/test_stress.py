@@ -62,9 +62,9 @@ class Checker:
 
     async def run(self) -> None:
         names = [i.node for i in INVENTORIES]
-        # Ended by `stop`, not by cancel alone: a cancel that lands while redis-py's read timeout also fires
-        # can come back as a TimeoutError (Python 3.11's asyncio.timeout), which this loop must survive, and
-        # then the loop would poll forever (a CI run hung here).
+        # Ended by `stop`, not by cancel alone: once, after a Redis restart, a cancel was lost inside the
+        # pipelined snapshots call (py-spy showed this loop still polling minutes after the cancel, and a
+        # CI run hung here); where redis-py drops it is not found yet.
         while not self.stopped:
             try:
                 snaps = await self.ledger.snapshots(names)
