@@ -8,7 +8,8 @@ Found while a CI run hung (tests/redis/test_stress.py's checker polled on after 
 redis-py 8.1.0 about two cancels in three are lost (41 of 60 here, 43 of 60 with 8.0.1); with 7.4.1, 7.0.1, 6.4.0
 and 5.2.1 none (`pip install --no-deps --target DIR redis==X` and PYTHONPATH=DIR to compare). What it means
 for the roles: a `wait_for` around a Redis call (the readiness probe, shared/serving/supervise.py probe_loop)
-may wait for the call to finish instead of timing out, and a cancelled task may go on (a slow shutdown).
+may wait for the call to finish instead of timing out (readiness itself is the age of the last good PING, so
+it stays honest), and a cancelled task may go on (a slow shutdown).
 docs/runbooks.md, "Known issue: lost cancellations".
 
   python -m bench.cancel_probe --trials 60
