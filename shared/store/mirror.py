@@ -49,8 +49,7 @@ class Mirror:
         self._reconnected = False
         self._subscribed_once = False
         self._shapes: dict[str, tuple[str, frozenset[int]]] = {}  # node -> (error, card capacities): `_track`
-        self._shape_gen = 0
-        self._derived: tuple[int, frozenset[int], Mapping[str, str]] | None = None
+        self._derived: tuple[frozenset[int], Mapping[str, str]] | None = None  # `_views`; None: derive again
 
     def get(self, node: str) -> NodeSnapshot | None:
         return self.nodes.get(node)
@@ -64,21 +63,21 @@ class Mirror:
 
     def capacities(self) -> frozenset[int]:
         """Per-card capacities reported by the cluster's usable cards (the webhook's mixed-fleet input)."""
-        return self._views()[1]
+        return self._views()[0]
 
     def mismatched(self) -> Mapping[str, str]:
         """Nodes that report sliced cards but offer none because their capacity, label or card model disagrees
         with the configuration, and why (the webhook's admission warning)."""
-        return self._views()[2]
+        return self._views()[1]
 
-    def _views(self) -> tuple[int, frozenset[int], Mapping[str, str]]:
+    def _views(self) -> tuple[frozenset[int], Mapping[str, str]]:
         """capacities() and mismatched(), derived again only when some node's error or card capacities
         changed (`_track`): the webhook asks for both on every review, and a booking changes neither, so a
         burst does not rescan every card of 5,000 nodes per pod."""
-        if self._derived is None or self._derived[0] != self._shape_gen:
+        if self._derived is None:
             caps = frozenset(c for err, cs in self._shapes.values() if not err for c in cs)
             mismatched = MappingProxyType({n: err for n, (err, _) in self._shapes.items() if mismatch_kind(err)})
-            self._derived = (self._shape_gen, caps, mismatched)
+            self._derived = (caps, mismatched)
         return self._derived
 
     def _track(self, node: str) -> None:
@@ -90,7 +89,7 @@ class Mirror:
                 self._shapes.pop(node, None)
             else:
                 self._shapes[node] = shape
-            self._shape_gen += 1
+            self._derived = None
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="mirror")
