@@ -34,7 +34,7 @@ from controller.explain import explain_handler
 from controller.fit_memo import FitMemo, held_states, request_size
 from controller.preempt import Preemption
 from shared.config import Config
-from shared.domain.annotations import ALLOCATED, CardGrant, binding_annotations, device_id
+from shared.domain.annotations import ALLOCATED, CardGrant, PodUsage, binding_annotations, device_id
 from shared.domain.extender_args import ArgsError, ExtenderArgs, parse_binding_args, parse_extender_args
 from shared.domain.fit import (
     GPU_POLICY,
@@ -59,6 +59,7 @@ from shared.serving.metrics import (
     BINDINGS,
     CONFLICTS,
     EXTENDER_SECONDS,
+    REBOOKED,
     RESERVATIONS,
     TOPK_DROPPED,
     count_filter_failures,
@@ -364,7 +365,8 @@ class Extender:
             self.event(pod, "BindingFailed", msg, "Warning")
             return {"Error": msg}
         RESERVATIONS.labels("existing" if outcome.existing else "booked").inc()
-        grants = self._grants(node, req, outcome.cards, self._capacity(node, req, outcome))
+        capacity = self._capacity(node, req, outcome)
+        grants = self._grants(node, req, outcome.cards, capacity)
         annotations = binding_annotations(node, grants, time.time_ns())
         try:
             if self.kube is None:
@@ -372,7 +374,7 @@ class Extender:
             await self.kube.bind(ns, name, uid, node, annotations)
         except Exception as e:
             if await self._already_bound(ns, name, uid, node, annotations):
-                await self.ledger.mark_bound(node, uid)
+                await self._mark_bound(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)
                 BINDINGS.labels("success").inc()
                 return {"Error": ""}
             await self.ledger.release(node, uid)
@@ -381,11 +383,24 @@ class Extender:
             msg = f"binding {ns}/{name} to {node} failed, reservation released: {e}"
             self.event(pod, "BindingFailed", msg, "Warning")
             return {"Error": msg}
-        await self.ledger.mark_bound(node, uid)
+        await self._mark_bound(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)
         BINDINGS.labels("success").inc()
         cards = ",".join(str(i) for i in outcome.cards)
         self.event(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name} (cards {cards})")
         return {"Error": ""}
+
+    async def _mark_bound(self, node: str, uid: str, pod: str, req: SliceRequest, cards: tuple[int, ...],
+                          capacity: int) -> None:
+        """The Binding exists: mark the booking bound. If it went while the bind was in flight (expired past
+        the TTL, or released by a repair), the pod holds its cards anyway: book what its record says now,
+        as the watcher will once it sees the record (over-commit is booked and reported, never hidden)."""
+        if await self.ledger.mark_bound(node, uid):
+            return
+        mem, cores, slices = req.booking_for(capacity)
+        out = await self.ledger.observe(uid, PodUsage(node, cards, mem, cores, slices), pod, keep_bound=True)
+        REBOOKED.inc()
+        log.error("bind: the booking of %s (%s) on %s went while its bind was in flight; booked again from its "
+                  "record: %s", pod, uid, node, out)
 
     def _claim(self, node: str, seen: Seen) -> None:
         """One node returned: kube-scheduler binds there (it has no other candidate), and schedules the next

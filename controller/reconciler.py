@@ -184,7 +184,8 @@ class Reconciler:
         if diff.clean:
             return diff
         if diff.remove:
-            await self.ledger.remove_node(node)
+            if await self.ledger.remove_node(node, self.keep_ms) is None:
+                return diff  # a reservation was made or bound there since our read: judged on a later pass
             self.nodes.known.discard(node)
             RECONCILE_REPAIRS.labels("node_gone").inc()
             log.warning("reconcile: node %s is gone from the API and holds nothing: removed", node)
@@ -221,11 +222,13 @@ class Reconciler:
         # kept: whatever was made or bound since `now_ms - keep_ms`, however long this pass took since its read
         out = await self.ledger.replace_node(inv if inv is not None else Inventory(node), final, self.keep_ms,
                                              keep_bound=True, keep_from=now_ms - self.keep_ms)
-        if int(out.get("pending_dropped") or 0):
-            # newer than our truth, but no longer fitting next to it: said out loud, never silently
-            RECONCILE_REPAIRS.labels("dropped_unfit").inc(int(out["pending_dropped"]))
-            log.warning("reconcile: node %s: %s reservation(s) newer than the view no longer fit and were dropped",
-                        node, out["pending_dropped"])
+        if int(out.get("pending_overfull") or 0):
+            # newer than our truth and kept (their binders go on), but over-filling a card next to it: said
+            # out loud; the card offers nothing more until they bind or expire
+            RECONCILE_REPAIRS.labels("kept_overfull").inc(int(out["pending_overfull"]))
+            log.warning("reconcile: node %s: %s reservation(s) newer than the view over-fill a card next to it; "
+                        "kept (their binds are in flight), the card offers nothing more", node,
+                        out["pending_overfull"])
         self.nodes.known.add(node)
         self.repairs += 1
         return diff

@@ -63,7 +63,8 @@ class NodeWatcher:
     A node new to the ledger is written with the usage of the pods that hold cards there (`holders`,
     from the pod watcher's view), so a node deleted and re-created under running pods is never
     offered empty. A node that stops reporting cards (deleted, or its capacity dropped to 0) keeps
-    its holders' usage on placeholder cards until they are gone.
+    its holders' usage, and the bookings still settling there (binds in flight, bindings this view has
+    not seen yet), on placeholder cards until they are gone.
     """
 
     def __init__(self, kube: Kube, ledger: Ledger, cfg: Config, keep_ms: int = 10_000):
@@ -89,15 +90,19 @@ class NodeWatcher:
         if not offers_cards(inv):
             self.last.pop(name, None)
             holders = self.holders(name)
-            if holders:
-                log.warning("node %s reports no sliced card while %d pod(s) hold cards there: their usage is "
-                            "kept until they end", name, len(holders))
-                await self.ledger.list_node(name)
-                await self.ledger.replace_node(Inventory(name), holders, self.keep_ms, keep_bound=True)
-                self.known.add(name)
-            elif name in self.known or inv is None:
-                await self.ledger.remove_node(name)
-                self.known.discard(name)
+            if not holders and (name in self.known or inv is None):
+                # forgotten, unless a booking still settles there (a bind in flight, or one this view has
+                # not seen yet): its Binding and record come whatever the ledger says
+                if await self.ledger.remove_node(name, self.keep_ms) is not None:
+                    self.known.discard(name)
+                    return
+            elif not holders:
+                return
+            log.warning("node %s reports no sliced card while %d pod(s) hold cards there or bookings are in "
+                        "flight: their usage is kept until they end", name, len(holders))
+            await self.ledger.list_node(name)
+            await self.ledger.replace_node(Inventory(name), holders, self.keep_ms, keep_bound=True)
+            self.known.add(name)
             return
         assert inv is not None
         self.last[name] = inv

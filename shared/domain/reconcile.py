@@ -63,6 +63,18 @@ class _Totals:
     holders: list[str] = field(default_factory=list)
 
 
+def settles(r: Reservation, now_ms: int, keep_from: int) -> bool:
+    """Whether a reservation is still settling at `now_ms` (Redis's clock), so no view may judge it yet:
+    pending (its binder may be mid-flight; the janitor expires it by TTL), or made or bound at or after
+    `keep_from` (newer than the caller's truth). A stamp later than now + FUTURE_MS comes from a clock that
+    jumped (a failover to a server behind) and settles nothing: it is judged now. The twin of `settles` in
+    shared/store/lua/_lib.lua (tests/redis/test_settles_twin.py runs one table through both)."""
+    stamp = max(r.created, r.bound_at)
+    if stamp > now_ms + FUTURE_MS:
+        return False
+    return r.state == "pending" or stamp >= keep_from
+
+
 def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holders: Mapping[str, PodUsage],
               now_ms: int, keep_ms: int) -> NodeDiff:
     """Every way `snap` (the ledger) differs from the truth (`inv`, `holders`), on Redis's clock `now_ms`.
@@ -75,13 +87,9 @@ def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holde
             diffs.append(Difference("node_missing", f"the ledger lacks node {node}"
                                     + (f" held by {len(holders)} pod(s)" if holders else "")))
         return NodeDiff(node, tuple(diffs))
-    young_from = now_ms - keep_ms
 
     def settling(r: Reservation) -> bool:
-        stamp = max(r.created, r.bound_at)
-        if stamp > now_ms + FUTURE_MS:
-            return False  # stamped by a clock that jumped (a failover to a server behind): judge it now
-        return r.state == "pending" or stamp >= young_from
+        return settles(r, now_ms, now_ms - keep_ms)
 
     if not offers_cards(inv) and not holders and all(not settling(r) for r in snap.reservations.values()):
         return NodeDiff(node, (), (), remove=True)
@@ -133,7 +141,7 @@ def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holde
             diffs.append(Difference("changed_holder", f"pod {uid} holds cards {list(usage.cards)} "
                                     f"({usage.memory}/{usage.cores}), the ledger books {list(held.cards)} "
                                     f"({held.mem}/{held.cores})"))
-        elif held.state != "bound" and max(held.created, held.bound_at) < young_from:
+        elif held.state != "bound" and max(held.created, held.bound_at) < now_ms - keep_ms:
             # pending although the pod carries its record: the binder died before mark_bound, and the
             # janitor would soon expire a share a running pod holds
             diffs.append(Difference("unbound_holder", f"pod {uid} is bound, its reservation is {held.state}"))

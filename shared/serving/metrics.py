@@ -40,6 +40,9 @@ REDIS_ROUND_TRIPS = Counter("mtsched_redis_round_trips_total",
                             ["op"])
 OVERCOMMIT = Counter("mtsched_overcommit_observed_total",
                      "Allocations observed on the API server that over-commit a card (should stay 0)")
+REBOOKED = Counter("mtsched_bind_rebooked_total",
+                   "Binds whose booking went while the Binding was being written (expired past the TTL, or "
+                   "released by a repair), booked again from the record they wrote (should stay 0)")
 RECORD_MISMATCH = Counter("mtsched_record_mismatch_total",
                           "Allocation records the ledger did not book (should stay 0): changed after our bind "
                           "(the booking is kept), or on a pod our scheduler does not place (foreign)", ["kind"])

@@ -203,11 +203,18 @@ class Ledger:
             await self.list_node(inv.node)
         return version
 
-    async def remove_node(self, node: str) -> bool:
-        existed = bool(await self._call("remove_node", node))
+    async def remove_node(self, node: str, keep_ms: int | None = None) -> bool | None:
+        """Forget a node and everything booked on it; True if it existed. With `keep_ms`, a node where a
+        reservation is still settling (pending, or made or bound in the last `keep_ms` ms) is left as it is
+        and None is returned: its binder writes the Binding whatever the ledger says, so the caller keeps
+        the booking (replace_node onto placeholder cards) instead of forgetting it."""
+        payload = {} if keep_ms is None else {"keep_ms": max(0, int(keep_ms))}
+        out = int(await self._call("remove_node", node, payload))
+        if out < 0:
+            return None
         self._known.pop(node, None)
         await self._retry("srem", lambda: self.redis.srem(self.nodes_key, node))
-        return existed
+        return bool(out)
 
     async def announce(self, node: str) -> None:
         """Tell every mirror to re-read `node` (a `rebuild` notice on the feed; no state changes)."""
@@ -372,8 +379,10 @@ class Ledger:
                            keep_from: int | None = None) -> dict[str, Any]:
         """Atomically set one node to what the API implies: its cards and its bound pods' usage.
 
-        Pending reservations, and those made or bound in the last `keep_ms` ms of Redis time (newer
-        than the caller's truth), are kept if they fit. `keep_bound`: a pod of `bound` whose
+        Reservations still settling (pending, or made or bound in the last `keep_ms` ms of Redis time or
+        since `keep_from`: newer than the caller's truth) are kept, whether or not they fit (their binder
+        writes its Binding anyway); those on a card they leave over-full are counted in
+        "pending_overfull". `keep_bound`: a pod of `bound` whose
         reservation is bound keeps that booking where its record differs; their uids come back as
         "kept_bound" (a list).
         """
@@ -406,7 +415,7 @@ class Ledger:
         for uid, (usage, pod) in bound.items():
             by_node.setdefault(usage.node, {})[uid] = (usage, pod)
         seen = set()
-        stats = {"nodes": 0, "bound": 0, "pending_kept": 0, "pending_dropped": 0, "removed": 0, "kept_bound": 0}
+        stats = {"nodes": 0, "bound": 0, "pending_kept": 0, "pending_overfull": 0, "removed": 0, "kept_bound": 0}
         for inv in inventories:
             seen.add(inv.node)
             await self.list_node(inv.node)  # listed first, see upsert_node
@@ -415,17 +424,23 @@ class Ledger:
             stats["kept_bound"] += len(out["kept_bound"])
             stats["bound"] += int(out["bound"])
             stats["pending_kept"] += int(out["pending_kept"])
-            stats["pending_dropped"] += int(out["pending_dropped"])
+            stats["pending_overfull"] += int(out["pending_overfull"])
         for node in (set(by_node) - seen):
             # A node the API no longer reports while its pods still hold cards (deleted, or its capacity
             # went to 0): keep their usage on placeholder cards, so it is there if the node comes back.
             await self.list_node(node)
             out = await self.replace_node(Inventory(node), by_node[node], keep_ms, keep_bound)
             stats["kept_bound"] += len(out["kept_bound"])
+            stats["pending_kept"] += int(out["pending_kept"])
             seen.add(node)
         for node in set(await self.nodes()) - seen:
-            await self.remove_node(node)
-            stats["removed"] += 1
+            if await self.remove_node(node, keep_ms) is None:
+                # held by no pod the API knows of, but a reservation still settles there: it stays (on
+                # placeholder cards), the rest goes
+                out = await self.replace_node(Inventory(node), {}, keep_ms, keep_bound)
+                stats["pending_kept"] += int(out["pending_kept"])
+            else:
+                stats["removed"] += 1
         await self._retry("set", lambda: self.redis.set(self.epoch_key, str(now_ms())))
         return stats
 

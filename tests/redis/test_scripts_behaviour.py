@@ -315,7 +315,7 @@ async def test_rebuild_sets_exactly_what_the_api_implies(populated: Ledger) -> N
     assert gone.card_states() == []  # offers nothing
     assert sorted(snaps["n4"].reservations) == ["b1", "b2", "u2"]
     assert sorted(snaps["n5"].reservations) == ["b3", "u3"]
-    assert stats["pending_kept"] == 2 and stats["pending_dropped"] == 0
+    assert stats["pending_kept"] == 2 and stats["pending_overfull"] == 0
     placements = [u for uid, (u, _p) in bound.items() if uid != "lost"]
     placements += [PodUsage("n4", (1,), 16, 4, 1), PodUsage("n5", (0,), S5000, 16, 1)]
     assert actual_usage(snaps) == expected_usage(placements)
@@ -325,14 +325,22 @@ async def test_rebuild_sets_exactly_what_the_api_implies(populated: Ledger) -> N
 
 
 @pytest.mark.redis
-async def test_rebuild_drops_pending_that_no_longer_fit(cluster: Ledger) -> None:
+async def test_rebuild_keeps_pending_that_over_fill_and_says_so(cluster: Ledger) -> None:
+    """A pending reservation that no longer fits next to the truth is kept: its binder writes the Binding
+    and its record whatever the ledger says, so dropping it would offer a share about to be held. The card
+    shows over-full, offers nothing more, and the rebuild counts it."""
     led = cluster
     assert (await led.reserve("n4", "p1", [0], 64, 4, 1))[0].ok
     bound = {"b1": (PodUsage("n4", (0,), 64, 4, 1), "ns/b1")}
     stats = await led.rebuild([inventory("n4", S4000), inventory("n5", S5000)], bound)
-    assert stats["pending_dropped"] == 1 and stats["pending_kept"] == 0
+    assert stats["pending_kept"] == 1 and stats["pending_overfull"] == 1
     s = await snap(led, "n4")
-    assert sorted(s.reservations) == ["b1"] and s.cards[0].mem_used == 64 and violations(s) == []
+    assert sorted(s.reservations) == ["b1", "p1"] and s.cards[0].mem_used == 128 and s.cards[0].mem_free == 0
+    assert not (await led.reserve("n4", "p2", [0], 2, 1, 1))[0].ok  # nothing more on it
+    assert (await led.reserve("n4", "p3", [1], 2, 1, 1))[0].ok  # the other card is untouched
+    # the binder ends it (bind failed, or the TTL): the card is back to the truth
+    assert await led.release("n4", "p1")
+    assert (await snap(led, "n4")).cards[0].mem_used == 64
 
 
 @pytest.mark.redis

@@ -171,14 +171,23 @@ async def test_payload_that_is_not_a_json_object_is_refused(populated: Ledger, s
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize("script", ["snapshot", "remove_node"])
-async def test_scripts_without_payload_ignore_it(populated: Ledger, script: str) -> None:
-    """snapshot and remove_node take no payload: garbage there is not an error."""
+async def test_snapshot_takes_no_payload_and_ignores_garbage_there(populated: Ledger) -> None:
     led = populated
     before = await dump(led.redis)
-    raw = await led.redis.evalsha(led._scripts[script].sha, 1, led.node_key("nope"), led.feed, "nope",  # type: ignore[misc]
+    raw = await led.redis.evalsha(led._scripts["snapshot"].sha, 1, led.node_key("nope"), led.feed, "nope",  # type: ignore[misc]
                                   "not json")
-    assert (orjson.loads(raw)["exists"] is False) if script == "snapshot" else raw == 0
+    assert orjson.loads(raw)["exists"] is False
+    assert await dump(led.redis) == before
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("body", ["not json", '{"keep_ms": -1}', '{"keep_ms": 1.5}', '{"keep_ms": "10"}'])
+async def test_remove_node_refuses_a_bad_payload_and_changes_nothing(populated: Ledger, body: str) -> None:
+    led = populated
+    before = await dump(led.redis)
+    with pytest.raises(rexc.ResponseError, match="BADINPUT"):
+        await led.redis.evalsha(led._scripts["remove_node"].sha, 1, led.node_key("n4"), led.feed, "n4",  # type: ignore[misc]
+                                body)
     assert await dump(led.redis) == before
 
 

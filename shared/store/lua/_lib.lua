@@ -139,6 +139,17 @@ local function res_view(uid)
   }
 end
 
+-- Whether reservation view `r` is still settling at `now` (Redis's clock), so no caller's truth may judge
+-- it yet: pending (its binder may be mid-flight; expire.lua ends it after the TTL), or made or bound at or
+-- after `keep_from` (newer than the caller's truth). A stamp later than now + FUTURE_MS comes from a clock
+-- that jumped and settles nothing. The twin of settles in shared/domain/reconcile.py
+-- (tests/redis/test_settles_twin.py runs one table through both).
+local function settles(r, now, keep_from)
+  local stamp = math.max(r.created, r.bound_at)
+  if stamp > now + FUTURE_MS then return false end
+  return r.state == "pending" or stamp >= keep_from
+end
+
 local function node_view()
   local cards = {}
   for _, idx in ipairs(card_indices()) do cards[idx] = card_view(idx) end

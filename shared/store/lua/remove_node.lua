@@ -1,6 +1,21 @@
--- Forget a deleted node and everything booked on it. Payload ignored. KEYS: the whole node.
+-- Forget a deleted node and everything booked on it. Payload: {keep_ms} or nothing. With keep_ms, a node
+-- where a reservation is still settling (`settles`: pending, or made or bound in the last keep_ms) is left
+-- as it is and -1 is returned: its binder writes the Binding and its record whatever the ledger says, so
+-- the caller keeps the booking (replace_node onto placeholder cards) instead. Else returns 1 if the node
+-- existed, 0 if not. KEYS: the whole node.
+local p, err = payload()
+if err then return err end
+local keep_ms = p.keep_ms
+if keep_ms ~= nil and not is_int(keep_ms, 0, 86400000) then return fail("BADINPUT", "keep_ms must be 0..86400000") end
 local more = need_node_keys()
 if more then return more end
+if keep_ms ~= nil then
+  local now = now_ms()
+  for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
+    local r = res_view(uid)
+    if r and settles(r, now, now - keep_ms) then return -1 end
+  end
+end
 for _, idx in ipairs(card_indices()) do redis.call('DEL', card_key(idx)) end
 for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do redis.call('DEL', res_key(uid)) end
 redis.call('DEL', PODS_KEY)

@@ -1,10 +1,13 @@
--- Replace a node's state with what the API server implies, atomically (rebuild, reconcile). Payload:
--- {error, cards, bound: [{uid, cards, mem, cores, slices, pod}], keep_ms, keep_bound}. Reservations of
--- pods not in `bound` are kept when they still fit and are pending (a binder may be mid-flight) or were
--- made or bound in the last `keep_ms` milliseconds (newer than the caller's truth). Measured on Redis's
--- clock only: the caller's clock may be off. keep_bound: a pod of `bound` whose reservation here is
--- bound keeps that booking when its record says otherwise (the record changed after our bind, see
--- observe.lua); reported as kept_bound = [uid, ...].
+-- Replace a node's state with what the API server implies, atomically (rebuild, reconcile, a node that
+-- stops reporting cards). Payload: {error, cards, bound: [{uid, cards, mem, cores, slices, pod}], keep_ms,
+-- keep_from, keep_bound}. Reservations of pods not in `bound` that are still settling (`settles`: pending,
+-- as a binder may be mid-flight, or made or bound since now - keep_ms or keep_from) are kept whether or
+-- not they fit: their binder goes on to write the Binding and its record whatever the ledger says, so
+-- dropping one would offer a share a pod is about to hold (fail open). A card they over-fill is shown so,
+-- offers nothing more, and is counted in `pending_overfull`; a card the node no longer reports stays as a
+-- "removed" placeholder while they hold it. keep_bound: a pod of `bound` whose reservation here is bound
+-- keeps that booking when its record says otherwise (the record changed after our bind, see observe.lua);
+-- reported as kept_bound = [uid, ...].
 local p, err = payload()
 if err then return err end
 if p.keep_bound ~= nil and type(p.keep_bound) ~= "boolean" then return fail("BADINPUT", "keep_bound must be a boolean") end
@@ -25,9 +28,6 @@ if p.keep_ms ~= nil then keep_from = now0 - p.keep_ms end
 -- keep_from: an instant on Redis's clock (the caller read the ledger after it), so a reservation made
 -- after the caller's read is kept however long the caller took
 if p.keep_from ~= nil then keep_from = math.min(keep_from, p.keep_from) end
--- a stamp from the future (a failover to a server whose clock is behind) is not "newer than the truth":
--- it would be kept for ever
-local keep_until = now0 + FUTURE_MS
 -- Everything is validated before the first write: a script that fails half-way is not rolled back.
 local pending, is_bound = {}, {}
 for _, b in ipairs(p.bound) do
@@ -70,11 +70,7 @@ if p.keep_bound then
 end
 for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
   local r = res_view(uid)
-  local stamp = r and math.max(r.created, r.bound_at)
-  if r and not is_bound[uid] and ((r.state == "pending" and stamp <= keep_until)
-      or (stamp >= keep_from and stamp <= keep_until)) then
-    pending[#pending + 1] = {uid, r}
-  end
+  if r and not is_bound[uid] and settles(r, now0, keep_from) then pending[#pending + 1] = {uid, r} end
   redis.call('DEL', res_key(uid))
 end
 redis.call('DEL', PODS_KEY)
@@ -82,25 +78,25 @@ write_cards(p.cards, true)
 redis.call('HSET', NODE_KEY, 'error', p.error or "")
 local now = now_ms()
 for _, b in ipairs(p.bound) do book(b, "bound", now) end
-local kept = 0
+local overfull = 0
 for _, e in ipairs(pending) do
   local uid, r = e[1], e[2]
-  local fits = true
-  local list = split_cards(r.cards)
-  -- the same card rule a reservation was booked under (card_rule), with the terms it was booked on
-  local need = {mem = r.mem, cores = r.cores, slices = r.slices, idle = r.idle}
-  for _, idx in ipairs(list) do
-    if card_rule(card_view(idx), tonumber(idx), need) then fits = false end
-  end
-  if fits then
-    local nums = {}
-    for i, idx in ipairs(list) do nums[i] = tonumber(idx) end
-    book({uid = uid, cards = nums, mem = r.mem, cores = r.cores, slices = r.slices, pod = r.pod, idle = r.idle},
-         r.state, r.created)
-    kept = kept + 1
+  local nums = {}
+  for i, idx in ipairs(split_cards(r.cards)) do nums[i] = tonumber(idx) end
+  book({uid = uid, cards = nums, mem = r.mem, cores = r.cores, slices = r.slices, pod = r.pod, idle = r.idle},
+       r.state, r.created)
+  -- book stamps a bound one as bound when it was made: keep when it was bound, or its keep window ends early
+  if r.state == "bound" then redis.call('HSET', res_key(uid), 'bound_at', r.bound_at) end
+  for _, idx in ipairs(split_cards(r.cards)) do
+    local c = card_view(idx)
+    if c and c.health ~= "removed" and (c.mem_used > c.capacity or c.cores_used > c.cores
+        or c.slices > c.slice_limit) then
+      overfull = overfull + 1
+      break
+    end
   end
 end
 publish('rebuild', nil, nil)
 -- (cjson encodes an empty kept_bound as {}, which Ledger.replace_node reads as no uid)
-return cjson.encode({ok = true, bound = #p.bound, pending_kept = kept, pending_dropped = #pending - kept,
+return cjson.encode({ok = true, bound = #p.bound, pending_kept = #pending, pending_overfull = overfull,
                      kept_bound = kept_bound})
