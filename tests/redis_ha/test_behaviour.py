@@ -21,7 +21,13 @@ from redis.asyncio.sentinel import MasterNotFoundError
 from deploy.local.redis import ClusterSetup, SentinelSetup
 from shared.store.ledger import Ledger, connect, connect_subscriber
 from shared.store.mirror import Mirror
-from tests.redis import test_mirror, test_script_keys, test_scripts_behaviour, test_scripts_input
+from tests.redis import (
+    test_in_flight_bookings,
+    test_mirror,
+    test_script_keys,
+    test_scripts_behaviour,
+    test_scripts_input,
+)
 from tests.redis.conftest import MirrorFactory
 from tests.redis.helpers import S4000, eventually, inventory
 from tests.redis_ha.conftest import PASSWORD, settle_feed
@@ -29,7 +35,7 @@ from tests.redis_ha.conftest import PASSWORD, settle_feed
 pytestmark = pytest.mark.redis_ha
 
 Case = Callable[..., Awaitable[None]]
-b, i, m = test_scripts_behaviour, test_scripts_input, test_mirror
+b, i, m, f = test_scripts_behaviour, test_scripts_input, test_mirror, test_in_flight_bookings
 
 ON_TWO_NODES: list[Case] = [
     b.test_reserve_twice_returns_the_same_cards_and_books_once, b.test_release_twice,
@@ -37,9 +43,12 @@ ON_TWO_NODES: list[Case] = [
     b.test_observe_replaces_a_different_booking_and_reports_overcommit,
     b.test_observe_on_unknown_cards_keeps_the_usage_visible, b.test_expire_releases_only_old_pending_reservations,
     b.test_removed_card_stays_while_held, b.test_node_error_keeps_usage_and_refuses_bookings,
-    b.test_rebuild_drops_pending_that_no_longer_fit, b.test_rebuild_after_flush_and_intact,
+    b.test_rebuild_keeps_pending_that_over_fill_and_says_so, b.test_rebuild_after_flush_and_intact,
     b.test_script_flush_reloads_transparently, b.test_place_refits_after_a_conflict,
     b.test_place_exclusive_and_multi_book_whole_cards,
+    # the node watcher on its own nodes: remove_node with a payload, replace_node keeping what settles
+    f.test_remove_node_leaves_a_node_where_a_booking_settles,
+    f.test_a_just_bound_booking_not_yet_seen_survives_deletion,
 ]
 ON_POPULATED: list[Case] = [
     b.test_snapshot_reads_exactly_the_keys, b.test_remove_node_forgets_everything_of_that_node_only,

@@ -56,8 +56,9 @@ class FakeLedger:
             return ReserveOutcome(False, refused=self.refuse), None
         return ReserveOutcome(True, cards=(0,)), None
 
-    async def mark_bound(self, node: str, uid: str) -> None:
+    async def mark_bound(self, node: str, uid: str) -> bool:
         self.bound.append((node, uid))
+        return True
 
     async def release(self, node: str, uid: str) -> None:
         self.released.append((node, uid))
