@@ -17,9 +17,9 @@ import pytest
 
 from controller.extender import Extender
 from controller.watchers import PodWatcher
-from shared.domain.annotations import ALLOCATED, usage_from_annotations
+from shared.domain.annotations import usage_from_annotations
 from shared.domain.node import node_inventory
-from shared.serving.metrics import RECORD_MISMATCH, REBOOKED
+from shared.serving.metrics import REBOOKED, RECORD_MISMATCH
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
 from tests.redis.test_extender_bind import CFG, FakeKube, node
