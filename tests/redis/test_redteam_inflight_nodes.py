@@ -20,9 +20,9 @@ import pytest
 from redis.asyncio import Redis
 
 from controller.reconciler import Reconciler
-from controller.watchers import Janitor, NodeWatcher, PodWatcher
+from controller.watchers import Janitor, NodeWatcher, PodWatcher, wire
 from shared.config import load_config
-from shared.domain.annotations import PodUsage
+from shared.domain.annotations import CardGrant, PodUsage, binding_annotations, device_id
 from shared.domain.fit import fit
 from shared.domain.request import pod_request
 from shared.store.ledger import Ledger
@@ -232,26 +232,65 @@ async def test_an_overfull_card_offers_nothing_to_the_extenders_fit(ledger: Ledg
     assert not result.ok and result.cards == ()
 
 
-async def test_a_deleted_node_is_not_judged_by_a_pod_view_that_is_not_live(ledger: Ledger,
-                                                                           redis_client: Redis) -> None:
+def bound_pod(uid: str, node: str, card: int, mib: int, cores: int) -> dict[str, Any]:
+    ann = binding_annotations(node, [[CardGrant(device_id(node, card), mib, cores)]], 0)
+    return {"metadata": {"name": uid, "namespace": "ns", "uid": uid, "annotations": ann},
+            "spec": {"nodeName": node, "schedulerName": "hami-scheduler", "containers": [
+                {"name": "c", "resources": {"limits": {"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "64",
+                                                       "mthreads.com/sgpu-core": "12"}}}]}}
+
+
+def pods_of(ledger: Ledger, nodes: NodeWatcher, live: bool) -> PodWatcher:
+    pods = PodWatcher(NoKube(), ledger, Mirror(ledger), CFG, nodes.lost)  # type: ignore[arg-type]
+    wire(nodes, pods)  # as run_watcher connects them
+    nodes.reflector.synced.set()
+    pods.reflector.synced.set()
+    if not live:
+        pods.reflector._failing(ConnectionError("the API server went away"))  # the pod stream is down
+    return pods
+
+
+@pytest.mark.parametrize("same_replica", [True, False], ids=["the replica that saw it go", "a fresh replica"])
+async def test_a_deleted_node_is_not_judged_by_a_pod_view_that_is_not_live(ledger: Ledger, redis_client: Redis,
+                                                                           same_replica: bool) -> None:
     """The pod stream is down (an API server restart; its re-list of thousands of pods takes a while)
     while the node stream delivers the DELETE. A pod bound 15 s ago is in no view: not a holder, and
     past the 10 s keep window. The reconciler would not judge anything with this view (views_live); the
     node watcher must not either: forgetting the booking offers its share again once the node is back,
     and the pod's record, arriving with the pod stream, then over-commits the card."""
-    mirror = Mirror(ledger)
     nodes = watcher(ledger)
-    pods = PodWatcher(NoKube(), ledger, mirror, CFG, nodes.lost)  # type: ignore[arg-type]
-    nodes.holders = pods.holders
+    pods = pods_of(ledger, nodes, live=False)
     await nodes.on_event("ADDED", gpu_node("sv"))
     assert (await ledger.reserve("sv", "b1", [0], 64, 12, 1, pod="ns/b1"))[0].ok
     assert await ledger.mark_bound("sv", "b1")
     await age(redis_client, ledger, "sv", "b1", 15_000)
-    pods.reflector.synced.set()
-    pods.reflector._failing(ConnectionError("the API server went away"))  # the pod stream is down
     reconciler = Reconciler(NoKube(), ledger, CFG, nodes, pods)  # type: ignore[arg-type]
-    assert reconciler.views_live()  # the reconciler would wait
+    assert reconciler.views_live().startswith("pods: stream failing")  # the reconciler would wait
     await nodes.on_event("DELETED", gpu_node("sv"))
+    assert "b1" in (await ledger.snapshots(["sv"]))["sv"].reservations
+    if not same_replica:  # the node is new to the replica that sees it come back
+        nodes = watcher(ledger)
+        pods = pods_of(ledger, nodes, live=False)
     await nodes.on_event("ADDED", gpu_node("sv"))
     assert (await used(ledger, "sv"))[0] == (64, 12, 1, "ok"), "the bound pod's share was forgotten"
     assert not (await ledger.reserve("sv", "p2", [0], 64, 12, 1, pod="ns/p2"))[0].ok
+    # the stream is back with the pod in its view: the reconciler finds the booking explained
+    pods.reflector._working()
+    pods.learn("b1", bound_pod("b1", "sv", 0, 64 * 1024, 12))
+    reconciler = Reconciler(NoKube(), ledger, CFG, nodes, pods)  # type: ignore[arg-type]
+    assert not reconciler.views_live()
+    assert await reconciler.reconcile_all() == {}
+    assert (await used(ledger, "sv"))[0] == (64, 12, 1, "ok")
+
+
+async def test_a_live_pod_view_still_forgets_what_nobody_holds(ledger: Ledger, redis_client: Redis) -> None:
+    """The other side of the attack above: with the pod view live, a deleted node where a bound booking
+    older than the keep window has no holder is forgotten at once (nothing kept for ever)."""
+    nodes = watcher(ledger)
+    pods_of(ledger, nodes, live=True)
+    await nodes.on_event("ADDED", gpu_node("sl"))
+    assert (await ledger.reserve("sl", "b1", [0], 64, 12, 1, pod="ns/b1"))[0].ok
+    assert await ledger.mark_bound("sl", "b1")
+    await age(redis_client, ledger, "sl", "b1", 15_000)
+    await nodes.on_event("DELETED", gpu_node("sl"))
+    assert "sl" not in await ledger.nodes() and await ledger.snapshot("sl") is None
