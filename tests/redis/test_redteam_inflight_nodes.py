@@ -294,3 +294,47 @@ async def test_a_live_pod_view_still_forgets_what_nobody_holds(ledger: Ledger, r
     await age(redis_client, ledger, "sl", "b1", 15_000)
     await nodes.on_event("DELETED", gpu_node("sl"))
     assert "sl" not in await ledger.nodes() and await ledger.snapshot("sl") is None
+
+
+async def test_a_node_another_replica_forgot_is_written_anew_not_taken_for_lost_state(
+        ledger: Ledger, redis_client: Redis, caplog: pytest.LogCaptureFixture) -> None:
+    """Both replicas keep a deleted node on placeholder cards (a bind in flight there), so both list it
+    as known. The bind fails, and replica B's reconciler forgets the node. When the node is re-created,
+    replica A still counts it as known: the ledger lacking it is no lost state (the epoch is there), and
+    A must write it whole with its holders as B does, not rebuild the whole ledger from fresh lists
+    ("state lost", every node replaced) each time."""
+    holder = {"h": (PodUsage("ka", (1,), 8, 2, 1), "ns/h")}
+    led_a, led_b = Ledger(redis_client), Ledger(redis_client)
+    a, b = watcher(led_a), watcher(led_b)
+    for w in (a, b):
+        pods_of(w.ledger, w, live=True)
+    await led_a.rebuild([], {}, keep_ms=KEEP_MS)  # the epoch a start writes
+    for w in (a, b):
+        await w.on_event("ADDED", gpu_node("ka"))
+    assert (await ledger.reserve("ka", "p1", [0], 32, 8, 1, pod="ns/p1"))[0].ok  # in flight
+    for w in (a, b):
+        await w.on_event("DELETED", gpu_node("ka"))
+        assert "ka" in w.known
+    assert await ledger.release("ka", "p1")  # the bind failed
+    assert await ledger.remove_node("ka", KEEP_MS) is True  # B's reconciler: nothing held, forgotten
+    b.known.discard("ka")
+    # re-created, under a pod bound there meanwhile (in both views)
+    for w in (a, b):
+        w.holders = lambda node: dict(holder)
+    await a.on_event("ADDED", gpu_node("ka"))
+    assert not a.lost.is_set(), "a node another replica forgot was taken for lost state: full rebuild"
+    assert await used(ledger, "ka") == {0: (0, 0, 0, "ok"), 1: (8, 2, 1, "ok")}
+    assert "ka" in await ledger.nodes() and "ka" in a.known
+    await b.on_event("ADDED", gpu_node("ka"))
+    assert await used(ledger, "ka") == {0: (0, 0, 0, "ok"), 1: (8, 2, 1, "ok")}
+
+
+async def test_a_known_node_missing_with_the_epoch_gone_is_still_lost_state(ledger: Ledger,
+                                                                             redis_client: Redis) -> None:
+    """The other side: Redis lost its data (no epoch): a known node missing means a rebuild."""
+    a = watcher(ledger)
+    pods_of(ledger, a, live=True)
+    await a.on_event("ADDED", gpu_node("kl"))
+    await redis_client.flushall()
+    await a.on_event("MODIFIED", gpu_node("kl", cards=1))
+    assert a.lost.is_set() and await ledger.snapshot("kl") is None
