@@ -119,14 +119,18 @@ class NodeWatcher:
         assert inv is not None
         self.last[name] = inv
         inv = self.effective(inv)
-        if name in self.known:
-            if await self.ledger.upsert_node(inv, create=False) < 0:
+        if name in self.known and await self.ledger.upsert_node(inv, create=False) < 0:
+            if stale or not await self.ledger.intact():
                 # A node we knew is missing from Redis: the state was lost, only a rebuild may recreate it.
                 log.error("node %s is missing from Redis: state lost, rebuilding from the API server", name)
                 self.last.pop(name, None)
                 self.lost.set()
                 return
-        else:
+            # the epoch is there: another replica forgot the node (it went, and nothing was held there any
+            # more) while this one still knew it; new to the ledger, as to that replica
+            log.info("node %s is back after another replica forgot it: written anew", name)
+            self.known.discard(name)
+        if name not in self.known:
             # New to us: written whole, with its holders' usage, before any replica can offer it.
             await self.ledger.list_node(name)
             await self.ledger.replace_node(inv, self.holders(name), keep_ms, keep_bound=True)
