@@ -28,6 +28,7 @@ from shared.domain.request import pod_request
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
 from tests.redis.helpers import violations
+from tests.redis.test_script_keys import cold
 
 pytestmark = pytest.mark.redis
 CFG = load_config(env={}, flags={"memoryPerCard": "96,160"})
@@ -338,3 +339,19 @@ async def test_a_known_node_missing_with_the_epoch_gone_is_still_lost_state(ledg
     await redis_client.flushall()
     await a.on_event("MODIFIED", gpu_node("kl", cards=1))
     assert a.lost.is_set() and await ledger.snapshot("kl") is None
+
+
+async def test_remove_node_with_keep_ms_declares_every_key_and_spares_what_settles(populated: Ledger) -> None:
+    """On the populated fixture (also run on Sentinel and Cluster by tests/redis_ha): a replica that has
+    seen nothing, whose scripts fail on any key not in KEYS, removes with keep_ms. n4 (u2 pending), n5
+    (u3 pending) and nx (ux pending) stay whole; nerr (nothing booked) goes; a node never written is no
+    error."""
+    led = populated
+    before = {n: (await led.snapshots([n]))[n] for n in ("n4", "n5", "nx")}
+    for n in ("n4", "n5", "nx"):
+        assert await cold(led).remove_node(n, KEEP_MS) is None
+        assert (await led.snapshots([n]))[n].reservations == before[n].reservations
+        assert n in await led.nodes()
+    assert await cold(led).remove_node("nerr", KEEP_MS) is True
+    assert "nerr" not in await led.nodes() and await led.snapshot("nerr") is None
+    assert await cold(led).remove_node("ghost", KEEP_MS) is False

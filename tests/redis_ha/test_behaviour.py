@@ -21,7 +21,13 @@ from redis.asyncio.sentinel import MasterNotFoundError
 from deploy.local.redis import ClusterSetup, SentinelSetup
 from shared.store.ledger import Ledger, connect, connect_subscriber
 from shared.store.mirror import Mirror
-from tests.redis import test_mirror, test_script_keys, test_scripts_behaviour, test_scripts_input
+from tests.redis import (
+    test_mirror,
+    test_redteam_inflight_nodes,
+    test_script_keys,
+    test_scripts_behaviour,
+    test_scripts_input,
+)
 from tests.redis.conftest import MirrorFactory
 from tests.redis.helpers import S4000, eventually, inventory
 from tests.redis_ha.conftest import PASSWORD, settle_feed
@@ -37,7 +43,7 @@ ON_TWO_NODES: list[Case] = [
     b.test_observe_replaces_a_different_booking_and_reports_overcommit,
     b.test_observe_on_unknown_cards_keeps_the_usage_visible, b.test_expire_releases_only_old_pending_reservations,
     b.test_removed_card_stays_while_held, b.test_node_error_keeps_usage_and_refuses_bookings,
-    b.test_rebuild_drops_pending_that_no_longer_fit, b.test_rebuild_after_flush_and_intact,
+    b.test_rebuild_keeps_pending_that_over_fill_and_says_so, b.test_rebuild_after_flush_and_intact,
     b.test_script_flush_reloads_transparently, b.test_place_refits_after_a_conflict,
     b.test_place_exclusive_and_multi_book_whole_cards,
 ]
@@ -45,6 +51,7 @@ ON_POPULATED: list[Case] = [
     b.test_snapshot_reads_exactly_the_keys, b.test_remove_node_forgets_everything_of_that_node_only,
     b.test_rebuild_sets_exactly_what_the_api_implies, b.test_place_on_unknown_or_broken_node,
     i.test_unknown_node_is_refused_and_nothing_is_created, i.test_populated_fixture_is_consistent,
+    test_redteam_inflight_nodes.test_remove_node_with_keep_ms_declares_every_key_and_spares_what_settles,
 ]
 MIRROR_ON_TWO_NODES: list[Case] = [m.test_mirror_applies_the_feed_in_order, m.test_mirror_refetches_a_node_after_a_gap]
 MIRROR_ON_POPULATED: list[Case] = [m.test_mirror_refetches_after_a_rebuild_and_drops_removed_nodes,
