@@ -16,12 +16,14 @@ from typing import Any
 import pytest
 
 from controller.extender import Extender
-from controller.watchers import PodWatcher
+from controller.reconciler import Reconciler
+from controller.watchers import NodeWatcher, PodWatcher
 from shared.domain.annotations import usage_from_annotations
 from shared.domain.node import node_inventory
-from shared.serving.metrics import REBOOKED, RECORD_MISMATCH
+from shared.serving.metrics import OVERCOMMIT, REBOOKED, RECORD_MISMATCH
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
+from tests.redis.helpers import eventually
 from tests.redis.test_extender_bind import CFG, FakeKube, node
 
 pytestmark = pytest.mark.redis
@@ -169,3 +171,68 @@ async def test_a_booking_gone_with_its_node_is_not_claimed_as_booked_again(parts
     assert REBOOKED._value.get() == before
     said = [r.getMessage() for r in caplog.records if "ns/p-gone" in r.getMessage()]
     assert said and not any("booked again" in m for m in said) and any("nothing is booked" in m for m in said)
+
+
+async def test_a_rebooking_that_over_commits_is_counted_as_over_commit(parts: tuple[Ledger, Mirror]) -> None:
+    """The booking expired while the bind was slow, and another pod took the share meanwhile: the rebook
+    over-commits the card. The watcher, seeing the record later, finds the booking as it is and reports
+    nothing; so MtschedOvercommitObserved fires only if the rebook counts it."""
+    ledger, mirror = parts
+    uid = "slow"
+    kube = LosingKube(ledger, {uid: spec("an init container larger than the app")})
+
+    async def share_taken(pod: dict[str, Any]) -> None:
+        usage = usage_from_annotations(pod)
+        assert usage is not None
+        out, _ = await ledger.reserve("s4k", "other", list(usage.cards), 64, 8, 1, pod="ns/other")
+        assert out.ok
+
+    kube.also = share_taken
+    ext = Extender(CFG, ledger, mirror, kube)  # type: ignore[arg-type]
+    before = OVERCOMMIT._value.get()
+    assert await bind(ext, uid, "an init container larger than the app", "s4k") == {"Error": ""}
+    snap = await ledger.snapshot("s4k")
+    assert snap is not None and {"slow", "other"} <= set(snap.reservations)
+    assert any(c.mem_used > c.capacity for c in snap.cards.values())  # the attack ran: over-committed
+    assert OVERCOMMIT._value.get() == before + 1
+    # the watcher's view of the record adds nothing (no second count, no mismatch)
+    watcher = PodWatcher(kube, ledger, mirror, CFG, asyncio.Event())  # type: ignore[arg-type]
+    await watcher.record(uid, kube.pods[("ns", f"p-{uid}")])
+    assert OVERCOMMIT._value.get() == before + 1
+
+
+async def test_a_rebooking_for_a_pod_deleted_meanwhile_is_healed_by_the_reconciler(
+        parts: tuple[Ledger, Mirror]) -> None:
+    """The pod is deleted in the moment between its Binding and the rebook: the pod watcher's release ran
+    first (it released nothing), so the rebook books a pod nobody will release. The reconciler finds it
+    (no holder, past the keep window), asks the API server (404) and drops it."""
+    ledger, mirror = parts
+    uid = "deleted"
+    kube = LosingKube(ledger, {uid: spec("a slice")})
+    nodes = NodeWatcher(kube, ledger, CFG, keep_ms=0)  # type: ignore[arg-type]
+    pods = PodWatcher(kube, ledger, mirror, CFG, nodes.lost)  # type: ignore[arg-type]
+
+    async def deleted(pod: dict[str, Any]) -> None:
+        del kube.pods[("ns", pod["metadata"]["name"])]
+        await pods.on_event("DELETED", pod)
+
+    kube.also = deleted
+    ext = Extender(CFG, ledger, mirror, kube)  # type: ignore[arg-type]
+    assert await bind(ext, uid, "a slice", "s4k") == {"Error": ""}
+    snap = await ledger.snapshot("s4k")
+    assert snap is not None and uid in snap.reservations  # booked for a pod that is gone
+    nodes.last = {"s4k": node_inventory(node("s4k", 96, 2), CFG)}
+    reconciler = Reconciler(kube, ledger, CFG, nodes, pods, keep_ms=0)  # type: ignore[arg-type]
+    stamp = max(snap.reservations[uid].created, snap.reservations[uid].bound_at)
+
+    async def past_keep_window() -> bool:
+        return await ledger.redis_time_ms() > stamp
+
+    await eventually(past_keep_window, what="Redis's clock passes the booking's stamp")
+    await reconciler.reconcile_all()
+    after = await ledger.snapshot("s4k")
+    assert after is not None and uid not in after.reservations
+    assert all(c.mem_used == 0 for c in after.cards.values())
+    # and the extender's mirror sees the share free again
+    await eventually(lambda: (m := mirror.get("s4k")) is not None and uid not in m.reservations,
+                     what="the mirror drops the healed booking")
