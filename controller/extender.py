@@ -59,6 +59,7 @@ from shared.serving.metrics import (
     BINDINGS,
     CONFLICTS,
     EXTENDER_SECONDS,
+    OVERCOMMIT,
     REBOOKED,
     RESERVATIONS,
     TOPK_DROPPED,
@@ -406,6 +407,9 @@ class Extender:
                       node, out.get("reason"))
             return
         REBOOKED.inc()
+        if out.get("overcommit"):
+            # the watcher, seeing the record later, finds this booking as it is and reports nothing
+            OVERCOMMIT.inc()
         log.error("bind: the booking of %s (%s) on %s went while its bind was in flight; booked again from its "
                   "record: %s", pod, uid, node, out)
 
