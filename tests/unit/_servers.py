@@ -56,8 +56,10 @@ class FakeLedger:
             return ReserveOutcome(False, refused=self.refuse), None
         return ReserveOutcome(True, cards=(0,)), None
 
-    async def mark_bound(self, node: str, uid: str) -> None:
+    async def mark_bound(self, node: str, uid: str) -> bool:
+        """As Ledger.mark_bound: True, the booking this fake placed is there."""
         self.bound.append((node, uid))
+        return (node, uid) in self.placed and not self.refuse
 
     async def release(self, node: str, uid: str) -> None:
         self.released.append((node, uid))

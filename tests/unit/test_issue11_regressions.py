@@ -42,8 +42,8 @@ class FakeLedger:
         self.placed.append((node, uid))
         return ReserveOutcome(True, cards=(0,)), None
 
-    async def mark_bound(self, node: str, uid: str) -> None:
-        pass
+    async def mark_bound(self, node: str, uid: str) -> bool:
+        return True  # as Ledger.mark_bound: the booking place made is there
 
     async def release(self, node: str, uid: str) -> None:
         pass

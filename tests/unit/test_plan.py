@@ -180,8 +180,8 @@ class PlanLedger:
         self.plans.append((node, uid, plan))
         return ReserveOutcome(True, plan.cards, capacity=plan.capacity), None
 
-    async def mark_bound(self, node: str, uid: str) -> None:
-        pass
+    async def mark_bound(self, node: str, uid: str) -> bool:
+        return True  # as Ledger.mark_bound: the booking place made is there
 
     async def release(self, node: str, uid: str) -> None:
         pass
