@@ -72,6 +72,7 @@ class NodeWatcher:
     """
 
     def __init__(self, kube: Kube, ledger: Ledger, cfg: Config, keep_ms: int = 10_000):
+        self.kube = kube
         self.ledger = ledger
         self.cfg = cfg
         self.keep_ms = keep_ms
@@ -120,21 +121,36 @@ class NodeWatcher:
         self.last[name] = inv
         inv = self.effective(inv)
         if name in self.known and await self.ledger.upsert_node(inv, create=False) < 0:
-            if stale or not await self.ledger.intact():
+            there = None if stale or not await self.ledger.intact() else await self.still_there(name)
+            if there is None:
                 # A node we knew is missing from Redis: the state was lost, only a rebuild may recreate it.
                 log.error("node %s is missing from Redis: state lost, rebuilding from the API server", name)
                 self.last.pop(name, None)
                 self.lost.set()
                 return
             # the epoch is there: another replica forgot the node (it went, and nothing was held there any
-            # more) while this one still knew it; new to the ledger, as to that replica
-            log.info("node %s is back after another replica forgot it: written anew", name)
+            # more) while this one still knew it
             self.known.discard(name)
+            if not there:  # and it is gone: this event is older than its DELETE, which this stream brings next
+                self.last.pop(name, None)
+                return
+            log.info("node %s is back after another replica forgot it: written anew", name)
         if name not in self.known:
             # New to us: written whole, with its holders' usage, before any replica can offer it.
             await self.ledger.list_node(name)
             await self.ledger.replace_node(inv, self.holders(name), keep_ms, keep_bound=True)
         self.known.add(name)
+
+    async def still_there(self, name: str) -> bool | None:
+        """Whether the API server has Node `name` now (listed by name: the role may list nodes, not get
+        them); None when it cannot tell."""
+        try:
+            out = await self.kube.request("GET", "/api/v1/nodes", query={"fieldSelector": f"metadata.name={name}"})
+        except Exception as e:  # any failure: cannot tell, and the caller fails closed (a rebuild)
+            log.warning("cannot ask the API server whether node %s exists: %s", name, e)
+            return None
+        items = out.get("items") if isinstance(out, dict) else None
+        return bool(items) if isinstance(items, list) else None
 
     def effective(self, inv: Inventory) -> Inventory:
         """The node as the ledger must hold it: closed (an error) while pods nobody can account for hold

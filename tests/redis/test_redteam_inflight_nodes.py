@@ -45,13 +45,28 @@ class NoKube:
         raise AssertionError(f"unexpected GET pod {ns}/{name}")
 
 
+class NodesKube(NoKube):
+    """Answers a list of nodes by name (NodeWatcher.still_there) from `nodes`; nothing else."""
+
+    def __init__(self, nodes: set[str]) -> None:
+        self.nodes = nodes
+
+    async def request(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        selector = str((kw.get("query") or {}).get("fieldSelector", ""))
+        if method != "GET" or path != "/api/v1/nodes" or not selector.startswith("metadata.name="):
+            raise AssertionError(f"unexpected {method} {path} {kw}")
+        name = selector.removeprefix("metadata.name=")
+        return {"items": [gpu_node(name)] if name in self.nodes else []}
+
+
 def gpu_node(name: str, units: int = 96, cards: int = 2) -> dict[str, Any]:
     cap = {"mthreads.com/sgpu-core": str(16 * cards), "mthreads.com/sgpu-memory": str(units * cards)}
     return {"metadata": {"name": name}, "status": {"capacity": cap, "allocatable": cap}}
 
 
-def watcher(ledger: Ledger, holders: Mapping[str, tuple[PodUsage, str]] | None = None) -> NodeWatcher:
-    w = NodeWatcher(NoKube(), ledger, CFG, keep_ms=KEEP_MS)  # type: ignore[arg-type]
+def watcher(ledger: Ledger, holders: Mapping[str, tuple[PodUsage, str]] | None = None,
+            kube: NoKube | None = None) -> NodeWatcher:
+    w = NodeWatcher(kube or NoKube(), ledger, CFG, keep_ms=KEEP_MS)  # type: ignore[arg-type]
     w.holders = lambda node: dict(holders or {})
     return w
 
@@ -306,7 +321,8 @@ async def test_a_node_another_replica_forgot_is_written_anew_not_taken_for_lost_
     ("state lost", every node replaced) each time."""
     holder = {"h": (PodUsage("ka", (1,), 8, 2, 1), "ns/h")}
     led_a, led_b = Ledger(redis_client), Ledger(redis_client)
-    a, b = watcher(led_a), watcher(led_b)
+    api = NodesKube({"ka"})
+    a, b = watcher(led_a, kube=api), watcher(led_b, kube=api)
     for w in (a, b):
         pods_of(w.ledger, w, live=True)
     await led_a.rebuild([], {}, keep_ms=KEEP_MS)  # the epoch a start writes
@@ -355,3 +371,24 @@ async def test_remove_node_with_keep_ms_declares_every_key_and_spares_what_settl
     assert await cold(led).remove_node("nerr", KEEP_MS) is True
     assert "nerr" not in await led.nodes() and await led.snapshot("nerr") is None
     assert await cold(led).remove_node("ghost", KEEP_MS) is False
+
+
+async def test_a_stale_event_of_a_node_another_replica_forgot_recreates_nothing(ledger: Ledger,
+                                                                                 redis_client: Redis) -> None:
+    """The other side of writing such a node anew: replica A lags, and the event it handles (a MODIFIED)
+    is older than the DELETE replica B already acted on. The API server no longer has the node: A
+    writes nothing (no deleted node offered, not even for a moment) and starts no rebuild."""
+    api = NodesKube(set())  # deleted
+    a, b = watcher(Ledger(redis_client), kube=api), watcher(Ledger(redis_client), kube=api)
+    for w in (a, b):
+        pods_of(w.ledger, w, live=True)
+    await ledger.rebuild([], {}, keep_ms=KEEP_MS)
+    for w in (a, b):
+        await w.on_event("ADDED", gpu_node("ks"))
+    await b.on_event("DELETED", gpu_node("ks"))
+    assert await ledger.snapshot("ks") is None
+    await a.on_event("MODIFIED", gpu_node("ks", cards=1))  # late
+    assert not a.lost.is_set() and await ledger.snapshot("ks") is None and "ks" not in await ledger.nodes()
+    await a.on_event("DELETED", gpu_node("ks"))  # and its DELETE, next in its stream
+    assert await ledger.snapshot("ks") is None and "ks" not in a.known
+
