@@ -59,6 +59,7 @@ from shared.serving.metrics import (
     BINDINGS,
     CONFLICTS,
     EXTENDER_SECONDS,
+    OVERCOMMIT,
     REBOOKED,
     RESERVATIONS,
     TOPK_DROPPED,
@@ -398,7 +399,17 @@ class Extender:
             return
         mem, cores, slices = req.booking_for(capacity)
         out = await self.ledger.observe(uid, PodUsage(node, cards, mem, cores, slices), pod, keep_bound=True)
+        if not out.get("ok"):
+            # the node went with it (observe never creates one): the pod watcher, seeing the record, asks
+            # for a rebuild, which books it on placeholder cards
+            log.error("bind: the booking of %s (%s) on %s went while its bind was in flight, and so did the "
+                      "node from the ledger (%s): nothing is booked until the watchers see its record", pod, uid,
+                      node, out.get("reason"))
+            return
         REBOOKED.inc()
+        if out.get("overcommit"):
+            # the watcher, seeing the record later, finds this booking as it is and reports nothing
+            OVERCOMMIT.inc()
         log.error("bind: the booking of %s (%s) on %s went while its bind was in flight; booked again from its "
                   "record: %s", pod, uid, node, out)
 

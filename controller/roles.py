@@ -13,7 +13,7 @@ from aiohttp import web
 from controller.extender import BODY_LIMIT as EXTENDER_BODY_LIMIT
 from controller.extender import Extender
 from controller.reconciler import Reconciler
-from controller.watchers import Janitor, NodeWatcher, PodWatcher
+from controller.watchers import Janitor, NodeWatcher, PodWatcher, wire
 from shared.config import Config
 from shared.kube import Kube
 from shared.serving.http import serve_api, serve_health
@@ -40,10 +40,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     kube = await Kube.create(cfg.kubeconfig)
     nodes = NodeWatcher(kube, ledger, cfg)
     pods = PodWatcher(kube, ledger, mirror, cfg, nodes.lost)
-    nodes.holders = pods.holders
-    nodes.quarantine = pods.quarantine
-    nodes.nudge = pods.nudger.nudge
-    pods.inventories = lambda: nodes.last
+    wire(nodes, pods)
     reconciler = Reconciler(kube, ledger, cfg, nodes, pods)
     pods.unaccounted_changed = reconciler.wake.set
     mirror.on_reconnect.append(reconciler.wake.set)  # Pub/Sub lost messages meanwhile: compare soon

@@ -55,6 +55,8 @@ def is_terminal(pod: dict[str, Any]) -> bool:
 
 
 Holders = Callable[[str], dict[str, tuple[PodUsage, str]]]
+# A keep window as long as the scripts allow (24 h): every booking is kept (see NodeWatcher.view_problem)
+KEEP_ALL_MS = 86_400_000
 
 
 class NodeWatcher:
@@ -64,7 +66,9 @@ class NodeWatcher:
     from the pod watcher's view), so a node deleted and re-created under running pods is never
     offered empty. A node that stops reporting cards (deleted, or its capacity dropped to 0) keeps
     its holders' usage, and the bookings still settling there (binds in flight, bindings this view has
-    not seen yet), on placeholder cards until they are gone.
+    not seen yet), on placeholder cards until they are gone. While the pod view cannot be trusted
+    (`view_problem`: its stream is down or not listed yet) it judges no booking: every one is kept, and
+    the reconciler, which confirms with the API server, judges them once the view is live again.
     """
 
     def __init__(self, kube: Kube, ledger: Ledger, cfg: Config, keep_ms: int = 10_000):
@@ -75,6 +79,7 @@ class NodeWatcher:
         self.known: set[str] = set()  # nodes this watcher has seen in the ledger
         self.lost = asyncio.Event()  # set when Redis turned out to have lost a known node
         self.holders: Holders = lambda node: {}
+        self.view_problem: Callable[[], str] = lambda: ""  # why `holders` cannot be trusted now ("" if it can)
         self.quarantine: Callable[[str], str] = lambda node: ""  # why the node must offer nothing, if so
         self.reflector = Reflector(kube, "/api/v1/nodes", self.on_event, self.on_sync, "nodes")
         self.knobs = KnobWatch(kube, cfg.events_enabled, cfg.scheduler_name)  # knob changes under held slices
@@ -87,21 +92,28 @@ class NodeWatcher:
             return  # heartbeats and unrelated status changes don't touch the ledger
         if inv is not None and inv.error:
             log.warning("node %s offers no card: %s", name, inv.error)
+        keep_ms = self.keep_ms
+        stale = self.view_problem()
+        if stale:
+            # the view may lack pods bound long ago (a stream down for longer than the keep window): a
+            # booking no holder explains is not judged by it (as the reconciler waits for live views)
+            keep_ms = KEEP_ALL_MS
         if not offers_cards(inv):
             self.last.pop(name, None)
             holders = self.holders(name)
             if not holders and (name in self.known or inv is None):
                 # forgotten, unless a booking still settles there (a bind in flight, or one this view has
                 # not seen yet): its Binding and record come whatever the ledger says
-                if await self.ledger.remove_node(name, self.keep_ms) is not None:
+                if await self.ledger.remove_node(name, keep_ms) is not None:
                     self.known.discard(name)
                     return
             elif not holders:
                 return
             log.warning("node %s reports no sliced card while %d pod(s) hold cards there or bookings are in "
-                        "flight: their usage is kept until they end", name, len(holders))
+                        "flight: their usage is kept until they end%s", name, len(holders),
+                        f" (every booking is kept: the pod view is not live, {stale})" if stale else "")
             await self.ledger.list_node(name)
-            await self.ledger.replace_node(Inventory(name), holders, self.keep_ms, keep_bound=True)
+            await self.ledger.replace_node(Inventory(name), holders, keep_ms, keep_bound=True)
             self.known.add(name)
             return
         assert inv is not None
@@ -109,7 +121,9 @@ class NodeWatcher:
         inv = self.effective(inv)
         if name in self.known:
             if await self.ledger.upsert_node(inv, create=False) < 0:
-                # A node we knew is missing from Redis: the state was lost, only a rebuild may recreate it.
+                # A node we knew is missing from Redis: the state was lost, or another replica forgot the
+                # node (it went and nothing was held there any more). Only a rebuild from fresh lists may
+                # recreate it: this event may be older than the node's DELETE, and a lost shard loses others.
                 log.error("node %s is missing from Redis: state lost, rebuilding from the API server", name)
                 self.last.pop(name, None)
                 self.lost.set()
@@ -117,7 +131,7 @@ class NodeWatcher:
         else:
             # New to us: written whole, with its holders' usage, before any replica can offer it.
             await self.ledger.list_node(name)
-            await self.ledger.replace_node(inv, self.holders(name), self.keep_ms, keep_bound=True)
+            await self.ledger.replace_node(inv, self.holders(name), keep_ms, keep_bound=True)
         self.known.add(name)
 
     def effective(self, inv: Inventory) -> Inventory:
@@ -389,6 +403,15 @@ class PodWatcher:
                 continue
             self.learn(uid, pod)
             await self.record(uid, pod)
+
+
+def wire(nodes: NodeWatcher, pods: PodWatcher) -> None:
+    """Connect one role's two watchers: each reads the other's view of the API."""
+    nodes.holders = pods.holders
+    nodes.quarantine = pods.quarantine
+    nodes.nudge = pods.nudger.nudge
+    nodes.view_problem = lambda: pods.reflector.problem(0)
+    pods.inventories = lambda: nodes.last
 
 
 class Janitor:

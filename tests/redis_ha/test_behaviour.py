@@ -24,6 +24,7 @@ from shared.store.mirror import Mirror
 from tests.redis import (
     test_in_flight_bookings,
     test_mirror,
+    test_redteam_inflight_nodes,
     test_script_keys,
     test_scripts_behaviour,
     test_scripts_input,
@@ -54,6 +55,7 @@ ON_POPULATED: list[Case] = [
     b.test_snapshot_reads_exactly_the_keys, b.test_remove_node_forgets_everything_of_that_node_only,
     b.test_rebuild_sets_exactly_what_the_api_implies, b.test_place_on_unknown_or_broken_node,
     i.test_unknown_node_is_refused_and_nothing_is_created, i.test_populated_fixture_is_consistent,
+    test_redteam_inflight_nodes.test_remove_node_with_keep_ms_declares_every_key_and_spares_what_settles,
 ]
 MIRROR_ON_TWO_NODES: list[Case] = [m.test_mirror_applies_the_feed_in_order, m.test_mirror_refetches_a_node_after_a_gap]
 MIRROR_ON_POPULATED: list[Case] = [m.test_mirror_refetches_after_a_rebuild_and_drops_removed_nodes,

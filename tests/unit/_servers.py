@@ -57,8 +57,9 @@ class FakeLedger:
         return ReserveOutcome(True, cards=(0,)), None
 
     async def mark_bound(self, node: str, uid: str) -> bool:
+        """As Ledger.mark_bound: True, the booking this fake placed is there."""
         self.bound.append((node, uid))
-        return True
+        return (node, uid) in self.placed and not self.refuse
 
     async def release(self, node: str, uid: str) -> None:
         self.released.append((node, uid))

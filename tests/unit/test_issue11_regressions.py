@@ -43,7 +43,7 @@ class FakeLedger:
         return ReserveOutcome(True, cards=(0,)), None
 
     async def mark_bound(self, node: str, uid: str) -> bool:
-        return True
+        return True  # as Ledger.mark_bound: the booking place made is there
 
     async def release(self, node: str, uid: str) -> None:
         pass

@@ -181,7 +181,7 @@ class PlanLedger:
         return ReserveOutcome(True, plan.cards, capacity=plan.capacity), None
 
     async def mark_bound(self, node: str, uid: str) -> bool:
-        return True
+        return True  # as Ledger.mark_bound: the booking place made is there
 
     async def release(self, node: str, uid: str) -> None:
         pass
