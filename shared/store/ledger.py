@@ -95,7 +95,14 @@ class Ledger:
         return (LUA_DIR / "_lib.lua").read_text() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
 
     async def load_scripts(self) -> None:
-        """Load every script now (fails early when Redis cannot be reached); calls would load them too."""
+        """Load every script now (fails early when Redis cannot be reached); calls would load them too.
+
+        A PING first: Redis answers a client that has not authenticated with NOAUTH (AuthenticationError)
+        only for small commands; a script (over 16 KB with _lib.lua) gets "Protocol error:
+        unauthenticated bulk length" (a plain ResponseError) and the connection closed. redis-py 8
+        authenticates with HELLO on connect, so it met the NOAUTH first; redis-py 7 sends the script
+        first."""
+        await self.redis.ping()
         for name, script in self._scripts.items():
             sha = await self.redis.script_load(script.script)
             assert sha == script.sha, f"script {name}: Redis returned {sha}"
