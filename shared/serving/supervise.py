@@ -37,7 +37,7 @@ def is_transient(e: BaseException) -> bool:
         return status >= 500 or status in (408, 429)
     return isinstance(e, (TransientError, rexc.ConnectionError, rexc.TimeoutError, rexc.BusyLoadingError,
                           rexc.ReadOnlyError, rexc.TryAgainError, rexc.ClusterDownError,
-                          aiohttp.ClientError, TimeoutError, ConnectionError, OSError))
+                          rexc.SlotNotCoveredError, aiohttp.ClientError, TimeoutError, ConnectionError, OSError))
 
 
 def backoff_delay(attempt: int, first: float = 0.2, most: float = 10.0) -> float:

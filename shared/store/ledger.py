@@ -35,6 +35,11 @@ __all__ = ["LUA_DIR", "NO_OPTIONS", "SCRIPTS", "Ledger", "LedgerError", "RedisOp
            "connect_subscriber", "explain", "now_ms"]
 
 log = logging.getLogger("mtsched.ledger")
+# A round trip Redis did not run for want of a reachable master: a lost connection, a demoted master, a
+# cluster that lost a primary or is re-forming its slot map (redis-py 7's cluster client retries these
+# 3 times in 0.75 s, 8's 10 times, so a restarted shard outlasts 7's own retries). Sending again cures them.
+RESEND: tuple[type[BaseException], ...] = (rexc.ConnectionError, rexc.TimeoutError, rexc.ReadOnlyError,
+                                           rexc.ClusterDownError, rexc.TryAgainError, rexc.SlotNotCoveredError)
 T = TypeVar("T")
 LUA_DIR = Path(__file__).with_name("lua")
 SCRIPTS = ("upsert_node", "reserve", "mark_bound", "release", "observe", "expire", "snapshot", "replace_node",
@@ -108,7 +113,7 @@ class Ledger:
             assert sha == script.sha, f"script {name}: Redis returned {sha}"
 
     async def _retry(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
-        """One round trip, sent again on a connection error (at most `connection_retries` times).
+        """One round trip, sent again on a RESEND error (`connection_retries` times, and until `retry_seconds`).
 
         A pooled connection that died with a Redis restart fails once and then reconnects. Sending
         again is safe: every script is idempotent by pod uid (a reserve whose reply was lost answers
@@ -121,7 +126,7 @@ class Ledger:
             REDIS_ROUND_TRIPS.labels(what).inc()
             try:
                 return await op()
-            except (rexc.ConnectionError, rexc.TimeoutError, rexc.ReadOnlyError) as e:
+            except RESEND as e:
                 failures += 1
                 # a few quick tries (a pooled connection that died), then more while a failover settles
                 if failures > self.connection_retries and time.monotonic() > deadline:

@@ -23,13 +23,12 @@ from types import MappingProxyType
 from typing import Any
 
 import orjson
-from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from shared.domain.node import mismatch_kind
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation
 from shared.serving.supervise import Backoff
-from shared.store.ledger import Ledger
+from shared.store.ledger import RESEND, Ledger
 
 log = logging.getLogger("mtsched.mirror")
 
@@ -253,7 +252,7 @@ class Mirror:
                         next_resync = loop.time() + self.resync_seconds
             except asyncio.CancelledError:
                 raise
-            except (rexc.ConnectionError, rexc.TimeoutError, OSError) as e:
+            except (*RESEND, OSError) as e:  # Redis lost, or a cluster without a master for a while
                 self.ready.clear()
                 log.warning("mirror lost Redis (%s); retrying in %.1fs", e, backoff.delay)
                 await backoff.sleep()

@@ -18,6 +18,8 @@ from shared.serving.supervise import Backoff, Heartbeat, Supervisor, backoff_del
     (rexc.ConnectionError("gone"), True),
     (rexc.TimeoutError("slow"), True),
     (rexc.ReadOnlyError("replica"), True),
+    (rexc.ClusterDownError("The cluster is down"), True),
+    (rexc.SlotNotCoveredError("slot 5 not covered"), True),
     (aiohttp.ClientConnectionError(), True),
     (TimeoutError(), True),
     (KubeError(503, {}, "GET"), True),
