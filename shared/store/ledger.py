@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
 from redis import exceptions as rexc
@@ -107,7 +107,7 @@ class Ledger:
         unauthenticated bulk length" (a plain ResponseError) and the connection closed. redis-py 8
         authenticates with HELLO on connect, so it met the NOAUTH first; redis-py 7 sends the script
         first."""
-        await self.redis.ping()
+        await cast("Awaitable[bool]", self.redis.ping())  # redis-py 7's hints: `Awaitable[bool] | bool`
         for name, script in self._scripts.items():
             sha = await self.redis.script_load(script.script)
             assert sha == script.sha, f"script {name}: Redis returned {sha}"
@@ -206,7 +206,7 @@ class Ledger:
                 inv.node, (c.index for c in inv.cards), k)))
         except LedgerError:
             if added:  # refused input leaves no trace
-                await self._retry("srem", lambda: self.redis.srem(self.nodes_key, inv.node))
+                await self._retry("srem", lambda: cast("Awaitable[int]", self.redis.srem(self.nodes_key, inv.node)))
             raise
         if version < 0:
             return version
@@ -225,7 +225,7 @@ class Ledger:
         if out < 0:
             return None
         self._known.pop(node, None)
-        await self._retry("srem", lambda: self.redis.srem(self.nodes_key, node))
+        await self._retry("srem", lambda: cast("Awaitable[int]", self.redis.srem(self.nodes_key, node)))
         return bool(out)
 
     async def announce(self, node: str) -> None:
@@ -234,7 +234,7 @@ class Ledger:
         await self._retry("publish", lambda: self.redis.publish(self.feed, msg))
 
     async def list_node(self, node: str) -> int:
-        added: int = await self._retry("sadd", lambda: self.redis.sadd(self.nodes_key, node))
+        added: int = await self._retry("sadd", lambda: cast("Awaitable[int]", self.redis.sadd(self.nodes_key, node)))
         return added
 
     async def nodes(self) -> list[str]:

@@ -31,6 +31,8 @@ from shared.serving.supervise import Backoff
 from shared.store.ledger import RESEND, Ledger
 
 log = logging.getLogger("mtsched.mirror")
+# Redis lost (or a cluster without a master for a while): resubscribe and re-read, after a backoff
+LOST: tuple[type[BaseException], ...] = (*RESEND, OSError)
 
 
 class Mirror:
@@ -252,7 +254,7 @@ class Mirror:
                         next_resync = loop.time() + self.resync_seconds
             except asyncio.CancelledError:
                 raise
-            except (*RESEND, OSError) as e:  # Redis lost, or a cluster without a master for a while
+            except LOST as e:
                 self.ready.clear()
                 log.warning("mirror lost Redis (%s); retrying in %.1fs", e, backoff.delay)
                 await backoff.sleep()
