@@ -4,12 +4,13 @@ A diagnostic, not a test (it asserts nothing). A task runs `GET` in a loop again
 here, loopback, AUTH on); the probe cancels it after a short, varying delay and counts the tasks that are still
 running a second later, i.e. whose CancelledError never reached them (then they are stopped by a flag).
 
-Found while a CI run hung (tests/redis/test_stress.py's checker polled on after its cancel): with the pinned
-redis-py 8.1.0 about two cancels in three are lost (41 of 60 here, 43 of 60 with 8.0.1); with 7.4.1, 7.0.1, 6.4.0
-and 5.2.1 none (`pip install --no-deps --target DIR redis==X` and PYTHONPATH=DIR to compare). What it means
-for the roles: a `wait_for` around a Redis call (the readiness probe, shared/serving/supervise.py probe_loop)
-may wait for the call to finish instead of timing out (readiness itself is the age of the last good PING, so
-it stays honest), and a cancelled task may go on (a slow shutdown).
+Found while a CI run hung (tests/redis/test_stress.py's checker polled on after its cancel): with redis-py 8.1.0
+most cancels are lost (52 of 60 on the last run, 41 of 60 before, 43 of 60 with 8.0.1); with 7.4.1 (the pin since),
+7.0.1, 6.4.0 and 5.2.1 none. Run it with any redis-py before moving to it (`pip install --no-deps --target DIR
+redis==X` and PYTHONPATH=DIR to compare): the pin moves to 8.x only once this counts 0. What a lost cancel meant for
+the roles: a `wait_for` around a Redis call (the readiness probe, shared/serving/supervise.py probe_loop) may wait
+for the call to finish instead of timing out (readiness itself is the age of the last good PING, so it stays
+honest), and a cancelled task may go on (Supervisor.cancel gives up on it after 5 s and names it).
 docs/runbooks.md, "Known issue: lost cancellations".
 
   python -m bench.cancel_probe --trials 60

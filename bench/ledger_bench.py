@@ -42,7 +42,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import redis
@@ -73,9 +73,10 @@ def inventories(nodes: int, cards: int) -> list[Inventory]:
 # -- the parent ------------------------------------------------------------------------------------------
 
 def server_stats(r: redis.Redis) -> dict[str, float]:
-    info = r.info("commandstats")
+    # a sync client; redis-py 7 hints its calls as `Awaitable[Any] | Any` (one signature for both clients)
+    info = cast(dict[str, Any], r.info("commandstats"))
     ev = info.get("cmdstat_evalsha", {})
-    cpu = r.info("cpu")
+    cpu = cast(dict[str, Any], r.info("cpu"))
     return {"evalsha_calls": float(ev.get("calls", 0)), "evalsha_usec": float(ev.get("usec", 0)),
             "cpu": float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])}
 
@@ -94,7 +95,7 @@ def run_clients(mode: str, url: str, n: int, coroutines: int, seconds: float, wa
     r = redis.Redis.from_url(url, decode_responses=True)
     # wait until every client's mirror subscribed (their PUBSUB NUMSUB count), then start them together
     deadline = time.monotonic() + 60
-    while int(dict(r.pubsub_numsub("mt:feed")).get("mt:feed", 0)) < n:
+    while int(dict(cast(list[tuple[str, int]], r.pubsub_numsub("mt:feed"))).get("mt:feed", 0)) < n:
         if time.monotonic() > deadline:
             raise RuntimeError("clients did not start")
         time.sleep(0.05)
@@ -144,7 +145,7 @@ def ceiling(server: RedisServer, requests_n: int, connections: int) -> dict[str,
     cmd = [exe, "-h", "127.0.0.1", "-p", str(server.port), "-n", str(requests_n), "-c", str(connections), "-P", "1",
            "--csv", "EVALSHA", sha, "0"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
-    usec = float(r.info("commandstats").get("cmdstat_evalsha", {}).get("usec_per_call", 0.0))
+    usec = float(cast(dict[str, Any], r.info("commandstats")).get("cmdstat_evalsha", {}).get("usec_per_call", 0.0))
     r.close()
     rows = [line for line in out.splitlines() if line.startswith('"EVALSHA')]
     if not rows:

@@ -11,7 +11,6 @@ answers 503 at once, and `run()` returns so the process exits non-zero and the k
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -38,7 +37,7 @@ def is_transient(e: BaseException) -> bool:
         return status >= 500 or status in (408, 429)
     return isinstance(e, (TransientError, rexc.ConnectionError, rexc.TimeoutError, rexc.BusyLoadingError,
                           rexc.ReadOnlyError, rexc.TryAgainError, rexc.ClusterDownError,
-                          aiohttp.ClientError, TimeoutError, ConnectionError, OSError))
+                          rexc.SlotNotCoveredError, aiohttp.ClientError, TimeoutError, ConnectionError, OSError))
 
 
 def backoff_delay(attempt: int, first: float = 0.2, most: float = 10.0) -> float:
@@ -82,6 +81,8 @@ class Supervisor:
     unready_after: float = 10.0
     healthy_after: float = 5.0  # running this long without stopping clears a task's failures
     max_backoff: float = 10.0
+    cancel_grace: float = 5.0  # `cancel()` waits this long in all for the tasks to end ...
+    cancel_resend: float = 0.5  # ... cancelling them again this often
     tasks: dict[str, TaskState] = field(default_factory=dict)
     checks: dict[str, Check] = field(default_factory=dict)
     failed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -99,15 +100,15 @@ class Supervisor:
     async def _guard(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
         st = self.tasks[name]
         loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
         TASK_UP.labels(name).set(1)
         while True:
             started = loop.time()
             run = asyncio.ensure_future(body())
+            # a task that has run for `healthy_after` without stopping works again: not failing any more
+            healthy = loop.call_later(self.healthy_after, self.note_ok, name)
             try:
-                # a task that has run for `healthy_after` without stopping works again: not failing any more
-                done, _ = await asyncio.wait({run}, timeout=self.healthy_after)
-                if not done:
-                    st.failures, st.failing_since = 0, None
+                # awaited directly, so a cancel of the guard reaches the body and the guard ends with it
                 await run
                 error: BaseException = RuntimeError("ended by itself")
             except asyncio.CancelledError:
@@ -115,6 +116,10 @@ class Supervisor:
                 raise
             except Exception as e:
                 error = e
+            finally:
+                healthy.cancel()
+            if me is not None and me.cancelling():
+                raise asyncio.CancelledError  # the body swallowed our cancel and ended: do not restart it
             ran = loop.time() - started
             if ran >= self.healthy_after:
                 st.failures, st.failing_since = 0, None
@@ -170,13 +175,30 @@ class Supervisor:
         await self.cancel()
         return ok
 
-    async def cancel(self) -> None:
+    async def cancel(self) -> list[str]:
+        """Cancel every task and wait for them to end, at most `cancel_grace` seconds, cancelling again
+        every `cancel_resend` seconds meanwhile: a cancel can be swallowed (redis-py 8 lost most of those
+        that met a reply arriving, docs/runbooks.md "lost cancellations"), and one that is never heeded
+        must not hold the process's exit. Returns (and logs) the names of the tasks still running."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cancel_grace
+        pending = {t for t in self._running if not t.done()}
+        while pending:
+            for t in pending:
+                t.cancel()
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            _, pending = await asyncio.wait(pending, timeout=min(self.cancel_resend, left))
         for t in self._running:
-            t.cancel()
-        for t in self._running:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+            if t.done() and not t.cancelled():
+                t.exception()  # retrieved, so asyncio does not log it as never retrieved
         self._running.clear()
+        stuck = sorted(t.get_name() for t in pending)
+        if stuck:
+            log.error("tasks still running %.1fs after their cancel, left behind: %s", self.cancel_grace,
+                      ", ".join(stuck))
+        return stuck
 
 
 class Heartbeat:

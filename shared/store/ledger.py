@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
 from redis import exceptions as rexc
@@ -35,6 +35,11 @@ __all__ = ["LUA_DIR", "NO_OPTIONS", "SCRIPTS", "Ledger", "LedgerError", "RedisOp
            "connect_subscriber", "explain", "now_ms"]
 
 log = logging.getLogger("mtsched.ledger")
+# A round trip Redis did not run for want of a reachable master: a lost connection, a demoted master, a
+# cluster that lost a primary or is re-forming its slot map (redis-py 7's cluster client retries these
+# 3 times in 0.75 s, 8's 10 times, so a restarted shard outlasts 7's own retries). Sending again cures them.
+RESEND: tuple[type[BaseException], ...] = (rexc.ConnectionError, rexc.TimeoutError, rexc.ReadOnlyError,
+                                           rexc.ClusterDownError, rexc.TryAgainError, rexc.SlotNotCoveredError)
 T = TypeVar("T")
 LUA_DIR = Path(__file__).with_name("lua")
 SCRIPTS = ("upsert_node", "reserve", "mark_bound", "release", "observe", "expire", "snapshot", "replace_node",
@@ -95,13 +100,20 @@ class Ledger:
         return (LUA_DIR / "_lib.lua").read_text() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
 
     async def load_scripts(self) -> None:
-        """Load every script now (fails early when Redis cannot be reached); calls would load them too."""
+        """Load every script now (fails early when Redis cannot be reached); calls would load them too.
+
+        A PING first: Redis answers a client that has not authenticated with NOAUTH (AuthenticationError)
+        only for small commands; a script (over 16 KB with _lib.lua) gets "Protocol error:
+        unauthenticated bulk length" (a plain ResponseError) and the connection closed. redis-py 8
+        authenticates with HELLO on connect, so it met the NOAUTH first; redis-py 7 sends the script
+        first."""
+        await cast("Awaitable[bool]", self.redis.ping())  # redis-py 7's hints: `Awaitable[bool] | bool`
         for name, script in self._scripts.items():
             sha = await self.redis.script_load(script.script)
             assert sha == script.sha, f"script {name}: Redis returned {sha}"
 
     async def _retry(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
-        """One round trip, sent again on a connection error (at most `connection_retries` times).
+        """One round trip, sent again on a RESEND error (`connection_retries` times, and until `retry_seconds`).
 
         A pooled connection that died with a Redis restart fails once and then reconnects. Sending
         again is safe: every script is idempotent by pod uid (a reserve whose reply was lost answers
@@ -114,7 +126,7 @@ class Ledger:
             REDIS_ROUND_TRIPS.labels(what).inc()
             try:
                 return await op()
-            except (rexc.ConnectionError, rexc.TimeoutError, rexc.ReadOnlyError) as e:
+            except RESEND as e:
                 failures += 1
                 # a few quick tries (a pooled connection that died), then more while a failover settles
                 if failures > self.connection_retries and time.monotonic() > deadline:
@@ -194,7 +206,7 @@ class Ledger:
                 inv.node, (c.index for c in inv.cards), k)))
         except LedgerError:
             if added:  # refused input leaves no trace
-                await self._retry("srem", lambda: self.redis.srem(self.nodes_key, inv.node))
+                await self._retry("srem", lambda: cast("Awaitable[int]", self.redis.srem(self.nodes_key, inv.node)))
             raise
         if version < 0:
             return version
@@ -213,7 +225,7 @@ class Ledger:
         if out < 0:
             return None
         self._known.pop(node, None)
-        await self._retry("srem", lambda: self.redis.srem(self.nodes_key, node))
+        await self._retry("srem", lambda: cast("Awaitable[int]", self.redis.srem(self.nodes_key, node)))
         return bool(out)
 
     async def announce(self, node: str) -> None:
@@ -222,7 +234,7 @@ class Ledger:
         await self._retry("publish", lambda: self.redis.publish(self.feed, msg))
 
     async def list_node(self, node: str) -> int:
-        added: int = await self._retry("sadd", lambda: self.redis.sadd(self.nodes_key, node))
+        added: int = await self._retry("sadd", lambda: cast("Awaitable[int]", self.redis.sadd(self.nodes_key, node)))
         return added
 
     async def nodes(self) -> list[str]:

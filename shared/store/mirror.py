@@ -23,15 +23,16 @@ from types import MappingProxyType
 from typing import Any
 
 import orjson
-from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from shared.domain.node import mismatch_kind
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation
 from shared.serving.supervise import Backoff
-from shared.store.ledger import Ledger
+from shared.store.ledger import RESEND, Ledger
 
 log = logging.getLogger("mtsched.mirror")
+# Redis lost (or a cluster without a master for a while): resubscribe and re-read, after a backoff
+LOST: tuple[type[BaseException], ...] = (*RESEND, OSError)
 
 
 class Mirror:
@@ -253,7 +254,7 @@ class Mirror:
                         next_resync = loop.time() + self.resync_seconds
             except asyncio.CancelledError:
                 raise
-            except (rexc.ConnectionError, rexc.TimeoutError, OSError) as e:
+            except LOST as e:
                 self.ready.clear()
                 log.warning("mirror lost Redis (%s); retrying in %.1fs", e, backoff.delay)
                 await backoff.sleep()

@@ -6,6 +6,7 @@ words that name the setting to change (`explain`), never the password.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,9 +106,11 @@ def explain(error: BaseException) -> str:
     while cause is not None and not isinstance(cause, rexc.AuthenticationError):
         cause = cause.__cause__  # RedisCluster wraps the node's refusal in a RedisClusterException
     text = str(cause or error)
-    if cause is not None:
-        if "invalid username-password pair" in text or "WRONGPASS" in text:
-            return f"Redis refused the password (wrong password or user): {text}"
+    if cause is not None and ("invalid username-password pair" in text or "WRONGPASS" in text):
+        return f"Redis refused the password (wrong password or user): {text}"
+    # a large command (a script) of a client that has not authenticated is refused by Redis with a protocol
+    # error rather than NOAUTH (Ledger.load_scripts PINGs first to get the NOAUTH)
+    if cause is not None or (isinstance(error, rexc.ResponseError) and "unauthenticated" in text):
         return (f"Redis requires a password and none was given (set redisPasswordFile, or "
                 f"MTSCHED_REDIS_PASSWORD): {text}")
     if "CERTIFICATE_VERIFY_FAILED" in text:
@@ -163,7 +166,11 @@ class _SentinelMaster(Redis):
         await super().aclose(close_connection_pool)
         manager = getattr(self.connection_pool, "sentinel_manager", None)
         if manager is not None:
-            await manager.aclose()
+            # each sentinel's client, closed here: redis-py 7's Sentinel has no aclose of its own
+            results = await asyncio.gather(*(s.aclose() for s in manager.sentinels), return_exceptions=True)
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                raise errors[0]
 
 
 class _Cluster(RedisCluster):

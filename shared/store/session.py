@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
+from typing import cast
 
 from shared.config import Config, redact_url
 from shared.serving.metrics import REDIS_UP
@@ -32,7 +34,11 @@ async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False) 
     sup.spawn("mirror", mirror.run)
     sup.check("mirror", lambda: "" if mirror.ready.is_set() else "not in sync with Redis")
     redis_ok = Heartbeat("Redis", max_age=6.0)
-    sup.spawn("redis-probe", lambda: probe_loop(redis_ok, ledger.redis.ping))
+
+    async def ping() -> bool:
+        return await cast("Awaitable[bool]", ledger.redis.ping())  # redis-py 7's hints: `Awaitable[bool] | bool`
+
+    sup.spawn("redis-probe", lambda: probe_loop(redis_ok, ping))
     sup.check("redis", redis_ok)
     REDIS_UP.set_function(lambda: 0.0 if redis_ok() else 1.0)
     if card_metrics:

@@ -143,6 +143,19 @@ async def test_refused_without_a_password(auth_server: RedisServer) -> None:
     assert "redisPasswordFile" in explain(error)
 
 
+
+async def test_a_large_command_without_a_password_is_explained(auth_server: RedisServer) -> None:
+    """Redis refuses a large command (over 16 KB, as every script is) of a client that has not authenticated
+    with a protocol error instead of NOAUTH, and redis-py 7 sends it first (8 authenticated on connect):
+    the message still names the missing password."""
+    client = connect(_plain(auth_server))
+    try:
+        with pytest.raises(rexc.RedisError) as err:
+            await client.execute_command("SCRIPT", "LOAD", "return '" + "x" * 20_000 + "'")
+        assert "requires a password and none was given" in explain(err.value), err.value
+    finally:
+        await client.aclose()
+
 async def test_refused_with_a_wrong_password(auth_server: RedisServer, tmp_path: Path) -> None:
     path = _password_file(tmp_path, "not-the-password")
     error = await _refusal(_config(_plain(auth_server), redisPasswordFile=str(path)))

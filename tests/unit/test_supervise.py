@@ -18,6 +18,8 @@ from shared.serving.supervise import Backoff, Heartbeat, Supervisor, backoff_del
     (rexc.ConnectionError("gone"), True),
     (rexc.TimeoutError("slow"), True),
     (rexc.ReadOnlyError("replica"), True),
+    (rexc.ClusterDownError("The cluster is down"), True),
+    (rexc.SlotNotCoveredError("slot 5 not covered"), True),
     (aiohttp.ClientConnectionError(), True),
     (TimeoutError(), True),
     (KubeError(503, {}, "GET"), True),
@@ -72,6 +74,70 @@ async def test_transient_failures_never_give_up_but_make_the_role_unready() -> N
     sup.note_ok("watch")
     assert not any("watch" in p for p in sup.problems())
     await sup.cancel()
+
+
+
+async def test_cancel_sends_the_cancel_again_to_a_task_that_swallowed_it() -> None:
+    """A task that ignores the first cancel (as one awaiting a redis-py 8 reply may) ends on the re-sent
+    one, and is not started again for having "ended by itself"."""
+    sup = Supervisor()
+    starts, cancels = 0, 0
+    inside, ended = asyncio.Event(), asyncio.Event()
+
+    async def deaf_once() -> None:
+        nonlocal starts, cancels
+        starts += 1
+        try:
+            while True:
+                inside.set()
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    cancels += 1
+                    if cancels > 1:
+                        raise
+        finally:
+            ended.set()
+
+    sup.spawn("deaf-once", deaf_once)
+    await asyncio.wait_for(inside.wait(), 5)
+    assert await sup.cancel() == []
+    assert cancels == 2 and ended.is_set() and starts == 1
+
+
+async def test_cancel_leaves_behind_a_task_that_swallows_every_cancel(caplog: pytest.LogCaptureFixture) -> None:
+    """cancel() returns after its grace, naming the task that never ended; the others did end."""
+    sup = Supervisor(cancel_grace=1.0, cancel_resend=0.2)
+    cancels = 0
+    release, inside, fine_ended = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def deaf() -> None:
+        nonlocal cancels
+        while not release.is_set():
+            inside.set()
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                cancels += 1
+
+    async def fine() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            fine_ended.set()
+
+    sup.spawn("deaf", deaf)
+    sup.spawn("fine", fine)
+    await asyncio.wait_for(inside.wait(), 5)
+    guard = next(t for t in asyncio.all_tasks() if t.get_name() == "deaf")
+    stuck = await asyncio.wait_for(sup.cancel(), 10)  # a bound against a hang, far above the grace
+    assert stuck == ["deaf"]
+    assert cancels >= 2  # the cancel was sent again meanwhile
+    assert fine_ended.is_set() and not guard.done()
+    assert "deaf" in caplog.text and "fine" not in caplog.text
+    release.set()  # the test's own clean-up: the body returns, and its guard ends (cancelled), not restarted
+    await asyncio.wait({guard}, timeout=5)
+    assert guard.cancelled()
 
 
 def test_heartbeat() -> None:
