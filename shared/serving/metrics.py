@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
@@ -90,5 +90,19 @@ def count_filter_failures(*failed: Mapping[str, Reasons | str]) -> None:
         FILTER_FAILURES.labels(label).inc()
 
 
+# Text-format blocks appended to the registry's on /metrics (the per-card gauges render their own, cached:
+# shared/store/card_metrics.py says why)
+_EXPOSITIONS: list[Callable[[], bytes]] = []
+
+
+def add_exposition(render: Callable[[], bytes]) -> None:
+    _EXPOSITIONS.append(render)
+
+
+def exposition() -> bytes:
+    """What /metrics answers: the registry, then every added block."""
+    return b"".join([generate_latest(REGISTRY), *(render() for render in _EXPOSITIONS)])
+
+
 async def metrics_handler(_: web.Request) -> web.Response:
-    return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(body=exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -10,11 +10,10 @@ import importlib
 import json
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client import registry as prom_registry
 
 from tests.deploy._chart import ROOT, Case, Json, find, objects, one, template
@@ -116,11 +115,9 @@ def _our_registry() -> str:
     """Every metric our code defines: the roles' registry plus the per-card collector over an empty mirror."""
     for module in ("controller.extender", "controller.reconciler", "controller.watchers", "webhook.server"):
         importlib.import_module(module)  # the modules that define metrics (their import registers them)
-    from shared.store.card_metrics import CardCollector
+    from shared.store.card_metrics import CardExposition
 
-    cards = CollectorRegistry()
-    cards.register(CardCollector(SimpleNamespace(nodes={})))  # type: ignore[arg-type]
-    return generate_latest(prom_registry.REGISTRY).decode() + generate_latest(cards).decode()
+    return generate_latest(prom_registry.REGISTRY).decode() + CardExposition(dict).render().decode()
 
 
 def test_every_query_parses_with_the_prometheus_parser(pytestconfig: pytest.Config, rendered: Rendered) -> None:
