@@ -45,8 +45,9 @@ def node_lines(name: str, snap: NodeSnapshot) -> tuple[str, ...]:
     out: list[list[str]] = [[] for _ in FAMILIES]
     node = _label(name)
     for c in snap.cards.values():
-        labels = (f'{{node="{node}",device_uuid="{node}-mthreads-{c.index}",device_index="{c.index}",'
-                  f'device_type="Mthreads"}} ')
+        # label names sorted, as prometheus_client writes them (people grep for these lines)
+        labels = (f'{{device_index="{c.index}",device_type="Mthreads",device_uuid="{node}-mthreads-{c.index}",'
+                  f'node="{node}"}} ')
         for i, (metric, _, value) in enumerate(FAMILIES):
             out[i].append(f"{metric}{labels}{value(c)}\n")  # whole numbers: exact, as the format allows
     return tuple("".join(lines) for lines in out)

@@ -61,6 +61,9 @@ def test_the_parser_reads_back_every_card_of_every_node() -> None:
     }
     text = CardExposition(lambda: nodes).render()
     assert parsed(text) == expected(nodes)
+    # the line as prometheus_client wrote it (label names sorted): people grep for it
+    assert ('mtsched_card_cores_limit{device_index="1",device_type="Mthreads",device_uuid="s4000-a-mthreads-1",'
+            'node="s4000-a"} 16\n') in text.decode()
     assert parsed(text)[("hami_gpu_memory_limit_bytes", (("device_index", "0"), ("device_type", "Mthreads"),
                                                          ("device_uuid", "s5000-b-mthreads-0"),
                                                          ("node", "s5000-b")))] == 80 * GIB
