@@ -11,6 +11,8 @@ A failed or unbounded read refuses the pod (fail closed). The rule is shared/dom
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -34,7 +36,9 @@ MAX_PODS = 10_000  # more live pods than this in one namespace: the pod is refus
 # A namespace's quotas (only those naming a form we enforce) are re-read at most this often: one API call per
 # namespace per interval instead of one per pod (a burst of 1,000 pods paid ~50 ms each). A quota created or
 # changed is enforced by us within this many seconds; the API server's own quota admission also reads an
-# informer cache. The pods a quota charges are always read fresh.
+# informer cache. Reviews that miss the cache together share one read (a burst of 32 reviews in flight sent
+# 32 reads each time the entry lapsed: webhook p99 0.46 s in bench.load's burst). The pods a quota charges
+# are always read fresh.
 QUOTA_CACHE_SECONDS = 2.0
 QUOTA_CACHE_BYTES = 4 * 1024 * 1024
 
@@ -54,13 +58,30 @@ class QuotaReader:
         self.page, self.max_pods = page, max_pods
         self.cache_seconds = cache_seconds
         self._quotas: ByteLRU[str, tuple[float, list[Mapping[str, Any]]]] = ByteLRU(QUOTA_CACHE_BYTES)
+        self._reading: dict[str, asyncio.Future[list[Mapping[str, Any]]]] = {}  # reads in flight, by namespace
 
     async def quotas(self, namespace: str) -> list[Mapping[str, Any]]:
-        """The namespace's ResourceQuotas that name a form we enforce (read at most every cache_seconds)."""
-        now = time.monotonic()
+        """The namespace's ResourceQuotas that name a form we enforce (read at most every cache_seconds; a
+        read in flight is shared, so no answer is older than the cache allows)."""
         hit = self._quotas.get(namespace)
-        if hit is not None and now < hit[0]:
+        if hit is not None and time.monotonic() < hit[0]:
             return hit[1]
+        flight = self._reading.get(namespace)
+        if flight is None:
+            flight = asyncio.ensure_future(self._read_quotas(namespace))
+            self._reading[namespace] = flight
+            flight.add_done_callback(functools.partial(self._landed, namespace))
+        # shielded: a review whose caller went away does not cancel the read the others wait for
+        return await asyncio.shield(flight)
+
+    def _landed(self, namespace: str, flight: asyncio.Future[list[Mapping[str, Any]]]) -> None:
+        if self._reading.get(namespace) is flight:
+            del self._reading[namespace]
+        if not flight.cancelled():
+            flight.exception()  # retrieved: every waiter may have gone, the error is theirs (fail closed)
+
+    async def _read_quotas(self, namespace: str) -> list[Mapping[str, Any]]:
+        now = time.monotonic()
         items = await self._items(f"/api/v1/namespaces/{quote(namespace, safe='')}/resourcequotas")
         mine = [q for q in items if any(k in self.keys for k in ((q.get("spec") or {}).get("hard") or {}))]
         if self.cache_seconds > 0:

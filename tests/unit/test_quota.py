@@ -323,3 +323,56 @@ def test_a_namespace_s_quotas_are_read_once_per_interval_and_its_pods_every_time
     asyncio.run(three())
     assert [path for path, _ in api.calls].count(QUOTAS) == quota_reads
     assert [path for path, _ in api.calls].count(PODS) == 3  # what a quota charges is always read fresh
+
+
+class GatedApi(Api):
+    """Answers once `gate` is set: reviews pile up on a read in flight, as in a burst."""
+
+    def __init__(self, answers: Mapping[str, Any]):
+        super().__init__(answers)
+        self.gate = asyncio.Event()
+
+    async def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
+                      ok: tuple[int, ...] = (200, 201), content_type: str = "application/json",
+                      timeout: float = 30.0) -> Any:
+        if path == QUOTAS:
+            await self.gate.wait()
+        return await super().request(method, path, body, query, ok, content_type, timeout)
+
+
+def test_reviews_that_miss_the_cache_together_share_one_quota_read() -> None:
+    api = GatedApi({QUOTAS: {"items": [hq("gpu", **{f"limits.{MEM}": "96"})]}, PODS: {"items": []}})
+    reader = QuotaReader(api, CFG)
+
+    async def burst() -> list[bool]:
+        pods = [pod(f"p{i}", slice_(2)) for i in range(32)]
+        reviews = [asyncio.ensure_future(reader.judge("team", p, decide(p, CFG, {96}))) for p in pods]
+        await asyncio.sleep(0)
+        reviews[0].cancel()  # its caller went away: the read the others wait for goes on
+        api.gate.set()
+        done = await asyncio.gather(*reviews[1:])
+        return [d.allowed for d in done]
+
+    assert asyncio.run(burst()) == [True] * 31
+    assert [path for path, _ in api.calls].count(QUOTAS) == 1
+    assert [path for path, _ in api.calls].count(PODS) == 31
+
+
+def test_a_shared_quota_read_that_fails_refuses_every_review_and_is_not_kept() -> None:
+    api = GatedApi({QUOTAS: TimeoutError(), PODS: {"items": []}})  # the API server away
+    reader = QuotaReader(api, CFG)
+
+    async def burst() -> list[tuple[bool, int]]:
+        pods = [pod(f"p{i}", slice_(2)) for i in range(8)]
+        reviews = [asyncio.ensure_future(reader.judge("team", p, decide(p, CFG, {96}))) for p in pods]
+        await asyncio.sleep(0)
+        api.gate.set()
+        done = await asyncio.gather(*reviews)
+        api.answers = {QUOTAS: {"items": []}, PODS: {"items": []}}  # back: the next review reads again
+        p = pod("later", slice_(2))
+        later = await reader.judge("team", p, decide(p, CFG, {96}))
+        return [(d.allowed, d.code) for d in done] + [(later.allowed, later.code)]
+
+    out = asyncio.run(burst())
+    assert out[:-1] == [(False, 503)] * 8 and out[-1][0] is True
+    assert [path for path, _ in api.calls].count(QUOTAS) == 2
