@@ -331,11 +331,13 @@ class GatedApi(Api):
     def __init__(self, answers: Mapping[str, Any]):
         super().__init__(answers)
         self.gate = asyncio.Event()
+        self.quota_reads = 0  # started, answered or not
 
     async def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
                       ok: tuple[int, ...] = (200, 201), content_type: str = "application/json",
                       timeout: float = 30.0) -> Any:
         if path == QUOTAS:
+            self.quota_reads += 1
             await self.gate.wait()
         return await super().request(method, path, body, query, ok, content_type, timeout)
 
@@ -376,3 +378,35 @@ def test_a_shared_quota_read_that_fails_refuses_every_review_and_is_not_kept() -
     out = asyncio.run(burst())
     assert out[:-1] == [(False, 503)] * 8 and out[-1][0] is True
     assert [path for path, _ in api.calls].count(QUOTAS) == 2
+
+
+def test_a_namespace_in_use_is_read_again_before_its_entry_lapses() -> None:
+    """In the last quarter of the interval a review answers from the entry and starts the next read; no
+    review waits for it, and none is answered from an entry older than the interval."""
+    clock = [100.0]
+    api = GatedApi({QUOTAS: {"items": []}, PODS: {"items": []}})
+    reader = QuotaReader(api, CFG, cache_seconds=2.0, clock=lambda: clock[0])
+
+    async def run() -> None:
+        p = pod("a", slice_(2))
+        first = asyncio.ensure_future(reader.judge("team", p, decide(p, CFG, {96})))
+        await asyncio.sleep(0)
+        api.gate.set()
+        assert (await first).allowed
+        api.gate.clear()  # from now on a read hangs until set: a review that waited for one would hang
+        clock[0] = 101.0  # half way: the entry answers, nothing is read
+        assert (await reader.judge("team", p, decide(p, CFG, {96}))).allowed
+        assert api.quota_reads == 1
+        clock[0] = 101.6  # last quarter: answered at once, and the next read starts
+        assert (await asyncio.wait_for(reader.judge("team", p, decide(p, CFG, {96})), 5)).allowed
+        await asyncio.sleep(0)
+        assert api.quota_reads == 2
+        clock[0] = 102.5  # lapsed while that read hangs: the review waits for it, never for an old entry
+        late = asyncio.ensure_future(reader.judge("team", p, decide(p, CFG, {96})))
+        await asyncio.sleep(0.01)
+        assert not late.done()
+        api.gate.set()
+        assert (await late).allowed
+        assert api.quota_reads == 2  # the read in flight, shared
+
+    asyncio.run(run())
