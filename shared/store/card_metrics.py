@@ -80,7 +80,12 @@ _registered: set[int] = set()
 
 
 def register_mirror(mirror: Mirror) -> None:
-    """Expose the mirror's cards on this process's /metrics."""
-    if id(mirror) not in _registered:
-        add_exposition(CardExposition(lambda: mirror.nodes).render)
-        _registered.add(id(mirror))
+    """Expose the mirror's cards on this process's /metrics. One mirror per process: a second block would
+    declare every family again, which Prometheus refuses for the whole scrape (prometheus_client's registry
+    refused the second collector at registration; so does this)."""
+    if id(mirror) in _registered:
+        return
+    if _registered:
+        raise ValueError("the per-card gauges of this process already come from another mirror")
+    add_exposition(CardExposition(lambda: mirror.nodes).render)
+    _registered.add(id(mirror))

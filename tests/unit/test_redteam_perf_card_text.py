@@ -131,3 +131,28 @@ def test_the_handler_answers_the_text_format_s_content_type(monkeypatch: pytest.
     strict(resp.body.decode())
     assert samples(resp.body.decode())  # read back
 
+
+
+def test_a_second_mirror_in_one_process_is_refused_not_declared_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second mirror's block would declare every card family twice, which Prometheus refuses for the whole
+    scrape; prometheus_client's registry raised at the second collector, and so does register_mirror now."""
+    from shared.store import card_metrics
+
+    nodes = {"n1": snap("n1", card(0))}
+
+    class M:
+        def __init__(self) -> None:
+            self.nodes = nodes
+
+    monkeypatch.setattr(metrics, "_EXPOSITIONS", [])
+    monkeypatch.setattr(card_metrics, "_registered", set())
+    first, second = M(), M()
+    card_metrics.register_mirror(first)  # type: ignore[arg-type]
+    card_metrics.register_mirror(first)  # type: ignore[arg-type]  # the same mirror again: nothing added
+    with pytest.raises(ValueError, match="another mirror"):
+        card_metrics.register_mirror(second)  # type: ignore[arg-type]
+    assert len(metrics._EXPOSITIONS) == 1
+    text = metrics.exposition().decode()
+    strict(text)
+    assert {k: v for k, v in samples(text).items() if k[0] == "mtsched_card_memory_allocated_units"} \
+        == values_of(nodes)
