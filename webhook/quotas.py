@@ -86,8 +86,10 @@ class QuotaReader:
     def _landed(self, namespace: str, flight: asyncio.Future[list[Mapping[str, Any]]]) -> None:
         if self._reading.get(namespace) is flight:
             del self._reading[namespace]
-        if not flight.cancelled():
-            flight.exception()  # retrieved: every waiter may have gone, the error is theirs (fail closed)
+        if not flight.cancelled() and flight.exception() is not None:
+            # retrieved, and said once: a read ahead of the lapse fails with nobody waiting (the entry still
+            # lapses on time, and the reviews after it refuse until a read succeeds)
+            log.warning("reading the ResourceQuotas of namespace %s failed: %s", namespace, flight.exception())
 
     async def _read_quotas(self, namespace: str) -> list[Mapping[str, Any]]:
         now = self.clock()
