@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from shared.domain.state import CardRecord, NodeSnapshot
 from shared.serving import metrics
 from shared.store.card_metrics import FAMILIES, CardExposition
+from tests.unit.test_card_exposition import expected
 
 NAMES = [m for m, _, _ in FAMILIES]
 
@@ -56,13 +57,8 @@ def strict(text: str) -> None:
 
 
 def values_of(nodes: dict[str, NodeSnapshot]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    out = {}
-    for name, sn in nodes.items():
-        for c in sn.cards.values():
-            labels = tuple(sorted({"node": name, "device_uuid": f"{name}-mthreads-{c.index}",
-                                   "device_index": str(c.index), "device_type": "Mthreads"}.items()))
-            out[("mtsched_card_memory_allocated_units", labels)] = float(c.mem_used)
-    return out
+    """The memory-allocated samples the cards imply (test_card_exposition.expected, one family)."""
+    return {k: v for k, v in expected(nodes).items() if k[0] == "mtsched_card_memory_allocated_units"}
 
 
 ODD = ['a,b="c"}', "end\\", "\\", "new\nline", '"', "ünï-çødé", "{x=\"y\"}", "sp ace", "tab\tx", "x" * 10_000,
