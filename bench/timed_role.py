@@ -137,6 +137,22 @@ async def _lag_probe(period: float = 0.005) -> None:
         hist.observe(max(0.0, loop.time() - start - period))
 
 
+def _gc_probe() -> None:
+    """How long each cyclic garbage collection holds the role's only thread (every task waits)."""
+    import gc
+
+    hist = {g: BENCH_SECONDS.labels(f"gc.gen{g}") for g in range(3)}
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            hist[info["generation"]].observe(time.perf_counter() - started[0])
+
+    gc.callbacks.append(on_gc)
+
+
 def _with_lag_probe(role: RoleMain) -> RoleMain:
     @functools.wraps(role)
     async def run(cfg: Any, stop: asyncio.Event) -> None:
@@ -155,6 +171,7 @@ def _keep_env_lookups(api: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     instrument()
+    _gc_probe()
     if os.environ.get("MTSCHED_BENCH_TRUST_ENV") == "1":  # A/B of the change (docs/benchmarks.md)
         kube_module._skip_empty_env_lookups = _keep_env_lookups
     # cli.main looks them up at call time

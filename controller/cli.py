@@ -24,7 +24,7 @@ import orjson
 import uvloop
 
 from shared.config import Config, ConfigError, key_of, load_config, redact_url
-from shared.serving import logs
+from shared.serving import gc_policy, logs
 
 if TYPE_CHECKING:
     from shared.domain.state import NodeSnapshot
@@ -55,6 +55,8 @@ def _run_role(main: Callable[[Config, asyncio.Event], Awaitable[bool]], cfg: Con
                 loop.add_signal_handler(sig, stop.set)
         return await main(cfg, stop)
 
+    gc_policy.install()
+    gc_policy.settle()  # the modules and the configuration live as long as the role
     return 0 if uvloop.run(runner()) else 1
 
 

@@ -387,7 +387,8 @@ class Extender:
         await self._mark_bound(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)
         BINDINGS.labels("success").inc()
         cards = ",".join(str(i) for i in outcome.cards)
-        self.event(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name} (cards {cards})")
+        if self.cfg.success_events:
+            self.event(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name} (cards {cards})")
         return {"Error": ""}
 
     async def _mark_bound(self, node: str, uid: str, pod: str, req: SliceRequest, cards: tuple[int, ...],

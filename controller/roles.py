@@ -16,6 +16,7 @@ from controller.reconciler import Reconciler
 from controller.watchers import Janitor, NodeWatcher, PodWatcher, wire
 from shared.config import Config
 from shared.kube import Kube
+from shared.serving import gc_policy
 from shared.serving.http import serve_api, serve_health
 from shared.serving.supervise import Backoff, Supervisor
 from shared.store.session import open_ledger
@@ -55,6 +56,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
         except Exception as e:
             log.warning("initial rebuild failed (%s); retrying in %.1fs", e, backoff.delay)
             await backoff.sleep()
+    gc_policy.settle()  # the nodes and pods just listed, like the mirror's cards
     sup.spawn("nodes", nodes.reflector.run)
     sup.spawn("pods", pods.reflector.run)
     sup.spawn("reconciler", reconciler.run)

@@ -324,7 +324,9 @@ class PodWatcher:
         self.ended[uid] = now
         if len(self.ended) > 50000:
             self.ended = {u: t for u, t in self.ended.items() if now - t < 600}
-        node = self.mirror.owner_of(uid) or (pod.get("spec") or {}).get("nodeName")
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        hint = bound_to if isinstance(bound_to, str) else None
+        node = self.mirror.owner_of(uid, hint) or bound_to
         if node and await self.ledger.release(str(node), uid):
             RELEASES.labels(why).inc()
             self.nudger.nudge(str(node))

@@ -63,9 +63,10 @@ def latency(d: dict[str, prom.Scrape], fine: bool) -> dict[str, dict[str, Any]]:
     if fine:  # where a bind's time goes (bench/timed_role.py)
         for part in ("filter.compute", "prioritize.compute", "bind.ledger_place", "bind.api_binding",
                      "bind.ledger_mark_bound", "bind.api_get_pod", "webhook.compute", "extender.loop_lag",
-                     "webhook.loop_lag"):
-            src = hook if part.startswith("webhook") else ext
-            verb = "loop_lag" if part.endswith("loop_lag") else part
+                     "webhook.loop_lag", *(f"{role}.gc.gen{g}" for role in ("extender", "webhook", "watcher")
+                                           for g in range(3))):
+            src = hook if part.startswith("webhook") else d.get("watcher", {}) if part.startswith("watcher") else ext
+            verb = part.split(".", 1)[1] if part.split(".", 1)[0] in ("extender", "webhook", "watcher") else part
             s = prom.summary(src, "mtsched_bench_seconds", verb=verb)
             if s["count"]:
                 out[part] = {"count": s["count"], "mean_ms": ms(s["mean"]), "p50_ms": ms(s["p50"]),

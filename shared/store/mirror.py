@@ -46,6 +46,7 @@ class Mirror:
         self.applied = 0
         self.on_change: list[Callable[[str], None]] = []
         self.on_reconnect: list[Callable[[], None]] = []  # after a re-read following a lost connection
+        self.on_first_sync: list[Callable[[], None]] = []  # once, after the first full read
         self._task: asyncio.Task[None] | None = None
         self._reconnected = False
         self._subscribed_once = False
@@ -55,8 +56,13 @@ class Mirror:
     def get(self, node: str) -> NodeSnapshot | None:
         return self.nodes.get(node)
 
-    def owner_of(self, uid: str) -> str | None:
-        """Node holding a reservation for this pod uid (watchers release by uid)."""
+    def owner_of(self, uid: str, hint: str | None = None) -> str | None:
+        """Node holding a reservation for this pod uid (watchers release by uid). `hint`, the node the pod
+        is bound to, is looked at first: then a release costs one lookup, not one per node."""
+        if hint:
+            snap = self.nodes.get(hint)
+            if snap is not None and uid in snap.reservations:
+                return hint
         for name, snap in self.nodes.items():
             if uid in snap.reservations:
                 return name
@@ -231,6 +237,9 @@ class Mirror:
                 self.ready.set()
                 if self._subscribed_once:  # back after losing Redis: what was published meanwhile is lost
                     for cb in self.on_reconnect:
+                        cb()
+                else:
+                    for cb in self.on_first_sync:
                         cb()
                 self._subscribed_once = True
                 backoff.reset()

@@ -7,6 +7,7 @@ from collections.abc import Awaitable
 from typing import cast
 
 from shared.config import Config, redact_url
+from shared.serving import gc_policy
 from shared.serving.metrics import REDIS_UP
 from shared.serving.supervise import Backoff, Heartbeat, Supervisor, probe_loop
 from shared.store.card_metrics import register_mirror
@@ -15,6 +16,11 @@ from shared.store.mirror import Mirror
 from shared.store.redis_conn import RedisOptions, connect, connect_subscriber, explain
 
 log = logging.getLogger("mtsched")
+
+
+def _settle() -> None:
+    frozen = gc_policy.settle()
+    log.info("state loaded: %d objects frozen out of later garbage collections", frozen)
 
 
 async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False) -> tuple[Ledger, Mirror]:
@@ -31,6 +37,8 @@ async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False) 
             log.warning("Redis at %s not reachable (%s); retrying", redact_url(cfg.redis_url), explain(e))
             await backoff.sleep()
     mirror = Mirror(ledger, subscriber=connect_subscriber(cfg.redis_url, options))
+    # the cards loaded: freeze them (and everything else alive) out of later garbage collections
+    mirror.on_first_sync.append(_settle)
     sup.spawn("mirror", mirror.run)
     sup.check("mirror", lambda: "" if mirror.ready.is_set() else "not in sync with Redis")
     redis_ok = Heartbeat("Redis", max_age=6.0)

@@ -181,3 +181,38 @@ async def test_a_booking_reaches_the_mirror_with_the_reserve_reply_not_later(red
     assert (await ext.bind({"PodName": "p-w2", "PodNamespace": "ns", "PodUID": "w2", "Node": "s5k"}))["Error"] == ""
     out = ext.filter({"Pod": pod("w3", {"mthreads.com/vgpu": 1}), "NodeNames": ["s5k"]})
     assert out["NodeNames"] == [] and "2/2 ExclusiveDeviceAllocateConflict" in out["FailedNodes"]["s5k"]
+
+
+async def wait_events(kube: FakeKube, reason: str) -> list[tuple[str, str]]:
+    """The events sent so far, once one with `reason` is among them (events are sent in the background)."""
+    for _ in range(500):
+        if any(r == reason for r, _ in kube.events):
+            return list(kube.events)
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no {reason} event: {kube.events}")
+
+
+@pytest.mark.parametrize("success_events", [False, True])
+async def test_a_successful_bind_sends_its_event_only_when_asked(redis_client: Redis, ledger: Ledger,
+                                                                 success_events: bool) -> None:
+    cfg = load_config(env={}, flags={"memoryPerCard": "96,160", "successEvents": str(success_events).lower()})
+    await ledger.upsert_node(node_inventory(node("s5k", 160, 1), cfg))
+    mirror = Mirror(ledger)
+    await mirror.start()
+    try:
+        await asyncio.wait_for(mirror.ready.wait(), 5)
+        kube = FakeKube()
+        ext = Extender(cfg, ledger, mirror, kube)  # type: ignore[arg-type]
+        ok = pod("ok", {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 32, "mthreads.com/sgpu-core": 4})
+        ext.filter({"Pod": ok, "NodeNames": ["s5k"], "Nodes": None})
+        assert await ext.bind({"PodName": "p-ok", "PodNamespace": "ns", "PodUID": "ok", "Node": "s5k"}) == {"Error": ""}
+        # then a bind that fails: its event is sent after the success's (if any), so once it is there
+        # the success event is there too, or never will be
+        big = pod("big", {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 160, "mthreads.com/sgpu-core": 16})
+        kube.pods[("ns", "p-big")] = big
+        assert (await ext.bind({"PodName": "p-big", "PodNamespace": "ns", "PodUID": "big", "Node": "s5k"}))["Error"]
+        events = await wait_events(kube, "BindingFailed")
+        succeeded = [m for r, m in events if r == "BindingSucceed"]
+        assert succeeded == (["Successfully binding node [s5k] to ns/p-ok (cards 0)"] if success_events else [])
+    finally:
+        await mirror.stop()

@@ -127,6 +127,9 @@ async def test_mirror_capacities_and_owner_of(populated: Ledger, mirror_factory:
     await wait_synced(m, led)
     assert 7 in m.nodes["n4"].cards and m.capacities() == {S4000, S5000}
     assert m.owner_of("u3") == "n5" and m.owner_of("u8") == "n4" and m.owner_of("nobody") is None
+    # the node the pod is bound to is looked at first; a wrong or unknown one does not mislead
+    assert m.owner_of("u3", "n5") == "n5" and m.owner_of("u3", "n4") == "n5" and m.owner_of("u3", "gone") == "n5"
+    assert m.owner_of("nobody", "n4") is None
     await led.release("n5", "u3")
     await eventually(lambda: m.owner_of("u3") is None, what="released reservation leaves the mirror")
     await led.remove_node("n5")
@@ -152,11 +155,14 @@ async def test_mirror_resyncs_after_a_redis_restart(redis_server: RedisServer, r
            else Redis.from_url(redis_server.url, decode_responses=True))
     own = Redis.from_url(redis_server.url, decode_responses=True)
     m = Mirror(Ledger(own), subscriber=sub, resync_seconds=300)  # the periodic resync is not what saves us
+    first: list[int] = []
+    m.on_first_sync.append(lambda: first.append(len(m.nodes)))  # the roles freeze their state there
     await m.start()
     try:
         await asyncio.wait_for(m.ready.wait(), 10)
         await wait_synced(m, led)
         assert m.nodes["n4"].version == 5
+        assert first == [2]  # once, with the nodes read
         await asyncio.to_thread(redis_server.restart)
         await eventually(lambda: m.nodes == {}, what="the mirror sees the empty Redis after a restart")
         # after the restart versions start over: a fresh node at version 1..2 is newer than the old 5
@@ -165,6 +171,7 @@ async def test_mirror_resyncs_after_a_redis_restart(redis_server: RedisServer, r
         await wait_synced(m, led)
         assert m.nodes["n4"].version == 2 and list(m.nodes["n4"].reservations) == ["after"]
         assert m.ready.is_set()
+        assert first == [2]  # a re-read after losing Redis is not a first sync
     finally:
         await m.stop()
         await sub.aclose()
