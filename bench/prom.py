@@ -16,7 +16,8 @@ Scrape = dict[Sample, float]
 # What the load benchmark reads; the rest (per-card gauges: 9 per card, 72,000 lines at 1000 nodes) is
 # dropped before parsing, which would otherwise take seconds per scrape.
 WANTED = ("mtsched_bench_", "mtsched_extender_", "mtsched_webhook_", "mtsched_redis_", "mtsched_bindings",
-          "mtsched_reservation", "mtsched_overcommit", "scheduler_scheduling_algorithm_duration_seconds")
+          "mtsched_reservation", "mtsched_overcommit", "scheduler_scheduling_algorithm_duration_seconds",
+          "scheduler_schedule_attempts")
 
 
 def _keep(line: str, prefixes: tuple[str, ...]) -> bool:

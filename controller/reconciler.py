@@ -3,6 +3,8 @@ continuous anti-entropy for every other kind of drift.
 
 * Every `check_seconds` (2 s): is the ledger intact (`mt:epoch` exists, no known node went missing)?
   If not, rebuild it whole from a fresh list of nodes and pods.
+* A pod bound without a record appears or goes: only its node is compared, soon (`touch`): a burst of such
+  pods (they bypass the webhook) must not make every pass read every node of a large fleet.
 * Every `reconcileSeconds` (and soon after a watch re-list or a Redis reconnect): compare each node's
   ledger with the watchers' view of the API (`shared.domain.reconcile.diff_node`) and repair any node that
   differs by one atomic `replace_node`: missing holders booked, stale ones dropped (after the API
@@ -42,6 +44,7 @@ from shared.serving.metrics import (
     RECONCILE_REPAIRS,
     RECONCILE_RUNS,
     RECONCILE_SECONDS,
+    RECONCILE_TOUCHED,
     RELEASES,
 )
 from shared.serving.supervise import is_transient
@@ -61,7 +64,9 @@ class Reconciler:
         self.check_seconds = check_seconds
         self.interval = float(cfg.reconcile_seconds)
         self.keep_ms = keep_ms  # reservations younger than this are newer than any view: never judged
-        self.wake = asyncio.Event()
+        self.wake = asyncio.Event()  # a pass over every node, soon
+        self.touched: set[str] = set()  # nodes to compare soon (touch), short of a pass over every node
+        self._touch = asyncio.Event()
         self.rebuilds = 0
         self.repairs = 0
         self.last_pass: dict[str, Any] = {}
@@ -237,12 +242,30 @@ class Reconciler:
         """Why the watchers' view cannot be trusted now ("" when it can)."""
         return self.nodes.reflector.problem(0) or self.pods.reflector.problem(0)
 
+    def touch(self, node: str) -> None:
+        """Compare this node soon (the pod watcher: a pod bound there without a record came or went); no
+        node named: every node."""
+        if not node:
+            self.wake.set()
+            return
+        self.touched.add(node)
+        self._touch.set()
+
     async def reconcile_all(self) -> dict[str, int]:
         """One pass over every node the ledger or the API knows; returns the repairs made, by kind."""
+        return await self._pass(None)
+
+    async def reconcile_nodes(self, nodes: set[str]) -> dict[str, int]:
+        """The same comparison, for these nodes only (those the ledger or the API knows)."""
+        return await self._pass(nodes)
+
+    async def _pass(self, only: set[str] | None) -> dict[str, int]:
         t0 = time.monotonic()
         invs, holders, _ = self._views()
         listed = set(await self.ledger.nodes())
         names = listed | {n for n, i in invs.items() if offers_cards(i)} | set(holders)
+        if only is not None:
+            names &= only
         now_ms = await self.ledger.redis_time_ms()  # before the read: what is newer than it, the read lacks
         snaps = await self.ledger.snapshots(sorted(names))
         for node in sorted(snaps.keys() - listed):
@@ -262,6 +285,9 @@ class Reconciler:
             if not diff.clean:
                 for kind, n in summarize(diff.differences).items():
                     repaired[kind] = repaired.get(kind, 0) + n
+        if only is not None:
+            RECONCILE_TOUCHED.labels("repaired" if repaired else "clean").inc()
+            return repaired
         RECONCILE_SECONDS.observe(time.monotonic() - t0)
         RECONCILE_RUNS.labels("repaired" if repaired else "clean").inc()
         RECONCILE_LAST.set_to_current_time()
@@ -279,16 +305,30 @@ class Reconciler:
                 why = "node missing" if self.nodes.lost.is_set() else "state lost"
                 self.nodes.lost.clear()
                 await self.rebuild(why)
-            if self.wake.is_set() or loop.time() >= next_pass:
+            full = self.wake.is_set() or loop.time() >= next_pass
+            if full or self.touched:
                 if self.views_live():
                     log.debug("reconcile postponed: %s", self.views_live())
                     await asyncio.sleep(self.check_seconds)
                     continue
-                self.wake.clear()
-                await self.reconcile_all()
-                next_pass = loop.time() + self.interval
-            try:
-                await asyncio.wait_for(self.wake.wait(), timeout=self.check_seconds)
+                # taken before the read: a node touched during the pass is compared again after it
+                nodes, self.touched = self.touched, set()
+                self._touch.clear()
+                if full:
+                    self.wake.clear()
+                    await self.reconcile_all()
+                    next_pass = loop.time() + self.interval
+                else:
+                    await self.reconcile_nodes(nodes)
+            if await self._woken():
                 await asyncio.sleep(0.5)  # coalesce a burst of wake-ups (e.g. both streams re-listing)
-            except TimeoutError:
-                pass
+
+    async def _woken(self) -> bool:
+        """Wait up to check_seconds for a request of a pass (whole or of touched nodes); True if one came."""
+        waits = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(self._touch.wait())]
+        try:
+            done, _ = await asyncio.wait(waits, timeout=self.check_seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        return bool(done)

@@ -43,7 +43,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     pods = PodWatcher(kube, ledger, mirror, cfg, nodes.lost)
     wire(nodes, pods)
     reconciler = Reconciler(kube, ledger, cfg, nodes, pods)
-    pods.unaccounted_changed = reconciler.wake.set
+    pods.unaccounted_changed = reconciler.touch
     mirror.on_reconnect.append(reconciler.wake.set)  # Pub/Sub lost messages meanwhile: compare soon
     health = await serve_health(cfg, sup.problems)
     sup.check("nodes", nodes.reflector.problem)

@@ -260,7 +260,8 @@ class PodWatcher:
         self.ended: dict[str, float] = {}  # uid -> when the watch saw it deleted or ended (last 10 minutes)
         self.reflector = Reflector(kube, "/api/v1/pods", self.on_event, self.on_sync, "pods")
         self.inventories: Callable[[], Mapping[str, Inventory]] = dict  # the node watcher's view, set by the role
-        self.unaccounted_changed: Callable[[], None] = lambda: None  # a quarantine may start or end
+        # a quarantine may start or end on that node (the reconciler compares it soon)
+        self.unaccounted_changed: Callable[[str], None] = lambda node: None
 
     def holders(self, node: str) -> dict[str, tuple[PodUsage, str]]:
         """Live pods that hold cards on `node`, as this watcher's view of the API says: from their records,
@@ -308,7 +309,7 @@ class PodWatcher:
         truth = PodTruth(pod_ref(pod), node, usage, opaque, unrecorded)
         self.truth[uid] = truth
         if (uid in self.unrecorded) != (unrecorded is not None):
-            self.unaccounted_changed()
+            self.unaccounted_changed(node)
         if unrecorded is not None:
             self.unrecorded[uid] = unrecorded
         else:
@@ -318,14 +319,14 @@ class PodWatcher:
     async def release(self, uid: str, pod: dict[str, Any], why: str) -> None:
         self.seen.pop(uid, None)
         self.truth.pop(uid, None)
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        hint = bound_to if isinstance(bound_to, str) else None
         if self.unrecorded.pop(uid, None) is not None:
-            self.unaccounted_changed()
+            self.unaccounted_changed(hint or "")
         now = time.monotonic()
         self.ended[uid] = now
         if len(self.ended) > 50000:
             self.ended = {u: t for u, t in self.ended.items() if now - t < 600}
-        bound_to = (pod.get("spec") or {}).get("nodeName")
-        hint = bound_to if isinstance(bound_to, str) else None
         node = self.mirror.owner_of(uid, hint) or bound_to
         if node and await self.ledger.release(str(node), uid):
             RELEASES.labels(why).inc()

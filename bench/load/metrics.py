@@ -44,6 +44,17 @@ def scheduling_cycle(d: dict[str, prom.Scrape]) -> dict[str, Any]:
             "p99_ms": ms(prom.quantile(cum, 0.99)), "serial_bound_pods_s": round(1 / mean, 1) if mean else None}
 
 
+def schedule_attempts(d: dict[str, prom.Scrape]) -> dict[str, int]:
+    """kube-scheduler's scheduling attempts in the phase by result (scheduled, unschedulable, error), all
+    profiles: an `error` is an attempt that failed for another reason than the pod not fitting (an
+    extender call or a bind that failed), retried later; the issue's target is 0."""
+    out: Counter[str] = Counter()
+    for (name, labels), v in d.get("kube-scheduler", {}).items():
+        if name == "scheduler_schedule_attempts_total" and v:
+            out[dict(labels).get("result", "?")] += int(v)
+    return dict(out)
+
+
 def ms(v: float | None) -> float | None:
     return None if v is None else round(v * 1000, 3)
 

@@ -92,6 +92,10 @@ def summarize(phases: list[Phase], fine: bool, node_memory: list[dict[str, Any]]
             "leaked_reservations": sum(p.result.get("leaked_reservations", 0) for p in checked),
             "pending_after_timeout": sum(c.get("pending", 0) for c in corr),
             "pods_checked": sum(p.result["pods"] for p in checked),
+            # kube-scheduler's attempts that failed for another reason than "does not fit" (target: 0)
+            "schedule_attempts_error": sum(p.result.get("schedule_attempts", {}).get("error", 0) for p in checked),
+            "schedule_attempts_error_plain": sum(p.result.get("schedule_attempts", {}).get("error", 0)
+                                                 for p in plain),
             # per phase (burst phases, then paced): the policy's packing, nodes and cards holding a slice
             "nodes_used": [c.get("nodes_used") for c in corr], "cards_used": [c.get("cards_used") for c in corr],
         }
@@ -149,13 +153,15 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
 
     lines = ["Throughput (pods created all at once; pods/s from first create to last bind)"]
     lines += grid(("nodes", "ext", "pct", "ours/s", "plain/s", "ratio", "sched algo ms ours/plain",
-                   "CPU ms/pod ours/plain", "RT/pod", "overcommit", "unannot", "leaks", "pending"),
+                   "CPU ms/pod ours/plain", "RT/pod", "overcommit", "unannot", "leaks", "pending",
+                   "attempts error ours/plain"),
                   [[str(r["nodes"]), r["replicas"], pct(r), f(r["ours_pods_s"]), f(r["plain_pods_s"]), f(r["ratio"], 2),
                     f"{f(r['scheduler_algorithm_ms_ours'])}/{f(r['scheduler_algorithm_ms_plain'])}",
                     f"{f(sum(r['cpu_ms_per_pod_ours'].values()))}/{f(sum(r['cpu_ms_per_pod_plain'].values()))}",
                     f(r["redis_per_pod_extender"], 2),
                     f"{r['overcommitted_cards_ledger']}+{r['overcommitted_cards_annotations']}",
-                    str(r["unannotated_bound"]), str(r["leaked_reservations"]), str(r["pending_after_timeout"])]
+                    str(r["unannotated_bound"]), str(r["leaked_reservations"]), str(r["pending_after_timeout"]),
+                    f"{r.get('schedule_attempts_error', '-')}/{r.get('schedule_attempts_error_plain', '-')}"]
                    for r in rows])
     ext_rows = [r for r in rows if r.get("external")]
     if ext_rows:

@@ -61,6 +61,9 @@ RECONCILE_REPAIRS = Counter("mtsched_reconcile_repairs_total",
                             "Differences between the ledger and the API server that the reconciler repaired",
                             ["kind"])
 RECONCILE_RUNS = Counter("mtsched_reconcile_runs_total", "Reconciliation passes over every node", ["result"])
+RECONCILE_TOUCHED = Counter("mtsched_reconcile_touched_total",
+                            "Comparisons of only the nodes where a pod bound without a record came or went",
+                            ["result"])
 RECONCILE_LAST = Gauge("mtsched_reconcile_last_pass_timestamp_seconds",
                        "Unix time a reconciliation pass over every node last completed (0: none yet)")
 RECONCILE_SECONDS = Histogram("mtsched_reconcile_seconds", "Duration of one reconciliation pass", buckets=BUCKETS)

@@ -48,6 +48,9 @@ SCRIPTS = ("upsert_node", "reserve", "mark_bound", "release", "observe", "expire
 # (or a card) since the keys were last seen; a node changing that fast is rare, but the stress test's three
 # replicas booking one node without pause made a snapshot ask up to 12 times.
 KEY_ROUNDS = 32
+# Nodes per pipelined read: packing, parsing and decoding one reply holds the caller's event loop, so a
+# read of 5,000 nodes (a mirror's resync, a reconcile pass) is cut where the loop can serve requests.
+SNAPSHOT_BATCH = 250
 
 
 class LedgerError(RuntimeError):
@@ -326,14 +329,23 @@ class Ledger:
         return snap
 
     async def snapshots(self, nodes: Iterable[str]) -> dict[str, NodeSnapshot]:
-        """Many nodes in one round trip (pipelined); one more for the nodes whose keys changed (MOREKEYS).
+        """Many nodes, SNAPSHOT_BATCH per round trip (pipelined): each node's read is atomic, the whole never
+        was (a pipeline is not a transaction), so the cut changes nothing a caller may rely on."""
+        names = list(dict.fromkeys(nodes))
+        out: dict[str, NodeSnapshot] = {}
+        for i in range(0, len(names), SNAPSHOT_BATCH):
+            out.update(await self._snapshot_batch(names[i:i + SNAPSHOT_BATCH]))
+        return out
+
+    async def _snapshot_batch(self, nodes: list[str]) -> dict[str, NodeSnapshot]:
+        """Nodes in one round trip (pipelined); one more for the nodes whose keys changed (MOREKEYS).
 
         The one place without redis-py's script object: in a pipeline it would send SCRIPT EXISTS before
         every execute (a round trip more each time) and it does not work with cluster pipelines at all,
         so EVALSHA is queued by hand and NOSCRIPT is answered here, by loading the script once.
         """
         script = self._scripts["snapshot"]
-        todo = list(dict.fromkeys(nodes))
+        todo = nodes
         got: dict[str, NodeSnapshot | None] = {}
         for _ in range(KEY_ROUNDS + 1):
             if not todo:

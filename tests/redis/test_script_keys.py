@@ -128,3 +128,24 @@ async def test_keys_are_all_of_the_node_and_built_in_one_place(warm: StrictLedge
         assert keys[0] == "mt:{n}:node" and all(x.startswith("mt:{n}:") for x in keys) and len(set(keys)) == len(keys)
     assert k.reserve("n", "u", [1], known) == ["mt:{n}:node", "mt:{n}:pods", "mt:{n}:card:0", "mt:{n}:card:1",
                                                "mt:{n}:card:3", "mt:{n}:res:a", "mt:{n}:res:u"]
+
+
+async def test_snapshots_of_many_nodes_are_read_in_batches_and_whole(redis_client: Redis) -> None:
+    """A read of more nodes than SNAPSHOT_BATCH is cut into round trips of at most that many (each reply is
+    decoded while the caller's event loop waits), and returns every node once, cold keys learnt or not."""
+    from shared.store.ledger import SNAPSHOT_BATCH
+
+    led = Ledger(redis_client)
+    n = 2 * SNAPSHOT_BATCH + 7
+    names = [f"b{i:04d}" for i in range(n)]
+    for i, name in enumerate(names):
+        await led.upsert_node(inventory(name, S5000 if i % 2 else S4000))
+    await led.reserve(names[-1], "u", [0], 4, 1, 1)
+    reader = cold(led)  # knows no key: every node answers MOREKEYS once, then is read again
+    before = reader.round_trips
+    got = await reader.snapshots([*names, names[0]])  # a name twice: read once
+    assert sorted(got) == names and list(got[names[-1]].reservations) == ["u"]
+    assert reader.round_trips - before == 2 * 3  # 3 batches, each read again with the keys it learnt
+    before = reader.round_trips
+    assert (await reader.snapshots(names)).keys() == got.keys()
+    assert reader.round_trips - before == 3  # warm: one round trip per batch

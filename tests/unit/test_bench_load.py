@@ -196,3 +196,24 @@ def test_summary_puts_external_beside_ours_and_plain() -> None:
     text = table(rows, [])
     assert "hami | 20.0" in text and "per 1000 large pods" in text
     assert "20 | 1 | default | extender | 25.00 | 10.00 | 60.00 | 50 | 90.0" in text
+
+
+def test_schedule_attempts_are_counted_by_result_across_profiles() -> None:
+    from bench import prom
+    from bench.load.metrics import schedule_attempts
+
+    text = "\n".join([
+        "# HELP scheduler_schedule_attempts_total Number of attempts to schedule pods",
+        "# TYPE scheduler_schedule_attempts_total counter",
+        'scheduler_schedule_attempts_total{profile="default-scheduler",result="scheduled"} 7',
+        'scheduler_schedule_attempts_total{profile="hami-scheduler",result="scheduled"} 5',
+        'scheduler_schedule_attempts_total{profile="hami-scheduler",result="error"} 2',
+        'scheduler_schedule_attempts_total{profile="hami-scheduler",result="unschedulable"} 0',
+        "# TYPE other_total counter",
+        "other_total 9",
+    ]) + "\n"
+    before = prom.parse(text)  # kept by the bench's filter of what it reads
+    after = {k: v * 3 for k, v in before.items()}
+    d = {"kube-scheduler": prom.diff(after, before)}
+    assert schedule_attempts(d) == {"scheduled": 24, "error": 4}  # the phase's attempts; zero results dropped
+    assert schedule_attempts({}) == {}

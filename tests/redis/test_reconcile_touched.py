@@ -1,0 +1,105 @@
+"""A pod bound without a record that comes or goes has the reconciler compare its node only, soon; a pass over
+every node stays periodic. Before, each such pod woke a pass over every node: at 5,000 nodes a burst of pods
+that bypass the webhook kept the watcher and Redis reading every node back to back.
+
+Real parts: redis-server, the product's Ledger, NodeWatcher, PodWatcher and Reconciler. The API client is a
+stand-in no call here may reach."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from controller.reconciler import Reconciler
+from controller.watchers import NodeWatcher, PodWatcher, wire
+from shared.config import load_config
+from shared.store.ledger import Ledger
+from shared.store.mirror import Mirror
+from tests.redis.test_redteam_inflight_nodes import NoKube, gpu_node
+
+pytestmark = pytest.mark.redis
+CFG = load_config(env={}, flags={"memoryPerCard": "96,160", "reconcileSeconds": "300"})
+
+
+def unrecorded_pod(uid: str, node: str) -> dict[str, Any]:
+    """Bound to `node`, asks for a slice, carries no allocation record (it bypassed admission)."""
+    limits = {"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "8", "mthreads.com/sgpu-core": "2"}
+    return {"metadata": {"name": f"p-{uid}", "namespace": "ns", "uid": uid, "annotations": {}},
+            "spec": {"nodeName": node, "schedulerName": "hami-scheduler",
+                     "containers": [{"name": "c", "resources": {"limits": limits}}]},
+            "status": {"phase": "Running"}}
+
+
+async def setup(ledger: Ledger) -> tuple[Reconciler, PodWatcher]:
+    nodes = NodeWatcher(NoKube(), ledger, CFG)  # type: ignore[arg-type]
+    for name in ("ta", "tb"):
+        await nodes.on_event("ADDED", gpu_node(name))
+    pods = PodWatcher(NoKube(), ledger, Mirror(ledger), CFG, nodes.lost)  # type: ignore[arg-type]
+    wire(nodes, pods)
+    rec = Reconciler(NoKube(), ledger, CFG, nodes, pods, check_seconds=0.05)  # type: ignore[arg-type]
+    pods.unaccounted_changed = rec.touch  # as controller/roles.py wires them
+    return rec, pods
+
+
+async def drift(redis: Redis, ledger: Ledger, node: str) -> None:
+    """Usage on a card that no reservation explains (an edit behind the scripts' back)."""
+    await redis.hset(ledger.keys.card(node, 0), "mem_used", 40)  # type: ignore[misc]
+
+
+async def mem_used(ledger: Ledger, node: str) -> int:
+    return (await ledger.snapshots([node]))[node].cards[0].mem_used
+
+
+async def test_an_unrecorded_pod_touches_its_node_only(ledger: Ledger, redis_client: Redis) -> None:
+    rec, pods = await setup(ledger)
+    pods.learn("u1", unrecorded_pod("u1", "ta"))
+    assert rec.touched == {"ta"} and not rec.wake.is_set()
+    rec.touched.clear()
+    pods.learn("u1", unrecorded_pod("u1", "ta"))  # nothing changed: no touch
+    assert rec.touched == set()
+    await pods.release("u1", unrecorded_pod("u1", "ta"), "deleted")
+    assert rec.touched == {"ta"} and not rec.wake.is_set()
+    rec.touch("")  # a pod on no known node: every node
+    assert rec.wake.is_set()
+
+
+async def test_a_touched_pass_compares_those_nodes_and_no_other(ledger: Ledger, redis_client: Redis) -> None:
+    rec, pods = await setup(ledger)
+    await drift(redis_client, ledger, "ta")
+    await drift(redis_client, ledger, "tb")
+    pods.learn("u1", unrecorded_pod("u1", "ta"))
+    repaired = await rec.reconcile_nodes({"ta"})
+    assert repaired  # the quarantine, and the usage recomputed from reservations
+    snaps = await ledger.snapshots(["ta", "tb"])
+    assert "quarantined" in snaps["ta"].error and "ns/p-u1" in snaps["ta"].error
+    assert snaps["ta"].cards[0].mem_used == 0
+    assert await mem_used(ledger, "tb") == 40 and not snaps["tb"].error  # not compared
+    assert rec.last_pass == {}  # a pass over every node is still to come (its metrics, its timestamp)
+    await rec.reconcile_all()
+    assert await mem_used(ledger, "tb") == 0 and rec.last_pass["nodes"] == 2
+
+
+async def test_the_loop_compares_a_touched_node_long_before_the_next_full_pass(ledger: Ledger,
+                                                                                redis_client: Redis) -> None:
+    rec, pods = await setup(ledger)
+    await redis_client.set(ledger.epoch_key, "1")  # what a rebuild leaves: the ledger is intact, none here
+    rec.views_live = lambda: ""  # type: ignore[method-assign]  # both streams live (no API here)
+    await drift(redis_client, ledger, "tb")
+    task = asyncio.create_task(rec.run())
+    try:
+        pods.learn("u1", unrecorded_pod("u1", "ta"))
+        for _ in range(400):  # bounded wait on the condition (the full pass is 300 s away)
+            if "quarantined" in ((await ledger.snapshots(["ta"]))["ta"].error):
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the touched node was not compared")
+        assert await mem_used(ledger, "tb") == 40  # only the touched node
+        assert not task.done()
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
