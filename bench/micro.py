@@ -50,7 +50,7 @@ def build_mirror(nodes: int, fill: float, seed: int = 1) -> Mirror:
                 cards[c] = _card(c, cap, mem, rng.choice((1, 2, 4)), 1)
             else:
                 cards[c] = _card(c, cap, 0, 0, 0)
-        mirror.nodes[name] = NodeSnapshot(name, 1, cards=cards)
+        mirror.put(NodeSnapshot(name, 1, cards=cards))
     mirror.ready.set()
     return mirror
 

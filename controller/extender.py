@@ -33,6 +33,7 @@ from aiohttp import web
 from controller.explain import explain_handler
 from controller.fit_memo import FitMemo, held_states, request_size
 from controller.preempt import Preemption
+from controller.ranking import Ranking
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED, CardGrant, PodUsage, binding_annotations, device_id
 from shared.domain.extender_args import ArgsError, ExtenderArgs, parse_binding_args, parse_extender_args
@@ -51,7 +52,6 @@ from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError
 from shared.domain.state import plan_on
-from shared.domain.topk import ranked
 from shared.kube import Kube, KubeError
 from shared.serving.bounded import ByteLRU
 from shared.serving.listen import LISTEN_POLICY, extender_policy
@@ -138,6 +138,7 @@ class Extender:
         self._events: set[asyncio.Task[None]] = set()
         self._recent: ByteLRU[tuple[str, str, str], float] = ByteLRU(EVENT_MEMO_BYTES)  # -> last sent
         self.memo = FitMemo(mirror, MEMO_BYTES)  # fit() answers and node scores (controller/fit_memo.py)
+        self.ranking = Ranking(mirror)  # every node in the node policy's order (controller/ranking.py)
         # node -> uid -> (request, cards) of bookings in flight here (sent, not yet in the mirror): filter and
         # prioritize count them, so pods filtered meanwhile are not sent to a card that is being taken
         self.held: dict[str, dict[str, tuple[SliceRequest, tuple[int, ...]]]] = {}
@@ -230,14 +231,14 @@ class Extender:
             # node (shared/domain/topk.py), without fitting the rest. Those are left out of both lists:
             # kube-scheduler drops them without a status.
             policy = policy_of(meta.get("annotations") or {}, NODE_POLICY, self.cfg.node_scheduler_policy)
-            fills = self.memo.fills(names, self.held)  # the nodes the mirror holds
-            ok, failed, unresolvable = self.memo.fit_nodes(ranked(fills, policy), req, seen.annotations,
-                                                           gpu_policy, self.held, limit=k)
-            if not ok and len(fills) < len(names):  # none fits: every node is reported, unregistered too
+            best = self.ranking.best_first(names, policy, self.held)  # the nodes the mirror holds
+            ok, failed, unresolvable = self.memo.fit_nodes(best, req, seen.annotations, gpu_policy, self.held,
+                                                           limit=k)
+            unlisted = [n for n in names if n not in self.mirror.nodes] if not ok else []
+            if unlisted:  # none fits: every node is reported, unregistered too
                 # (next to the snapshots with an error the first pass found unresolvable, not in their place)
-                listed = {n for n, _ in fills}
-                unresolvable.update(self.memo.fit_nodes([n for n in names if n not in listed], req,
-                                                        seen.annotations, gpu_policy, self.held)[2])
+                unresolvable.update(self.memo.fit_nodes(unlisted, req, seen.annotations, gpu_policy,
+                                                        self.held)[2])
             TOPK_DROPPED.inc(len(names) - len(failed) - len(unresolvable) - len(ok))
         else:
             ok, failed, unresolvable = self.memo.fit_nodes(names, req, seen.annotations, gpu_policy, self.held)

@@ -14,6 +14,13 @@ import itertools
 from collections.abc import Iterator, Sequence
 
 
+def order_key(fill: float, name: str, policy: str) -> tuple[float, str]:
+    """Where a node of this fill stands, ascending = best first: binpack fullest first, spread emptiest
+    first, ties by node name. The one order both `ranked` and the extender's standing ranking
+    (controller/ranking.py) follow."""
+    return (fill if policy == "spread" else -fill, name)
+
+
 def ranked(fills: Sequence[tuple[str, float]], policy: str) -> Iterator[str]:
     """The names of (node, fill) pairs, best first by the node policy, produced lazily.
 
@@ -22,8 +29,7 @@ def ranked(fills: Sequence[tuple[str, float]], policy: str) -> Iterator[str]:
     this order and stops at the k-th that fits: the same nodes as `top_k` over every fitting node, at the
     cost of fitting (and ordering: a heap, O(n) to build, O(log n) per node taken) only until k are found.
     """
-    sign = 1.0 if policy == "spread" else -1.0
-    heap = [(sign * f, n) for n, f in fills]
+    heap = [order_key(f, n, policy) for n, f in fills]
     heapq.heapify(heap)
     while heap:
         yield heapq.heappop(heap)[1]

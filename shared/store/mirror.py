@@ -118,12 +118,21 @@ class Mirror:
             prev = self.nodes.get(name)
             if prev is not None and prev == snap:
                 snaps[name] = prev  # same value: keep its seq, so what was derived from it stays valid
+        self.replace_all(snaps)
+
+    def replace_all(self, snaps: Mapping[str, NodeSnapshot]) -> None:
+        """Install these snapshots as every node the mirror holds (a resync; tests and tools)."""
         gone = [n for n in self.nodes if n not in snaps]
-        self.nodes = snaps
+        self.nodes = dict(snaps)
         for n in gone:
-            self._track(n)
-        for n in snaps:
+            self._notify(n)  # gone: listeners find it missing, as after a "removed" message
+        for n in self.nodes:
             self._notify(n)
+
+    def put(self, snap: NodeSnapshot) -> None:
+        """Install one snapshot as the mirror's view of its node (tests and tools; the feed uses apply)."""
+        self.nodes[snap.node] = snap
+        self._notify(snap.node)
 
     def _notify(self, node: str) -> None:
         """Called after every change of `nodes` (written only here: the derived views depend on it)."""

@@ -36,7 +36,7 @@ def mirror(nodes: Mapping[str, int] | None = None) -> Mirror:
     """A ready mirror holding two-card nodes of the given capacities (name -> units per card)."""
     m = Mirror(Ledger(Redis(port=1)))  # never connects: the nodes are set here
     for name, units in (nodes or {"s4k": 96, "s5k": 160}).items():
-        m.nodes[name] = NodeSnapshot(name, 1, cards={0: card(0, units), 1: card(1, units)})
+        m.put(NodeSnapshot(name, 1, cards={0: card(0, units), 1: card(1, units)}))
     m.ready.set()
     return m
 

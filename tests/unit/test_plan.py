@@ -225,7 +225,7 @@ async def test_bind_plans_afresh_when_the_node_changed_since_filter(monkeypatch:
     ext, ledger, _ = bind_setup()
     ext.filter({"Pod": admitted("u1"), "NodeNames": ["s5k"]})
     # another pod took card 1 meanwhile (a new snapshot, a new seq; the version number happens to be the same)
-    ext.mirror.nodes["s5k"] = NodeSnapshot("s5k", 1, cards={0: record(0, 160), 1: record(1, 160, 150)})
+    ext.mirror.put(NodeSnapshot("s5k", 1, cards={0: record(0, 160), 1: record(1, 160, 150)}))
     calls: list[int] = []
     real_fit = F.fit
 
@@ -241,7 +241,7 @@ async def test_bind_plans_afresh_when_the_node_changed_since_filter(monkeypatch:
 
 async def test_filter_reply_is_hamis_text_and_memo_holds_counts() -> None:
     ext, _, _ = bind_setup()
-    ext.mirror.nodes["s4k"] = NodeSnapshot("s4k", 1, cards={0: record(0, 96, 90), 1: record(1, 96, 90)})
+    ext.mirror.put(NodeSnapshot("s4k", 1, cards={0: record(0, 96, 90), 1: record(1, 96, 90)}))
     out = ext.filter({"Pod": admitted("u1"), "NodeNames": ["s4k", "s5k"]})
     assert out["NodeNames"] == ["s5k"] and out["FailedNodes"] == {"s4k": "2/2 CardInsufficientMemory"}
     fitted = ext.memo.fitted("s4k", ext.mirror.nodes["s4k"], ext.pods.get("u1").request,  # type: ignore[union-attr,arg-type]

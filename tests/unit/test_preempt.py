@@ -196,7 +196,7 @@ async def test_verb_reads_victim_priorities_and_answers_meta_victims() -> None:
     kube = FakeKube()
     ext = extender(kube=kube)
     held = [("a", (0,), 64, 4, 5), ("b", (0,), 32, 4, 9), ("c", (1,), 64, 4, 3), ("d", (1,), 32, 4, 9)]
-    ext.mirror.nodes["s4k"] = snapshot(held)
+    ext.mirror.put(snapshot(held))
     for uid, *_, prio in held:
         kube.pods[("ns", uid)] = {"metadata": {"uid": uid, "name": uid, "namespace": "ns"}, "spec": {"priority": prio}}
     out = await Preemption(ext).preempt({"Pod": preemptor(), "NodeNameToMetaVictims": meta("s4k", "a", "c")})
@@ -209,7 +209,7 @@ async def test_verb_reads_victim_priorities_and_answers_meta_victims() -> None:
 async def test_verb_drops_nodes_it_cannot_judge_or_where_no_card_is_freed() -> None:
     kube = FakeKube()
     ext = extender(kube=kube)
-    ext.mirror.nodes["s4k"] = snapshot(HIGH_HELD)
+    ext.mirror.put(snapshot(HIGH_HELD))
     args = {"Pod": preemptor(), "NodeNameToMetaVictims": {**meta("s4k", "l0", "l1"), **meta("ghost", "x")}}
     assert await Preemption(ext).preempt(args) == {"NodeNameToMetaVictims": {}}
     await asyncio.sleep(0.01)

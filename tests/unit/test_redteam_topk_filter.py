@@ -32,9 +32,9 @@ def free(index: int) -> CardRecord:
 def cluster(k: int, kube: FakeKube | None = None) -> Extender:
     """n-full: no room; n-err: a snapshot with an error (unresolvable); 'gone' is not in the mirror."""
     ext = extender(dataclasses.replace(CFG, filter_top_k=k), kube=kube)
-    ext.mirror.nodes.clear()
-    ext.mirror.nodes["n-full"] = NodeSnapshot("n-full", 1, cards={0: full(0), 1: full(1)})
-    ext.mirror.nodes["n-err"] = NodeSnapshot("n-err", 1, error="bad inventory")
+    ext.mirror.replace_all({})
+    ext.mirror.put(NodeSnapshot("n-full", 1, cards={0: full(0), 1: full(1)}))
+    ext.mirror.put(NodeSnapshot("n-err", 1, error="bad inventory"))
     return ext
 
 
@@ -82,9 +82,9 @@ def test_bind_to_a_node_the_filter_did_not_fit() -> None:
     filtered, or a filter from before the node changed): bind fits afresh and books."""
     kube = FakeKube()
     ext = extender(dataclasses.replace(CFG, filter_top_k=1), kube=kube)
-    ext.mirror.nodes.clear()
-    ext.mirror.nodes["n-a"] = NodeSnapshot("n-a", 1, cards={0: free(0), 1: free(1)})
-    ext.mirror.nodes["n-b"] = NodeSnapshot("n-b", 1, cards={0: free(0), 1: free(1)})
+    ext.mirror.replace_all({})
+    ext.mirror.put(NodeSnapshot("n-a", 1, cards={0: free(0), 1: free(1)}))
+    ext.mirror.put(NodeSnapshot("n-b", 1, cards={0: free(0), 1: free(1)}))
     out = ext.filter(args("u1", ["n-a", "n-b"]))
     assert out["NodeNames"] == ["n-a"] and "n-b" not in ext.memo.fits
     ext._unclaim("u1")
@@ -127,8 +127,7 @@ def test_early_stop_equals_the_old_filter_with_error_nodes_and_bookings_in_fligh
         rng.shuffle(names)
         k, policy = rng.randint(1, 4), rng.choice(["binpack", "spread"])
         ext = extender(dataclasses.replace(CFG, filter_top_k=k))
-        ext.mirror.nodes.clear()
-        ext.mirror.nodes.update(nodes)
+        ext.mirror.replace_all(nodes)
         for name, snap in nodes.items():  # another pod's bind books a card on some nodes right now
             hp = random_pod(rng, f"h-{name}")
             hreq = pod_request(hp, CFG)

@@ -39,8 +39,8 @@ def four_nodes(k: int) -> Extender:
     """Nodes n0..n3 of two 96-unit cards, n_i with i slices of 16 units / 4 cores on card 0."""
     ext = extender(dataclasses.replace(CFG, filter_top_k=k), nodes={f"n{i}": 96 for i in range(4)})
     for i in range(4):
-        ext.mirror.nodes[f"n{i}"] = NodeSnapshot(f"n{i}", 1, cards={0: used(0, 96, 16 * i, 4 * i, i),
-                                                                   1: used(1, 96, 0, 0, 0)})
+        ext.mirror.put(NodeSnapshot(f"n{i}", 1, cards={0: used(0, 96, 16 * i, 4 * i, i),
+                                                       1: used(1, 96, 0, 0, 0)}))
     return ext
 
 
@@ -70,7 +70,7 @@ def test_filter_top_k_reports_failed_nodes_only_when_none_fits() -> None:
     every node is reported with its reasons (the "0/N nodes are available" message, preemption)."""
     ext, everything = four_nodes(1), four_nodes(0)
     for e in (ext, everything):
-        e.mirror.nodes["n3"] = NodeSnapshot("n3", 2, cards={0: used(0, 96, 96, 16, 1), 1: used(1, 96, 96, 16, 1)})
+        e.mirror.put(NodeSnapshot("n3", 2, cards={0: used(0, 96, 96, 16, 1), 1: used(1, 96, 96, 16, 1)}))
     out = ext.filter(args(pod("u1"), ["n0", "n1", "n2", "n3"]))
     assert out["NodeNames"] == ["n2"] and out["FailedNodes"] == {}
     out = ext.filter(args(pod("u2"), ["n3"]))
@@ -91,7 +91,7 @@ def test_a_booking_in_flight_counts_in_filter_and_prioritize() -> None:
     assert EXCLUSIVE_CONFLICT in out["FailedNodes"]["n0"]  # k=0: failed nodes are reported as before
     (score,) = ext.prioritize(args(pod("u4"), ["n0"]))
     assert score["Score"] == 7  # binpack: both cards full (slots 2/32, cores 32/32, memory 192/192)
-    ext.mirror.nodes["n0"] = dataclasses.replace(ext.mirror.nodes["n0"], version=2)  # a new seq
+    ext.mirror.put(dataclasses.replace(ext.mirror.nodes["n0"], version=2))  # a new seq
     ext.held.clear()
     assert ext.filter(args(pod("u5", limits={VGPU: "1"}), ["n0"]))["NodeNames"] == ["n0"]
 
@@ -136,8 +136,8 @@ async def test_a_booking_the_mirror_lacks_stays_held_until_the_feed_brings_it() 
     out = ext.filter(args(pod("u3", limits={VGPU: "1"}), ["n0"]))
     assert out["NodeNames"] == [] and EXCLUSIVE_CONFLICT in out["FailedNodes"]["n0"]
     snap = ext.mirror.nodes["n0"]  # the feed arrives: u1's reservation is in the mirror
-    ext.mirror.nodes["n0"] = dataclasses.replace(snap, version=2, cards={0: used(0, 96, 96, 16, 1), 1: snap.cards[1]},
-                                                 reservations={"u1": Reservation("u1", (0,), 96, 16, 1, "bound", 0)})
+    ext.mirror.put(dataclasses.replace(snap, version=2, cards={0: used(0, 96, 96, 16, 1), 1: snap.cards[1]},
+                                       reservations={"u1": Reservation("u1", (0,), 96, 16, 1, "bound", 0)}))
     out = ext.filter(args(pod("u3", limits={VGPU: "1"}), ["n0"]))
     assert out["NodeNames"] == [] and ext.held == {"n0": {"u2": (req, (1,))}}  # u1's hold dropped, u2 claims
     ext._unclaim("u2")  # its bind (or CLAIM_SECONDS)
@@ -176,8 +176,7 @@ def test_the_filters_early_stop_returns_what_top_k_over_every_fitting_node_retur
         p["metadata"]["annotations"] = {"hami.io/node-scheduler-policy": policy}  # type: ignore[index]
         every, early = (extender(dataclasses.replace(CFG, filter_top_k=kk)) for kk in (0, k))
         for e in (every, early):
-            e.mirror.nodes.clear()
-            e.mirror.nodes.update(nodes)
+            e.mirror.replace_all(nodes)
         want = every.filter(args(p, names))
         got = early.filter(args(p, names))
         if len(want["NodeNames"]) <= k:  # all fit nodes, in whichever order (kube-scheduler scores them)
