@@ -134,12 +134,15 @@ class Reconciler:
 
     # -- anti-entropy ------------------------------------------------------------------------------
 
-    def _views(self) -> tuple[dict[str, Inventory], dict[str, dict[str, PodUsage]], dict[str, str]]:
-        """The watchers' view: each node as the ledger must hold it, and what each live pod holds."""
-        invs = {n: self.nodes.effective(i) for n, i in self.nodes.last.items()}
+    def _views(self, only: set[str] | None = None) -> tuple[dict[str, Inventory], dict[str, dict[str, PodUsage]],
+                                                            dict[str, str]]:
+        """The watchers' view: each node (of `only`) as the ledger must hold it, and what each live pod holds."""
+        last = self.nodes.last
+        nodes = last.items() if only is None else ((n, last[n]) for n in only if n in last)
+        invs = {n: self.nodes.effective(i) for n, i in nodes}
         holders: dict[str, dict[str, PodUsage]] = {}
         refs: dict[str, str] = {}
-        for node, held in self.pods.holders_by_node().items():
+        for node, held in self.pods.holders_by_node(only).items():
             for uid, (usage, ref) in held.items():
                 holders.setdefault(node, {})[uid] = usage
                 refs[uid] = ref
@@ -261,7 +264,7 @@ class Reconciler:
 
     async def _pass(self, only: set[str] | None) -> dict[str, int]:
         t0 = time.monotonic()
-        invs, holders, _ = self._views()
+        invs, holders, _ = self._views(only)
         listed = set(await self.ledger.nodes())
         names = listed | {n for n, i in invs.items() if offers_cards(i)} | set(holders)
         if only is not None:
@@ -277,7 +280,7 @@ class Reconciler:
             log.warning("reconcile: node %s was missing from %s: listed again", node, self.ledger.nodes_key)
         # The view is taken after the ledger was read: a pod released meanwhile is then missing from both,
         # while a view older than the read would book it again, with nobody left to release it.
-        invs, holders, refs = self._views()
+        invs, holders, refs = self._views(None if only is None else names)
         repaired: dict[str, int] = {}
         for node in sorted(names):
             diff = await self.reconcile_node(node, snaps.get(node), invs.get(node), holders.get(node, {}), refs,

@@ -257,6 +257,9 @@ class PodWatcher:
         self.seen: dict[str, bytes] = {}  # uid -> digest of the allocation annotation already handled
         self.truth: dict[str, PodTruth] = {}  # uid -> live pod that is bound or carries a record
         self.unrecorded: dict[str, Unrecorded] = {}  # the few of them without a readable record
+        # unrecorded by node, made again after any change of it (None): quarantine() is asked per node,
+        # for every node of a pass, and a scan of every unrecorded pod per node was O(nodes x pods)
+        self._lost_by_node: dict[str, list[Unrecorded]] | None = None
         self.ended: dict[str, float] = {}  # uid -> when the watch saw it deleted or ended (last 10 minutes)
         self.reflector = Reflector(kube, "/api/v1/pods", self.on_event, self.on_sync, "pods")
         self.inventories: Callable[[], Mapping[str, Inventory]] = dict  # the node watcher's view, set by the role
@@ -282,7 +285,12 @@ class PodWatcher:
 
     def quarantine(self, node: str) -> str:
         """Why `node` must offer no card: pods hold cards there that nobody can account for."""
-        lost = [u for u in self.unrecorded.values() if u.node == node]
+        if self._lost_by_node is None:
+            by_node: dict[str, list[Unrecorded]] = {}
+            for u in self.unrecorded.values():
+                by_node.setdefault(u.node, []).append(u)
+            self._lost_by_node = by_node
+        lost = self._lost_by_node.get(node, [])
         if not lost:
             return ""
         inv = self.inventories().get(node)
@@ -294,7 +302,8 @@ class PodWatcher:
         raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATED)
         if not node and raw is None:
             self.truth.pop(uid, None)
-            self.unrecorded.pop(uid, None)
+            if self.unrecorded.pop(uid, None) is not None:
+                self._lost_by_node = None
             return None
         usage, opaque = None, False
         # a record our bind cannot have written is no record at all (shared/domain/trust.py); record() says so
@@ -312,8 +321,9 @@ class PodWatcher:
             self.unaccounted_changed(node)
         if unrecorded is not None:
             self.unrecorded[uid] = unrecorded
-        else:
-            self.unrecorded.pop(uid, None)
+            self._lost_by_node = None
+        elif self.unrecorded.pop(uid, None) is not None:
+            self._lost_by_node = None
         return truth
 
     async def release(self, uid: str, pod: dict[str, Any], why: str) -> None:
@@ -322,6 +332,7 @@ class PodWatcher:
         bound_to = (pod.get("spec") or {}).get("nodeName")
         hint = bound_to if isinstance(bound_to, str) else None
         if self.unrecorded.pop(uid, None) is not None:
+            self._lost_by_node = None
             self.unaccounted_changed(hint or "")
         now = time.monotonic()
         self.ended[uid] = now
@@ -399,6 +410,7 @@ class PodWatcher:
         self.seen = {}
         self.truth = {}
         self.unrecorded = {}
+        self._lost_by_node = None
         for pod in pods:
             uid = str((pod.get("metadata") or {}).get("uid"))
             if is_terminal(pod):

@@ -103,3 +103,22 @@ async def test_the_loop_compares_a_touched_node_long_before_the_next_full_pass(l
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_quarantine_follows_every_change_of_the_unrecorded_pods(ledger: Ledger) -> None:
+    """quarantine(node) reads an index by node, made again after any change: never a stale answer."""
+    _, pods = await setup(ledger)
+    assert pods.quarantine("ta") == ""
+    pods.learn("u1", unrecorded_pod("u1", "ta"))
+    assert "ns/p-u1" in pods.quarantine("ta") and pods.quarantine("tb") == ""
+    pods.learn("u2", unrecorded_pod("u2", "tb"))
+    assert "ns/p-u2" in pods.quarantine("tb") and "ns/p-u2" not in pods.quarantine("ta")
+    await pods.release("u1", unrecorded_pod("u1", "ta"), "deleted")
+    assert pods.quarantine("ta") == "" and "ns/p-u2" in pods.quarantine("tb")
+    unbound = unrecorded_pod("u2", "")
+    pods.learn("u2", unbound)  # no longer bound: no longer unrecorded
+    assert pods.quarantine("tb") == ""
+    pods.learn("u3", unrecorded_pod("u3", "tb"))
+    assert "ns/p-u3" in pods.quarantine("tb")
+    await pods.on_sync([unrecorded_pod("u4", "ta")])  # a re-list replaces the view whole
+    assert pods.quarantine("tb") == "" and "ns/p-u4" in pods.quarantine("ta")
