@@ -14,6 +14,8 @@ BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 
 GC_PAUSE = Histogram("mtsched_gc_pause_seconds", "Time one cyclic garbage collection held the role's event loop",
                      ["generation"], buckets=BUCKETS)
+GC_FREEZES = Counter("mtsched_gc_freezes_total",
+                     "Times what lives was frozen out of later garbage collections (start, state loaded, grown)")
 EXTENDER_SECONDS = Histogram("mtsched_extender_request_seconds", "Extender call latency", ["verb"], buckets=BUCKETS)
 WEBHOOK_SECONDS = Histogram("mtsched_webhook_request_seconds", "Admission review latency", ["result"],
                             buckets=BUCKETS)

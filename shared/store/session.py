@@ -40,6 +40,7 @@ async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False) 
     # the cards loaded: freeze them (and everything else alive) out of later garbage collections
     mirror.on_first_sync.append(_settle)
     sup.spawn("mirror", mirror.run)
+    sup.spawn("gc-settle", gc_policy.settle_when_grown)  # state that arrives later (a fleet that grows)
     sup.check("mirror", lambda: "" if mirror.ready.is_set() else "not in sync with Redis")
     redis_ok = Heartbeat("Redis", max_age=6.0)
 
