@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.workload import CORE, MEM, PLAIN_CORE, PLAIN_MEM
 from shared.config import redact_url
 from shared.serving.logs import Progress
 
@@ -196,6 +197,9 @@ async def ensure_nodes(kube: Any, count: int, kwok: bool, say: Progress,
 
     def make(name: str) -> dict[str, Any]:
         body = simulated.gpu_node(name, node_model(name), sliced_cards=CARDS_PER_NODE, labels={NODE_LABEL: "true"})
+        for res in ("capacity", "allocatable"):  # the plain pods' twins (bench/workload.py PLAIN_MEM)
+            have = body["status"][res]
+            have[PLAIN_MEM], have[PLAIN_CORE] = have[MEM], have[CORE]
         if kwok:
             body["metadata"]["annotations"] = {KWOK_ANNOTATION: "fake"}
             body["metadata"]["labels"]["type"] = "kwok"

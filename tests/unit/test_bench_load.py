@@ -217,3 +217,21 @@ def test_schedule_attempts_are_counted_by_result_across_profiles() -> None:
     d = {"kube-scheduler": prom.diff(after, before)}
     assert schedule_attempts(d) == {"scheduled": 24, "error": 4}  # the phase's attempts; zero results dropped
     assert schedule_attempts({}) == {}
+
+
+def test_plain_pods_ask_for_twins_our_roles_ignore() -> None:
+    """The plain phase must cost kube-scheduler what ours does at node level, and our roles nothing: its pods
+    ask for the twins of sgpu-memory/sgpu-core (same amounts), which the product does not read."""
+    from bench.workload import PLAIN_CORE, PLAIN_MEM
+    from controller.watchers import unaccounted
+    from shared.config import load_config
+
+    cfg = load_config(env={}, flags={"memoryPerCard": "96,160"})
+    mix = shapes(200, 7)
+    for s, p in zip(mix, make_pods(Phase("plain", 10, "x", 0), mix, "r"), strict=True):
+        limits = p["spec"]["containers"][0]["resources"]["limits"]
+        assert set(limits) == {PLAIN_MEM, PLAIN_CORE}
+        assert (int(limits[PLAIN_MEM]), int(limits[PLAIN_CORE])) == s.admitted(160)
+        bound = {**p, "metadata": {**p["metadata"], "namespace": "n", "uid": "u"},
+                 "spec": {**p["spec"], "nodeName": "bench-node-00001"}}
+        assert unaccounted(bound, cfg) is None  # bound without a record, and nothing for our watchers
