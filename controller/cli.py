@@ -55,8 +55,8 @@ def _run_role(main: Callable[[Config, asyncio.Event], Awaitable[bool]], cfg: Con
                 loop.add_signal_handler(sig, stop.set)
         return await main(cfg, stop)
 
-    gc_policy.install()
     gc_policy.settle()  # the modules and the configuration live as long as the role
+    gc_policy.install()  # after: that collection holds no request (the loop does not exist yet)
     return 0 if uvloop.run(runner()) else 1
 
 

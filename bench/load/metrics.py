@@ -76,8 +76,11 @@ def latency(d: dict[str, prom.Scrape], fine: bool) -> dict[str, dict[str, Any]]:
                      "bind.ledger_mark_bound", "bind.api_get_pod", "webhook.compute", "extender.loop_lag",
                      "webhook.loop_lag", *(f"{role}.gc.gen{g}" for role in ("extender", "webhook", "watcher")
                                            for g in range(3))):
-            src = hook if part.startswith("webhook") else d.get("watcher", {}) if part.startswith("watcher") else ext
-            verb = part.split(".", 1)[1] if part.split(".", 1)[0] in ("extender", "webhook", "watcher") else part
+            role, _, probe = part.partition(".")
+            if probe == "loop_lag" or probe.startswith("gc."):  # every role's own probe: "<role>.<probe>"
+                src, verb = d.get(role, {}), probe
+            else:  # a verb's part, labelled as is (webhook.compute is the webhook's)
+                src, verb = (hook if role == "webhook" else ext), part
             s = prom.summary(src, "mtsched_bench_seconds", verb=verb)
             if s["count"]:
                 out[part] = {"count": s["count"], "mean_ms": ms(s["mean"]), "p50_ms": ms(s["p50"]),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -111,12 +112,20 @@ def test_invalid_values_are_refused(helm: Path) -> None:
         (("redis.external.url=http://x",), "url"),
         (("scheduler.admissionWebhook.objectSelector.matchLabels.team=ml",), "objectSelector must be empty"),
         (("scheduler.admissionPolicy.enabled=maybe",), "admissionPolicy"),
+        (("mtsched.successEvents=maybe",), "successEvents"),
     ):
         proc = template(helm, Case(sets=sets), check=False)
         assert proc.returncode != 0, sets
         assert message in proc.stderr, proc.stderr
     proc = template(helm, Case({"devices": {"mthreads": {"memoryPerCard": []}}}), check=False)
     assert proc.returncode != 0 and "memoryPerCard" in proc.stderr
+
+
+def test_every_mtsched_setting_has_a_schema() -> None:
+    """A value of `mtsched:` without a type would render as is and stop the roles at start, not at install."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["mtsched"]
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["mtsched"]["properties"]
+    assert set(values) - set(schema) == set()
 
 
 # ----------------------------------------------------------------------------------- topology

@@ -8,10 +8,13 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from bench import prom
 from bench.load import memory
 from bench.load.cli import plan
 from bench.load.external import External, add_options, admit, apply_patch, from_args, tune_scheduler_config
+from bench.load.metrics import latency
 from bench.load.phase import LARGE_ANNOTATION, Phase, make_pods
 from bench.load.report import summarize, table
 from bench.workload import CORE, MEM, VGPU, shapes
@@ -235,3 +238,24 @@ def test_plain_pods_ask_for_twins_our_roles_ignore() -> None:
         bound = {**p, "metadata": {**p["metadata"], "namespace": "n", "uid": "u"},
                  "spec": {**p["spec"], "nodeName": "bench-node-00001"}}
         assert unaccounted(bound, cfg) is None  # bound without a record, and nothing for our watchers
+
+
+def _bench_scrape(*verbs: str) -> prom.Scrape:
+    """One role's /metrics with three samples of mtsched_bench_seconds per verb, as bench/timed_role.py labels them."""
+    reg = CollectorRegistry()
+    hist = Histogram("mtsched_bench_seconds", "x", ["verb"], registry=reg, buckets=(0.001, 0.01))
+    for verb in verbs:
+        for _ in range(3):
+            hist.labels(verb).observe(0.0005)
+    return prom.parse(generate_latest(reg).decode())
+
+
+def test_fine_latency_reads_each_part_from_the_role_that_times_it() -> None:
+    d = {"extender": _bench_scrape("filter", "filter.compute", "bind.api_binding", "loop_lag", "gc.gen0"),
+         "webhook": _bench_scrape("webhook", "webhook.compute", "loop_lag", "gc.gen2"),
+         "watcher": _bench_scrape("gc.gen1")}
+    out = latency(d, fine=True)
+    parts = ("filter.compute", "bind.api_binding", "webhook.compute", "extender.loop_lag", "webhook.loop_lag",
+             "extender.gc.gen0", "webhook.gc.gen2", "watcher.gc.gen1")
+    assert {p: out.get(p, {}).get("count") for p in parts} == dict.fromkeys(parts, 3)
+    assert "watcher.gc.gen0" not in out and "extender.gc.gen2" not in out  # none timed: no entry
