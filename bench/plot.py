@@ -25,7 +25,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     if any(plain[x] for x in xs):
         ys = [sum(plain[x]) / len(plain[x]) if plain[x] else float("nan") for x in xs]
         ax1.plot(xs, ys, "s--", color="grey", label="plain kube-scheduler, no extender (mean of its runs)")
-        ax1.plot(xs, [y / 2 for y in ys], ":", color="grey", linewidth=1, label="target: 0.5 x plain")
+        ax1.plot(xs, [0.7 * y for y in ys], ":", color="grey", linewidth=1, label="target: 0.7 x plain")
     for i, rep in enumerate(replicas):
         sel = sorted((r for r in rows if r["replicas"] == rep), key=lambda r: r["nodes"])
         sel = [r for r in sel if r["ours_pods_s"] is not None]
@@ -66,7 +66,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         burst = [r["latency_ms"][verb]["p99_ms"] if r.get("latency_ms") else None for r in sel]
         ax2.plot(nodes, [float("nan") if y is None else y for y in burst], "x--", color=color, alpha=0.55,
                  label=f"{verb} p99, all at once")
-    for y, text in ((5, "5 ms target (filter, webhook)"), (30, "30 ms target (bind)")):
+    for y, text in ((5, "5 ms target (filter)"), (50, "50 ms target (bind at 50 pods/s)")):
         ax2.axhline(y, color="red", linewidth=0.8, linestyle=":")
         ax2.annotate(text, (nodes[0] if nodes else 0, y), textcoords="offset points", xytext=(2, 3), fontsize=7,
                      color="red")
