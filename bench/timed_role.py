@@ -27,6 +27,7 @@ from controller import cli, roles
 from controller.extender import Extender
 from shared import kube as kube_module
 from shared.kube import Kube
+from shared.serving import gc_policy
 from shared.store.ledger import Ledger
 from webhook import runner as webhook_runner
 from webhook import server as webhook_server
@@ -138,19 +139,9 @@ async def _lag_probe(period: float = 0.005) -> None:
 
 
 def _gc_probe() -> None:
-    """How long each cyclic garbage collection holds the role's only thread (every task waits)."""
-    import gc
-
+    """The product's garbage-collection pauses (shared/serving/gc_policy.py), also in fine buckets."""
     hist = {g: BENCH_SECONDS.labels(f"gc.gen{g}") for g in range(3)}
-    started = [0.0]
-
-    def on_gc(phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            started[0] = time.perf_counter()
-        else:
-            hist[info["generation"]].observe(time.perf_counter() - started[0])
-
-    gc.callbacks.append(on_gc)
+    gc_policy.observers.append(lambda generation, took: hist[generation].observe(took))
 
 
 def _with_lag_probe(role: RoleMain) -> RoleMain:

@@ -28,7 +28,6 @@ from shared.domain.fit import (
     apply,
     extender_priority,
     fit,
-    node_score,
 )
 from shared.domain.request import SliceRequest
 from shared.domain.state import NodeSnapshot
@@ -164,21 +163,6 @@ class FitMemo:
             if limit and len(ok) >= limit:
                 break
         return ok, failed, unresolvable
-
-    def fills(self, names: Sequence[str], held: Held = NO_HELD) -> list[tuple[str, float]]:
-        """(node, card fill: node_score) of nodes of the mirror, for the filter's top k. A snapshot computes
-        its fill once (NodeSnapshot.fill); a node with bookings in flight is scored with them applied."""
-        out = []
-        nodes = self.mirror.nodes
-        for name in names:
-            snap = nodes.get(name)
-            if snap is None:
-                continue
-            if held and name in held:
-                out.append((name, node_score(held_states(snap, held[name]))))
-            else:
-                out.append((name, snap.fill))
-        return out
 
     def scores(self, names: Sequence[str], policy: str, held: Held = NO_HELD) -> list[dict[str, Any]]:
         """HostPriorityList entries of the nodes under the node policy (0 for a node the mirror lacks)."""

@@ -60,20 +60,18 @@ def test_settle_freezes_what_lives_and_leaves_garbage_collectable(thawed: None) 
 
 
 async def test_state_that_grows_after_the_start_is_frozen_once_it_is_large(thawed: None) -> None:
-    from prometheus_client import REGISTRY as R
-
     gc.collect()
     gc.freeze()  # what lives now is out of the count: only the state made below counts
-    freezes = R.get_sample_value("mtsched_gc_freezes_total") or 0.0
+    freezes = REGISTRY.get_sample_value("mtsched_gc_freezes_total") or 0.0
     task = asyncio.create_task(gc_policy.settle_when_grown(period=0.01, grown=5_000))
     try:
         await asyncio.sleep(0.05)
-        assert (R.get_sample_value("mtsched_gc_freezes_total") or 0.0) == freezes  # nothing grew yet
+        assert (REGISTRY.get_sample_value("mtsched_gc_freezes_total") or 0.0) == freezes  # nothing grew yet
         grown = [[i] for i in range(10_000)]  # long-lived state that arrives later (a growing fleet)
         gc.collect()  # survived a full collection: it is in the oldest generation now
         assert len(gc.get_objects(generation=2)) > 5_000
         for _ in range(200):  # bounded wait on the condition
-            if (R.get_sample_value("mtsched_gc_freezes_total") or 0.0) > freezes:
+            if (REGISTRY.get_sample_value("mtsched_gc_freezes_total") or 0.0) > freezes:
                 break
             await asyncio.sleep(0.01)
         else:

@@ -10,13 +10,13 @@ import random
 import pytest
 from redis.asyncio import Redis
 
-from controller.fit_memo import FitMemo
 from controller.ranking import Ranking
 from shared.domain.request import ContainerShare, Mode, SliceRequest
 from shared.domain.state import CardRecord, NodeSnapshot
 from shared.domain.topk import ranked
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
+from tests.unit.test_topk import fills
 
 
 def record(index: int, rng: random.Random) -> CardRecord:
@@ -49,7 +49,6 @@ def test_best_first_equals_ranking_the_candidates_anew(seed: int) -> None:
     for n in names[: len(names) // 2]:  # some nodes before the ranking exists, some after
         mirror.put(snapshot(n, 1, rng))
     ranking = Ranking(mirror)
-    memo = FitMemo(mirror, 1 << 20)
     for n in names[len(names) // 2:]:
         mirror.put(snapshot(n, 1, rng))
     for _ in range(60):
@@ -69,6 +68,6 @@ def test_best_first_equals_ranking_the_candidates_anew(seed: int) -> None:
         held = {n: {"u": (HELD, (0,))} for n in candidates
                 if n in mirror.nodes and mirror.nodes[n].cards and rng.random() < 0.2}
         for policy in ("binpack", "spread"):
-            want = list(ranked(memo.fills(candidates, held), policy))
+            want = list(ranked(fills(mirror, candidates, held), policy))
             assert list(ranking.best_first(candidates, policy, held)) == want
     assert len(ranking) == len(mirror.nodes)

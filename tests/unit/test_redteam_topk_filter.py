@@ -18,7 +18,7 @@ from shared.domain.state import CardRecord, NodeSnapshot
 from shared.domain.topk import top_k
 from shared.serving.metrics import TOPK_DROPPED
 from tests.unit._servers import CFG, FakeKube, bind_args, extender, pod
-from tests.unit.test_topk import random_node, random_pod
+from tests.unit.test_topk import fills, random_node, random_pod
 
 
 def full(index: int) -> CardRecord:
@@ -106,7 +106,7 @@ def old_filter(ext: Extender, names: list[str], p: dict[str, Any], k: int,
     ok, failed, unresolvable = memo.fit_nodes(names, req, {}, ext.cfg.gpu_scheduler_policy, ext.held)
     cut = 0 < k < len(ok)
     if cut:
-        ok = top_k(memo.fills(ok, ext.held), k, policy)
+        ok = top_k(fills(ext.mirror, ok, ext.held), k, policy)
     return ok, {n: r.text for n, r in failed.items()}, unresolvable, cut
 
 

@@ -8,10 +8,12 @@ import random
 import pytest
 
 from controller.extender import Extender
-from shared.domain.fit import EXCLUSIVE_CONFLICT
+from controller.fit_memo import NO_HELD, Held, held_states
+from shared.domain.fit import EXCLUSIVE_CONFLICT, node_score
 from shared.domain.request import SliceRequest, pod_request
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation
 from shared.domain.topk import top_k
+from shared.store.mirror import Mirror
 from tests.unit._servers import CFG, CORE, MEM, VGPU, FakeKube, bind_args, extender, pod
 
 FILLS = [("n-b", 5.0), ("n-a", 5.0), ("n-c", 12.5), ("n-d", 0.0), ("n-e", 30.0)]
@@ -29,6 +31,13 @@ FILLS = [("n-b", 5.0), ("n-a", 5.0), ("n-c", 12.5), ("n-d", 0.0), ("n-e", 30.0)]
 ])
 def test_top_k_table(fills: list[tuple[str, float]], k: int, policy: str, want: list[str]) -> None:
     assert top_k(fills, k, policy) == want
+
+
+def fills(mirror: Mirror, names: list[str], held: Held = NO_HELD) -> list[tuple[str, float]]:
+    """(node, card fill) of the candidates the mirror holds, bookings in flight applied: what the filter
+    ordered per call before it kept a standing order (controller/ranking.py); the reference to check it by."""
+    return [(n, node_score(held_states(mirror.nodes[n], held[n])) if n in held else mirror.nodes[n].fill)
+            for n in names if n in mirror.nodes]
 
 
 def used(index: int, capacity: int, mem: int, cores: int, slices: int) -> CardRecord:
@@ -184,4 +193,4 @@ def test_the_filters_early_stop_returns_what_top_k_over_every_fitting_node_retur
             if not want["NodeNames"]:
                 assert got == want, (seed, case)  # and the same reasons for every node
         else:
-            assert got["NodeNames"] == top_k(every.memo.fills(want["NodeNames"]), k, policy), (seed, case)
+            assert got["NodeNames"] == top_k(fills(every.mirror, want["NodeNames"]), k, policy), (seed, case)
