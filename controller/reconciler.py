@@ -126,6 +126,7 @@ class Reconciler:
                 node = self.pods.mirror.owner_of(uid)
                 if node and await self.ledger.release(node, uid):
                     RELEASES.labels("gone").inc()
+                    self.pods.nudger.nudge(node)
         self.rebuilds += 1
         LEDGER_REBUILDS.labels(why).inc()
         log.info("ledger rebuilt from the API server (%s): %s", why, stats)
@@ -239,6 +240,9 @@ class Reconciler:
                         out["pending_overfull"])
         self.nodes.known.add(node)
         self.repairs += 1
+        # a repair may free cards (stale bookings dropped): pods kube-scheduler parked after our filter
+        # refused them there are retried now, not at its 5-minute flush
+        self.pods.nudger.nudge(node)
         return diff
 
     def views_live(self) -> str:

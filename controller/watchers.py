@@ -29,7 +29,7 @@ from shared.domain.reconcile import Unrecorded, offers_cards, quarantine_reason,
 from shared.domain.request import RequestError, pod_request
 from shared.domain.trust import foreign_record
 from shared.kube import Kube, KubeError
-from shared.serving.metrics import ANNOTATION_ERRORS, OVERCOMMIT, RECORD_MISMATCH, RELEASES, WATCH_EVENTS
+from shared.serving.metrics import ANNOTATION_ERRORS, NUDGES, OVERCOMMIT, RECORD_MISMATCH, RELEASES, WATCH_EVENTS
 from shared.store.ledger import Ledger, LedgerError
 from shared.store.mirror import Mirror
 
@@ -183,13 +183,17 @@ class Nudger:
     kube-scheduler retries pods the extender rejected only on cluster events. When a pod is deleted
     it retries at once, usually before the watcher has released the pod's share, and the pod would
     then wait for an unrelated event (up to 5 minutes). The annotation change is such an event, sent
-    after the release. Coalesced per node, so churn costs at most one patch per node per interval.
+    `interval` after the release; a second one follows `follow_up` later, for a retry that still met a
+    view without the release (an extender replica whose mirror was behind the feed, a retry already in
+    flight): a freed card is offered within `interval + follow_up` whatever lags. Coalesced per node, so
+    churn costs at most two patches per node per `follow_up`.
     """
 
-    def __init__(self, kube: Kube, interval: float = 0.5):
+    def __init__(self, kube: Kube, interval: float = 0.5, follow_up: float = 5.0):
         self.kube = kube
         self.interval = interval
-        self._pending: set[str] = set()
+        self.follow_up = follow_up
+        self._pending: set[str] = set()  # nodes whose first patch is still to be sent
         self._tasks: set[asyncio.Task[None]] = set()
         self.sent = 0
 
@@ -204,16 +208,30 @@ class Nudger:
     async def _send(self, node: str) -> None:
         await asyncio.sleep(self.interval)
         self._pending.discard(node)
+        await self._patch(node, "first")
+        if self.follow_up <= 0:
+            return
+        await asyncio.sleep(self.follow_up)
+        if node not in self._pending:  # else a newer nudge sends both of its own
+            await self._patch(node, "follow_up")
+
+    async def _patch(self, node: str, which: str) -> None:
         body = {"metadata": {"annotations": {FREED_ANNOTATION: str(int(time.time() * 1000))}}}
         try:
             await self.kube.request("PATCH", f"/api/v1/nodes/{node}", body,
                                     content_type="application/merge-patch+json")
             self.sent += 1
+            NUDGES.labels(which, "sent").inc()
         except KubeError as e:
+            if e.status == 404:  # the node went meanwhile: nothing to retry there
+                NUDGES.labels(which, "gone").inc()
+                return
+            NUDGES.labels(which, "error").inc()
             # 403: the watcher's RBAC lacks `patch nodes`, and freed capacity is noticed only minutes later
             (log.warning if e.status in (401, 403) else log.debug)("could not nudge the scheduler about %s: %s",
                                                                    node, e)
         except Exception as e:
+            NUDGES.labels(which, "error").inc()
             log.debug("could not nudge the scheduler about %s: %s", node, e)
 
 

@@ -205,11 +205,12 @@ class ControlPlane:
             shutil.rmtree(self._workdir, ignore_errors=True)
 
     def log_tails(self, lines: int = 40) -> str:
-        """The last lines of every component log, for failure reports."""
+        """The last lines of every component log (the plane's and, below it, the roles' of the stacks run on
+        it), for failure reports."""
         if self._workdir is None:
             return ""
         parts = []
-        for log in sorted(self.workdir.glob("*.log")):
+        for log in sorted(self.workdir.rglob("*.log")):
             parts.append(f"===== {log} (last {lines} lines) =====\n{tail(log, lines)}")
         return "\n".join(parts)
 

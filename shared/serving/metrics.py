@@ -26,6 +26,11 @@ TOPK_DROPPED = Counter("mtsched_filter_topk_dropped_total",
                        "Candidate nodes the filter left out once the best filterTopK fitting ones were found "
                        "(not fitted, or fitted and not among the best)")
 RELEASES = Counter("mtsched_releases_total", "Reservations released", ["why"])
+NUDGES = Counter("mtsched_scheduler_nudges_total",
+                 "Node annotation patches that make kube-scheduler retry pods after cards were freed (first: soon "
+                 "after the release or repair; follow_up: seconds later. result: sent, error, or gone: the node "
+                 "was deleted)",
+                 ["which", "result"])
 BINDINGS = Counter("mtsched_bindings_total", "Bind calls by outcome", ["result"])
 ADMISSIONS = Counter("mtsched_admissions_total", "Admission decisions", ["result"])
 QUOTA_CHECKS = Counter("mtsched_webhook_quota_checks_total",

@@ -147,7 +147,13 @@ async def test_preemption_frees_one_card_and_never_touches_the_other(
 
     for v in victims:  # the kubelet's part: containers stopped, the pods go
         await cluster.delete(v)
-    pod = (await cluster.wait_bound("urgent", timeout=DEADLINE))["urgent"]
+    try:
+        pod = (await cluster.wait_bound("urgent", timeout=DEADLINE))["urgent"]
+    except AssertionError as e:  # what each part held when it timed out, for a failure that is rare
+        snap = (await cluster.snapshots()).get(node)
+        held = sorted(r.pod for r in snap.reservations.values()) if snap else None
+        raise AssertionError(f"{e}\nledger on {node}: {held}\nwatcher: {counters(stack, 'watcher')}\n"
+                             f"extender: {counters(stack, 'extender')}\n{stack.logs(40)}") from None
     assert pod["spec"]["nodeName"] == node
     ((g,),) = grants(pod)
     assert g.device_id == card[0] and g.memory_mib == 64 * 512
@@ -188,6 +194,13 @@ async def test_nothing_is_evicted_when_no_card_can_be_freed(
     assert not listed["urgent"]["status"].get("nominatedNodeName") and not listed["urgent"]["spec"].get("nodeName")
     snap = (await cluster.snapshots())[node]
     assert len(snap.reservations) == 4 and [c.mem_used for c in snap.cards.values()] == [96, 96]
+
+
+def counters(stack: Stack, kind: str) -> list[str]:
+    """The role's release, nudge, filter and bind counters (failure reports)."""
+    wanted = ("mtsched_releases_total", "mtsched_scheduler_nudges_total", "mtsched_filter_failures_total",
+              "mtsched_bindings_total", "mtsched_reconcile_repairs_total")
+    return [line for line in stack.metrics(stack.role(kind)).splitlines() if line.startswith(wanted)]
 
 
 async def _terminating(cluster: Cluster, at_least: int) -> set[str]:

@@ -122,3 +122,17 @@ async def test_quarantine_follows_every_change_of_the_unrecorded_pods(ledger: Le
     assert "ns/p-u3" in pods.quarantine("tb")
     await pods.on_sync([unrecorded_pod("u4", "ta")])  # a re-list replaces the view whole
     assert pods.quarantine("tb") == "" and "ns/p-u4" in pods.quarantine("ta")
+
+
+async def test_a_repair_nudges_kube_scheduler_about_its_node_only(ledger: Ledger, redis_client: Redis) -> None:
+    """A repair may free cards (stale bookings dropped, usage recomputed): kube-scheduler retries the pods it
+    parked after our filter refused them there now, not at its 5-minute flush. A clean node is not nudged."""
+    rec, pods = await setup(ledger)
+    nudged: list[str] = []
+    pods.nudger.nudge = nudged.append  # type: ignore[method-assign]
+    await drift(redis_client, ledger, "ta")
+    assert await rec.reconcile_nodes({"ta", "tb"})
+    assert nudged == ["ta"] and await mem_used(ledger, "ta") == 0
+    nudged.clear()
+    assert not await rec.reconcile_nodes({"ta", "tb"})  # nothing left to repair
+    assert nudged == []
