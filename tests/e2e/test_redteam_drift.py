@@ -31,6 +31,7 @@ from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
 from shared.kube import Kube
+from shared.store.ledger import Ledger
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
@@ -140,6 +141,61 @@ async def test_a_reservation_stamped_in_the_future_is_not_kept_for_good(stack: S
         if node:
             await client.delete(f"mt:{{{node}}}:res:{uid}")
             await client.srem(f"mt:{{{node}}}:pods", uid)
+            await kube.request("DELETE", f"/api/v1/nodes/{node}", ok=(200, 202, 404))
+        await kube.close()
+        await client.aclose()
+
+
+async def test_a_repair_that_frees_cards_lets_a_parked_pod_in_at_once(stack: Stack, redis_own: RedisServer) -> None:
+    """Stale bookings of pods that do not exist fill every card of a node (settling: younger than the keep
+    window, so kept at first). A pod that fits only there is refused by our filter and parked by kube-scheduler,
+    which retries extender-refused pods only on a cluster event. The reconciler's repair frees the cards and
+    nudges kube-scheduler about the node: the pod binds within seconds, not at kube-scheduler's 5-minute flush
+    of parked pods (nothing else happens in this plane meanwhile)."""
+    kube = await Kube.create(str(stack.cp.kubeconfig_path))
+    client = Redis.from_url(redis_own.url, decode_responses=True)
+    ns = f"rt-{uuid.uuid4().hex[:6]}"
+    node = ""
+    stale = [f"rt-stale-{i}" for i in range(4)]
+    try:
+        await kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+        node = await make_node(kube, client)
+        base = f"mt:{{{node}}}"
+        ledger = Ledger(client)
+        await ledger.load_scripts()
+        for card, uid in enumerate(stale):  # through the scripts: every mirror has them (the feed)
+            out, _ = await ledger.reserve(node, uid, [card], 96, 4, 1, pod=f"{ns}/nobody-{card}")
+            assert out.ok, out
+            assert await ledger.mark_bound(node, uid)
+        await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pinned_pod("p", node))
+
+        async def refused() -> bool:
+            events = (await kube.request("GET", f"/api/v1/namespaces/{ns}/events"))["items"]
+            return any(e["reason"] == "FilteringFailed" and e["involvedObject"]["name"] == "p" for e in events)
+
+        for _ in range(40):
+            if await refused():
+                break
+            await asyncio.sleep(0.25)
+        assert await refused(), "the pod was never refused by the filter"
+        # refused while the stale bookings still held the cards (the repair had not run yet)
+        assert all([await client.sismember(f"{base}:pods", uid) for uid in stale])
+        t0 = time.monotonic()
+        bound_within = 45.0  # keep window 10 s + a pass (5 s) + the nudge (0.5 s) + kube-scheduler's backoff (<= 10 s)
+        pod: dict[str, Any] = {}
+        while time.monotonic() - t0 < bound_within:
+            pod = await kube.get_pod(ns, "p")
+            if pod["spec"].get("nodeName"):
+                break
+            await asyncio.sleep(0.5)
+        left = [uid for uid in stale if await client.sismember(f"{base}:pods", uid)]
+        assert pod["spec"].get("nodeName") == node, (
+            f"not bound {bound_within:.0f}s after the refusal; stale bookings left: {left}; "
+            f"{(pod.get('status') or {}).get('conditions')}")
+        assert not left
+    finally:
+        await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/p", {"gracePeriodSeconds": 0}, ok=(200, 202, 404))
+        if node:
             await kube.request("DELETE", f"/api/v1/nodes/{node}", ok=(200, 202, 404))
         await kube.close()
         await client.aclose()
