@@ -70,6 +70,15 @@ def pinned_pod(name: str, node: str) -> dict[str, Any]:
                          "mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "8", "mthreads.com/sgpu-core": "2"}}}]}}
 
 
+async def cleanup(kube: Kube, client: Redis, ns: str, node: str) -> None:
+    """The pod `p` of `ns` and the node go, and both clients close."""
+    await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/p", {"gracePeriodSeconds": 0}, ok=(200, 202, 404))
+    if node:
+        await kube.request("DELETE", f"/api/v1/nodes/{node}", ok=(200, 202, 404))
+    await kube.close()
+    await client.aclose()
+
+
 async def test_a_node_dropped_from_the_node_set_is_listed_again(stack: Stack, redis_own: RedisServer) -> None:
     kube = await Kube.create(str(stack.cp.kubeconfig_path))
     client = Redis.from_url(redis_own.url, decode_responses=True)
@@ -100,11 +109,7 @@ async def test_a_node_dropped_from_the_node_set_is_listed_again(stack: Stack, re
                         f"a pod that fits only there: bound={pod['spec'].get('nodeName')!r} {why}")
         assert pod["spec"].get("nodeName") == node, f"the pod was not placed on {node}: {why}"
     finally:
-        await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/p", {"gracePeriodSeconds": 0}, ok=(200, 202, 404))
-        if node:
-            await kube.request("DELETE", f"/api/v1/nodes/{node}", ok=(200, 202, 404))
-        await kube.close()
-        await client.aclose()
+        await cleanup(kube, client, ns, node)
 
 
 @pytest.mark.parametrize("state", ["bound", "pending"])
@@ -194,8 +199,4 @@ async def test_a_repair_that_frees_cards_lets_a_parked_pod_in_at_once(stack: Sta
             f"{(pod.get('status') or {}).get('conditions')}")
         assert not left
     finally:
-        await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/p", {"gracePeriodSeconds": 0}, ok=(200, 202, 404))
-        if node:
-            await kube.request("DELETE", f"/api/v1/nodes/{node}", ok=(200, 202, 404))
-        await kube.close()
-        await client.aclose()
+        await cleanup(kube, client, ns, node)
