@@ -185,7 +185,7 @@ class Nudger:
     then wait for an unrelated event (up to 5 minutes). The annotation change is such an event, sent
     `interval` after the release; a second one follows `follow_up` later, for a retry that still met a
     view without the release (an extender replica whose mirror was behind the feed, a retry already in
-    flight): a freed card is offered within `interval + follow_up` whatever lags. Coalesced per node: at
+    flight), provided that view catches up within `follow_up`. Coalesced per node: at
     most one first patch per node per `interval`; a newer first patch supersedes an older pair's follow-up
     (it is later, and has one of its own), so at most one task per node waits for a follow-up and a burst
     of releases ends with one follow-up.
