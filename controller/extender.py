@@ -379,7 +379,11 @@ class Extender:
                 await self._mark_bound(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)
                 BINDINGS.labels("success").inc()
                 return {"Error": ""}
-            await self.ledger.release(node, uid)
+            # kube-scheduler moves every parked pod back to its queues as it gets this answer: their next
+            # filter must see the cards free, so the release is in this mirror now, not when the feed brings it
+            _, feed = await self.ledger.release_feed(node, uid)
+            if feed is not None:
+                self._apply_feed(feed)
             self._unclaim(uid)
             BINDINGS.labels("failed").inc()
             msg = f"binding {ns}/{name} to {node} failed, reservation released: {e}"

@@ -185,8 +185,10 @@ class Nudger:
     then wait for an unrelated event (up to 5 minutes). The annotation change is such an event, sent
     `interval` after the release; a second one follows `follow_up` later, for a retry that still met a
     view without the release (an extender replica whose mirror was behind the feed, a retry already in
-    flight): a freed card is offered within `interval + follow_up` whatever lags. Coalesced per node, so
-    churn costs at most two patches per node per `follow_up`.
+    flight), provided that view catches up within `follow_up`. Coalesced per node: at
+    most one first patch per node per `interval`; a newer first patch supersedes an older pair's follow-up
+    (it is later, and has one of its own), so at most one task per node waits for a follow-up and a burst
+    of releases ends with one follow-up.
     """
 
     def __init__(self, kube: Kube, interval: float = 0.5, follow_up: float = 5.0):
@@ -194,6 +196,7 @@ class Nudger:
         self.interval = interval
         self.follow_up = follow_up
         self._pending: set[str] = set()  # nodes whose first patch is still to be sent
+        self._waiting: dict[str, asyncio.Event] = {}  # node -> set to drop the follow-up its task waits to send
         self._tasks: set[asyncio.Task[None]] = set()
         self.sent = 0
 
@@ -211,7 +214,18 @@ class Nudger:
         await self._patch(node, "first")
         if self.follow_up <= 0:
             return
-        await asyncio.sleep(self.follow_up)
+        older = self._waiting.get(node)
+        if older is not None:
+            older.set()  # superseded: this first patch came later, and this task's follow-up is later too
+        superseded = self._waiting[node] = asyncio.Event()
+        try:
+            await asyncio.wait_for(superseded.wait(), self.follow_up)
+            return
+        except TimeoutError:
+            pass
+        finally:
+            if self._waiting.get(node) is superseded:
+                del self._waiting[node]
         if node not in self._pending:  # else a newer nudge sends both of its own
             await self._patch(node, "follow_up")
 

@@ -296,10 +296,16 @@ class Ledger:
 
     async def release(self, node: str, uid: str) -> bool:
         """Give a pod's share back; True if something was held. Idempotent."""
+        return (await self.release_feed(node, uid))[0]
+
+    async def release_feed(self, node: str, uid: str) -> tuple[bool, Mapping[str, Any] | None]:
+        """As release, with the feed message the script published (None if nothing was held), for the
+        caller's mirror (Mirror.apply) at once."""
         out = orjson.loads(await self._call("release", node, {"uid": uid},
                                             lambda k: self.keys.release(node, uid, k)))
         self._saw(node, gone=[uid])
-        return bool(out["released"])
+        feed = out.get("feed")
+        return bool(out["released"]), feed if isinstance(feed, dict) else None
 
     async def observe(self, uid: str, usage: PodUsage, pod: str = "", keep_bound: bool = False) -> dict[str, Any]:
         """Record the allocation a bound pod carries (idempotent); reports over-commit instead of hiding it.

@@ -64,6 +64,10 @@ class FakeLedger:
     async def release(self, node: str, uid: str) -> None:
         self.released.append((node, uid))
 
+    async def release_feed(self, node: str, uid: str) -> tuple[bool, None]:
+        await self.release(node, uid)  # as Ledger.release_feed, without a mirror to feed
+        return True, None
+
 
 class FakeKube:
     """Pods and nodes as the API server would return them; records Bindings and node reads."""

@@ -48,6 +48,10 @@ class FakeLedger:
     async def release(self, node: str, uid: str) -> None:
         pass
 
+    async def release_feed(self, node: str, uid: str) -> tuple[bool, None]:
+        await self.release(node, uid)  # as Ledger.release_feed, without a mirror to feed
+        return True, None
+
 
 class FakeKube:
     def __init__(self) -> None:

@@ -186,6 +186,10 @@ class PlanLedger:
     async def release(self, node: str, uid: str) -> None:
         pass
 
+    async def release_feed(self, node: str, uid: str) -> tuple[bool, None]:
+        await self.release(node, uid)  # as Ledger.release_feed, without a mirror to feed
+        return True, None
+
 
 class AnnotatingKube(FakeKube):
     def __init__(self) -> None:

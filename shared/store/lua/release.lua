@@ -6,5 +6,6 @@ if not r then return cjson.encode({ok = true, released = false}) end
 local more = need_keys(split_cards(r.cards), {})  -- the cards it gives back (and publishes)
 if more then return more end
 local views = drop_reservation(p.uid, r)
-publish('release', p.uid, false, split_cards(r.cards), views)
-return cjson.encode({ok = true, released = true, cards = r.cards})
+local _, msg = publish('release', p.uid, false, split_cards(r.cards), views)
+-- the message too, as reserve's: a caller that serves filters applies it to its mirror at once
+return cjson.encode({ok = true, released = true, cards = r.cards, feed = msg})
