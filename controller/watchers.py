@@ -199,6 +199,7 @@ class Nudger:
         self._waiting: dict[str, asyncio.Event] = {}  # node -> set to drop the follow-up its task waits to send
         self._tasks: set[asyncio.Task[None]] = set()
         self.sent = 0
+        self.outcomes: dict[tuple[str, str], int] = {}  # (which, result) -> this nudger's patches, as NUDGES counts
 
     def nudge(self, node: str) -> None:
         if node in self._pending:
@@ -235,18 +236,22 @@ class Nudger:
             await self.kube.request("PATCH", f"/api/v1/nodes/{node}", body,
                                     content_type="application/merge-patch+json")
             self.sent += 1
-            NUDGES.labels(which, "sent").inc()
+            self._count(which, "sent")
         except KubeError as e:
             if e.status == 404:  # the node went meanwhile: nothing to retry there
-                NUDGES.labels(which, "gone").inc()
+                self._count(which, "gone")
                 return
-            NUDGES.labels(which, "error").inc()
+            self._count(which, "error")
             # 403: the watcher's RBAC lacks `patch nodes`, and freed capacity is noticed only minutes later
             (log.warning if e.status in (401, 403) else log.debug)("could not nudge the scheduler about %s: %s",
                                                                    node, e)
         except Exception as e:
-            NUDGES.labels(which, "error").inc()
+            self._count(which, "error")
             log.debug("could not nudge the scheduler about %s: %s", node, e)
+
+    def _count(self, which: str, result: str) -> None:
+        NUDGES.labels(which, result).inc()
+        self.outcomes[which, result] = self.outcomes.get((which, result), 0) + 1
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ async def settled(n: Nudger) -> None:
 
 
 def count(which: str, result: str) -> float:
+    """The process-wide metric (other tests' nudgers may add to it meanwhile: the loop is shared)."""
     return NUDGES.labels(which, result)._value.get()  # type: ignore[attr-defined, no-any-return]
 
 
@@ -49,7 +50,8 @@ async def test_a_release_sends_a_patch_and_a_follow_up() -> None:
     n.nudge("a")
     await settled(n)
     assert kube.sent == ["a", "a"] and n.sent == 2
-    assert (count("first", "sent") - first, count("follow_up", "sent") - later) == (1, 1)
+    assert n.outcomes == {("first", "sent"): 1, ("follow_up", "sent"): 1}
+    assert count("first", "sent") - first >= 1 and count("follow_up", "sent") - later >= 1  # and the metric
 
 
 async def test_a_burst_on_one_node_is_coalesced_and_nodes_are_apart() -> None:
@@ -78,7 +80,8 @@ async def test_no_follow_up_when_turned_off_and_refusals_are_counted() -> None:
     errors = count("first", "error")
     n.nudge("a")
     await settled(n)
-    assert kube.sent == [] and n.sent == 0 and count("first", "error") - errors == 1
+    assert kube.sent == [] and n.sent == 0 and n.outcomes == {("first", "error"): 1}
+    assert count("first", "error") - errors >= 1
     n.nudge("a")
     await settled(n)
     assert kube.sent == ["a"]
@@ -87,8 +90,8 @@ async def test_no_follow_up_when_turned_off_and_refusals_are_counted() -> None:
 async def test_a_node_deleted_meanwhile_is_counted_apart_from_refusals() -> None:
     kube = Patches(fail=2, status=404)
     n = Nudger(kube, interval=0.0, follow_up=0.001)  # type: ignore[arg-type]
-    gone, errors = count("first", "gone") + count("follow_up", "gone"), count("first", "error")
+    gone = count("first", "gone") + count("follow_up", "gone")
     n.nudge("a")
     await settled(n)
-    assert kube.sent == [] and count("first", "gone") + count("follow_up", "gone") - gone == 2
-    assert count("first", "error") == errors
+    assert kube.sent == [] and n.outcomes == {("first", "gone"): 1, ("follow_up", "gone"): 1}
+    assert count("first", "gone") + count("follow_up", "gone") - gone >= 2
