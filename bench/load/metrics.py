@@ -55,6 +55,19 @@ def schedule_attempts(d: dict[str, prom.Scrape]) -> dict[str, int]:
     return dict(out)
 
 
+def batch_attempts(d: dict[str, prom.Scrape]) -> dict[str, dict[str, int]]:
+    """kube-scheduler's OpportunisticBatching in the phase, per profile by result: it reuses the previous pod's
+    filter and score results for a pod of the same signature, and is off for a profile with an extender
+    (v1.36.3 `computeBatchablePlugins`), so only the plain profile can show hints: how much of the ratio
+    it may explain."""
+    out: dict[str, Counter[str]] = {}
+    for (name, labels), v in d.get("kube-scheduler", {}).items():
+        if name == "scheduler_batch_attempts_total" and v:
+            lab = dict(labels)
+            out.setdefault(lab.get("profile", "?"), Counter())[lab.get("result", "?")] += int(v)
+    return {p: dict(c) for p, c in sorted(out.items())}
+
+
 def ms(v: float | None) -> float | None:
     return None if v is None else round(v * 1000, 3)
 

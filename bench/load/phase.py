@@ -16,7 +16,7 @@ from bench import prom
 from bench.load import memory
 from bench.load.checks import check
 from bench.load.cluster import KWOK_ANNOTATION, LedgerView, Target, cpu_seconds, list_all
-from bench.load.metrics import latency, round_trips, schedule_attempts, scheduling_cycle, scrape_all
+from bench.load.metrics import batch_attempts, latency, round_trips, schedule_attempts, scheduling_cycle, scrape_all
 from bench.workload import CHART_IGNORE_LABEL, IGNORE_LABEL, RUN_LABEL, Shape, our_pod, plain_pod
 from shared.serving.logs import Progress
 
@@ -149,6 +149,7 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
     res["cpu_busy_share"] = round(sum(cpu.values()) / ((os.cpu_count() or 1) * (t_end - t_start)), 3)
     res["scheduling_cycle"] = scheduling_cycle(d)
     res["schedule_attempts"] = schedule_attempts(d)
+    res["batch_attempts"] = batch_attempts(d)
     res["percentage_of_nodes_to_score"] = ph.percentage
     if ph.large_kb:
         res["annotation_kb_per_pod"] = ph.large_kb
@@ -160,7 +161,7 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
         f"(creates took {res['create_seconds']}s){' TIMED OUT' if timed_out else ''}; kube-scheduler "
         f"algorithm per pod {res['scheduling_cycle'].get('mean_ms')} ms mean (serial bound "
         f"{res['scheduling_cycle'].get('serial_bound_pods_s')} pods/s); scheduling attempts "
-        f"{res['schedule_attempts'] or 'not scraped'}")
+        f"{res['schedule_attempts'] or 'not scraped'}; batching {res['batch_attempts'] or 'none'}")
     if res["cpu_ms_per_pod"]:
         say(f"{label}: CPU ms per pod: " + ", ".join(f"{k} {v}" for k, v in res["cpu_ms_per_pod"].items())
             + f" (machine busy {100 * res['cpu_busy_share']:.0f}% of {os.cpu_count()} CPUs)")

@@ -222,6 +222,22 @@ def test_schedule_attempts_are_counted_by_result_across_profiles() -> None:
     assert schedule_attempts({}) == {}
 
 
+def test_batch_attempts_are_counted_per_profile() -> None:
+    from bench import prom
+    from bench.load.metrics import batch_attempts
+
+    text = "\n".join([
+        "# TYPE scheduler_batch_attempts_total counter",
+        'scheduler_batch_attempts_total{profile="default-scheduler",result="hint"} 4',
+        'scheduler_batch_attempts_total{profile="default-scheduler",result="no_hint"} 6',
+        'scheduler_batch_attempts_total{profile="hami-scheduler",result="no_hint"} 0',
+    ]) + "\n"
+    before = prom.parse(text)
+    d = {"kube-scheduler": prom.diff({k: v * 2 for k, v in before.items()}, before)}
+    assert batch_attempts(d) == {"default-scheduler": {"hint": 4, "no_hint": 6}}
+    assert batch_attempts({}) == {}
+
+
 def test_plain_pods_ask_for_twins_our_roles_ignore() -> None:
     """The plain phase must cost kube-scheduler what ours does at node level, and our roles nothing: its pods
     ask for the twins of sgpu-memory/sgpu-core (same amounts), which the product does not read."""
