@@ -108,19 +108,11 @@ class Reconciler:
         # Reservations made since our lists began are newer than their truth: kept (measured on Redis's
         # clock by the script; the elapsed time is ours, which is fine for a duration).
         keep_ms = int((time.monotonic() - t0) * 1000) + self.keep_ms
-        # the bookings no live pod explains (their pods went while no watcher ran): the rebuild drops them, and
-        # kube-scheduler is nudged about their nodes afterwards, as after a repair (one that turns out to be
-        # kept as settling costs one needless patch)
-        try:
-            held = await self.ledger.snapshots(await self.ledger.nodes())
-        except Exception as e:  # Redis lost: nothing to compare with (nor anything that was booked there)
-            log.debug("rebuild: the ledger's bookings not read before the rebuild: %s", e)
-            held = {}
-        freed = sorted(n for n, snap in held.items() if snap.reservations.keys() - bound.keys())
-        # keep_bound: where Redis still holds our bind's booking, a record changed since does not replace it
-        stats = await self.ledger.rebuild(invs, bound, keep_ms=keep_ms, keep_bound=True)
-        for name in freed:
-            self.pods.nudger.nudge(name)
+        # keep_bound: where Redis still holds our bind's booking, a record changed since does not replace it.
+        # freed: bookings no live pod explains (their pods went while no watcher ran) are dropped, and
+        # kube-scheduler is nudged about their nodes, as after a repair
+        stats = await self.ledger.rebuild(invs, bound, keep_ms=keep_ms, keep_bound=True,
+                                          freed=self.pods.nudger.nudge)
         self.nodes.known = {i.node for i in invs} | {u.node for u, _ in bound.values()}
         self.nodes.last = by_name  # the API's view; a quarantine is applied on top (NodeWatcher.effective)
         self.pods.seen = {}

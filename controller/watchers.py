@@ -198,8 +198,12 @@ class Nudger:
         self._pending: set[str] = set()  # nodes whose first patch is still to be sent
         self._waiting: dict[str, asyncio.Event] = {}  # node -> set to drop the follow-up its task waits to send
         self._tasks: set[asyncio.Task[None]] = set()
-        self.sent = 0
         self.outcomes: dict[tuple[str, str], int] = {}  # (which, result) -> this nudger's patches, as NUDGES counts
+
+    @property
+    def sent(self) -> int:
+        """Patches the API server took."""
+        return sum(n for (_, result), n in self.outcomes.items() if result == "sent")
 
     def nudge(self, node: str) -> None:
         if node in self._pending:
@@ -235,7 +239,6 @@ class Nudger:
         try:
             await self.kube.request("PATCH", f"/api/v1/nodes/{node}", body,
                                     content_type="application/merge-patch+json")
-            self.sent += 1
             self._count(which, "sent")
         except KubeError as e:
             if e.status == 404:  # the node went meanwhile: nothing to retry there

@@ -414,7 +414,7 @@ class Ledger:
         writes its Binding anyway); those on a card they leave over-full are counted in
         "pending_overfull". `keep_bound`: a pod of `bound` whose
         reservation is bound keeps that booking where its record differs; their uids come back as
-        "kept_bound" (a list).
+        "kept_bound" (a list). "dropped": how many reservations it freed (of pods neither bound nor settling).
         """
         payload = self._cards_payload(inv)
         if keep_ms is not None:
@@ -434,22 +434,28 @@ class Ledger:
 
     async def rebuild(self, inventories: Iterable[Inventory],
                       bound: Mapping[str, tuple[PodUsage, str]],
-                      keep_ms: int | None = None, keep_bound: bool = False) -> dict[str, int]:
+                      keep_ms: int | None = None, keep_bound: bool = False,
+                      freed: Callable[[str], None] | None = None) -> dict[str, int]:
         """Recompute the whole ledger from the API server's truth (nodes + bound pods' annotations).
 
         Node by node, each an atomic replace, so no replica ever reads a node empty or doubled;
         nodes that no longer exist are removed last, unless a pod still holds cards there.
         `keep_bound`: see replace_node (a rebuild over state Redis still has keeps what our bind booked).
+        `freed` is called with each node whose replace dropped reservations (their cards are free again).
         """
         by_node: dict[str, dict[str, tuple[PodUsage, str]]] = {}
         for uid, (usage, pod) in bound.items():
             by_node.setdefault(usage.node, {})[uid] = (usage, pod)
         seen = set()
-        stats = {"nodes": 0, "bound": 0, "pending_kept": 0, "pending_overfull": 0, "removed": 0, "kept_bound": 0}
+        stats = {"nodes": 0, "bound": 0, "pending_kept": 0, "pending_overfull": 0, "removed": 0, "kept_bound": 0,
+                 "dropped": 0}
         for inv in inventories:
             seen.add(inv.node)
             await self.list_node(inv.node)  # listed first, see upsert_node
             out = await self.replace_node(inv, by_node.get(inv.node, {}), keep_ms, keep_bound)
+            stats["dropped"] += int(out.get("dropped") or 0)
+            if freed is not None and out.get("dropped"):
+                freed(inv.node)
             stats["nodes"] += 1
             stats["kept_bound"] += len(out["kept_bound"])
             stats["bound"] += int(out["bound"])

@@ -7,7 +7,7 @@
 -- offers nothing more, and is counted in `pending_overfull`; a card the node no longer reports stays as a
 -- "removed" placeholder while they hold it. keep_bound: a pod of `bound` whose reservation here is bound
 -- keeps that booking when its record says otherwise (the record changed after our bind, see observe.lua);
--- reported as kept_bound = [uid, ...].
+-- reported as kept_bound = [uid, ...]. `dropped` counts the reservations it frees (neither bound nor settling).
 local p, err = payload()
 if err then return err end
 if p.keep_bound ~= nil and type(p.keep_bound) ~= "boolean" then return fail("BADINPUT", "keep_bound must be a boolean") end
@@ -68,9 +68,12 @@ if p.keep_bound then
     end
   end
 end
+local dropped = 0  -- reservations of pods not in `bound` and not settling: their cards are free again
 for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
   local r = res_view(uid)
-  if r and not is_bound[uid] and settles(r, now0, keep_from) then pending[#pending + 1] = {uid, r} end
+  if r and not is_bound[uid] then
+    if settles(r, now0, keep_from) then pending[#pending + 1] = {uid, r} else dropped = dropped + 1 end
+  end
   redis.call('DEL', res_key(uid))
 end
 redis.call('DEL', PODS_KEY)
@@ -99,4 +102,4 @@ end
 publish('rebuild', nil, nil)
 -- (cjson encodes an empty kept_bound as {}, which Ledger.replace_node reads as no uid)
 return cjson.encode({ok = true, bound = #p.bound, pending_kept = #pending, pending_overfull = overfull,
-                     kept_bound = kept_bound})
+                     dropped = dropped, kept_bound = kept_bound})
