@@ -289,11 +289,15 @@ def node_score(states: Sequence[CardState]) -> float:
     """HAMi's ComputeDefaultScore: 10 x (slot + core + memory fill over the node's cards), 0..30."""
     if not states:
         return 0.0
-    slots = sum(s.card.max_slices for s in states)
-    cores = sum(s.card.cores for s in states)
-    mem = sum(s.card.capacity for s in states)
-    return 10 * (sum(s.slices_used for s in states) / slots + sum(s.cores_used for s in states) / cores
-                 + sum(s.memory_used for s in states) / mem)
+    return fill_of(sum(s.slices_used for s in states), sum(s.card.max_slices for s in states),
+                   sum(s.cores_used for s in states), sum(s.card.cores for s in states),
+                   sum(s.memory_used for s in states), sum(s.card.capacity for s in states))
+
+
+def fill_of(slices_used: int, slots: int, cores_used: int, cores: int, memory_used: int, memory: int) -> float:
+    """node_score from a node's totals (what is booked, what its cards have), for callers that hold the
+    totals without CardStates (NodeSnapshot.fill: every node's, without building a CardState per card)."""
+    return 10 * (slices_used / slots + cores_used / cores + memory_used / memory)
 
 
 def extender_priority(states: Sequence[CardState], policy: str) -> int:

@@ -52,6 +52,11 @@ class Mirror:
         self._subscribed_once = False
         self._shapes: dict[str, tuple[str, frozenset[int]]] = {}  # node -> (error, card capacities): `_track`
         self._derived: tuple[frozenset[int], Mapping[str, str]] | None = None  # `_views`; None: derive again
+        # node -> digest of the ledger's reply its snapshot was decoded from (Ledger.reread), while nothing else
+        # changed the node here: a resync skips decoding a reply with the same digest
+        self._digests: dict[str, int] = {}
+        self.resyncs = 0
+        self.decoded = 0  # replies a resync decoded (the others were the text last read)
 
     def get(self, node: str) -> NodeSnapshot | None:
         return self.nodes.get(node)
@@ -111,23 +116,43 @@ class Mirror:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def resync(self) -> None:
+    async def resync(self, full: bool = False) -> None:
+        """Read every node again. A node whose reply is the text last read for it, and which nothing changed
+        here since, keeps its snapshot without decoding (`_digests`); `full` decodes every reply (after a
+        lost connection, when all bets are off)."""
+        if full:
+            self._digests.clear()
         names = await self.ledger.nodes()
-        snaps = await self.ledger.snapshots(names)
+        read = await self.ledger.reread(names, dict(self._digests))
+        snaps = dict(read.snaps)
         for name, snap in snaps.items():
             prev = self.nodes.get(name)
             if prev is not None and prev == snap:
                 snaps[name] = prev  # same value: keep its seq, so what was derived from it stays valid
+        valid = set()
+        for name in read.unchanged:
+            cur = self.nodes.get(name)
+            if cur is not None:
+                snaps[name] = cur  # as last read (or newer: a change applied here while reading)
+                if name in self._digests:
+                    valid.add(name)  # nothing changed it here since the text was read
         self.replace_all(snaps)
+        # each digest is of the text the mirror's snapshot of that node was decoded from (or equals)
+        self._digests = {n: d for n, d in read.digests.items() if n in valid or n in read.snaps}
+        self.resyncs += 1
+        self.decoded += len(read.snaps)
 
     def replace_all(self, snaps: Mapping[str, NodeSnapshot]) -> None:
-        """Install these snapshots as every node the mirror holds (a resync; tests and tools)."""
-        gone = [n for n in self.nodes if n not in snaps]
+        """Install these snapshots as every node the mirror holds (a resync; tests and tools). Only nodes whose
+        snapshot is another object (or gone) are announced: an unchanged one keeps what was derived from it."""
+        old = self.nodes
         self.nodes = dict(snaps)
-        for n in gone:
-            self._notify(n)  # gone: listeners find it missing, as after a "removed" message
-        for n in self.nodes:
-            self._notify(n)
+        for n in old:
+            if n not in self.nodes:
+                self._notify(n)  # gone: listeners find it missing, as after a "removed" message
+        for n, snap in self.nodes.items():
+            if old.get(n) is not snap:
+                self._notify(n)
 
     def put(self, snap: NodeSnapshot) -> None:
         """Install one snapshot as the mirror's view of its node (tests and tools; the feed uses apply)."""
@@ -136,6 +161,7 @@ class Mirror:
 
     def _notify(self, node: str) -> None:
         """Called after every change of `nodes` (written only here: the derived views depend on it)."""
+        self._digests.pop(node, None)  # the last text read no longer describes the node's snapshot
         self._track(node)
         for cb in self.on_change:
             cb(node)
@@ -242,7 +268,7 @@ class Mirror:
                 if conn is not None:
                     conn.register_connect_callback(self._on_reconnect)
                 self._reconnected = False
-                await self.resync()  # after subscribing, so no change falls between the two
+                await self.resync(full=True)  # after subscribing, so no change falls between the two
                 self.ready.set()
                 if self._subscribed_once:  # back after losing Redis: what was published meanwhile is lost
                     for cb in self.on_reconnect:
@@ -259,7 +285,7 @@ class Mirror:
                     if self._reconnected:
                         self._reconnected = False
                         log.warning("mirror's feed connection was re-established: re-reading everything")
-                        await self.resync()
+                        await self.resync(full=True)
                         for cb in self.on_reconnect:
                             cb()
                         next_resync = loop.time() + self.resync_seconds

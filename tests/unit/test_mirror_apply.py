@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from redis.asyncio import Redis
 
-from shared.store.ledger import Ledger
+from shared.domain.state import NodeSnapshot
+from shared.store.ledger import Ledger, Reread
 from shared.store.mirror import Mirror
 
 
@@ -58,13 +61,15 @@ class _Ledger:
     async def snapshots(self, names: list[str]) -> dict[str, object]:
         return {n: self.snaps[n] for n in names}
 
+    async def reread(self, names: list[str], previous: dict[str, int]) -> Reread:
+        return Reread(cast(dict[str, NodeSnapshot], await self.snapshots(names)), set(), {})  # all decoded
+
 
 async def test_the_derived_views_follow_every_change_of_error_and_cards_and_only_those() -> None:
     """capacities() and mismatched() are derived again only when a node's error or card capacities change;
     after every one of 600 random steps (new nodes, bookings, removed cards, mismatch errors, removed nodes,
     a resync that drops a node) they equal a scan of every card."""
     import random
-    from typing import cast
 
     rng = random.Random(7)
     ledger = _Ledger()

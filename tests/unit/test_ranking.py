@@ -11,6 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 from controller.ranking import Ranking
+from shared.domain.fit import node_score
 from shared.domain.request import ContainerShare, Mode, SliceRequest
 from shared.domain.state import CardRecord, NodeSnapshot
 from shared.domain.topk import ranked
@@ -71,3 +72,23 @@ def test_best_first_equals_ranking_the_candidates_anew(seed: int) -> None:
             want = list(ranked(fills(mirror, candidates, held), policy))
             assert list(ranking.best_first(candidates, policy, held)) == want
     assert len(ranking) == len(mirror.nodes)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_a_snapshots_fill_is_node_score_of_its_card_states(seed: int) -> None:
+    """NodeSnapshot.fill adds the records' totals without building CardStates (so that ranking every node keeps
+    no three objects per card alive); it must be exactly node_score of the states fit() sees, removed cards
+    left out as they are there, including odd slice limits, knobs and nodes with no usable card."""
+    rng = random.Random(seed)
+    cards = {}
+    for i in range(rng.choice((0, 1, 3, 8))):
+        cap = rng.choice((96, 160))
+        mem, cores, limit = rng.randint(0, cap), rng.randint(0, 16), rng.randint(1, 16)
+        health = rng.choice(("ok", "ok", "cordoned", "unhealthy", "removed"))
+        knobs = (rng.randint(0, 2), rng.choice((1, 5)), rng.choice((100, 150))) if rng.random() < 0.3 else (None,) * 3
+        cards[i] = CardRecord(i, cap, mem, cap - mem, 16, cores, 16 - cores, rng.randint(0, limit), limit, health,
+                              *knobs)
+    snap = NodeSnapshot("n", 1, cards=cards)
+    fill = snap.fill
+    assert "_states" not in snap.__dict__  # fill built no CardState
+    assert fill == node_score(snap.states())  # exact: the same integers divided the same way
