@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import random
 import statistics
@@ -84,7 +85,7 @@ async def one_size(url: str, nodes: int, rounds: int, changed: float) -> None:
             await mirror.resync(full=True)  # the same starting point for both: every digest current
             for name in rng.sample(names, int(len(names) * changed)):
                 await led.reserve(name, f"r{r}-{mode}-{name}", [rng.randrange(8)], 2, 1, 1, pod="b/q")
-            times[mode].append(await timed(lambda full=mode == "full": mirror.resync(full=full)))
+            times[mode].append(await timed(functools.partial(mirror.resync, full=mode == "full")))
     med = {m: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for m, v in times.items()}
     (fw, fc), (iw, ic) = med["full"], med["incremental"]
     print(f"{nodes} | {changed:.0%} | {fw:.0f} / {fc:.0f} | {iw:.0f} / {ic:.0f} | {fc / ic:.1f}x | "

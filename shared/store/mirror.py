@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -141,6 +141,16 @@ class Mirror:
         self._digests = {n: d for n, d in read.digests.items() if n in valid or n in read.snaps}
         self.resyncs += 1
         self.decoded += len(read.snaps)
+
+    def digests(self, nodes: Iterable[str]) -> dict[str, int]:
+        """Of these nodes, the digest of the ledger reply each one's snapshot here was decoded from (Ledger.reread),
+        for another reader in this process to skip decoding what the mirror already holds (`decoded_as`)."""
+        return {n: d for n in nodes if (d := self._digests.get(n)) is not None}
+
+    def decoded_as(self, node: str, digest: int) -> NodeSnapshot | None:
+        """The mirror's snapshot of `node` if it is what a reply with this digest decodes to, else None (the
+        node changed here since, or was never read with that reply)."""
+        return self.nodes.get(node) if self._digests.get(node) == digest else None
 
     def replace_all(self, snaps: Mapping[str, NodeSnapshot]) -> None:
         """Install these snapshots as every node the mirror holds (a resync; tests and tools). Only nodes whose

@@ -8,6 +8,7 @@ stand-in no call here may reach."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
@@ -16,7 +17,8 @@ from redis.asyncio import Redis
 from controller.reconciler import Reconciler
 from controller.watchers import NodeWatcher, PodWatcher, wire
 from shared.config import load_config
-from shared.store.ledger import Ledger
+from shared.domain.state import NodeSnapshot
+from shared.store.ledger import Ledger, Reread
 from shared.store.mirror import Mirror
 from tests.redis.test_redteam_inflight_nodes import NoKube, gpu_node
 
@@ -136,3 +138,46 @@ async def test_a_repair_nudges_kube_scheduler_about_its_node_only(ledger: Ledger
     nudged.clear()
     assert not await rec.reconcile_nodes({"ta", "tb"})  # nothing left to repair
     assert nudged == []
+
+
+async def test_a_pass_takes_the_mirrors_snapshot_of_an_unchanged_node_and_still_finds_drift(
+        ledger: Ledger, redis_client: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass reads every node from Redis, but a reply that is the very text the watcher's mirror decoded its
+    snapshot from is not decoded again (Reconciler._read): the mirror's snapshot is that value. Drift behind
+    the scripts' back changes the reply, so it is decoded and repaired as before; a node the mirror changed
+    after its digest was taken is read once more rather than trusted."""
+    rec, pods = await setup(ledger)
+    mirror = pods.mirror
+    await mirror.resync(full=True)
+    skipped: list[set[str]] = []
+    real = ledger.reread
+
+    async def recording(nodes: list[str], previous: dict[str, int]) -> Reread:
+        out = await real(nodes, previous)
+        skipped.append(set(out.unchanged))
+        return out
+
+    monkeypatch.setattr(ledger, "reread", recording)
+    assert await rec.reconcile_all() == {} and skipped[-1] == {"ta", "tb"}  # nothing decoded
+    await drift(redis_client, ledger, "ta")
+    assert await rec.reconcile_all()  # the usage recomputed from the reservations
+    assert skipped[-1] == {"tb"} and await mem_used(ledger, "ta") == 0
+    await mirror.resync()  # the repair's own feed message never reached this mirror (it is not started)
+    assert mirror.nodes == await ledger.snapshots(["ta", "tb"])
+
+    changed_here: list[str] = []
+    snapshots = ledger.snapshots
+
+    async def counting(nodes: list[str]) -> dict[str, NodeSnapshot]:
+        changed_here.extend(nodes)
+        return await snapshots(nodes)
+
+    async def reread_then_change(nodes: list[str], previous: dict[str, int]) -> Reread:
+        out = await real(nodes, previous)
+        mirror.put(dataclasses.replace(mirror.nodes["tb"], error="forged here"))  # as a feed message meanwhile
+        return out
+
+    monkeypatch.setattr(ledger, "reread", reread_then_change)
+    monkeypatch.setattr(ledger, "snapshots", counting)
+    assert await rec.reconcile_all() == {}  # tb read again: Redis's value, which is clean
+    assert changed_here == ["tb"]
