@@ -1,10 +1,12 @@
 """What a mirror's periodic resync costs its role, side by side in one run, against a real redis-server:
 
-- **resync**: CPU (this process) and wall time of one `Mirror.resync()` of every node, decoding every reply
-  (`full`, what every resync did before) against decoding only the replies that differ from the text last
-  read (`incremental`, what the periodic resync does now), with `--changed` of the nodes booked between two
-  resyncs (their feed messages never reach this mirror: it is not started, so only the resync sees them);
-  interleaved rounds, the median of each.
+- **resync**: CPU (this process) and wall time of one `Mirror.resync()`: reading and decoding every node
+  (what every resync did before), reading every node and decoding only the replies that differ from the text
+  last read (every FULL_EVERY-th periodic resync now), and reading only the nodes whose (version, stamp)
+  is not the one held (the other periodic resyncs), with `--changed` of the nodes booked between two resyncs
+  (their feed messages never reach this mirror: it is not started, so only the resync sees them);
+  interleaved rounds, the median of each, with what the resync cost redis-server's main thread (reading a
+  node is one `snapshot` script, reading its (version, stamp) one HMGET).
 - **garbage collector**: objects the collector tracks once the mirror and the extender's ranking hold every
   node, and how long a full collection of them takes, when only the fills are computed (`fill`, now: from
   the records) and when every node's CardStates are built too (`states`, what computing the fill did before).
@@ -29,7 +31,7 @@ from controller.ranking import Ranking
 from deploy.local.redis import RedisServer, new_password
 from shared.domain.node import Card, Inventory
 from shared.store.ledger import Ledger
-from shared.store.mirror import Mirror
+from shared.store.mirror import FULL_EVERY, Mirror
 
 
 async def fill_ledger(led: Ledger, nodes: int, booked: float, rng: random.Random) -> list[str]:
@@ -47,10 +49,16 @@ async def fill_ledger(led: Ledger, nodes: int, booked: float, rng: random.Random
     return names
 
 
-async def timed(op: Callable[[], Awaitable[None]]) -> tuple[float, float]:
-    t, c = time.perf_counter(), time.process_time()
+def redis_cpu_ms(pid: int) -> float:
+    """CPU time of redis-server's main thread (where scripts and commands run), from /proc (ns precision)."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e6
+
+
+async def timed(op: Callable[[], Awaitable[None]], redis_pid: int) -> tuple[float, float, float]:
+    t, c, r = time.perf_counter(), time.process_time(), redis_cpu_ms(redis_pid)
     await op()
-    return (time.perf_counter() - t) * 1000, (time.process_time() - c) * 1000
+    return (time.perf_counter() - t) * 1000, (time.process_time() - c) * 1000, redis_cpu_ms(redis_pid) - r
 
 
 def full_gc_ms() -> float:
@@ -59,7 +67,7 @@ def full_gc_ms() -> float:
     return (time.perf_counter() - t) * 1000
 
 
-async def one_size(url: str, nodes: int, rounds: int, changed: float) -> None:
+async def one_size(url: str, redis_pid: int, nodes: int, rounds: int, changed: float) -> None:
     rng = random.Random(nodes)
     client = Redis.from_url(url, decode_responses=True)
     await client.flushall()
@@ -79,16 +87,20 @@ async def one_size(url: str, nodes: int, rounds: int, changed: float) -> None:
     states_objects, states_gc = len(gc.get_objects()), statistics.median(full_gc_ms() for _ in range(3))
     gc.unfreeze()
 
-    times: dict[str, list[tuple[float, float]]] = {"full": [], "incremental": []}
+    modes = ("decode every reply", "decode changed replies", "read changed nodes")
+    times: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
     for r in range(rounds):
-        for mode in ("full", "incremental") if r % 2 == 0 else ("incremental", "full"):
-            await mirror.resync(full=True)  # the same starting point for both: every digest current
+        for mode in modes if r % 2 == 0 else modes[::-1]:
+            await mirror.resync(full=True)  # the same starting point for each: every digest current
             for name in rng.sample(names, int(len(names) * changed)):
-                await led.reserve(name, f"r{r}-{mode}-{name}", [rng.randrange(8)], 2, 1, 1, pod="b/q")
-            times[mode].append(await timed(functools.partial(mirror.resync, full=mode == "full")))
-    med = {m: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for m, v in times.items()}
-    (fw, fc), (iw, ic) = med["full"], med["incremental"]
-    print(f"{nodes} | {changed:.0%} | {fw:.0f} / {fc:.0f} | {iw:.0f} / {ic:.0f} | {fc / ic:.1f}x | "
+                await led.reserve(name, f"r{r}-{mode[:6]}-{name}", [rng.randrange(8)], 2, 1, 1, pod="b/q")
+            # the periodic resync reads every node every FULL_EVERY-th time, else only the changed nodes
+            mirror.resyncs = FULL_EVERY - 1 if mode == modes[1] else 0
+            times[mode].append(await timed(functools.partial(mirror.resync, full=mode == modes[0]), redis_pid))
+    med = {m: tuple(statistics.median(x[i] for x in v) for i in range(3)) for m, v in times.items()}
+    cells = " | ".join(f"{w:.0f} / {c:.0f} / {rc:.0f}" for w, c, rc in med.values())
+    base = med[modes[0]][1]
+    print(f"{nodes} | {changed:.0%} | {cells} | {base / med[modes[1]][1]:.1f}x, {base / med[modes[2]][1]:.1f}x | "
           f"{states_objects} / {states_gc:.0f} | {fill_objects} / {fill_gc:.0f} | {states_gc / fill_gc:.1f}x")
     await client.aclose()
     await mirror.ledger.redis.aclose()
@@ -97,10 +109,12 @@ async def one_size(url: str, nodes: int, rounds: int, changed: float) -> None:
 async def run(args: argparse.Namespace) -> None:
     server = RedisServer(password=new_password()).start()
     try:
-        print("nodes | changed | full resync wall / CPU ms | incremental wall / CPU ms | CPU ratio | "
-              "tracked objects / full gc ms, states | the same, fill only | gc ratio")
+        print("nodes | changed | wall / CPU / Redis CPU ms: every node read, every reply decoded | every node read, "
+              "changed replies decoded | changed nodes read (version, stamp) | CPU ratios | tracked objects / full "
+              "gc ms, states | the same, fill only | gc ratio")
         for n in args.nodes:
-            await one_size(server.url, n, args.rounds, args.changed)
+            assert server.proc is not None
+            await one_size(server.url, server.proc.pid, n, args.rounds, args.changed)
     finally:
         server.cleanup()
 

@@ -285,6 +285,8 @@ class Reconciler:
                 again.append(node)  # the mirror moved on while this pass read: read that node once more
         if again:
             snaps.update(await self.ledger.snapshots(again))
+        for node, snap in read.snaps.items():
+            mirror.learn_digest(node, read.digests[node], snap)  # the mirror's copy is this reply: the next pass
         return snaps
 
     async def _pass(self, only: set[str] | None) -> dict[str, int]:

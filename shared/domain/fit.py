@@ -59,8 +59,8 @@ class CardState:
     def score(self) -> float:
         """HAMi's card score: slot + core + memory fill, each 0..10."""
         c = self.card
-        return 10 * (self.slices_used / c.max_slices + self.cores_used / c.cores
-                     + self.memory_used / c.capacity)
+        return 10 * (share(self.slices_used, c.max_slices) + share(self.cores_used, c.cores)
+                     + share(self.memory_used, c.capacity))
 
     def book(self, memory: int, cores: int, slices: int) -> CardState:
         return CardState(self.card, self.memory_used + memory, self.cores_used + cores,
@@ -297,7 +297,14 @@ def node_score(states: Sequence[CardState]) -> float:
 def fill_of(slices_used: int, slots: int, cores_used: int, cores: int, memory_used: int, memory: int) -> float:
     """node_score from a node's totals (what is booked, what its cards have), for callers that hold the
     totals without CardStates (NodeSnapshot.fill: every node's, without building a CardState per card)."""
-    return 10 * (slices_used / slots + cores_used / cores + memory_used / memory)
+    return 10 * (share(slices_used, slots) + share(cores_used, cores) + share(memory_used, memory))
+
+
+def share(used: int, total: int) -> float:
+    """used / total; 1 (full) when there is no total: a card the ledger reads as damaged (_lib.lua `num` reads a
+    damaged field as 0, so the scripts go on and refuse it) has no room, and must not stop a mirror's listener
+    or a fit with a division by zero."""
+    return used / total if total > 0 else 1.0
 
 
 def extender_priority(states: Sequence[CardState], policy: str) -> int:

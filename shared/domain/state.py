@@ -82,6 +82,9 @@ class NodeSnapshot:
     error: str = ""
     cards: Mapping[int, CardRecord] = field(default_factory=dict)  # never edited: a change is a new snapshot
     reservations: Mapping[str, Reservation] = field(default_factory=dict)
+    # when the ledger's last write of the node happened (Redis's clock): with `version` it names that write
+    # (the keys' `stamp`; "" when not known, e.g. a node written before stamps existed)
+    stamp: str = ""
     # This process's version of the value: the next number of one counter for every snapshot made (also by
     # dataclasses.replace), so monotonic per node in a mirror. Not part of the value (compare/repr).
     seq: int = field(default_factory=lambda: next(_SEQ), init=False, compare=False, repr=False)
@@ -92,6 +95,7 @@ class NodeSnapshot:
         res = d.get("res") or {}
         return cls(
             node=str(d["node"]), version=int(d.get("version") or 0), error=str(d.get("error") or ""),
+            stamp=str(d.get("stamp") or ""),
             cards={int(k): CardRecord.from_json(int(k), v)
                    for k, v in (cards.items() if isinstance(cards, dict) else [])},
             reservations={k: Reservation.from_json(k, v)

@@ -51,6 +51,7 @@ KEY_ROUNDS = 32
 # Nodes per pipelined read: packing, parsing and decoding one reply holds the caller's event loop, so a
 # read of 5,000 nodes (a mirror's resync, a reconcile pass) is cut where the loop can serve requests.
 SNAPSHOT_BATCH = 250
+HEADS_BATCH = 1000  # nodes per pipelined read of (version, stamp): two short fields each
 
 
 @dataclass(frozen=True)
@@ -343,6 +344,26 @@ class Ledger:
         snap = NodeSnapshot.from_json(d) if d.get("exists") else None
         self._learn(node, snap)
         return snap
+
+    async def heads(self, nodes: Iterable[str]) -> dict[str, tuple[int, str]]:
+        """(version, stamp) of each node that has keys: its last scripted write (publish in _lib.lua), read with
+        one HMGET per node, HEADS_BATCH per pipelined round trip (no script: ~100 times cheaper for Redis than a
+        snapshot). A node written before stamps existed has stamp ""."""
+        names = list(dict.fromkeys(nodes))
+        out: dict[str, tuple[int, str]] = {}
+        for i in range(0, len(names), HEADS_BATCH):
+            batch = names[i:i + HEADS_BATCH]
+
+            async def read(batch: list[str] = batch) -> list[Any]:
+                pipe = self.redis.pipeline(transaction=False)
+                for n in batch:
+                    pipe.hmget(self.node_key(n), ["version", "stamp"])
+                return await pipe.execute()
+
+            for n, (version, stamp) in zip(batch, await self._retry("heads", read), strict=True):
+                if version is not None:
+                    out[n] = (int(version), str(stamp or ""))
+        return out
 
     async def snapshots(self, nodes: Iterable[str]) -> dict[str, NodeSnapshot]:
         """Many nodes, SNAPSHOT_BATCH per round trip (pipelined): each node's read is atomic, the whole never

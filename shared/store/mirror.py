@@ -33,6 +33,21 @@ from shared.store.ledger import RESEND, Ledger
 log = logging.getLogger("mtsched.mirror")
 # Redis lost (or a cluster without a master for a while): resubscribe and re-read, after a backoff
 LOST: tuple[type[BaseException], ...] = (*RESEND, OSError)
+def _all(fn: Callable[[Any], None], items: list[Any]) -> None:
+    """fn on every item, even when it raises on some: then the first error is raised at the end."""
+    first: Exception | None = None
+    for item in items:
+        try:
+            fn(item)
+        except Exception as e:  # raised again below
+            first = first or e
+    if first is not None:
+        raise first
+
+
+# Every how many periodic resyncs every node is read, not only those whose last write is not the one held:
+# 10 x 30 s, the bound on how long a mirror can show something no feed message or write explains
+FULL_EVERY = 10
 
 
 class Mirror:
@@ -56,6 +71,7 @@ class Mirror:
         # changed the node here: a resync skips decoding a reply with the same digest
         self._digests: dict[str, int] = {}
         self.resyncs = 0
+        self.read = 0  # nodes a resync read (the others' last write was the one held here)
         self.decoded = 0  # replies a resync decoded (the others were the text last read)
 
     def get(self, node: str) -> NodeSnapshot | None:
@@ -117,30 +133,52 @@ class Mirror:
                 await self._task
 
     async def resync(self, full: bool = False) -> None:
-        """Read every node again. A node whose reply is the text last read for it, and which nothing changed
-        here since, keeps its snapshot without decoding (`_digests`); `full` decodes every reply (after a
-        lost connection, when all bets are off)."""
+        """Read the ledger again, as a safety net for feed messages lost or misapplied.
+
+        Periodically, only the nodes whose last write (version, stamp: `Ledger.heads`, one HMGET each) is not
+        the one the mirror's snapshot comes from are read (the feed missed a write, a node is new, gone or
+        was written anew after a loss or a failover); every FULL_EVERY-th resync reads every node, which also
+        catches what no script wrote (the reconciler repairs such drift, and its repair is a write). `full`
+        (after (re)subscribing) reads and decodes everything. A reply that is the very text last read for a
+        node, which nothing changed here since, is not decoded again (`_digests`)."""
         if full:
             self._digests.clear()
+        self.resyncs += 1
         names = await self.ledger.nodes()
-        read = await self.ledger.reread(names, dict(self._digests))
+        todo = names
+        if not full and self.resyncs % FULL_EVERY:
+            heads = await self.ledger.heads(names)
+            todo = [n for n in names if (cur := self.nodes.get(n)) is None or not cur.stamp
+                    or heads.get(n) != (cur.version, cur.stamp)]
+        read = await self.ledger.reread(todo, {n: d for n in todo if (d := self._digests.get(n)) is not None})
         snaps = dict(read.snaps)
         for name, snap in snaps.items():
             prev = self.nodes.get(name)
             if prev is not None and prev == snap:
                 snaps[name] = prev  # same value: keep its seq, so what was derived from it stays valid
         valid = set()
-        for name in read.unchanged:
+        kept = set(names) - set(todo)  # not read: their last write is the one the mirror holds
+        for name in read.unchanged | kept:
             cur = self.nodes.get(name)
             if cur is not None:
                 snaps[name] = cur  # as last read (or newer: a change applied here while reading)
                 if name in self._digests:
                     valid.add(name)  # nothing changed it here since the text was read
-        self.replace_all(snaps)
-        # each digest is of the text the mirror's snapshot of that node was decoded from (or equals)
-        self._digests = {n: d for n, d in read.digests.items() if n in valid or n in read.snaps}
-        self.resyncs += 1
+        self.read += len(todo)
         self.decoded += len(read.snaps)
+        try:
+            self.replace_all(snaps)
+        finally:  # (also when a listener raised: every node was installed and announced all the same)
+            # each digest is of the text the mirror's snapshot of that node was decoded from (or equals)
+            digests = {n: d for n, d in self._digests.items() if n in valid}
+            digests.update((n, d) for n, d in read.digests.items() if n in read.snaps and n in self.nodes)
+            self._digests = digests
+
+    def learn_digest(self, node: str, digest: int, snap: NodeSnapshot) -> None:
+        """Another reader in this process decoded `snap` from a reply with this digest (the reconciler): when
+        that is the mirror's snapshot of the node, keep the digest for the next reader (`decoded_as`)."""
+        if self.nodes.get(node) == snap:
+            self._digests[node] = digest
 
     def digests(self, nodes: Iterable[str]) -> dict[str, int]:
         """Of these nodes, the digest of the ledger reply each one's snapshot here was decoded from (Ledger.reread),
@@ -157,12 +195,11 @@ class Mirror:
         snapshot is another object (or gone) are announced: an unchanged one keeps what was derived from it."""
         old = self.nodes
         self.nodes = dict(snaps)
-        for n in old:
-            if n not in self.nodes:
-                self._notify(n)  # gone: listeners find it missing, as after a "removed" message
-        for n, snap in self.nodes.items():
-            if old.get(n) is not snap:
-                self._notify(n)
+        gone = [n for n in old if n not in self.nodes]  # listeners find it missing, as after a "removed" message
+        # Every one is announced even if a listener raises on one of them (the first error is raised after):
+        # a node installed here but not announced would keep this very object, so no later resync would
+        # announce it either (tests/redis/test_redteam_resync.py)
+        _all(self._notify, [*gone, *(n for n, snap in self.nodes.items() if old.get(n) is not snap)])
 
     def put(self, snap: NodeSnapshot) -> None:
         """Install one snapshot as the mirror's view of its node (tests and tools; the feed uses apply)."""
@@ -173,8 +210,7 @@ class Mirror:
         """Called after every change of `nodes` (written only here: the derived views depend on it)."""
         self._digests.pop(node, None)  # the last text read no longer describes the node's snapshot
         self._track(node)
-        for cb in self.on_change:
-            cb(node)
+        _all(lambda cb: cb(node), list(self.on_change))  # a listener raising does not keep it from the others
 
     async def _refetch(self, node: str) -> None:
         self.refetches += 1
@@ -242,7 +278,8 @@ class Mirror:
                 reservations.pop(str(uid), None)
         # the whole snapshot replaced by a new value (a new seq), never an edit in place
         self.nodes[node] = dataclasses.replace(cur, version=version, error=str(msg.get("error") or ""),
-                                               cards=new_cards, reservations=reservations)
+                                               cards=new_cards, reservations=reservations,
+                                               stamp=str(msg.get("stamp") or ""))
         self.applied += 1
         self._notify(node)
         return None

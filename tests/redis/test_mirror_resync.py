@@ -1,6 +1,10 @@
-"""A mirror's periodic resync decodes only what changed (real Redis): a node whose snapshot reply is the text
-last read for it, and which nothing changed locally since, keeps its snapshot object (no decode, no
-listener call); anything else is decoded, so a change the feed never delivered is still picked up.
+"""A mirror's periodic resync reads only what it must (real Redis).
+
+Each scripted write of a node stamps it (version, stamp: Redis's clock at the write). A periodic resync
+reads every node's (version, stamp) with one HMGET each and re-reads only the nodes whose last write is not
+the one the mirror holds; every FULL_EVERY-th resync reads every node. A reply that is the very text last
+read for a node, which nothing changed here since, is not decoded again. Unchanged nodes keep their
+snapshot objects and tell no listener.
 
 The mirrors here are never started: their feed is never applied, as if every message were lost, so only
 the resync can bring them up to date."""
@@ -14,8 +18,12 @@ import pytest
 from redis.asyncio import Redis
 
 from deploy.local.redis import RedisServer
+from shared.domain.state import NodeSnapshot
+from shared.store import mirror as mirror_module
 from shared.store.ledger import Ledger, Reread
-from shared.store.mirror import Mirror
+from shared.store.mirror import FULL_EVERY, Mirror
+
+pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
@@ -27,51 +35,108 @@ async def mirror(redis_server: RedisServer) -> AsyncIterator[Mirror]:
     await client.aclose()
 
 
-async def truth(led: Ledger) -> dict[str, object]:
+async def truth(led: Ledger) -> dict[str, NodeSnapshot]:
     return dict(await led.snapshots(await led.nodes()))
 
 
-@pytest.mark.redis
-async def test_a_resync_decodes_only_the_nodes_whose_reply_changed(populated: Ledger, mirror: Mirror) -> None:
+def periodic(m: Mirror) -> None:
+    """Make the next resync a periodic one that is not a full read, whatever the count so far."""
+    while (m.resyncs + 1) % FULL_EVERY == 0:
+        m.resyncs += 1
+
+
+async def test_a_resync_reads_only_the_nodes_whose_last_write_it_does_not_hold(
+        populated: Ledger, mirror: Mirror) -> None:
     led = populated
     await mirror.resync(full=True)
-    assert mirror.nodes == await truth(led) and mirror.decoded == 4  # n4, n5, nx, nerr
+    assert mirror.nodes == await truth(led) and mirror.read == 4 and mirror.decoded == 4  # n4, n5, nx, nerr
+    assert all(s.stamp for s in mirror.nodes.values())  # every node carries its last write's stamp
     before = dict(mirror.nodes)
     told: list[str] = []
     mirror.on_change.append(told.append)
 
+    periodic(mirror)
     await mirror.resync()
-    assert mirror.decoded == 4 and told == []  # nothing changed: nothing decoded, nobody told
+    assert mirror.read == 4 and told == []  # nothing changed: nothing read, nobody told
     assert all(mirror.nodes[n] is before[n] for n in before)  # the same objects: derived memos stay valid
 
     assert (await led.reserve("n5", "u9", [1], 8, 2, 1, pod="ns/p9"))[0].ok  # its feed message is lost here
+    periodic(mirror)
     await mirror.resync()
     assert mirror.nodes == await truth(led)
-    assert mirror.decoded == 5 and told == ["n5"]  # only n5 read anew
+    assert mirror.read == 5 and told == ["n5"]  # only n5 read anew
     assert "u9" in mirror.nodes["n5"].reservations
     assert all(mirror.nodes[n] is before[n] for n in before if n != "n5")
 
-    await mirror.resync(full=True)  # after a lost connection: every reply decoded
-    assert mirror.decoded == 9 and mirror.nodes == await truth(led)
+    await mirror.resync(full=True)  # after a lost connection: every node read and decoded
+    assert mirror.read == 9 and mirror.decoded == 9 and mirror.nodes == await truth(led)
 
 
-@pytest.mark.redis
-async def test_a_node_changed_here_is_decoded_at_the_next_resync(populated: Ledger, mirror: Mirror) -> None:
-    """A change applied to the mirror itself (the extender applies its own booking's feed message at once)
-    voids the node's digest: the next resync decodes it, so a local snapshot that differs from the ledger
-    (here a forged one) is replaced by the ledger's, however often the ledger's reply stays the same."""
+async def test_a_write_that_restarts_the_version_count_is_read(populated: Ledger, mirror: Mirror,
+                                                               redis_client: Redis) -> None:
+    """A shard that failed over to a lagging replica counts a node's versions again from an older one, so the
+    mirror's version can come back with other content. The stamp names the write: the node is read. Here the
+    lost write's version is set back by hand, as the replica would have it."""
     led = populated
     await mirror.resync(full=True)
-    forged = dataclasses.replace(mirror.nodes["n4"], reservations={})
-    mirror.put(forged)
+    held = mirror.nodes["n4"]
+    assert (await led.reserve("n4", "u9", [1], 8, 2, 1, pod="ns/p9"))[0].ok  # the lost write
+    await redis_client.hset(led.node_key("n4"), "version", held.version)  # type: ignore[misc]
+    periodic(mirror)
     await mirror.resync()
-    assert mirror.nodes == await truth(led) and set(mirror.nodes["n4"].reservations) == {"u1", "u2"}
-    assert mirror.decoded == 5
-    await mirror.resync()
-    assert mirror.decoded == 5  # n4 as read now: not decoded again
+    assert "u9" in mirror.nodes["n4"].reservations and mirror.nodes == await truth(led)
 
 
-@pytest.mark.redis
+async def test_a_node_without_a_stamp_is_always_read(populated: Ledger, mirror: Mirror, redis_client: Redis) -> None:
+    """Keys written before stamps existed: (version, "") names no write, so the node is read every time, until
+    its next write stamps it."""
+    led = populated
+    await redis_client.hdel(led.node_key("nx"), "stamp")  # type: ignore[misc]
+    await mirror.resync(full=True)
+    assert mirror.nodes["nx"].stamp == ""
+    for _ in range(2):
+        periodic(mirror)
+        read = mirror.read
+        await mirror.resync()
+        assert mirror.read == read + 1  # nx only
+    assert await led.release("nx", "ux")  # its next write stamps it
+    periodic(mirror)
+    await mirror.resync()  # read once more: the one held here still has no stamp
+    assert mirror.nodes["nx"].stamp and mirror.nodes == await truth(led)
+    periodic(mirror)
+    read = mirror.read
+    await mirror.resync()
+    assert mirror.read == read  # from now on, read only when written
+
+
+async def test_what_no_write_explains_is_read_within_full_every_resyncs(populated: Ledger, mirror: Mirror) -> None:
+    """A snapshot here that differs from the ledger under the same last write (here a forged one; in life a
+    misapplied message) is not seen by the (version, stamp) check, and is replaced by the ledger's at the next
+    resync that reads every node: within FULL_EVERY periodic resyncs."""
+    led = populated
+    await mirror.resync(full=True)
+    mirror.put(dataclasses.replace(mirror.nodes["n4"], reservations={}))
+    resyncs = 0
+    while mirror.nodes != await truth(led):
+        await mirror.resync()
+        resyncs += 1
+        assert resyncs <= FULL_EVERY
+    assert set(mirror.nodes["n4"].reservations) == {"u1", "u2"}
+    assert resyncs == FULL_EVERY - 1  # the full resync was the mirror's 10th; the first one, full=True
+
+
+async def test_a_full_read_decodes_only_replies_that_changed(populated: Ledger, mirror: Mirror) -> None:
+    led = populated
+    await mirror.resync(full=True)
+    while (mirror.resyncs + 1) % FULL_EVERY:
+        mirror.resyncs += 1  # the next resync reads every node
+    assert (await led.reserve("n5", "u9", [1], 8, 2, 1, pod="ns/p9"))[0].ok
+    decoded, read = mirror.decoded, mirror.read
+    await mirror.resync()
+    assert mirror.read == read + 4 and mirror.decoded == decoded + 1  # every node read, n5 decoded
+    assert mirror.nodes == await truth(led)
+
+
 async def test_a_change_here_while_reading_keeps_the_newer_snapshot_and_no_digest(
         populated: Ledger, mirror: Mirror, monkeypatch: pytest.MonkeyPatch) -> None:
     """The resync awaits Redis many times, and the extender's bind may apply a feed message meanwhile: a node
@@ -89,8 +154,10 @@ async def test_a_change_here_while_reading_keeps_the_newer_snapshot_and_no_diges
         return out
 
     monkeypatch.setattr(mirror.ledger, "reread", reread_then_apply)
+    monkeypatch.setattr(mirror_module, "FULL_EVERY", 1)  # every resync reads every node
     await mirror.resync()
     assert mirror.nodes["n5"] is newer
     monkeypatch.setattr(mirror.ledger, "reread", real)
+    decoded = mirror.decoded
     await mirror.resync()  # n5 decoded again (no digest): the ledger's own value comes back
-    assert mirror.nodes == await truth(led) and mirror.decoded == 5
+    assert mirror.nodes == await truth(led) and mirror.decoded == decoded + 1

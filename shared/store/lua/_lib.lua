@@ -156,8 +156,8 @@ local function node_view()
   local res = {}
   for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do res[uid] = res_view(uid) end
   local n = hgetall(NODE_KEY) or {}
-  return {node = NODE, version = tonumber(n.version or "0"), error = n.error or "", cards = cards, res = res,
-          exists = n.version ~= nil}
+  return {node = NODE, version = tonumber(n.version or "0"), stamp = n.stamp or "", error = n.error or "",
+          cards = cards, res = res, exists = n.version ~= nil}
 end
 
 -- The payload {uid, ...} of a script on one reservation: checked, and the reservation's key declared.
@@ -196,8 +196,8 @@ local function refusal_view()
     if DECLARED[res_key(uid)] then res[uid] = res_view(uid) end
   end
   local n = hgetall(NODE_KEY) or {}
-  return {node = NODE, version = tonumber(n.version or "0"), error = n.error or "", cards = cards, res = res,
-          exists = n.version ~= nil}
+  return {node = NODE, version = tonumber(n.version or "0"), stamp = n.stamp or "", error = n.error or "",
+          cards = cards, res = res, exists = n.version ~= nil}
 end
 
 -- Applies a signed amount to one card: sign 1 books, -1 gives back. Free never goes below 0; used is
@@ -249,6 +249,13 @@ end
 -- version == theirs + 1, else re-read the node.
 local function publish(kind, uid, res, touched, views)
   local v = redis.call('HINCRBY', NODE_KEY, 'version', 1)
+  -- When this write happened (Redis's clock, microseconds): with the version it names the node's last
+  -- write, also across a loss (a version starts over at 1 when the keys are new, and a shard that failed
+  -- over to a lagging replica counts again from an older one). Mirrors compare (version, stamp) with
+  -- theirs to find the nodes to re-read, without reading the others (Ledger.heads).
+  local t = redis.call('TIME')
+  local stamp = t[1] .. "." .. t[2]
+  redis.call('HSET', NODE_KEY, 'stamp', stamp)
   local cards = {}
   if touched then
     for _, idx in ipairs(touched) do
@@ -260,7 +267,7 @@ local function publish(kind, uid, res, touched, views)
   else
     for _, idx in ipairs(card_indices()) do cards[idx] = card_view(idx) end
   end
-  local msg = {node = NODE, version = v, kind = kind, full = touched == nil, cards = cards,
+  local msg = {node = NODE, version = v, stamp = stamp, kind = kind, full = touched == nil, cards = cards,
                error = redis.call('HGET', NODE_KEY, 'error') or ""}
   if uid then msg.uid = uid; msg.res = res or false end
   redis.call('PUBLISH', FEED, cjson.encode(msg))
