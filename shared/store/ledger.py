@@ -362,7 +362,10 @@ class Ledger:
 
             for n, (version, stamp) in zip(batch, await self._retry("heads", read), strict=True):
                 if version is not None:
-                    out[n] = (int(version), str(stamp or ""))
+                    try:
+                        out[n] = (int(version), str(stamp or ""))
+                    except ValueError:  # a hash edited by hand: names no write, so the node is read
+                        out[n] = (-1, "")
         return out
 
     async def snapshots(self, nodes: Iterable[str]) -> dict[str, NodeSnapshot]:

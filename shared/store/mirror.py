@@ -245,9 +245,17 @@ class Mirror:
                 return node
         if version == 1 and cur.version > 1:
             return node  # the node's keys were created anew (removed, or Redis flushed): ours are stale
+        stamp, prev = msg.get("stamp"), msg.get("prev")
+        if version == cur.version and cur.stamp and isinstance(stamp, str) and stamp and stamp != cur.stamp:
+            return node  # another write with our version: the keys made anew, or a failover lost ours
         if version <= cur.version:
             return None  # already have it (e.g. read after the change was published)
         if version != cur.version + 1:
+            return node
+        if cur.stamp and isinstance(prev, str) and prev != cur.stamp:
+            # the write before this one is not the one our snapshot is of (another history: the keys made
+            # anew, or a shard that failed over to a replica lacking our write): merged into ours it would
+            # carry the ledger's (version, stamp) with other content, which no periodic resync reads again
             return node
         # Decode everything first, so a malformed message leaves the node as it was. A full message
         # (or one without the flag) carries every card; otherwise only the cards that changed, with

@@ -106,3 +106,35 @@ async def test_the_derived_views_follow_every_change_of_error_and_cards_and_only
         assert mirror.capacities() == caps and dict(mirror.mismatched()) == mismatched, step
         derived += mirror._derived is not before
     assert 0 < derived < 600  # bookings alone did not derive the views again
+
+
+# -- red team (tests/redis/test_redteam_heads.py): a message applies only onto the write it follows ------------
+
+def _chain_mirror() -> Mirror:
+    m = Mirror(Ledger(Redis()))
+    m.nodes["n"] = NodeSnapshot("n", 2, stamp="100.000002")
+    return m
+
+
+def test_red_team_a_message_after_another_write_than_ours_is_re_read() -> None:
+    m = _chain_mirror()
+    msg = {"node": "n", "version": 3, "stamp": "100.000009", "prev": "99.000001", "kind": "bound", "full": False,
+           "cards": {}}
+    assert m.apply(msg) == "n" and m.nodes["n"].version == 2
+
+
+def test_red_team_another_write_with_our_version_is_re_read() -> None:
+    m = _chain_mirror()
+    msg = {"node": "n", "version": 2, "stamp": "100.000005", "prev": "", "kind": "node", "full": True, "cards": {}}
+    assert m.apply(msg) == "n"
+    same = {**msg, "stamp": "100.000002"}
+    assert m.apply(same) is None  # our own write again (the extender applied it first)
+
+
+def test_red_team_a_message_after_our_write_or_without_prev_applies() -> None:
+    m = _chain_mirror()
+    msg = {"node": "n", "version": 3, "stamp": "100.000009", "prev": "100.000002", "kind": "bound", "full": False,
+           "cards": {}}
+    assert m.apply(msg) is None and m.nodes["n"].stamp == "100.000009"
+    old = {"node": "n", "version": 4, "kind": "bound", "full": False, "cards": {}}  # a publisher without stamps
+    assert m.apply(old) is None and m.nodes["n"].version == 4 and m.nodes["n"].stamp == ""

@@ -253,8 +253,13 @@ local function publish(kind, uid, res, touched, views)
   -- write, also across a loss (a version starts over at 1 when the keys are new, and a shard that failed
   -- over to a lagging replica counts again from an older one). Mirrors compare (version, stamp) with
   -- theirs to find the nodes to re-read, without reading the others (Ledger.heads).
+  -- `prev`, the stamp of the write this one follows, goes in the message: a mirror applies a message onto
+  -- its snapshot only when that snapshot is of that write, so a message of a node made anew or of a shard
+  -- that failed over is never merged into a snapshot of the other history (which would then carry this
+  -- write's (version, stamp) and be skipped by every periodic resync: tests/redis/test_redteam_heads.py)
   local t = redis.call('TIME')
   local stamp = t[1] .. "." .. t[2]
+  local prev = redis.call('HGET', NODE_KEY, 'stamp') or ""
   redis.call('HSET', NODE_KEY, 'stamp', stamp)
   local cards = {}
   if touched then
@@ -267,7 +272,7 @@ local function publish(kind, uid, res, touched, views)
   else
     for _, idx in ipairs(card_indices()) do cards[idx] = card_view(idx) end
   end
-  local msg = {node = NODE, version = v, stamp = stamp, kind = kind, full = touched == nil, cards = cards,
+  local msg = {node = NODE, version = v, stamp = stamp, prev = prev, kind = kind, full = touched == nil, cards = cards,
                error = redis.call('HGET', NODE_KEY, 'error') or ""}
   if uid then msg.uid = uid; msg.res = res or false end
   redis.call('PUBLISH', FEED, cjson.encode(msg))
