@@ -93,7 +93,7 @@ async def one_size(url: str, redis_pid: int, nodes: int, rounds: int, changed: f
         for mode in modes if r % 2 == 0 else modes[::-1]:
             await mirror.resync(full=True)  # the same starting point for each: every digest current
             for name in rng.sample(names, int(len(names) * changed)):
-                await led.reserve(name, f"r{r}-{mode[:6]}-{name}", [rng.randrange(8)], 2, 1, 1, pod="b/q")
+                await led.reserve(name, f"r{r}-m{modes.index(mode)}-{name}", [rng.randrange(8)], 2, 1, 1, pod="b/q")
             # the periodic resync reads every node every FULL_EVERY-th time, else only the changed nodes
             mirror.resyncs = FULL_EVERY - 1 if mode == modes[1] else 0
             times[mode].append(await timed(functools.partial(mirror.resync, full=mode == modes[0]), redis_pid))

@@ -42,6 +42,17 @@ async def populated(cluster: Ledger) -> Ledger:
     return led
 
 
+@pytest.fixture
+async def mirror(redis_server: RedisServer) -> AsyncIterator[Mirror]:
+    """A mirror that is never started: its feed is never applied, as if every message were lost, so only its
+    resync (called by the test) brings it up to date."""
+    client = Redis.from_url(redis_server.url, decode_responses=True)
+    m = Mirror(Ledger(client))
+    await m.ledger.load_scripts()
+    yield m
+    await client.aclose()
+
+
 MirrorFactory = Callable[..., Awaitable[Mirror]]
 
 

@@ -15,6 +15,8 @@ from redis.asyncio import Redis
 from shared.domain.annotations import PodUsage
 from shared.domain.node import Card, Inventory
 from shared.domain.state import NodeSnapshot
+from shared.store.ledger import Ledger
+from shared.store.mirror import FULL_EVERY, Mirror
 
 S4000 = 96
 S5000 = 160
@@ -154,3 +156,14 @@ def _pod(limits: list[dict[str, str]], pin: str | None) -> dict[str, Any]:
         meta["annotations"] = {"mtsched.io/card-memory": pin}
     return {"metadata": meta, "spec": {"containers": [
         {"name": f"c{i}", "resources": {"limits": lim}} for i, lim in enumerate(limits)]}}
+
+
+async def truth(led: Ledger) -> dict[str, NodeSnapshot]:
+    """Every node's snapshot as the ledger holds it now."""
+    return dict(await led.snapshots(await led.nodes()))
+
+
+def periodic(m: Mirror) -> None:
+    """Make the mirror's next resync a periodic one that does not read every node (not a FULL_EVERY-th)."""
+    while (m.resyncs + 1) % FULL_EVERY == 0:
+        m.resyncs += 1

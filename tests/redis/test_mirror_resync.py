@@ -12,37 +12,16 @@ the resync can bring them up to date."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 
-from deploy.local.redis import RedisServer
-from shared.domain.state import NodeSnapshot
 from shared.store import mirror as mirror_module
 from shared.store.ledger import Ledger, Reread
 from shared.store.mirror import FULL_EVERY, Mirror
+from tests.redis.helpers import periodic, truth
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-async def mirror(redis_server: RedisServer) -> AsyncIterator[Mirror]:
-    client = Redis.from_url(redis_server.url, decode_responses=True)
-    m = Mirror(Ledger(client))
-    await m.ledger.load_scripts()
-    yield m
-    await client.aclose()
-
-
-async def truth(led: Ledger) -> dict[str, NodeSnapshot]:
-    return dict(await led.snapshots(await led.nodes()))
-
-
-def periodic(m: Mirror) -> None:
-    """Make the next resync a periodic one that is not a full read, whatever the count so far."""
-    while (m.resyncs + 1) % FULL_EVERY == 0:
-        m.resyncs += 1
 
 
 async def test_a_resync_reads_only_the_nodes_whose_last_write_it_does_not_hold(

@@ -17,7 +17,6 @@ Both ways to get there are a lost feed message or a lost write, the case the per
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -25,30 +24,11 @@ import pytest
 from redis.asyncio import Redis
 
 from deploy.local.redis import RedisServer
-from shared.domain.state import NodeSnapshot
 from shared.store.ledger import Ledger
-from shared.store.mirror import FULL_EVERY, Mirror
-from tests.redis.helpers import S4000, inventory
+from shared.store.mirror import Mirror
+from tests.redis.helpers import S4000, inventory, periodic, truth
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-async def mirror(redis_server: RedisServer) -> AsyncIterator[Mirror]:
-    client = Redis.from_url(redis_server.url, decode_responses=True)
-    m = Mirror(Ledger(client))
-    await m.ledger.load_scripts()
-    yield m
-    await client.aclose()
-
-
-async def truth(led: Ledger) -> dict[str, NodeSnapshot]:
-    return dict(await led.snapshots(await led.nodes()))
-
-
-def periodic(m: Mirror) -> None:
-    while (m.resyncs + 1) % FULL_EVERY == 0:
-        m.resyncs += 1
 
 
 class Feed:

@@ -14,7 +14,6 @@ resync again, as the second call does here)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -24,15 +23,6 @@ from deploy.local.redis import RedisServer
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
 from tests.redis.helpers import S4000, S5000, inventory
-
-
-@pytest.fixture
-async def mirror(redis_server: RedisServer) -> AsyncIterator[Mirror]:
-    client = Redis.from_url(redis_server.url, decode_responses=True)
-    m = Mirror(Ledger(client))
-    await m.ledger.load_scripts()
-    yield m
-    await client.aclose()
 
 
 @pytest.mark.redis
