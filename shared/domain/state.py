@@ -120,9 +120,10 @@ class NodeSnapshot:
     def fill(self) -> float:
         """node_score of its cards, once per snapshot: the node policy's order for the top-k filter (it does
         not depend on the pod, so it is the same for every pod until the node changes). From the records'
-        totals: the ranking needs every node's fill, and building every node's CardStates for it kept three
-        objects per card alive for the garbage collector to walk (120,000 at 5,000 nodes); a node gets
-        them only once a filter fits it. tests/unit/test_ranking.py: equal to node_score(states())."""
+        totals: the ranking needs every node's fill, and building every node's CardStates for it kept two
+        more objects per card (a Card and a CardState) for the garbage collector to walk (80,000 at 5,000
+        nodes); a node gets them only once a filter fits it. tests/unit/test_ranking.py: equal to
+        node_score(states())."""
         usable = [c for c in self.cards.values() if c.health != "removed"]
         if not usable:
             return 0.0

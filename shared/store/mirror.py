@@ -33,6 +33,8 @@ from shared.store.ledger import RESEND, Ledger
 log = logging.getLogger("mtsched.mirror")
 # Redis lost (or a cluster without a master for a while): resubscribe and re-read, after a backoff
 LOST: tuple[type[BaseException], ...] = (*RESEND, OSError)
+
+
 def _all(fn: Callable[[Any], None], items: list[Any]) -> None:
     """fn on every item, even when it raises on some: then the first error is raised at the end."""
     first: Exception | None = None
@@ -150,7 +152,7 @@ class Mirror:
             heads = await self.ledger.heads(names)
             todo = [n for n in names if (cur := self.nodes.get(n)) is None or not cur.stamp
                     or heads.get(n) != (cur.version, cur.stamp)]
-        read = await self.ledger.reread(todo, {n: d for n in todo if (d := self._digests.get(n)) is not None})
+        read = await self.ledger.reread(todo, self.digests(todo))
         snaps = dict(read.snaps)
         for name, snap in snaps.items():
             prev = self.nodes.get(name)
