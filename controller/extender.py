@@ -231,7 +231,7 @@ class Extender:
             # node (shared/domain/topk.py), without fitting the rest. Those are left out of both lists:
             # kube-scheduler drops them without a status.
             policy = policy_of(meta.get("annotations") or {}, NODE_POLICY, self.cfg.node_scheduler_policy)
-            best = self.ranking.best_first(names, policy, self.held)  # the nodes the mirror holds
+            best = self.ranking.best_first(a.candidates, policy, self.held)  # the nodes the mirror holds
             ok, failed, unresolvable = self.memo.fit_nodes(best, req, seen.annotations, gpu_policy, self.held,
                                                            limit=k)
             unlisted = [n for n in names if n not in self.mirror.nodes] if not ok else []

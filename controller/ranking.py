@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator
+from collections.abc import Set as AbstractSet
 
 from controller.fit_memo import Held, held_states
 from shared.domain.fit import node_score
@@ -46,8 +47,9 @@ class Ranking:
 
     def best_first(self, names: Iterable[str], policy: str, held: Held) -> Iterator[str]:
         """The candidates the mirror holds, best first by `policy` (spread, else binpack), lazily: the order
-        of `ranked` over their fills, bookings in flight applied (tests/unit/test_ranking.py)."""
-        want = set(names)
+        of `ranked` over their fills, bookings in flight applied (tests/unit/test_ranking.py). `names` may
+        be a set already (the filter's ExtenderArgs.candidates): then it is not copied."""
+        want = names if isinstance(names, AbstractSet) else set(names)
         nodes = self.mirror.nodes
         moved = sorted(order_key(node_score(held_states(nodes[n], held[n])), n, policy)
                        for n in held if n in want and n in nodes)

@@ -85,7 +85,8 @@ def latency(d: dict[str, prom.Scrape], fine: bool) -> dict[str, dict[str, Any]]:
     out["webhook"] = {"count": s["count"], "mean_ms": ms(s["mean"]), "p50_ms": ms(s["p50"]), "p90_ms": ms(s["p90"]),
                       "p99_ms": ms(s["p99"])}
     if fine:  # where a bind's time goes (bench/timed_role.py)
-        for part in ("filter.compute", "prioritize.compute", "bind.ledger_place", "bind.api_binding",
+        for part in ("filter.compute", "filter.compute_cpu", "filter.compute_gc", "prioritize.compute",
+                     "bind.ledger_place", "bind.api_binding",
                      "bind.ledger_mark_bound", "bind.api_get_pod", "webhook.compute", "extender.loop_lag",
                      "webhook.loop_lag", *(f"{role}.gc.gen{g}" for role in ("extender", "webhook", "watcher")
                                            for g in range(3))):

@@ -192,17 +192,20 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
     lines += ["", "Packing (node policy): nodes/cards holding a slice after each burst, then paced, phase: "
               + "; ".join(f"{r['nodes']} nodes ext {r['replicas']}: " + ", ".join(
                   f"{n}/{c}" for n, c in zip(r["nodes_used"], r["cards_used"], strict=True)) for r in rows)]
-    lines += ["", "Latency p50/p99 ms, handler time (filter.compute: the verb's own work)"]
+    lines += ["", "Latency p50/p99 ms, handler time (filter.compute: the verb's own work; its CPU: the loop thread's "
+              "CPU time in it, collections included; what its wall time has beyond that, the thread waited for a "
+              "core)"]
     body = []
     for r in rows:
         for label, key in (("burst", "latency_ms"), (f"{f(r.get('paced_rate'), 0)}/s", "latency_paced_ms")):
             lat = r.get(key)
             if lat:
                 body.append([str(r["nodes"]), r["replicas"], pct(r), label, f(r["filter_nodes_mean"], 0),
-                             pp(lat, "filter"), pp(lat, "filter.compute"), pp(lat, "prioritize"), pp(lat, "bind"),
+                             pp(lat, "filter"), pp(lat, "filter.compute"), pp(lat, "filter.compute_cpu"),
+                             pp(lat, "filter.compute_gc"), pp(lat, "prioritize"), pp(lat, "bind"),
                              pp(lat, "webhook")])
-    lines += grid(("nodes", "ext", "pct", "load", "names", "filter", "filter.compute", "prioritize", "bind",
-                   "webhook"), body)
+    lines += grid(("nodes", "ext", "pct", "load", "names", "filter", "filter.compute", "its CPU", "its GC",
+                   "prioritize", "bind", "webhook"), body)
     if micro:
         lines.append("")
         lines.append("in-process Extender.filter (no HTTP): " + "; ".join(

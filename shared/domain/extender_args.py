@@ -39,6 +39,9 @@ class ExtenderArgs:
     names: tuple[str, ...]
     nodes: tuple[Mapping[str, Any], ...] | None  # Node objects (a caller that is not node-cache-capable)
     requirement: NodeRequirement
+    # `names` as a set, made once: checking them against the mirror and picking them out of the standing
+    # ranking both need it (two sets of 5,000 names were a third of a filter's time at 5,000 candidates)
+    candidates: frozenset[str] = frozenset()
 
     @property
     def uid(self) -> str:
@@ -92,20 +95,22 @@ def _pod(pod: object) -> Mapping[str, Any]:
     return pod
 
 
-def _names(value: object, field: str, known: AbstractSet[str]) -> tuple[str, ...]:
+def _names(value: object, field: str, known: AbstractSet[str]) -> tuple[tuple[str, ...], frozenset[str]]:
     if not isinstance(value, list):
         raise ArgsError(problem(field, value, f"a list of at most {MAX_NODES} node names"))
     if len(value) > MAX_NODES:
         raise ArgsError(f"{field}: {len(value)} nodes; allowed: at most {MAX_NODES}")
     try:
-        if known >= set(value):  # the usual call: every name is a node we know, so a valid name
-            return tuple(value)
-    except TypeError:  # an unhashable element: checked below
-        pass
+        candidates = frozenset(value)
+    except TypeError:  # an unhashable element: named below
+        candidates = frozenset()
+    else:
+        if known >= candidates:  # the usual call: every name is a node we know, so a valid name
+            return tuple(value), candidates
     bad = first_bad_name(value)
     if bad is not None:
         raise ArgsError(problem(f"{field}[{bad}]", value[bad], "a node name (DNS-1123 subdomain)"))
-    return tuple(value)
+    return tuple(value), candidates
 
 
 def _node_list(value: object) -> tuple[tuple[Mapping[str, Any], ...], tuple[str, ...]]:
@@ -145,8 +150,9 @@ def parse_extender_args(doc: object, known_nodes: AbstractSet[str] = frozenset()
         if names_raw is not None:
             _names(names_raw, "NodeNames", known_nodes)  # [] next to Nodes: still checked
         nodes, names = _node_list(nodes_raw)
-        return ExtenderArgs(pod, names, nodes, requirement)
-    return ExtenderArgs(pod, _names(names_raw, "NodeNames", known_nodes), None, requirement)
+        return ExtenderArgs(pod, names, nodes, requirement, frozenset(names))
+    names, candidates = _names(names_raw, "NodeNames", known_nodes)
+    return ExtenderArgs(pod, names, None, requirement, candidates)
 
 
 def parse_binding_args(doc: object) -> BindingArgs:

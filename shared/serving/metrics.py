@@ -31,6 +31,11 @@ NUDGES = Counter("mtsched_scheduler_nudges_total",
                  "after the release or repair; follow_up: seconds later. result: sent, error, or gone: the node "
                  "was deleted)",
                  ["which", "result"])
+MIRROR_REREADS = Counter("mtsched_mirror_rereads_total",
+                         "Nodes the mirror re-read from Redis because a feed message could not be applied, by why: "
+                         "gap (a message missed), history (the write before it is not the mirror's), "
+                         "recreated (the node's keys made anew), unknown (a node the mirror lacks), rebuild, "
+                         "malformed", ["why"])
 BINDINGS = Counter("mtsched_bindings_total", "Bind calls by outcome", ["result"])
 ADMISSIONS = Counter("mtsched_admissions_total", "Admission decisions", ["result"])
 QUOTA_CHECKS = Counter("mtsched_webhook_quota_checks_total",

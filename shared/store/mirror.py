@@ -27,6 +27,7 @@ from redis.asyncio import Redis
 
 from shared.domain.node import mismatch_kind
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation
+from shared.serving.metrics import MIRROR_REREADS
 from shared.serving.supervise import Backoff
 from shared.store.ledger import RESEND, Ledger
 
@@ -60,6 +61,7 @@ class Mirror:
         self.nodes: dict[str, NodeSnapshot] = {}
         self.ready = asyncio.Event()
         self.refetches = 0
+        self._why = ""  # why apply asked for the last re-read (counted in MIRROR_REREADS when it is done)
         self.applied = 0
         self.on_change: list[Callable[[str], None]] = []
         self.on_reconnect: list[Callable[[], None]] = []  # after a re-read following a lost connection
@@ -152,12 +154,23 @@ class Mirror:
             heads = await self.ledger.heads(names)
             todo = [n for n in names if (cur := self.nodes.get(n)) is None or not cur.stamp
                     or heads.get(n) != (cur.version, cur.stamp)]
+        before = {n: self.nodes.get(n) for n in todo}  # what the mirror held as the read began
         read = await self.ledger.reread(todo, self.digests(todo))
         snaps = dict(read.snaps)
-        for name, snap in snaps.items():
-            prev = self.nodes.get(name)
-            if prev is not None and prev == snap:
-                snaps[name] = prev  # same value: keep its seq, so what was derived from it stays valid
+        newer = set()  # applied here while the read was under way, and later than what it read
+        for name, snap in read.snaps.items():
+            cur = self.nodes.get(name)
+            if cur is None:
+                continue
+            if cur == snap:
+                snaps[name] = cur  # same value: keep its seq, so what was derived from it stays valid
+            elif cur is not before.get(name) and cur.version > snap.version:
+                # the extender's own booking or release, applied from its script's reply (Mirror.apply takes
+                # only the next write of the history it holds): the read is of the node before that write.
+                # Installing it would hide the booking until the feed's copy comes, and a filter meanwhile
+                # would offer its cards again (tests/redis/test_mirror_resync.py)
+                snaps[name] = cur
+                newer.add(name)
         valid = set()
         kept = set(names) - set(todo)  # not read: their last write is the one the mirror holds
         for name in read.unchanged | kept:
@@ -173,7 +186,8 @@ class Mirror:
         finally:  # (also when a listener raised: every node was installed and announced all the same)
             # each digest is of the text the mirror's snapshot of that node was decoded from (or equals)
             digests = {n: d for n, d in self._digests.items() if n in valid}
-            digests.update((n, d) for n, d in read.digests.items() if n in read.snaps and n in self.nodes)
+            digests.update((n, d) for n, d in read.digests.items()
+                           if n in read.snaps and n in self.nodes and n not in newer)
             self._digests = digests
 
     def learn_digest(self, node: str, digest: int, snap: NodeSnapshot) -> None:
@@ -239,26 +253,28 @@ class Mirror:
             return None
         cur = self.nodes.get(node)
         if kind == "rebuild":
-            return node
+            return self._stale(node, "rebuild")
         if cur is None:
             if version == 1 and kind == "node":
                 cur = NodeSnapshot(node, 0)
             else:
-                return node
+                return self._stale(node, "unknown")
         if version == 1 and cur.version > 1:
-            return node  # the node's keys were created anew (removed, or Redis flushed): ours are stale
+            # the node's keys were created anew (removed, or Redis flushed): ours are stale
+            return self._stale(node, "recreated")
         stamp, prev = msg.get("stamp"), msg.get("prev")
         if version == cur.version and cur.stamp and isinstance(stamp, str) and stamp and stamp != cur.stamp:
-            return node  # another write with our version: the keys made anew, or a failover lost ours
+            # another write with our version: the keys made anew, or a failover lost ours
+            return self._stale(node, "history")
         if version <= cur.version:
             return None  # already have it (e.g. read after the change was published)
         if version != cur.version + 1:
-            return node
+            return self._stale(node, "gap")
         if cur.stamp and isinstance(prev, str) and prev != cur.stamp:
             # the write before this one is not the one our snapshot is of (another history: the keys made
             # anew, or a shard that failed over to a replica lacking our write): merged into ours it would
             # carry the ledger's (version, stamp) with other content, which no periodic resync reads again
-            return node
+            return self._stale(node, "history")
         # Decode everything first, so a malformed message leaves the node as it was. A full message
         # (or one without the flag) carries every card; otherwise only the cards that changed, with
         # false for a card that is gone.
@@ -294,6 +310,11 @@ class Mirror:
         self._notify(node)
         return None
 
+    def _stale(self, node: str, why: str) -> str:
+        """`node` must be re-read instead of applying the message; `why` is counted if it is re-read."""
+        self._why = why
+        return node
+
     def _on_reconnect(self, connection: Any) -> None:
         # The client reconnects (and resubscribes) by itself after a dropped connection, e.g. a Redis
         # restart: whatever was published meanwhile is lost, and versions may have started over.
@@ -312,7 +333,7 @@ class Mirror:
             node = data.get("node") if isinstance(data, dict) else None
             log.warning("malformed feed message (%s: %s)%s", type(e).__name__, e,
                         f"; re-reading node {node}" if isinstance(node, str) and node else "; ignored")
-            return node if isinstance(node, str) and node else None
+            return self._stale(node, "malformed") if isinstance(node, str) and node else None
 
     async def _run(self) -> None:
         backoff = Backoff(0.2, 5.0)
@@ -349,6 +370,7 @@ class Mirror:
                     if msg is not None and msg.get("type") == "message":
                         stale = self._handle(msg["data"])
                         if stale:
+                            MIRROR_REREADS.labels(self._why).inc()
                             await self._refetch(stale)
                     if loop.time() >= next_resync:
                         await self.resync()

@@ -7,6 +7,7 @@ import dataclasses
 
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
 from deploy.local.redis import RedisServer
@@ -23,6 +24,11 @@ async def in_sync(m: Mirror, led: Ledger) -> bool:
 
 async def wait_synced(m: Mirror, led: Ledger, what: str = "mirror equals the ledger") -> None:
     await eventually(lambda: in_sync(m, led), what=what)
+
+
+def rereads(why: str) -> float:
+    """mtsched_mirror_rereads_total{why} as /metrics shows it (process-wide: compare before and after)."""
+    return REGISTRY.get_sample_value("mtsched_mirror_rereads_total", {"why": why}) or 0.0
 
 
 @pytest.mark.redis
@@ -58,9 +64,10 @@ async def test_mirror_refetches_a_node_after_a_gap(cluster: Ledger, mirror_facto
     m = await mirror_factory()
     m.nodes["n4"] = dataclasses.replace(m.nodes["n4"], version=m.nodes["n4"].version - 1)  # as if one message
     # had been lost
+    gaps = rereads("gap")
     await led.reserve("n4", "u1", [0], 8, 2, 1)
     await wait_synced(m, led)
-    assert m.refetches == 1
+    assert m.refetches == 1 and rereads("gap") == gaps + 1
     assert "u1" in m.nodes["n4"].reservations
 
 
@@ -69,9 +76,10 @@ async def test_mirror_refetches_an_unknown_node(cluster: Ledger, mirror_factory:
     led = cluster
     m = await mirror_factory()
     del m.nodes["n5"]  # e.g. it was added while this replica was reading
+    unknown = rereads("unknown")
     await led.reserve("n5", "u1", [1], 8, 2, 1)
     await wait_synced(m, led)
-    assert m.refetches == 1
+    assert m.refetches == 1 and rereads("unknown") == unknown + 1
 
 
 @pytest.mark.redis
@@ -81,10 +89,12 @@ async def test_mirror_refetches_after_a_rebuild_and_drops_removed_nodes(
     m = await mirror_factory()
     assert sorted(m.nodes) == ["n4", "n5", "nerr", "nx"]
     bound = {"b1": (PodUsage("n4", (0,), 8, 2, 1), "ns/b1")}
+    rebuilds = rereads("rebuild")
     await led.rebuild([inventory("n4", S4000), inventory("n5", S5000)], bound)
     await wait_synced(m, led)
     assert sorted(m.nodes) == ["n4", "n5"]
     assert m.refetches == 2  # one per rebuilt node; removed nodes need no read
+    assert rereads("rebuild") == rebuilds + 2
     assert "b1" in m.nodes["n4"].reservations
 
 

@@ -140,3 +140,34 @@ async def test_a_change_here_while_reading_keeps_the_newer_snapshot_and_no_diges
     decoded = mirror.decoded
     await mirror.resync()  # n5 decoded again (no digest): the ledger's own value comes back
     assert mirror.nodes == await truth(led) and mirror.decoded == decoded + 1
+
+
+async def test_a_booking_applied_here_while_reading_is_not_undone_by_the_older_read(
+        populated: Ledger, mirror: Mirror, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node whose reply changed is read before the extender books on it, and the booking's message (the
+    script's reply) is applied here before the read is installed: the mirror keeps the booking. Before, the
+    older read was installed and the booking hidden until the feed's copy came, so a filter in between
+    offered its cards again."""
+    led = populated
+    await mirror.resync(full=True)
+    assert (await led.reserve("n5", "u1", [1], 8, 2, 1, pod="ns/p1"))[0].ok  # its message lost: n5 is read
+    real = mirror.ledger.reread
+    booked: list[str] = []
+
+    async def reread_then_book(nodes: list[str], previous: dict[str, int]) -> Reread:
+        out = await real(nodes, previous)
+        assert "n5" in out.snaps and "u1" in out.snaps["n5"].reservations
+        outcome, _ = await led.reserve("n5", "u2", [1], 8, 2, 1, pod="ns/p2")  # the bind, after the read
+        assert outcome.ok and outcome.feed is not None
+        mirror.nodes["n5"] = out.snaps["n5"]  # as if the feed had brought u1 meanwhile: u2 follows it
+        assert mirror.apply(outcome.feed) is None  # the extender's _apply_feed
+        booked.append("u2")
+        return out
+
+    monkeypatch.setattr(mirror.ledger, "reread", reread_then_book)
+    await mirror.resync()
+    assert booked and {"u1", "u2"} <= set(mirror.nodes["n5"].reservations)
+    assert "n5" not in mirror.digests(["n5"])  # the text read is not what the mirror holds
+    monkeypatch.setattr(mirror.ledger, "reread", real)
+    await mirror.resync()
+    assert mirror.nodes == await truth(led)

@@ -267,11 +267,12 @@ def _bench_scrape(*verbs: str) -> prom.Scrape:
 
 
 def test_fine_latency_reads_each_part_from_the_role_that_times_it() -> None:
-    d = {"extender": _bench_scrape("filter", "filter.compute", "bind.api_binding", "loop_lag", "gc.gen0"),
+    d = {"extender": _bench_scrape("filter", "filter.compute", "filter.compute_cpu", "filter.compute_gc",
+                                   "bind.api_binding", "loop_lag", "gc.gen0"),
          "webhook": _bench_scrape("webhook", "webhook.compute", "loop_lag", "gc.gen2"),
          "watcher": _bench_scrape("gc.gen1")}
     out = latency(d, fine=True)
-    parts = ("filter.compute", "bind.api_binding", "webhook.compute", "extender.loop_lag", "webhook.loop_lag",
-             "extender.gc.gen0", "webhook.gc.gen2", "watcher.gc.gen1")
+    parts = ("filter.compute", "filter.compute_cpu", "filter.compute_gc", "bind.api_binding", "webhook.compute",
+             "extender.loop_lag", "webhook.loop_lag", "extender.gc.gen0", "webhook.gc.gen2", "watcher.gc.gen1")
     assert {p: out.get(p, {}).get("count") for p in parts} == dict.fromkeys(parts, 3)
     assert "watcher.gc.gen0" not in out and "extender.gc.gen2" not in out  # none timed: no entry

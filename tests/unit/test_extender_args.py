@@ -18,12 +18,13 @@ def pod(**meta: Any) -> dict[str, Any]:
 def test_node_names_as_kube_scheduler_sends_them() -> None:
     a = parse_extender_args({"Pod": pod(), "Nodes": None, "NodeNames": ["n1", "n2"]})
     assert a.names == ("n1", "n2") and a.nodes is None and a.uid == "u1" and a.requirement.unconstrained
+    assert a.candidates == {"n1", "n2"}  # the names as a set, made once for the filter
 
 
 def test_node_objects_from_a_caller_that_is_not_node_cache_capable() -> None:
     nodes = [{"metadata": {"name": "n1"}}, {"metadata": {"name": "n2", "labels": {"a": "b"}}}]
     a = parse_extender_args({"Pod": pod(), "Nodes": {"items": nodes}, "NodeNames": None})
-    assert a.names == ("n1", "n2") and a.nodes == tuple(nodes)
+    assert a.names == ("n1", "n2") and a.nodes == tuple(nodes) and a.candidates == {"n1", "n2"}
 
 
 def test_field_names_are_matched_case_insensitively_as_go_does() -> None:
@@ -92,6 +93,7 @@ def test_known_node_names_skip_the_name_check_and_others_do_not() -> None:
     known = frozenset({"n1", "n2"})
     assert parse_extender_args({"Pod": pod(), "NodeNames": ["n1", "n2"]}, known).names == ("n1", "n2")
     assert parse_extender_args({"Pod": pod(), "NodeNames": ["n1", "n3"]}, known).names == ("n1", "n3")
+    assert parse_extender_args({"Pod": pod(), "NodeNames": ["n1", "n3"]}, known).candidates == {"n1", "n3"}
     for names, index in ((["n1", "BAD"], 1), (["n1", ["n2"]], 1), ([7, "n1"], 0)):
         with pytest.raises(ArgsError, match=rf"^NodeNames\[{index}\]: "):
             parse_extender_args({"Pod": pod(), "NodeNames": names}, known)
