@@ -74,6 +74,9 @@ class Mirror:
         # node -> digest of the ledger's reply its snapshot was decoded from (Ledger.reread), while nothing else
         # changed the node here: a resync skips decoding a reply with the same digest
         self._digests: dict[str, int] = {}
+        # while a resync reads: node -> the snapshots a message was applied onto here meanwhile (`apply`), so the
+        # resync keeps such a node's newer snapshot only when it was built on what the read found
+        self._bases: dict[str, list[NodeSnapshot]] | None = None
         self.resyncs = 0
         self.read = 0  # nodes a resync read (the others' last write was the one held here)
         self.decoded = 0  # replies a resync decoded (the others were the text last read)
@@ -155,7 +158,11 @@ class Mirror:
             todo = [n for n in names if (cur := self.nodes.get(n)) is None or not cur.stamp
                     or heads.get(n) != (cur.version, cur.stamp)]
         before = {n: self.nodes.get(n) for n in todo}  # what the mirror held as the read began
-        read = await self.ledger.reread(todo, self.digests(todo))
+        self._bases = {}
+        try:
+            read = await self.ledger.reread(todo, self.digests(todo))
+        finally:
+            bases, self._bases = self._bases, None
         snaps = dict(read.snaps)
         newer = set()  # applied here while the read was under way, and later than what it read
         for name, snap in read.snaps.items():
@@ -164,11 +171,16 @@ class Mirror:
                 continue
             if cur == snap:
                 snaps[name] = cur  # same value: keep its seq, so what was derived from it stays valid
-            elif cur is not before.get(name) and cur.version > snap.version:
+            elif cur is not before.get(name) and cur.version > snap.version and snap in bases.get(name, ()):
                 # the extender's own booking or release, applied from its script's reply (Mirror.apply takes
                 # only the next write of the history it holds): the read is of the node before that write.
                 # Installing it would hide the booking until the feed's copy comes, and a filter meanwhile
-                # would offer its cards again (tests/redis/test_mirror_resync.py)
+                # would offer its cards again (tests/redis/test_mirror_resync.py). Only when the write was
+                # applied onto the very value read: onto another one (a snapshot here that differs from the
+                # ledger under the same last write, which only this read can see; another history after a
+                # flush or failover) it would carry the ledger's (version, stamp) over content the ledger
+                # lacks, which no periodic resync reads again. Then the read is installed, and the feed's
+                # copy of the write applies onto it.
                 snaps[name] = cur
                 newer.add(name)
         valid = set()
@@ -302,6 +314,8 @@ class Mirror:
                 reservations[str(uid)] = new_res
             else:
                 reservations.pop(str(uid), None)
+        if self._bases is not None:  # a resync is reading: it must know what this write was applied onto
+            self._bases.setdefault(node, []).append(cur)
         # the whole snapshot replaced by a new value (a new seq), never an edit in place
         self.nodes[node] = dataclasses.replace(cur, version=version, error=str(msg.get("error") or ""),
                                                cards=new_cards, reservations=reservations,

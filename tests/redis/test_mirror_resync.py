@@ -171,3 +171,36 @@ async def test_a_booking_applied_here_while_reading_is_not_undone_by_the_older_r
     monkeypatch.setattr(mirror.ledger, "reread", real)
     await mirror.resync()
     assert mirror.nodes == await truth(led)
+
+
+async def test_a_booking_applied_while_a_full_read_is_under_way_does_not_keep_what_no_write_explains(
+        populated: Ledger, mirror: Mirror, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mirror's n4 differs from the ledger under the same last write (a misapplied message; here forged),
+    which only a full read can see. The extender books on n4 while that read is under way and applies its
+    message here, onto the wrong snapshot: the later read must not be dropped for it, or the booking carries
+    the ledger's (version, stamp) over the wrong content, which no periodic resync reads again, and the full
+    read is undone for another FULL_EVERY resyncs (for good, if a booking falls in each one). The read is
+    installed, and the booking's message, which the feed then brings, applies onto it."""
+    led = populated
+    await mirror.resync(full=True)
+    mirror.put(dataclasses.replace(mirror.nodes["n4"], reservations={}))  # u1 and u2 missing here
+    real = mirror.ledger.reread
+    feeds: list[dict[str, object]] = []
+
+    async def reread_then_book(nodes: list[str], previous: dict[str, int]) -> Reread:
+        out = await real(nodes, previous)
+        assert {"u1", "u2"} <= set(out.snaps["n4"].reservations)  # the read has them
+        outcome, _ = await led.reserve("n4", "u9", [1], 8, 2, 1, pod="ns/p9")
+        assert outcome.ok and outcome.feed is not None
+        assert mirror.apply(outcome.feed) is None  # the extender's _apply_feed: onto the wrong snapshot
+        feeds.append(dict(outcome.feed))
+        return out
+
+    monkeypatch.setattr(mirror.ledger, "reread", reread_then_book)
+    while (mirror.resyncs + 1) % FULL_EVERY:
+        mirror.resyncs += 1  # the next resync reads every node
+    await mirror.resync()
+    monkeypatch.setattr(mirror.ledger, "reread", real)
+    assert feeds and mirror.apply(feeds[0]) is None  # the feed's copy of the booking, after the resync
+    assert mirror.nodes == await truth(led)
+    assert {"u1", "u2", "u9"} <= set(mirror.nodes["n4"].reservations)
