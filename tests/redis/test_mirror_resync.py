@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from shared.store import mirror as mirror_module
 from shared.store.ledger import Ledger, Reread
 from shared.store.mirror import FULL_EVERY, Mirror
-from tests.redis.helpers import periodic, truth
+from tests.redis.helpers import S5000, inventory, periodic, truth
 
 pytestmark = pytest.mark.redis
 
@@ -204,3 +204,27 @@ async def test_a_booking_applied_while_a_full_read_is_under_way_does_not_keep_wh
     assert feeds and mirror.apply(feeds[0]) is None  # the feed's copy of the booking, after the resync
     assert mirror.nodes == await truth(led)
     assert {"u1", "u2", "u9"} <= set(mirror.nodes["n4"].reservations)
+
+
+async def test_a_booking_applied_here_is_not_kept_over_a_read_of_keys_made_anew(
+        populated: Ledger, mirror: Mirror, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The extender books on n5 and applies the message here as a resync reads, and then n5's keys are made anew
+    (removed and added again, or Redis flushed and rebuilt: versions count from 1 again) before the read gets to
+    it. The booking's version is higher than the new keys', but it is of a history the ledger no longer has:
+    the read is installed, not the booking the ledger lost."""
+    led = populated
+    await mirror.resync(full=True)
+    real = mirror.ledger.reread
+
+    async def book_remake_then_read(nodes: list[str], previous: dict[str, int]) -> Reread:
+        outcome, _ = await led.reserve("n5", "u9", [1], 8, 2, 1, pod="ns/p9")
+        assert outcome.ok and outcome.feed is not None
+        assert mirror.apply(outcome.feed) is None  # the extender's _apply_feed
+        assert await led.remove_node("n5")
+        await led.upsert_node(inventory("n5", S5000))  # version 1 again, nothing booked
+        return await real(nodes, previous)
+
+    monkeypatch.setattr(mirror.ledger, "reread", book_remake_then_read)
+    monkeypatch.setattr(mirror_module, "FULL_EVERY", 1)  # every resync reads every node
+    await mirror.resync()
+    assert mirror.nodes == await truth(led) and not mirror.nodes["n5"].reservations
