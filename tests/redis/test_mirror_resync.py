@@ -228,3 +228,32 @@ async def test_a_booking_applied_here_is_not_kept_over_a_read_of_keys_made_anew(
     monkeypatch.setattr(mirror_module, "FULL_EVERY", 1)  # every resync reads every node
     await mirror.resync()
     assert mirror.nodes == await truth(led) and not mirror.nodes["n5"].reservations
+
+
+async def test_a_booking_applied_during_a_full_read_of_a_current_node_is_kept(
+        populated: Ledger, mirror: Mirror, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The common case, without any lost message: every 10th resync reads every node, also those the mirror
+    holds as they are. n5 changed since the last read (a booking the feed brought, so the text last read no
+    longer describes it and the reply is decoded); the extender books on it after its read and applies the
+    script's reply at once (the next write of what the mirror holds): the read, one write older, does not
+    undo the booking."""
+    led = populated
+    await mirror.resync(full=True)
+    first, _ = await led.reserve("n5", "u1", [1], 8, 2, 1, pod="ns/p1")
+    assert first.ok and first.feed is not None and mirror.apply(first.feed) is None  # as the feed applies it
+    real = mirror.ledger.reread
+
+    async def reread_then_book(nodes: list[str], previous: dict[str, int]) -> Reread:
+        out = await real(nodes, previous)
+        outcome, _ = await led.reserve("n5", "u2", [1], 8, 2, 1, pod="ns/p2")  # the bind, after the read
+        assert outcome.ok and outcome.feed is not None
+        assert mirror.apply(outcome.feed) is None and "u2" in mirror.nodes["n5"].reservations
+        return out
+
+    monkeypatch.setattr(mirror.ledger, "reread", reread_then_book)
+    monkeypatch.setattr(mirror_module, "FULL_EVERY", 1)  # every resync reads every node
+    await mirror.resync()
+    assert {"u1", "u2"} <= set(mirror.nodes["n5"].reservations)
+    monkeypatch.setattr(mirror.ledger, "reread", real)
+    await mirror.resync()
+    assert mirror.nodes == await truth(led)
