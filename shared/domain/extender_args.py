@@ -41,7 +41,7 @@ class ExtenderArgs:
     requirement: NodeRequirement
     # `names` as a set, made once: checking them against the mirror and picking them out of the standing
     # ranking both need it (two sets of 5,000 names were a third of a filter's time at 5,000 candidates)
-    candidates: frozenset[str] = frozenset()
+    candidates: frozenset[str]
 
     @property
     def uid(self) -> str:

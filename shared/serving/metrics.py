@@ -32,7 +32,8 @@ NUDGES = Counter("mtsched_scheduler_nudges_total",
                  "was deleted)",
                  ["which", "result"])
 MIRROR_REREADS = Counter("mtsched_mirror_rereads_total",
-                         "Nodes the mirror re-read from Redis because a feed message could not be applied, by why: "
+                         "Nodes the mirror re-read from Redis because a feed message could not be applied (counted "
+                         "once read), by why: "
                          "gap (a message missed), history (the write before it is not the mirror's), "
                          "recreated (the node's keys made anew), unknown (a node the mirror lacks), rebuild, "
                          "malformed", ["why"])

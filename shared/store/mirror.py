@@ -384,8 +384,9 @@ class Mirror:
                     if msg is not None and msg.get("type") == "message":
                         stale = self._handle(msg["data"])
                         if stale:
-                            MIRROR_REREADS.labels(self._why).inc()
+                            why = self._why  # before the await: a bind's own apply may set another meanwhile
                             await self._refetch(stale)
+                            MIRROR_REREADS.labels(why).inc()  # made (a read lost with Redis is not counted)
                     if loop.time() >= next_resync:
                         await self.resync()
                         next_resync = loop.time() + self.resync_seconds
