@@ -157,21 +157,20 @@ class Mirror:
             heads = await self.ledger.heads(names)
             todo = [n for n in names if (cur := self.nodes.get(n)) is None or not cur.stamp
                     or heads.get(n) != (cur.version, cur.stamp)]
-        before = {n: self.nodes.get(n) for n in todo}  # what the mirror held as the read began
         self._bases = {}
         try:
             read = await self.ledger.reread(todo, self.digests(todo))
         finally:
             bases, self._bases = self._bases, None
         snaps = dict(read.snaps)
-        newer = set()  # applied here while the read was under way, and later than what it read
+        newer = set()  # written here onto what the read found, while it was under way
         for name, snap in read.snaps.items():
             cur = self.nodes.get(name)
             if cur is None:
                 continue
             if cur == snap:
                 snaps[name] = cur  # same value: keep its seq, so what was derived from it stays valid
-            elif cur is not before.get(name) and cur.version > snap.version and snap in bases.get(name, ()):
+            elif snap in bases.get(name, ()) and cur.version > snap.version:
                 # the extender's own booking or release, applied from its script's reply (Mirror.apply takes
                 # only the next write of the history it holds): the read is of the node before that write.
                 # Installing it would hide the booking until the feed's copy comes, and a filter meanwhile
