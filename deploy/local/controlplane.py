@@ -20,6 +20,7 @@ scheduler is trying to call into it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -39,7 +40,15 @@ from deploy.local.apiserver import ADMIN_TOKEN_USER
 from deploy.local.binaries import BIN_DIR_ENV, BINARIES, BUILD_SCRIPT, BuildError, ensure_binaries, go_available
 from deploy.local.errors import ApiError, ControlPlaneError
 from deploy.local.pki import PkiPaths, write_pki
-from deploy.local.processes import Proc, default_workdir_parent, free_port, spawn, tail, wait_ready
+from deploy.local.processes import (
+    ADDRESS_IN_USE,
+    Proc,
+    default_workdir_parent,
+    free_port,
+    spawn,
+    tail,
+    wait_ready,
+)
 from deploy.local.scheduler_config import (
     ExtenderSpec,
     SchedulerSetup,
@@ -231,9 +240,26 @@ class ControlPlane:
         self.kubeconfig_path.chmod(0o600)
 
     def _start_etcd(self, bin_dir: Path) -> None:
-        self._etcd_port = free_port()
-        proc = self._spawn("etcd", etcd.etcd_argv(bin_dir / "etcd", self.workdir / "etcd", self.etcd_url, free_port()))
-        self._wait(proc, lambda: etcd.etcd_healthy(self.etcd_url))
+        for attempt in range(3):
+            self._etcd_port = free_port()
+            argv = etcd.etcd_argv(bin_dir / "etcd", self.workdir / "etcd", self.etcd_url, free_port())
+            proc = self._spawn("etcd", argv)
+            try:
+                self._wait(proc, lambda: etcd.etcd_healthy(self.etcd_url))
+                return
+            except ControlPlaneError:
+                if not self._port_was_taken(proc, attempt):
+                    raise
+                shutil.rmtree(self.workdir / "etcd", ignore_errors=True)  # start the member afresh
+
+    def _port_was_taken(self, proc: Proc, attempt: int) -> bool:
+        """Whether ``proc`` exited because a port it was given was taken before it bound it, so that it may
+        start again on new ones (nothing points at them yet); its log is kept beside."""
+        if attempt == 2 or proc.alive() or ADDRESS_IN_USE not in tail(proc.log_path, 40):
+            return False
+        with contextlib.suppress(OSError):
+            proc.log_path.rename(proc.log_path.with_suffix(f".port-taken-{attempt}"))
+        return True
 
     def restart_apiserver(self) -> None:
         """Stop kube-apiserver and start it again on the same port and etcd: every watch stream and
@@ -244,6 +270,16 @@ class ControlPlane:
         self._start_apiserver(self.bin_dir, port=self._api_port)
 
     def _start_apiserver(self, bin_dir: Path, port: int = 0) -> None:
+        for attempt in range(3):
+            try:
+                self._start_apiserver_once(bin_dir, port)
+                return
+            except ControlPlaneError:
+                # a restart keeps its port (clients point at it): only a first start may move
+                if port or not self._port_was_taken(self._procs["kube-apiserver"], attempt):
+                    raise
+
+    def _start_apiserver_once(self, bin_dir: Path, port: int) -> None:
         self._api_port = port or free_port()
         argv = apiserver.apiserver_argv(
             bin_dir / "kube-apiserver", self.etcd_url, self._api_port, self.pki, self.workdir / "tokens.csv",
@@ -329,17 +365,24 @@ class ControlPlane:
         self._sched_setup = setup
         config_path = self.workdir / "scheduler.yaml"
         config_path.write_text(yaml.safe_dump(self.scheduler_config(), sort_keys=False))
-        self._sched_port = free_port()
-        argv = scheduler_argv(self.bin_dir / "kube-scheduler", config_path, self._sched_port,
-                              self.workdir / "scheduler-certs", setup.kubeconfig or self.kubeconfig_path,
-                              self.scheduler_verbosity, setup)
-        proc = self._spawn("kube-scheduler", argv)
         t0 = time.monotonic()
-        try:
-            self._wait(proc, lambda: scheduler_ready(self._sched_port))
-        except BaseException:
-            self.stop_scheduler()
-            raise
+        for attempt in range(3):
+            self._sched_port = free_port()
+            argv = scheduler_argv(self.bin_dir / "kube-scheduler", config_path, self._sched_port,
+                                  self.workdir / "scheduler-certs", setup.kubeconfig or self.kubeconfig_path,
+                                  self.scheduler_verbosity, setup)
+            proc = self._spawn("kube-scheduler", argv)
+            try:
+                self._wait(proc, lambda: scheduler_ready(self._sched_port))
+                break
+            except ControlPlaneError:
+                if self._port_was_taken(proc, attempt):
+                    continue
+                self.stop_scheduler()
+                raise
+            except BaseException:
+                self.stop_scheduler()
+                raise
         self.timings["scheduler"] = time.monotonic() - t0
 
     def stop_scheduler(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import ssl
@@ -16,12 +17,46 @@ from pathlib import Path
 
 from deploy.local.errors import ControlPlaneError
 
+_handed_out: set[int] = set()
+
+# What a Go or Python server logs when the port it was given was taken meanwhile.
+ADDRESS_IN_USE = "address already in use"
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
 
 def free_port() -> int:
-    # Bind-to-0 then close: a tiny race with other processes, acceptable for tests.
+    """A loopback port free now, below the kernel's ephemeral range and never the same twice in a process.
+
+    Bind-to-0 picks from the ephemeral range, where every outgoing connection on this machine takes its
+    source port: between our close and the server's bind, a client may take it ("bind: address already in
+    use", once in CI for etcd). Below that range only listeners compete. Callers that start a server still
+    retry on that error (``ADDRESS_IN_USE``): another process may pick the same port as we do.
+    """
+    top = min(_ephemeral_range()[0], 65536)
+    rng = random.SystemRandom()
+    for _ in range(200 if top > 10001 else 0):
+        port = rng.randrange(10000, top)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        port = int(s.getsockname()[1])
+    _handed_out.add(port)
+    return port
 
 
 def default_workdir_parent() -> str | None:

@@ -1,0 +1,53 @@
+"""The harness's ports: below the kernel's ephemeral range (where clients take their source ports, so a
+port handed out stays free until its server binds it), free when handed out, and never handed out twice."""
+
+from __future__ import annotations
+
+import random
+import socket
+from pathlib import Path
+
+import pytest
+
+from deploy.local import processes
+from deploy.local.processes import ADDRESS_IN_USE, Proc, free_port, spawn
+
+
+def test_ports_are_below_the_ephemeral_range_and_never_repeat() -> None:
+    low, _ = processes._ephemeral_range()
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+    assert all(10000 <= p < low for p in ports)
+
+
+def test_a_port_taken_by_a_listener_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        busy = taken.getsockname()[1]
+        taken.listen()
+        picks = iter([busy, busy, busy])
+
+        class Rigged(random.SystemRandom):
+            def randrange(self, *args: int) -> int:  # type: ignore[override]
+                return next(picks, 0) or super().randrange(*args)
+
+        monkeypatch.setattr("deploy.local.processes.random.SystemRandom", Rigged)
+        monkeypatch.setattr(processes, "_ephemeral_range", lambda: (65536, 65536))
+        assert free_port() != busy
+
+
+def test_the_range_falls_back_when_unreadable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(processes, "Path", lambda _: Path("/nonexistent/ip_local_port_range"))
+    assert processes._ephemeral_range() == (32768, 60999)
+
+
+def test_a_go_server_refused_its_port_logs_what_the_retry_looks_for(tmp_path: Path) -> None:
+    # the retry in ControlPlane/Stack keys on the text of the error; a Python server's matches too
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = f"import socket; socket.socket().bind(('127.0.0.1', {port}))"
+        proc: Proc = spawn(tmp_path, "clash", ["python3", "-c", code])
+        proc.popen.wait(30)
+    assert ADDRESS_IN_USE in proc.log_path.read_text().lower()
