@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -175,6 +176,32 @@ def _keep_env_lookups(api: Any) -> None:
     """Stand-in for shared.kube._skip_empty_env_lookups: the behaviour before that change."""
 
 
+def _profile_window(path: str) -> None:
+    """cProfile (by CPU time) of the event-loop thread from SIGUSR1 to SIGUSR2, which the load benchmark
+    sends at the start and end of each phase's CPU window (bench/load/phase.py): the role's per-pod work
+    only, without start-up, the resyncs between phases or the benchmark's scrapes. Each window is dumped to
+    ``path.<n>``."""
+    import cProfile
+
+    state: dict[str, Any] = {"prof": None, "n": 0}
+
+    def start(*_: Any) -> None:
+        if state["prof"] is None:
+            prof = cProfile.Profile(time.thread_time)
+            prof.enable()
+            state["prof"] = prof
+
+    def stop(*_: Any) -> None:
+        prof = state["prof"]
+        if prof is not None:
+            prof.disable()
+            prof.dump_stats(f"{path}.{state['n']}")
+            state["prof"], state["n"] = None, state["n"] + 1
+
+    signal.signal(signal.SIGUSR1, start)
+    signal.signal(signal.SIGUSR2, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     instrument()
     _gc_probe()
@@ -183,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     # cli.main looks them up at call time
     for module, name in ((roles, "run_extender"), (webhook_runner, "run_webhook"), (roles, "run_watcher")):
         setattr(module, name, _with_lag_probe(getattr(module, name)))
+    window = os.environ.get("MTSCHED_BENCH_PROFILE_WINDOW")  # a path: profile between SIGUSR1 and SIGUSR2
+    if window:
+        _profile_window(f"{window}.{(argv or sys.argv[1:2])[0]}.{os.getpid()}")
     out = os.environ.get("MTSCHED_BENCH_PROFILE")  # a path: profile this role's CPU time (cProfile) into it
     if not out:
         return cli.main(argv)

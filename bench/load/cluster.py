@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 import platform
+import signal
 import sys
 import time
 from collections import defaultdict
@@ -62,6 +63,21 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     t = os.times()
     out["bench-client"] = t.user + t.system
     return out
+
+
+ROLE_PREFIXES = ("extender-", "webhook-", "watcher-")
+
+
+def profile_window(pids: dict[str, int], sig: signal.Signals) -> None:
+    """With MTSCHED_BENCH_PROFILE_WINDOW set (the roles then run a windowed cProfile, bench/timed_role.py),
+    start (SIGUSR1) or end (SIGUSR2) it in each of our roles; without it, nothing is sent (the default
+    action of these signals ends a process)."""
+    if not os.environ.get("MTSCHED_BENCH_PROFILE_WINDOW"):
+        return
+    for name, pid in pids.items():
+        if name.startswith(ROLE_PREFIXES):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
 
 class Local:

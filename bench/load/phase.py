@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
 import statistics
 import time
 import uuid
@@ -15,7 +16,7 @@ from typing import Any
 from bench import prom
 from bench.load import memory
 from bench.load.checks import check
-from bench.load.cluster import KWOK_ANNOTATION, LedgerView, Target, cpu_seconds, list_all
+from bench.load.cluster import KWOK_ANNOTATION, LedgerView, Target, cpu_seconds, list_all, profile_window
 from bench.load.metrics import batch_attempts, latency, round_trips, schedule_attempts, scheduling_cycle, scrape_all
 from bench.workload import CHART_IGNORE_LABEL, IGNORE_LABEL, RUN_LABEL, Shape, our_pod, plain_pod
 from shared.serving.logs import Progress
@@ -70,6 +71,7 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
     await asyncio.wait_for(watch.synced.wait(), 30)
     before = scrape_all(target)
     cpu_before = cpu_seconds(target.pids)
+    profile_window(target.pids, signal.SIGUSR1)
     mem_before = memory.sample(target.pids)
     label = (f"{ph.mode:5s} nodes={ph.nodes} replicas={ph.replicas} rep={ph.rep}"
              + (f" pct={ph.percentage}" if ph.percentage else ""))
@@ -125,6 +127,7 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
             await creator
     t_end = max(bound_at.values()) if bound_at else time.monotonic()
     cpu_after = cpu_seconds(target.pids)
+    profile_window(target.pids, signal.SIGUSR2)
     await asyncio.sleep(1.0)  # let the last binds' metrics land
     mem_bound = memory.sample(target.pids)  # the pods still exist: every cache holds them
     after = scrape_all(target)
