@@ -191,7 +191,7 @@ class Extender:
 
     def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """ExtenderFilterResult for ExtenderArgs; ArgsError (HTTP 400) when they are malformed."""
-        a = parse_extender_args(args, self.mirror.nodes.keys())
+        a = parse_extender_args(args, self.ranking.names)
         if not self.mirror.ready.is_set():
             return {"Error": "filter: card state not loaded yet (Redis unreachable?)"}
         result = self._filter(a)
@@ -259,7 +259,7 @@ class Extender:
 
     def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         """HostPriorityList for ExtenderArgs; ArgsError (HTTP 400) when they are malformed."""
-        a = parse_extender_args(args, self.mirror.nodes.keys())
+        a = parse_extender_args(args, self.ranking.names)
         annotations = a.pod["metadata"].get("annotations") or {}
         policy = policy_of(annotations, NODE_POLICY, self.cfg.node_scheduler_policy)
         return self.memo.scores(a.names, policy, self.held)
@@ -428,7 +428,10 @@ class Extender:
         req = seen.request
         if snap is None or req is None or seen.uid in snap.reservations:
             return
-        result = fit(held_states(snap, self.held.get(node, {})), req, seen.annotations, self.cfg.gpu_scheduler_policy)
+        held, policy = self.held.get(node), self.cfg.gpu_scheduler_policy
+        # nothing else in flight there: the filter's own fit of this snapshot is the answer (memoized)
+        result = (None if held else self.memo.fitted(node, snap, req, seen.annotations, policy)) or fit(
+            held_states(snap, held or {}), req, seen.annotations, policy)
         if result.cards:
             self.held.setdefault(node, {})[seen.uid] = (req, result.cards)
             self._claims[seen.uid] = (node, now + CLAIM_SECONDS)

@@ -194,3 +194,27 @@ def test_the_filters_early_stop_returns_what_top_k_over_every_fitting_node_retur
                 assert got == want, (seed, case)  # and the same reasons for every node
         else:
             assert got["NodeNames"] == top_k(fills(every.mirror, want["NodeNames"]), k, policy), (seed, case)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_claim_holds_the_cards_a_fresh_fit_gives_whatever_else_is_in_flight(seed: int) -> None:
+    """k=1: the claim takes the filter's memoized fit when nothing else is in flight on the node, and fits
+    anew around what is; either way the cards a fit of the node as it stands (claims applied) gives."""
+    from shared.domain.fit import fit
+
+    rng = random.Random(seed)
+    nodes = {f"n{i}": random_node(rng, f"n{i}", 1) for i in range(3)}
+    ext = extender(dataclasses.replace(CFG, filter_top_k=1))
+    ext.mirror.replace_all(nodes)
+    for i in range(12):
+        p = random_pod(rng, f"u{i}")
+        uid = f"u{i}"
+        before = {n: dict(h) for n, h in ext.held.items()}
+        out = ext.filter(args(p, sorted(nodes)))
+        if not out["NodeNames"]:
+            continue
+        node = out["NodeNames"][0]
+        req = pod_request(p, ext.cfg)
+        assert req is not None
+        want = fit(held_states(nodes[node], before.get(node, {})), req, {}, ext.cfg.gpu_scheduler_policy)
+        assert ext.held[node][uid] == (req, want.cards), (seed, i)
