@@ -177,7 +177,8 @@ def _keep_env_lookups(api: Any) -> None:
 
 
 def _profile_window(path: str) -> None:
-    """cProfile (by CPU time) of the event-loop thread from SIGUSR1 to SIGUSR2, which the load benchmark
+    """cProfile (by CPU time) of the event-loop thread (Python 3.11; 3.12's cProfile sees every thread) from
+    SIGUSR1 to SIGUSR2, which the load benchmark
     sends at the start and end of each phase's CPU window (bench/load/phase.py): the role's per-pod work
     only, without start-up, the resyncs between phases or the benchmark's scrapes. Each window is dumped to
     ``path.<n>``."""
@@ -186,17 +187,21 @@ def _profile_window(path: str) -> None:
     state: dict[str, Any] = {"prof": None, "n": 0}
 
     def start(*_: Any) -> None:
-        if state["prof"] is None:
-            prof = cProfile.Profile(time.thread_time)
-            prof.enable()
-            state["prof"] = prof
+        stop()  # a window left open (a phase that ended early) is dumped on its own
+        prof = cProfile.Profile(time.thread_time)
+        prof.enable()
+        state["prof"] = prof
 
     def stop(*_: Any) -> None:
         prof = state["prof"]
-        if prof is not None:
-            prof.disable()
-            prof.dump_stats(f"{path}.{state['n']}")
-            state["prof"], state["n"] = None, state["n"] + 1
+        if prof is None:
+            return
+        prof.disable()
+        state["prof"], state["n"] = None, state["n"] + 1
+        try:  # a handler runs wherever the loop's thread is: an error here would land in a request
+            prof.dump_stats(f"{path}.{state['n'] - 1}")
+        except Exception as e:  # said, and the next window still opens
+            print(f"bench profile window: cannot write {path}.{state['n'] - 1}: {e}", file=sys.stderr, flush=True)
 
     signal.signal(signal.SIGUSR1, start)
     signal.signal(signal.SIGUSR2, stop)
@@ -210,10 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     # cli.main looks them up at call time
     for module, name in ((roles, "run_extender"), (webhook_runner, "run_webhook"), (roles, "run_watcher")):
         setattr(module, name, _with_lag_probe(getattr(module, name)))
+    out = os.environ.get("MTSCHED_BENCH_PROFILE")  # a path: profile this role's CPU time (cProfile) into it
     window = os.environ.get("MTSCHED_BENCH_PROFILE_WINDOW")  # a path: profile between SIGUSR1 and SIGUSR2
+    if window and out:
+        # one profiler at a time: the window's would end the whole-life one (3.11) or fail to start (3.12+)
+        print("MTSCHED_BENCH_PROFILE and MTSCHED_BENCH_PROFILE_WINDOW exclude each other", file=sys.stderr)
+        return 2
     if window:
         _profile_window(f"{window}.{(argv or sys.argv[1:2])[0]}.{os.getpid()}")
-    out = os.environ.get("MTSCHED_BENCH_PROFILE")  # a path: profile this role's CPU time (cProfile) into it
     if not out:
         return cli.main(argv)
     import cProfile

@@ -47,6 +47,7 @@ class Target:
     fine: bool = False  # roles run through bench.timed_role (fine latency buckets)
     replicas: int | str = "installed"
     pids: dict[str, int] = field(default_factory=dict)  # local processes, for CPU time per component
+    role_pids: tuple[int, ...] = ()  # those of them that are our roles run through bench.timed_role
     scheduler_metrics: tuple[str, str] | None = None  # (URL, bearer token) of kube-scheduler's /metrics
 
 
@@ -65,19 +66,15 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
-ROLE_PREFIXES = ("extender-", "webhook-", "watcher-")
-
-
-def profile_window(pids: dict[str, int], sig: signal.Signals) -> None:
+def profile_window(role_pids: Sequence[int], sig: signal.Signals) -> None:
     """With MTSCHED_BENCH_PROFILE_WINDOW set (the roles then run a windowed cProfile, bench/timed_role.py),
     start (SIGUSR1) or end (SIGUSR2) it in each of our roles; without it, nothing is sent (the default
-    action of these signals ends a process)."""
+    action of these signals ends a process, so nothing else, an external extender included, gets them)."""
     if not os.environ.get("MTSCHED_BENCH_PROFILE_WINDOW"):
         return
-    for name, pid in pids.items():
-        if name.startswith(ROLE_PREFIXES):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+    for pid in role_pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
 
 class Local:
@@ -129,11 +126,12 @@ class Local:
         for role in self.stack.roles:
             if role.proc is not None:
                 pids[role.name] = role.proc.pid
+        role_pids = tuple(role.proc.pid for role in self.stack.roles if role.proc is not None)
         for kind, (proc, _) in self.stack.balancers.items():
             pids[f"balancer-{kind}"] = proc.pid
         sched = (f"https://127.0.0.1:{self.cp._sched_port}/metrics", self.cp.token)
         return Target(str(self.cp.kubeconfig_path), dict(urls), self.redis.url, fine=True, replicas=replicas,
-                      pids=pids, scheduler_metrics=sched)
+                      pids=pids, role_pids=role_pids, scheduler_metrics=sched)
 
     def plane_pids(self) -> dict[str, int]:
         pids = {name: proc.popen.pid for name, proc in self.cp._procs.items()}

@@ -71,7 +71,7 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
     await asyncio.wait_for(watch.synced.wait(), 30)
     before = scrape_all(target)
     cpu_before = cpu_seconds(target.pids)
-    profile_window(target.pids, signal.SIGUSR1)
+    profile_window(target.role_pids, signal.SIGUSR1)
     mem_before = memory.sample(target.pids)
     label = (f"{ph.mode:5s} nodes={ph.nodes} replicas={ph.replicas} rep={ph.rep}"
              + (f" pct={ph.percentage}" if ph.percentage else ""))
@@ -127,7 +127,7 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
             await creator
     t_end = max(bound_at.values()) if bound_at else time.monotonic()
     cpu_after = cpu_seconds(target.pids)
-    profile_window(target.pids, signal.SIGUSR2)
+    profile_window(target.role_pids, signal.SIGUSR2)
     await asyncio.sleep(1.0)  # let the last binds' metrics land
     mem_bound = memory.sample(target.pids)  # the pods still exist: every cache holds them
     after = scrape_all(target)

@@ -41,10 +41,10 @@ from deploy.local.binaries import BIN_DIR_ENV, BINARIES, BUILD_SCRIPT, BuildErro
 from deploy.local.errors import ApiError, ControlPlaneError
 from deploy.local.pki import PkiPaths, write_pki
 from deploy.local.processes import (
-    ADDRESS_IN_USE,
     Proc,
     default_workdir_parent,
     free_port,
+    port_taken,
     spawn,
     tail,
     wait_ready,
@@ -242,7 +242,8 @@ class ControlPlane:
     def _start_etcd(self, bin_dir: Path) -> None:
         for attempt in range(3):
             self._etcd_port = free_port()
-            argv = etcd.etcd_argv(bin_dir / "etcd", self.workdir / "etcd", self.etcd_url, free_port())
+            data = self.workdir / ("etcd" if attempt == 0 else f"etcd-{attempt}")  # a member afresh
+            argv = etcd.etcd_argv(bin_dir / "etcd", data, self.etcd_url, free_port())
             proc = self._spawn("etcd", argv)
             try:
                 self._wait(proc, lambda: etcd.etcd_healthy(self.etcd_url))
@@ -250,15 +251,14 @@ class ControlPlane:
             except ControlPlaneError:
                 if not self._port_was_taken(proc, attempt):
                     raise
-                shutil.rmtree(self.workdir / "etcd", ignore_errors=True)  # start the member afresh
 
     def _port_was_taken(self, proc: Proc, attempt: int) -> bool:
         """Whether ``proc`` exited because a port it was given was taken before it bound it, so that it may
         start again on new ones (nothing points at them yet); its log is kept beside."""
-        if attempt == 2 or proc.alive() or ADDRESS_IN_USE not in tail(proc.log_path, 40):
+        if attempt == 2 or proc.alive() or not port_taken(tail(proc.log_path, 40)):
             return False
-        with contextlib.suppress(OSError):
-            proc.log_path.rename(proc.log_path.with_suffix(f".port-taken-{attempt}"))
+        with contextlib.suppress(OSError):  # still a .log (log_tails), and never over an earlier one
+            proc.log_path.rename(proc.log_path.with_suffix(f".port-taken-{time.time_ns()}.log"))
         return True
 
     def restart_apiserver(self) -> None:

@@ -19,8 +19,13 @@ from deploy.local.errors import ControlPlaneError
 
 _handed_out: set[int] = set()
 
-# What a Go or Python server logs when the port it was given was taken meanwhile.
+# What a server logs when the port it was given was taken meanwhile (Go and uvloop in lower case, Python's
+# OSError as "Address already in use"): matched in lower case (port_taken).
 ADDRESS_IN_USE = "address already in use"
+
+
+def port_taken(log_text: str) -> bool:
+    return ADDRESS_IN_USE in log_text.lower()
 
 
 def _ephemeral_range() -> tuple[int, int]:

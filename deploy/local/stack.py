@@ -39,7 +39,7 @@ from deploy.local.identities import (
     restore_policies,
     suspend_policies,
 )
-from deploy.local.processes import ADDRESS_IN_USE
+from deploy.local.processes import port_taken
 from deploy.local.redis import free_port, terminate
 from shared.config import url_password, without_password
 
@@ -194,7 +194,7 @@ class Stack:
                 except RuntimeError:
                     # free_port() releases the port it found; another process on this machine may take it
                     # before the role binds it: pick new ports and start again (nothing points at them yet)
-                    if attempt == 2 or role.alive() or ADDRESS_IN_USE not in self.tail(role, 60):
+                    if attempt == 2 or role.alive() or not port_taken(self.tail(role, 60)):
                         raise
                     role.port, role.metrics_port = free_port(), free_port()
                     self._spawn(role)

@@ -24,25 +24,81 @@ def test_nothing_is_sent_unless_the_window_is_asked_for(monkeypatch: pytest.Monk
     monkeypatch.delenv("MTSCHED_BENCH_PROFILE_WINDOW", raising=False)
     child = _sleeper()
     try:
-        profile_window({"extender-0": child.pid}, signal.SIGUSR1)  # would end it: the default action
+        profile_window([child.pid], signal.SIGUSR1)  # would end it: the default action
         assert child.poll() is None
     finally:
         child.kill()
         child.wait()
 
 
-def test_only_our_roles_are_signalled(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_roles_given_are_signalled_and_a_gone_one_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MTSCHED_BENCH_PROFILE_WINDOW", "/tmp/unused")
-    other, role = _sleeper(), _sleeper()
+    gone = _sleeper()
+    gone.kill()
+    gone.wait()
+    role = _sleeper()
     try:
-        profile_window({"kube-apiserver": other.pid, "watcher-0": role.pid, "gone-0": 2**22 + 7},
-                       signal.SIGUSR1)
+        profile_window([gone.pid, role.pid], signal.SIGUSR1)  # the first: ProcessLookupError, passed over
         assert role.wait(10) == -signal.SIGUSR1
-        assert other.poll() is None
     finally:
-        for c in (other, role):
-            c.kill()
-            c.wait()
+        role.kill()
+        role.wait()
+
+
+def test_the_benchmark_signals_only_the_roles_it_started() -> None:
+    """Target.role_pids is filled from the stack's roles alone (an external extender may be named
+    extender-anything, and a Python one would die of the signal)."""
+    import inspect
+
+    from bench.load import cluster
+
+    assert "role_pids=role_pids" in inspect.getsource(cluster.Local.target)
+    assert "role_pids" not in inspect.getsource(cluster.Local.external_target)
+
+
+def test_both_profiles_at_once_are_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MTSCHED_BENCH_PROFILE", str(tmp_path / "a"))
+    monkeypatch.setenv("MTSCHED_BENCH_PROFILE_WINDOW", str(tmp_path / "b"))
+    out = subprocess.run([sys.executable, "-m", "bench.timed_role", "extender"], capture_output=True, timeout=60)
+    assert out.returncode == 2
+    assert b"exclude each other" in out.stderr
+
+
+def test_a_failed_dump_is_said_and_the_next_window_still_opens(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    before = (signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGUSR2))
+    target = tmp_path / "later"
+    try:
+        timed_role._profile_window(str(target / "p"))
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGUSR2)  # the directory does not exist: said, not raised
+        target.mkdir()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        _inside()
+        os.kill(os.getpid(), signal.SIGUSR2)
+    finally:
+        signal.signal(signal.SIGUSR1, before[0])
+        signal.signal(signal.SIGUSR2, before[1])
+    assert "cannot write" in capsys.readouterr().err
+    assert sorted(p.name for p in target.iterdir()) == ["p.1"]
+
+
+def test_a_window_left_open_is_dumped_when_the_next_opens(tmp_path: Path) -> None:
+    before = (signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGUSR2))
+    try:
+        timed_role._profile_window(str(tmp_path / "p"))
+        os.kill(os.getpid(), signal.SIGUSR1)
+        _outside()  # a phase that ended before its SIGUSR2
+        os.kill(os.getpid(), signal.SIGUSR1)
+        _inside()
+        os.kill(os.getpid(), signal.SIGUSR2)
+    finally:
+        signal.signal(signal.SIGUSR1, before[0])
+        signal.signal(signal.SIGUSR2, before[1])
+    first, second = ({fn for (_, _, fn) in pstats.Stats(str(tmp_path / n)).stats}  # type: ignore[attr-defined]
+                     for n in ("p.0", "p.1"))
+    assert "_outside" in first and "_inside" not in first
+    assert "_inside" in second and "_outside" not in second
 
 
 def _inside() -> int:

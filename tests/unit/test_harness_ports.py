@@ -5,19 +5,28 @@ from __future__ import annotations
 
 import random
 import socket
+import sys
 from pathlib import Path
 
 import pytest
 
 from deploy.local import processes
-from deploy.local.processes import ADDRESS_IN_USE, Proc, free_port, spawn
+from deploy.local.processes import Proc, free_port, port_taken, spawn
 
 
 def test_ports_are_below_the_ephemeral_range_and_never_repeat() -> None:
     low, _ = processes._ephemeral_range()
     ports = [free_port() for _ in range(300)]
     assert len(set(ports)) == len(ports)
+    if low < 10300:  # e.g. "1024 65535": no room below it, so bind-to-0 (the ports still never repeat)
+        pytest.skip(f"this machine's ephemeral range starts at {low}")
     assert all(10000 <= p < low for p in ports)
+
+
+def test_with_no_room_below_the_ephemeral_range_ports_come_from_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(processes, "_ephemeral_range", lambda: (1024, 65535))
+    ports = [free_port() for _ in range(20)]
+    assert len(set(ports)) == len(ports)
 
 
 def test_a_port_taken_by_a_listener_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -41,13 +50,19 @@ def test_the_range_falls_back_when_unreadable(monkeypatch: pytest.MonkeyPatch) -
     assert processes._ephemeral_range() == (32768, 60999)
 
 
-def test_a_go_server_refused_its_port_logs_what_the_retry_looks_for(tmp_path: Path) -> None:
-    # the retry in ControlPlane/Stack keys on the text of the error; a Python server's matches too
+@pytest.mark.parametrize("text", ["bind: address already in use", "OSError: [Errno 98] Address already in use"])
+def test_the_retry_knows_a_taken_port_in_go_and_python_spelling(text: str) -> None:
+    assert port_taken(f"some line\n{text}\n")
+    assert not port_taken("listen tcp 127.0.0.1:2379: bind: permission denied")
+
+
+def test_a_python_server_refused_its_port_logs_what_the_retry_looks_for(tmp_path: Path) -> None:
+    # the retry in ControlPlane/Stack keys on the text of the error
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         code = f"import socket; socket.socket().bind(('127.0.0.1', {port}))"
-        proc: Proc = spawn(tmp_path, "clash", ["python3", "-c", code])
+        proc: Proc = spawn(tmp_path, "clash", [sys.executable, "-c", code])
         proc.popen.wait(30)
-    assert ADDRESS_IN_USE in proc.log_path.read_text().lower()
+    assert port_taken(proc.log_path.read_text())
