@@ -191,7 +191,7 @@ class Extender:
 
     def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """ExtenderFilterResult for ExtenderArgs; ArgsError (HTTP 400) when they are malformed."""
-        a = parse_extender_args(args, self.ranking.names)
+        a = parse_extender_args(args, self.mirror.nodes.keys())
         if not self.mirror.ready.is_set():
             return {"Error": "filter: card state not loaded yet (Redis unreachable?)"}
         result = self._filter(a)
@@ -259,7 +259,7 @@ class Extender:
 
     def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         """HostPriorityList for ExtenderArgs; ArgsError (HTTP 400) when they are malformed."""
-        a = parse_extender_args(args, self.ranking.names)
+        a = parse_extender_args(args, self.mirror.nodes.keys())
         annotations = a.pod["metadata"].get("annotations") or {}
         policy = policy_of(annotations, NODE_POLICY, self.cfg.node_scheduler_policy)
         return self.memo.scores(a.names, policy, self.held)

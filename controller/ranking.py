@@ -27,9 +27,6 @@ class Ranking:
     def __init__(self, mirror: Mirror):
         self.mirror = mirror
         self._fill: dict[str, float] = {}  # node -> the fill it is sorted by
-        # the mirror's node names as a set: what a filter's candidates are checked against
-        # (parse_extender_args: a set checks a list of names without making one of it)
-        self.names: set[str] = set()
         self._order: dict[str, list[tuple[float, str]]] = {p: [] for p in POLICIES}  # ascending order_key
         mirror.on_change.append(self.changed)
         for node in list(mirror.nodes):
@@ -42,10 +39,7 @@ class Ranking:
             for p, keys in self._order.items():
                 del keys[bisect_left(keys, order_key(old, node, p))]
         snap = self.mirror.nodes.get(node)
-        if snap is None:
-            self.names.discard(node)
-        else:
-            self.names.add(node)
+        if snap is not None:
             fill = snap.fill
             self._fill[node] = fill
             for p, keys in self._order.items():

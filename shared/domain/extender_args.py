@@ -100,21 +100,12 @@ def _names(value: object, field: str, known: AbstractSet[str]) -> tuple[tuple[st
         raise ArgsError(problem(field, value, f"a list of at most {MAX_NODES} node names"))
     if len(value) > MAX_NODES:
         raise ArgsError(f"{field}: {len(value)} nodes; allowed: at most {MAX_NODES}")
-    if isinstance(known, (set, frozenset)):
-        # the usual call: every name is a node we know, so a valid name. Checked on the list itself: each
-        # name's hash is computed once (strings cache it) and no set is built for a check that passes
-        try:
-            covered = known.issuperset(value)
-        except TypeError:  # an unhashable element: named below
-            covered = False
-        if covered:
-            return tuple(value), frozenset(value)
     try:
         candidates = frozenset(value)
     except TypeError:  # an unhashable element: named below
         candidates = frozenset()
     else:
-        if known >= candidates:  # every name is a node we know
+        if known >= candidates:  # the usual call: every name is a node we know, so a valid name
             return tuple(value), candidates
     bad = first_bad_name(value)
     if bad is not None:
