@@ -62,6 +62,7 @@ from shared.serving.metrics import (
     OVERCOMMIT,
     REBOOKED,
     RESERVATIONS,
+    SETTLE_FAILURES,
     TOPK_DROPPED,
     count_filter_failures,
 )
@@ -136,6 +137,7 @@ class Extender:
         self.kube = kube
         self.pods: ByteLRU[str, Seen] = ByteLRU(POD_CACHE_BYTES, POD_ENTRY_BYTES)  # uid -> pod seen in filter
         self._events: set[asyncio.Task[None]] = set()
+        self._settling: set[asyncio.Task[None]] = set()  # answered binds' mark-bound calls (_settle)
         self._recent: ByteLRU[tuple[str, str, str], float] = ByteLRU(EVENT_MEMO_BYTES)  # -> last sent
         self.memo = FitMemo(mirror, MEMO_BYTES)  # fit() answers and node scores (controller/fit_memo.py)
         self.ranking = Ranking(mirror)  # every node in the node policy's order (controller/ranking.py)
@@ -376,7 +378,7 @@ class Extender:
             await self.kube.bind(ns, name, uid, node, annotations)
         except Exception as e:
             if await self._already_bound(ns, name, uid, node, annotations):
-                await self._mark_bound(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)
+                self._settle(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)
                 BINDINGS.labels("success").inc()
                 return {"Error": ""}
             # kube-scheduler moves every parked pod back to its queues as it gets this answer: their next
@@ -389,12 +391,34 @@ class Extender:
             msg = f"binding {ns}/{name} to {node} failed, reservation released: {e}"
             self.event(pod, "BindingFailed", msg, "Warning")
             return {"Error": msg}
-        await self._mark_bound(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)
+        self._settle(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)
         BINDINGS.labels("success").inc()
         cards = ",".join(str(i) for i in outcome.cards)
         if self.cfg.success_events:
             self.event(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name} (cards {cards})")
         return {"Error": ""}
+
+    def _settle(self, node: str, uid: str, pod: str, req: SliceRequest, cards: tuple[int, ...],
+                capacity: int) -> None:
+        """The Binding exists, so bind answers now; the booking is marked bound after (_mark_bound), one
+        Redis round trip off every bind's latency, and off kube-scheduler's connections. Until then it is
+        a reservation under its TTL, as it was between reserve and the Binding, and the pod watcher marks
+        it bound too once it sees the record. `settled` waits for these (shutdown, tests)."""
+        task = asyncio.create_task(self._mark_bound(node, uid, pod, req, cards, capacity))
+        self._settling.add(task)
+        task.add_done_callback(self._settled_one)
+
+    def _settled_one(self, task: asyncio.Task[None]) -> None:
+        self._settling.discard(task)
+        if not task.cancelled() and (e := task.exception()) is not None:
+            # the pod is bound with its record: the pod watcher books it from that (observe)
+            SETTLE_FAILURES.inc()
+            log.warning("bind: marking a booking bound failed (the pod watcher books it from its record): %s", e)
+
+    async def settled(self, timeout: float = 10.0) -> None:
+        """Wait (at most `timeout` s) for the bookings of answered binds to be marked bound."""
+        if self._settling:
+            await asyncio.wait(set(self._settling), timeout=timeout)
 
     async def _mark_bound(self, node: str, uid: str, pod: str, req: SliceRequest, cards: tuple[int, ...],
                           capacity: int) -> None:

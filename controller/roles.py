@@ -29,8 +29,10 @@ async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
     ledger, mirror = await open_ledger(cfg, sup)
     kube = await Kube.create(cfg.kubeconfig)
     app = web.Application(client_max_size=EXTENDER_BODY_LIMIT)
-    Extender(cfg, ledger, mirror, kube).routes(app)
+    ext = Extender(cfg, ledger, mirror, kube)
+    ext.routes(app)
     ok = await serve_api(cfg, app, sup, stop)
+    await ext.settled()  # the answered binds' bookings marked bound before the clients close
     await kube.close()
     return ok
 

@@ -113,6 +113,7 @@ async def test_bind_books_writes_the_record_and_is_idempotent(setup: tuple[Exten
     before = ledger.round_trips
     out = await ext.bind({"PodName": "p-u4", "PodNamespace": "ns", "PodUID": "u4", "Node": "s5k"})
     assert out == {"Error": ""}
+    await ext.settled()  # the booking is marked bound after the answer
     assert ledger.round_trips - before == 2  # reserve + mark bound
     (ref, uid, node_name, ann), = kube.bound
     (grant,), = decode_allocation(ann[ALLOCATED])
@@ -216,3 +217,51 @@ async def test_a_successful_bind_sends_its_event_only_when_asked(redis_client: R
         assert succeeded == (["Successfully binding node [s5k] to ns/p-ok (cards 0)"] if success_events else [])
     finally:
         await mirror.stop()
+
+
+async def test_bind_answers_once_the_binding_exists_and_marks_the_booking_bound_after(
+        setup: tuple[Extender, FakeKube, Ledger], monkeypatch: pytest.MonkeyPatch) -> None:
+    ext, kube, ledger = setup
+    go = asyncio.Event()
+    real = ledger.mark_bound
+
+    async def held_back(node_name: str, uid: str) -> bool:
+        await go.wait()
+        return await real(node_name, uid)
+
+    monkeypatch.setattr(ledger, "mark_bound", held_back)
+    p = pod("s1", {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 32, "mthreads.com/sgpu-core": 4})
+    ext.filter({"Pod": p, "NodeNames": ["s5k"], "Nodes": None})
+    out = await asyncio.wait_for(ext.bind({"PodName": "p-s1", "PodNamespace": "ns", "PodUID": "s1",
+                                           "Node": "s5k"}), 5)
+    assert out == {"Error": ""} and kube.bound[-1][1] == "s1"  # answered with the Binding made
+    snap = await ledger.snapshot("s5k")
+    assert snap is not None and snap.reservations["s1"].state == "pending"  # not marked yet
+    go.set()
+    await ext.settled()
+    snap = await ledger.snapshot("s5k")
+    assert snap is not None and snap.reservations["s1"].state == "bound"
+    assert not ext._settling
+
+
+async def test_a_booking_that_cannot_be_marked_bound_is_counted_and_the_bind_stands(
+        setup: tuple[Extender, FakeKube, Ledger], monkeypatch: pytest.MonkeyPatch) -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from shared.serving.metrics import SETTLE_FAILURES
+
+    ext, _kube, ledger = setup
+
+    async def unreachable(node_name: str, uid: str) -> bool:
+        raise RedisConnectionError("Redis went away")
+
+    monkeypatch.setattr(ledger, "mark_bound", unreachable)
+    before = SETTLE_FAILURES._value.get()
+    p = pod("s2", {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 32, "mthreads.com/sgpu-core": 4})
+    ext.filter({"Pod": p, "NodeNames": ["s5k"], "Nodes": None})
+    out = await ext.bind({"PodName": "p-s2", "PodNamespace": "ns", "PodUID": "s2", "Node": "s5k"})
+    assert out == {"Error": ""}  # the Binding exists: saying otherwise would be false
+    await ext.settled()
+    assert SETTLE_FAILURES._value.get() == before + 1
+    snap = await ledger.snapshot("s5k")
+    assert snap is not None and snap.reservations["s2"].state == "pending"  # left to the watcher's observe

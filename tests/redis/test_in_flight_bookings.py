@@ -159,6 +159,7 @@ async def test_a_bind_whose_booking_went_in_flight_books_it_again(redis_client: 
         ext.filter({"Pod": p, "NodeNames": ["gb"], "Nodes": None})
         before = REBOOKED._value.get()
         out = await ext.bind({"PodName": "p-r1", "PodNamespace": "ns", "PodUID": "r1", "Node": "gb"})
+        await ext.settled()  # marked bound after the answer
         assert out == {"Error": ""} and len(kube.bound) == 1
         snap = await ledger.snapshot("gb")
         assert snap is not None and snap.reservations["r1"].state == "bound"

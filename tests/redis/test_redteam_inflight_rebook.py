@@ -89,7 +89,9 @@ def as_filtered(uid: str, shape: str) -> dict[str, Any]:
 
 async def bind(ext: Extender, uid: str, shape: str, node_name: str) -> dict[str, Any]:
     ext.filter({"Pod": as_filtered(uid, shape), "NodeNames": [node_name], "Nodes": None})
-    return await ext.bind({"PodName": f"p-{uid}", "PodNamespace": "ns", "PodUID": uid, "Node": node_name})
+    out = await ext.bind({"PodName": f"p-{uid}", "PodNamespace": "ns", "PodUID": uid, "Node": node_name})
+    await ext.settled()  # bind answers once the Binding exists; the booking is marked bound after
+    return out
 
 
 @pytest.mark.parametrize("node_name", ["s4k", "s5k"])
