@@ -4,8 +4,10 @@ Filter and prioritize read only the local mirror (no Redis call per node). Bind 
 the chosen node when the node has not changed since (the memo, keyed by (node, seq)), else plans afresh
 from the mirror (pure: shared/domain/state.py plan_on), and books the plan's card(s) atomically in the
 ledger (one round trip when the mirror is current; the script checks every card again), creates the Binding with
-the allocation annotations in the same API call, then marks the reservation bound (a second
-round trip). On any failure the reservation is released and the error returned.
+the allocation annotations in the same API call, answers, and then marks the reservation bound (a second
+round trip, off the bind's latency: `_settle`). A failure before the Binding releases the reservation and
+returns the error; once the Binding exists the bind has succeeded, and a confirmation that fails is left to
+the watchers, which book the pod from its record.
 
 Filter returns the best `filterTopK` feasible nodes (shared/domain/topk.py; 0: all). Bookings this replica is
 making count in filter and prioritize until the mirror has them (`held`): the reserve script's reply carries
@@ -416,16 +418,46 @@ class Extender:
             log.warning("bind: marking a booking bound failed (the pod watcher books it from its record): %s", e)
 
     async def settled(self, timeout: float = 10.0) -> None:
-        """Wait (at most `timeout` s) for the bookings of answered binds to be marked bound."""
-        if self._settling:
-            await asyncio.wait(set(self._settling), timeout=timeout)
+        """Wait (at most `timeout` s) until the bookings of answered binds are marked bound, those of binds
+        answered meanwhile included; says how many were left."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self._settling:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                SETTLE_FAILURES.inc(len(self._settling))
+                log.warning("bind: %d booking(s) not marked bound by the stop (the pod watcher books them from "
+                            "their records)", len(self._settling))
+                return
+            await asyncio.wait(set(self._settling), timeout=left)
+
+    async def _still_here(self, pod: str, uid: str, node: str) -> bool:
+        """Whether the pod still exists, bound to `node`. A booking found gone after its Binding may have been
+        released because the pod ended: booked again it would hold cards for nobody. Not knowing (the API
+        server unreachable) counts as here: holding a share too long is repaired, giving it away is not."""
+        if self.kube is None:
+            return True
+        ns, _, name = pod.partition("/")
+        try:
+            got = await self.kube.get_pod(ns, name)
+        except KubeError as e:
+            return e.status != 404
+        except Exception:  # unreachable, or an answer we cannot read: fail closed
+            return True
+        meta = got.get("metadata") or {}
+        return bool(meta.get("uid") == uid and (got.get("spec") or {}).get("nodeName") == node)
 
     async def _mark_bound(self, node: str, uid: str, pod: str, req: SliceRequest, cards: tuple[int, ...],
                           capacity: int) -> None:
         """The Binding exists: mark the booking bound. If it went while the bind was in flight (expired past
-        the TTL, or released by a repair), the pod holds its cards anyway: book what its record says now,
-        as the watcher will once it sees the record (over-commit is booked and reported, never hidden)."""
+        the TTL, or released by a repair) and the pod is still there, it holds its cards anyway: book what
+        its record says now, as the watcher will once it sees the record (over-commit is booked and
+        reported, never hidden)."""
         if await self.ledger.mark_bound(node, uid):
+            return
+        if not await self._still_here(pod, uid, node):
+            # deleted (and released by the pod watcher) between the Binding and this confirmation
+            log.info("bind: %s (%s) ended before its booking on %s was confirmed: not booked again", pod, uid,
+                     node)
             return
         mem, cores, slices = req.booking_for(capacity)
         out = await self.ledger.observe(uid, PodUsage(node, cards, mem, cores, slices), pod, keep_bound=True)

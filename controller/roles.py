@@ -31,9 +31,11 @@ async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
     app = web.Application(client_max_size=EXTENDER_BODY_LIMIT)
     ext = Extender(cfg, ledger, mirror, kube)
     ext.routes(app)
-    ok = await serve_api(cfg, app, sup, stop)
-    await ext.settled()  # the answered binds' bookings marked bound before the clients close
-    await kube.close()
+    try:
+        ok = await serve_api(cfg, app, sup, stop)
+    finally:
+        await ext.settled()  # the answered binds' bookings marked bound before the clients close
+        await kube.close()
     return ok
 
 

@@ -59,8 +59,9 @@ REBOOKED = Counter("mtsched_bind_rebooked_total",
                    "Binds whose booking went while the Binding was being written (expired past the TTL, or "
                    "released by a repair), booked again from the record they wrote (should stay 0)")
 SETTLE_FAILURES = Counter("mtsched_bind_settle_failures_total",
-                          "Answered binds whose booking could not be marked bound (Redis unreachable); the pod "
-                          "watcher books it from the record the Binding wrote")
+                          "Answered binds whose booking was not marked bound (the ledger's call failed after its "
+                          "retries, or the role stopped first); the pod watcher books it from the record the "
+                          "Binding wrote")
 RECORD_MISMATCH = Counter("mtsched_record_mismatch_total",
                           "Allocation records the ledger did not book (should stay 0): changed after our bind "
                           "(the booking is kept), or on a pod our scheduler does not place (foreign)", ["kind"])

@@ -67,6 +67,7 @@ async def setup(redis_client: Redis, ledger: Ledger) -> AsyncIterator[tuple[Exte
     kube = FakeKube()
     ext = Extender(CFG, ledger, mirror, kube)  # type: ignore[arg-type]
     yield ext, kube, ledger
+    await ext.settled()  # no confirmation of this test's binds runs into the next test's Redis
     await mirror.stop()
 
 

@@ -143,6 +143,9 @@ class _LosingKube(FakeKube):
     async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
         assert await self.ledger.release(node, uid)
         await super().bind(ns, name, uid, node, annotations)
+        # the pod as the API server then has it: still there, so its booking is made again
+        self.pods[(ns, name)] = {"metadata": {"name": name, "namespace": ns, "uid": uid,
+                                              "annotations": dict(annotations)}, "spec": {"nodeName": node}}
 
 
 async def test_a_bind_whose_booking_went_in_flight_books_it_again(redis_client: Redis, ledger: Ledger) -> None:
