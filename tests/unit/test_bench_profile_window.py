@@ -8,12 +8,26 @@ import pstats
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bench import timed_role
 from bench.load.cluster import profile_window
+
+
+@pytest.fixture
+def handlers() -> Iterator[None]:
+    """The process's own SIGUSR1/SIGUSR2 handlers, put back after the test installs the window's."""
+    before = (signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGUSR2))
+    yield
+    signal.signal(signal.SIGUSR1, before[0])
+    signal.signal(signal.SIGUSR2, before[1])
+
+
+def _send(sig: signal.Signals) -> None:
+    os.kill(os.getpid(), sig)
 
 
 def _sleeper() -> subprocess.Popen[bytes]:
@@ -64,37 +78,29 @@ def test_both_profiles_at_once_are_refused(monkeypatch: pytest.MonkeyPatch, tmp_
     assert b"exclude each other" in out.stderr
 
 
+@pytest.mark.usefixtures("handlers")
 def test_a_failed_dump_is_said_and_the_next_window_still_opens(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    before = (signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGUSR2))
     target = tmp_path / "later"
-    try:
-        timed_role._profile_window(str(target / "p"))
-        os.kill(os.getpid(), signal.SIGUSR1)
-        os.kill(os.getpid(), signal.SIGUSR2)  # the directory does not exist: said, not raised
-        target.mkdir()
-        os.kill(os.getpid(), signal.SIGUSR1)
-        _inside()
-        os.kill(os.getpid(), signal.SIGUSR2)
-    finally:
-        signal.signal(signal.SIGUSR1, before[0])
-        signal.signal(signal.SIGUSR2, before[1])
+    timed_role._profile_window(str(target / "p"))
+    _send(signal.SIGUSR1)
+    _send(signal.SIGUSR2)  # the directory does not exist: said, not raised
+    target.mkdir()
+    _send(signal.SIGUSR1)
+    _inside()
+    _send(signal.SIGUSR2)
     assert "cannot write" in capsys.readouterr().err
     assert sorted(p.name for p in target.iterdir()) == ["p.1"]
 
 
+@pytest.mark.usefixtures("handlers")
 def test_a_window_left_open_is_dumped_when_the_next_opens(tmp_path: Path) -> None:
-    before = (signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGUSR2))
-    try:
-        timed_role._profile_window(str(tmp_path / "p"))
-        os.kill(os.getpid(), signal.SIGUSR1)
-        _outside()  # a phase that ended before its SIGUSR2
-        os.kill(os.getpid(), signal.SIGUSR1)
-        _inside()
-        os.kill(os.getpid(), signal.SIGUSR2)
-    finally:
-        signal.signal(signal.SIGUSR1, before[0])
-        signal.signal(signal.SIGUSR2, before[1])
+    timed_role._profile_window(str(tmp_path / "p"))
+    _send(signal.SIGUSR1)
+    _outside()  # a phase that ended before its SIGUSR2
+    _send(signal.SIGUSR1)
+    _inside()
+    _send(signal.SIGUSR2)
     first, second = ({fn for (_, _, fn) in pstats.Stats(str(tmp_path / n)).stats}  # type: ignore[attr-defined]
                      for n in ("p.0", "p.1"))
     assert "_outside" in first and "_inside" not in first
@@ -109,19 +115,15 @@ def _outside() -> int:
     return sum(i for i in range(20000))
 
 
+@pytest.mark.usefixtures("handlers")
 def test_a_role_profiles_only_its_window(tmp_path: Path) -> None:
-    before = (signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGUSR2))
-    try:
-        timed_role._profile_window(str(tmp_path / "p"))
-        _outside()
-        os.kill(os.getpid(), signal.SIGUSR1)
-        _inside()
-        os.kill(os.getpid(), signal.SIGUSR2)
-        _outside()
-        os.kill(os.getpid(), signal.SIGUSR2)  # no window open: nothing more is written
-    finally:
-        signal.signal(signal.SIGUSR1, before[0])
-        signal.signal(signal.SIGUSR2, before[1])
+    timed_role._profile_window(str(tmp_path / "p"))
+    _outside()
+    _send(signal.SIGUSR1)
+    _inside()
+    _send(signal.SIGUSR2)
+    _outside()
+    _send(signal.SIGUSR2)  # no window open: nothing more is written
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.0"]
     names = {fn for (_, _, fn) in pstats.Stats(str(tmp_path / "p.0")).stats}  # type: ignore[attr-defined]
     assert "_inside" in names
