@@ -438,13 +438,24 @@ class Extender:
             return True
         ns, _, name = pod.partition("/")
         try:
-            got = await self.kube.get_pod(ns, name)
-        except KubeError as e:
-            return e.status != 404
+            return await self._bound_here(ns, name, uid, node) is not None
         except Exception:  # unreachable, or an answer we cannot read: fail closed
             return True
-        meta = got.get("metadata") or {}
-        return bool(meta.get("uid") == uid and (got.get("spec") or {}).get("nodeName") == node)
+
+    async def _bound_here(self, ns: str, name: str, uid: str, node: str) -> Mapping[str, str] | None:
+        """The annotations of the pod if it exists as this uid bound to `node`, else None (404 included);
+        raises KubeError when the API server does not say."""
+        assert self.kube is not None
+        try:
+            pod = await self.kube.get_pod(ns, name)
+        except KubeError as e:
+            if e.status == 404:
+                return None
+            raise
+        meta = pod.get("metadata") or {}
+        if meta.get("uid") != uid or (pod.get("spec") or {}).get("nodeName") != node:
+            return None
+        return meta.get("annotations") or {}
 
     async def _mark_bound(self, node: str, uid: str, pod: str, req: SliceRequest, cards: tuple[int, ...],
                           capacity: int) -> None:
@@ -521,12 +532,10 @@ class Extender:
         if self.kube is None:
             return False
         try:
-            pod = await self.kube.get_pod(ns, name)
+            got = await self._bound_here(ns, name, uid, node)
         except KubeError:
             return False
-        meta = pod.get("metadata") or {}
-        return bool(meta.get("uid") == uid and (pod.get("spec") or {}).get("nodeName") == node
-                    and (meta.get("annotations") or {}).get(ALLOCATED) == annotations[ALLOCATED])
+        return got is not None and got.get(ALLOCATED) == annotations[ALLOCATED]
 
     # -- HTTP ----------------------------------------------------------------------------------
 

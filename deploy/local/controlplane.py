@@ -240,26 +240,28 @@ class ControlPlane:
         self.kubeconfig_path.chmod(0o600)
 
     def _start_etcd(self, bin_dir: Path) -> None:
-        for attempt in range(3):
+        def once(attempt: int) -> None:
             self._etcd_port = free_port()
             data = self.workdir / ("etcd" if attempt == 0 else f"etcd-{attempt}")  # a member afresh
-            argv = etcd.etcd_argv(bin_dir / "etcd", data, self.etcd_url, free_port())
-            proc = self._spawn("etcd", argv)
+            proc = self._spawn("etcd", etcd.etcd_argv(bin_dir / "etcd", data, self.etcd_url, free_port()))
+            self._wait(proc, lambda: etcd.etcd_healthy(self.etcd_url))
+
+        self._on_free_ports("etcd", once)
+
+    def _on_free_ports(self, name: str, once: Callable[[int], None]) -> None:
+        """``once(attempt)`` starts component ``name`` on ports it picks; it is started again (3 attempts) while
+        it exits because a port it was given was taken before it bound it (nothing points at them yet). The
+        failed attempt's log is kept beside, still a .log (log_tails), never over an earlier one."""
+        for attempt in range(3):
             try:
-                self._wait(proc, lambda: etcd.etcd_healthy(self.etcd_url))
+                once(attempt)
                 return
             except ControlPlaneError:
-                if not self._port_was_taken(proc, attempt):
+                proc = self._procs[name]
+                if attempt == 2 or proc.alive() or not port_taken(tail(proc.log_path, 40)):
                     raise
-
-    def _port_was_taken(self, proc: Proc, attempt: int) -> bool:
-        """Whether ``proc`` exited because a port it was given was taken before it bound it, so that it may
-        start again on new ones (nothing points at them yet); its log is kept beside."""
-        if attempt == 2 or proc.alive() or not port_taken(tail(proc.log_path, 40)):
-            return False
-        with contextlib.suppress(OSError):  # still a .log (log_tails), and never over an earlier one
-            proc.log_path.rename(proc.log_path.with_suffix(f".port-taken-{time.time_ns()}.log"))
-        return True
+                with contextlib.suppress(OSError):
+                    proc.log_path.rename(proc.log_path.with_suffix(f".port-taken-{time.time_ns()}.log"))
 
     def restart_apiserver(self) -> None:
         """Stop kube-apiserver and start it again on the same port and etcd: every watch stream and
@@ -270,14 +272,10 @@ class ControlPlane:
         self._start_apiserver(self.bin_dir, port=self._api_port)
 
     def _start_apiserver(self, bin_dir: Path, port: int = 0) -> None:
-        for attempt in range(3):
-            try:
-                self._start_apiserver_once(bin_dir, port)
-                return
-            except ControlPlaneError:
-                # a restart keeps its port (clients point at it): only a first start may move
-                if port or not self._port_was_taken(self._procs["kube-apiserver"], attempt):
-                    raise
+        if port:  # a restart keeps its port (clients point at it): only a first start may move
+            self._start_apiserver_once(bin_dir, port)
+        else:
+            self._on_free_ports("kube-apiserver", lambda _: self._start_apiserver_once(bin_dir, 0))
 
     def _start_apiserver_once(self, bin_dir: Path, port: int) -> None:
         self._api_port = port or free_port()
@@ -366,23 +364,20 @@ class ControlPlane:
         config_path = self.workdir / "scheduler.yaml"
         config_path.write_text(yaml.safe_dump(self.scheduler_config(), sort_keys=False))
         t0 = time.monotonic()
-        for attempt in range(3):
+
+        def once(_: int) -> None:
             self._sched_port = free_port()
             argv = scheduler_argv(self.bin_dir / "kube-scheduler", config_path, self._sched_port,
                                   self.workdir / "scheduler-certs", setup.kubeconfig or self.kubeconfig_path,
                                   self.scheduler_verbosity, setup)
             proc = self._spawn("kube-scheduler", argv)
-            try:
-                self._wait(proc, lambda: scheduler_ready(self._sched_port))
-                break
-            except ControlPlaneError:
-                if self._port_was_taken(proc, attempt):
-                    continue
-                self.stop_scheduler()
-                raise
-            except BaseException:
-                self.stop_scheduler()
-                raise
+            self._wait(proc, lambda: scheduler_ready(self._sched_port))
+
+        try:
+            self._on_free_ports("kube-scheduler", once)
+        except BaseException:
+            self.stop_scheduler()
+            raise
         self.timings["scheduler"] = time.monotonic() - t0
 
     def stop_scheduler(self) -> None:
