@@ -48,13 +48,7 @@ TROUBLE_ONLY = {"mtsched_reconcile_repairs_total", "mtsched_record_mismatch_tota
 
 @pytest.fixture(scope="module")
 def stack(control_plane: ControlPlane, redis_server: RedisServer) -> Iterator[Stack]:
-    import redis as sync_redis
-
-    if redis_server.proc is None or redis_server.proc.poll() is not None:
-        redis_server.start()
-    sync_redis.Redis(port=redis_server.port, password=redis_server.password).flushall()
-    st = Stack(control_plane, redis_server.url, "96", settings={"reconcileSeconds": 2})
-    with st.running():
+    with Stack(control_plane, redis_server.empty().url, "96", settings={"reconcileSeconds": 2}).running() as st:
         yield st
 
 

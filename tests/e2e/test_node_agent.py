@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 import pytest
 import pytest_asyncio
-from redis.asyncio import Redis
 
 from controller.cards import card_table
 from deploy.local.controlplane import ControlPlane
@@ -26,8 +25,7 @@ from deploy.local.redis import RedisServer, free_port, terminate
 from deploy.local.stack import Stack
 from shared.domain.knobs import ANNOTATION, CardKnobs, decode_annotation
 from shared.kube import Kube, KubeError
-from shared.store.ledger import Ledger
-from tests.deploy._chart import helm_binary, run_helm
+from tests.e2e._chart import rendered
 from tests.e2e.test_product import CORE, MEM, SCENARIO_LABEL, VGPU, Cluster, grants
 
 pytestmark = pytest.mark.e2e
@@ -50,41 +48,19 @@ async def until(what: str, probe: Callable[[], Awaitable[T | None]], timeout: fl
 @pytest.fixture(scope="module")
 def manifest(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The chart rendered as deploy/manifests/render.sh does, with the node agent enabled."""
-    helm = helm_binary(pytestconfig)
-    out = run_helm(helm, ["template", "hami", str(Path(__file__).resolve().parents[2] / "deploy/helm/hami"),
-                          "--namespace", "kube-system", "--kube-version", "v1.36.3", "--set", "tls.mode=external",
-                          "--set", "redis.auth.existingSecret=hami-redis-auth", "--set", "nodeAgent.enabled=true"])
-    path = tmp_path_factory.mktemp("chart") / "hami-node-agent.yaml"
-    path.write_text(out.stdout)
-    return path
+    return rendered(pytestconfig, tmp_path_factory, "hami-node-agent.yaml", "nodeAgent.enabled=true")
 
 
 @pytest.fixture(scope="module")
 def stack(control_plane: ControlPlane, redis_server: RedisServer, manifest: Path) -> Iterator[Stack]:
-    import redis as sync_redis
-
-    if redis_server.proc is None or redis_server.proc.poll() is not None:
-        redis_server.start()
-    sync_redis.Redis(port=redis_server.port, password=redis_server.password).flushall()
-    st = Stack(control_plane, redis_server.url, "96", manifest=manifest)
-    with st.running():
+    with Stack(control_plane, redis_server.empty().url, "96", manifest=manifest).running() as st:
         yield st
 
 
 @pytest_asyncio.fixture
 async def cluster(stack: Stack, redis_server: RedisServer) -> AsyncIterator[Cluster]:
-    kube = await Kube.create(str(stack.cp.kubeconfig_path))
-    client = Redis.from_url(redis_server.url, decode_responses=True)
-    ledger = Ledger(client)
-    await ledger.load_scripts()
-    c = Cluster(kube, ledger, stack.memory_per_card)
-    await c.setup()
-    try:
+    async with Cluster.opened(stack, redis_server.url) as c:
         yield c
-    finally:
-        await c.cleanup()
-        await client.aclose()
-        await kube.close()
 
 
 def write_card(root: Path, card: int, max_inst: int, policy: int = 0, time_slice: int = 1,
@@ -212,6 +188,35 @@ async def test_the_agent_publishes_and_the_scheduler_honours_each_cards_max_inst
         assert f"published {ANNOTATION} on node {node}" in (tmp_path / "agent.log").read_text()
     finally:
         terminate(proc)
+
+
+async def test_the_agent_cannot_add_finalizers_or_owners_to_its_node(
+        stack: Stack, cluster: Cluster, tmp_path: Path) -> None:
+    """Red team: the node agent's admission policy promises that the agent writes its own Node's
+    `mtsched.io/card-knobs` annotation and nothing else. It compared spec, labels and the other
+    annotations, but not metadata.finalizers or metadata.ownerReferences: the agent (any process holding the
+    token of its DaemonSet pod on that node) could add a finalizer (the Node can no longer be deleted, e.g. by
+    the node lifecycle or cluster autoscaler) or an owner reference to an object that does not exist (the
+    garbage collector then deletes the Node)."""
+    node = await cluster.add_node(96, cards=1)
+    ids = stack.provision()
+    agent = node_identity(stack.cp, ids, "node-agent", node, tmp_path)
+    knobs_only = {"metadata": {"annotations": {ANNOTATION: '{"v":1,"cards":{}}'}}}
+    assert await until("the policy admits the agent's own annotation",
+                       lambda: _admitted(agent.kubeconfig, node, knobs_only)) is True
+    uid = (await cluster.kube.request("GET", f"/api/v1/nodes/{node}"))["metadata"]["uid"]
+    owner = {"apiVersion": "v1", "kind": "Node", "name": f"{node}-gone", "uid": uid[:-4] + "0000"}
+    for body in ({"metadata": {"finalizers": ["example.com/never"]}},
+                 {"metadata": {"ownerReferences": [owner]}}):
+        refused = await patch_as(agent.kubeconfig, node, body)
+        assert refused is not None and refused.status == 403, body
+        assert "only the annotation mtsched.io/card-knobs" in str(refused), refused
+    meta = (await cluster.kube.request("GET", f"/api/v1/nodes/{node}"))["metadata"]
+    assert not meta.get("finalizers") and not meta.get("ownerReferences"), meta
+
+
+async def _admitted(kubeconfig: Path, node: str, body: dict[str, Any]) -> bool | None:
+    return True if await patch_as(kubeconfig, node, body) is None else None
 
 
 async def _with(value: Awaitable[T], ok: Callable[[T], bool]) -> bool:

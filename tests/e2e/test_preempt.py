@@ -21,14 +21,11 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from redis.asyncio import Redis
 
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
 from shared.domain.fit import USE_UUID
-from shared.kube import Kube
-from shared.store.ledger import Ledger
 from tests.e2e.test_product import CORE, MEM, VGPU, Cluster, grants
 
 pytestmark = pytest.mark.e2e
@@ -38,30 +35,14 @@ DEADLINE = 60.0
 
 @pytest.fixture(scope="module")
 def stack(control_plane: ControlPlane, redis_server: RedisServer) -> Iterator[Stack]:
-    import redis as sync_redis
-
-    if redis_server.proc is None or redis_server.proc.poll() is not None:
-        redis_server.start()
-    sync_redis.Redis(port=redis_server.port, password=redis_server.password).flushall()
-    st = Stack(control_plane, redis_server.url, "96")
-    with st.running():
+    with Stack(control_plane, redis_server.empty().url, "96").running() as st:
         yield st
 
 
 @pytest_asyncio.fixture
 async def cluster(stack: Stack, redis_server: RedisServer) -> AsyncIterator[Cluster]:
-    kube = await Kube.create(str(stack.cp.kubeconfig_path))
-    client = Redis.from_url(redis_server.url, decode_responses=True)
-    ledger = Ledger(client)
-    await ledger.load_scripts()
-    c = Cluster(kube, ledger, stack.memory_per_card)
-    await c.setup()
-    try:
+    async with Cluster.opened(stack, redis_server.url) as c:
         yield c
-    finally:
-        await c.cleanup()
-        await client.aclose()
-        await kube.close()
 
 
 @pytest_asyncio.fixture

@@ -8,6 +8,7 @@ carry a nodeSelector for their scenario's nodes, so scenarios never see each oth
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
@@ -63,6 +64,25 @@ class Cluster:
         self.id = uuid.uuid4().hex[:6]
         self.ns = f"e2e-{self.id}"
         self.nodes: list[str] = []
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def opened(cls, stack: Stack, redis_url: str) -> AsyncIterator[Cluster]:
+        """A scenario on `stack` with its own API client and ledger, its pods and nodes deleted after."""
+        kube = await Kube.create(str(stack.cp.kubeconfig_path))
+        client = Redis.from_url(redis_url, decode_responses=True)
+        try:
+            ledger = Ledger(client)
+            await ledger.load_scripts()
+            c = cls(kube, ledger, stack.memory_per_card)
+            await c.setup()
+            try:
+                yield c
+            finally:
+                await c.cleanup()
+        finally:
+            await client.aclose()
+            await kube.close()
 
     async def setup(self) -> None:
         await self.kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": self.ns}})
@@ -147,18 +167,8 @@ class Cluster:
 
 @pytest_asyncio.fixture
 async def cluster(stack: Stack, redis_server: RedisServer) -> AsyncIterator[Cluster]:
-    kube = await Kube.create(str(stack.cp.kubeconfig_path))
-    client = Redis.from_url(redis_server.url, decode_responses=True)
-    ledger = Ledger(client)
-    await ledger.load_scripts()
-    c = Cluster(kube, ledger, stack.memory_per_card)
-    await c.setup()
-    try:
+    async with Cluster.opened(stack, redis_server.url) as c:
         yield c
-    finally:
-        await c.cleanup()
-        await client.aclose()
-        await kube.close()
 
 
 def grants(pod: dict[str, Any]) -> list[list[Any]]:

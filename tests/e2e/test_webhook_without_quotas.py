@@ -24,17 +24,11 @@ MEM, VGPU = "mthreads.com/sgpu-memory", "mthreads.com/vgpu"
 @pytest.fixture(scope="module")
 def stack(control_plane: ControlPlane, redis_server: RedisServer, pytestconfig: pytest.Config,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    import redis as sync_redis
-
     rendered = template(helm_binary(pytestconfig), Case({"mtsched": {"quotaCheck": False}})).stdout
     assert not find(objects(rendered), "ClusterRole", "hami-webhook")
     manifest: Path = tmp_path_factory.mktemp("no-quota-check") / "hami.yaml"
     manifest.write_text(rendered)
-    if redis_server.proc is None or redis_server.proc.poll() is not None:
-        redis_server.start()
-    sync_redis.Redis(port=redis_server.port, password=redis_server.password).flushall()
-    st = Stack(control_plane, redis_server.url, "96", manifest=manifest)
-    with st.running():
+    with Stack(control_plane, redis_server.empty().url, "96", manifest=manifest).running() as st:
         yield st
 
 
