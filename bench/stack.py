@@ -1,6 +1,15 @@
 """deploy.local.stack.Stack for the benchmark: roles started through bench.timed_role (fine latency
-histograms), optionally the extender over plain HTTP (the sidecar topology: kube-scheduler and one
-extender in the same pod talking over loopback, as HAMi deploys it)."""
+histograms), and kube-scheduler calling one extender the way a deployment does (`extender_tls`):
+
+- `chart` (the default): HTTPS, kube-scheduler checking the extender's certificate and presenting none, as
+  the chart deploys it: the extender is a sidecar listening on its pod's own loopback, which only that pod's
+  containers reach (deploy/helm/hami/templates/scheduler/configmap.yaml: `tlsConfig` has a `caFile` only);
+- `mutual`: the local harness's mutual TLS (kube-scheduler's client certificate, extenderClientCAFile),
+  which the extender needs on any address other than loopback;
+- `http`: plain HTTP on loopback (HAMi's sidecar).
+
+With several extender replicas, kube-scheduler calls the harness's random balancer, always over mutual TLS.
+"""
 
 from __future__ import annotations
 
@@ -10,24 +19,47 @@ from dataclasses import dataclass
 
 from deploy.local.stack import Role, Stack
 
+EXTENDER_TLS = ("chart", "mutual", "http")
+
 
 @dataclass
 class BenchStack(Stack):
-    extender_http: bool = False
+    extender_tls: str = "chart"
+
+    def __post_init__(self) -> None:
+        if self.extender_tls not in EXTENDER_TLS:
+            raise ValueError(f"extender_tls {self.extender_tls!r}; allowed: {', '.join(EXTENDER_TLS)}")
+
+    @property
+    def sidecar(self) -> bool:
+        """One extender that kube-scheduler calls directly (no balancer between them)."""
+        return self.extenders == 1
 
     def _spawn(self, role: Role) -> None:
         log = open(role.log_path, "ab")  # noqa: SIM115 - the child writes it for its lifetime
-        argv = self.role_argv(role, "bench.timed_role")  # each role with its chart identity
-        if role.kind == "extender" and self.extender_http:
-            # loopback plain HTTP: the sidecar topology, where no client certificate is asked for
-            argv += ["--set", "tlsCertFile=", "--set", "tlsKeyFile=", "--set", "extenderClientCAFile="]
+        argv = self.role_argv(role, "bench.timed_role") + self.tls_argv(role.kind)  # with its chart identity
         role.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
+    def tls_argv(self, kind: str) -> list[str]:
+        """The settings that undo the harness's TLS for the sidecar extender (after role_argv's, so they win)."""
+        if kind != "extender" or not self.sidecar:
+            return []
+        if self.extender_tls == "http":  # no certificate at all
+            return ["--set", "tlsCertFile=", "--set", "tlsKeyFile=", "--set", "extenderClientCAFile="]
+        if self.extender_tls == "chart":  # it listens on loopback (role_argv): no client certificate asked
+            return ["--set", "extenderClientCAFile="]
+        return []
+
+    def _scheduler_client_cert(self) -> tuple[bytes, bytes] | None:
+        if self.sidecar and self.extender_tls != "mutual":
+            return None
+        return super()._scheduler_client_cert()
+
     def _front(self, kind: str) -> str:
-        if kind == "extender" and self.extender_http:
+        if kind == "extender" and self.extender_tls == "http":
             replicas = [r for r in self.roles if r.kind == kind]
-            if len(replicas) != 1:
-                raise ValueError("--extender-http is the sidecar topology: one extender replica")
+            if not self.sidecar or len(replicas) != 1:
+                raise ValueError("--extender-tls http is the sidecar topology: one extender replica")
             return f"http://127.0.0.1:{replicas[0].port}"
         return super()._front(kind)

@@ -53,8 +53,13 @@ from bench.load import external, memory
 from bench.load.cluster import LedgerView, Local, Target, delete_nodes, ensure_nodes, machine
 from bench.load.phase import Phase, run_phase
 from bench.load.report import save, summarize
+from bench.stack import EXTENDER_TLS
 from bench.workload import shapes
 from shared.serving.logs import Progress
+
+# What deploy/helm/hami/values.yaml sets that the library's defaults (shared/config.py) do not: the benchmark
+# measures what the chart deploys unless told otherwise (--set).
+CHART_SETTINGS = {"filterTopK": "1"}
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -87,10 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro-iterations", type=int, default=1000,
                    help="in-process filter calls per node count (0: skip)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--extender-http", action="store_true",
-                   help="local: kube-scheduler calls the extender over plain HTTP (sidecar topology, 1 replica)")
+    p.add_argument("--extender-tls", choices=EXTENDER_TLS, default="chart",
+                   help="local, one extender replica: how kube-scheduler calls it. chart (default): HTTPS without a "
+                        "client certificate, as the chart's sidecar on its pod's loopback; mutual: the harness's "
+                        "mutual TLS (kube-scheduler's client certificate); http: plain HTTP (bench/stack.py)")
+    p.add_argument("--extender-http", dest="extender_tls", action="store_const", const="http",
+                   help="the same as --extender-tls http")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="local: a setting for our roles, e.g. --set eventsEnabled=false (repeatable)")
+                   help="local: a setting for our roles, e.g. --set eventsEnabled=false (repeatable); the chart's "
+                        f"values are the defaults ({', '.join(f'{k}={v}' for k, v in CHART_SETTINGS.items())})")
     p.add_argument("--kubeconfig", help="run against this cluster (mtsched installed) instead of a local one")
     p.add_argument("--metrics", action="append", default=[], metavar="ROLE=URL",
                    help="with --kubeconfig: a role's /metrics URL (extender|webhook|watcher), repeatable")
@@ -172,8 +182,8 @@ async def amain(args: argparse.Namespace, doc: dict[str, Any], ext: external.Ext
                             local.percentage = pct
                         elif pct:
                             say("--percentage-of-nodes-to-score applies to the local control plane only")
-                        target = fixed or (local.target(int(replicas), args.webhooks, args.extender_http,
-                                                        dict(x.split("=", 1) for x in args.set)) if local else None)
+                        target = fixed or (local.target(int(replicas), args.webhooks, args.extender_tls,
+                                                        role_settings(args.set)) if local else None)
                         assert target is not None
                         mem_start = memory.sample(target.pids)
                         created = 0
@@ -221,6 +231,11 @@ async def amain(args: argparse.Namespace, doc: dict[str, Any], ext: external.Ext
         doc["machine"]["load_avg_end"] = os.getloadavg()
         doc["finished"] = datetime.now(UTC).isoformat()
         doc["summary"] = summarize(phases, fine=local is not None, node_memory=doc["node_memory"])
+
+
+def role_settings(given: list[str]) -> dict[str, str]:
+    """Our roles' settings: the chart's where it differs from the library's defaults, then each --set."""
+    return {**CHART_SETTINGS, **dict(x.split("=", 1) for x in given)}
 
 
 def plan(n: int, replicas: int | str, pct: int, args: argparse.Namespace, pods: int) -> list[tuple[Phase, int]]:

@@ -106,7 +106,7 @@ class Local:
         self.redis.start()
         self.say(f"redis-server up at {redact_url(self.redis.url)}")
 
-    def target(self, replicas: int, webhooks: int, extender_http: bool = False,
+    def target(self, replicas: int, webhooks: int, extender_tls: str = "chart",
                settings: dict[str, str] | None = None) -> Target:
         """(Re)start our roles with `replicas` extenders; kube-scheduler is restarted to call them."""
         from bench.stack import BenchStack
@@ -115,13 +115,13 @@ class Local:
         if self.stack is not None:
             self.stack.stop()
         self.stack = BenchStack(self.cp, self.redis.url, "96,160", extenders=replicas, webhooks=webhooks,
-                                watchers=1, settings=dict(settings or {}), extender_http=extender_http).start()
+                                watchers=1, settings=dict(settings or {}), extender_tls=extender_tls).start()
         urls: dict[str, list[str]] = defaultdict(list)
         for role in self.stack.roles:
             urls[role.kind].append(f"http://127.0.0.1:{role.metrics_port}/metrics")
         self.say(f"mtsched up: {replicas} extender(s){' behind the random balancer' if replicas > 1 else ''}, "
                  f"{webhooks} webhook(s), 1 watcher; kube-scheduler restarted with the extender"
-                 f"{' over plain HTTP (sidecar topology)' if extender_http else ' over HTTPS'}")
+                 f"{_how_called(extender_tls, replicas)}")
         pids = self.plane_pids()
         for role in self.stack.roles:
             if role.proc is not None:
@@ -260,3 +260,11 @@ class LedgerView:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+def _how_called(extender_tls: str, replicas: int) -> str:
+    if replicas > 1:
+        return " through the balancer over mutual TLS"
+    return {"chart": " over HTTPS without a client certificate (the chart's sidecar)",
+            "mutual": " over mutual TLS (kube-scheduler's client certificate)",
+            "http": " over plain HTTP (sidecar topology)"}[extender_tls]

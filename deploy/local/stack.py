@@ -199,6 +199,10 @@ class Stack:
                     role.port, role.metrics_port = free_port(), free_port()
                     self._spawn(role)
 
+    def _scheduler_client_cert(self) -> tuple[bytes, bytes] | None:
+        """kube-scheduler's client certificate and key for the extender (PEM); None: it presents none."""
+        return self.cp.pki.client_crt.read_bytes(), self.cp.pki.client_key.read_bytes()
+
     def _front(self, kind: str) -> str:
         replicas = [r for r in self.roles if r.kind == kind]
         if len(replicas) == 1:
@@ -231,11 +235,12 @@ class Stack:
     def start(self) -> Stack:
         self.start_roles()
         # kube-scheduler shares the extender's pod, hence its ServiceAccount.
-        pki = self.cp.pki
-        # kube-scheduler authenticates to the extender with a client certificate (mTLS), as the chart's
-        # extenderClientCAFile asks of anyone who calls it
-        spec = ExtenderSpec(self._front("extender"), client_cert_pem=pki.client_crt.read_bytes(),
-                            client_key_pem=pki.client_key.read_bytes())
+        # kube-scheduler authenticates to the extender with a client certificate (mTLS): here every role
+        # listens on this machine's loopback, which any local process reaches (in the chart, the extender's
+        # loopback is its own pod's), so the extender asks for one (extenderClientCAFile), as it must off loopback
+        cert = self._scheduler_client_cert()
+        spec = ExtenderSpec(self._front("extender"), client_cert_pem=cert[0] if cert else None,
+                            client_key_pem=cert[1] if cert else None)
         self.cp.start_scheduler(spec, kubeconfig=self.kubeconfig("kube-scheduler"))
         self.cp.register_webhooks(self._front("webhook") + "/mutate", ca_pem=self.cp.ca_pem,
                                   namespace_selector=WEBHOOK_NAMESPACE_SELECTOR)
