@@ -6,6 +6,7 @@ client are recording stand-ins, so a test can assert that a refused bind booked 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -21,6 +22,11 @@ from shared.store.ledger import Ledger, ReserveOutcome
 from shared.store.mirror import Mirror
 from webhook.server import BODY_LIMIT as WEBHOOK_BODY_LIMIT
 from webhook.server import Webhook
+
+# A field path: names, indexes and keys, a key quoted as JSON (shared/domain/shapes.py key_path), which may
+# hold "]" itself and end in "..." when cut short.
+FIELD = re.compile(r'^[A-Za-z][A-Za-z0-9]*([.][A-Za-z0-9]+|\[[^\]"]*\]|\["(?:[^"\\]|\\.)*"(?:\.\.\.)?\])*: ')
+
 
 CFG = load_config(env={}, flags={"memoryPerCard": "96,160"})
 VGPU = "mthreads.com/vgpu"

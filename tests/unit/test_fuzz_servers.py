@@ -15,7 +15,6 @@ import asyncio
 import copy
 import http.client
 import json
-import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,9 +26,19 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit._servers import CFG, CORE, MEM, VGPU, FakeKube, FakeLedger, extender, extender_app, webhook_app
+from tests.unit._servers import (
+    CFG,
+    CORE,
+    FIELD,
+    MEM,
+    VGPU,
+    FakeKube,
+    FakeLedger,
+    extender,
+    extender_app,
+    webhook_app,
+)
 
-FIELD = re.compile(r'^[A-Za-z][A-Za-z0-9]*([.][A-Za-z0-9]+|\[[^\]]*\])*: ')
 FUZZ = settings(max_examples=250, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 

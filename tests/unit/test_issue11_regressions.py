@@ -8,7 +8,6 @@ the previous code to see it fail.
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
@@ -25,13 +24,13 @@ from shared.domain.state import CardRecord, NodeSnapshot
 from shared.kube import Kube, KubeError
 from shared.store.ledger import Ledger, ReserveOutcome
 from shared.store.mirror import Mirror
+from tests.unit._servers import FIELD
 from webhook.server import Webhook, handle_review
 
 CFG = load_config(env={}, flags={"memoryPerCard": "96,160"})
 VGPU, MEM, CORE = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core"
 SLICE = {VGPU: "1", MEM: "32", CORE: "8"}
 # a problem line starts with the field it is about: `Pod.spec.containers[0].resources: got 5; ...`
-FIELD = re.compile(r'^[A-Za-z][A-Za-z0-9]*([.][A-Za-z0-9]+|\[[^\]]*\])*: ')
 
 
 class FakeLedger:
