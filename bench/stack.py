@@ -41,6 +41,14 @@ class BenchStack(Stack):
         role.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
+    def how_called(self) -> str:
+        """How kube-scheduler reaches the extender, for the benchmark's progress lines."""
+        if not self.sidecar:
+            return "through the balancer over mutual TLS"
+        return {"chart": "over HTTPS without a client certificate (the chart's sidecar)",
+                "mutual": "over mutual TLS (kube-scheduler's client certificate)",
+                "http": "over plain HTTP (sidecar topology)"}[self.extender_tls]
+
     def tls_argv(self, kind: str) -> list[str]:
         """The settings that undo the harness's TLS for the sidecar extender (after role_argv's, so they win)."""
         if kind != "extender" or not self.sidecar:
@@ -58,8 +66,7 @@ class BenchStack(Stack):
 
     def _front(self, kind: str) -> str:
         if kind == "extender" and self.extender_tls == "http":
-            replicas = [r for r in self.roles if r.kind == kind]
-            if not self.sidecar or len(replicas) != 1:
+            if not self.sidecar:
                 raise ValueError("--extender-tls http is the sidecar topology: one extender replica")
-            return f"http://127.0.0.1:{replicas[0].port}"
+            return f"http://127.0.0.1:{next(r for r in self.roles if r.kind == kind).port}"
         return super()._front(kind)

@@ -121,7 +121,7 @@ class Local:
             urls[role.kind].append(f"http://127.0.0.1:{role.metrics_port}/metrics")
         self.say(f"mtsched up: {replicas} extender(s){' behind the random balancer' if replicas > 1 else ''}, "
                  f"{webhooks} webhook(s), 1 watcher; kube-scheduler restarted with the extender"
-                 f"{_how_called(extender_tls, replicas)}")
+                 f" {self.stack.how_called()}")
         pids = self.plane_pids()
         for role in self.stack.roles:
             if role.proc is not None:
@@ -261,10 +261,3 @@ class LedgerView:
     async def close(self) -> None:
         await self.client.aclose()
 
-
-def _how_called(extender_tls: str, replicas: int) -> str:
-    if replicas > 1:
-        return " through the balancer over mutual TLS"
-    return {"chart": " over HTTPS without a client certificate (the chart's sidecar)",
-            "mutual": " over mutual TLS (kube-scheduler's client certificate)",
-            "http": " over plain HTTP (sidecar topology)"}[extender_tls]
