@@ -57,11 +57,14 @@ def free_port() -> int:
                 continue
         _handed_out.add(port)
         return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    _handed_out.add(port)
-    return port
+    for _ in range(200):  # the kernel may give back a port it gave before (it was closed since)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise OSError(f"no loopback port free that this process has not handed out ({len(_handed_out)} so far)")
 
 
 def default_workdir_parent() -> str | None:

@@ -29,6 +29,25 @@ def test_with_no_room_below_the_ephemeral_range_ports_come_from_the_kernel(monke
     assert len(set(ports)) == len(ports)
 
 
+def test_the_kernel_giving_a_port_back_twice_is_not_handed_out_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bind-to-0 may return a port it returned before (closed since): the test above failed so, once
+    given = iter([40001, 40001, 40002])
+
+    class Kernel:
+        def __init__(self, *_: object) -> None: ...
+        def __enter__(self) -> Kernel:
+            return self
+        def __exit__(self, *_: object) -> None: ...
+        def bind(self, _: object) -> None: ...
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", next(given))
+
+    monkeypatch.setattr(processes, "_ephemeral_range", lambda: (1024, 65535))
+    monkeypatch.setattr(processes, "_handed_out", set())
+    monkeypatch.setattr(processes.socket, "socket", Kernel)
+    assert [free_port(), free_port()] == [40001, 40002]
+
+
 def test_a_port_taken_by_a_listener_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
