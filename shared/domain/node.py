@@ -87,8 +87,9 @@ def _bad(name: str, problem: str, error: str) -> Inventory:
 
 
 def _int_quantity(raw: object) -> int | None:
+    # at most 19 digits (any 64-bit quantity): int() refuses more than 4300 with a ValueError, not a None
     text = str(raw).strip()
-    return int(text) if re.fullmatch(r"[0-9]+", text) else None
+    return int(text) if re.fullmatch(r"[0-9]{1,19}", text) else None
 
 
 def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
