@@ -18,6 +18,7 @@ from shared.domain.annotations import device_id
 from shared.domain.knobs import ANNOTATION as KNOBS_ANNOTATION
 from shared.domain.knobs import CardKnobs, KnobError, KnobReport, decode_annotation
 from shared.domain.models import CORES_PER_CARD, DEFAULT_MAX_INST, CardModel, describe_models
+from shared.domain.shapes import describe
 
 SGPU_CORES_LABEL = "mthreads.com/sgpu.cores"
 MAX_INST_ANNOTATION = "mtsched.io/max-inst"  # per-node override of slices per card (vendor max_inst)
@@ -143,7 +144,9 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
     if raw_inst is not None:
         inst = _int_quantity(raw_inst)
         if inst is None or not 1 <= inst <= DEFAULT_MAX_INST:
-            return _bad(name, ANNOTATION_MISMATCH, f"annotation {MAX_INST_ANNOTATION}={raw_inst!r} is outside "
+            # a long value is cut: the node's error must fit the ledger (4096 bytes, _lib.lua check_error)
+            shown = repr(raw_inst) if len(str(raw_inst)) <= 64 else describe(str(raw_inst))
+            return _bad(name, ANNOTATION_MISMATCH, f"annotation {MAX_INST_ANNOTATION}={shown} is outside "
                                          f"1..{DEFAULT_MAX_INST}")
         max_slices = inst
     knobs = KnobReport()
