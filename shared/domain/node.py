@@ -87,6 +87,17 @@ def _bad(name: str, problem: str, error: str) -> Inventory:
     return Inventory(name, error=error, problem=problem)
 
 
+MAX_ERROR_BYTES = 2048  # of a node's error, which the ledger keeps (its scripts take at most 4096 bytes)
+
+
+def _cut(text: str) -> str:
+    """`text` cut to MAX_ERROR_BYTES of UTF-8, saying how long it was."""
+    raw = text.encode()
+    if len(raw) <= MAX_ERROR_BYTES:
+        return text
+    return f"{raw[:MAX_ERROR_BYTES].decode(errors='ignore')}... ({len(text)} characters)"
+
+
 def _int_quantity(raw: object) -> int | None:
     # at most 19 digits (any 64-bit quantity): int() refuses more than 4300 with a ValueError, not a None
     text = str(raw).strip()
@@ -155,7 +166,7 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
         try:
             knobs = decode_annotation(str(raw_knobs))
         except KnobError as e:
-            return Inventory(name, error=str(e))
+            return Inventory(name, error=_cut(str(e)))  # it may quote the annotation, which can be 64 KiB
     cordoned = {p.strip() for p in str(annotations.get(CORDON_ANNOTATION, "")).split(",") if p.strip()}
     cards = []
     for i in sorted(indices):
