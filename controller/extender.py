@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp import web
 
@@ -96,8 +97,10 @@ def _bad(e: ArgsError) -> web.Response:
 
 def _refused(e: BaseException) -> bool:
     """Whether a failed Binding call is known not to have written the Binding: the API server answered
-    with a client error (403, 404, 422, ...; not 409, which a Binding that exists answers too, nor 408).
-    A timeout, a lost connection or a 5xx may come after the write."""
+    with a client error (403, 404, 422, ...; not 409, which a Binding that exists answers too, nor 408),
+    or no connection was made. A timeout, a lost connection or a 5xx may come after the write."""
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return True
     return isinstance(e, KubeError) and 400 <= e.status < 500 and e.status not in (408, 409)
 
 

@@ -11,7 +11,9 @@ stays pending, and the janitor expires it after pendingTTLSeconds if no pod turn
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import SimpleNamespace
 
+import aiohttp
 import pytest
 
 from shared.kube import KubeError
@@ -71,3 +73,22 @@ async def test_redteam_a_binding_of_unknown_outcome_keeps_its_cards(setup, error
     cards = [ann["mthreads.com/gpu-index"] for _, _, _, ann in kube.bound]
     assert len(cards) == len(set(cards)), f"two pods bound to one whole card: {kube.bound}, {outs}"
     assert record["mthreads.com/gpu-index"] in cards
+
+
+class NoConnectionKube(LostAnswerKube):
+    """The API server could not be reached at all: the Binding was never sent."""
+
+    async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+        key = SimpleNamespace(host="127.0.0.1", port=6443, ssl=True, is_ssl=True)
+        raise aiohttp.ClientConnectorError(key, OSError(111, "Connection refused"))  # type: ignore[arg-type]
+
+
+async def test_redteam_a_binding_never_sent_releases_its_cards(setup) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    ext, _fake, ledger = setup
+    kube = NoConnectionKube(TimeoutError())
+    ext.kube = kube
+    ext.filter({"Pod": pod("a", EXCLUSIVE), "NodeNames": ["s4k"], "Nodes": None})
+    out = await ext.bind({"PodName": "p-a", "PodNamespace": "ns", "PodUID": "a", "Node": "s4k"})
+    assert "reservation released" in out["Error"], out
+    snap = await ledger.snapshot("s4k")
+    assert snap is not None and not snap.reservations
