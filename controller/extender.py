@@ -6,8 +6,9 @@ from the mirror (pure: shared/domain/state.py plan_on), and books the plan's car
 ledger (one round trip when the mirror is current; the script checks every card again), creates the Binding with
 the allocation annotations in the same API call, answers, and then marks the reservation bound (a second
 round trip, off the bind's latency: `_settle`). A failure before the Binding releases the reservation and
-returns the error; once the Binding exists the bind has succeeded, and a confirmation that fails is left to
-the watchers, which book the pod from its record.
+returns the error (one that may have come after the Binding was written, a timeout or a 5xx, with the pod
+unreadable, keeps it pending instead: the pod may hold the cards); once the Binding exists the bind has
+succeeded, and a confirmation that fails is left to the watchers, which book the pod from its record.
 
 Filter returns the best `filterTopK` feasible nodes (shared/domain/topk.py; 0: all). Bookings this replica is
 making count in filter and prioritize until the mirror has them (`held`): the reserve script's reply carries
@@ -29,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp import web
 
@@ -91,6 +93,15 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 def _bad(e: ArgsError) -> web.Response:
     return _json({"error": str(e)}, status=400)
+
+
+def _refused(e: BaseException) -> bool:
+    """Whether a failed Binding call is known not to have written the Binding: the API server answered
+    with a client error (403, 404, 422, ...; not 409, which a Binding that exists answers too, nor 408),
+    or no connection was made. A timeout, a lost connection or a 5xx may come after the write."""
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return True
+    return isinstance(e, KubeError) and 400 <= e.status < 500 and e.status not in (408, 409)
 
 
 @dataclass(frozen=True)
@@ -379,10 +390,22 @@ class Extender:
                 raise KubeError(503, "no API client", "bind")
             await self.kube.bind(ns, name, uid, node, annotations)
         except Exception as e:
-            if await self._already_bound(ns, name, uid, node, annotations):
+            bound = await self._already_bound(ns, name, uid, node, annotations)
+            if bound:
                 self._settle(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)
                 BINDINGS.labels("success").inc()
                 return {"Error": ""}
+            if bound is None and not _refused(e):
+                # the Binding may exist (the answer was lost, or a 5xx after the write) and the pod cannot
+                # be read: it may run on these cards with its record, so they are not given away. The
+                # booking stays pending: a watcher that sees the record marks it bound, else the janitor
+                # expires it after pendingTTLSeconds
+                self._unclaim(uid)
+                BINDINGS.labels("failed").inc()
+                msg = (f"binding {ns}/{name} to {node} has an unknown outcome, its reservation is kept until the "
+                       f"pod is seen or it expires: {type(e).__name__}: {e}")
+                self.event(pod, "BindingFailed", msg, "Warning")
+                return {"Error": msg}
             # kube-scheduler moves every parked pod back to its queues as it gets this answer: their next
             # filter must see the cards free, so the release is in this mirror now, not when the feed brings it
             _, feed = await self.ledger.release_feed(node, uid)
@@ -527,14 +550,16 @@ class Extender:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             log.debug("booking not applied to the mirror ahead of the feed: %s", e)
 
-    async def _already_bound(self, ns: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> bool:
-        """A retried bind whose first attempt succeeded: the pod is on this node with this record."""
+    async def _already_bound(self, ns: str, name: str, uid: str, node: str,
+                             annotations: dict[str, str]) -> bool | None:
+        """A retried bind whose first attempt succeeded: the pod is on this node with this record (True);
+        False when it is not; None when the API server does not say (the pod cannot be read)."""
         if self.kube is None:
             return False
         try:
             got = await self._bound_here(ns, name, uid, node)
-        except KubeError:
-            return False
+        except Exception:  # KubeError, a timeout, the network: unknown
+            return None
         return got is not None and got.get(ALLOCATED) == annotations[ALLOCATED]
 
     # -- HTTP ----------------------------------------------------------------------------------

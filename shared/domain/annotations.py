@@ -33,8 +33,9 @@ SCHEDULER_OWNED_KEYS = frozenset(
 
 # Used with fullmatch (a "$" would let a trailing newline through); ASCII digits only: str.isdigit()
 # accepts "²", which int() refuses, and \d accepts "٣", which would name card 3 under another id.
-_ID_RE = re.compile(r"(?P<node>.+)-mthreads-(?P<index>[0-9]+)")
-_NUM_RE = re.compile(r"[0-9]+")
+# At most 18 digits: int() refuses more than 4300 with a plain ValueError, which is no AnnotationError.
+_ID_RE = re.compile(r"(?P<node>.+)-mthreads-(?P<index>[0-9]{1,18})")
+_NUM_RE = re.compile(r"[0-9]{1,18}")
 
 
 class AnnotationError(ValueError):

@@ -142,12 +142,27 @@ def _no_constant(name: str) -> object:
     raise KnobError(f"annotation {ANNOTATION} is not JSON: {name} is not a number")
 
 
+class _LongNumber:
+    """A JSON integer too long to be any knob, version or index: kept as its length, so the check of the
+    field it is in refuses it by name (int() would raise a plain ValueError past 4300 digits)."""
+
+    def __init__(self, text: str):
+        self.digits = len(text.lstrip("-"))
+
+    def __repr__(self) -> str:
+        return f"<a number of {self.digits} digits>"
+
+
+def _parse_int(text: str) -> int | _LongNumber:
+    return int(text) if len(text) <= 20 else _LongNumber(text)
+
+
 def decode_annotation(raw: str) -> KnobReport:
     """The annotation value as the agent wrote it; KnobError naming the field for anything else."""
     if len(raw) > MAX_ANNOTATION_BYTES:
         raise KnobError(f"annotation {ANNOTATION} is longer than {MAX_ANNOTATION_BYTES} bytes")
     try:  # the stdlib parser: it shows every key, so a repeated one is refused, not silently the last
-        doc = json.loads(raw, object_pairs_hook=_object, parse_constant=_no_constant)
+        doc = json.loads(raw, object_pairs_hook=_object, parse_constant=_no_constant, parse_int=_parse_int)
     except (json.JSONDecodeError, RecursionError) as e:
         raise KnobError(f"annotation {ANNOTATION} is not JSON: {e}") from e
     if not isinstance(doc, dict):

@@ -18,6 +18,7 @@ from shared.domain.annotations import device_id
 from shared.domain.knobs import ANNOTATION as KNOBS_ANNOTATION
 from shared.domain.knobs import CardKnobs, KnobError, KnobReport, decode_annotation
 from shared.domain.models import CORES_PER_CARD, DEFAULT_MAX_INST, CardModel, describe_models
+from shared.domain.shapes import describe
 
 SGPU_CORES_LABEL = "mthreads.com/sgpu.cores"
 MAX_INST_ANNOTATION = "mtsched.io/max-inst"  # per-node override of slices per card (vendor max_inst)
@@ -86,9 +87,21 @@ def _bad(name: str, problem: str, error: str) -> Inventory:
     return Inventory(name, error=error, problem=problem)
 
 
+MAX_ERROR_BYTES = 2048  # of a node's error, which the ledger keeps (its scripts take at most 4096 bytes)
+
+
+def _cut(text: str) -> str:
+    """`text` cut to MAX_ERROR_BYTES of UTF-8, saying how long it was."""
+    raw = text.encode()
+    if len(raw) <= MAX_ERROR_BYTES:
+        return text
+    return f"{raw[:MAX_ERROR_BYTES].decode(errors='ignore')}... ({len(text)} characters)"
+
+
 def _int_quantity(raw: object) -> int | None:
+    # at most 19 digits (any 64-bit quantity): int() refuses more than 4300 with a ValueError, not a None
     text = str(raw).strip()
-    return int(text) if re.fullmatch(r"[0-9]+", text) else None
+    return int(text) if re.fullmatch(r"[0-9]{1,19}", text) else None
 
 
 def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
@@ -142,7 +155,9 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
     if raw_inst is not None:
         inst = _int_quantity(raw_inst)
         if inst is None or not 1 <= inst <= DEFAULT_MAX_INST:
-            return _bad(name, ANNOTATION_MISMATCH, f"annotation {MAX_INST_ANNOTATION}={raw_inst!r} is outside "
+            # a long value is cut: the node's error must fit the ledger (4096 bytes, _lib.lua check_error)
+            shown = repr(raw_inst) if len(str(raw_inst)) <= 64 else describe(str(raw_inst))
+            return _bad(name, ANNOTATION_MISMATCH, f"annotation {MAX_INST_ANNOTATION}={shown} is outside "
                                          f"1..{DEFAULT_MAX_INST}")
         max_slices = inst
     knobs = KnobReport()
@@ -151,7 +166,7 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
         try:
             knobs = decode_annotation(str(raw_knobs))
         except KnobError as e:
-            return Inventory(name, error=str(e))
+            return Inventory(name, error=_cut(str(e)))  # it may quote the annotation, which can be 64 KiB
     cordoned = {p.strip() for p in str(annotations.get(CORDON_ANNOTATION, "")).split(",") if p.strip()}
     cards = []
     for i in sorted(indices):
