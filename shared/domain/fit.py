@@ -111,10 +111,12 @@ def gen_reason(reasons: Mapping[str, int], total: int) -> str:
     return ", ".join(sorted(f"{n}/{total} {r}" for r, n in reasons.items() if n))
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=2)
 def _id_list(raw: str | None) -> frozenset[str]:
     # parsed once per value, not once per node: fit runs per candidate node with the pod's annotation,
-    # which can be 256 KiB (a filter over 2,000 nodes spent seconds splitting it in the event loop)
+    # which can be 256 KiB (a filter over 2,000 nodes spent seconds splitting it in the event loop). Two
+    # values (the pod's use- and nouse- lists) are kept: a pod's annotations are at most 256 KiB in all,
+    # so what this holds is too (docs/install.md, Resource sizing)
     return frozenset(p.strip() for p in (raw or "").split(",") if p.strip())
 
 
