@@ -83,11 +83,12 @@ def mismatch_kind(error: str) -> str:
     return ""
 
 
-def _bad(name: str, problem: str, error: str) -> Inventory:
-    return Inventory(name, error=error, problem=problem)
-
-
 MAX_ERROR_BYTES = 2048  # of a node's error, which the ledger keeps (its scripts take at most 4096 bytes)
+
+
+def _bad(name: str, problem: str, error: str) -> Inventory:
+    """A node offering no card; every error node_inventory writes passes here, cut to fit the ledger."""
+    return Inventory(name, error=_cut(error), problem=problem)
 
 
 def _cut(text: str) -> str:
@@ -166,7 +167,7 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
         try:
             knobs = decode_annotation(str(raw_knobs))
         except KnobError as e:
-            return Inventory(name, error=_cut(str(e)))  # it may quote the annotation, which can be 64 KiB
+            return _bad(name, "", str(e))  # it may quote the annotation, which can be 64 KiB
     cordoned = {p.strip() for p in str(annotations.get(CORDON_ANNOTATION, "")).split(",") if p.strip()}
     cards = []
     for i in sorted(indices):
