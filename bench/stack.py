@@ -53,10 +53,12 @@ class BenchStack(Stack):
         """The settings that undo the harness's TLS for the sidecar extender (after role_argv's, so they win)."""
         if kind != "extender" or not self.sidecar:
             return []
-        if self.extender_tls == "http":  # no certificate at all
-            return ["--set", "tlsCertFile=", "--set", "tlsKeyFile=", "--set", "extenderClientCAFile="]
+        no_client_ca = ["--set", "extenderClientCAFile=", "--set", "extenderClientNames="]
+        if self.extender_tls == "http":  # no certificate at all (the webhook's client CA would need one)
+            return ["--set", "tlsCertFile=", "--set", "tlsKeyFile=", *no_client_ca,
+                    "--set", "webhookClientCAFile=", "--set", "webhookClientNames="]
         if self.extender_tls == "chart":  # it listens on loopback (role_argv): no client certificate asked
-            return ["--set", "extenderClientCAFile="]
+            return no_client_ca
         return []
 
     def _scheduler_client_cert(self) -> tuple[bytes, bytes] | None:

@@ -64,6 +64,10 @@ class Config:
     tls_key_file: str = ""
     extender_client_ca_file: str = ""  # the extender requires client certificates signed by this CA
     extender_allow_unauthenticated: bool = False  # explicit opt-in: non-loopback extender without mTLS
+    # and, when set, the caller's certificate must name one of these (its subject CN or a DNS SAN)
+    extender_client_names: tuple[str, ...] = ()
+    webhook_client_ca_file: str = ""  # the webhook requires client certificates (the API server's) from this CA
+    webhook_client_names: tuple[str, ...] = ()
     kubeconfig: str = ""
     events_enabled: bool = True
     # A Normal BindingSucceed event per bound pod (HAMi's). Off by default: kube-scheduler's own
@@ -96,7 +100,7 @@ def camel(name: str) -> str:
 
 # Keys whose spelling keeps an acronym in capitals (camel() would write pendingTtlSeconds).
 SPELLED = {"pendingTtlSeconds": "pendingTTLSeconds", "extenderClientCaFile": "extenderClientCAFile",
-           "redisCaFile": "redisCAFile", "redisCa": "redisCA"}
+           "webhookClientCaFile": "webhookClientCAFile", "redisCaFile": "redisCAFile", "redisCa": "redisCA"}
 
 
 def key_of(name: str) -> str:
@@ -125,6 +129,8 @@ def _coerce(name: str, raw: object, errors: list[str]) -> object:
             return False
         errors.append(f"{camel(name)}: {raw!r} is not a boolean (true/false)")
         return None
+    if kind == "tuple[str, ...]":
+        return _names(name, raw, errors)
     if kind == "int":
         if isinstance(raw, bool):
             errors.append(f"{camel(name)}: {raw!r} is not a whole number")
@@ -138,6 +144,24 @@ def _coerce(name: str, raw: object, errors: list[str]) -> object:
         errors.append(f"{camel(name)}: {raw!r} is not a string")
         return None
     return str(raw)
+
+
+_CERT_NAME_RE = re.compile(r"^[^\s,]{1,253}$")
+
+
+def _names(name: str, raw: object, errors: list[str]) -> tuple[str, ...] | None:
+    """A list of certificate names: a YAML list, or one comma-separated string (a flag or variable)."""
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) for x in items):
+        errors.append(f"{key_of(name)}: {raw!r} is not a list of names")
+        return None
+    names = tuple(x.strip() for x in items if x.strip())
+    bad = [x for x in names if not _CERT_NAME_RE.match(x)]
+    if bad or len(names) > 32:
+        errors.append(f"{key_of(name)}: {bad[0] if bad else raw!r} is not allowed: at most 32 names, each 1-253 "
+                      "characters without spaces or commas (a certificate's Common Name or DNS name)")
+        return None
+    return names
 
 
 def _validate(cfg: Config, errors: list[str]) -> None:
@@ -195,9 +219,14 @@ def _validate(cfg: Config, errors: list[str]) -> None:
             errors.append(f"{camel(key)}: {value!r} is not host:port")
     if bool(cfg.tls_cert_file) != bool(cfg.tls_key_file):
         errors.append("tlsCertFile and tlsKeyFile must be given together")
-    if cfg.extender_client_ca_file and not cfg.tls_cert_file:
-        errors.append("extenderClientCAFile needs tlsCertFile and tlsKeyFile: client certificates are "
-                      "checked in the TLS handshake")
+    for role in ("extender", "webhook"):
+        ca, names = getattr(cfg, f"{role}_client_ca_file"), getattr(cfg, f"{role}_client_names")
+        if ca and not cfg.tls_cert_file:
+            errors.append(f"{role}ClientCAFile needs tlsCertFile and tlsKeyFile: client certificates are "
+                          "checked in the TLS handshake")
+        if names and not ca:
+            errors.append(f"{role}ClientNames needs {role}ClientCAFile: names are checked on certificates that CA "
+                          "signed")
     if not re.match(r"^[A-Za-z0-9_.-]{1,32}$", cfg.key_prefix):
         errors.append(f"keyPrefix: {cfg.key_prefix!r} must be 1-32 characters of [A-Za-z0-9_.-]")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):

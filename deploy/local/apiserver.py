@@ -43,8 +43,25 @@ def admin_kubeconfig(server_url: str, ca_pem: bytes, token: str) -> dict[str, An
     }
 
 
+def webhook_client_kubeconfig(pki: PkiPaths) -> dict[str, Any]:
+    """Who kube-apiserver is to the webhooks it calls: user "*" (every webhook host) presents the harness's
+    API server client certificate, when a webhook asks for one (webhookClientCAFile)."""
+    return {"apiVersion": "v1", "kind": "Config",
+            "users": [{"name": "*", "user": {"client-certificate": str(pki.webhook_client_crt),
+                                             "client-key": str(pki.webhook_client_key)}}]}
+
+
+def admission_config(webhook_kubeconfig: Path) -> dict[str, Any]:
+    """--admission-control-config-file: both webhook plugins authenticate with `webhook_kubeconfig`."""
+    plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+              "kubeConfigFile": str(webhook_kubeconfig)}
+    return {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+            "plugins": [{"name": name, "configuration": plugin}
+                        for name in ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook")]}
+
+
 def apiserver_argv(binary: Path, etcd_url: str, port: int, pki: PkiPaths, tokens: Path, *, watch_cache: bool,
-                   verbosity: int, extra: Sequence[str]) -> list[str]:
+                   verbosity: int, extra: Sequence[str], admission: Path | None = None) -> list[str]:
     return [
         str(binary),
         f"--etcd-servers={etcd_url}",
@@ -74,6 +91,7 @@ def apiserver_argv(binary: Path, etcd_url: str, port: int, pki: PkiPaths, tokens
         "--profiling=false",
         f"--watch-cache={'true' if watch_cache else 'false'}",
         f"--v={verbosity}",
+        *([f"--admission-control-config-file={admission}"] if admission else []),
         *extra,
     ]
 

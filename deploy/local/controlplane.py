@@ -233,6 +233,15 @@ class ControlPlane:
 
     def _write_auth_files(self) -> None:
         (self.workdir / "tokens.csv").write_text(apiserver.token_file(self.token))
+        kubeconfig = self.workdir / "webhook-client.kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(apiserver.webhook_client_kubeconfig(self.pki), sort_keys=False))
+        kubeconfig.chmod(0o600)
+        self.admission_config_path.write_text(yaml.safe_dump(apiserver.admission_config(kubeconfig), sort_keys=False))
+
+    @property
+    def admission_config_path(self) -> Path:
+        """Who the API server is to the webhooks it calls (deploy/local/apiserver.py admission_config)."""
+        return self.workdir / "admission.yaml"
 
     def _write_kubeconfig(self) -> None:
         kc = apiserver.admin_kubeconfig(self.server_url, self.ca_pem, self.token)
@@ -282,6 +291,7 @@ class ControlPlane:
         argv = apiserver.apiserver_argv(
             bin_dir / "kube-apiserver", self.etcd_url, self._api_port, self.pki, self.workdir / "tokens.csv",
             watch_cache=self.watch_cache, verbosity=self.apiserver_verbosity, extra=self.extra_apiserver_args,
+            admission=self.admission_config_path,
         )
         proc = self._spawn("kube-apiserver", argv)
         self._write_kubeconfig()

@@ -23,6 +23,11 @@ _VALIDITY = dt.timedelta(days=365)
 # Tolerate small clock skew between this process and the Go binaries.
 _BACKDATE = dt.timedelta(minutes=5)
 
+# The clients' names (subject CN): the roles admit only these (extenderClientNames, webhookClientNames),
+# as one CA here signs every certificate.
+SCHEDULER_CLIENT = "mtsched-harness-kube-scheduler"
+APISERVER_CLIENT = "mtsched-harness-kube-apiserver"
+
 
 @dataclass(frozen=True)
 class CertKey:
@@ -47,6 +52,9 @@ class PkiPaths:
     sa_pub: Path
     client_crt: Path  # kube-scheduler's (and the balancer's) client certificate for the extender (mTLS)
     client_key: Path
+    # kube-apiserver's client certificate for the webhooks it calls (its AdmissionConfiguration's kubeconfig)
+    webhook_client_crt: Path
+    webhook_client_key: Path
 
 
 def _new_key() -> ec.EllipticCurvePrivateKey:
@@ -163,7 +171,8 @@ def write_pki(directory: Path | str) -> PkiPaths:
     api = make_serving_cert(ca, "kube-apiserver")
     serving = make_serving_cert(ca, "mtsched-harness-serving")
     sa_key, sa_pub = make_service_account_keys()
-    client = make_client_cert(ca, "mtsched-harness-kube-scheduler")
+    client = make_client_cert(ca, SCHEDULER_CLIENT)
+    webhook_client = make_client_cert(ca, APISERVER_CLIENT)
     return PkiPaths(
         dir=d,
         ca_crt=_write(d / "ca.crt", ca.cert_pem),
@@ -176,4 +185,6 @@ def write_pki(directory: Path | str) -> PkiPaths:
         sa_pub=_write(d / "sa.pub", sa_pub),
         client_crt=_write(d / "client.crt", client.cert_pem),
         client_key=_write(d / "client.key", client.key_pem, private=True),
+        webhook_client_crt=_write(d / "apiserver-webhook-client.crt", webhook_client.cert_pem),
+        webhook_client_key=_write(d / "apiserver-webhook-client.key", webhook_client.key_pem, private=True),
     )

@@ -39,6 +39,7 @@ from deploy.local.identities import (
     restore_policies,
     suspend_policies,
 )
+from deploy.local.pki import APISERVER_CLIENT, SCHEDULER_CLIENT
 from deploy.local.processes import port_taken
 from deploy.local.redis import free_port, terminate
 from shared.config import url_password, without_password
@@ -103,8 +104,12 @@ class Stack:
             # No kubeconfig here: each role gets its own identity's on its command line (role_argv).
             "tlsCertFile": str(self.cp.pki.serving_crt),
             "tlsKeyFile": str(self.cp.pki.serving_key),
-            # the extender accepts only callers with a client certificate of the harness CA (mTLS)
+            # the extender accepts only kube-scheduler's client certificate, the webhook only the API server's
+            # (mTLS; one CA signs every certificate here, so the names narrow it to the one caller)
             "extenderClientCAFile": str(self.cp.pki.ca_crt),
+            "extenderClientNames": [SCHEDULER_CLIENT],
+            "webhookClientCAFile": str(self.cp.pki.ca_crt),
+            "webhookClientNames": [APISERVER_CLIENT],
             "pendingTTLSeconds": 30,
             **self.settings,
         }
@@ -216,9 +221,11 @@ class Stack:
             for r in replicas:
                 argv += ["--backend", f"https://127.0.0.1:{r.port}"]
             pki = self.cp.pki
-            if kind == "extender":  # mTLS on both sides, as kube-scheduler -> extender
-                argv += ["--client-ca", str(pki.ca_crt), "--client-cert", str(pki.client_crt),
-                         "--client-key", str(pki.client_key)]
+            # mTLS on both sides, as kube-scheduler -> extender and kube-apiserver -> webhook: the balancer
+            # presents the caller's certificate to the replicas
+            crt, key = ((pki.client_crt, pki.client_key) if kind == "extender"
+                        else (pki.webhook_client_crt, pki.webhook_client_key))
+            argv += ["--client-ca", str(pki.ca_crt), "--client-cert", str(crt), "--client-key", str(key)]
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             self.balancers[kind] = (proc, port)
             ctx = ssl.create_default_context(cafile=str(self.cp.pki.ca_crt))

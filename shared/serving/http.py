@@ -28,6 +28,8 @@ async def serve(app: web.Application, addr: str, ssl_context: ssl.SSLContext | N
     policy = app.get(LISTEN_POLICY)
     if policy is not None:  # the role's default address and client authentication (shared/serving/listen.py)
         addr, ssl_context = policy.apply(addr, ssl_context)
+        if (names := policy.middleware()) is not None:
+            app.middlewares.append(names)  # before the runner's setup freezes the application
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, port = split_addr(addr)

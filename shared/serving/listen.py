@@ -4,7 +4,12 @@ The extender books cards and creates Bindings with the scheduler's credentials, 
 kube-scheduler may call it: by default it listens on loopback (kube-scheduler runs in the same
 pod), and on any other address it requires a client certificate signed by `extenderClientCAFile`
 (mutual TLS), unless `extenderAllowUnauthenticated` says otherwise out loud. The webhook must be
-reachable by the API server, so it keeps listening on all addresses.
+reachable by the API server, so it keeps listening on all addresses; with `webhookClientCAFile`
+it answers only a caller presenting a certificate of that CA (the API server's, given by its
+AdmissionConfiguration), since a forged review makes it list a namespace's quotas and pods.
+
+A CA often signs more than one client (a cluster CA signs every kubelet's), so `<role>ClientNames`
+can narrow it to the certificates naming one of them (subject CN or a DNS SAN): refused with 403.
 
 The checks are pure; `ListenPolicy.apply` is the one step with I/O (reading the client CA), run
 by shared.serving.http.serve() when it opens the role's port.
@@ -13,12 +18,20 @@ by shared.serving.http.serve() when it opens the role's port.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import ssl
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from shared.config import Config, ConfigError
+from shared.serving.metrics import CLIENTS_REFUSED
+
+log = logging.getLogger("mtsched")
 
 EXTENDER_LISTEN = "127.0.0.1:8443"
 WEBHOOK_LISTEN = "0.0.0.0:8443"
@@ -37,6 +50,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def cert_names(peercert: Mapping[str, Any] | None) -> list[str]:
+    """The names a verified peer certificate (ssl's getpeercert() form) carries: subject CNs, then DNS SANs."""
+    if not peercert:
+        return []
+    cns = [v for rdn in peercert.get("subject", ()) for k, v in rdn if k == "commonName"]
+    return cns + [v for k, v in peercert.get("subjectAltName", ()) if k == "DNS"]
+
+
+def name_allowed(peercert: Mapping[str, Any] | None, allowed: Iterable[str]) -> bool:
+    return not set(cert_names(peercert)).isdisjoint(allowed)
+
+
 @dataclass(frozen=True)
 class ListenPolicy:
     role: str
@@ -44,6 +69,11 @@ class ListenPolicy:
     client_ca: str = ""
     auth_off_loopback: bool = False  # a non-loopback address needs client authentication
     allow_unauthenticated: bool = False
+    client_names: tuple[str, ...] = ()  # empty: any certificate client_ca signed
+
+    @property
+    def ca_key(self) -> str:
+        return f"{self.role}ClientCAFile"
 
     def address(self, configured: str) -> str:
         return configured or self.default
@@ -51,8 +81,10 @@ class ListenPolicy:
     def problems(self, addr: str, tls: bool) -> list[str]:
         out = []
         if self.client_ca and not tls:
-            out.append(f"{self.role}: extenderClientCAFile is set but the API is not served over TLS; "
+            out.append(f"{self.role}: {self.ca_key} is set but the API is not served over TLS; "
                        "set tlsCertFile and tlsKeyFile")
+        if self.client_names and not self.client_ca:
+            out.append(f"{self.role}: {self.role}ClientNames needs {self.ca_key}")
         if (self.auth_off_loopback and not is_loopback(host_of(addr)) and not self.client_ca
                 and not self.allow_unauthenticated):
             out.append(f"{self.role}: listen {addr!r} is not a loopback address, and anyone who reaches it could "
@@ -69,16 +101,46 @@ class ListenPolicy:
         if self.client_ca and context is not None:
             context.load_verify_locations(cafile=self.client_ca)
             context.verify_mode = ssl.CERT_REQUIRED  # no certificate, or one the CA did not sign: no handshake
+        elif self.role == "webhook":
+            log.warning("webhook: %s is not set, so anyone who reaches %s may send it reviews (it then lists "
+                        "that namespace's quotas and pods); docs/install.md, \"The webhook's callers\"",
+                        self.ca_key, addr)
         return addr, context
+
+    def middleware(self) -> Middleware | None:
+        """With client_names: 403 for a certificate of the CA that names none of them (checked per request,
+        ~5 µs: ssl re-reads the verified certificate; a connection's certificate never changes)."""
+        if not self.client_names:
+            return None
+        allowed = frozenset(self.client_names)
+        logged: set[tuple[str, ...]] = set()
+
+        @web.middleware
+        async def client_name(request: web.Request, handler: Handler) -> web.StreamResponse:
+            peer = request.transport.get_extra_info("peercert") if request.transport is not None else None
+            if name_allowed(peer, allowed):
+                return await handler(request)
+            names = cert_names(peer)
+            CLIENTS_REFUSED.labels(self.role).inc()
+            if len(logged) < 64 and (key := tuple(names)) not in logged:  # once per caller, bounded
+                logged.add(key)
+                log.warning("%s: refused a client certificate naming %s (not in %sClientNames)", self.role,
+                            names or "nothing", self.role)
+            body = {"error": f"{self.role}: the client certificate names {', '.join(names) or 'nothing'}; "
+                             f"{self.role}ClientNames allows {', '.join(sorted(allowed))}"}
+            return web.Response(body=orjson.dumps(body), status=403, content_type="application/json")
+
+        return client_name
 
 
 def extender_policy(cfg: Config) -> ListenPolicy:
     return ListenPolicy("extender", EXTENDER_LISTEN, cfg.extender_client_ca_file, auth_off_loopback=True,
-                        allow_unauthenticated=cfg.extender_allow_unauthenticated)
+                        allow_unauthenticated=cfg.extender_allow_unauthenticated,
+                        client_names=cfg.extender_client_names)
 
 
 def webhook_policy(cfg: Config) -> ListenPolicy:
-    return ListenPolicy("webhook", WEBHOOK_LISTEN)
+    return ListenPolicy("webhook", WEBHOOK_LISTEN, cfg.webhook_client_ca_file, client_names=cfg.webhook_client_names)
 
 
 def start_problems(cfg: Config, role: str) -> list[str]:

@@ -37,6 +37,10 @@ MIRROR_REREADS = Counter("mtsched_mirror_rereads_total",
                          "gap (a message missed), history (the write before it is not the mirror's), "
                          "recreated (the node's keys made anew), unknown (a node the mirror lacks), rebuild, "
                          "malformed", ["why"])
+CLIENTS_REFUSED = Counter("mtsched_clients_refused_total",
+                          "Requests answered 403 because the caller's certificate (of the client CA) names none of "
+                          "<role>ClientNames (a handshake without such a certificate never reaches the role)",
+                          ["role"])
 BINDINGS = Counter("mtsched_bindings_total", "Bind calls by outcome", ["result"])
 ADMISSIONS = Counter("mtsched_admissions_total", "Admission decisions", ["result"])
 QUOTA_CHECKS = Counter("mtsched_webhook_quota_checks_total",

@@ -21,9 +21,11 @@ def stack(tmp_path: Path, tls: str, extenders: int = 1) -> BenchStack:
 
 @pytest.mark.parametrize(("tls", "extenders", "argv", "cert"), [
     # the chart: HTTPS, the extender asks no client certificate and kube-scheduler presents none
-    ("chart", 1, ["--set", "extenderClientCAFile="], None),
+    ("chart", 1, ["--set", "extenderClientCAFile=", "--set", "extenderClientNames="], None),
     ("mutual", 1, [], (b"CERT", b"KEY")),
-    ("http", 1, ["--set", "tlsCertFile=", "--set", "tlsKeyFile=", "--set", "extenderClientCAFile="], None),
+    ("http", 1, ["--set", "tlsCertFile=", "--set", "tlsKeyFile=", "--set", "extenderClientCAFile=",
+                 "--set", "extenderClientNames=", "--set", "webhookClientCAFile=", "--set", "webhookClientNames="],
+     None),
     # behind the balancer: mutual TLS whatever was asked
     ("chart", 3, [], (b"CERT", b"KEY")),
 ])
