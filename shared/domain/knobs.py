@@ -167,7 +167,8 @@ def decode_annotation(raw: str) -> KnobReport:
         raise KnobError(f"annotation {ANNOTATION} is not JSON: {e}") from e
     if not isinstance(doc, dict):
         raise KnobError(f"annotation {ANNOTATION} must be a JSON object")
-    if doc.get("v") != VERSION:
+    v = doc.get("v")
+    if type(v) is not int or v != VERSION:  # true and 1.0 equal 1 in Python; the agent writes the integer
         raise KnobError(f"annotation {ANNOTATION}: format version {doc.get('v')!r} is not {VERSION} "
                         "(the one this scheduler reads)")
     extra = sorted(set(doc) - {"v", "cards", "unreadable", "error"})
