@@ -99,7 +99,11 @@ class ListenPolicy:
         if problems:
             raise ConfigError("; ".join(problems))
         if self.client_ca and context is not None:
-            context.load_verify_locations(cafile=self.client_ca)
+            try:
+                context.load_verify_locations(cafile=self.client_ca)
+            except (OSError, ssl.SSLError) as e:  # a role that cannot check its callers must not start
+                raise ConfigError(f"{self.ca_key}: cannot read {self.client_ca!r} as PEM certificates: "
+                                  f"{getattr(e, 'strerror', None) or e}") from e
             context.verify_mode = ssl.CERT_REQUIRED  # no certificate, or one the CA did not sign: no handshake
         elif self.role == "webhook":
             log.warning("webhook: %s is not set, so anyone who reaches %s may send it reviews (it then lists "

@@ -190,3 +190,16 @@ async def test_without_client_names_any_certificate_of_the_ca_is_answered(tmp_pa
         assert (await _post(f"https://127.0.0.1:{runner.addresses[0][1]}", _ctx(ca_file, anyone)))[0] == 200
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("content", [None, b"", b"not a certificate"])
+async def test_an_unreadable_client_ca_stops_the_role_with_the_key_named(tmp_path: Path, content: bytes | None) -> None:
+    ca = make_ca()
+    server = write(tmp_path, "server", make_serving_cert(ca, "webhook"))
+    ca_file = tmp_path / "client-ca.crt"
+    if content is not None:
+        ca_file.write_bytes(content)
+    cfg = load_config(env={}, flags={"listen": "127.0.0.1:0", "tlsCertFile": server[0], "tlsKeyFile": server[1],
+                                     "webhookClientCAFile": str(ca_file)})
+    with pytest.raises(ConfigError, match=f"webhookClientCAFile: cannot read '{ca_file}' as PEM certificates"):
+        await serve(webhook_app(cfg), cfg.listen, CertReloader(cfg.tls_cert_file, cfg.tls_key_file).context)
