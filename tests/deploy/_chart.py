@@ -73,6 +73,10 @@ CASES: dict[str, Case] = {
         "url": "rediss://redis.example:6380/0", "existingSecret": "mt-redis", "username": "mtsched",
         "tls": {"caSecret": "mt-redis-ca"}}}}),
     "redis-no-auth": Case(sets=("redis.auth.enabled=false",)),
+    # the webhook requires the API server's client certificate (tests/deploy/test_trust_chart.py)
+    "webhook-client-auth": Case({"webhook": {"clientAuth": {
+        "caSecret": "apiserver-client-ca", "caKey": "client-ca.pem",
+        "allowedNames": ["kube-apiserver", "apiserver.example.com"]}}}),
     "network-policy": Case({"networkPolicy": {"enabled": True, "metricsFrom": [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
          "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]},

@@ -169,3 +169,64 @@ def test_metrics_bind_address(helm: Path, rendered: Rendered) -> None:
                           (Case({"networkPolicy": {"metricsFrom": [{}]}}), "metricsFrom")):
         proc = template(helm, case, check=False)
         assert proc.returncode != 0 and message in proc.stderr, (case, proc.stderr[-500:])
+
+
+# ---------------------------------------------------------------------- the webhook's callers
+CLIENT_CA = "/etc/mtsched/webhook-client-ca"
+
+
+def _webhook_pod(objs: list[Json]) -> tuple[Json, Json]:
+    """The webhook Deployment's pod spec and its webhook container."""
+    spec = one(objs, "Deployment", "hami-webhook")["spec"]["template"]["spec"]
+    return spec, container(one(objs, "Deployment", "hami-webhook"), "webhook")
+
+
+def test_webhook_asks_no_client_certificate_by_default(rendered: Rendered) -> None:
+    objs = rendered("defaults")
+    for d in find(objs, "Deployment"):
+        spec = d["spec"]["template"]["spec"]
+        assert "webhook-client-ca" not in [v["name"] for v in spec.get("volumes", [])], d["metadata"]["name"]
+        for c in spec["containers"]:
+            assert not [a for a in c.get("args", []) if "webhookClient" in a], (d["metadata"]["name"], c["name"])
+            assert all(m["mountPath"] != CLIENT_CA for m in c.get("volumeMounts", []))
+
+
+def test_webhook_client_ca_and_names(helm: Path, rendered: Rendered) -> None:
+    spec, c = _webhook_pod(rendered("webhook-client-auth"))
+    assert [v for v in spec["volumes"] if v["name"] == "webhook-client-ca"] == [{
+        "name": "webhook-client-ca",
+        "secret": {"secretName": "apiserver-client-ca", "defaultMode": 0o440,
+                   "items": [{"key": "client-ca.pem", "path": "client-ca.pem"}]}}]
+    assert [m for m in c["volumeMounts"] if m["name"] == "webhook-client-ca"] == [
+        {"name": "webhook-client-ca", "mountPath": CLIENT_CA, "readOnly": True}]
+    listen = c["args"].index("--set=listen=0.0.0.0:8443")
+    assert c["args"][listen + 1:] == [f"--set=webhookClientCAFile={CLIENT_CA}/client-ca.pem",
+                                      "--set=webhookClientNames=kube-apiserver,apiserver.example.com"]
+    # no other role mounts the CA or is given the settings (only the webhook reads them)
+    for d in find(rendered("webhook-client-auth"), "Deployment"):
+        if d["metadata"]["name"] != "hami-webhook":
+            assert "webhook-client-ca" not in [v["name"] for v in d["spec"]["template"]["spec"].get("volumes", [])]
+    # the CA alone: any certificate that CA signed, no names (and the default key)
+    spec, c = _webhook_pod(objects(template(helm, Case(sets=("webhook.clientAuth.caSecret=apiserver-ca",))).stdout))
+    [volume] = [v for v in spec["volumes"] if v["name"] == "webhook-client-ca"]
+    assert volume["secret"]["secretName"] == "apiserver-ca"
+    assert volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    assert [a for a in c["args"] if "webhookClient" in a] == [f"--set=webhookClientCAFile={CLIENT_CA}/ca.crt"]
+
+
+def test_webhook_client_names_are_refused_without_their_ca(helm: Path) -> None:
+    proc = template(helm, Case(sets=("webhook.clientAuth.allowedNames={kube-apiserver}",)), check=False)
+    assert proc.returncode != 0
+    assert "webhook.clientAuth.allowedNames needs webhook.clientAuth.caSecret" in proc.stderr, proc.stderr[-500:]
+    ca = {"caSecret": "apiserver-ca"}
+    for client_auth, message in (
+            # the names reach the role as one comma-separated --set value
+            ({**ca, "allowedNames": ["kube-apiserver,evil"]}, "allowedNames/0"),
+            ({**ca, "allowedNames": ["kube apiserver"]}, "allowedNames/0"),
+            ({**ca, "allowedNames": ["kube-apiserver", ""]}, "allowedNames/1"),
+            ({**ca, "allowedNames": [f"n{i}" for i in range(33)]}, "allowedNames"),
+            ({**ca, "caKey": ""}, "caKey"),
+            ({**ca, "caKey": "../ca.crt"}, "caKey"),
+            ({"caSecrets": "apiserver-ca"}, "caSecrets")):  # a typo is refused, not ignored
+        proc = template(helm, Case({"webhook": {"clientAuth": client_auth}}), check=False)
+        assert proc.returncode != 0 and message in proc.stderr, (client_auth, proc.stderr[-500:])
