@@ -37,10 +37,11 @@ def _port() -> int:
 
 
 @contextlib.contextmanager
-def webhook_process(objs: list[Json], redis_url: str,
-                    extra_env: Mapping[str, str] | None = None) -> Iterator[tuple[int, Path]]:
-    """`mtsched webhook` with the rendered config (and `extra_env`, e.g. the pod's MTSCHED_REDIS_PASSWORD);
-    yields (HTTPS port, CA file)."""
+def webhook_process(objs: list[Json], redis_url: str, extra_env: Mapping[str, str] | None = None,
+                    mounts: Mapping[str, bytes] | None = None) -> Iterator[tuple[int, Path]]:
+    """`mtsched webhook` with the rendered config (and `extra_env`, e.g. the pod's MTSCHED_REDIS_PASSWORD) and
+    the rendered container's own `--set=webhookClient...` arguments, each container file of `mounts` (path ->
+    content) at a host path; yields (HTTPS port, CA file)."""
     data = {k: base64.b64decode(v) for k, v in one(objs, "Secret", "hami-scheduler-tls")["data"].items()}
     config = one(objs, "ConfigMap", "hami-config")["data"]["config.yaml"]
     assert yaml.safe_load(config)["tlsCertFile"] == "/etc/mtsched/tls/tls.crt"
@@ -50,6 +51,16 @@ def webhook_process(objs: list[Json], redis_url: str,
         for name, raw in data.items():
             (work / name).write_bytes(raw)
         (work / "config.yaml").write_text(config)
+        own = []  # the chart's arguments of the container, its mounted files swapped for host files
+        container = one(objs, "Deployment", "hami-webhook")["spec"]["template"]["spec"]["containers"][0]
+        for arg in container["args"]:
+            if arg.startswith("--set=webhookClient"):
+                for path, content in (mounts or {}).items():
+                    if path in arg:
+                        host = work / Path(path).name
+                        host.write_bytes(content)
+                        arg = arg.replace(path, str(host))
+                own.append(arg)
         env = {k: v for k, v in os.environ.items() if not k.startswith("MTSCHED_")}
         env.update(extra_env or {})
         argv = [sys.executable, "-m", "controller.cli", "webhook", "--config", str(work / "config.yaml"),
@@ -57,7 +68,7 @@ def webhook_process(objs: list[Json], redis_url: str,
                 f"--set=listen=127.0.0.1:{port}", f"--set=metricsListen=127.0.0.1:{metrics}",
                 f"--set=tlsCertFile={work / 'tls.crt'}", f"--set=tlsKeyFile={work / 'tls.key'}",
                 f"--set=redisUrl={redis_url}", f"--set=keyPrefix=helm-{uuid.uuid4().hex[:8]}",
-                "--set=quotaCheck=false"]  # no API server here (the quota check: tests/e2e/test_quota.py)
+                "--set=quotaCheck=false", *own]  # no API server here (the quota check: tests/e2e/test_quota.py)
         log = (work / "webhook.log").open("wb")
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -84,7 +95,8 @@ def webhook_process(objs: list[Json], redis_url: str,
             log.close()
 
 
-def review(port: int, ca: Path, server_name: str, memory: int) -> Json:
+def review(port: int, ca: Path, server_name: str, memory: int, client: tuple[Path, Path] | None = None,
+           status: bytes = b"200") -> Json:
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
            "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": {
                "mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": str(memory), "mthreads.com/sgpu-core": "8"}}}]}}
@@ -93,6 +105,8 @@ def review(port: int, ca: Path, server_name: str, memory: int) -> Json:
         "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
         "namespace": "default", "object": pod}}).encode()
     ctx = ssl.create_default_context(cafile=str(ca))  # verifies the chain *and* the name
+    if client is not None:
+        ctx.load_cert_chain(*client)
     with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
             ctx.wrap_socket(raw, server_hostname=server_name) as tls:
         tls.sendall(b"POST /mutate HTTP/1.1\r\nHost: " + server_name.encode() + b"\r\n"
@@ -102,9 +116,9 @@ def review(port: int, ca: Path, server_name: str, memory: int) -> Json:
         while chunk := tls.recv(65536):
             chunks.append(chunk)
     head, _, payload = b"".join(chunks).partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200"), head
-    out: Json = json.loads(payload)["response"]
-    return out
+    assert head.startswith(b"HTTP/1.1 " + status), head
+    out: Json = json.loads(payload)
+    return out["response"] if status == b"200" else out
 
 
 @pytest.mark.parametrize(("name", "allowed_128"), [("defaults", False), ("s5000", True), ("mixed", True)])
@@ -123,3 +137,29 @@ def test_webhook_runs_with_the_rendered_config(rendered: Rendered, redis_server:
             assert "memoryPerCard [96]" in big["status"]["message"]
         with pytest.raises(ssl.SSLCertVerificationError):
             review(port, ca, "some-other-service.kube-system.svc", 32)
+
+
+def test_the_rendered_webhook_answers_only_the_api_servers_named_certificate(
+        rendered: Rendered, redis_server: RedisServer, tmp_path: Path) -> None:
+    from deploy.local.pki import make_ca, make_client_cert
+
+    ca = make_ca("apiserver-client-ca")
+
+    def client(name: str) -> tuple[Path, Path]:
+        ck = make_client_cert(ca, name)
+        (tmp_path / f"{name}.crt").write_bytes(ck.cert_pem)
+        (tmp_path / f"{name}.key").write_bytes(ck.key_pem)
+        return tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
+
+    objs = rendered("webhook-client-auth")  # caKey client-ca.pem, allowedNames kube-apiserver, apiserver.example.com
+    mounts = {"/etc/mtsched/webhook-client-ca/client-ca.pem": ca.cert_pem}
+    with webhook_process(objs, redis_server.url, mounts=mounts) as (port, server_ca):
+        name = "hami-webhook.kube-system.svc"
+        assert review(port, server_ca, name, 32, client("kube-apiserver"))["allowed"] is True
+        refused = review(port, server_ca, name, 32, client("system:node:n1"), status=b"403")
+        assert "webhookClientNames allows apiserver.example.com, kube-apiserver" in refused["error"]
+        # no certificate: the server ends the handshake with an alert, which the client reads as an error or,
+        # with TLS 1.3 (the client's side of the handshake is done first), as the end of the stream
+        with pytest.raises((ssl.SSLError, ConnectionError, AssertionError)) as e:
+            review(port, server_ca, name, 32)
+        assert not isinstance(e.value, AssertionError) or "b''" in str(e.value), e.value
