@@ -5,7 +5,8 @@ histograms), and kube-scheduler calling one extender the way a deployment does (
   the chart deploys it: the extender is a sidecar listening on its pod's own loopback, which only that pod's
   containers reach (deploy/helm/hami/templates/scheduler/configmap.yaml: `tlsConfig` has a `caFile` only);
 - `mutual`: the local harness's mutual TLS (kube-scheduler's client certificate, extenderClientCAFile),
-  which the extender needs on any address other than loopback;
+  which the extender needs on any address other than loopback, and the webhook asking the API server for its
+  client certificate (webhookClientCAFile), which the other modes leave off as the chart does by default;
 - `http`: plain HTTP on loopback (HAMi's sidecar).
 
 With several extender replicas, kube-scheduler calls the harness's random balancer, always over mutual TLS.
@@ -50,7 +51,11 @@ class BenchStack(Stack):
                 "http": "over plain HTTP (sidecar topology)"}[self.extender_tls]
 
     def tls_argv(self, kind: str) -> list[str]:
-        """The settings that undo the harness's TLS for the sidecar extender (after role_argv's, so they win)."""
+        """The settings that undo the harness's TLS for the sidecar extender, and the webhook's client
+        certificate check, which the chart leaves off by default (webhook.clientAuth), for `chart` and `http`
+        (after role_argv's, so they win)."""
+        if kind == "webhook" and self.extender_tls != "mutual":
+            return ["--set", "webhookClientCAFile=", "--set", "webhookClientNames="]
         if kind != "extender" or not self.sidecar:
             return []
         no_client_ca = ["--set", "extenderClientCAFile=", "--set", "extenderClientNames="]
