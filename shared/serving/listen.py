@@ -126,8 +126,12 @@ class ListenPolicy:
                 logged.add(key)
                 log.warning("%s: refused a client certificate naming %s (not in %sClientNames)", self.role,
                             names or "nothing", self.role)
-            body = {"error": f"{self.role}: the client certificate names {', '.join(names) or 'nothing'}; "
-                             f"{self.role}ClientNames allows {', '.join(sorted(allowed))}"}
+            why = (f"{self.role}: the client certificate names {', '.join(names) or 'nothing'}; "
+                   f"{self.role}ClientNames allows {', '.join(sorted(allowed))}")
+            # a Kubernetes Status: the API server shows its message in the pods it refuses (any other body it
+            # reports as "failed to call webhook: unknown")
+            body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": why,
+                    "reason": "Forbidden", "code": 403}
             return web.Response(body=orjson.dumps(body), status=403, content_type="application/json")
 
         return client_name

@@ -144,8 +144,9 @@ async def test_the_webhook_answers_only_the_named_certificate_of_its_client_ca(t
         before = CLIENTS_REFUSED.labels("webhook")._value.get()
         status, body = await _post(url, _ctx(ca_file, kubelet))
         assert status == 403 and CLIENTS_REFUSED.labels("webhook")._value.get() == before + 1
-        assert body == {"error": "webhook: the client certificate names system:node:n1; "
-                                 "webhookClientNames allows kube-apiserver"}
+        assert body == {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 403,
+                        "reason": "Forbidden", "message": "webhook: the client certificate names system:node:n1; "
+                                                          "webhookClientNames allows kube-apiserver"}
         for cert in (None, stranger):  # no certificate, or another CA's with the right name: no handshake
             with pytest.raises((aiohttp.ClientError, ssl.SSLError, ConnectionError)):
                 await _post(url, _ctx(ca_file, cert))
