@@ -51,11 +51,15 @@ def is_loopback(host: str) -> bool:
 
 
 def cert_names(peercert: Mapping[str, Any] | None) -> list[str]:
-    """The names a verified peer certificate (ssl's getpeercert() form) carries: subject CNs, then DNS SANs."""
+    """The names a verified peer certificate (ssl's getpeercert() form) carries: its subject CN, then DNS SANs.
+
+    A subject with several CNs names none of them: Kubernetes reads the last as the user (Go's x509), so a
+    certificate approved for "CN=x, CN=system:node:n1" (a CA copying the request's subject) must not pass as x.
+    """
     if not peercert:
         return []
     cns = [v for rdn in peercert.get("subject", ()) for k, v in rdn if k == "commonName"]
-    return cns + [v for k, v in peercert.get("subjectAltName", ()) if k == "DNS"]
+    return (cns if len(cns) == 1 else []) + [v for k, v in peercert.get("subjectAltName", ()) if k == "DNS"]
 
 
 def name_allowed(peercert: Mapping[str, Any] | None, allowed: Iterable[str]) -> bool:

@@ -94,6 +94,12 @@ def _peer(cn: str | None = None, dns: tuple[str, ...] = (), ips: tuple[str, ...]
     (_peer("KUBE-APISERVER"), ["kube-apiserver"], False),  # names compare exactly
     (_peer(), ["system:masters"], False),  # the organisation is not the name
     ({}, ["kube-apiserver"], False),
+    # several CNs name none: Kubernetes reads the last as the user, a request "CN=x, CN=system:node:n1"
+    ({"subject": ((("commonName", "kube-apiserver"),), (("commonName", "system:node:n1"),))},
+     ["kube-apiserver"], False),
+    ({"subject": ((("commonName", "system:node:n1"),), (("commonName", "kube-apiserver"),))},
+     ["kube-apiserver"], False),
+    ({"subject": ((("commonName", "a"), ("commonName", "b")),), "subjectAltName": (("DNS", "b"),)}, ["b"], True),
     (None, ["kube-apiserver"], False),
 ])
 def test_name_allowed(peer: dict[str, Any] | None, names: list[str], allowed: bool) -> None:
