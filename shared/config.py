@@ -156,6 +156,11 @@ def _names(name: str, raw: object, errors: list[str]) -> tuple[str, ...] | None:
         errors.append(f"{key_of(name)}: {raw!r} is not a list of names")
         return None
     names = tuple(x.strip() for x in items if x.strip())
+    if items and not names and not (isinstance(raw, str) and not raw.strip()):
+        # [""] or "," names no certificate: read as unset it would admit any certificate of the CA
+        errors.append(f"{key_of(name)}: {raw!r} names no certificate; leave it unset (or empty) to admit any "
+                      "certificate of the client CA")
+        return None
     bad = [x for x in names if not _CERT_NAME_RE.match(x)]
     if bad or len(names) > 32:
         errors.append(f"{key_of(name)}: {bad[0] if bad else raw!r} is not allowed: at most 32 names, each 1-253 "

@@ -5,6 +5,10 @@ replicas. This stands in for it, picking a random replica for every request (not
 so keep-alive does not pin a caller to one replica): the routing the ledger must be safe under.
 
   python -m deploy.local.balancer --listen 127.0.0.1:PORT --cert C --key K --ca CA --backend URL ...
+
+With --client-ca it takes only callers of that CA and, with --client-name, only those whose certificate
+names one of them (403 otherwise), as the replicas would: it calls them with its own --client-cert, the
+one name they admit, so a caller it let through would get that name.
 """
 
 from __future__ import annotations
@@ -17,9 +21,13 @@ import ssl
 import aiohttp
 import uvloop
 from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from shared.serving.listen import cert_names, name_allowed
 
 
-def make_app(backends: list[str], ca: str, client_cert: str = "", client_key: str = "") -> web.Application:
+def make_app(backends: list[str], ca: str, client_cert: str = "", client_key: str = "",
+             client_names: tuple[str, ...] = ()) -> web.Application:
     client_ctx = ssl.create_default_context(cafile=ca)
     if client_cert:  # the backends require a client certificate (the extender's mTLS)
         client_ctx.load_cert_chain(client_cert, client_key)
@@ -49,7 +57,15 @@ def make_app(backends: list[str], ca: str, client_cert: str = "", client_key: st
     async def stats(_: web.Request) -> web.Response:
         return web.json_response(counts)
 
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    @web.middleware
+    async def named(request: web.Request, handler: Handler) -> web.StreamResponse:
+        peer = request.transport.get_extra_info("peercert") if request.transport is not None else None
+        if not client_names or name_allowed(peer, client_names):
+            return await handler(request)
+        return web.Response(status=403, text=f"balancer: the client certificate names {cert_names(peer)}, "
+                                             f"allowed {list(client_names)}")
+
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[named])
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     app.router.add_get("/_balancer/stats", stats)
@@ -65,6 +81,8 @@ def main() -> None:
     p.add_argument("--ca", required=True)
     p.add_argument("--backend", action="append", required=True)
     p.add_argument("--client-ca", default="", help="require callers' client certificates signed by this CA")
+    p.add_argument("--client-name", action="append", default=[],
+                   help="with --client-ca: admit only callers whose certificate names this (CN or DNS SAN)")
     p.add_argument("--client-cert", default="", help="present this client certificate to the backends")
     p.add_argument("--client-key", default="")
     a = p.parse_args()
@@ -76,7 +94,8 @@ def main() -> None:
     host, _, port = a.listen.rpartition(":")
 
     async def serve() -> None:
-        runner = web.AppRunner(make_app(a.backend, a.ca, a.client_cert, a.client_key), access_log=None)
+        runner = web.AppRunner(make_app(a.backend, a.ca, a.client_cert, a.client_key,
+                                           tuple(a.client_name)), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, host, int(port), ssl_context=ctx, backlog=1024).start()
         await asyncio.Event().wait()

@@ -222,14 +222,15 @@ class Stack:
                 argv += ["--backend", f"https://127.0.0.1:{r.port}"]
             pki = self.cp.pki
             # mTLS on both sides, as kube-scheduler -> extender and kube-apiserver -> webhook: the balancer
-            # presents the caller's certificate to the replicas
-            crt, key = ((pki.client_crt, pki.client_key) if kind == "extender"
-                        else (pki.webhook_client_crt, pki.webhook_client_key))
-            argv += ["--client-ca", str(pki.ca_crt), "--client-cert", str(crt), "--client-key", str(key)]
+            # presents the caller's certificate to the replicas, so it admits only that caller's name itself
+            name, crt, key = ((SCHEDULER_CLIENT, pki.client_crt, pki.client_key) if kind == "extender"
+                              else (APISERVER_CLIENT, pki.webhook_client_crt, pki.webhook_client_key))
+            argv += ["--client-ca", str(pki.ca_crt), "--client-name", name, "--client-cert", str(crt),
+                     "--client-key", str(key)]
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             self.balancers[kind] = (proc, port)
             ctx = ssl.create_default_context(cafile=str(self.cp.pki.ca_crt))
-            ctx.load_cert_chain(pki.client_crt, pki.client_key)
+            ctx.load_cert_chain(crt, key)
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 try:

@@ -51,11 +51,15 @@ def is_loopback(host: str) -> bool:
 
 
 def cert_names(peercert: Mapping[str, Any] | None) -> list[str]:
-    """The names a verified peer certificate (ssl's getpeercert() form) carries: subject CNs, then DNS SANs."""
+    """The names a verified peer certificate (ssl's getpeercert() form) carries: its subject CN, then DNS SANs.
+
+    A subject with several CNs names none of them: Kubernetes reads the last as the user (Go's x509), so a
+    certificate approved for "CN=x, CN=system:node:n1" (a CA copying the request's subject) must not pass as x.
+    """
     if not peercert:
         return []
     cns = [v for rdn in peercert.get("subject", ()) for k, v in rdn if k == "commonName"]
-    return cns + [v for k, v in peercert.get("subjectAltName", ()) if k == "DNS"]
+    return (cns if len(cns) == 1 else []) + [v for k, v in peercert.get("subjectAltName", ()) if k == "DNS"]
 
 
 def name_allowed(peercert: Mapping[str, Any] | None, allowed: Iterable[str]) -> bool:
@@ -130,8 +134,12 @@ class ListenPolicy:
                 logged.add(key)
                 log.warning("%s: refused a client certificate naming %s (not in %sClientNames)", self.role,
                             names or "nothing", self.role)
-            body = {"error": f"{self.role}: the client certificate names {', '.join(names) or 'nothing'}; "
-                             f"{self.role}ClientNames allows {', '.join(sorted(allowed))}"}
+            why = (f"{self.role}: the client certificate names {', '.join(names) or 'nothing'}; "
+                   f"{self.role}ClientNames allows {', '.join(sorted(allowed))}")
+            # a Kubernetes Status: the API server shows its message in the pods it refuses (any other body it
+            # reports as "failed to call webhook: unknown")
+            body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": why,
+                    "reason": "Forbidden", "code": 403}
             return web.Response(body=orjson.dumps(body), status=403, content_type="application/json")
 
         return client_name

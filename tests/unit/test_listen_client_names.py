@@ -33,6 +33,8 @@ TLS = {"tlsCertFile": "/c", "tlsKeyFile": "/k"}
     (" a , b ,", ("a", "b")),  # a flag's spaces and a trailing comma are no names
     ([], ()),
     ("", ()),
+    (" ", ()),  # a flag or variable set empty: unset
+    (["a", ""], ("a",)),  # a blank beside a name is dropped
 ])
 def test_client_names_accepted(raw: object, names: tuple[str, ...]) -> None:
     flags = {**TLS, "webhookClientCAFile": "/ca", "webhookClientNames": raw}
@@ -42,18 +44,18 @@ def test_client_names_accepted(raw: object, names: tuple[str, ...]) -> None:
 @pytest.mark.parametrize(("raw", "problem"), [
     (["has space"], "'has space' is not allowed"),
     (["a,b"], "'a,b' is not allowed"),
-    ([""], None),  # an empty name is dropped, not refused
+    # a list of only blank names names no certificate: read as unset, it would admit any of the CA's
+    ([""], "[''] names no certificate"),
+    ([" ", ""], "names no certificate"),
+    (",", "',' names no certificate"),
     (["x" * 254], "is not allowed"),
     ([f"n{i}" for i in range(33)], "at most 32 names"),
     (7, "7 is not a list of names"),
     ([1, 2], "is not a list of names"),
     ({"a": 1}, "is not a list of names"),
 ])
-def test_client_names_refused(raw: object, problem: str | None) -> None:
+def test_client_names_refused(raw: object, problem: str) -> None:
     flags = {**TLS, "webhookClientCAFile": "/ca", "webhookClientNames": raw}
-    if problem is None:
-        assert load_config(env={}, flags=flags).webhook_client_names == ()
-        return
     with pytest.raises(ConfigError, match="webhookClientNames: ") as e:
         load_config(env={}, flags=flags)
     assert problem in str(e.value)
@@ -92,6 +94,12 @@ def _peer(cn: str | None = None, dns: tuple[str, ...] = (), ips: tuple[str, ...]
     (_peer("KUBE-APISERVER"), ["kube-apiserver"], False),  # names compare exactly
     (_peer(), ["system:masters"], False),  # the organisation is not the name
     ({}, ["kube-apiserver"], False),
+    # several CNs name none: Kubernetes reads the last as the user, a request "CN=x, CN=system:node:n1"
+    ({"subject": ((("commonName", "kube-apiserver"),), (("commonName", "system:node:n1"),))},
+     ["kube-apiserver"], False),
+    ({"subject": ((("commonName", "system:node:n1"),), (("commonName", "kube-apiserver"),))},
+     ["kube-apiserver"], False),
+    ({"subject": ((("commonName", "a"), ("commonName", "b")),), "subjectAltName": (("DNS", "b"),)}, ["b"], True),
     (None, ["kube-apiserver"], False),
 ])
 def test_name_allowed(peer: dict[str, Any] | None, names: list[str], allowed: bool) -> None:
@@ -142,8 +150,9 @@ async def test_the_webhook_answers_only_the_named_certificate_of_its_client_ca(t
         before = CLIENTS_REFUSED.labels("webhook")._value.get()
         status, body = await _post(url, _ctx(ca_file, kubelet))
         assert status == 403 and CLIENTS_REFUSED.labels("webhook")._value.get() == before + 1
-        assert body == {"error": "webhook: the client certificate names system:node:n1; "
-                                 "webhookClientNames allows kube-apiserver"}
+        assert body == {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 403,
+                        "reason": "Forbidden", "message": "webhook: the client certificate names system:node:n1; "
+                                                          "webhookClientNames allows kube-apiserver"}
         for cert in (None, stranger):  # no certificate, or another CA's with the right name: no handshake
             with pytest.raises((aiohttp.ClientError, ssl.SSLError, ConnectionError)):
                 await _post(url, _ctx(ca_file, cert))
