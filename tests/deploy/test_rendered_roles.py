@@ -157,7 +157,8 @@ def test_the_rendered_webhook_answers_only_the_api_servers_named_certificate(
         name = "hami-webhook.kube-system.svc"
         assert review(port, server_ca, name, 32, client("kube-apiserver"))["allowed"] is True
         refused = review(port, server_ca, name, 32, client("system:node:n1"), status=b"403")
-        assert "webhookClientNames allows apiserver.example.com, kube-apiserver" in refused["error"]
+        assert refused["code"] == 403
+        assert "webhookClientNames allows apiserver.example.com, kube-apiserver" in refused["message"]
         # no certificate: the server ends the handshake with an alert, which the client reads as an error or,
         # with TLS 1.3 (the client's side of the handshake is done first), as the end of the stream
         with pytest.raises((ssl.SSLError, ConnectionError, AssertionError)) as e:
