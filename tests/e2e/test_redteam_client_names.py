@@ -9,13 +9,11 @@ server's would reach /bind. So the balancer narrows its callers to the same name
 
 from __future__ import annotations
 
-import ssl
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from deploy.local.controlplane import ControlPlane
@@ -23,11 +21,9 @@ from deploy.local.pki import APISERVER_CLIENT, SCHEDULER_CLIENT
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
 from shared.kube import Kube, KubeError
+from tests.e2e._trust import forged_review, post, slice_pod, tls_context
 
 pytestmark = pytest.mark.e2e
-
-SLICE = {"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "8", "mthreads.com/sgpu-core": "2"}
-
 
 @pytest.fixture(scope="module")
 def balanced(control_plane: ControlPlane, redis_server: RedisServer) -> Iterator[Stack]:
@@ -36,31 +32,13 @@ def balanced(control_plane: ControlPlane, redis_server: RedisServer) -> Iterator
         yield st
 
 
-def _ctx(st: Stack, cert: tuple[Path, Path]) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(st.cp.pki.ca_crt))
-    ctx.load_cert_chain(*cert)
-    return ctx
-
-
-def _review(ns: str) -> dict[str, Any]:
-    pod = {"metadata": {"name": "forged", "namespace": ns, "uid": str(uuid.uuid4())},
-           "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": SLICE}}]}}
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {"uid": "forged-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                        "resource": {"group": "", "version": "v1", "resource": "pods"},
-                        "operation": "CREATE", "namespace": ns, "object": pod}}
-
-
 async def _post(st: Stack, kind: str, path: str, body: Any, cert: tuple[Path, Path]) -> tuple[int, str]:
-    url = f"https://127.0.0.1:{st.balancers[kind][1]}{path}"
-    async with aiohttp.ClientSession() as s, s.post(url, json=body, ssl=_ctx(st, cert),
-                                                     timeout=aiohttp.ClientTimeout(total=10)) as r:
-        return r.status, await r.text()
+    return await post(f"https://127.0.0.1:{st.balancers[kind][1]}{path}", body, tls_context(st, cert))
 
 
 async def test_kube_schedulers_certificate_gets_no_review_answered_through_the_balancer(balanced: Stack) -> None:
     pki = balanced.cp.pki
-    status, text = await _post(balanced, "webhook", "/mutate", _review("kube-system"),
+    status, text = await _post(balanced, "webhook", "/mutate", forged_review("kube-system"),
                                (pki.client_crt, pki.client_key))
     assert status == 403 and SCHEDULER_CLIENT in text and '"response"' not in text, text
 
@@ -73,7 +51,7 @@ async def test_the_api_servers_certificate_does_not_reach_bind_through_the_balan
 
 async def test_the_named_callers_still_pass_the_balancer(balanced: Stack) -> None:
     pki = balanced.cp.pki
-    status, text = await _post(balanced, "webhook", "/mutate", _review("default"),
+    status, text = await _post(balanced, "webhook", "/mutate", forged_review("default"),
                                (pki.webhook_client_crt, pki.webhook_client_key))
     assert status == 200 and '"uid":"forged-1"' in text, text
     status, text = await _post(balanced, "extender", "/bind", {}, (pki.client_crt, pki.client_key))
@@ -82,9 +60,7 @@ async def test_the_named_callers_still_pass_the_balancer(balanced: Stack) -> Non
     ns = f"balanced-trust-{uuid.uuid4().hex[:6]}"
     try:
         await kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
-        pod = {"metadata": {"name": "p"},
-               "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": SLICE}}]}}
-        created = await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+        created = await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", slice_pod())
         assert created["spec"]["schedulerName"] == "hami-scheduler", created["spec"]  # admitted via the balancer
     finally:
         await kube.request("DELETE", f"/api/v1/namespaces/{ns}", ok=(200, 202))
@@ -102,10 +78,8 @@ async def test_a_pod_refused_for_the_api_servers_name_says_why(control_plane: Co
         ns = f"misnamed-{uuid.uuid4().hex[:6]}"
         try:
             await kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
-            pod = {"metadata": {"name": "p"},
-                   "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": SLICE}}]}}
             with pytest.raises(KubeError) as e:
-                await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+                await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", slice_pod())
             assert (f"the client certificate names {APISERVER_CLIENT}; webhookClientNames allows someone-else"
                     in str(e.value)), e.value
         finally:

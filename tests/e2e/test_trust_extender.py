@@ -21,6 +21,7 @@ from deploy.local.pki import make_ca, make_client_cert
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
 from shared.kube import Kube
+from tests.e2e._trust import tls_context
 
 pytestmark = pytest.mark.e2e
 
@@ -34,13 +35,6 @@ def trust_stack(control_plane: ControlPlane, redis_server: RedisServer) -> Itera
         yield st
 
 
-def _ctx(st: Stack, cert: tuple[Path, Path] | None) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(st.cp.pki.ca_crt))
-    if cert is not None:
-        ctx.load_cert_chain(*cert)
-    return ctx
-
-
 async def _bind(st: Stack, ctx: ssl.SSLContext) -> tuple[int, dict[str, object]]:
     url = f"https://127.0.0.1:{st.role('extender').port}/bind"
     async with aiohttp.ClientSession() as s, s.post(url, json=BIND, ssl=ctx,
@@ -50,7 +44,7 @@ async def _bind(st: Stack, ctx: ssl.SSLContext) -> tuple[int, dict[str, object]]
 
 async def test_a_caller_without_a_client_certificate_is_refused(trust_stack: Stack) -> None:
     with pytest.raises((aiohttp.ClientError, ssl.SSLError, ConnectionError)):
-        await _bind(trust_stack, _ctx(trust_stack, None))
+        await _bind(trust_stack, tls_context(trust_stack, None))
 
 
 async def test_a_certificate_of_another_ca_is_refused(trust_stack: Stack, tmp_path: Path) -> None:
@@ -59,12 +53,12 @@ async def test_a_certificate_of_another_ca_is_refused(trust_stack: Stack, tmp_pa
     crt.write_bytes(other.cert_pem)
     key.write_bytes(other.key_pem)
     with pytest.raises((aiohttp.ClientError, ssl.SSLError, ConnectionError)):
-        await _bind(trust_stack, _ctx(trust_stack, (crt, key)))
+        await _bind(trust_stack, tls_context(trust_stack, (crt, key)))
 
 
 async def test_kube_schedulers_certificate_is_accepted_and_pods_are_placed(trust_stack: Stack) -> None:
     pki = trust_stack.cp.pki
-    status, body = await _bind(trust_stack, _ctx(trust_stack, (pki.client_crt, pki.client_key)))
+    status, body = await _bind(trust_stack, tls_context(trust_stack, (pki.client_crt, pki.client_key)))
     assert status == 200 and body.get("Error"), body  # authenticated: the bind itself is judged (and refused)
     kube = await Kube.create(str(trust_stack.cp.kubeconfig_path))
     try:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from deploy.local.controlplane import ControlPlane
@@ -24,11 +25,9 @@ from deploy.local.pki import APISERVER_CLIENT, SCHEDULER_CLIENT, make_ca, make_c
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
 from shared.kube import Kube
+from tests.e2e._trust import forged_review, post, slice_pod, tls_context
 
 pytestmark = pytest.mark.e2e
-
-SLICE = {"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "8", "mthreads.com/sgpu-core": "2"}
-
 
 @pytest.fixture(scope="module")
 def webhook_stack(control_plane: ControlPlane, redis_server: RedisServer) -> Iterator[Stack]:
@@ -36,27 +35,9 @@ def webhook_stack(control_plane: ControlPlane, redis_server: RedisServer) -> Ite
         yield st
 
 
-def _ctx(st: Stack, cert: tuple[Path, Path] | None) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(st.cp.pki.ca_crt))
-    if cert is not None:
-        ctx.load_cert_chain(*cert)
-    return ctx
-
-
-def _review(ns: str) -> dict[str, Any]:
-    pod = {"metadata": {"name": "forged", "namespace": ns, "uid": str(uuid.uuid4())},
-           "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": SLICE}}]}}
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {"uid": "forged-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                        "resource": {"group": "", "version": "v1", "resource": "pods"},
-                        "operation": "CREATE", "namespace": ns, "object": pod}}
-
-
 async def _post(st: Stack, kind: str, path: str, body: Any, ctx: ssl.SSLContext) -> tuple[int, Any]:
-    url = f"https://127.0.0.1:{st.role(kind).port}{path}"
-    async with aiohttp.ClientSession() as s, s.post(url, json=body, ssl=ctx,
-                                                     timeout=aiohttp.ClientTimeout(total=10)) as r:
-        return r.status, await r.json(content_type=None)
+    status, text = await post(f"https://127.0.0.1:{st.role(kind).port}{path}", body, ctx)
+    return status, orjson.loads(text)
 
 
 async def test_a_forged_review_without_the_api_servers_certificate_gets_no_answer(webhook_stack: Stack,
@@ -67,26 +48,27 @@ async def test_a_forged_review_without_the_api_servers_certificate_gets_no_answe
     key.write_bytes(other.key_pem)
     for cert in (None, (crt, key)):
         with pytest.raises((aiohttp.ClientError, ssl.SSLError, ConnectionError)):
-            await _post(webhook_stack, "webhook", "/mutate", _review("kube-system"), _ctx(webhook_stack, cert))
+            await _post(webhook_stack, "webhook", "/mutate", forged_review("kube-system"),
+                        tls_context(webhook_stack, cert))
 
 
 async def test_another_client_of_the_same_ca_is_refused_with_403(webhook_stack: Stack) -> None:
     pki = webhook_stack.cp.pki
-    status, body = await _post(webhook_stack, "webhook", "/mutate", _review("kube-system"),
-                               _ctx(webhook_stack, (pki.client_crt, pki.client_key)))
+    status, body = await _post(webhook_stack, "webhook", "/mutate", forged_review("kube-system"),
+                               tls_context(webhook_stack, (pki.client_crt, pki.client_key)))
     assert status == 403, body
     assert body["message"] == (f"webhook: the client certificate names {SCHEDULER_CLIENT}; "
                                f"webhookClientNames allows {APISERVER_CLIENT}")
     # and the API server's certificate does not open the extender, which answers kube-scheduler only
     status, body = await _post(webhook_stack, "extender", "/bind", {},
-                               _ctx(webhook_stack, (pki.webhook_client_crt, pki.webhook_client_key)))
+                               tls_context(webhook_stack, (pki.webhook_client_crt, pki.webhook_client_key)))
     assert status == 403 and f"names {APISERVER_CLIENT}" in body["message"], body
 
 
 async def test_the_api_servers_certificate_is_answered(webhook_stack: Stack) -> None:
     pki = webhook_stack.cp.pki
-    status, body = await _post(webhook_stack, "webhook", "/mutate", _review("default"),
-                               _ctx(webhook_stack, (pki.webhook_client_crt, pki.webhook_client_key)))
+    status, body = await _post(webhook_stack, "webhook", "/mutate", forged_review("default"),
+                               tls_context(webhook_stack, (pki.webhook_client_crt, pki.webhook_client_key)))
     assert status == 200 and body["response"]["uid"] == "forged-1" and body["response"]["allowed"], body
 
 
@@ -95,9 +77,7 @@ async def test_pods_created_through_the_api_server_are_still_admitted(webhook_st
     ns = f"webhook-trust-{uuid.uuid4().hex[:6]}"
     try:
         await kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
-        pod = {"metadata": {"name": "p"},
-               "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": SLICE}}]}}
-        created = await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+        created = await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", slice_pod())
         # the webhook answered the API server (failurePolicy Fail: no answer, no pod) and mutated the pod
         assert created["spec"]["schedulerName"] == "hami-scheduler", created["spec"]
     finally:

@@ -8,15 +8,18 @@ real serve() over HTTPS on 127.0.0.1 with certificates made here.
 
 from __future__ import annotations
 
+import contextlib
 import ssl
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
-from deploy.local.pki import make_ca, make_serving_cert
-from shared.config import ConfigError, load_config
+from deploy.local.pki import CertKey, make_ca, make_serving_cert
+from shared.config import Config, ConfigError, load_config
 from shared.serving.http import serve
 from shared.serving.listen import cert_names, name_allowed, start_problems, webhook_policy
 from shared.serving.metrics import CLIENTS_REFUSED
@@ -130,21 +133,32 @@ async def _post(url: str, ctx: ssl.SSLContext) -> tuple[int, Any]:
         return resp.status, await resp.json()
 
 
-async def test_the_webhook_answers_only_the_named_certificate_of_its_client_ca(tmp_path: Path) -> None:
-    ca, rogue_ca = make_ca("cluster"), make_ca("someone-else")
-    server = write(tmp_path, "server", make_serving_cert(ca, "webhook"))
+@contextlib.asynccontextmanager
+async def _serving(tmp_path: Path, ca: CertKey, make_app: Callable[[Config], web.Application],
+                   flags: dict[str, object]) -> AsyncIterator[tuple[str, str, ssl.SSLContext]]:
+    """The role's app served over HTTPS on 127.0.0.1 with a certificate of `ca`, whose file is the client CA
+    for `flags` to name; yields (URL, CA file, the serving context)."""
+    server = write(tmp_path, "server", make_serving_cert(ca, "role"))
     (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
     ca_file = str(tmp_path / "ca.crt")
+    cfg = load_config(env={}, flags={"listen": "127.0.0.1:0", "tlsCertFile": server[0], "tlsKeyFile": server[1],
+                                     **{k: (ca_file if v == "CA" else v) for k, v in flags.items()}})
+    reloader = CertReloader(cfg.tls_cert_file, cfg.tls_key_file)
+    runner = await serve(make_app(cfg), cfg.listen, reloader.context)
+    try:
+        yield f"https://127.0.0.1:{runner.addresses[0][1]}", ca_file, reloader.context
+    finally:
+        await runner.cleanup()
+
+
+async def test_the_webhook_answers_only_the_named_certificate_of_its_client_ca(tmp_path: Path) -> None:
+    ca, rogue_ca = make_ca("cluster"), make_ca("someone-else")
     apiserver = write(tmp_path, "apiserver", client_cert(ca, "kube-apiserver"))
     kubelet = write(tmp_path, "kubelet", client_cert(ca, "system:node:n1"))  # the same CA, another client
     stranger = write(tmp_path, "stranger", client_cert(rogue_ca, "kube-apiserver"))
-    cfg = load_config(env={}, flags={"listen": "127.0.0.1:0", "tlsCertFile": server[0], "tlsKeyFile": server[1],
-                                     "webhookClientCAFile": ca_file, "webhookClientNames": "kube-apiserver"})
-    reloader = CertReloader(cfg.tls_cert_file, cfg.tls_key_file)
-    runner = await serve(webhook_app(cfg), cfg.listen, reloader.context)
-    try:
-        url = f"https://127.0.0.1:{runner.addresses[0][1]}"
-        assert reloader.context.verify_mode == ssl.CERT_REQUIRED
+    flags: dict[str, object] = {"webhookClientCAFile": "CA", "webhookClientNames": "kube-apiserver"}
+    async with _serving(tmp_path, ca, webhook_app, flags) as (url, ca_file, context):
+        assert context.verify_mode == ssl.CERT_REQUIRED
         status, body = await _post(url, _ctx(ca_file, apiserver))
         assert status == 200 and body["response"]["uid"] == "r1" and body["response"]["allowed"] is True
         before = CLIENTS_REFUSED.labels("webhook")._value.get()
@@ -157,48 +171,27 @@ async def test_the_webhook_answers_only_the_named_certificate_of_its_client_ca(t
             with pytest.raises((aiohttp.ClientError, ssl.SSLError, ConnectionError)):
                 await _post(url, _ctx(ca_file, cert))
         assert (await _post(url, _ctx(ca_file, apiserver)))[0] == 200  # still serving after refusing
-    finally:
-        await runner.cleanup()
 
 
 async def test_extender_client_names_refuse_another_client_of_the_ca(tmp_path: Path) -> None:
     ca = make_ca("cluster")
-    server = write(tmp_path, "server", make_serving_cert(ca, "extender"))
-    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
-    ca_file = str(tmp_path / "ca.crt")
     scheduler = write(tmp_path, "scheduler", client_cert(ca, "system:kube-scheduler"))
     other = write(tmp_path, "other", client_cert(ca, "system:kube-controller-manager"))
-    cfg = load_config(env={}, flags={"listen": "127.0.0.1:0", "tlsCertFile": server[0], "tlsKeyFile": server[1],
-                                     "extenderClientCAFile": ca_file,
-                                     "extenderClientNames": ["system:kube-scheduler"]})
-    reloader = CertReloader(cfg.tls_cert_file, cfg.tls_key_file)
-    runner = await serve(extender_app(extender(cfg)), cfg.listen, reloader.context)
-    try:
-        url = f"https://127.0.0.1:{runner.addresses[0][1]}"
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
-            for cert, status, says in ((scheduler, 400, "PodName: got null"),
-                                       (other, 403, "names system:kube-controller-manager")):
-                async with s.post(f"{url}/bind", json={}, ssl=_ctx(ca_file, cert)) as resp:
-                    # 400 for the empty bind: the request reached the extender; 403: it did not
-                    assert resp.status == status and says in await resp.text()
-    finally:
-        await runner.cleanup()
+    flags: dict[str, object] = {"extenderClientCAFile": "CA", "extenderClientNames": ["system:kube-scheduler"]}
+    async with _serving(tmp_path, ca, lambda cfg: extender_app(extender(cfg)), flags) as (url, ca_file, _), \
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+        for cert, status, says in ((scheduler, 400, "PodName: got null"),
+                                   (other, 403, "names system:kube-controller-manager")):
+            async with s.post(f"{url}/bind", json={}, ssl=_ctx(ca_file, cert)) as resp:
+                # 400 for the empty bind: the request reached the extender; 403: it did not
+                assert resp.status == status and says in await resp.text()
 
 
 async def test_without_client_names_any_certificate_of_the_ca_is_answered(tmp_path: Path) -> None:
     ca = make_ca("cluster")
-    server = write(tmp_path, "server", make_serving_cert(ca, "webhook"))
-    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
-    ca_file = str(tmp_path / "ca.crt")
     anyone = write(tmp_path, "anyone", client_cert(ca, "whoever"))
-    cfg = load_config(env={}, flags={"listen": "127.0.0.1:0", "tlsCertFile": server[0], "tlsKeyFile": server[1],
-                                     "webhookClientCAFile": ca_file})
-    reloader = CertReloader(cfg.tls_cert_file, cfg.tls_key_file)
-    runner = await serve(webhook_app(cfg), cfg.listen, reloader.context)
-    try:
-        assert (await _post(f"https://127.0.0.1:{runner.addresses[0][1]}", _ctx(ca_file, anyone)))[0] == 200
-    finally:
-        await runner.cleanup()
+    async with _serving(tmp_path, ca, webhook_app, {"webhookClientCAFile": "CA"}) as (url, ca_file, _):
+        assert (await _post(url, _ctx(ca_file, anyone)))[0] == 200
 
 
 @pytest.mark.parametrize("content", [None, b"", b"not a certificate"])
