@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -25,6 +26,7 @@ import uvloop
 
 from shared.config import Config, ConfigError, key_of, load_config, redact_url
 from shared.serving import gc_policy, logs
+from shared.serving.supervise import Stopped
 
 if TYPE_CHECKING:
     from shared.domain.state import NodeSnapshot
@@ -53,7 +55,11 @@ def _run_role(main: Callable[[Config, asyncio.Event], Awaitable[bool]], cfg: Con
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
-        return await main(cfg, stop)
+        try:
+            return await main(cfg, stop)
+        except Stopped:  # SIGTERM while it still waited for Redis: nothing to hand over
+            logging.getLogger("mtsched").info("stopped before the role could start")
+            return True
 
     gc_policy.settle()  # the modules and the configuration live as long as the role
     gc_policy.install()  # after: that collection holds no request (the loop does not exist yet)

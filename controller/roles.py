@@ -26,13 +26,18 @@ log = logging.getLogger("mtsched")
 
 async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
     sup = Supervisor()
-    ledger, mirror = await open_ledger(cfg, sup)
+    health = await serve_health(cfg, sup.problems)
+    try:
+        ledger, mirror = await open_ledger(cfg, sup, stop=stop)
+    except BaseException:
+        await health.cleanup()
+        raise
     kube = await Kube.create(cfg.kubeconfig)
     app = web.Application(client_max_size=EXTENDER_BODY_LIMIT)
     ext = Extender(cfg, ledger, mirror, kube)
     ext.routes(app)
     try:
-        ok = await serve_api(cfg, app, sup, stop)
+        ok = await serve_api(cfg, app, sup, stop, health)
     finally:
         await ext.settled()  # the answered binds' bookings marked bound before the clients close
         await kube.close()
@@ -41,7 +46,12 @@ async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
 
 async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     sup = Supervisor()
-    ledger, mirror = await open_ledger(cfg, sup, card_metrics=True)
+    health = await serve_health(cfg, sup.problems)
+    try:
+        ledger, mirror = await open_ledger(cfg, sup, card_metrics=True, stop=stop)
+    except BaseException:
+        await health.cleanup()
+        raise
     kube = await Kube.create(cfg.kubeconfig)
     nodes = NodeWatcher(kube, ledger, cfg)
     pods = PodWatcher(kube, ledger, mirror, cfg, nodes.lost)
@@ -49,7 +59,6 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     reconciler = Reconciler(kube, ledger, cfg, nodes, pods)
     pods.unaccounted_changed = reconciler.touch
     mirror.on_reconnect.append(reconciler.wake.set)  # Pub/Sub lost messages meanwhile: compare soon
-    health = await serve_health(cfg, sup.problems)
     sup.check("nodes", nodes.reflector.problem)
     sup.check("pods", pods.reflector.problem)
     backoff = Backoff(0.5)

@@ -8,7 +8,7 @@ from aiohttp import web
 
 from shared.config import Config
 from shared.kube import Kube
-from shared.serving.http import serve_api
+from shared.serving.http import serve_api, serve_health
 from shared.serving.supervise import Supervisor
 from shared.store.session import open_ledger
 from webhook.quotas import QuotaReader
@@ -17,14 +17,19 @@ from webhook.server import BODY_LIMIT, Webhook
 
 async def run_webhook(cfg: Config, stop: asyncio.Event) -> bool:
     sup = Supervisor()
-    _, mirror = await open_ledger(cfg, sup)
+    health = await serve_health(cfg, sup.problems)
+    try:
+        _, mirror = await open_ledger(cfg, sup, stop=stop)
+    except BaseException:
+        await health.cleanup()
+        raise
     # the quota check reads ResourceQuotas and pods (webhook/quotas.py); without it no API calls
     kube = await Kube.create(cfg.kubeconfig) if cfg.quota_check else None
     app = web.Application(client_max_size=BODY_LIMIT)
     Webhook(cfg, mirror.capacities, QuotaReader(kube, cfg) if kube else None, mirror.mismatched).routes(app)
     # ready once the mirror knows the cards the cluster reports (the mixed-fleet default needs them)
     try:
-        return await serve_api(cfg, app, sup, stop)
+        return await serve_api(cfg, app, sup, stop, health)
     finally:
         if kube:
             await kube.close()

@@ -59,11 +59,12 @@ def tls(cfg: Config) -> CertReloader | None:
     return CertReloader(cfg.tls_cert_file, cfg.tls_key_file) if cfg.tls_cert_file else None
 
 
-async def serve_api(cfg: Config, app: web.Application, sup: Supervisor, stop: asyncio.Event) -> bool:
-    """Serve a role's API and its health/metrics until `stop` or a task gave up; False when one gave up."""
+async def serve_api(cfg: Config, app: web.Application, sup: Supervisor, stop: asyncio.Event,
+                    health: web.AppRunner) -> bool:
+    """Serve a role's API until `stop` or a task gave up (False when one gave up), then stop it and `health`
+    (serve_health's, started first so that probes are answered while the role waits for Redis)."""
     reloader = tls(cfg)
-    runners = [await serve(app, cfg.listen, reloader.context if reloader else None),
-               await serve_health(cfg, sup.problems)]
+    runners = [await serve(app, cfg.listen, reloader.context if reloader else None), health]
     if reloader is not None:
         sup.spawn("tls-reload", lambda: watch_certs(reloader))
     ok = await sup.run(stop)

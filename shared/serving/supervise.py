@@ -11,6 +11,7 @@ answers 503 at once, and `run()` returns so the process exits non-zero and the k
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -60,10 +61,21 @@ class Backoff:
     def reset(self) -> None:
         self.attempt = 0
 
-    async def sleep(self) -> None:
+    async def sleep(self, stop: asyncio.Event | None = None) -> None:
+        """Wait the next delay; with `stop`, raise Stopped as soon as it is set (SIGTERM during a retry loop)."""
         delay = self.delay
         self.attempt += 1
-        await asyncio.sleep(delay)
+        if stop is None:
+            await asyncio.sleep(delay)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        if stop.is_set():
+            raise Stopped()
+
+
+class Stopped(Exception):
+    """The role was stopped (SIGTERM) while it still waited to start; it exits 0 (controller/cli.py)."""
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable
 from typing import cast
@@ -23,19 +24,24 @@ def _settle() -> None:
     log.info("state loaded: %d objects frozen out of later garbage collections", frozen)
 
 
-async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False) -> tuple[Ledger, Mirror]:
-    """Connect (retrying until Redis answers), then keep the mirror and the PING probe under `sup`."""
+async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False,
+                      stop: asyncio.Event | None = None) -> tuple[Ledger, Mirror]:
+    """Connect (retrying until Redis answers, or Stopped once `stop` is set), then keep the mirror and the
+    PING probe under `sup`. Meanwhile the role is not ready, and says why (its health port serves already)."""
     options = RedisOptions.from_config(cfg)
     ledger = Ledger(connect(cfg.redis_url, options), cfg.key_prefix)
     backoff = Backoff(0.5, 5.0)
+    waiting = "not connected yet"
+    sup.check("redis", lambda: f"Redis: {waiting}")
     while True:
         try:
             await ledger.load_scripts()
             break
         except Exception as e:
             # the URL may carry a password: only its redacted form is ever logged
+            waiting = f"not reachable at {redact_url(cfg.redis_url)} ({explain(e)})"
             log.warning("Redis at %s not reachable (%s); retrying", redact_url(cfg.redis_url), explain(e))
-            await backoff.sleep()
+            await backoff.sleep(stop)
     mirror = Mirror(ledger, subscriber=connect_subscriber(cfg.redis_url, options))
     # the cards loaded: freeze them (and everything else alive) out of later garbage collections
     mirror.on_first_sync.append(_settle)

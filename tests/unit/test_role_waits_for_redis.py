@@ -1,0 +1,59 @@
+"""A role started while Redis is unreachable: its probes are answered (alive, not ready, and why) and SIGTERM
+ends it at once with exit 0. Before, it served no port until Redis answered, so the kubelet's liveness probe
+restarted it over and over, and SIGTERM waited for Redis (the kubelet's SIGKILL after the grace period).
+
+Real `mtsched <role>` processes; the Redis address is a loopback port nobody listens on.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from deploy.local.redis import free_port
+
+pytestmark = pytest.mark.parametrize("role", ["extender", "webhook", "watcher"])
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode()
+
+
+def test_a_role_waiting_for_redis_answers_its_probes_and_stops_on_sigterm(role: str, tmp_path: Path) -> None:
+    redis_port, metrics = free_port(), free_port()
+    log = (tmp_path / "role.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controller.cli", role, "--log-format", "text",
+         "--set", f"redisUrl=redis://127.0.0.1:{redis_port}/0", "--set", f"listen=127.0.0.1:{free_port()}",
+         "--set", f"metricsListen=127.0.0.1:{metrics}", "--set", "quotaCheck=false"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        ready = (0, "")
+        while "not reachable at" not in ready[1]:  # the first failed try is in the reason
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "role.log").read_text()
+            try:
+                ready = _get(f"http://127.0.0.1:{metrics}/readyz")
+            except OSError:
+                time.sleep(0.1)
+        assert ready[0] == 503 and f"Redis: not reachable at redis://127.0.0.1:{redis_port}/0" in ready[1], ready
+        assert _get(f"http://127.0.0.1:{metrics}/healthz") == (200, "ok")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, (tmp_path / "role.log").read_text()
+        assert "stopped before the role could start" in (tmp_path / "role.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
