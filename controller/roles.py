@@ -17,21 +17,16 @@ from controller.watchers import Janitor, NodeWatcher, PodWatcher, wire
 from shared.config import Config
 from shared.kube import Kube
 from shared.serving import gc_policy
-from shared.serving.http import serve_api, serve_health
+from shared.serving.http import serve_api
 from shared.serving.supervise import Backoff, Supervisor
-from shared.store.session import open_ledger
+from shared.store.session import start_role
 
 log = logging.getLogger("mtsched")
 
 
 async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
     sup = Supervisor()
-    health = await serve_health(cfg, sup.problems)
-    try:
-        ledger, mirror = await open_ledger(cfg, sup, stop=stop)
-    except BaseException:
-        await health.cleanup()
-        raise
+    health, ledger, mirror = await start_role(cfg, sup, stop)
     kube = await Kube.create(cfg.kubeconfig)
     app = web.Application(client_max_size=EXTENDER_BODY_LIMIT)
     ext = Extender(cfg, ledger, mirror, kube)
@@ -46,12 +41,7 @@ async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
 
 async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     sup = Supervisor()
-    health = await serve_health(cfg, sup.problems)
-    try:
-        ledger, mirror = await open_ledger(cfg, sup, card_metrics=True, stop=stop)
-    except BaseException:
-        await health.cleanup()
-        raise
+    health, ledger, mirror = await start_role(cfg, sup, stop, card_metrics=True)
     kube = await Kube.create(cfg.kubeconfig)
     nodes = NodeWatcher(kube, ledger, cfg)
     pods = PodWatcher(kube, ledger, mirror, cfg, nodes.lost)

@@ -8,21 +8,16 @@ from aiohttp import web
 
 from shared.config import Config
 from shared.kube import Kube
-from shared.serving.http import serve_api, serve_health
+from shared.serving.http import serve_api
 from shared.serving.supervise import Supervisor
-from shared.store.session import open_ledger
+from shared.store.session import start_role
 from webhook.quotas import QuotaReader
 from webhook.server import BODY_LIMIT, Webhook
 
 
 async def run_webhook(cfg: Config, stop: asyncio.Event) -> bool:
     sup = Supervisor()
-    health = await serve_health(cfg, sup.problems)
-    try:
-        _, mirror = await open_ledger(cfg, sup, stop=stop)
-    except BaseException:
-        await health.cleanup()
-        raise
+    health, _, mirror = await start_role(cfg, sup, stop)
     # the quota check reads ResourceQuotas and pods (webhook/quotas.py); without it no API calls
     kube = await Kube.create(cfg.kubeconfig) if cfg.quota_check else None
     app = web.Application(client_max_size=BODY_LIMIT)

@@ -7,8 +7,11 @@ import logging
 from collections.abc import Awaitable
 from typing import cast
 
+from aiohttp import web
+
 from shared.config import Config, redact_url
 from shared.serving import gc_policy
+from shared.serving.http import serve_health
 from shared.serving.metrics import REDIS_UP
 from shared.serving.supervise import Backoff, Heartbeat, Supervisor, probe_loop
 from shared.store.card_metrics import register_mirror
@@ -61,3 +64,16 @@ async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False,
         # would stall the extender's and webhook's event loops for half a second each time.
         register_mirror(mirror)
     return ledger, mirror
+
+
+async def start_role(cfg: Config, sup: Supervisor, stop: asyncio.Event,
+                     card_metrics: bool = False) -> tuple[web.AppRunner, Ledger, Mirror]:
+    """Every role's start: its probes served first (alive, and not ready while Redis does not answer), then
+    the ledger (open_ledger, Stopped by SIGTERM meanwhile). The caller stops the health runner at the end."""
+    health = await serve_health(cfg, sup.problems)
+    try:
+        ledger, mirror = await open_ledger(cfg, sup, card_metrics, stop)
+    except BaseException:
+        await health.cleanup()
+        raise
+    return health, ledger, mirror
