@@ -21,9 +21,8 @@ import ssl
 import aiohttp
 import uvloop
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
-from shared.serving.listen import cert_names, name_allowed
+from shared.serving.listen import client_name_middleware
 
 
 def make_app(backends: list[str], ca: str, client_cert: str = "", client_key: str = "",
@@ -57,15 +56,8 @@ def make_app(backends: list[str], ca: str, client_cert: str = "", client_key: st
     async def stats(_: web.Request) -> web.Response:
         return web.json_response(counts)
 
-    @web.middleware
-    async def named(request: web.Request, handler: Handler) -> web.StreamResponse:
-        peer = request.transport.get_extra_info("peercert") if request.transport is not None else None
-        if not client_names or name_allowed(peer, client_names):
-            return await handler(request)
-        return web.Response(status=403, text=f"balancer: the client certificate names {cert_names(peer)}, "
-                                             f"allowed {list(client_names)}")
-
-    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[named])
+    app = web.Application(client_max_size=64 * 1024 * 1024,
+                          middlewares=[client_name_middleware("balancer", client_names)] if client_names else [])
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     app.router.add_get("/_balancer/stats", stats)

@@ -74,6 +74,8 @@ class ListenPolicy:
     auth_off_loopback: bool = False  # a non-loopback address needs client authentication
     allow_unauthenticated: bool = False
     client_names: tuple[str, ...] = ()  # empty: any certificate client_ca signed
+    # logged at start without client_ca ("{addr}": the address): what an unauthenticated caller can do
+    unauthenticated_warning: str = ""
 
     @property
     def ca_key(self) -> str:
@@ -87,8 +89,6 @@ class ListenPolicy:
         if self.client_ca and not tls:
             out.append(f"{self.role}: {self.ca_key} is set but the API is not served over TLS; "
                        "set tlsCertFile and tlsKeyFile")
-        if self.client_names and not self.client_ca:
-            out.append(f"{self.role}: {self.role}ClientNames needs {self.ca_key}")
         if (self.auth_off_loopback and not is_loopback(host_of(addr)) and not self.client_ca
                 and not self.allow_unauthenticated):
             out.append(f"{self.role}: listen {addr!r} is not a loopback address, and anyone who reaches it could "
@@ -109,40 +109,42 @@ class ListenPolicy:
                 raise ConfigError(f"{self.ca_key}: cannot read {self.client_ca!r} as PEM certificates: "
                                   f"{getattr(e, 'strerror', None) or e}") from e
             context.verify_mode = ssl.CERT_REQUIRED  # no certificate, or one the CA did not sign: no handshake
-        elif self.role == "webhook":
-            log.warning("webhook: %s is not set, so anyone who reaches %s may send it reviews (it then lists "
-                        "that namespace's quotas and pods); docs/install.md, \"The webhook's callers\"",
-                        self.ca_key, addr)
+        elif self.unauthenticated_warning:
+            log.warning("%s: %s is not set, so %s", self.role, self.ca_key,
+                        self.unauthenticated_warning.format(addr=addr))
         return addr, context
 
     def middleware(self) -> Middleware | None:
-        """With client_names: 403 for a certificate of the CA that names none of them (checked per request,
-        ~5 µs: ssl re-reads the verified certificate; a connection's certificate never changes)."""
-        if not self.client_names:
-            return None
-        allowed = frozenset(self.client_names)
-        logged: set[tuple[str, ...]] = set()
+        """With client_names: 403 for a certificate of the CA that names none of them."""
+        return client_name_middleware(self.role, self.client_names) if self.client_names else None
 
-        @web.middleware
-        async def client_name(request: web.Request, handler: Handler) -> web.StreamResponse:
-            peer = request.transport.get_extra_info("peercert") if request.transport is not None else None
-            if name_allowed(peer, allowed):
-                return await handler(request)
-            names = cert_names(peer)
-            CLIENTS_REFUSED.labels(self.role).inc()
-            if len(logged) < 64 and (key := tuple(names)) not in logged:  # once per caller, bounded
-                logged.add(key)
-                log.warning("%s: refused a client certificate naming %s (not in %sClientNames)", self.role,
-                            names or "nothing", self.role)
-            why = (f"{self.role}: the client certificate names {', '.join(names) or 'nothing'}; "
-                   f"{self.role}ClientNames allows {', '.join(sorted(allowed))}")
-            # a Kubernetes Status: the API server shows its message in the pods it refuses (any other body it
-            # reports as "failed to call webhook: unknown")
-            body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": why,
-                    "reason": "Forbidden", "code": 403}
-            return web.Response(body=orjson.dumps(body), status=403, content_type="application/json")
 
-        return client_name
+def client_name_middleware(role: str, client_names: Iterable[str]) -> Middleware:
+    """403 (a Kubernetes Status) for a request whose verified client certificate names none of `client_names`
+    (checked per request, ~5 µs: ssl re-reads the verified certificate; a connection's never changes)."""
+    allowed = frozenset(client_names)
+    logged: set[tuple[str, ...]] = set()
+
+    @web.middleware
+    async def client_name(request: web.Request, handler: Handler) -> web.StreamResponse:
+        peer = request.transport.get_extra_info("peercert") if request.transport is not None else None
+        if name_allowed(peer, allowed):
+            return await handler(request)
+        names = cert_names(peer)
+        CLIENTS_REFUSED.labels(role).inc()
+        if len(logged) < 64 and (key := tuple(names)) not in logged:  # once per caller, bounded
+            logged.add(key)
+            log.warning("%s: refused a client certificate naming %s (not in %sClientNames)", role,
+                        names or "nothing", role)
+        why = (f"{role}: the client certificate names {', '.join(names) or 'nothing'}; "
+               f"{role}ClientNames allows {', '.join(sorted(allowed))}")
+        # a Kubernetes Status: the API server shows its message in the pods it refuses (any other body it
+        # reports as "failed to call webhook: unknown")
+        body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": why,
+                "reason": "Forbidden", "code": 403}
+        return web.Response(body=orjson.dumps(body), status=403, content_type="application/json")
+
+    return client_name
 
 
 def extender_policy(cfg: Config) -> ListenPolicy:
@@ -152,7 +154,9 @@ def extender_policy(cfg: Config) -> ListenPolicy:
 
 
 def webhook_policy(cfg: Config) -> ListenPolicy:
-    return ListenPolicy("webhook", WEBHOOK_LISTEN, cfg.webhook_client_ca_file, client_names=cfg.webhook_client_names)
+    return ListenPolicy("webhook", WEBHOOK_LISTEN, cfg.webhook_client_ca_file, client_names=cfg.webhook_client_names,
+                        unauthenticated_warning="anyone who reaches {addr} may send it reviews (it then lists that "
+                        "namespace's quotas and pods); docs/install.md, \"The webhook's callers\"")
 
 
 def start_problems(cfg: Config, role: str) -> list[str]:
