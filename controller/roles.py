@@ -52,13 +52,23 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     sup.check("nodes", nodes.reflector.problem)
     sup.check("pods", pods.reflector.problem)
     backoff = Backoff(0.5)
-    while not stop.is_set():
-        try:
-            await reconciler.rebuild()
-            break
-        except Exception as e:
-            log.warning("initial rebuild failed (%s); retrying in %.1fs", e, backoff.delay)
-            await backoff.sleep()
+    rebuild_error = "not done yet"
+    sup.check("rebuild",
+              lambda: f"initial rebuild of the ledger from the API: {rebuild_error}" if rebuild_error else "")
+    try:
+        while True:
+            try:
+                await reconciler.rebuild()
+                rebuild_error = ""
+                break
+            except Exception as e:
+                rebuild_error = f"failed ({e}); retrying"
+                log.warning("initial rebuild failed (%s); retrying in %.1fs", e, backoff.delay)
+                await backoff.sleep(stop)  # SIGTERM meanwhile: Stopped, exit 0 (controller/cli.py)
+    except BaseException:
+        await health.cleanup()
+        await kube.close()
+        raise
     gc_policy.settle()  # the nodes and pods just listed, like the mirror's cards
     sup.spawn("nodes", nodes.reflector.run)
     sup.spawn("pods", pods.reflector.run)

@@ -1,0 +1,59 @@
+"""A watcher whose first rebuild cannot reach the API server: not ready, saying why, and SIGTERM ends it
+at once with exit 0. Before, its retry loop slept through SIGTERM and then started every task anyway.
+
+A real `mtsched watcher` process against the suite's real redis-server; the API server's address is a
+loopback port nobody listens on.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from deploy.local.redis import RedisServer, free_port
+from tests.unit.test_role_waits_for_redis import _get
+
+
+def test_a_watcher_that_cannot_rebuild_is_not_ready_and_stops_on_sigterm(redis_server: RedisServer,
+                                                                         tmp_path: Path) -> None:
+    api = free_port()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{api}"}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+""")
+    metrics = free_port()
+    log = (tmp_path / "watcher.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controller.cli", "watcher", "--log-format", "text",
+         "--set", f"redisUrl={redis_server.url}", "--set", f"kubeconfig={kubeconfig}",
+         "--set", f"keyPrefix=t{uuid.uuid4().hex[:8]}",
+         "--set", f"metricsListen=127.0.0.1:{metrics}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        ready = (0, "")
+        while "initial rebuild of the ledger from the API: failed" not in ready[1]:
+            assert proc.poll() is None and time.monotonic() < deadline, ((tmp_path / "watcher.log").read_text(), ready)
+            try:
+                ready = _get(f"http://127.0.0.1:{metrics}/readyz")
+            except OSError:
+                time.sleep(0.1)
+        assert ready[0] == 503, ready
+        assert _get(f"http://127.0.0.1:{metrics}/healthz") == (200, "ok")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0, (tmp_path / "watcher.log").read_text()
+        text = (tmp_path / "watcher.log").read_text()
+        assert "stopped before the role could start" in text, text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
