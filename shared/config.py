@@ -146,17 +146,22 @@ def _coerce(name: str, raw: object, errors: list[str]) -> object:
     return str(raw)
 
 
-_CERT_NAME_RE = re.compile(r"^[^\s,]{1,253}$")
+_CERT_NAME_RE = re.compile(r"^[^\s,\[\]]{1,253}$")  # brackets: a list written wrongly, not a name
 
 
 def _names(name: str, raw: object, errors: list[str]) -> tuple[str, ...] | None:
-    """A list of certificate names: a YAML list, or one comma-separated string (a flag or variable)."""
-    items = raw.split(",") if isinstance(raw, str) else raw
+    """A list of certificate names: a YAML list, or one comma-separated string (a flag or variable), which may
+    be written as a list in brackets (`[a,b]`, as in YAML): read otherwise, `[a` would be a name no
+    certificate carries, and the API server would be locked out."""
+    text = raw.strip() if isinstance(raw, str) else None
+    if text is not None and text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    items = text.split(",") if text is not None else raw
     if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) for x in items):
         errors.append(f"{key_of(name)}: {raw!r} is not a list of names")
         return None
     names = tuple(x.strip() for x in items if x.strip())
-    if items and not names and not (isinstance(raw, str) and not raw.strip()):
+    if items and not names and not (text is not None and not text.strip()):
         # [""] or "," names no certificate: read as unset it would admit any certificate of the CA
         errors.append(f"{key_of(name)}: {raw!r} names no certificate; leave it unset (or empty) to admit any "
                       "certificate of the client CA")
@@ -164,7 +169,7 @@ def _names(name: str, raw: object, errors: list[str]) -> tuple[str, ...] | None:
     bad = [x for x in names if not _CERT_NAME_RE.match(x)]
     if bad or len(names) > 32:
         errors.append(f"{key_of(name)}: {bad[0] if bad else raw!r} is not allowed: at most 32 names, each 1-253 "
-                      "characters without spaces or commas (a certificate's Common Name or DNS name)")
+                      "characters without spaces, commas or brackets (a certificate's Common Name or DNS name)")
         return None
     return names
 

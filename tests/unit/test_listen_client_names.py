@@ -38,6 +38,10 @@ TLS = {"tlsCertFile": "/c", "tlsKeyFile": "/k"}
     ("", ()),
     (" ", ()),  # a flag or variable set empty: unset
     (["a", ""], ("a",)),  # a blank beside a name is dropped
+    # a flag written as a YAML list: its brackets are no part of the first and last names
+    ("[kube-apiserver,apiserver.example]", ("kube-apiserver", "apiserver.example")),
+    (" [ a , b ] ", ("a", "b")),
+    ("[]", ()),
 ])
 def test_client_names_accepted(raw: object, names: tuple[str, ...]) -> None:
     flags = {**TLS, "webhookClientCAFile": "/ca", "webhookClientNames": raw}
@@ -47,6 +51,9 @@ def test_client_names_accepted(raw: object, names: tuple[str, ...]) -> None:
 @pytest.mark.parametrize(("raw", "problem"), [
     (["has space"], "'has space' is not allowed"),
     (["a,b"], "'a,b' is not allowed"),
+    ("a,[b]", "'[b]' is not allowed"),  # a bracket is a list written wrongly, never part of a name
+    (["[a"], "'[a' is not allowed"),
+    ("[,]", "names no certificate"),
     # a list of only blank names names no certificate: read as unset, it would admit any of the CA's
     ([""], "[''] names no certificate"),
     ([" ", ""], "names no certificate"),
