@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shared.domain.shapes import MAX_NAME_CHARS, MAX_UID_CHARS, ShapeError
+from shared.domain.shapes import MAX_NAME_CHARS, MAX_UID_CHARS, ShapeError, is_dns_label
 
 API_VERSION = "admission.k8s.io/v1"
 OPERATIONS = ("CREATE", "UPDATE")  # the webhook is registered for CREATE; UPDATE is judged too
@@ -88,8 +88,12 @@ def parse_review(doc: object) -> AdmissionRequest:
     user = _optional_str(user_info or {}, "username", "request.userInfo.username", limit=1024)
     if request.get("dryRun") is not None and not isinstance(request.get("dryRun"), bool):
         raise ShapeError("request.dryRun", request.get("dryRun"), "true or false")
+    namespace = _optional_str(request, "namespace", "request.namespace")
+    # the API server reviews pods only in namespaces that exist, whose names are DNS-1123 labels; the name
+    # goes into the quota reads' paths and cache keys
+    if namespace and not is_dns_label(namespace):
+        raise ShapeError("request.namespace", namespace, "a namespace name (DNS-1123 label)")
     return AdmissionRequest(
-        uid=uid, operation=str(op), obj=obj, old=old,
-        namespace=_optional_str(request, "namespace", "request.namespace"), user=user,
+        uid=uid, operation=str(op), obj=obj, old=old, namespace=namespace, user=user,
         sub_resource=_optional_str(request, "subResource", "request.subResource"),
     )
