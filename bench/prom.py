@@ -17,7 +17,7 @@ Scrape = dict[Sample, float]
 # dropped before parsing, which would otherwise take seconds per scrape.
 WANTED = ("mtsched_bench_", "mtsched_extender_", "mtsched_webhook_", "mtsched_redis_", "mtsched_bindings",
           "mtsched_reservation", "mtsched_overcommit", "scheduler_scheduling_algorithm_duration_seconds",
-          "scheduler_schedule_attempts", "scheduler_batch_attempts")
+          "scheduler_schedule_attempts", "scheduler_batch_attempts", "apiserver_request_total")
 
 
 def _keep(line: str, prefixes: tuple[str, ...]) -> bool:

@@ -49,6 +49,7 @@ class Target:
     pids: dict[str, int] = field(default_factory=dict)  # local processes, for CPU time per component
     role_pids: tuple[int, ...] = ()  # those of them that are our roles run through bench.timed_role
     scheduler_metrics: tuple[str, str] | None = None  # (URL, bearer token) of kube-scheduler's /metrics
+    apiserver_metrics: tuple[str, str] | None = None  # (URL, bearer token) of kube-apiserver's /metrics
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
@@ -131,7 +132,7 @@ class Local:
             pids[f"balancer-{kind}"] = proc.pid
         sched = (f"https://127.0.0.1:{self.cp._sched_port}/metrics", self.cp.token)
         return Target(str(self.cp.kubeconfig_path), dict(urls), self.redis.url, fine=True, replicas=replicas,
-                      pids=pids, role_pids=role_pids, scheduler_metrics=sched)
+                      pids=pids, role_pids=role_pids, scheduler_metrics=sched, apiserver_metrics=self.api_metrics())
 
     def plane_pids(self) -> dict[str, int]:
         pids = {name: proc.popen.pid for name, proc in self.cp._procs.items()}
@@ -159,7 +160,11 @@ class Local:
         if pid:
             pids[ext.name] = pid
         sched = (f"https://127.0.0.1:{self.cp._sched_port}/metrics", self.cp.token)
-        return Target(str(self.cp.kubeconfig_path), {}, "", replicas=ext.name, pids=pids, scheduler_metrics=sched)
+        return Target(str(self.cp.kubeconfig_path), {}, "", replicas=ext.name, pids=pids, scheduler_metrics=sched,
+                      apiserver_metrics=self.api_metrics())
+
+    def api_metrics(self) -> tuple[str, str]:
+        return f"{self.cp.server_url}/metrics", self.cp.token
 
     def stop(self) -> None:
         if self.stack is not None:

@@ -27,6 +27,13 @@ def scrape_all(target: Target) -> dict[str, prom.Scrape]:
             out["kube-scheduler"] = prom.scrape(target.scheduler_metrics[0], token=target.scheduler_metrics[1])
         except OSError as e:
             print(f"  (could not scrape kube-scheduler: {e})", flush=True)
+    if target.apiserver_metrics:
+        try:
+            # only the request counter is kept (prom.WANTED): the API server's whole exposition is megabytes
+            out["kube-apiserver"] = prom.scrape(target.apiserver_metrics[0], token=target.apiserver_metrics[1],
+                                                timeout=SCRAPE_TIMEOUT)
+        except OSError as e:
+            print(f"  (could not scrape kube-apiserver: {e})", flush=True)
     return out
 
 
@@ -53,6 +60,22 @@ def schedule_attempts(d: dict[str, prom.Scrape]) -> dict[str, int]:
         if name == "scheduler_schedule_attempts_total" and v:
             out[dict(labels).get("result", "?")] += int(v)
     return dict(out)
+
+
+def api_requests(d: dict[str, prom.Scrape], pods: int) -> dict[str, float]:
+    """The API server's requests in the phase per pod bound, by "VERB resource[/subresource]" (all clients:
+    the benchmark's creates, kube-scheduler, our roles, the API server's own): what a pod costs in API
+    calls, ours beside plain. Watches are counted once when they open, so they are not per pod."""
+    if not pods:
+        return {}
+    out: dict[str, float] = {}
+    for (name, labels), v in d.get("kube-apiserver", {}).items():
+        if name == "apiserver_request_total" and v > 0:
+            lab = dict(labels)
+            what = lab.get("resource", "") + (f"/{lab['subresource']}" if lab.get("subresource") else "")
+            key = f"{lab.get('verb', '?')} {what or '(non-resource)'}"
+            out[key] = out.get(key, 0.0) + v
+    return {k: round(v / pods, 3) for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v / pods >= 0.005}
 
 
 def batch_attempts(d: dict[str, prom.Scrape]) -> dict[str, dict[str, int]]:

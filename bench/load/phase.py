@@ -17,7 +17,15 @@ from bench import prom
 from bench.load import memory
 from bench.load.checks import check
 from bench.load.cluster import KWOK_ANNOTATION, LedgerView, Target, cpu_seconds, list_all, profile_window
-from bench.load.metrics import batch_attempts, latency, round_trips, schedule_attempts, scheduling_cycle, scrape_all
+from bench.load.metrics import (
+    api_requests,
+    batch_attempts,
+    latency,
+    round_trips,
+    schedule_attempts,
+    scheduling_cycle,
+    scrape_all,
+)
 from bench.workload import CHART_IGNORE_LABEL, IGNORE_LABEL, RUN_LABEL, Shape, our_pod, plain_pod
 from shared.serving.logs import Progress
 
@@ -153,6 +161,7 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
     res["scheduling_cycle"] = scheduling_cycle(d)
     res["schedule_attempts"] = schedule_attempts(d)
     res["batch_attempts"] = batch_attempts(d)
+    res["api_requests_per_pod"] = api_requests(d, bound)
     res["percentage_of_nodes_to_score"] = ph.percentage
     if ph.large_kb:
         res["annotation_kb_per_pod"] = ph.large_kb
@@ -168,6 +177,9 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
     if res["cpu_ms_per_pod"]:
         say(f"{label}: CPU ms per pod: " + ", ".join(f"{k} {v}" for k, v in res["cpu_ms_per_pod"].items())
             + f" (machine busy {100 * res['cpu_busy_share']:.0f}% of {os.cpu_count()} CPUs)")
+    if res["api_requests_per_pod"]:
+        say(f"{label}: API requests per pod: "
+            + ", ".join(f"{k} {v}" for k, v in res["api_requests_per_pod"].items()))
     if ours:
         res["latency"] = latency(d, target.fine)
         ext = d.get("extender", {})

@@ -80,6 +80,8 @@ def summarize(phases: list[Phase], fine: bool, node_memory: list[dict[str, Any]]
             "redis_per_pod_watcher": round(sum(rt.get("watcher", {}).values()) / bound, 3) if bound else None,
             "cpu_ms_per_pod_ours": _mean_dicts([p.result.get("cpu_ms_per_pod", {}) for p in ours]),
             "cpu_ms_per_pod_plain": _mean_dicts([p.result.get("cpu_ms_per_pod", {}) for p in plain]),
+            "api_requests_per_pod_ours": _mean_dicts([p.result.get("api_requests_per_pod", {}) for p in ours]),
+            "api_requests_per_pod_plain": _mean_dicts([p.result.get("api_requests_per_pod", {}) for p in plain]),
             "scheduler_algorithm_ms_ours": round(statistics.fmean(
                 [p.result["scheduling_cycle"]["mean_ms"] for p in ours if p.result.get("scheduling_cycle")] or [0]), 2),
             "scheduler_algorithm_ms_plain": round(statistics.fmean(

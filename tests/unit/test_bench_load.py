@@ -14,7 +14,7 @@ from bench import prom
 from bench.load import memory
 from bench.load.cli import plan
 from bench.load.external import External, add_options, admit, apply_patch, from_args, tune_scheduler_config
-from bench.load.metrics import latency
+from bench.load.metrics import api_requests, latency
 from bench.load.phase import LARGE_ANNOTATION, Phase, make_pods
 from bench.load.report import summarize, table
 from bench.workload import CORE, MEM, VGPU, shapes
@@ -276,3 +276,23 @@ def test_fine_latency_reads_each_part_from_the_role_that_times_it() -> None:
              "extender.loop_lag", "webhook.loop_lag", "extender.gc.gen0", "webhook.gc.gen2", "watcher.gc.gen1")
     assert {p: out.get(p, {}).get("count") for p in parts} == dict.fromkeys(parts, 3)
     assert "watcher.gc.gen0" not in out and "extender.gc.gen2" not in out  # none timed: no entry
+
+
+def test_api_requests_per_pod_from_the_api_servers_counter() -> None:
+    text = "\n".join([
+        "# TYPE apiserver_request_total counter",
+        'apiserver_request_total{code="201",resource="pods",subresource="",verb="POST"} 990',
+        'apiserver_request_total{code="500",resource="pods",subresource="",verb="POST"} 10',
+        'apiserver_request_total{code="201",resource="pods",subresource="binding",verb="POST"} 1000',
+        'apiserver_request_total{code="200",resource="nodes",subresource="",verb="PATCH"} 2',
+        'apiserver_request_total{code="200",resource="",subresource="",verb="GET"} 40',
+        "# TYPE unrelated_total counter",
+        "unrelated_total 5",
+    ]) + "\n"
+    scrape = prom.parse(text)
+    assert all(name == "apiserver_request_total" for name, _ in scrape)  # the rest is dropped unparsed
+    before = {k: v / 2 for k, v in scrape.items()}
+    got = api_requests({"kube-apiserver": prom.diff(scrape, before)}, pods=500)
+    # half of each count is the phase's; codes add up; below 0.005 per pod (1 PATCH) is left out
+    assert got == {"POST pods": 1.0, "POST pods/binding": 1.0, "GET (non-resource)": 0.04}
+    assert api_requests({}, pods=500) == {} and api_requests({"kube-apiserver": scrape}, pods=0) == {}
