@@ -173,7 +173,7 @@ def _with_lag_probe(role: RoleMain) -> RoleMain:
 
 
 def _keep_env_lookups(api: Any) -> None:
-    """Stand-in for shared.kube._skip_empty_env_lookups: the behaviour before that change."""
+    """Stand-in for shared.kube._read_env_once: the behaviour before that change."""
 
 
 def _profile_window(path: str) -> None:
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     instrument()
     _gc_probe()
     if os.environ.get("MTSCHED_BENCH_TRUST_ENV") == "1":  # A/B of the change (docs/benchmarks.md)
-        kube_module._skip_empty_env_lookups = _keep_env_lookups
+        kube_module._read_env_once = _keep_env_lookups
     # cli.main looks them up at call time
     for module, name in ((roles, "run_extender"), (webhook_runner, "run_webhook"), (roles, "run_watcher")):
         setattr(module, name, _with_lag_probe(getattr(module, name)))
