@@ -65,7 +65,8 @@ def schedule_attempts(d: dict[str, prom.Scrape]) -> dict[str, int]:
 def api_requests(d: dict[str, prom.Scrape], pods: int) -> dict[str, float]:
     """The API server's requests in the phase per pod bound, by "VERB resource[/subresource]" (all clients:
     the benchmark's creates, kube-scheduler, our roles, the API server's own): what a pod costs in API
-    calls, ours beside plain. Watches are counted once when they open, so they are not per pod."""
+    calls, ours beside plain. The API server counts a request when it completes, so a WATCH is counted
+    when its stream ends (a timeout, or a watcher too slow for the burst that the API server closed)."""
     if not pods:
         return {}
     out: dict[str, float] = {}
