@@ -37,8 +37,9 @@ def _read_env_once(api: client.ApiClient) -> None:
     read credentials from it)."""
     rest = getattr(api, "rest_client", None)
     session = getattr(rest, "pool_manager", None)
-    if rest is None or not isinstance(session, aiohttp.ClientSession) or not hasattr(session, "_trust_env"):
-        return  # another kubernetes-asyncio: left as it is
+    if (rest is None or not isinstance(session, aiohttp.ClientSession)
+            or not all(hasattr(session, a) for a in ("_trust_env", "_default_proxy", "_default_proxy_auth"))):
+        return  # another kubernetes-asyncio or aiohttp: left as it is
     netrc = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
     if os.path.exists(netrc):
         return
@@ -48,11 +49,12 @@ def _read_env_once(api: client.ApiClient) -> None:
         except LookupError:  # no proxy variable for the scheme, or NO_PROXY names the host
             pass
         else:
-            # its credentials back in the URL: aiohttp sends them as Proxy-Authorization, on the request for
-            # an http:// server and on the CONNECT for an https:// one, as it does from the environment
-            with_auth = proxy if proxy_auth is None else proxy.with_user(proxy_auth.login).with_password(
-                proxy_auth.password)
-            rest.proxy = str(with_auth)
+            # the session's default proxy, its credentials apart as aiohttp keeps them when it reads the
+            # environment itself (sent as Proxy-Authorization, on the request for an http:// server and on
+            # the CONNECT for an https:// one): in the URL they would be in every proxy error's message,
+            # logged and shown in /readyz
+            session._default_proxy = proxy
+            session._default_proxy_auth = proxy_auth
             log.info("API server %s reached through the proxy %s (from the environment)",
                      api.configuration.host, proxy)
     session._trust_env = False

@@ -133,3 +133,31 @@ async def test_an_https_api_server_is_tunnelled_with_the_proxys_credentials(
     head = heads[0].decode()
     assert head.startswith(f"CONNECT 127.0.0.1:{servers['api_port']} "), head
     assert "Proxy-Authorization: Basic " + base64.b64encode(b"u:p").decode() in head, head
+
+
+async def test_the_proxys_credentials_stay_out_of_error_messages(
+        servers: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proxy's refusal is logged and shown in /readyz (the watcher's rebuild check): the password it was
+    given must not be in the message, as it is not when aiohttp reads the environment itself."""
+    import asyncio
+
+    import aiohttp
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    monkeypatch.setenv("HTTPS_PROXY", f"http://u:s3cret@127.0.0.1:{port}")
+    kube = await Kube.create(str(servers["kubeconfig_https"]))
+    try:
+        with pytest.raises(aiohttp.ClientHttpProxyError) as raised:
+            await kube.request("GET", "/api/v1/namespaces")
+    finally:
+        await kube.close()
+        server.close()
+        await server.wait_closed()
+    assert "s3cret" not in str(raised.value) and "s3cret" not in repr(raised.value), raised.value
