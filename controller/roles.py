@@ -66,6 +66,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
                 log.warning("initial rebuild failed (%s); retrying in %.1fs", e, backoff.delay)
                 await backoff.sleep(stop)  # SIGTERM meanwhile: Stopped, exit 0 (controller/cli.py)
     except BaseException:
+        await sup.cancel()  # the Redis tasks already run (open_ledger): ended as sup.run ends them
         await health.cleanup()
         await kube.close()
         raise

@@ -7,6 +7,7 @@ loopback port nobody listens on.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -14,7 +15,13 @@ import time
 import uuid
 from pathlib import Path
 
+import aiohttp
+import pytest
+
+from controller.roles import run_watcher
 from deploy.local.redis import RedisServer, free_port
+from shared.config import load_config
+from shared.serving.supervise import Stopped
 from tests.unit.test_role_waits_for_redis import _get
 
 
@@ -57,3 +64,42 @@ current-context: x
             proc.kill()
             proc.wait()
         log.close()
+
+
+async def test_sigterm_during_the_first_rebuilds_retries_ends_the_tasks_already_started(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    """By then the Redis tasks (mirror, probe) run under the role's supervisor: a stop must cancel them as the
+    normal way out does (Supervisor.cancel, bounded), not leave them to the event loop's close, which waits
+    without limit for a task whose cancel is lost (docs/runbooks.md "lost cancellations"). In-process."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{free_port()}"}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+""")
+    metrics = free_port()
+    cfg = load_config(env={}, flags={"redisUrl": redis_server.url, "kubeconfig": str(kubeconfig),
+                                     "keyPrefix": f"t{uuid.uuid4().hex[:8]}",
+                                     "metricsListen": f"127.0.0.1:{metrics}"})
+    stop = asyncio.Event()
+    before = asyncio.all_tasks()
+    role = asyncio.create_task(run_watcher(cfg, stop))
+    async with aiohttp.ClientSession() as http:
+        for _ in range(600):
+            assert not role.done(), role
+            try:
+                async with http.get(f"http://127.0.0.1:{metrics}/readyz") as r:
+                    if "initial rebuild of the ledger from the API: failed" in await r.text():
+                        break
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the rebuild never failed")
+    stop.set()
+    with pytest.raises(Stopped):
+        await asyncio.wait_for(role, 10)
+    left = [t.get_name() for t in asyncio.all_tasks() - before if not t.done() and t is not role]
+    assert left == [], left
