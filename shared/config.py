@@ -146,7 +146,15 @@ def _coerce(name: str, raw: object, errors: list[str]) -> object:
     return str(raw)
 
 
-_CERT_NAME_RE = re.compile(r"^[^\s,\[\]]{1,253}$")  # brackets: a list written wrongly, not a name
+_CERT_NAME_RE = re.compile(r"^[^\s,\[\]\"']{1,253}$")  # brackets, quotes: a list written wrongly, not a name
+
+
+def _unquoted(item: str) -> str:
+    """An item of `[a,b]` as YAML or JSON may quote it (`["a", "b"]`): the quotes are no part of the name."""
+    item = item.strip()
+    if len(item) >= 2 and item[0] == item[-1] and item[0] in "\"'":
+        return item[1:-1]
+    return item
 
 
 def _names(name: str, raw: object, errors: list[str]) -> tuple[str, ...] | None:
@@ -154,9 +162,12 @@ def _names(name: str, raw: object, errors: list[str]) -> tuple[str, ...] | None:
     be written as a list in brackets (`[a,b]`, as in YAML): read otherwise, `[a` would be a name no
     certificate carries, and the API server would be locked out."""
     text = raw.strip() if isinstance(raw, str) else None
+    items: object = raw
     if text is not None and text.startswith("[") and text.endswith("]"):
         text = text[1:-1]
-    items = text.split(",") if text is not None else raw
+        items = [_unquoted(x) for x in text.split(",")]
+    elif text is not None:
+        items = text.split(",")
     if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) for x in items):
         errors.append(f"{key_of(name)}: {raw!r} is not a list of names")
         return None
@@ -169,7 +180,7 @@ def _names(name: str, raw: object, errors: list[str]) -> tuple[str, ...] | None:
     bad = [x for x in names if not _CERT_NAME_RE.match(x)]
     if bad or len(names) > 32:
         errors.append(f"{key_of(name)}: {bad[0] if bad else raw!r} is not allowed: at most 32 names, each 1-253 "
-                      "characters without spaces, commas or brackets (a certificate's Common Name or DNS name)")
+                      "characters without spaces, commas, brackets or quotes (a certificate's Common Name or DNS name)")
         return None
     return names
 

@@ -42,6 +42,9 @@ TLS = {"tlsCertFile": "/c", "tlsKeyFile": "/k"}
     ("[kube-apiserver,apiserver.example]", ("kube-apiserver", "apiserver.example")),
     (" [ a , b ] ", ("a", "b")),
     ("[]", ()),
+    # the same list as YAML or JSON quotes it: the quotes are no part of the names either
+    ('["kube-apiserver", "apiserver.example"]', ("kube-apiserver", "apiserver.example")),
+    ("['a','b']", ("a", "b")),
 ])
 def test_client_names_accepted(raw: object, names: tuple[str, ...]) -> None:
     flags = {**TLS, "webhookClientCAFile": "/ca", "webhookClientNames": raw}
@@ -54,6 +57,9 @@ def test_client_names_accepted(raw: object, names: tuple[str, ...]) -> None:
     ("a,[b]", "'[b]' is not allowed"),  # a bracket is a list written wrongly, never part of a name
     (["[a"], "'[a' is not allowed"),
     ("[,]", "names no certificate"),
+    ('"kube-apiserver"', "'\"kube-apiserver\"' is not allowed"),  # a quote is never part of a name either
+    (["a'b"], "is not allowed"),
+    ('["a]', "is not allowed"),
     # a list of only blank names names no certificate: read as unset, it would admit any of the CA's
     ([""], "[''] names no certificate"),
     ([" ", ""], "names no certificate"),
@@ -212,3 +218,11 @@ async def test_an_unreadable_client_ca_stops_the_role_with_the_key_named(tmp_pat
                                      "webhookClientCAFile": str(ca_file)})
     with pytest.raises(ConfigError, match=f"webhookClientCAFile: cannot read '{ca_file}' as PEM certificates"):
         await serve(webhook_app(cfg), cfg.listen, CertReloader(cfg.tls_cert_file, cfg.tls_key_file).context)
+
+
+def test_client_names_from_the_environment_as_json() -> None:
+    """A list put into a variable is often JSON (a manifest's `toJson`): its names, not their quoted forms
+    (which no certificate carries: the API server would be locked out)."""
+    env = {"MTSCHED_WEBHOOK_CLIENT_NAMES": '["kube-apiserver","apiserver.example"]'}
+    cfg = load_config(env=env, flags={**TLS, "webhookClientCAFile": "/ca"})
+    assert cfg.webhook_client_names == ("kube-apiserver", "apiserver.example")
