@@ -146,7 +146,8 @@ def _coerce(name: str, raw: object, errors: list[str]) -> object:
     return str(raw)
 
 
-_CERT_NAME_RE = re.compile(r"^[^\s,\[\]\"']{1,253}$")  # brackets, quotes: a list written wrongly, not a name
+# brackets, braces (helm's list syntax), quotes: a list written wrongly, not a name
+_CERT_NAME_RE = re.compile(r"^[^\s,\[\]{}\"']{1,253}$")
 
 
 def _unquoted(item: str) -> str:
@@ -180,7 +181,8 @@ def _names(name: str, raw: object, errors: list[str]) -> tuple[str, ...] | None:
     bad = [x for x in names if not _CERT_NAME_RE.match(x)]
     if bad or len(names) > 32:
         errors.append(f"{key_of(name)}: {bad[0] if bad else raw!r} is not allowed: at most 32 names, each 1-253 "
-                      "characters without spaces, commas, brackets or quotes (a certificate's Common Name or DNS name)")
+                      "characters without spaces, commas, brackets, braces or quotes (a certificate's Common "
+                      "Name or DNS name)")
         return None
     return names
 

@@ -32,8 +32,9 @@ def _read_env_once(api: client.ApiClient) -> None:
     """kubernetes-asyncio's session trusts the environment: for every request aiohttp then looks up the
     proxy variables and a ~/.netrc in a worker thread (two thread hops, ~0.6 ms of CPU per API call
     in-process, a large share of the extender's CPU under load). A process's environment does not change
-    and this session only calls the API server, so its proxy (NO_PROXY honoured) is looked up once here and
-    given to the client, and the per-request lookups are off. A netrc file keeps them on (aiohttp would
+    and this session only calls the API server, so its proxy (NO_PROXY honoured; like Python's, not Go's:
+    CIDR entries are not matched) is looked up once here and made the session's default, and the
+    per-request lookups are off. A netrc file keeps them on (aiohttp would
     read credentials from it)."""
     rest = getattr(api, "rest_client", None)
     session = getattr(rest, "pool_manager", None)

@@ -224,6 +224,7 @@ def test_webhook_client_names_are_refused_without_their_ca(helm: Path) -> None:
             ({**ca, "allowedNames": ["kube-apiserver,evil"]}, "allowedNames/0"),
             ({**ca, "allowedNames": ["kube apiserver"]}, "allowedNames/0"),
             ({**ca, "allowedNames": ["[kube-apiserver"]}, "allowedNames/0"),  # a list written wrongly
+            ({**ca, "allowedNames": ["{kube-apiserver}"]}, "allowedNames/0"),
             ({**ca, "allowedNames": ['"kube-apiserver"']}, "allowedNames/0"),  # quoted twice
             ({**ca, "allowedNames": ["kube-apiserver", ""]}, "allowedNames/1"),
             ({**ca, "allowedNames": [f"n{i}" for i in range(33)]}, "allowedNames"),

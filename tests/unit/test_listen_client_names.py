@@ -56,6 +56,7 @@ def test_client_names_accepted(raw: object, names: tuple[str, ...]) -> None:
     (["a,b"], "'a,b' is not allowed"),
     ("a,[b]", "'[b]' is not allowed"),  # a bracket is a list written wrongly, never part of a name
     (["[a"], "'[a' is not allowed"),
+    ("{a,b}", "'{a' is not allowed"),  # helm's list syntax is not ours: refused, never read as names
     ("[,]", "names no certificate"),
     ('"kube-apiserver"', "'\"kube-apiserver\"' is not allowed"),  # a quote is never part of a name either
     (["a'b"], "is not allowed"),
