@@ -6,6 +6,7 @@ and skipping the generated models keeps watch streams of thousands of pods cheap
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 from collections.abc import Mapping
@@ -28,12 +29,30 @@ class KubeError(RuntimeError):
         super().__init__(f"{what}: HTTP {status}: {msg}")
 
 
+def _bypassed_by_cidr(host: str | None) -> bool:
+    """Whether NO_PROXY names the API server's address by a CIDR (`10.96.0.0/12`, the usual way to exempt a
+    cluster's service network): Go's clients match those, Python's proxy lookup only host names and
+    suffixes, so an in-cluster API server would be sent to the proxy."""
+    try:
+        address = ipaddress.ip_address((host or "").strip("[]"))
+    except ValueError:
+        return False  # a name: the lookup's own suffix matching applies
+    raw = os.environ.get("no_proxy") or os.environ.get("NO_PROXY") or ""
+    for entry in raw.split(","):
+        try:
+            if address in ipaddress.ip_network(entry.strip(), strict=False):
+                return True
+        except ValueError:
+            continue  # a host name, `*`, or a CIDR of the other family
+    return False
+
+
 def _read_env_once(api: client.ApiClient) -> None:
     """kubernetes-asyncio's session trusts the environment: for every request aiohttp then looks up the
     proxy variables and a ~/.netrc in a worker thread (two thread hops, ~0.6 ms of CPU per API call
     in-process, a large share of the extender's CPU under load). A process's environment does not change
-    and this session only calls the API server, so its proxy (NO_PROXY honoured; like Python's, not Go's:
-    CIDR entries are not matched) is looked up once here and made the session's default, and the
+    and this session only calls the API server, so its proxy (NO_PROXY honoured, CIDR entries too as Go's
+    clients match them: `_bypassed_by_cidr`) is looked up once here and made the session's default, and the
     per-request lookups are off. A netrc file keeps them on (aiohttp would
     read credentials from it)."""
     rest = getattr(api, "rest_client", None)
@@ -44,9 +63,10 @@ def _read_env_once(api: client.ApiClient) -> None:
     netrc = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
     if os.path.exists(netrc):
         return
-    if not rest.proxy:  # a kubeconfig's proxy-url is already explicit
+    host = URL(str(api.configuration.host))
+    if not rest.proxy and not _bypassed_by_cidr(host.host):  # a kubeconfig's proxy-url is already explicit
         try:
-            proxy, proxy_auth = get_env_proxy_for_url(URL(str(api.configuration.host)))
+            proxy, proxy_auth = get_env_proxy_for_url(host)
         except LookupError:  # no proxy variable for the scheme, or NO_PROXY names the host
             pass
         else:

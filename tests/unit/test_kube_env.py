@@ -161,3 +161,21 @@ async def test_the_proxys_credentials_stay_out_of_error_messages(
         server.close()
         await server.wait_closed()
     assert "s3cret" not in str(raised.value) and "s3cret" not in repr(raised.value), raised.value
+
+
+@pytest.mark.parametrize("no_proxy", ["10.96.0.0/12, 127.0.0.0/8", "127.0.0.1/32", "::1/128,127.0.0.0/24"])
+async def test_a_no_proxy_cidr_holding_the_api_server_goes_straight(servers: dict[str, object], no_proxy: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # Go's clients match CIDR entries (the usual way to exempt a service network); Python's lookup does not
+    monkeypatch.setenv("HTTP_PROXY", str(servers["proxy"]))
+    monkeypatch.setenv("NO_PROXY", no_proxy)
+    assert await _get(servers) == ("api", False)
+    assert servers["proxied"] == []
+
+
+@pytest.mark.parametrize("no_proxy", ["10.96.0.0/12", "127.0.0.2/32", "not a cidr,*.example", "::/0"])
+async def test_a_no_proxy_cidr_not_holding_it_keeps_the_proxy(servers: dict[str, object], no_proxy: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTP_PROXY", str(servers["proxy"]))
+    monkeypatch.setenv("NO_PROXY", no_proxy)
+    assert await _get(servers) == ("proxy", False)
