@@ -18,7 +18,7 @@ from shared.config import Config
 from shared.kube import Kube
 from shared.serving import gc_policy
 from shared.serving.http import serve_api
-from shared.serving.supervise import Backoff, Supervisor
+from shared.serving.supervise import Backoff, Stopped, Supervisor, unless_stopped
 from shared.store.session import start_role
 
 log = logging.getLogger("mtsched")
@@ -58,9 +58,11 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     try:
         while True:
             try:
-                await reconciler.rebuild()
+                await unless_stopped(reconciler.rebuild(), stop)  # SIGTERM while an API call hangs: Stopped
                 rebuild_error = ""
                 break
+            except Stopped:
+                raise
             except Exception as e:
                 rebuild_error = f"failed ({e}); retrying"
                 log.warning("initial rebuild failed (%s); retrying in %.1fs", e, backoff.delay)

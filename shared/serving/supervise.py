@@ -16,11 +16,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import aiohttp
 from redis import exceptions as rexc
 
 from shared.serving.metrics import TASK_FAILURES, TASK_UP
+
+T = TypeVar("T")
 
 log = logging.getLogger("mtsched.supervise")
 
@@ -76,6 +79,24 @@ class Backoff:
 
 class Stopped(Exception):
     """The role was stopped (SIGTERM) while it still waited to start; it exits 0 (controller/cli.py)."""
+
+
+async def unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T:
+    """`work`'s result (or its error), or Stopped as soon as `stop` is set, the work cancelled: a start step
+    waiting on a server that does not answer (30 s per API call) must not hold SIGTERM past the grace
+    period."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when the caller is cancelled
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait((task,), timeout=5.0)  # bounded: a cancel the work loses is not waited for
+    if task.cancelled() or not task.done():
+        raise Stopped()
+    return task.result()
 
 
 @dataclass

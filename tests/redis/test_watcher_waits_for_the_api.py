@@ -8,9 +8,12 @@ loopback port nobody listens on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -103,3 +106,47 @@ current-context: x
         await asyncio.wait_for(role, 10)
     left = [t.get_name() for t in asyncio.all_tasks() - before if not t.done() and t is not role]
     assert left == [], left
+
+
+def test_sigterm_while_the_first_rebuild_waits_on_an_api_server_that_never_answers(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    """An API server that takes the connection and never answers holds each call for its 30 s timeout: the
+    stop must not wait for it (the kubelet's SIGKILL comes after the grace period). A real process."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    heard = threading.Event()
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # closed at the end
+            while True:
+                held.append(listener.accept()[0])  # never answered
+                heard.set()
+
+    threading.Thread(target=accept, daemon=True).start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{listener.getsockname()[1]}"}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+""")
+    log = (tmp_path / "watcher.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controller.cli", "watcher", "--log-format", "text",
+         "--set", f"redisUrl={redis_server.url}", "--set", f"kubeconfig={kubeconfig}",
+         "--set", f"keyPrefix=t{uuid.uuid4().hex[:8]}", "--set", f"metricsListen=127.0.0.1:{free_port()}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert heard.wait(60), (tmp_path / "watcher.log").read_text()  # the rebuild's first list waits
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0, (tmp_path / "watcher.log").read_text()  # not the list's 30 s
+        assert "stopped before the role could start" in (tmp_path / "watcher.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        listener.close()
+        for conn in held:
+            conn.close()

@@ -11,7 +11,15 @@ from redis import exceptions as rexc
 
 from controller.reflector import lines
 from shared.kube import KubeError
-from shared.serving.supervise import Backoff, Heartbeat, Supervisor, backoff_delay, is_transient
+from shared.serving.supervise import (
+    Backoff,
+    Heartbeat,
+    Stopped,
+    Supervisor,
+    backoff_delay,
+    is_transient,
+    unless_stopped,
+)
 
 
 @pytest.mark.parametrize(("error", "transient"), [
@@ -207,3 +215,57 @@ async def test_backoff_doubles_until_reset(monkeypatch: pytest.MonkeyPatch) -> N
     b.reset()
     await b.sleep()
     assert slept == [0.5, 1.0, 2.0, 3.0, 0.5]
+
+
+async def test_unless_stopped_gives_the_works_result_or_its_error() -> None:
+    stop = asyncio.Event()
+
+    async def value() -> int:
+        return 7
+
+    async def broken() -> int:
+        raise ValueError("no")
+
+    assert await unless_stopped(value(), stop) == 7
+    with pytest.raises(ValueError, match="no"):
+        await unless_stopped(broken(), stop)
+
+
+async def test_unless_stopped_cancels_the_work_at_once_when_stopped() -> None:
+    stop, started, cancelled = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def hangs() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    waiting = asyncio.create_task(unless_stopped(hangs(), stop))
+    await started.wait()
+    stop.set()
+    with pytest.raises(Stopped):
+        await asyncio.wait_for(waiting, 5)
+    assert cancelled.is_set()
+    with pytest.raises(Stopped):  # already stopped: the work is not left running
+        await unless_stopped(hangs(), stop)
+
+
+async def test_unless_stopped_cancelled_itself_cancels_the_work() -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def hangs() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    waiting = asyncio.create_task(unless_stopped(hangs(), asyncio.Event()))
+    await started.wait()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert cancelled.is_set()
