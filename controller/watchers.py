@@ -189,12 +189,20 @@ class Nudger:
     most one first patch per node per `interval`; a newer first patch supersedes an older pair's follow-up
     (it is later, and has one of its own), so at most one task per node waits for a follow-up and a burst
     of releases ends with one follow-up.
+
+    `waiting` says whether a pod of our scheduler waits to be placed (the pod watcher's view), asked when a
+    patch is due: with none, the patch wakes nobody and is not sent. Each is a Node write that every
+    watcher of Nodes receives (kube-scheduler, node agents of CNIs and monitors on every node), so a
+    steady cluster deleting pods no longer writes its Nodes for every deletion. A pod rejected just before
+    a release and seen by the watch only later still gets the follow-up if the watch lags less than it.
     """
 
-    def __init__(self, kube: Kube, interval: float = 0.5, follow_up: float = 5.0):
+    def __init__(self, kube: Kube, interval: float = 0.5, follow_up: float = 5.0,
+                 waiting: Callable[[], bool] = lambda: True):
         self.kube = kube
         self.interval = interval
         self.follow_up = follow_up
+        self.waiting = waiting
         self._pending: set[str] = set()  # nodes whose first patch is still to be sent
         self._waiting: dict[str, asyncio.Event] = {}  # node -> set to drop the follow-up its task waits to send
         self._tasks: set[asyncio.Task[None]] = set()
@@ -235,6 +243,9 @@ class Nudger:
             await self._patch(node, "follow_up")
 
     async def _patch(self, node: str, which: str) -> None:
+        if not self.waiting():
+            self._count(which, "idle")
+            return
         body = {"metadata": {"annotations": {FREED_ANNOTATION: str(int(time.time() * 1000))}}}
         try:
             await self.kube.request("PATCH", f"/api/v1/nodes/{node}", body,
@@ -289,7 +300,9 @@ class PodWatcher:
     def __init__(self, kube: Kube, ledger: Ledger, mirror: Mirror, cfg: Config, lost: asyncio.Event):
         self.lost = lost
         self.kube = kube
-        self.nudger = Nudger(kube)
+        # uids of live pods of our scheduler not bound yet: whether a nudge can wake anyone (Nudger.waiting)
+        self.waiting: set[str] = set()
+        self.nudger = Nudger(kube, waiting=lambda: bool(self.waiting))
         self.ledger = ledger
         self.mirror = mirror
         self.cfg = cfg
@@ -338,7 +351,13 @@ class PodWatcher:
 
     def learn(self, uid: str, pod: dict[str, Any]) -> PodTruth | None:
         """Update the view of one live pod; returns what it says (None: neither bound nor recorded)."""
-        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        spec = pod.get("spec") or {}
+        node = str(spec.get("nodeName") or "")
+        if not node and spec.get("schedulerName") == self.cfg.scheduler_name \
+                and not (pod.get("metadata") or {}).get("deletionTimestamp"):
+            self.waiting.add(uid)
+        else:
+            self.waiting.discard(uid)
         raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATED)
         if not node and raw is None:
             self.truth.pop(uid, None)
@@ -367,6 +386,7 @@ class PodWatcher:
         return truth
 
     async def release(self, uid: str, pod: dict[str, Any], why: str) -> None:
+        self.waiting.discard(uid)
         self.seen.pop(uid, None)
         self.truth.pop(uid, None)
         bound_to = (pod.get("spec") or {}).get("nodeName")
@@ -450,6 +470,7 @@ class PodWatcher:
         self.seen = {}
         self.truth = {}
         self.unrecorded = {}
+        self.waiting = set()
         self._lost_by_node = None
         for pod in pods:
             uid = str((pod.get("metadata") or {}).get("uid"))

@@ -28,8 +28,8 @@ TOPK_DROPPED = Counter("mtsched_filter_topk_dropped_total",
 RELEASES = Counter("mtsched_releases_total", "Reservations released", ["why"])
 NUDGES = Counter("mtsched_scheduler_nudges_total",
                  "Node annotation patches that make kube-scheduler retry pods after cards were freed (first: soon "
-                 "after the release or repair; follow_up: seconds later. result: sent, error, or gone: the node "
-                 "was deleted)",
+                 "after the release or repair; follow_up: seconds later. result: sent, error, gone: the node "
+                 "was deleted, or idle: not sent, as no pod of ours was waiting to be scheduled)",
                  ["which", "result"])
 MIRROR_REREADS = Counter("mtsched_mirror_rereads_total",
                          "Nodes the mirror re-read from Redis because a feed message could not be applied (counted "

@@ -166,6 +166,10 @@ async def test_forbidden_calls_are_refused_and_the_nudge_goes_through(stack: Sta
         bound = await until(lambda: _bound(admin, ns, "slice"), "the slice pod bound by the extender")
         assert bound["spec"]["nodeName"] == node
         assert FREED_ANNOTATION not in (await _node(admin, node))["metadata"].get("annotations", {})
+        # A nudge wakes only pods of ours that wait to be placed (else it is not sent): one that fits nowhere
+        parked = {**pod, "metadata": {"name": "parked"},
+                  "spec": {**pod["spec"], "nodeSelector": {LABEL: f"{run}-nowhere"}}}
+        await admin.request("POST", f"/api/v1/namespaces/{ns}/pods", parked)
         await admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods/slice", {"gracePeriodSeconds": 0})
 
         # The release is followed by the nudge: a node patch the watcher makes as hami-watcher.
@@ -176,8 +180,9 @@ async def test_forbidden_calls_are_refused_and_the_nudge_goes_through(stack: Sta
         await until(nudged, f"the watcher's {FREED_ANNOTATION} annotation on {node}",
                      lambda: stack.logs(20))
     finally:
-        await admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods/slice", {"gracePeriodSeconds": 0},
-                            ok=(200, 202, 404))
+        for name in ("slice", "parked"):
+            await admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}", {"gracePeriodSeconds": 0},
+                                ok=(200, 202, 404))
         await admin.request("DELETE", f"/api/v1/nodes/{node}", ok=(200, 202, 404))
 
 

@@ -95,3 +95,66 @@ async def test_a_node_deleted_meanwhile_is_counted_apart_from_refusals() -> None
     await settled(n)
     assert kube.sent == [] and n.outcomes == {("first", "gone"): 1, ("follow_up", "gone"): 1}
     assert count("first", "gone") + count("follow_up", "gone") - gone >= 2
+
+
+async def test_with_no_pod_waiting_nothing_is_sent_and_a_pod_that_appears_gets_the_follow_up() -> None:
+    """A patch wakes only pods waiting to be placed: with none it is not sent (each is a Node write every
+    Node watcher receives). Asked when each patch is due, so a pod that appears meanwhile gets the next."""
+    kube = Patches()
+    waiting: list[str] = []
+    asked = asyncio.Event()
+
+    def anyone() -> bool:
+        asked.set()
+        return bool(waiting)
+
+    n = Nudger(kube, interval=0.01, follow_up=0.05, waiting=anyone)  # type: ignore[arg-type]
+    n.nudge("a")
+    await settled(n)
+    assert kube.sent == [] and n.outcomes == {("first", "idle"): 1, ("follow_up", "idle"): 1}
+    asked.clear()
+    n.nudge("a")
+    await asyncio.wait_for(asked.wait(), 5)  # the first patch was due with nobody waiting
+    waiting.append("uid-1")  # a pod parked after the release, seen by the watch before the follow-up
+    await settled(n)
+    assert kube.sent == ["a"] and n.outcomes[("follow_up", "sent")] == 1
+
+
+class _NoOwner:
+    def owner_of(self, uid: str, hint: str | None = None) -> None:
+        return None
+
+
+def _pod(uid: str, scheduler: str = "hami-scheduler", node: str = "", deleting: bool = False,
+         phase: str = "Pending") -> dict[str, Any]:
+    meta: dict[str, Any] = {"uid": uid, "name": uid, "namespace": "ns"}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-03T00:00:00Z"
+    spec: dict[str, Any] = {"schedulerName": scheduler, "containers": [{"name": "c"}]}
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
+
+
+async def test_the_pod_watcher_counts_as_waiting_only_live_unbound_pods_of_our_scheduler() -> None:
+    from controller.watchers import PodWatcher
+    from shared.config import Config
+
+    w = PodWatcher(None, None, _NoOwner(), Config(), asyncio.Event())  # type: ignore[arg-type]
+    assert not w.nudger.waiting()
+    for pod in (_pod("other", scheduler="default-scheduler"), _pod("bound", node="n1"),
+                _pod("going", deleting=True)):
+        await w.on_event("ADDED", pod)
+    assert not w.nudger.waiting()  # another scheduler's, a bound one, one being deleted: none waits
+    await w.on_event("ADDED", _pod("p1"))
+    assert w.nudger.waiting() and w.waiting == {"p1"}
+    await w.on_event("MODIFIED", _pod("p1", node="n1"))  # placed
+    assert not w.nudger.waiting()
+    await w.on_event("ADDED", _pod("p2"))
+    await w.on_event("DELETED", _pod("p2"))
+    await w.on_event("ADDED", _pod("p3"))
+    await w.on_event("MODIFIED", _pod("p3", phase="Failed"))  # ended unbound
+    assert not w.nudger.waiting()
+    await w.on_event("ADDED", _pod("p4"))
+    await w.on_sync([_pod("p5"), _pod("bound", node="n1")])  # a re-list replaces the view whole
+    assert w.waiting == {"p5"}
