@@ -300,9 +300,10 @@ class PodWatcher:
     def __init__(self, kube: Kube, ledger: Ledger, mirror: Mirror, cfg: Config, lost: asyncio.Event):
         self.lost = lost
         self.kube = kube
-        # uids of live pods of our scheduler not bound yet: whether a nudge can wake anyone (Nudger.waiting)
+        # uids of live pods of our scheduler not bound yet: whether a nudge can wake anyone (Nudger.waiting).
+        # While the stream is not listed yet or failing, the view cannot say nobody waits: the patch goes.
         self.waiting: set[str] = set()
-        self.nudger = Nudger(kube, waiting=lambda: bool(self.waiting))
+        self.nudger = Nudger(kube, waiting=lambda: bool(self.waiting) or bool(self.reflector.problem(0)))
         self.ledger = ledger
         self.mirror = mirror
         self.cfg = cfg

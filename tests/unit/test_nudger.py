@@ -141,6 +141,7 @@ async def test_the_pod_watcher_counts_as_waiting_only_live_unbound_pods_of_our_s
     from shared.config import Config
 
     w = PodWatcher(None, None, _NoOwner(), Config(), asyncio.Event())  # type: ignore[arg-type]
+    w.reflector.synced.set()  # a live view (before it is listed every patch goes: see the test below)
     assert not w.nudger.waiting()
     for pod in (_pod("other", scheduler="default-scheduler"), _pod("bound", node="n1"),
                 _pod("going", deleting=True)):
@@ -158,3 +159,21 @@ async def test_the_pod_watcher_counts_as_waiting_only_live_unbound_pods_of_our_s
     await w.on_event("ADDED", _pod("p4"))
     await w.on_sync([_pod("p5"), _pod("bound", node="n1")])  # a re-list replaces the view whole
     assert w.waiting == {"p5"}
+
+
+async def test_while_the_pod_view_is_not_listed_yet_or_failing_every_patch_goes() -> None:
+    """The first rebuild frees bookings, and nudges, before the pod stream has listed (its seed of the view
+    comes after the ledger's rebuild, which can take longer than the interval), and a stream that fails
+    misses the pods created meanwhile: such a view cannot tell that nobody waits, so the patch is sent."""
+    from controller.watchers import PodWatcher
+    from shared.config import Config
+
+    w = PodWatcher(None, None, _NoOwner(), Config(), asyncio.Event())  # type: ignore[arg-type]
+    assert w.nudger.waiting()  # not listed yet: the pods parked now are not in the view
+    await w.on_sync([_pod("bound", node="n1")])
+    w.reflector.synced.set()
+    assert not w.nudger.waiting()  # listed, nobody waits
+    w.reflector._failing(OSError("connection reset"))
+    assert w.nudger.waiting()  # the stream is down: pods may have been parked unseen
+    w.reflector._working()
+    assert not w.nudger.waiting()
