@@ -350,12 +350,17 @@ class PodWatcher:
         inv = self.inventories().get(node)
         return quarantine_reason(u for u in lost if recovered_usage(u, inv) is None)
 
+    def waits(self, pod: Mapping[str, Any]) -> bool:
+        """A live pod of our scheduler not bound yet: one a nudge may wake (it counts in `waiting`)."""
+        spec = pod.get("spec") or {}
+        return not spec.get("nodeName") and spec.get("schedulerName") == self.cfg.scheduler_name \
+            and not (pod.get("metadata") or {}).get("deletionTimestamp")
+
     def learn(self, uid: str, pod: dict[str, Any]) -> PodTruth | None:
         """Update the view of one live pod; returns what it says (None: neither bound nor recorded)."""
         spec = pod.get("spec") or {}
         node = str(spec.get("nodeName") or "")
-        if not node and spec.get("schedulerName") == self.cfg.scheduler_name \
-                and not (pod.get("metadata") or {}).get("deletionTimestamp"):
+        if self.waits(pod):
             self.waiting.add(uid)
         else:
             self.waiting.discard(uid)
@@ -471,7 +476,9 @@ class PodWatcher:
         self.seen = {}
         self.truth = {}
         self.unrecorded = {}
-        self.waiting = set()
+        # whole before the first await below (each pod may take a Redis round trip): a nudge due meanwhile
+        # sees the pods the list holds waiting, not a view emptied for the re-list
+        self.waiting = {str((p.get("metadata") or {}).get("uid")) for p in pods if not is_terminal(p) and self.waits(p)}
         self._lost_by_node = None
         for pod in pods:
             uid = str((pod.get("metadata") or {}).get("uid"))

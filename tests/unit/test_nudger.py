@@ -177,3 +177,34 @@ async def test_while_the_pod_view_is_not_listed_yet_or_failing_every_patch_goes(
     assert w.nudger.waiting()  # the stream is down: pods may have been parked unseen
     w.reflector._working()
     assert not w.nudger.waiting()
+
+
+class _SlowRelease:
+    """A ledger whose release waits until let go (a Redis round trip of a long re-list)."""
+
+    def __init__(self) -> None:
+        self.entered, self.go = asyncio.Event(), asyncio.Event()
+
+    async def release(self, node: str, uid: str) -> bool:
+        self.entered.set()
+        await self.go.wait()
+        return False
+
+
+async def test_a_re_list_keeps_the_pods_waiting_in_view_while_it_is_handled() -> None:
+    """on_sync awaits Redis pod by pod (a re-list of a large cluster takes seconds): a nudge due meanwhile
+    (the janitor's, a knob's, a release of this very re-list) must see the pods waiting that the list holds,
+    not a view emptied for the re-list and not yet refilled."""
+    from controller.watchers import PodWatcher
+    from shared.config import Config
+
+    ledger = _SlowRelease()
+    w = PodWatcher(None, ledger, _NoOwner(), Config(), asyncio.Event())  # type: ignore[arg-type]
+    w.reflector.synced.set()
+    await w.on_event("ADDED", _pod("p1"))
+    sync = asyncio.create_task(w.on_sync([_pod("done", node="n1", phase="Succeeded"), _pod("p1")]))
+    await asyncio.wait_for(ledger.entered.wait(), 5)  # the re-list is releasing its first pod
+    assert w.nudger.waiting(), "a nudge due now is not sent: p1 waits for kube-scheduler's flush"
+    ledger.go.set()
+    await sync
+    assert w.waiting == {"p1"}
