@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,7 +38,8 @@ def _bypassed_by_cidr(host: str | None) -> bool:
         address = ipaddress.ip_address((host or "").strip("[]"))
     except ValueError:
         return False  # a name: the lookup's own suffix matching applies
-    raw = os.environ.get("no_proxy") or os.environ.get("NO_PROXY") or ""
+    # the variable Python's lookup reads (lowercase first, even set empty), so names and CIDRs agree
+    raw = urllib.request.getproxies_environment().get("no", "")
     for entry in raw.split(","):
         try:
             if address in ipaddress.ip_network(entry.strip(), strict=False):

@@ -179,3 +179,14 @@ async def test_a_no_proxy_cidr_not_holding_it_keeps_the_proxy(servers: dict[str,
     monkeypatch.setenv("HTTP_PROXY", str(servers["proxy"]))
     monkeypatch.setenv("NO_PROXY", no_proxy)
     assert await _get(servers) == ("proxy", False)
+
+
+@pytest.mark.parametrize("upper", ["127.0.0.1", "127.0.0.0/8"])
+async def test_an_empty_no_proxy_outranks_no_proxy_for_cidrs_as_for_names(servers: dict[str, object], upper: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # Python's lookup prefers the lowercase variable, set even if empty (urllib's getproxies_environment):
+    # the CIDR match reads the same one, so an address and a CIDR holding it get the same answer
+    monkeypatch.setenv("HTTP_PROXY", str(servers["proxy"]))
+    monkeypatch.setenv("no_proxy", "")
+    monkeypatch.setenv("NO_PROXY", upper)
+    assert await _get(servers) == ("proxy", False)
