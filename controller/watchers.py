@@ -351,10 +351,11 @@ class PodWatcher:
         return quarantine_reason(u for u in lost if recovered_usage(u, inv) is None)
 
     def waits(self, pod: Mapping[str, Any]) -> bool:
-        """A live pod of our scheduler not bound yet: one a nudge may wake (it counts in `waiting`)."""
+        """A live pod of our scheduler not bound yet: one a nudge may wake (it counts in `waiting`). A gated
+        one (spec.schedulingGates) is not tried until its gates go, an update that tries it by itself."""
         spec = pod.get("spec") or {}
         return not spec.get("nodeName") and spec.get("schedulerName") == self.cfg.scheduler_name \
-            and not (pod.get("metadata") or {}).get("deletionTimestamp")
+            and not spec.get("schedulingGates") and not (pod.get("metadata") or {}).get("deletionTimestamp")
 
     def learn(self, uid: str, pod: dict[str, Any]) -> PodTruth | None:
         """Update the view of one live pod; returns what it says (None: neither bound nor recorded)."""

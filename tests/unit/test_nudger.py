@@ -208,3 +208,21 @@ async def test_a_re_list_keeps_the_pods_waiting_in_view_while_it_is_handled() ->
     ledger.go.set()
     await sync
     assert w.waiting == {"p1"}
+
+
+async def test_a_gated_pod_waits_for_its_gates_not_for_a_nudge() -> None:
+    """kube-scheduler does not try a pod with schedulingGates (a queue such as Kueue's may hold thousands):
+    a nudge wakes none of them; the update that removes the last gate makes it a pod that waits."""
+    from controller.watchers import PodWatcher
+    from shared.config import Config
+
+    w = PodWatcher(None, None, _NoOwner(), Config(), asyncio.Event())  # type: ignore[arg-type]
+    w.reflector.synced.set()
+    gated = _pod("g1")
+    gated["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    await w.on_event("ADDED", gated)
+    assert not w.nudger.waiting()
+    await w.on_sync([gated])
+    assert not w.nudger.waiting()
+    await w.on_event("MODIFIED", _pod("g1"))  # ungated
+    assert w.waiting == {"g1"}
