@@ -94,9 +94,9 @@ async def unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T:
         if not task.done():
             task.cancel()
             await asyncio.wait((task,), timeout=5.0)  # bounded: a cancel the work loses is not waited for
-    if task.cancelled() or not task.done():
+    if not task.done() or (task.cancelled() and stop.is_set()):
         raise Stopped()
-    return task.result()
+    return task.result()  # a cancellation of the work's own, nobody stopping it: its CancelledError
 
 
 @dataclass

@@ -269,3 +269,19 @@ async def test_unless_stopped_cancelled_itself_cancels_the_work() -> None:
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert cancelled.is_set()
+
+
+async def test_unless_stopped_without_a_stop_passes_a_cancellation_of_the_works_own_through() -> None:
+    # Stopped means SIGTERM (the role exits 0, "stopped"): a work that ends cancelled by itself while
+    # nobody stopped it is not that, and the caller sees the CancelledError as without unless_stopped
+    stop = asyncio.Event()
+
+    async def cancelled_inside() -> None:
+        inner = asyncio.create_task(asyncio.sleep(3600))
+        await asyncio.sleep(0)
+        inner.cancel()
+        await inner
+
+    with pytest.raises(asyncio.CancelledError):
+        await unless_stopped(cancelled_inside(), stop)
+    assert not stop.is_set()
