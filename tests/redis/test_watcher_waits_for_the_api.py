@@ -25,20 +25,14 @@ from controller.roles import run_watcher
 from deploy.local.redis import RedisServer, free_port
 from shared.config import load_config
 from shared.serving.supervise import Stopped
+from tests.kubeconfigs import token_kubeconfig
 from tests.unit.test_role_waits_for_redis import _get
 
 
 def test_a_watcher_that_cannot_rebuild_is_not_ready_and_stops_on_sigterm(redis_server: RedisServer,
                                                                          tmp_path: Path) -> None:
     api = free_port()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{api}"}}}}]
-users: [{{name: u, user: {{token: t}}}}]
-contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
-current-context: x
-""")
+    kubeconfig = token_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{api}")
     metrics = free_port()
     log = (tmp_path / "watcher.log").open("wb")
     proc = subprocess.Popen(
@@ -74,14 +68,7 @@ async def test_sigterm_during_the_first_rebuilds_retries_ends_the_tasks_already_
     """By then the Redis tasks (mirror, probe) run under the role's supervisor: a stop must cancel them as the
     normal way out does (Supervisor.cancel, bounded), not leave them to the event loop's close, which waits
     without limit for a task whose cancel is lost (docs/runbooks.md "lost cancellations"). In-process."""
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{free_port()}"}}}}]
-users: [{{name: u, user: {{token: t}}}}]
-contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
-current-context: x
-""")
+    kubeconfig = token_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{free_port()}")
     metrics = free_port()
     cfg = load_config(env={}, flags={"redisUrl": redis_server.url, "kubeconfig": str(kubeconfig),
                                      "keyPrefix": f"t{uuid.uuid4().hex[:8]}",
@@ -123,14 +110,7 @@ def test_sigterm_while_the_first_rebuild_waits_on_an_api_server_that_never_answe
                 heard.set()
 
     threading.Thread(target=accept, daemon=True).start()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{listener.getsockname()[1]}"}}}}]
-users: [{{name: u, user: {{token: t}}}}]
-contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
-current-context: x
-""")
+    kubeconfig = token_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{listener.getsockname()[1]}")
     log = (tmp_path / "watcher.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "controller.cli", "watcher", "--log-format", "text",

@@ -4,14 +4,17 @@ loopback: a stand-in API server and a stand-in forward proxy that answers for it
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 
 from shared.kube import Kube
+from tests.kubeconfigs import token_kubeconfig
 
 _PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy",
               "no_proxy", "NETRC")
@@ -43,16 +46,9 @@ async def servers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> AsyncItera
 
     api_runner, api_port = await _serve(api)
     proxy_runner, proxy_port = await _serve(proxy)
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{api_port}"}}}}]
-users: [{{name: u, user: {{token: t}}}}]
-contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
-current-context: x
-""")
-    https = tmp_path / "kubeconfig-https"  # the same server as https:// (a proxy tunnels it with CONNECT)
-    https.write_text(kubeconfig.read_text().replace('server: "http://', 'insecure-skip-tls-verify: true, server: "https://'))
+    kubeconfig = token_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{api_port}")
+    # the same server as https:// (a proxy tunnels it with CONNECT)
+    https = token_kubeconfig(tmp_path / "kubeconfig-https", f"https://127.0.0.1:{api_port}", insecure=True)
     seen.update(kubeconfig=str(kubeconfig), kubeconfig_https=str(https), api_port=api_port,
                 proxy=f"http://127.0.0.1:{proxy_port}")
     yield seen
@@ -104,22 +100,23 @@ async def test_a_netrc_file_keeps_the_per_request_lookups(servers: dict[str, obj
     assert await _get(servers) == ("proxy", True)
 
 
-async def test_an_https_api_server_is_tunnelled_with_the_proxys_credentials(
-        servers: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
-    import asyncio
+async def _refusing_proxy(heads: list[bytes]) -> tuple[asyncio.Server, int]:
+    """A forward proxy on loopback that notes each request's head and answers 407."""
 
-    import aiohttp
-
-    heads: list[bytes] = []
-
-    async def tunnel(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         heads.append(await reader.readuntil(b"\r\n\r\n"))
         writer.write(b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
         await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(tunnel, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def test_an_https_api_server_is_tunnelled_with_the_proxys_credentials(
+        servers: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    heads: list[bytes] = []
+    server, port = await _refusing_proxy(heads)
     monkeypatch.setenv("HTTPS_PROXY", f"http://u:p@127.0.0.1:{port}")
     kube = await Kube.create(str(servers["kubeconfig_https"]))
     try:
@@ -139,18 +136,7 @@ async def test_the_proxys_credentials_stay_out_of_error_messages(
         servers: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
     """A proxy's refusal is logged and shown in /readyz (the watcher's rebuild check): the password it was
     given must not be in the message, as it is not when aiohttp reads the environment itself."""
-    import asyncio
-
-    import aiohttp
-
-    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    server, port = await _refusing_proxy([])
     monkeypatch.setenv("HTTPS_PROXY", f"http://u:s3cret@127.0.0.1:{port}")
     kube = await Kube.create(str(servers["kubeconfig_https"]))
     try:

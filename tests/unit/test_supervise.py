@@ -4,6 +4,7 @@ the watch line reader survives lines far longer than aiohttp's own limit."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -231,8 +232,9 @@ async def test_unless_stopped_gives_the_works_result_or_its_error() -> None:
         await unless_stopped(broken(), stop)
 
 
-async def test_unless_stopped_cancels_the_work_at_once_when_stopped() -> None:
-    stop, started, cancelled = asyncio.Event(), asyncio.Event(), asyncio.Event()
+def _hanging() -> tuple[Callable[[], Awaitable[None]], asyncio.Event, asyncio.Event]:
+    """A work that waits until cancelled, with the events of its start and of its cancellation."""
+    started, cancelled = asyncio.Event(), asyncio.Event()
 
     async def hangs() -> None:
         started.set()
@@ -242,6 +244,12 @@ async def test_unless_stopped_cancels_the_work_at_once_when_stopped() -> None:
             cancelled.set()
             raise
 
+    return hangs, started, cancelled
+
+
+async def test_unless_stopped_cancels_the_work_at_once_when_stopped() -> None:
+    stop = asyncio.Event()
+    hangs, started, cancelled = _hanging()
     waiting = asyncio.create_task(unless_stopped(hangs(), stop))
     await started.wait()
     stop.set()
@@ -253,16 +261,7 @@ async def test_unless_stopped_cancels_the_work_at_once_when_stopped() -> None:
 
 
 async def test_unless_stopped_cancelled_itself_cancels_the_work() -> None:
-    started, cancelled = asyncio.Event(), asyncio.Event()
-
-    async def hangs() -> None:
-        started.set()
-        try:
-            await asyncio.sleep(3600)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
+    hangs, started, cancelled = _hanging()
     waiting = asyncio.create_task(unless_stopped(hangs(), asyncio.Event()))
     await started.wait()
     waiting.cancel()
