@@ -18,7 +18,7 @@ from shared.config import Config
 from shared.kube import Kube
 from shared.serving import gc_policy
 from shared.serving.http import serve_api
-from shared.serving.supervise import Backoff, Stopped, Supervisor, unless_stopped
+from shared.serving.supervise import Backoff, Supervisor, unless_stopped
 from shared.store.session import start_role
 
 log = logging.getLogger("mtsched")
@@ -51,22 +51,26 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     mirror.on_reconnect.append(reconciler.wake.set)  # Pub/Sub lost messages meanwhile: compare soon
     sup.check("nodes", nodes.reflector.problem)
     sup.check("pods", pods.reflector.problem)
-    backoff = Backoff(0.5)
     rebuild_error = "not done yet"
     sup.check("rebuild",
               lambda: f"initial rebuild of the ledger from the API: {rebuild_error}" if rebuild_error else "")
-    try:
+
+    async def first_rebuild() -> None:
+        nonlocal rebuild_error
+        backoff = Backoff(0.5)
         while True:
             try:
-                await unless_stopped(reconciler.rebuild(), stop)  # SIGTERM while an API call hangs: Stopped
+                await reconciler.rebuild()
                 rebuild_error = ""
-                break
-            except Stopped:
-                raise
+                return
             except Exception as e:
                 rebuild_error = f"failed ({e}); retrying"
                 log.warning("initial rebuild failed (%s); retrying in %.1fs", e, backoff.delay)
-                await backoff.sleep(stop)  # SIGTERM meanwhile: Stopped, exit 0 (controller/cli.py)
+                await backoff.sleep()
+
+    try:
+        # SIGTERM meanwhile, in a retry's wait or while an API call hangs: Stopped, exit 0 (controller/cli.py)
+        await unless_stopped(first_rebuild(), stop)
     except BaseException:
         await sup.cancel()  # the Redis tasks already run (open_ledger): ended as sup.run ends them
         await health.cleanup()

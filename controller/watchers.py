@@ -190,7 +190,7 @@ class Nudger:
     (it is later, and has one of its own), so at most one task per node waits for a follow-up and a burst
     of releases ends with one follow-up.
 
-    `waiting` says whether a pod of our scheduler waits to be placed (the pod watcher's view), asked when a
+    `someone_waits` says whether a pod of our scheduler waits to be placed (the pod watcher's view), asked when a
     patch is due: with none, the patch wakes nobody and is not sent. Each is a Node write that every
     watcher of Nodes receives (kube-scheduler, node agents of CNIs and monitors on every node), so a
     steady cluster deleting pods no longer writes its Nodes for every deletion. A pod rejected just before
@@ -198,11 +198,11 @@ class Nudger:
     """
 
     def __init__(self, kube: Kube, interval: float = 0.5, follow_up: float = 5.0,
-                 waiting: Callable[[], bool] = lambda: True):
+                 someone_waits: Callable[[], bool] = lambda: True):
         self.kube = kube
         self.interval = interval
         self.follow_up = follow_up
-        self.waiting = waiting
+        self.someone_waits = someone_waits
         self._pending: set[str] = set()  # nodes whose first patch is still to be sent
         self._waiting: dict[str, asyncio.Event] = {}  # node -> set to drop the follow-up its task waits to send
         self._tasks: set[asyncio.Task[None]] = set()
@@ -243,7 +243,7 @@ class Nudger:
             await self._patch(node, "follow_up")
 
     async def _patch(self, node: str, which: str) -> None:
-        if not self.waiting():
+        if not self.someone_waits():
             self._count(which, "idle")
             return
         body = {"metadata": {"annotations": {FREED_ANNOTATION: str(int(time.time() * 1000))}}}
@@ -300,10 +300,10 @@ class PodWatcher:
     def __init__(self, kube: Kube, ledger: Ledger, mirror: Mirror, cfg: Config, lost: asyncio.Event):
         self.lost = lost
         self.kube = kube
-        # uids of live pods of our scheduler not bound yet: whether a nudge can wake anyone (Nudger.waiting).
+        # uids of live pods of our scheduler not bound yet: whether a nudge can wake anyone (someone_waits).
         # While the stream is not listed yet or failing, the view cannot say nobody waits: the patch goes.
         self.waiting: set[str] = set()
-        self.nudger = Nudger(kube, waiting=lambda: bool(self.waiting) or bool(self.reflector.problem(0)))
+        self.nudger = Nudger(kube, someone_waits=lambda: bool(self.waiting) or bool(self.reflector.problem(0)))
         self.ledger = ledger
         self.mirror = mirror
         self.cfg = cfg

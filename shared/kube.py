@@ -55,8 +55,7 @@ def _read_env_once(api: client.ApiClient) -> None:
     in-process, a large share of the extender's CPU under load). A process's environment does not change
     and this session only calls the API server, so its proxy (NO_PROXY honoured, CIDR entries too as Go's
     clients match them: `_bypassed_by_cidr`) is looked up once here and made the session's default, and the
-    per-request lookups are off. A netrc file keeps them on (aiohttp would
-    read credentials from it)."""
+    per-request lookups are off. A netrc file keeps them on (aiohttp would read credentials from it)."""
     rest = getattr(api, "rest_client", None)
     session = getattr(rest, "pool_manager", None)
     if (rest is None or not isinstance(session, aiohttp.ClientSession)

@@ -11,10 +11,7 @@ import asyncio
 import contextlib
 import signal
 import socket
-import subprocess
-import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -26,41 +23,23 @@ from deploy.local.redis import RedisServer, free_port
 from shared.config import load_config
 from shared.serving.supervise import Stopped
 from tests.kubeconfigs import token_kubeconfig
-from tests.unit.test_role_waits_for_redis import _get
+from tests.unit.test_role_waits_for_redis import _get, readiness_saying, role_process
 
 
 def test_a_watcher_that_cannot_rebuild_is_not_ready_and_stops_on_sigterm(redis_server: RedisServer,
                                                                          tmp_path: Path) -> None:
     api = free_port()
     kubeconfig = token_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{api}")
-    metrics = free_port()
-    log = (tmp_path / "watcher.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "controller.cli", "watcher", "--log-format", "text",
-         "--set", f"redisUrl={redis_server.url}", "--set", f"kubeconfig={kubeconfig}",
-         "--set", f"keyPrefix=t{uuid.uuid4().hex[:8]}",
-         "--set", f"metricsListen=127.0.0.1:{metrics}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        ready = (0, "")
-        while "initial rebuild of the ledger from the API: failed" not in ready[1]:
-            assert proc.poll() is None and time.monotonic() < deadline, ((tmp_path / "watcher.log").read_text(), ready)
-            try:
-                ready = _get(f"http://127.0.0.1:{metrics}/readyz")
-            except OSError:
-                time.sleep(0.1)
+    metrics, log = free_port(), tmp_path / "watcher.log"
+    with role_process("watcher", log, f"redisUrl={redis_server.url}", f"kubeconfig={kubeconfig}",
+                      f"keyPrefix=t{uuid.uuid4().hex[:8]}", f"metricsListen=127.0.0.1:{metrics}") as proc:
+        ready = readiness_saying(proc, metrics, "initial rebuild of the ledger from the API: failed", log)
         assert ready[0] == 503, ready
         assert _get(f"http://127.0.0.1:{metrics}/healthz") == (200, "ok")
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=5) == 0, (tmp_path / "watcher.log").read_text()
-        text = (tmp_path / "watcher.log").read_text()
+        assert proc.wait(timeout=5) == 0, log.read_text()
+        text = log.read_text()
         assert "stopped before the role could start" in text, text
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 async def test_sigterm_during_the_first_rebuilds_retries_ends_the_tasks_already_started(
@@ -111,22 +90,15 @@ def test_sigterm_while_the_first_rebuild_waits_on_an_api_server_that_never_answe
 
     threading.Thread(target=accept, daemon=True).start()
     kubeconfig = token_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{listener.getsockname()[1]}")
-    log = (tmp_path / "watcher.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "controller.cli", "watcher", "--log-format", "text",
-         "--set", f"redisUrl={redis_server.url}", "--set", f"kubeconfig={kubeconfig}",
-         "--set", f"keyPrefix=t{uuid.uuid4().hex[:8]}", "--set", f"metricsListen=127.0.0.1:{free_port()}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log = tmp_path / "watcher.log"
     try:
-        assert heard.wait(60), (tmp_path / "watcher.log").read_text()  # the rebuild's first list waits
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0, (tmp_path / "watcher.log").read_text()  # not the list's 30 s
-        assert "stopped before the role could start" in (tmp_path / "watcher.log").read_text()
+        with role_process("watcher", log, f"redisUrl={redis_server.url}", f"kubeconfig={kubeconfig}",
+                          f"keyPrefix=t{uuid.uuid4().hex[:8]}", f"metricsListen=127.0.0.1:{free_port()}") as proc:
+            assert heard.wait(60), log.read_text()  # the rebuild's first list waits
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=10) == 0, log.read_text()  # not the list's 30 s
+            assert "stopped before the role could start" in log.read_text()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
         listener.close()
         for conn in held:
             conn.close()

@@ -108,7 +108,7 @@ async def test_with_no_pod_waiting_nothing_is_sent_and_a_pod_that_appears_gets_t
         asked.set()
         return bool(waiting)
 
-    n = Nudger(kube, interval=0.01, follow_up=0.05, waiting=anyone)  # type: ignore[arg-type]
+    n = Nudger(kube, interval=0.01, follow_up=0.05, someone_waits=anyone)  # type: ignore[arg-type]
     n.nudge("a")
     await settled(n)
     assert kube.sent == [] and n.outcomes == {("first", "idle"): 1, ("follow_up", "idle"): 1}
@@ -142,20 +142,20 @@ async def test_the_pod_watcher_counts_as_waiting_only_live_unbound_pods_of_our_s
 
     w = PodWatcher(None, None, _NoOwner(), Config(), asyncio.Event())  # type: ignore[arg-type]
     w.reflector.synced.set()  # a live view (before it is listed every patch goes: see the test below)
-    assert not w.nudger.waiting()
+    assert not w.nudger.someone_waits()
     for pod in (_pod("other", scheduler="default-scheduler"), _pod("bound", node="n1"),
                 _pod("going", deleting=True)):
         await w.on_event("ADDED", pod)
-    assert not w.nudger.waiting()  # another scheduler's, a bound one, one being deleted: none waits
+    assert not w.nudger.someone_waits()  # another scheduler's, a bound one, one being deleted: none waits
     await w.on_event("ADDED", _pod("p1"))
-    assert w.nudger.waiting() and w.waiting == {"p1"}
+    assert w.nudger.someone_waits() and w.waiting == {"p1"}
     await w.on_event("MODIFIED", _pod("p1", node="n1"))  # placed
-    assert not w.nudger.waiting()
+    assert not w.nudger.someone_waits()
     await w.on_event("ADDED", _pod("p2"))
     await w.on_event("DELETED", _pod("p2"))
     await w.on_event("ADDED", _pod("p3"))
     await w.on_event("MODIFIED", _pod("p3", phase="Failed"))  # ended unbound
-    assert not w.nudger.waiting()
+    assert not w.nudger.someone_waits()
     await w.on_event("ADDED", _pod("p4"))
     await w.on_sync([_pod("p5"), _pod("bound", node="n1")])  # a re-list replaces the view whole
     assert w.waiting == {"p5"}
@@ -169,14 +169,14 @@ async def test_while_the_pod_view_is_not_listed_yet_or_failing_every_patch_goes(
     from shared.config import Config
 
     w = PodWatcher(None, None, _NoOwner(), Config(), asyncio.Event())  # type: ignore[arg-type]
-    assert w.nudger.waiting()  # not listed yet: the pods parked now are not in the view
+    assert w.nudger.someone_waits()  # not listed yet: the pods parked now are not in the view
     await w.on_sync([_pod("bound", node="n1")])
     w.reflector.synced.set()
-    assert not w.nudger.waiting()  # listed, nobody waits
+    assert not w.nudger.someone_waits()  # listed, nobody waits
     w.reflector._failing(OSError("connection reset"))
-    assert w.nudger.waiting()  # the stream is down: pods may have been parked unseen
+    assert w.nudger.someone_waits()  # the stream is down: pods may have been parked unseen
     w.reflector._working()
-    assert not w.nudger.waiting()
+    assert not w.nudger.someone_waits()
 
 
 class _SlowRelease:
@@ -204,7 +204,7 @@ async def test_a_re_list_keeps_the_pods_waiting_in_view_while_it_is_handled() ->
     await w.on_event("ADDED", _pod("p1"))
     sync = asyncio.create_task(w.on_sync([_pod("done", node="n1", phase="Succeeded"), _pod("p1")]))
     await asyncio.wait_for(ledger.entered.wait(), 5)  # the re-list is releasing its first pod
-    assert w.nudger.waiting(), "a nudge due now is not sent: p1 waits for kube-scheduler's flush"
+    assert w.nudger.someone_waits(), "a nudge due now is not sent: p1 waits for kube-scheduler's flush"
     ledger.go.set()
     await sync
     assert w.waiting == {"p1"}
@@ -221,8 +221,8 @@ async def test_a_gated_pod_waits_for_its_gates_not_for_a_nudge() -> None:
     gated = _pod("g1")
     gated["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
     await w.on_event("ADDED", gated)
-    assert not w.nudger.waiting()
+    assert not w.nudger.someone_waits()
     await w.on_sync([gated])
-    assert not w.nudger.waiting()
+    assert not w.nudger.someone_waits()
     await w.on_event("MODIFIED", _pod("g1"))  # ungated
     assert w.waiting == {"g1"}
