@@ -1,13 +1,15 @@
 """deploy.local.stack.Stack for the benchmark: roles started through bench.timed_role (fine latency
 histograms), and kube-scheduler calling one extender the way a deployment does (`extender_tls`):
 
-- `chart` (the default): HTTPS, kube-scheduler checking the extender's certificate and presenting none, as
-  the chart deploys it: the extender is a sidecar listening on its pod's own loopback, which only that pod's
-  containers reach (deploy/helm/hami/templates/scheduler/configmap.yaml: `tlsConfig` has a `caFile` only);
+- `chart` (the default): what the chart deploys by default (scheduler.extender.scheme), today `http`;
+- `http`: plain HTTP on loopback: the chart's sidecar, listening on its pod's own loopback, which only that
+  pod's containers reach (deploy/helm/hami/templates/scheduler/configmap.yaml);
+- `https`: the chart with scheduler.extender.scheme=https: kube-scheduler checks the extender's certificate
+  and presents none (`tlsConfig` has a `caFile` only). This was `chart` before 2026-12-03 (results in
+  bench/results/ from before then that say `chart` are this mode);
 - `mutual`: the local harness's mutual TLS (kube-scheduler's client certificate, extenderClientCAFile),
   which the extender needs on any address other than loopback, and the webhook asking the API server for its
-  client certificate (webhookClientCAFile), which the other modes leave off as the chart does by default;
-- `http`: plain HTTP on loopback (HAMi's sidecar).
+  client certificate (webhookClientCAFile), which the other modes leave off as the chart does by default.
 
 With several extender replicas, kube-scheduler calls the harness's random balancer, always over mutual TLS.
 """
@@ -20,7 +22,8 @@ from dataclasses import dataclass
 
 from deploy.local.stack import Role, Stack
 
-EXTENDER_TLS = ("chart", "mutual", "http")
+EXTENDER_TLS = ("chart", "http", "https", "mutual")
+CHART_DEFAULT = "http"  # deploy/helm/hami/values.yaml scheduler.extender.scheme
 
 
 @dataclass
@@ -30,6 +33,8 @@ class BenchStack(Stack):
     def __post_init__(self) -> None:
         if self.extender_tls not in EXTENDER_TLS:
             raise ValueError(f"extender_tls {self.extender_tls!r}; allowed: {', '.join(EXTENDER_TLS)}")
+        if self.extender_tls == "chart":
+            self.extender_tls = CHART_DEFAULT
 
     @property
     def sidecar(self) -> bool:
@@ -46,13 +51,13 @@ class BenchStack(Stack):
         """How kube-scheduler reaches the extender, for the benchmark's progress lines."""
         if not self.sidecar:
             return "through the balancer over mutual TLS"
-        return {"chart": "over HTTPS without a client certificate (the chart's sidecar)",
+        return {"https": "over HTTPS without a client certificate (the chart's sidecar, scheme https)",
                 "mutual": "over mutual TLS (kube-scheduler's client certificate)",
-                "http": "over plain HTTP (sidecar topology)"}[self.extender_tls]
+                "http": "over plain HTTP on loopback (the chart's sidecar, scheme http)"}[self.extender_tls]
 
     def tls_argv(self, kind: str) -> list[str]:
         """The settings that undo the harness's TLS for the sidecar extender, and the webhook's client
-        certificate check, which the chart leaves off by default (webhook.clientAuth), for `chart` and `http`
+        certificate check, which the chart leaves off by default (webhook.clientAuth), for `http` and `https`
         (after role_argv's, so they win)."""
         if kind == "webhook" and self.extender_tls != "mutual":
             return ["--set", "webhookClientCAFile=", "--set", "webhookClientNames="]
@@ -62,7 +67,7 @@ class BenchStack(Stack):
         if self.extender_tls == "http":  # no certificate at all (the webhook's client CA would need one)
             return ["--set", "tlsCertFile=", "--set", "tlsKeyFile=", *no_client_ca,
                     "--set", "webhookClientCAFile=", "--set", "webhookClientNames="]
-        if self.extender_tls == "chart":  # it listens on loopback (role_argv): no client certificate asked
+        if self.extender_tls == "https":  # it listens on loopback (role_argv): no client certificate asked
             return no_client_ca
         return []
 
@@ -72,8 +77,6 @@ class BenchStack(Stack):
         return super()._scheduler_client_cert()
 
     def _front(self, kind: str) -> str:
-        if kind == "extender" and self.extender_tls == "http":
-            if not self.sidecar:
-                raise ValueError("--extender-tls http is the sidecar topology: one extender replica")
+        if kind == "extender" and self.extender_tls == "http" and self.sidecar:
             return f"http://127.0.0.1:{next(r for r in self.roles if r.kind == kind).port}"
         return super()._front(kind)

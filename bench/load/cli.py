@@ -93,9 +93,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="in-process filter calls per node count (0: skip)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--extender-tls", choices=EXTENDER_TLS, default="chart",
-                   help="local, one extender replica: how kube-scheduler calls it. chart (default): HTTPS without a "
-                        "client certificate, as the chart's sidecar on its pod's loopback; mutual: the harness's "
-                        "mutual TLS (kube-scheduler's client certificate); http: plain HTTP (bench/stack.py)")
+                   help="local, one extender replica: how kube-scheduler calls it. chart (default): as the chart "
+                        "deploys it by default, today http; http: plain HTTP on loopback (the chart's sidecar on its "
+                        "pod's loopback); https: the chart with scheduler.extender.scheme=https, HTTPS without a "
+                        "client certificate (the default before 2026-12-03); mutual: the harness's mutual TLS "
+                        "(kube-scheduler's client certificate) (bench/stack.py)")
     p.add_argument("--extender-http", dest="extender_tls", action="store_const", const="http",
                    help="the same as --extender-tls http")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

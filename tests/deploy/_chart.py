@@ -84,6 +84,8 @@ CASES: dict[str, Case] = {
     "cert-manager": Case({"tls": {"mode": "certManager"}}),
     "cert-manager-issuer": Case({"tls": {"mode": "certManager", "certManager": {
         "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}}}}),
+    # kube-scheduler calls its extender sidecar over HTTPS, checking the chart's certificate
+    "extender-https": Case(sets=("scheduler.extender.scheme=https",)),
     "external-tls": Case({"tls": {"mode": "external", "external": {"secretName": "my-tls", "caBundle": _FAKE_CA}}}),
     # A HAMi-era values file: legacy imageTag, HAMi's cert-manager switch, Ignore, no whitelist.
     "hami-legacy": Case({"scheduler": {

@@ -171,13 +171,39 @@ def test_kube_scheduler_configuration(rendered: Rendered) -> None:
     assert ksc["percentageOfNodesToScore"] == 100
     assert "clientConnection" not in ksc  # in-cluster credentials of the hami-scheduler ServiceAccount
     assert ksc["extenders"] == [{
-        "urlPrefix": "https://127.0.0.1:8443",
+        "urlPrefix": "http://127.0.0.1:8443",
         "filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind", "preemptVerb": "preempt",
-        "weight": 1, "enableHTTPS": True,
-        "tlsConfig": {"insecure": False, "caFile": "/etc/mtsched/tls/ca.crt"},
+        "weight": 1, "enableHTTPS": False,
         "nodeCacheCapable": True, "ignorable": False, "httpTimeout": "30s",
         "managedResources": [{"name": "mthreads.com/vgpu", "ignoredByScheduler": True}],
     }]
+
+
+def _scheduler_pod(objs: list[Json]) -> Json:
+    return dict(one(objs, "Deployment", "hami-scheduler")["spec"]["template"])
+
+
+def test_extender_scheme_http_by_default_https_on_request(rendered: Rendered) -> None:
+    """http (the default): plain HTTP on the pod's loopback, the extender started without a certificate and
+    nothing of the TLS Secret mounted in the scheduler's pod; https: kube-scheduler checks the chart's
+    certificate, which both containers mount."""
+    pod = _scheduler_pod(rendered("defaults"))
+    ext = next(c for c in pod["spec"]["containers"] if c["name"] == "extender")
+    assert "--set=listen=127.0.0.1:8443" in ext["args"]  # loopback: the extender refuses HTTP elsewhere
+    assert {"--set=tlsCertFile=", "--set=tlsKeyFile="} <= set(ext["args"])
+    assert not [m for c in pod["spec"]["containers"] for m in c.get("volumeMounts", []) if m["name"] == "tls"]
+    assert "tls" not in {v["name"] for v in pod["spec"]["volumes"]}
+    assert "checksum/tls" not in pod["metadata"]["annotations"]
+
+    objs = rendered("extender-https")
+    (entry,) = embedded(objs, "hami-scheduler", "scheduler-config.yaml")["extenders"]
+    assert entry["urlPrefix"] == "https://127.0.0.1:8443" and entry["enableHTTPS"] is True
+    assert entry["tlsConfig"] == {"insecure": False, "caFile": "/etc/mtsched/tls/ca.crt"}
+    pod = _scheduler_pod(objs)
+    for c in pod["spec"]["containers"]:
+        assert {"name": "tls", "mountPath": "/etc/mtsched/tls", "readOnly": True} in c["volumeMounts"], c["name"]
+        assert not [a for a in c.get("args", []) if a.startswith("--set=tls")]  # config.yaml's certificate
+    assert "checksum/tls" in pod["metadata"]["annotations"]
 
 
 def test_local_harness_calls_the_same_verbs_as_the_chart(rendered: Rendered) -> None:
@@ -550,9 +576,11 @@ def test_generated_certificate(rendered: Rendered) -> None:
     assert ipaddress.ip_address("127.0.0.1") in san.get_values_for_type(x509.IPAddress)  # the extender URL
     assert "hami-webhook.kube-system.svc" in san.get_values_for_type(x509.DNSName)  # the webhook Service
     # Every pod that mounts the Secret rolls when the CA changes.
-    digests = {d["spec"]["template"]["metadata"]["annotations"]["checksum/tls"]
-               for d in find(objs, "Deployment") if d["metadata"]["name"] in ("hami-scheduler", "hami-webhook")}
-    assert len(digests) == 1
+    digests = {d["spec"]["template"]["metadata"]["annotations"].get("checksum/tls")
+               for d in find(rendered("extender-https"), "Deployment")
+               if d["metadata"]["name"] in ("hami-scheduler", "hami-webhook")}
+    assert len(digests) == 1 and None not in digests
+    assert "checksum/tls" in one(objs, "Deployment", "hami-webhook")["spec"]["template"]["metadata"]["annotations"]
 
 
 def test_cert_manager(rendered: Rendered) -> None:

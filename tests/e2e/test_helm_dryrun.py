@@ -200,6 +200,9 @@ def _scheduler_files(objs: list[Json], fullname: str, kubeconfig: Path, workdir:
     ksc = embedded(objs, f"{fullname}-scheduler", "scheduler-config.yaml")
     ksc["clientConnection"] = {"kubeconfig": str(kubeconfig)}
     for ext in ksc.get("extenders", []):
+        if not ext["enableHTTPS"]:  # scheduler.extender.scheme http (the default): no certificate to check
+            assert "tlsConfig" not in ext and ext["urlPrefix"].startswith("http://127.0.0.1:")
+            continue
         assert ext["tlsConfig"]["caFile"] == "/etc/mtsched/tls/ca.crt"
         secrets = [s for s in find(objs, "Secret") if "ca.crt" in s["data"]]  # not the Redis password's
         ca = base64.b64decode(secrets[0]["data"]["ca.crt"]) if secrets else _throwaway_ca()
@@ -293,11 +296,13 @@ def fake_extender() -> Iterator[tuple[int, Path, list[tuple[str, Json]]]]:
         yield _free_port(), Path(tmp), _FakeExtender.calls
 
 
-def _serve_https(port: int, cert: Path, key: Path) -> ThreadingHTTPServer:
+def _serve(port: int, cert: Path | None = None, key: Path | None = None) -> ThreadingHTTPServer:
+    """The fake extender on 127.0.0.1: plain HTTP, or HTTPS with the given certificate."""
     server = ThreadingHTTPServer(("127.0.0.1", port), _FakeExtender)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(cert, key)
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    if cert is not None and key is not None:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -321,17 +326,21 @@ def _wait(what: str, check: Any, timeout: float, proc: subprocess.Popen[bytes] |
     raise AssertionError(f"timed out waiting for {what}\n{tail}")
 
 
-def test_rendered_scheduler_runs_elects_and_calls_the_extender_over_tls(
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_rendered_scheduler_runs_elects_and_calls_the_extender(
         helm: Path, control_plane: ControlPlane, api: Api,
-        fake_extender: tuple[int, Path, list[tuple[str, Json]]]) -> None:
+        fake_extender: tuple[int, Path, list[tuple[str, Json]]], scheme: str) -> None:
+    """The rendered KubeSchedulerConfiguration reaches the extender with each scheduler.extender.scheme: plain
+    HTTP (the default), or HTTPS with kube-scheduler checking the chart's certificate against the rendered
+    caFile (an extender serving plain HTTP there, or the other way round, gets no /filter call)."""
     port, work, calls = fake_extender
     scheduler_name = _unique("helm-e2e")
-    objs = objects(template(helm, Case(sets=(f"schedulerName={scheduler_name}",
-                                             f"scheduler.extender.port={port}"))).stdout)
+    objs = objects(template(helm, Case(sets=(f"schedulerName={scheduler_name}", f"scheduler.extender.port={port}",
+                                             f"scheduler.extender.scheme={scheme}"))).stdout)
     secret = one(objs, "Secret", "hami-scheduler-tls")["data"]
     for key in ("tls.crt", "tls.key"):
         (work / key).write_bytes(base64.b64decode(secret[key]))
-    server = _serve_https(port, work / "tls.crt", work / "tls.key")
+    server = _serve(port, *((work / "tls.crt", work / "tls.key") if scheme == "https" else ()))
     config = _scheduler_files(objs, "hami", control_plane.kubeconfig_path, work)
     sched_port = _free_port()
     log = work / "kube-scheduler.log"
@@ -378,8 +387,8 @@ def test_rendered_scheduler_runs_elects_and_calls_the_extender_over_tls(
         def filtered() -> bool:
             return any(p == "/filter" and b.get("Pod", {}).get("metadata", {}).get("name") == pod for p, b in calls)
 
-        # Only reachable if kube-scheduler trusted the certificate via the rendered caFile.
-        _wait("a /filter call over TLS", filtered, 60, proc, log)
+        # With https, only reachable if kube-scheduler trusted the certificate via the rendered caFile.
+        _wait(f"a /filter call over {scheme}", filtered, 60, proc, log)
         body = next(b for p, b in calls if p == "/filter")
         assert node in body["NodeNames"] and not body.get("Nodes")  # nodeCacheCapable: names only
     finally:
@@ -475,6 +484,8 @@ def test_helm_install_upgrade_uninstall(helm: Path, control_plane: ControlPlane,
             assert container(deploy, "kube-scheduler")["image"] == "registry.k8s.io/kube-scheduler:v" + \
                 _server_version(api)
             before = deploy["spec"]["template"]["metadata"]["annotations"]
+            _, hook_deploy = api.call("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/{release}-webhook")
+            tls_before = hook_deploy["spec"]["template"]["metadata"]["annotations"]["checksum/tls"]
 
             upgraded = {**label, "devices": {"mthreads": {"memoryPerCard": [96, 160]}}}
             run("upgrade", release, str(CHART), values=upgraded)
@@ -485,7 +496,8 @@ def test_helm_install_upgrade_uninstall(helm: Path, control_plane: ControlPlane,
             _, deploy2 = api.call("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/{release}-scheduler")
             after = deploy2["spec"]["template"]["metadata"]["annotations"]
             assert after["checksum/config"] != before["checksum/config"]  # the pods roll
-            assert after["checksum/tls"] == before["checksum/tls"]
+            _, hook_deploy2 = api.call("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/{release}-webhook")
+            assert hook_deploy2["spec"]["template"]["metadata"]["annotations"]["checksum/tls"] == tls_before
             _, cm = api.call("GET", f"/api/v1/namespaces/{ns}/configmaps/{release}-config")
             assert yaml.safe_load(cm["data"]["config.yaml"])["memoryPerCard"] == [96, 160]
             _, hook = api.call("GET", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/"

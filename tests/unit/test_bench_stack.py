@@ -20,14 +20,15 @@ def stack(tmp_path: Path, tls: str, extenders: int = 1) -> BenchStack:
 
 
 @pytest.mark.parametrize(("tls", "extenders", "argv", "cert"), [
-    # the chart: HTTPS, the extender asks no client certificate and kube-scheduler presents none
-    ("chart", 1, ["--set", "extenderClientCAFile=", "--set", "extenderClientNames="], None),
+    # the chart with scheme https: the extender asks no client certificate and kube-scheduler presents none
+    ("https", 1, ["--set", "extenderClientCAFile=", "--set", "extenderClientNames="], None),
     ("mutual", 1, [], (b"CERT", b"KEY")),
-    ("http", 1, ["--set", "tlsCertFile=", "--set", "tlsKeyFile=", "--set", "extenderClientCAFile=",
+    # the chart's default (scheme http): no certificate at all
+    *[(mode, 1, ["--set", "tlsCertFile=", "--set", "tlsKeyFile=", "--set", "extenderClientCAFile=",
                  "--set", "extenderClientNames=", "--set", "webhookClientCAFile=", "--set", "webhookClientNames="],
-     None),
+       None) for mode in ("http", "chart")],
     # behind the balancer: mutual TLS whatever was asked
-    ("chart", 3, [], (b"CERT", b"KEY")),
+    *[(mode, 3, [], (b"CERT", b"KEY")) for mode in ("chart", "https")],
 ])
 def test_how_kube_scheduler_calls_the_extender(tmp_path: Path, tls: str, extenders: int, argv: list[str],
                                                cert: tuple[bytes, bytes] | None) -> None:
@@ -40,10 +41,23 @@ def test_how_kube_scheduler_calls_the_extender(tmp_path: Path, tls: str, extende
 
 
 def test_an_unknown_mode_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="allowed: chart, mutual, http"):
+    with pytest.raises(ValueError, match="allowed: chart, http, https, mutual"):
         stack(tmp_path, "tls")
 
 
-def test_plain_http_needs_one_replica(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="one extender replica"):
-        stack(tmp_path, "http", extenders=3)._front("extender")
+def test_plain_http_is_the_sidecar_only(tmp_path: Path) -> None:
+    """Several replicas are reached through the harness's balancer (mutual TLS), whatever the mode."""
+    st = stack(tmp_path, "chart", extenders=1)
+    st.roles = [SimpleNamespace(kind="extender", port=1234)]  # type: ignore[list-item]
+    assert st._front("extender") == "http://127.0.0.1:1234"
+    several = stack(tmp_path, "chart", extenders=3)
+    several.balancers = {"extender": (None, 4321)}  # type: ignore[dict-item]
+    assert several._front("extender") == "https://127.0.0.1:4321"
+
+
+def test_chart_is_the_charts_default_scheme(tmp_path: Path) -> None:
+    """`chart` follows scheduler.extender.scheme's default in the chart's values."""
+    import yaml
+
+    values = yaml.safe_load((Path(__file__).parents[2] / "deploy/helm/hami/values.yaml").read_text())
+    assert stack(tmp_path, "chart").extender_tls == values["scheduler"]["extender"]["scheme"]
