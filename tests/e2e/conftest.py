@@ -93,6 +93,16 @@ def control_plane_no_watch_cache(pytestconfig: pytest.Config) -> Iterator[Contro
         yield cp
 
 
+@pytest_asyncio.fixture
+async def cluster(stack: Any, redis_server: Any) -> AsyncIterator[Any]:
+    """A scenario (tests/e2e/test_product.py Cluster) on the module's own `stack` fixture: its namespace, API client
+    and ledger, its pods and nodes deleted after."""
+    from tests.e2e.test_product import Cluster
+
+    async with Cluster.opened(stack, redis_server.url) as c:
+        yield c
+
+
 @pytest.fixture(scope="module")
 def own_control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
     """A plane for one module alone, for tests that restart or break it (fault tests)."""

@@ -11,12 +11,11 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-import pytest_asyncio
 
 from controller.cards import card_table
 from deploy.local.controlplane import ControlPlane
@@ -55,12 +54,6 @@ def manifest(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFacto
 def stack(control_plane: ControlPlane, redis_server: RedisServer, manifest: Path) -> Iterator[Stack]:
     with Stack(control_plane, redis_server.empty().url, "96", manifest=manifest).running() as st:
         yield st
-
-
-@pytest_asyncio.fixture
-async def cluster(stack: Stack, redis_server: RedisServer) -> AsyncIterator[Cluster]:
-    async with Cluster.opened(stack, redis_server.url) as c:
-        yield c
 
 
 def write_card(root: Path, card: int, max_inst: int, policy: int = 0, time_slice: int = 1,

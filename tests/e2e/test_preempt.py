@@ -40,12 +40,6 @@ def stack(control_plane: ControlPlane, redis_server: RedisServer) -> Iterator[St
 
 
 @pytest_asyncio.fixture
-async def cluster(stack: Stack, redis_server: RedisServer) -> AsyncIterator[Cluster]:
-    async with Cluster.opened(stack, redis_server.url) as c:
-        yield c
-
-
-@pytest_asyncio.fixture
 async def priorities(cluster: Cluster) -> AsyncIterator[dict[str, str]]:
     """PriorityClasses (cluster-scoped, so named per test): lowest < low < high (the preemptor) < top."""
     made = {}

@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from redis.asyncio import Redis
 
 from deploy.local import nodes as simulated
@@ -163,12 +162,6 @@ class Cluster:
             await self.delete(p["metadata"]["name"])
         for n in self.nodes:
             await self.kube.request("DELETE", f"/api/v1/nodes/{n}", ok=(200, 202, 404))
-
-
-@pytest_asyncio.fixture
-async def cluster(stack: Stack, redis_server: RedisServer) -> AsyncIterator[Cluster]:
-    async with Cluster.opened(stack, redis_server.url) as c:
-        yield c
 
 
 def grants(pod: dict[str, Any]) -> list[list[Any]]:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from deploy.local.controlplane import ControlPlane
 from deploy.local.identities import tenant
@@ -31,12 +30,6 @@ pytestmark = pytest.mark.e2e
 def stack(control_plane: ControlPlane, redis_server: RedisServer) -> Iterator[Stack]:
     with Stack(control_plane, redis_server.empty().url, "96").running() as st:
         yield st
-
-
-@pytest_asyncio.fixture
-async def cluster(stack: Stack, redis_server: RedisServer) -> AsyncIterator[Cluster]:
-    async with Cluster.opened(stack, redis_server.url) as c:
-        yield c
 
 
 def sidecar_pod(cluster: Cluster, name: str) -> dict[str, Any]:

@@ -10,12 +10,11 @@ import socket
 import ssl
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 import yaml
 
 from deploy.local.controlplane import ControlPlane
@@ -78,12 +77,6 @@ class SidecarStack(Stack):
 def stack(control_plane: ControlPlane, redis_server: RedisServer, sidecar: ChartSidecar) -> Iterator[Stack]:
     with SidecarStack(control_plane, redis_server.empty().url, "96", chart=sidecar).running() as st:
         yield st
-
-
-@pytest_asyncio.fixture
-async def cluster(stack: Stack, redis_server: RedisServer) -> AsyncIterator[Cluster]:
-    async with Cluster.opened(stack, redis_server.url) as c:
-        yield c
 
 
 def test_the_chart_renders_plain_http_and_no_certificate(sidecar: ChartSidecar) -> None:

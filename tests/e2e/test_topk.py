@@ -8,11 +8,10 @@ our first choice), and a node outside the best two is not a candidate even when 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
@@ -27,12 +26,6 @@ pytestmark = pytest.mark.e2e
 def stack(request: pytest.FixtureRequest, control_plane: ControlPlane, redis_server: RedisServer) -> Iterator[Stack]:
     with Stack(control_plane, redis_server.empty().url, "96", settings={"filterTopK": request.param}).running() as st:
         yield st
-
-
-@pytest_asyncio.fixture
-async def cluster(stack: Stack, redis_server: RedisServer) -> AsyncIterator[Cluster]:
-    async with Cluster.opened(stack, redis_server.url) as c:
-        yield c
 
 
 def prefer(p: dict[str, Any], node: str) -> dict[str, Any]:
