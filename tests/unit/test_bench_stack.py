@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from bench.stack import BenchStack
+from bench.stack import CHART_DEFAULT, EXTENDER_TLS, BenchStack
 
 
 def stack(tmp_path: Path, tls: str, extenders: int = 1) -> BenchStack:
@@ -61,3 +62,13 @@ def test_chart_is_the_charts_default_scheme(tmp_path: Path) -> None:
 
     values = yaml.safe_load((Path(__file__).parents[2] / "deploy/helm/hami/values.yaml").read_text())
     assert stack(tmp_path, "chart").extender_tls == values["scheduler"]["extender"]["scheme"]
+
+
+def test_the_benchmark_docs_list_every_mode() -> None:
+    """docs/benchmarks.md's `--extender-tls` row names the modes bench/stack.py accepts, in its order."""
+    doc = (Path(__file__).parents[2] / "docs/benchmarks.md").read_text()
+    (row,) = [line for line in doc.splitlines() if line.startswith("| `--extender-tls ")]
+    modes = re.match(r"\| `--extender-tls ([a-z\\|]+)`", row)
+    assert modes is not None and modes.group(1).split("\\|") == list(EXTENDER_TLS), row
+    assert f"`chart` (the default): what the chart deploys by default (`scheduler.extender.scheme`), today " \
+           f"`{CHART_DEFAULT}`" in row
