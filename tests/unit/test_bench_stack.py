@@ -72,3 +72,16 @@ def test_the_benchmark_docs_list_every_mode() -> None:
     assert modes is not None and modes.group(1).split("\\|") == list(EXTENDER_TLS), row
     assert f"`chart` (the default): what the chart deploys by default (`scheduler.extender.scheme`), today " \
            f"`{CHART_DEFAULT}`" in row
+
+
+@pytest.mark.parametrize(("given", "recorded"), [("chart", CHART_DEFAULT), ("http", "http"), ("https", "https"),
+                                                 ("mutual", "mutual")])
+def test_a_run_records_the_mode_it_measured(given: str, recorded: str) -> None:
+    """`chart` meant https before 2026-12-03 and http since: a result file records the concrete mode beside
+    the option as given, so runs from either side of the change can be told apart."""
+    import argparse
+
+    from bench.load.cli import run_config
+
+    config = run_config(argparse.Namespace(extender_tls=given))
+    assert config["extender_tls"] == given and config["extender_tls_mode"] == recorded
