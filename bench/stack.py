@@ -26,6 +26,11 @@ EXTENDER_TLS = ("chart", "http", "https", "mutual")
 CHART_DEFAULT = "http"  # deploy/helm/hami/values.yaml scheduler.extender.scheme
 
 
+def concrete(extender_tls: str) -> str:
+    """The mode an `extender_tls` option measures with one extender replica: `chart` is the chart's default."""
+    return CHART_DEFAULT if extender_tls == "chart" else extender_tls
+
+
 @dataclass
 class BenchStack(Stack):
     extender_tls: str = "chart"
@@ -33,8 +38,7 @@ class BenchStack(Stack):
     def __post_init__(self) -> None:
         if self.extender_tls not in EXTENDER_TLS:
             raise ValueError(f"extender_tls {self.extender_tls!r}; allowed: {', '.join(EXTENDER_TLS)}")
-        if self.extender_tls == "chart":
-            self.extender_tls = CHART_DEFAULT
+        self.extender_tls = concrete(self.extender_tls)
 
     @property
     def sidecar(self) -> bool:

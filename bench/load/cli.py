@@ -53,7 +53,7 @@ from bench.load import external, memory
 from bench.load.cluster import LedgerView, Local, Target, delete_nodes, ensure_nodes, machine
 from bench.load.phase import Phase, run_phase
 from bench.load.report import save, summarize
-from bench.stack import EXTENDER_TLS
+from bench.stack import EXTENDER_TLS, concrete
 from bench.workload import shapes
 from shared.serving.logs import Progress
 
@@ -132,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if bad else 0
 
 
+def run_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The options as given, and `extender_tls_mode`: the mode `--extender-tls` measured with one extender replica
+    (`chart` meant https before 2026-12-03 and means http since; several replicas: mutual TLS, the balancer)."""
+    return {**vars(args), "extender_tls_mode": concrete(args.extender_tls)}
+
+
 async def amain(args: argparse.Namespace, doc: dict[str, Any], ext: external.External | None = None) -> None:
     from bench import micro
     from shared.kube import Kube
@@ -140,7 +146,7 @@ async def amain(args: argparse.Namespace, doc: dict[str, Any], ext: external.Ext
     started = datetime.now(UTC)
     run_id = started.strftime("%Y%m%d-%H%M%S")
     doc.update({"run_id": run_id, "started": started.isoformat(), "command": " ".join(sys.argv),
-                           "machine": machine(), "config": {k: v for k, v in vars(args).items()},
+                           "machine": machine(), "config": run_config(args),
                            "micro": [], "phases": [], "node_memory": [], "summary": []})
     say(f"machine: {doc['machine']['cpus']} cpus, {doc['machine']['memory_gib']} GiB, load average "
         f"{' '.join(f'{x:.2f}' for x in doc['machine']['load_avg'])}")

@@ -9,6 +9,7 @@ import base64
 import ipaddress
 import json
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -204,6 +205,29 @@ def test_extender_scheme_http_by_default_https_on_request(rendered: Rendered) ->
         assert {"name": "tls", "mountPath": "/etc/mtsched/tls", "readOnly": True} in c["volumeMounts"], c["name"]
         assert not [a for a in c.get("args", []) if a.startswith("--set=tls")]  # config.yaml's certificate
     assert "checksum/tls" in pod["metadata"]["annotations"]
+
+
+def test_extender_scheme_missing_from_values_is_http(helm: Path, tmp_path: Path) -> None:
+    """`helm upgrade --reuse-values` from a chart without scheduler.extender.scheme renders with the old chart's
+    values, which lack the key (Helm's Upgrade.reuseValues: chart.Values = the old coalesced values); so does a
+    values file saying `scheme: null`. Both get the default, http, not a urlPrefix "%!s(<nil>)://127.0.0.1:8443"
+    that kube-scheduler cannot call."""
+    old = tmp_path / "hami"
+    shutil.copytree(CHART, old)
+    values = (old / "values.yaml").read_text()
+    assert "\n    scheme: http\n" in values
+    (old / "values.yaml").write_text(values.replace("\n    scheme: http\n", "\n"))
+    renders = {
+        "key missing": run_helm(helm, ["template", "hami", str(old), "--namespace", "kube-system"]).stdout,
+        "null": template(helm, Case(sets=("scheduler.extender.scheme=null",))).stdout,
+    }
+    for why, text in renders.items():
+        objs = objects(text)
+        (entry,) = embedded(objs, "hami-scheduler", "scheduler-config.yaml")["extenders"]
+        assert (entry["urlPrefix"], entry["enableHTTPS"], "tlsConfig" in entry) == \
+            ("http://127.0.0.1:8443", False, False), why
+        ext = container(one(objs, "Deployment", "hami-scheduler"), "extender")
+        assert {"--set=tlsCertFile=", "--set=tlsKeyFile="} <= set(ext["args"]), why
 
 
 def test_local_harness_calls_the_same_verbs_as_the_chart(rendered: Rendered) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from bench.stack import BenchStack
+from bench.stack import CHART_DEFAULT, EXTENDER_TLS, BenchStack
 
 
 def stack(tmp_path: Path, tls: str, extenders: int = 1) -> BenchStack:
@@ -61,3 +62,26 @@ def test_chart_is_the_charts_default_scheme(tmp_path: Path) -> None:
 
     values = yaml.safe_load((Path(__file__).parents[2] / "deploy/helm/hami/values.yaml").read_text())
     assert stack(tmp_path, "chart").extender_tls == values["scheduler"]["extender"]["scheme"]
+
+
+def test_the_benchmark_docs_list_every_mode() -> None:
+    """docs/benchmarks.md's `--extender-tls` row names the modes bench/stack.py accepts, in its order."""
+    doc = (Path(__file__).parents[2] / "docs/benchmarks.md").read_text()
+    (row,) = [line for line in doc.splitlines() if line.startswith("| `--extender-tls ")]
+    modes = re.match(r"\| `--extender-tls ([a-z\\|]+)`", row)
+    assert modes is not None and modes.group(1).split("\\|") == list(EXTENDER_TLS), row
+    assert f"`chart` (the default): what the chart deploys by default (`scheduler.extender.scheme`), today " \
+           f"`{CHART_DEFAULT}`" in row
+
+
+@pytest.mark.parametrize(("given", "recorded"), [("chart", CHART_DEFAULT), ("http", "http"), ("https", "https"),
+                                                 ("mutual", "mutual")])
+def test_a_run_records_the_mode_it_measured(given: str, recorded: str) -> None:
+    """`chart` meant https before 2026-12-03 and http since: a result file records the concrete mode beside
+    the option as given, so runs from either side of the change can be told apart."""
+    import argparse
+
+    from bench.load.cli import run_config
+
+    config = run_config(argparse.Namespace(extender_tls=given))
+    assert config["extender_tls"] == given and config["extender_tls_mode"] == recorded

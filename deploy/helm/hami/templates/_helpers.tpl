@@ -69,6 +69,12 @@ and starting with a newline; nothing when empty. Use as: {{- include "hami.annot
 {{- if and .Values.devices.mthreads.enabled (not .Values.redis.external.url) -}}true{{- end -}}
 {{- end -}}
 
+{{/* http | https: how kube-scheduler calls its extender sidecar (scheduler.extender.scheme). Missing or null
+(`helm upgrade --reuse-values` from a chart without the value renders with that chart's values): http, the default. */}}
+{{- define "hami.extenderScheme" -}}
+{{- .Values.scheduler.extender.scheme | default "http" -}}
+{{- end }}
+
 {{/* generate | certManager | external (HAMi's scheduler.certManager.enabled selects certManager). */}}
 {{- define "hami.tlsMode" -}}
 {{- $mode := .Values.tls.mode | default "generate" -}}
