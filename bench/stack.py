@@ -20,7 +20,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 
-from deploy.local.stack import Role, Stack
+from deploy.local.stack import NO_EXTENDER_CLIENT_CHECK, NO_WEBHOOK_CLIENT_CHECK, Role, Stack
 
 EXTENDER_TLS = ("chart", "http", "https", "mutual")
 CHART_DEFAULT = "http"  # deploy/helm/hami/values.yaml scheduler.extender.scheme
@@ -64,15 +64,14 @@ class BenchStack(Stack):
         certificate check, which the chart leaves off by default (webhook.clientAuth), for `http` and `https`
         (after role_argv's, so they win)."""
         if kind == "webhook" and self.extender_tls != "mutual":
-            return ["--set", "webhookClientCAFile=", "--set", "webhookClientNames="]
+            return [*NO_WEBHOOK_CLIENT_CHECK]
         if kind != "extender" or not self.sidecar:
             return []
-        no_client_ca = ["--set", "extenderClientCAFile=", "--set", "extenderClientNames="]
         if self.extender_tls == "http":  # no certificate at all (the webhook's client CA would need one)
-            return ["--set", "tlsCertFile=", "--set", "tlsKeyFile=", *no_client_ca,
-                    "--set", "webhookClientCAFile=", "--set", "webhookClientNames="]
+            return ["--set", "tlsCertFile=", "--set", "tlsKeyFile=", *NO_EXTENDER_CLIENT_CHECK,
+                    *NO_WEBHOOK_CLIENT_CHECK]
         if self.extender_tls == "https":  # it listens on loopback (role_argv): no client certificate asked
-            return no_client_ca
+            return [*NO_EXTENDER_CLIENT_CHECK]
         return []
 
     def _scheduler_client_cert(self) -> tuple[bytes, bytes] | None:

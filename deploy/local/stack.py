@@ -51,6 +51,13 @@ WEBHOOK_NAMESPACE_SELECTOR = {"matchExpressions": [{"key": "mtsched.io/webhook",
                                                     "values": ["ignore"]}]}
 
 
+# `--set`s that undo the client-certificate checks write_config gives every role here (all of them share this
+# machine's loopback), for a role started as the chart starts it: the extender sidecar asks for no client
+# certificate, and the webhook, by default, none either (webhook.clientAuth)
+NO_EXTENDER_CLIENT_CHECK = ("--set", "extenderClientCAFile=", "--set", "extenderClientNames=")
+NO_WEBHOOK_CLIENT_CHECK = ("--set", "webhookClientCAFile=", "--set", "webhookClientNames=")
+
+
 @dataclass
 class Role:
     kind: str

@@ -19,7 +19,7 @@ import yaml
 
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
-from deploy.local.stack import Role, Stack
+from deploy.local.stack import NO_EXTENDER_CLIENT_CHECK, NO_WEBHOOK_CLIENT_CHECK, Role, Stack
 from shared.domain.annotations import ALLOCATED
 from tests.deploy._chart import Json, embedded, objects, one
 from tests.e2e._chart import rendered
@@ -29,8 +29,7 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 # the harness config's client checks (deploy/local/stack.py write_config), which the chart's extender has not
-HARNESS_ONLY = ("--set", "extenderClientCAFile=", "--set", "extenderClientNames=",
-                "--set", "webhookClientCAFile=", "--set", "webhookClientNames=")
+HARNESS_ONLY = (*NO_EXTENDER_CLIENT_CHECK, *NO_WEBHOOK_CLIENT_CHECK)
 
 
 @dataclass(frozen=True)
