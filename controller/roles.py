@@ -79,6 +79,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     gc_policy.settle()  # the nodes and pods just listed, like the mirror's cards
     sup.spawn("nodes", nodes.reflector.run)
     sup.spawn("pods", pods.reflector.run)
+    sup.spawn("bound-records", pods.confirm_deferred)  # records waiting for our bind's confirmation
     sup.spawn("reconciler", reconciler.run)
     sup.spawn("janitor", Janitor(ledger, mirror, cfg, nudger=pods.nudger).run)
     ok = await sup.run(stop)

@@ -29,11 +29,24 @@ from shared.domain.reconcile import Unrecorded, offers_cards, quarantine_reason,
 from shared.domain.request import RequestError, pod_request
 from shared.domain.trust import foreign_record
 from shared.kube import Kube, KubeError
-from shared.serving.metrics import ANNOTATION_ERRORS, NUDGES, OVERCOMMIT, RECORD_MISMATCH, RELEASES, WATCH_EVENTS
+from shared.serving.metrics import (
+    ANNOTATION_ERRORS,
+    NUDGES,
+    OVERCOMMIT,
+    RECORD_MISMATCH,
+    RECORDS,
+    RELEASES,
+    WATCH_EVENTS,
+)
 from shared.store.ledger import Ledger, LedgerError
 from shared.store.mirror import Mirror
 
 log = logging.getLogger("mtsched.watchers")
+
+# How long a bound pod's record waits for our bind's own confirmation (Extender._settle, a moment after the
+# Binding) when the mirror shows its booking pending, before the watcher sends `observe` itself: at most a
+# quarter of pendingTTLSeconds, so a bind that died before confirming is still confirmed long before expiry
+BOUND_GRACE = 2.0
 
 
 def pod_ref(pod: Mapping[str, Any]) -> str:
@@ -315,6 +328,11 @@ class PodWatcher:
         # for every node of a pass, and a scan of every unrecorded pod per node was O(nodes x pods)
         self._lost_by_node: dict[str, list[Unrecorded]] | None = None
         self.ended: dict[str, float] = {}  # uid -> when the watch saw it deleted or ended (last 10 minutes)
+        # uid -> (when, record digest, its first 300 characters) of bound pods whose booking the mirror shows
+        # pending as the record says: `observe` is sent then unless our bind has confirmed it (`confirm_due`).
+        # Holds the pods between a Binding and its confirmation (a burst's rate x bound_grace), never a pod.
+        self.deferred: dict[str, tuple[float, bytes, str]] = {}
+        self.bound_grace = min(BOUND_GRACE, cfg.pending_ttl_seconds / 4)  # 0: observe at once (tests)
         self.reflector = Reflector(kube, "/api/v1/pods", self.on_event, self.on_sync, "pods")
         self.inventories: Callable[[], Mapping[str, Inventory]] = dict  # the node watcher's view, set by the role
         # a quarantine may start or end on that node (the reconciler compares it soon)
@@ -396,6 +414,7 @@ class PodWatcher:
         self.waiting.discard(uid)
         self.seen.pop(uid, None)
         self.truth.pop(uid, None)
+        self.deferred.pop(uid, None)
         bound_to = (pod.get("spec") or {}).get("nodeName")
         hint = bound_to if isinstance(bound_to, str) else None
         if self.unrecorded.pop(uid, None) is not None:
@@ -411,52 +430,112 @@ class PodWatcher:
             self.nudger.nudge(str(node))
             log.info("released %s (%s) on %s: %s", pod_ref(pod), uid, node, why)
 
-    async def record(self, uid: str, pod: dict[str, Any]) -> None:
+    async def record(self, uid: str, pod: dict[str, Any], truth: PodTruth | None = None) -> None:
+        """Book what a bound pod's record says (`observe`), unless the ledger holds it already. `truth`: what
+        `learn` made of this very pod, so its record is not decoded a second time."""
         raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATED)
         if raw is None or not (pod.get("spec") or {}).get("nodeName"):
             return
         digest = record_digest(raw)
         if self.seen.get(uid) == digest:
             return
-        foreign = foreign_record(pod, self.cfg)
-        if foreign:
-            RECORD_MISMATCH.labels("foreign").inc()
-            log.error("pod %s carries an allocation record although %s: our bind never wrote it, nothing is "
-                      "booked for it (record %r)", pod_ref(pod), foreign, str(raw)[:300])
-            self.seen[uid] = digest
-            return
-        try:
-            usage: PodUsage | None = usage_from_annotations(pod)
-        except AnnotationError as e:
-            # Fail closed: keep whatever the ledger holds for this pod rather than freeing capacity.
-            ANNOTATION_ERRORS.inc()
-            log.error("pod %s has an undecodable allocation record, its usage is kept: %s", pod_ref(pod),
-                      str(e)[:500])  # the error quotes the record, which can be 256 KiB
-            self.seen[uid] = digest
-            return
+        usage = truth.usage if truth is not None else None  # decoded, and not foreign (learn checks both)
         if usage is None:
+            foreign = foreign_record(pod, self.cfg)
+            if foreign:
+                RECORD_MISMATCH.labels("foreign").inc()
+                log.error("pod %s carries an allocation record although %s: our bind never wrote it, nothing is "
+                          "booked for it (record %r)", pod_ref(pod), foreign, str(raw)[:300])
+                self.seen[uid] = digest
+                return
+            try:
+                usage = usage_from_annotations(pod)
+            except AnnotationError as e:
+                # Fail closed: keep whatever the ledger holds for this pod rather than freeing capacity.
+                ANNOTATION_ERRORS.inc()
+                log.error("pod %s has an undecodable allocation record, its usage is kept: %s", pod_ref(pod),
+                          str(e)[:500])  # the error quotes the record, which can be 256 KiB
+                self.seen[uid] = digest
+                return
+            if usage is None:
+                return
+        held = self._held(uid, usage)
+        if held == "bound":
+            self._skip(uid, digest)
             return
+        if held == "pending" and self.bound_grace > 0:
+            # our bind's booking of this very record, which the bind confirms a moment after its Binding: wait
+            # for that instead of a second round trip (confirm_due sends observe if it does not come)
+            self.deferred[uid] = (time.monotonic() + self.bound_grace, digest, str(raw)[:300])
+            return
+        self.deferred.pop(uid, None)
+        await self._observe(uid, usage, pod_ref(pod), digest, str(raw)[:300])
+
+    def _held(self, uid: str, usage: PodUsage) -> str:
+        """The state of the mirror's booking of `uid` if it is the one `usage` says, else "". The mirror
+        trails the ledger by a feed message at most, and a booking that is bound stays so until released
+        (the pod ended) or a repair changes it, which the reconciler compares against this view again."""
+        snap = self.mirror.get(usage.node)
+        r = snap.reservations.get(uid) if snap is not None else None
+        if r is None or (r.cards, r.mem, r.cores, r.slices) != (usage.cards, usage.memory, usage.cores, usage.slices):
+            return ""
+        return r.state
+
+    def _skip(self, uid: str, digest: bytes) -> None:
+        self.deferred.pop(uid, None)
+        self.seen[uid] = digest
+        RECORDS.labels("already_bound").inc()
+
+    async def confirm_due(self, now: float | None = None) -> int:
+        """Deferred records whose time has come: confirmed by our bind meanwhile (the mirror shows the booking
+        bound), or sent to `observe` now. Returns how many were sent."""
+        now = time.monotonic() if now is None else now
+        sent = 0
+        for uid in [u for u, (due, _, _) in self.deferred.items() if due <= now]:
+            entry = self.deferred.pop(uid, None)
+            truth = self.truth.get(uid)
+            if entry is None or truth is None or truth.usage is None:
+                continue  # released meanwhile, or a newer event said otherwise (and was handled then)
+            _, digest, head = entry
+            if self.seen.get(uid) == digest:
+                continue
+            if self._held(uid, truth.usage) == "bound":
+                self._skip(uid, digest)
+                continue
+            await self._observe(uid, truth.usage, truth.ref, digest, head)
+            sent += 1
+        return sent
+
+    async def confirm_deferred(self) -> None:
+        """confirm_due, every half grace (for a supervisor to run)."""
+        while True:
+            await asyncio.sleep(max(self.bound_grace / 2, 0.05))
+            await self.confirm_due()
+
+    async def _observe(self, uid: str, usage: PodUsage, ref: str, digest: bytes, head: str) -> None:
+        """`observe` with keep_bound, and what its answer means; `head`: the record's start, for the logs."""
+        RECORDS.labels("observed").inc()
         try:
             # keep_bound: once our bind's booking is bound, a record that says otherwise is not booked
-            out = await self.ledger.observe(uid, usage, pod_ref(pod), keep_bound=True)
+            out = await self.ledger.observe(uid, usage, ref, keep_bound=True)
         except LedgerError as e:
-            log.error("cannot record %s: %s", pod_ref(pod), e)
+            log.error("cannot record %s: %s", ref, e)
             return
         if not out.get("ok"):
-            log.error("cannot record %s on %s: %s; rebuilding", pod_ref(pod), usage.node, out.get("reason"))
+            log.error("cannot record %s on %s: %s; rebuilding", ref, usage.node, out.get("reason"))
             self.lost.set()
             return
         if out.get("kept"):
             RECORD_MISMATCH.labels("changed").inc()
             log.error("pod %s: its allocation record changed after our bind: it says cards %s (%d units, %d cores, "
-                      "%d slices) on %s; the ledger keeps what the bind booked: %s (record %r)", pod_ref(pod),
+                      "%d slices) on %s; the ledger keeps what the bind booked: %s (record %r)", ref,
                       list(usage.cards), usage.memory, usage.cores, usage.slices, usage.node, out.get("booked"),
-                      str(raw)[:300])
+                      head)
             self.seen[uid] = digest
             return
         if out.get("overcommit"):
             OVERCOMMIT.inc()
-            log.error("pod %s over-commits card(s) %s on %s (recorded as the API server says)", pod_ref(pod),
+            log.error("pod %s over-commits card(s) %s on %s (recorded as the API server says)", ref,
                       usage.cards, usage.node)
         self.seen[uid] = digest
 
@@ -468,8 +547,7 @@ class PodWatcher:
         elif is_terminal(pod):
             await self.release(uid, pod, (pod.get("status") or {}).get("phase", "ended").lower())
         else:
-            self.learn(uid, pod)
-            await self.record(uid, pod)
+            await self.record(uid, pod, self.learn(uid, pod))
 
     async def on_sync(self, pods: list[dict[str, Any]]) -> None:
         """After a (re-)list: the view is replaced whole; bound pods are recorded and ended ones released.
@@ -477,6 +555,7 @@ class PodWatcher:
         self.seen = {}
         self.truth = {}
         self.unrecorded = {}
+        self.deferred = {}
         # whole before the first await below (each pod may take a Redis round trip): a nudge due meanwhile
         # sees the pods the list holds waiting, not a view emptied for the re-list
         self.waiting = {str((p.get("metadata") or {}).get("uid")) for p in pods if not is_terminal(p) and self.waits(p)}
@@ -486,8 +565,7 @@ class PodWatcher:
             if is_terminal(pod):
                 await self.release(uid, pod, "ended")
                 continue
-            self.learn(uid, pod)
-            await self.record(uid, pod)
+            await self.record(uid, pod, self.learn(uid, pod))
 
 
 def wire(nodes: NodeWatcher, pods: PodWatcher) -> None:

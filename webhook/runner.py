@@ -17,7 +17,8 @@ from webhook.server import BODY_LIMIT, Webhook
 
 async def run_webhook(cfg: Config, stop: asyncio.Event) -> bool:
     sup = Supervisor()
-    health, _, mirror = await start_role(cfg, sup, stop)
+    # the webhook reads card capacities and node errors only: bookings are not decoded (Mirror.shapes_only)
+    health, _, mirror = await start_role(cfg, sup, stop, shapes_only=True)
     # the quota check reads ResourceQuotas and pods (webhook/quotas.py); without it no API calls
     kube = await Kube.create(cfg.kubeconfig) if cfg.quota_check else None
     app = web.Application(client_max_size=BODY_LIMIT)

@@ -66,6 +66,10 @@ SETTLE_FAILURES = Counter("mtsched_bind_settle_failures_total",
                           "Answered binds whose booking was not marked bound (the ledger's call failed after its "
                           "retries, or the role stopped first); the pod watcher books it from the record the "
                           "Binding wrote")
+RECORDS = Counter("mtsched_records_total",
+                  "Allocation records of bound pods the pod watcher handled, by outcome: observed (sent to the "
+                  "ledger's observe script), already_bound (this replica's mirror showed the ledger holding that "
+                  "very booking bound: no round trip)", ["outcome"])
 RECORD_MISMATCH = Counter("mtsched_record_mismatch_total",
                           "Allocation records the ledger did not book (should stay 0): changed after our bind "
                           "(the booking is kept), or on a pod our scheduler does not place (foreign)", ["kind"])

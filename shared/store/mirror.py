@@ -53,8 +53,20 @@ def _all(fn: Callable[[Any], None], items: list[Any]) -> None:
 FULL_EVERY = 10
 
 
+# Feed messages that never change a node's error or the capacities of its cards: a booking and its
+# confirmation (a release may drop a removed card, an observe add one; neither is a capacity either, but they are
+# rare and applied whole)
+BOOKINGS = frozenset({"reserve", "bound"})
+
+
 class Mirror:
-    def __init__(self, ledger: Ledger, subscriber: Redis | None = None, resync_seconds: float = 30.0):
+    def __init__(self, ledger: Ledger, subscriber: Redis | None = None, resync_seconds: float = 30.0,
+                 shapes_only: bool = False):
+        """`shapes_only`: the role reads only capacities() and mismatched() (the webhook). A booking then
+        moves the node's (version, stamp) here without decoding its cards or reservation, and announces
+        nothing: the snapshot's usage is left as it was (stale) until a full resync, at most FULL_EVERY
+        periods later. Every other message, and every resync, is applied as without it."""
+        self.shapes_only = shapes_only
         self.ledger = ledger
         self.subscriber = subscriber or ledger.redis
         self.resync_seconds = resync_seconds
@@ -286,6 +298,13 @@ class Mirror:
             # anew, or a shard that failed over to a replica lacking our write): merged into ours it would
             # carry the ledger's (version, stamp) with other content, which no periodic resync reads again
             return self._stale(node, "history")
+        if self.shapes_only and kind in BOOKINGS and not msg.get("full", True):
+            if self._bases is not None:
+                self._bases.setdefault(node, []).append(cur)
+            self.nodes[node] = dataclasses.replace(cur, version=version, stamp=str(msg.get("stamp") or ""))
+            self._digests.pop(node, None)  # its usage here is no longer the text last read (if it ever was)
+            self.applied += 1
+            return None
         # Decode everything first, so a malformed message leaves the node as it was. A full message
         # (or one without the flag) carries every card; otherwise only the cards that changed, with
         # false for a card that is gone.

@@ -28,9 +28,10 @@ def _settle() -> None:
 
 
 async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False,
-                      stop: asyncio.Event | None = None) -> tuple[Ledger, Mirror]:
+                      stop: asyncio.Event | None = None, shapes_only: bool = False) -> tuple[Ledger, Mirror]:
     """Connect (retrying until Redis answers, or Stopped once `stop` is set), then keep the mirror and the
-    PING probe under `sup`. Meanwhile the role is not ready, and says why (its health port serves already)."""
+    PING probe under `sup`. Meanwhile the role is not ready, and says why (its health port serves already).
+    `shapes_only`: the role reads only the mirror's card capacities and node errors (Mirror)."""
     options = RedisOptions.from_config(cfg)
     ledger = Ledger(connect(cfg.redis_url, options), cfg.key_prefix)
     backoff = Backoff(0.5, 5.0)
@@ -45,7 +46,7 @@ async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False,
             waiting = f"not reachable at {redact_url(cfg.redis_url)} ({explain(e)})"
             log.warning("Redis at %s not reachable (%s); retrying", redact_url(cfg.redis_url), explain(e))
             await backoff.sleep(stop)
-    mirror = Mirror(ledger, subscriber=connect_subscriber(cfg.redis_url, options))
+    mirror = Mirror(ledger, subscriber=connect_subscriber(cfg.redis_url, options), shapes_only=shapes_only)
     # the cards loaded: freeze them (and everything else alive) out of later garbage collections
     mirror.on_first_sync.append(_settle)
     sup.spawn("mirror", mirror.run)
@@ -66,13 +67,13 @@ async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False,
     return ledger, mirror
 
 
-async def start_role(cfg: Config, sup: Supervisor, stop: asyncio.Event,
-                     card_metrics: bool = False) -> tuple[web.AppRunner, Ledger, Mirror]:
+async def start_role(cfg: Config, sup: Supervisor, stop: asyncio.Event, card_metrics: bool = False,
+                     shapes_only: bool = False) -> tuple[web.AppRunner, Ledger, Mirror]:
     """Every role's start: its probes served first (alive, and not ready while Redis does not answer), then
     the ledger (open_ledger, Stopped by SIGTERM meanwhile). The caller stops the health runner at the end."""
     health = await serve_health(cfg, sup.problems)
     try:
-        ledger, mirror = await open_ledger(cfg, sup, card_metrics, stop)
+        ledger, mirror = await open_ledger(cfg, sup, card_metrics, stop, shapes_only)
     except BaseException:
         await health.cleanup()
         raise

@@ -135,6 +135,7 @@ async def test_the_watcher_observing_first_is_not_booked_twice(parts: tuple[Ledg
     uid = "first"
     kube = LosingKube(ledger, {uid: spec("a slice")})
     watcher = PodWatcher(kube, ledger, mirror, CFG, asyncio.Event())  # type: ignore[arg-type]
+    watcher.bound_grace = 0  # observe at once, not after waiting for the binder's confirmation
 
     async def watcher_sees(pod: dict[str, Any]) -> None:
         watcher.learn(uid, pod)
