@@ -502,7 +502,12 @@ class PodWatcher:
             if self._held(uid, truth.usage) == "bound":
                 self._skip(uid, digest)
                 continue
-            await self._observe(uid, truth.usage, truth.ref, digest, head)
+            try:
+                await self._observe(uid, truth.usage, truth.ref, digest, head)
+            except BaseException:
+                # not lost with this pass (the supervisor restarts the loop): due again after another grace
+                self.deferred.setdefault(uid, (now + self.bound_grace, digest, head))
+                raise
             sent += 1
         return sent
 
