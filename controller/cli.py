@@ -4,7 +4,8 @@
   mtsched node-agent [--config FILE]        publish this node's /proc/sgpu_km card knobs (MTSCHED_NODE_NAME)
   mtsched cards [--redis-url URL]          the card table from Redis
   mtsched explain NAMESPACE/POD [-o json]  why a pod is Pending: per node and card, reason, holders, fix
-  mtsched check-config [--config FILE]     validate a configuration and print it
+  mtsched check-config [--config FILE] [--role ROLE]   validate a configuration and print it; with --role,
+                                           also what would stop that role from starting with it (exit 2)
   mtsched demo                             the quick start (local control plane + sample pods)
 """
 
@@ -115,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override one setting, e.g. --set memoryPerCard=96,160 (repeatable)")
         p.add_argument("--log-format", choices=("json", "text"), default=os.environ.get("MTSCHED_LOG_FORMAT", "json"))
+        if name == "check-config":
+            p.add_argument("--role", choices=("extender", "webhook", "watcher", "node-agent"),
+                           help="also check what stops this role from starting (its listen address and TLS)")
         if name in ("cards", "explain"):
             p.add_argument("--redis-url", help="defaults to the configured redisUrl")
         if name == "explain":
@@ -146,6 +150,18 @@ def main(argv: list[str] | None = None) -> int:
             raw["redis_password"] = "***"
         doc = {key_of(k): v for k, v in raw.items()}
         print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+        from shared.serving.listen import start_problems
+
+        # the roles check their listen address and TLS only as they start (one file serves every role, each
+        # with its own overrides): said here for each serving role, and fatal for the one --role names
+        for role in ("extender", "webhook"):
+            problems = start_problems(cfg, role)
+            if problems and role == args.role:
+                print(f"mtsched check-config: the {role} would not start: " + "; ".join(problems), file=sys.stderr)
+                return 2
+            if problems and not args.role:
+                print(f"mtsched check-config: note: as the {role} this configuration would not start: "
+                      + "; ".join(problems), file=sys.stderr)
         return 0
     if args.cmd == "cards":
         from controller.cards import card_table
