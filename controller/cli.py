@@ -154,13 +154,14 @@ def main(argv: list[str] | None = None) -> int:
 
         # the roles check their listen address and TLS only as they start (one file serves every role, each
         # with its own overrides): said here for each serving role, and fatal for the one --role names
-        for role in ("extender", "webhook"):
-            problems = start_problems(cfg, role)
-            if problems and role == args.role:
-                print(f"mtsched check-config: the {role} would not start: " + "; ".join(problems), file=sys.stderr)
+        for serving in ("extender", "webhook"):
+            problems = start_problems(cfg, serving)
+            if problems and serving == args.role:
+                print(f"mtsched check-config: the {serving} would not start: " + "; ".join(problems),
+                      file=sys.stderr)
                 return 2
             if problems and not args.role:
-                print(f"mtsched check-config: note: as the {role} this configuration would not start: "
+                print(f"mtsched check-config: note: as the {serving} this configuration would not start: "
                       + "; ".join(problems), file=sys.stderr)
         return 0
     if args.cmd == "cards":
