@@ -1,0 +1,82 @@
+"""Red team on the pod watcher's deferred records (issue 14, commit 0e69115).
+
+A bound pod whose booking the mirror shows pending waits up to `bound_grace` for our bind's confirmation,
+then `confirm_due` sends `observe`. Attacks: (1) the pod's next events (status updates, which follow a
+Binding closely) must not push that moment further each time, else a binder that died before confirming
+leaves the booking pending until the janitor expires it under a running pod; (2) an `observe` that fails
+(Redis gone longer than the ledger's retries) must leave the record due, as the event path does (the
+reflector replays an event whose handling failed): the supervisor restarts the loop, and it must find the
+record again. Real parts: redis-server, Ledger, Mirror, PodWatcher, Janitor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from controller.watchers import Janitor, PodWatcher
+from shared.kube import Kube
+from shared.store.ledger import Ledger
+from shared.store.mirror import Mirror
+from tests.redis.test_watcher_records import CFG, pod, reserved
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+async def parts(cluster: Ledger) -> AsyncIterator[tuple[Ledger, Mirror, PodWatcher]]:
+    mirror = Mirror(cluster)
+    await mirror.start()
+    await asyncio.wait_for(mirror.ready.wait(), 5)
+    w = PodWatcher(Kube(None), Ledger(cluster.redis), mirror, CFG, asyncio.Event())  # type: ignore[arg-type]
+    yield cluster, mirror, w
+    await mirror.stop()
+
+
+def status_update(p: dict[str, Any], n: int) -> dict[str, Any]:
+    """The same pod, same record, a newer status (the kubelet's updates after a Binding)."""
+    return {**p, "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "n": n}]}}
+
+
+async def test_a_pods_next_events_do_not_postpone_its_confirmation(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
+    led, mirror, w = parts
+    await reserved(led, mirror, "u1")  # the binder died before mark_bound
+    p = pod("u1")
+    await w.on_event("MODIFIED", p)
+    first_due = time.monotonic() + w.bound_grace  # no earlier than the record's due
+    await asyncio.sleep(0.05)
+    await w.on_event("MODIFIED", status_update(p, 1))  # the same record again
+    assert await w.confirm_due(first_due) == 1, "the second event moved the record's due later"
+    s = await led.snapshot("n4")
+    assert s is not None and s.reservations["u1"].state == "bound"
+
+
+async def test_a_binder_that_died_under_a_busy_pod_is_not_expired(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
+    """Events every 0.1 s, grace 0.3 s: the confirmation loop must confirm the booking before the janitor
+    (a 1 s TTL here) finds it pending past its TTL and frees a share the running pod holds."""
+    led, mirror, w = parts
+    w.bound_grace = 0.3
+    await reserved(led, mirror, "u1")
+    p = pod("u1")
+    loop = asyncio.create_task(w.confirm_deferred())
+    try:
+        t0 = time.monotonic()
+        n = 0
+        while time.monotonic() - t0 < 1.6:
+            await w.on_event("MODIFIED", status_update(p, n))
+            n += 1
+            await asyncio.sleep(0.1)
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+    janitor = Janitor(led, mirror, CFG)
+    janitor.ttl = 1
+    assert await janitor.sweep() == [], "the janitor expired the booking of a bound pod"
+    s = await led.snapshot("n4")
+    assert s is not None and s.reservations["u1"].state == "bound"
