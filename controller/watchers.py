@@ -506,7 +506,14 @@ class PodWatcher:
             if self._held(uid, truth.usage) == "bound":
                 self._skip(uid, digest)
                 continue
-            await self._observe(uid, truth.usage, truth.ref, digest, head)
+            try:
+                await self._observe(uid, truth.usage, truth.ref, digest, head)
+            except BaseException:
+                # not booked (Redis gone past the ledger's retries): due again when the supervisor runs this
+                # loop again, as a failed event is replayed; judged afresh then (released, or handled by a
+                # newer event meanwhile: dropped, or that one's entry kept)
+                self.deferred.setdefault(uid, entry)
+                raise
             sent += 1
         return sent
 

@@ -18,12 +18,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from redis import exceptions as rexc
 
 from controller.watchers import Janitor, PodWatcher
+from shared.domain.annotations import PodUsage
 from shared.kube import Kube
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
-from tests.redis.test_watcher_records import CFG, pod, reserved
+from tests.redis.helpers import eventually
+from tests.redis.test_watcher_records import CFG, pod, reserved, state
 
 pytestmark = pytest.mark.redis
 
@@ -80,3 +83,50 @@ async def test_a_binder_that_died_under_a_busy_pod_is_not_expired(parts: tuple[L
     assert await janitor.sweep() == [], "the janitor expired the booking of a bound pod"
     s = await led.snapshot("n4")
     assert s is not None and s.reservations["u1"].state == "bound"
+
+
+async def test_a_failed_observe_leaves_the_record_due(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
+    led, mirror, w = parts
+    await reserved(led, mirror, "u1")
+    await w.on_event("MODIFIED", pod("u1"))
+    real = w.ledger.observe
+    calls = 0
+
+    async def observe(uid: str, usage: PodUsage, pod: str = "", keep_bound: bool = False) -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # Redis gone for longer than the ledger's own retries
+            raise rexc.ConnectionError("Connection refused")
+        return await real(uid, usage, pod, keep_bound)
+
+    w.ledger.observe = observe  # type: ignore[method-assign]
+    due = time.monotonic() + w.bound_grace
+    with pytest.raises(rexc.ConnectionError):
+        await w.confirm_due(due)  # the supervisor logs it and runs the loop again
+    assert await w.confirm_due(due) == 1, "the record was dropped with the failed call"
+    await eventually(lambda: state(mirror, "u1") == "bound", what="the watcher confirmed the booking")
+
+
+async def test_a_pod_released_while_its_observe_failed_is_not_booked(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
+    """What the failed call leaves due is judged again: a pod deleted meanwhile is not booked."""
+    led, mirror, w = parts
+    await reserved(led, mirror, "u1")
+    p = pod("u1")
+    await w.on_event("MODIFIED", p)
+
+    async def observe(uid: str, usage: PodUsage, pod: str = "", keep_bound: bool = False) -> dict[str, Any]:
+        await w.on_event("DELETED", p)  # the pod went while the call hung
+        raise rexc.ConnectionError("Connection refused")
+
+    real = w.ledger.observe
+    w.ledger.observe = observe  # type: ignore[method-assign]
+    due = time.monotonic() + w.bound_grace
+    with pytest.raises(rexc.ConnectionError):
+        await w.confirm_due(due)
+    for task in list(w.nudger._tasks):  # the release's nudge (no API here)
+        task.cancel()
+    w.ledger.observe = real  # type: ignore[method-assign]
+    assert await w.confirm_due(due) == 0
+    assert not w.deferred
+    s = await led.snapshot("n4")
+    assert s is not None and "u1" not in s.reservations
