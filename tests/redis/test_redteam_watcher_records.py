@@ -59,6 +59,17 @@ async def test_a_pods_next_events_do_not_postpone_its_confirmation(parts: tuple[
     assert s is not None and s.reservations["u1"].state == "bound"
 
 
+async def test_a_relist_does_not_postpone_it_either(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
+    led, mirror, w = parts
+    await reserved(led, mirror, "u1")
+    p = pod("u1")
+    await w.on_event("MODIFIED", p)
+    first_due = time.monotonic() + w.bound_grace
+    await asyncio.sleep(0.05)
+    await w.on_sync([status_update(p, 1)])
+    assert await w.confirm_due(first_due) == 1, "the re-list moved the record's due later"
+
+
 async def test_a_binder_that_died_under_a_busy_pod_is_not_expired(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
     """Events every 0.1 s, grace 0.3 s: the confirmation loop must confirm the booking before the janitor
     (a 1 s TTL here) finds it pending past its TTL and frees a share the running pod holds."""
