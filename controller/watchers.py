@@ -465,8 +465,12 @@ class PodWatcher:
             return
         if held == "pending" and self.bound_grace > 0:
             # our bind's booking of this very record, which the bind confirms a moment after its Binding: wait
-            # for that instead of a second round trip (confirm_due sends observe if it does not come)
-            self.deferred[uid] = (time.monotonic() + self.bound_grace, digest, str(raw)[:300])
+            # for that instead of a second round trip (confirm_due sends observe if it does not come). The
+            # pod's next events (status updates follow a Binding closely) keep the due the record first got:
+            # pushed later each time, a binder that died would leave the booking pending until it expired
+            prev = self.deferred.get(uid)
+            due = prev[0] if prev is not None and prev[1] == digest else time.monotonic() + self.bound_grace
+            self.deferred[uid] = (due, digest, str(raw)[:300])
             return
         self.deferred.pop(uid, None)
         await self._observe(uid, usage, pod_ref(pod), digest, str(raw)[:300])
@@ -505,8 +509,10 @@ class PodWatcher:
             try:
                 await self._observe(uid, truth.usage, truth.ref, digest, head)
             except BaseException:
-                # not lost with this pass (the supervisor restarts the loop): due again after another grace
-                self.deferred.setdefault(uid, (now + self.bound_grace, digest, head))
+                # not booked (Redis gone past the ledger's retries): due again when the supervisor runs this
+                # loop again, as a failed event is replayed; judged afresh then (released, or handled by a
+                # newer event meanwhile: dropped, or that one's entry kept)
+                self.deferred.setdefault(uid, entry)
                 raise
             sent += 1
         return sent
@@ -560,7 +566,8 @@ class PodWatcher:
         self.seen = {}
         self.truth = {}
         self.unrecorded = {}
-        self.deferred = {}
+        # `deferred` is kept: each listed pod is judged again below (a record keeps its due), and an entry of
+        # a pod the list lacks finds no truth when due and is dropped
         # whole before the first await below (each pod may take a Redis round trip): a nudge due meanwhile
         # sees the pods the list holds waiting, not a view emptied for the re-list
         self.waiting = {str((p.get("metadata") or {}).get("uid")) for p in pods if not is_terminal(p) and self.waits(p)}

@@ -215,22 +215,3 @@ async def test_the_node_in_the_mirror_is_the_records_node(cluster: Ledger) -> No
     finally:
         await mirror.stop()
 
-
-async def test_a_failed_confirmation_is_kept_for_the_next_pass(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
-    """confirm_due raising (an unexpected error; the supervisor restarts its loop) does not drop the record."""
-    led, mirror, w = parts
-    await reserved(led, mirror, "u1")
-    await w.on_event("MODIFIED", pod("u1"))
-
-    async def broken(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("boom")
-
-    real = w.ledger.observe
-    w.ledger.observe = broken  # type: ignore[method-assign]
-    with pytest.raises(RuntimeError):
-        await w.confirm_due(time.monotonic() + w.bound_grace)
-    assert "u1" in w.deferred
-    w.ledger.observe = real  # type: ignore[method-assign]
-    assert await w.confirm_due(time.monotonic() + 3 * w.bound_grace) == 1
-    s = await led.snapshot("n4")
-    assert s is not None and s.reservations["u1"].state == "bound"
