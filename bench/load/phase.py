@@ -81,7 +81,8 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
     cpu_before = cpu_seconds(target.pids)
     profile_window(target.role_pids, signal.SIGUSR1)
     mem_before = memory.sample(target.pids)
-    label = (f"{ph.mode:5s} nodes={ph.nodes} replicas={ph.replicas} rep={ph.rep}"
+    label = (f"{ph.mode:5s} nodes={ph.nodes} replicas={ph.replicas} "
+             + ("warm-up (not measured)" if ph.rep < 0 else f"rep={ph.rep}")
              + (f" pct={ph.percentage}" if ph.percentage else ""))
     say(f"{label}: creating {len(pods)} pods in {ns} "
         f"({'all at once, ' + str(args.concurrency) + ' in flight' if not rate else f'{rate:g}/s'})")

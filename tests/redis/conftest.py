@@ -9,7 +9,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from redis.asyncio import Redis
 
+from controller.watchers import PodWatcher
 from deploy.local.redis import RedisServer
+from shared.config import Config
+from shared.domain.models import CardModel
+from shared.kube import Kube
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
 from tests.redis.helpers import S4000, S5000, inventory
@@ -87,3 +91,19 @@ async def mirror_factory(redis_server: RedisServer) -> AsyncIterator[MirrorFacto
 
     async with mirrors(clients) as make:
         yield make
+
+
+WATCHER_CFG = Config(memory_per_card=(CardModel(S4000),))
+
+
+@pytest.fixture
+async def watched(cluster: Ledger) -> AsyncIterator[tuple[Ledger, Mirror, PodWatcher]]:
+    """The two nodes of `cluster`, a mirror of them, and a pod watcher on a ledger client of its own (its round trips
+    counted apart from the mirror's reads); no API call is made (tests/redis/test_watcher_records.py)."""
+    mirror = Mirror(cluster)
+    await mirror.start()
+    await asyncio.wait_for(mirror.ready.wait(), 5)
+    own = Ledger(cluster.redis)
+    w = PodWatcher(Kube(None), own, mirror, WATCHER_CFG, asyncio.Event())  # type: ignore[arg-type]
+    yield cluster, mirror, w
+    await mirror.stop()

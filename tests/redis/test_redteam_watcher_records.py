@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -22,7 +21,6 @@ from redis import exceptions as rexc
 
 from controller.watchers import Janitor, PodWatcher
 from shared.domain.annotations import PodUsage
-from shared.kube import Kube
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
 from tests.redis.helpers import eventually
@@ -31,23 +29,13 @@ from tests.redis.test_watcher_records import CFG, pod, reserved, state
 pytestmark = pytest.mark.redis
 
 
-@pytest.fixture
-async def parts(cluster: Ledger) -> AsyncIterator[tuple[Ledger, Mirror, PodWatcher]]:
-    mirror = Mirror(cluster)
-    await mirror.start()
-    await asyncio.wait_for(mirror.ready.wait(), 5)
-    w = PodWatcher(Kube(None), Ledger(cluster.redis), mirror, CFG, asyncio.Event())  # type: ignore[arg-type]
-    yield cluster, mirror, w
-    await mirror.stop()
-
-
 def status_update(p: dict[str, Any], n: int) -> dict[str, Any]:
     """The same pod, same record, a newer status (the kubelet's updates after a Binding)."""
     return {**p, "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "n": n}]}}
 
 
-async def test_a_pods_next_events_do_not_postpone_its_confirmation(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
-    led, mirror, w = parts
+async def test_a_pods_next_events_do_not_postpone_its_confirmation(watched: tuple[Ledger, Mirror, PodWatcher]) -> None:
+    led, mirror, w = watched
     await reserved(led, mirror, "u1")  # the binder died before mark_bound
     p = pod("u1")
     await w.on_event("MODIFIED", p)
@@ -59,8 +47,8 @@ async def test_a_pods_next_events_do_not_postpone_its_confirmation(parts: tuple[
     assert s is not None and s.reservations["u1"].state == "bound"
 
 
-async def test_a_relist_does_not_postpone_it_either(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
-    led, mirror, w = parts
+async def test_a_relist_does_not_postpone_it_either(watched: tuple[Ledger, Mirror, PodWatcher]) -> None:
+    led, mirror, w = watched
     await reserved(led, mirror, "u1")
     p = pod("u1")
     await w.on_event("MODIFIED", p)
@@ -70,10 +58,10 @@ async def test_a_relist_does_not_postpone_it_either(parts: tuple[Ledger, Mirror,
     assert await w.confirm_due(first_due) == 1, "the re-list moved the record's due later"
 
 
-async def test_a_binder_that_died_under_a_busy_pod_is_not_expired(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
+async def test_a_binder_that_died_under_a_busy_pod_is_not_expired(watched: tuple[Ledger, Mirror, PodWatcher]) -> None:
     """Events every 0.1 s, grace 0.3 s: the confirmation loop must confirm the booking before the janitor
     (a 1 s TTL here) finds it pending past its TTL and frees a share the running pod holds."""
-    led, mirror, w = parts
+    led, mirror, w = watched
     w.bound_grace = 0.3
     await reserved(led, mirror, "u1")
     p = pod("u1")
@@ -96,8 +84,8 @@ async def test_a_binder_that_died_under_a_busy_pod_is_not_expired(parts: tuple[L
     assert s is not None and s.reservations["u1"].state == "bound"
 
 
-async def test_a_failed_observe_leaves_the_record_due(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
-    led, mirror, w = parts
+async def test_a_failed_observe_leaves_the_record_due(watched: tuple[Ledger, Mirror, PodWatcher]) -> None:
+    led, mirror, w = watched
     await reserved(led, mirror, "u1")
     await w.on_event("MODIFIED", pod("u1"))
     real = w.ledger.observe
@@ -118,9 +106,10 @@ async def test_a_failed_observe_leaves_the_record_due(parts: tuple[Ledger, Mirro
     await eventually(lambda: state(mirror, "u1") == "bound", what="the watcher confirmed the booking")
 
 
-async def test_a_pod_released_while_its_observe_failed_is_not_booked(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
+async def test_a_pod_released_while_its_observe_failed_is_not_booked(
+        watched: tuple[Ledger, Mirror, PodWatcher]) -> None:
     """What the failed call leaves due is judged again: a pod deleted meanwhile is not booked."""
-    led, mirror, w = parts
+    led, mirror, w = watched
     await reserved(led, mirror, "u1")
     p = pod("u1")
     await w.on_event("MODIFIED", p)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -21,15 +20,15 @@ from prometheus_client import REGISTRY
 from controller.watchers import BOUND_GRACE, PodWatcher
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED
-from shared.domain.models import CardModel
 from shared.kube import Kube
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
+from tests.redis.conftest import WATCHER_CFG
 from tests.redis.helpers import S4000, eventually, inventory
 
 pytestmark = pytest.mark.redis
 
-CFG = Config(memory_per_card=(CardModel(S4000),))
+CFG = WATCHER_CFG
 RECORD = "n4-mthreads-0,Mthreads,1024,1:;"  # 2 units (512 MiB each) and 1 core on card 0 of n4
 
 
@@ -45,18 +44,6 @@ def records(outcome: str) -> float:
     return REGISTRY.get_sample_value("mtsched_records_total", {"outcome": outcome}) or 0.0
 
 
-@pytest.fixture
-async def parts(cluster: Ledger) -> AsyncIterator[tuple[Ledger, Mirror, PodWatcher]]:
-    """The watcher on a ledger client of its own (its round trips counted apart from the mirror's reads)."""
-    mirror = Mirror(cluster)
-    await mirror.start()
-    await asyncio.wait_for(mirror.ready.wait(), 5)
-    own = Ledger(cluster.redis)
-    w = PodWatcher(Kube(None), own, mirror, CFG, asyncio.Event())  # type: ignore[arg-type]  # no API call made
-    yield cluster, mirror, w
-    await mirror.stop()
-
-
 async def reserved(led: Ledger, mirror: Mirror, uid: str) -> None:
     """What our bind leaves before its confirmation: the booking pending, seen by the mirror."""
     assert (await led.reserve("n4", uid, [0], 2, 1, 1, pod=f"ns/{uid}"))[0].ok
@@ -69,8 +56,8 @@ def state(mirror: Mirror, uid: str) -> str:
     return r.state if r is not None else ""
 
 
-async def test_a_booking_the_mirror_shows_bound_costs_no_round_trip(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
-    led, mirror, w = parts
+async def test_a_booking_the_mirror_shows_bound_costs_no_round_trip(watched: tuple[Ledger, Mirror, PodWatcher]) -> None:
+    led, mirror, w = watched
     await reserved(led, mirror, "u1")
     assert await led.mark_bound("n4", "u1")
     await eventually(lambda: state(mirror, "u1") == "bound", what="the mirror shows it bound")
@@ -84,8 +71,8 @@ async def test_a_booking_the_mirror_shows_bound_costs_no_round_trip(parts: tuple
     assert w.ledger.round_trips == trips
 
 
-async def test_a_pending_booking_waits_for_the_binds_confirmation(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
-    led, mirror, w = parts
+async def test_a_pending_booking_waits_for_the_binds_confirmation(watched: tuple[Ledger, Mirror, PodWatcher]) -> None:
+    led, mirror, w = watched
     await reserved(led, mirror, "u1")
     trips = w.ledger.round_trips
     await w.on_event("MODIFIED", pod("u1"))
@@ -100,8 +87,8 @@ async def test_a_pending_booking_waits_for_the_binds_confirmation(parts: tuple[L
 
 
 async def test_a_binder_that_never_confirms_is_confirmed_by_the_watcher(
-        parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
-    led, mirror, w = parts
+        watched: tuple[Ledger, Mirror, PodWatcher]) -> None:
+    led, mirror, w = watched
     await reserved(led, mirror, "u1")
     await w.on_event("MODIFIED", pod("u1"))
     observed = records("observed")
@@ -112,8 +99,8 @@ async def test_a_binder_that_never_confirms_is_confirmed_by_the_watcher(
     assert (s.cards[0].mem_used, s.cards[0].cores_used, s.cards[0].slices) == (2, 1, 1)  # booked once
 
 
-async def test_the_supervised_loop_confirms_in_time(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
-    led, mirror, w = parts
+async def test_the_supervised_loop_confirms_in_time(watched: tuple[Ledger, Mirror, PodWatcher]) -> None:
+    led, mirror, w = watched
     w.bound_grace = 0.2
     await reserved(led, mirror, "u1")
     await w.on_event("MODIFIED", pod("u1"))
@@ -133,11 +120,11 @@ async def test_the_supervised_loop_confirms_in_time(parts: tuple[Ledger, Mirror,
     ("more memory", "n4-mthreads-0,Mthreads,2048,1:;"),
     ("more cores", "n4-mthreads-0,Mthreads,1024,2:;"),
 ])
-async def test_a_record_unlike_the_booking_is_sent_at_once(parts: tuple[Ledger, Mirror, PodWatcher], what: str,
+async def test_a_record_unlike_the_booking_is_sent_at_once(watched: tuple[Ledger, Mirror, PodWatcher], what: str,
                                                            record: str) -> None:
     """Bound or pending, a booking that is not the record's never spares the call: bound, the ledger keeps
     it and says the record changed after our bind; pending, the record is booked."""
-    led, mirror, w = parts
+    led, mirror, w = watched
     await reserved(led, mirror, "ub")
     assert await led.mark_bound("n4", "ub")
     await eventually(lambda: state(mirror, "ub") == "bound", what="the mirror shows it bound")
@@ -154,17 +141,17 @@ async def test_a_record_unlike_the_booking_is_sent_at_once(parts: tuple[Ledger, 
     assert s is not None and s.reservations["up"].state == "bound", what
 
 
-async def test_no_booking_in_the_mirror_is_sent_at_once(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
+async def test_no_booking_in_the_mirror_is_sent_at_once(watched: tuple[Ledger, Mirror, PodWatcher]) -> None:
     """After a Redis loss, or a pod bound while the ledger had no booking: observe books the record."""
-    led, _, w = parts
+    led, _, w = watched
     await w.on_event("ADDED", pod("u9"))
     assert not w.deferred
     s = await led.snapshot("n4")
     assert s is not None and s.reservations["u9"].state == "bound"
 
 
-async def test_a_pod_deleted_while_waiting_is_not_booked(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
-    led, mirror, w = parts
+async def test_a_pod_deleted_while_waiting_is_not_booked(watched: tuple[Ledger, Mirror, PodWatcher]) -> None:
+    led, mirror, w = watched
     await reserved(led, mirror, "u1")
     p = pod("u1")
     await w.on_event("MODIFIED", p)
@@ -178,9 +165,9 @@ async def test_a_pod_deleted_while_waiting_is_not_booked(parts: tuple[Ledger, Mi
     assert s is not None and "u1" not in s.reservations and s.cards[0].mem_used == 0
 
 
-async def test_a_relist_starts_over(parts: tuple[Ledger, Mirror, PodWatcher]) -> None:
+async def test_a_relist_starts_over(watched: tuple[Ledger, Mirror, PodWatcher]) -> None:
     """On a re-list every pod is judged again from the list, the waiting ones too."""
-    led, mirror, w = parts
+    led, mirror, w = watched
     await reserved(led, mirror, "u1")
     await w.on_event("MODIFIED", pod("u1"))
     assert await led.mark_bound("n4", "u1")

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from bench import prom
 from bench.load import memory
-from bench.load.cli import plan
+from bench.load.cli import plan, warmup
 from bench.load.external import External, add_options, admit, apply_patch, from_args, tune_scheduler_config
 from bench.load.metrics import api_requests, latency
 from bench.load.phase import LARGE_ANNOTATION, Phase, make_pods
@@ -165,6 +165,15 @@ def test_plan_order_and_sizes() -> None:
     assert [ph.mode for ph, _ in plan(100, 1, 0, _args(no_plain=True, paced_rate=0, large_pods=0), 40)] == [
         "ours", "ours"]
     assert plan(100, 1, 0, _args(large_pods=1000), 40)[-1][1] == 40  # at most the mix
+
+
+def test_warmup_runs_both_profiles_unmeasured_before_a_setting() -> None:
+    got = [(ph.mode, ph.rep, ph.percentage) for ph in warmup(100, 1, 100, _args(warmup_pods=100))]
+    assert got == [("ours", -1, 100), ("plain", -1, 100)]
+    assert [ph.mode for ph in warmup(100, 1, 0, _args(warmup_pods=100, no_plain=True))] == ["ours"]
+    assert warmup(100, 1, 0, _args(warmup_pods=0)) == []
+    # the summary, made from the measured phases only, never sees them (cli.py keeps them in doc["warmups"])
+    assert all(ph.rep >= 0 for ph, _ in plan(100, 1, 0, _args(warmup_pods=100), 40))
 
 
 def _phase(mode: str, replicas: int | str, pods_s: float, pct: int = 0, **res: Any) -> Phase:
