@@ -63,9 +63,9 @@ class Mirror:
     def __init__(self, ledger: Ledger, subscriber: Redis | None = None, resync_seconds: float = 30.0,
                  shapes_only: bool = False):
         """`shapes_only`: the role reads only capacities() and mismatched() (the webhook). A booking then
-        moves the node's (version, stamp) here without decoding its cards or reservation, and announces
-        nothing: the snapshot's usage is left as it was (stale) until a full resync, at most FULL_EVERY
-        periods later. Every other message, and every resync, is applied as without it."""
+        moves the node's (version, stamp) here without decoding its cards or reservation: the snapshot's
+        usage is left as it was (stale) until a full resync, at most FULL_EVERY periods later. Every other
+        message, and every resync, is applied as without it."""
         self.shapes_only = shapes_only
         self.ledger = ledger
         self.subscriber = subscriber or ledger.redis
@@ -298,20 +298,15 @@ class Mirror:
             # anew, or a shard that failed over to a replica lacking our write): merged into ours it would
             # carry the ledger's (version, stamp) with other content, which no periodic resync reads again
             return self._stale(node, "history")
-        if self.shapes_only and kind in BOOKINGS and not msg.get("full", True):
-            if self._bases is not None:
-                self._bases.setdefault(node, []).append(cur)
-            self.nodes[node] = dataclasses.replace(cur, version=version, stamp=str(msg.get("stamp") or ""))
-            self._digests.pop(node, None)  # its usage here is no longer the text last read (if it ever was)
-            self.applied += 1
-            return None
+        # shapes_only: a booking's cards and reservation are left undecoded (the node's usage here goes stale)
+        usage = not (self.shapes_only and kind in BOOKINGS and not msg.get("full", True))
         # Decode everything first, so a malformed message leaves the node as it was. A full message
         # (or one without the flag) carries every card; otherwise only the cards that changed, with
         # false for a card that is gone.
-        cards = msg.get("cards") or {}
+        cards = (msg.get("cards") or {}) if usage else {}
         changed = {int(k): (CardRecord.from_json(int(k), v) if v else None) for k, v in
                    (cards.items() if isinstance(cards, dict) else [])}
-        uid = msg.get("uid")
+        uid = msg.get("uid") if usage else None
         res = msg.get("res") if uid else None
         new_res = Reservation.from_json(str(uid), res) if uid and res else None
         new_cards: Mapping[int, CardRecord] = cur.cards
