@@ -93,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
                         "after a start pays their warm-up, which fell on ours alone (0: none; default 100)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a phase may take to bind (default 300)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain kube-scheduler phases")
+    p.add_argument("--also-plain2", action="store_true",
+                   help="after each plain phase, one more with the baseline of runs before 2026-12-04: plain pods "
+                        "without the vgpu twin, two extended resources to ours' three (bench/workload.py "
+                        "PLAIN_VGPU); reported as plain2 beside plain")
     p.add_argument("--micro-iterations", type=int, default=1000,
                    help="in-process filter calls per node count (0: skip)")
     p.add_argument("--seed", type=int, default=7)
@@ -269,8 +273,8 @@ def plan(n: int, replicas: int | str, pct: int, args: argparse.Namespace, pods: 
     paced, large."""
     out: list[tuple[Phase, int]] = []
     for rep in range(args.repeat):
-        for mode in (["ours", "plain"] if rep % 2 == 0 else ["plain", "ours"]):
-            if mode == "plain" and args.no_plain:
+        for mode in (["ours", "plain", "plain2"] if rep % 2 == 0 else ["plain", "plain2", "ours"]):
+            if (mode.startswith("plain") and args.no_plain) or (mode == "plain2" and not args.also_plain2):
                 continue
             out.append((Phase(mode, n, replicas, rep, rate=args.rate, percentage=pct), pods))
     if args.paced_rate and args.paced_pods:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.workload import CORE, MEM, PLAIN_CORE, PLAIN_MEM
+from bench.workload import CORE, MEM, PLAIN_CORE, PLAIN_MEM, PLAIN_VGPU, PLAIN_VGPU_CAPACITY
 from shared.config import redact_url
 from shared.serving.logs import Progress
 
@@ -219,6 +219,7 @@ async def ensure_nodes(kube: Any, count: int, kwok: bool, say: Progress,
         for res in ("capacity", "allocatable"):  # the plain pods' twins (bench/workload.py PLAIN_MEM)
             have = body["status"][res]
             have[PLAIN_MEM], have[PLAIN_CORE] = have[MEM], have[CORE]
+            have[PLAIN_VGPU] = str(PLAIN_VGPU_CAPACITY)
         if kwok:
             body["metadata"]["annotations"] = {KWOK_ANNOTATION: "fake"}
             body["metadata"]["labels"]["type"] = "kwok"

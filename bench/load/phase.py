@@ -32,6 +32,7 @@ from shared.serving.logs import Progress
 WHOLE_CARD_MEMORY = 160  # the webhook gives exclusive/multi pods the largest reported model: S5000
 LARGE_ANNOTATION = "bench.mtsched.io/payload"  # the large pods' filler (not a key the webhook owns)
 OUR_MODES = ("ours", "paced", "large")  # through our webhook and extender
+PLAIN_MODES = ("plain", "plain2")  # default-scheduler; plain2: without the vgpu twin (--also-plain2)
 
 
 @dataclass
@@ -54,7 +55,7 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
     run = uuid.uuid4().hex[:6]
     ns = f"bench-{ph.mode}-{run}"
     ns_labels = {RUN_LABEL: run}
-    if ph.mode in ("plain", "external"):  # external: created already admitted, the webhook must not see them
+    if ph.mode in (*PLAIN_MODES, "external"):  # external: created already admitted, the webhook must not see them
         ns_labels[IGNORE_LABEL] = ns_labels[CHART_IGNORE_LABEL] = "ignore"
     await kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns, "labels": ns_labels}})
     ours = ph.mode in OUR_MODES
@@ -242,8 +243,9 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
 
 def make_pods(ph: Phase, mix: list[Shape], run: str) -> list[dict[str, Any]]:
     """The phase's pods: plain twins, pods as users write them (ours), or as our webhook admits them."""
-    if ph.mode == "plain":
-        return [plain_pod(f"p{i:05d}", s, run, WHOLE_CARD_MEMORY) for i, s in enumerate(mix)]
+    if ph.mode in PLAIN_MODES:
+        return [plain_pod(f"p{i:05d}", s, run, WHOLE_CARD_MEMORY, vgpu_twin=ph.mode == "plain")
+                for i, s in enumerate(mix)]
     pods = [our_pod(f"p{i:05d}", s, run) for i, s in enumerate(mix)]
     if ph.mode == "large":
         filler = "x" * (ph.large_kb * 1000)

@@ -58,6 +58,7 @@ def summarize(phases: list[Phase], fine: bool, node_memory: list[dict[str, Any]]
                     and (mode == "external" or str(p.replicas) == replicas)]
 
         ours, plain, paced, large, ext = sel("ours"), sel("plain"), sel("paced"), sel("large"), sel("external")
+        plain2 = sel("plain2")
         if not ours and not paced and not large:
             continue
         o = [p.result["throughput_pods_s"] for p in ours]
@@ -101,6 +102,15 @@ def summarize(phases: list[Phase], fine: bool, node_memory: list[dict[str, Any]]
             # per phase (burst phases, then paced): the policy's packing, nodes and cards holding a slice
             "nodes_used": [c.get("nodes_used") for c in corr], "cards_used": [c.get("cards_used") for c in corr],
         }
+        if plain2:  # --also-plain2: the baseline of runs before 2026-12-04, side by side
+            p2 = [p.result["throughput_pods_s"] for p in plain2]
+            m2 = statistics.fmean(p2)
+            row.update({"plain2_pods_s": round(m2, 1), "plain2_pods_s_all": p2,
+                        "ratio_plain2": round(statistics.fmean(o) / m2, 3) if o and m2 else None,
+                        "cpu_ms_per_pod_plain2": _mean_dicts([p.result.get("cpu_ms_per_pod", {}) for p in plain2]),
+                        "scheduler_algorithm_ms_plain2": round(statistics.fmean(
+                            [p.result["scheduling_cycle"]["mean_ms"] for p in plain2
+                             if p.result.get("scheduling_cycle")] or [0]), 2)})
         rec = next((m for m in node_memory or [] if m["nodes"] == nodes and str(m["replicas"]) == replicas
                     and m["percentage"] == pct), None)
         row.update(memory_fields(ours, large, ours + paced + large, rec))
@@ -165,6 +175,17 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
                     str(r["unannotated_bound"]), str(r["leaked_reservations"]), str(r["pending_after_timeout"]),
                     f"{r.get('schedule_attempts_error', '-')}/{r.get('schedule_attempts_error_plain', '-')}"]
                    for r in rows])
+    p2_rows = [r for r in rows if r.get("plain2_pods_s") is not None]
+    if p2_rows:
+        lines += ["", "The baseline of runs before 2026-12-04 beside it (plain2: plain pods without the vgpu twin, two "
+                  "extended resources to ours' three)"]
+        lines += grid(("nodes", "ext", "pct", "plain/s", "plain2/s", "ratio", "ratio to plain2",
+                       "sched algo ms plain/plain2", "CPU ms/pod plain/plain2"),
+                      [[str(r["nodes"]), r["replicas"], pct(r), f(r["plain_pods_s"]), f(r["plain2_pods_s"]),
+                        f(r["ratio"], 2), f(r["ratio_plain2"], 2),
+                        f"{f(r['scheduler_algorithm_ms_plain'])}/{f(r['scheduler_algorithm_ms_plain2'])}",
+                        f"{f(sum(r['cpu_ms_per_pod_plain'].values()))}/{f(sum(r['cpu_ms_per_pod_plain2'].values()))}"]
+                       for r in p2_rows])
     ext_rows = [r for r in rows if r.get("external")]
     if ext_rows:
         lines += ["", "An extender started outside the bench, same nodes and pods (created already admitted)"]

@@ -153,8 +153,8 @@ def test_large_pods_carry_the_annotation() -> None:
 
 
 def _args(**kw: Any) -> argparse.Namespace:
-    base = {"repeat": 2, "no_plain": False, "rate": 0.0, "paced_rate": 50.0, "paced_pods": 10, "large_pods": 5,
-            "large_annotation_kb": 50}
+    base = {"repeat": 2, "no_plain": False, "also_plain2": False, "rate": 0.0, "paced_rate": 50.0, "paced_pods": 10,
+            "large_pods": 5, "large_annotation_kb": 50}
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -165,6 +165,22 @@ def test_plan_order_and_sizes() -> None:
     assert [ph.mode for ph, _ in plan(100, 1, 0, _args(no_plain=True, paced_rate=0, large_pods=0), 40)] == [
         "ours", "ours"]
     assert plan(100, 1, 0, _args(large_pods=1000), 40)[-1][1] == 40  # at most the mix
+    # --also-plain2: the baseline before 2026-12-04 right after each plain phase, never without plain
+    both = _args(also_plain2=True, paced_rate=0, large_pods=0)
+    assert [(ph.mode, ph.rep) for ph, _ in plan(100, 1, 0, both, 40)] == [
+        ("ours", 0), ("plain", 0), ("plain2", 0), ("plain", 1), ("plain2", 1), ("ours", 1)]
+    assert [ph.mode for ph, _ in plan(100, 1, 0, _args(also_plain2=True, no_plain=True, paced_rate=0,
+                                                       large_pods=0), 40)] == ["ours", "ours"]
+
+
+def test_summary_sets_the_old_baseline_beside_plain() -> None:
+    rows = summarize([_phase("ours", 1, 60.0), _phase("plain", 1, 100.0), _phase("plain2", 1, 120.0),
+                      _phase("ours", 1, 40.0), _phase("plain", 1, 80.0), _phase("plain2", 1, 80.0)], fine=True)
+    r = rows[0]
+    assert (r["plain_pods_s"], r["plain2_pods_s"], r["ratio"], r["ratio_plain2"]) == (90.0, 100.0, 0.556, 0.5)
+    assert r["plain2_pods_s_all"] == [120.0, 80.0]
+    assert "ratio to plain2" in table(rows, [])
+    assert "plain2_pods_s" not in summarize([_phase("ours", 1, 60.0), _phase("plain", 1, 100.0)], fine=True)[0]
 
 
 def test_warmup_runs_both_profiles_unmeasured_before_a_setting() -> None:
@@ -249,20 +265,28 @@ def test_batch_attempts_are_counted_per_profile() -> None:
 
 def test_plain_pods_ask_for_twins_our_roles_ignore() -> None:
     """The plain phase must cost kube-scheduler what ours does at node level, and our roles nothing: its pods
-    ask for the twins of sgpu-memory/sgpu-core (same amounts), which the product does not read."""
-    from bench.workload import PLAIN_CORE, PLAIN_MEM
+    ask for twins of the three resources our admitted pods ask for (same amounts), which the product does not
+    read; plain2 (--also-plain2), the baseline before 2026-12-04, for twins of sgpu-memory/sgpu-core only."""
+    from bench.workload import PLAIN_CORE, PLAIN_MEM, PLAIN_VGPU, PLAIN_VGPU_CAPACITY, admitted_pod
     from controller.watchers import unaccounted
     from shared.config import load_config
 
     cfg = load_config(env={}, flags={"memoryPerCard": "96,160"})
     mix = shapes(200, 7)
-    for s, p in zip(mix, make_pods(Phase("plain", 10, "x", 0), mix, "r"), strict=True):
+    assert {s.vgpu for s in mix} == {1, 2}
+    assert 110 * max(s.vgpu for s in mix) < PLAIN_VGPU_CAPACITY  # never what decides a plain placement
+    for s, p, old in zip(mix, make_pods(Phase("plain", 10, "x", 0), mix, "r"),
+                         make_pods(Phase("plain2", 10, "x", 0), mix, "r"), strict=True):
         limits = p["spec"]["containers"][0]["resources"]["limits"]
-        assert set(limits) == {PLAIN_MEM, PLAIN_CORE}
-        assert (int(limits[PLAIN_MEM]), int(limits[PLAIN_CORE])) == s.admitted(160)
-        bound = {**p, "metadata": {**p["metadata"], "namespace": "n", "uid": "u"},
-                 "spec": {**p["spec"], "nodeName": "bench-node-00001"}}
-        assert unaccounted(bound, cfg) is None  # bound without a record, and nothing for our watchers
+        ours = admitted_pod("x", s, 160)["spec"]["containers"][0]["resources"]["limits"]
+        assert set(limits) == {PLAIN_VGPU, PLAIN_MEM, PLAIN_CORE} and len(limits) == len(ours) == 3
+        assert (int(limits[PLAIN_VGPU]), int(limits[PLAIN_MEM]), int(limits[PLAIN_CORE])) == (s.vgpu, *s.admitted(160))
+        assert old["spec"]["containers"][0]["resources"]["limits"] == {PLAIN_MEM: limits[PLAIN_MEM],
+                                                                       PLAIN_CORE: limits[PLAIN_CORE]}
+        for pod in (p, old):
+            bound = {**pod, "metadata": {**pod["metadata"], "namespace": "n", "uid": "u"},
+                     "spec": {**pod["spec"], "nodeName": "bench-node-00001"}}
+            assert unaccounted(bound, cfg) is None  # bound without a record, and nothing for our watchers
 
 
 def _bench_scrape(*verbs: str) -> prom.Scrape:
