@@ -24,8 +24,8 @@ PLAIN_MEM, PLAIN_CORE = "bench.mtsched.io/sgpu-memory", "bench.mtsched.io/sgpu-c
 # ... and of VGPU, which our pods ask for too. In ours kube-scheduler validates its name on every node and
 # then leaves it to the extender (managedResources, ignoredByScheduler); the nodes offer the twin in an
 # amount no pod mix reaches (PLAIN_VGPU_CAPACITY), so it never decides a placement either. Runs before
-# 2026-12-04 left it out (`--plain-resources 2`): plain then checked two resources per node to ours' three,
-# ~0.3 ms less of kube-scheduler's CPU per pod at 500 nodes (docs/benchmarks.md).
+# 2026-12-04 left it out (mode plain2, `--also-plain2`): plain then checked two resources per node to ours' three,
+# about 0.5 ms less of kube-scheduler's CPU per pod at 500 nodes (pprof, docs/benchmarks.md).
 PLAIN_VGPU = "bench.mtsched.io/vgpu"
 PLAIN_VGPU_CAPACITY = 1000  # > 110 pods per node x 2 cards per pod
 IGNORE_LABEL = "mtsched.io/webhook"  # on a namespace, "ignore" skips the webhook (stack.py WEBHOOK_NAMESPACE_SELECTOR)

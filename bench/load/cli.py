@@ -12,9 +12,10 @@ two phases on the same nodes, in alternating order:
 * ours: --pods pods (slices, exclusive cards, two-card pods) created through the admission webhook
   and placed by kube-scheduler's `hami-scheduler` profile calling our extender (filter, prioritize,
   bind);
-* plain: the same pods as kube-scheduler sees them after admission, without mthreads.com/vgpu
-  (same sgpu-memory/sgpu-core, node-level extended resources), labeled so the webhook ignores
-  them, placed by the `default-scheduler` profile with no extender call.
+* plain: the same pods as kube-scheduler sees them after admission, their three extended resources
+  (vgpu, sgpu-memory, sgpu-core) asked as node-level twins our roles do not read, labeled so the
+  webhook ignores them, placed by the `default-scheduler` profile with no extender call
+  (--also-plain2: also the baseline before 2026-12-04, without the vgpu twin).
 
 then one more run of ours at a steady rate (--paced-rate, default 50 pods/s), for latency at a
 load the machine sustains, and one of ours with large pods (--large-pods, each carrying a
@@ -86,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(0: skip; default 1000)")
     p.add_argument("--large-annotation-kb", type=int, default=50,
                    help="the large pods' annotation, KB per pod (default 50)")
-    p.add_argument("--repeat", type=int, default=2, help="ours/plain pairs per setting, order alternating (default 2)")
+    p.add_argument("--repeat", type=int, default=2,
+                   help="ours/plain pairs (--also-plain2: ours/plain/plain2) per setting, order mirrored (default 2)")
     p.add_argument("--warmup-pods", type=int, default=100,
                    help="before the measured phases of each setting, this many pods through ours and then plain, "
                         "not measured: kube-scheduler and our roles were just (re)started, and the first burst "
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a phase may take to bind (default 300)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain kube-scheduler phases")
     p.add_argument("--also-plain2", action="store_true",
-                   help="after each plain phase, one more with the baseline of runs before 2026-12-04: plain pods "
+                   help="beside each plain phase, one more with the baseline of runs before 2026-12-04: plain pods "
                         "without the vgpu twin, two extended resources to ours' three (bench/workload.py "
                         "PLAIN_VGPU); reported as plain2 beside plain")
     p.add_argument("--micro-iterations", type=int, default=1000,
@@ -273,7 +275,8 @@ def plan(n: int, replicas: int | str, pct: int, args: argparse.Namespace, pods: 
     paced, large."""
     out: list[tuple[Phase, int]] = []
     for rep in range(args.repeat):
-        for mode in (["ours", "plain", "plain2"] if rep % 2 == 0 else ["plain", "plain2", "ours"]):
+        # mirrored (ABC, CBA): over an even --repeat every mode has the same mean position, plain2 included
+        for mode in (["ours", "plain", "plain2"] if rep % 2 == 0 else ["plain2", "plain", "ours"]):
             if (mode.startswith("plain") and args.no_plain) or (mode == "plain2" and not args.also_plain2):
                 continue
             out.append((Phase(mode, n, replicas, rep, rate=args.rate, percentage=pct), pods))

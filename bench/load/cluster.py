@@ -204,36 +204,52 @@ def node_model(name: str) -> int:
     return 96 if int(name.rsplit("-", 1)[1]) % 2 == 0 else 160
 
 
+def twins(name: str) -> dict[str, str]:
+    """The plain pods' twins a simulated node offers (bench/workload.py PLAIN_MEM, PLAIN_VGPU)."""
+    from deploy.local import nodes as simulated
+
+    have = simulated.gpu_node(name, node_model(name), sliced_cards=CARDS_PER_NODE)["status"]["allocatable"]
+    return {PLAIN_MEM: have[MEM], PLAIN_CORE: have[CORE], PLAIN_VGPU: str(PLAIN_VGPU_CAPACITY)}
+
+
+def node_body(name: str, kwok: bool) -> dict[str, Any]:
+    """A simulated node as the bench creates it: 8 cards of its model, and the plain pods' twins."""
+    from deploy.local import nodes as simulated
+
+    body = simulated.gpu_node(name, node_model(name), sliced_cards=CARDS_PER_NODE, labels={NODE_LABEL: "true"})
+    for res in ("capacity", "allocatable"):
+        body["status"][res].update(twins(name))
+    if kwok:
+        body["metadata"]["annotations"] = {KWOK_ANNOTATION: "fake"}
+        body["metadata"]["labels"]["type"] = "kwok"
+        body["spec"]["taints"] = [{"key": KWOK_ANNOTATION, "value": "fake", "effect": "NoSchedule"}]
+    return body
+
+
 async def ensure_nodes(kube: Any, count: int, kwok: bool, say: Progress,
                        concurrency: int = 32) -> tuple[list[str], int]:
     """The simulated nodes bench-node-00000.. (count of them, created or removed to match), and how many
     were created now. Creates run `concurrency` at a time (5,000 nodes: about a minute here)."""
-    from deploy.local import nodes as simulated
-
-    existing = {n["metadata"]["name"] for n in await list_all(kube, "/api/v1/nodes", labelSelector=NODE_LABEL)}
+    nodes = await list_all(kube, "/api/v1/nodes", labelSelector=NODE_LABEL)
+    existing = {n["metadata"]["name"] for n in nodes}
     want = [f"{NODE_PREFIX}{i:05d}" for i in range(count)]
     todo = [n for n in want if n not in existing]
 
-    def make(name: str) -> dict[str, Any]:
-        body = simulated.gpu_node(name, node_model(name), sliced_cards=CARDS_PER_NODE, labels={NODE_LABEL: "true"})
-        for res in ("capacity", "allocatable"):  # the plain pods' twins (bench/workload.py PLAIN_MEM)
-            have = body["status"][res]
-            have[PLAIN_MEM], have[PLAIN_CORE] = have[MEM], have[CORE]
-            have[PLAIN_VGPU] = str(PLAIN_VGPU_CAPACITY)
-        if kwok:
-            body["metadata"]["annotations"] = {KWOK_ANNOTATION: "fake"}
-            body["metadata"]["labels"]["type"] = "kwok"
-            body["spec"]["taints"] = [{"key": KWOK_ANNOTATION, "value": "fake", "effect": "NoSchedule"}]
-        return body
-
     t = time.monotonic()
-    await gather_limited(concurrency, [lambda n=n: kube.request("POST", "/api/v1/nodes", make(n))  # type: ignore[misc]
-                                       for n in todo])
+    await gather_limited(concurrency, [lambda n=n: kube.request("POST", "/api/v1/nodes",  # type: ignore[misc]
+                                                                node_body(n, kwok)) for n in todo])
+    # nodes kept from an earlier run (--keep-nodes, --kubeconfig) may lack a twin (the vgpu one before
+    # 2026-12-04): every plain pod would then wait out --timeout, unschedulable
+    stale = [n["metadata"]["name"] for n in nodes if n["metadata"]["name"] in want
+             and twins(n["metadata"]["name"]).keys() - (n.get("status", {}).get("allocatable") or {}).keys()]
+    await gather_limited(concurrency, [lambda n=n: kube.request(  # type: ignore[misc]
+        "PATCH", f"/api/v1/nodes/{n}/status", {"status": {"capacity": twins(n), "allocatable": twins(n)}},
+        content_type="application/merge-patch+json") for n in stale])
     extra = sorted(existing - set(want))
     await gather_limited(concurrency, [lambda n=n: kube.request("DELETE", f"/api/v1/nodes/{n}", ok=(200, 202, 404))  # type: ignore[misc]
                               for n in extra])
     say(f"nodes: {count} ({count // 2} S4000 + {count - count // 2} S5000, {CARDS_PER_NODE} cards each): "
-        f"created {len(todo)}, removed {len(extra)} in {time.monotonic() - t:.1f}s")
+        f"created {len(todo)}, removed {len(extra)}, twins added to {len(stale)} in {time.monotonic() - t:.1f}s")
     return want, len(todo)
 
 

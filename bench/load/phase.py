@@ -37,7 +37,7 @@ PLAIN_MODES = ("plain", "plain2")  # default-scheduler; plain2: without the vgpu
 
 @dataclass
 class Phase:
-    mode: str  # ours | plain | paced (ours at a steady rate) | large (ours, big annotation) | external
+    mode: str  # ours | plain | plain2 (plain without the vgpu twin) | paced (ours at a steady rate) | large | external
     nodes: int
     replicas: int | str  # extender replicas, or the external extender's name
     rep: int
@@ -82,7 +82,7 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
     cpu_before = cpu_seconds(target.pids)
     profile_window(target.role_pids, signal.SIGUSR1)
     mem_before = memory.sample(target.pids)
-    label = (f"{ph.mode:5s} nodes={ph.nodes} replicas={ph.replicas} "
+    label = (f"{ph.mode:6s} nodes={ph.nodes} replicas={ph.replicas} "
              + ("warm-up (not measured)" if ph.rep < 0 else f"rep={ph.rep}")
              + (f" pct={ph.percentage}" if ph.percentage else ""))
     say(f"{label}: creating {len(pods)} pods in {ns} "
@@ -165,6 +165,8 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
     res["batch_attempts"] = batch_attempts(d)
     res["api_requests_per_pod"] = api_requests(d, bound)
     res["percentage_of_nodes_to_score"] = ph.percentage
+    if ph.mode in PLAIN_MODES:  # which baseline this was (results before 2026-12-04: the two of plain2)
+        res["extended_resources"] = sorted(pods[0]["spec"]["containers"][0]["resources"]["limits"]) if pods else []
     if ph.large_kb:
         res["annotation_kb_per_pod"] = ph.large_kb
     res["rss_mib_before"] = memory.mib(mem_before)

@@ -165,10 +165,13 @@ def test_plan_order_and_sizes() -> None:
     assert [ph.mode for ph, _ in plan(100, 1, 0, _args(no_plain=True, paced_rate=0, large_pods=0), 40)] == [
         "ours", "ours"]
     assert plan(100, 1, 0, _args(large_pods=1000), 40)[-1][1] == 40  # at most the mix
-    # --also-plain2: the baseline before 2026-12-04 right after each plain phase, never without plain
+    # --also-plain2: the baseline before 2026-12-04 beside each plain phase, never without plain; the order
+    # mirrored (ABC, CBA), so that no mode runs systematically earlier than another (the machine drifts)
     both = _args(also_plain2=True, paced_rate=0, large_pods=0)
-    assert [(ph.mode, ph.rep) for ph, _ in plan(100, 1, 0, both, 40)] == [
-        ("ours", 0), ("plain", 0), ("plain2", 0), ("plain", 1), ("plain2", 1), ("ours", 1)]
+    order = [(ph.mode, ph.rep) for ph, _ in plan(100, 1, 0, both, 40)]
+    assert order == [("ours", 0), ("plain", 0), ("plain2", 0), ("plain2", 1), ("plain", 1), ("ours", 1)]
+    for m in ("ours", "plain", "plain2"):
+        assert sum(i % 3 for i, (mode, _) in enumerate(order) if mode == m) == 2  # same mean position
     assert [ph.mode for ph, _ in plan(100, 1, 0, _args(also_plain2=True, no_plain=True, paced_rate=0,
                                                        large_pods=0), 40)] == ["ours", "ours"]
 
@@ -267,9 +270,22 @@ def test_plain_pods_ask_for_twins_our_roles_ignore() -> None:
     """The plain phase must cost kube-scheduler what ours does at node level, and our roles nothing: its pods
     ask for twins of the three resources our admitted pods ask for (same amounts), which the product does not
     read; plain2 (--also-plain2), the baseline before 2026-12-04, for twins of sgpu-memory/sgpu-core only."""
-    from bench.workload import PLAIN_CORE, PLAIN_MEM, PLAIN_VGPU, PLAIN_VGPU_CAPACITY, admitted_pod
+    from dataclasses import replace
+
+    from bench.load.cluster import node_body
+    from bench.load.external import admit
+    from bench.workload import PLAIN_CORE, PLAIN_MEM, PLAIN_VGPU, PLAIN_VGPU_CAPACITY, admitted_pod, our_pod
     from controller.watchers import unaccounted
-    from shared.config import load_config
+    from shared.config import Config, load_config
+    from shared.domain.models import CardModel
+
+    acfg = replace(Config(), memory_per_card=(CardModel(96), CardModel(160)))
+    for name in ("bench-node-00000", "bench-node-00001"):  # both models: the nodes offer every twin
+        for res in ("capacity", "allocatable"):
+            have = node_body(name, False)["status"][res]
+            assert (have[PLAIN_MEM], have[PLAIN_CORE]) == (have["mthreads.com/sgpu-memory"],
+                                                           have["mthreads.com/sgpu-core"])
+            assert int(have["pods"]) * 2 < int(have[PLAIN_VGPU]) == PLAIN_VGPU_CAPACITY  # never decides a placement
 
     cfg = load_config(env={}, flags={"memoryPerCard": "96,160"})
     mix = shapes(200, 7)
@@ -279,6 +295,8 @@ def test_plain_pods_ask_for_twins_our_roles_ignore() -> None:
                          make_pods(Phase("plain2", 10, "x", 0), mix, "r"), strict=True):
         limits = p["spec"]["containers"][0]["resources"]["limits"]
         ours = admitted_pod("x", s, 160)["spec"]["containers"][0]["resources"]["limits"]
+        real = admit(our_pod("x", s, "r"), acfg, (96, 160))["spec"]["containers"][0]["resources"]["limits"]
+        assert real == ours  # what the webhook's decision really gives kube-scheduler: three, same amounts
         assert set(limits) == {PLAIN_VGPU, PLAIN_MEM, PLAIN_CORE} and len(limits) == len(ours) == 3
         assert (int(limits[PLAIN_VGPU]), int(limits[PLAIN_MEM]), int(limits[PLAIN_CORE])) == (s.vgpu, *s.admitted(160))
         assert old["spec"]["containers"][0]["resources"]["limits"] == {PLAIN_MEM: limits[PLAIN_MEM],
