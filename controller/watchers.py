@@ -15,7 +15,7 @@ import functools
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -517,6 +517,17 @@ class PodWatcher:
             sent += 1
         return sent
 
+    async def confirm_now(self, uids: Iterable[str]) -> int:
+        """The records of these pods that wait for our bind's confirmation, sent now whatever their due: the
+        janitor is about to expire their pending bookings. A record first seen late in its booking's TTL (a
+        watch that lagged) would otherwise wait its grace past the TTL, and a binder that died before
+        confirming would have the running pod's share freed. Returns how many were sent."""
+        for uid in uids:
+            entry = self.deferred.get(uid)
+            if entry is not None:
+                self.deferred[uid] = (0.0, entry[1], entry[2])
+        return await self.confirm_due()
+
     async def confirm_deferred(self) -> None:
         """confirm_due, every half grace (for a supervisor to run)."""
         while True:
@@ -593,19 +604,27 @@ class Janitor:
     """Reclaims pending reservations whose binder died or gave up, after the TTL."""
 
     def __init__(self, ledger: Ledger, mirror: Mirror, cfg: Config, interval: float = 5.0,
-                 nudger: Nudger | None = None):
+                 nudger: Nudger | None = None,
+                 before_expire: Callable[[list[str]], Awaitable[object]] | None = None):
         self.nudger = nudger
         self.ledger = ledger
         self.mirror = mirror
         self.ttl = cfg.pending_ttl_seconds
         self.interval = interval
+        # called with the uids of pending bookings past the TTL before they are expired: the pod watcher
+        # confirms those whose record it holds back (PodWatcher.confirm_now), so a record seen late is booked
+        self.before_expire = before_expire
 
     async def sweep(self) -> list[str]:
         # Reservations are stamped with Redis's clock, so age is measured on it: this host's may be off.
         now = await self.ledger.redis_time_ms()
         gone: list[str] = []
         for node, snap in list(self.mirror.nodes.items()):
-            if any(r.state == "pending" and now - r.created > self.ttl * 1000 for r in snap.reservations.values()):
+            old = [r.uid for r in snap.reservations.values()
+                   if r.state == "pending" and now - r.created > self.ttl * 1000]
+            if old:
+                if self.before_expire is not None:
+                    await self.before_expire(old)
                 expired = await self.ledger.expire(node, self.ttl)
                 RELEASES.labels("expired").inc(len(expired))
                 if expired and self.nudger:

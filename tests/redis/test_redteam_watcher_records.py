@@ -130,3 +130,38 @@ async def test_a_pod_released_while_its_observe_failed_is_not_booked(
     assert not w.deferred
     s = await led.snapshot("n4")
     assert s is not None and "u1" not in s.reservations
+
+
+async def _aged(led: Ledger, uid: str, ttl: int) -> None:
+    """Until the booking is older than `ttl` s on Redis's clock, the janitor's."""
+    s = await led.snapshot("n4")
+    assert s is not None
+    created = s.reservations[uid].created
+
+    async def old() -> bool:
+        return await led.redis_time_ms() - created > ttl * 1000
+
+    await eventually(old, what="the booking is past its TTL")
+
+
+@pytest.mark.parametrize("wired", [True, False])
+async def test_a_record_seen_late_in_its_ttl_is_booked_before_the_janitor_expires_it(
+        watched: tuple[Ledger, Mirror, PodWatcher], wired: bool) -> None:
+    """The watch lagged: the record arrives when the pending booking is almost at its TTL, and the binder died
+    before confirming. The record waits its grace for a confirmation that never comes, and the janitor's next
+    sweep would free a share the running pod holds. Wired as the watcher role wires it (controller/roles.py),
+    the janitor has the watcher book those records first; unwired (the control), the booking is expired."""
+    led, mirror, w = watched
+    await reserved(led, mirror, "u1")
+    await w.on_event("MODIFIED", pod("u1"))
+    assert "u1" in w.deferred  # held back for the bind's confirmation
+    janitor = Janitor(led, mirror, CFG, before_expire=w.confirm_now if wired else None)
+    janitor.ttl = 1  # the least the expire script takes
+    await _aged(led, "u1", janitor.ttl)
+    gone = await janitor.sweep()
+    s = await led.snapshot("n4")
+    assert s is not None
+    if wired:
+        assert gone == [] and s.reservations["u1"].state == "bound" and not w.deferred
+    else:
+        assert gone == ["u1"] and "u1" not in s.reservations
