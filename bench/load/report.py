@@ -46,6 +46,13 @@ def memory_fields(ours: list[Phase], large: list[Phase], every: list[Phase], nod
     }
 
 
+def pair_ratios(ours: list[Phase], plain: list[Phase]) -> list[float]:
+    """ours/plain pods/s per --repeat round that has both, in round order."""
+    by_rep = {p.rep: p.result["throughput_pods_s"] for p in plain}
+    return [round(o.result["throughput_pods_s"] / by_rep[o.rep], 3) for o in sorted(ours, key=lambda p: p.rep)
+            if by_rep.get(o.rep)]
+
+
 def summarize(phases: list[Phase], fine: bool, node_memory: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """One row per (nodes, replicas, percentageOfNodesToScore); an external extender's runs at the same
     nodes and percentage go into every such row, beside ours and plain."""
@@ -74,6 +81,9 @@ def summarize(phases: list[Phase], fine: bool, node_memory: list[dict[str, Any]]
             "plain_pods_s": round(statistics.fmean(pl), 1) if pl else None, "plain_pods_s_all": pl,
             "ratio": round(statistics.fmean(o) / statistics.fmean(pl), 3) if o and pl and statistics.fmean(pl)
             else None,
+            # each pair's own ratio (ours and plain of the same --repeat round, run back to back): the spread
+            # the machine's drift leaves in one cell
+            "ratio_pairs": pair_ratios(ours, plain),
             "latency_ms": latency(merged, fine),
             "filter_nodes_mean": round(statistics.fmean([p.result["filter_nodes_mean"] for p in checked
                                                          if p.result.get("filter_nodes_mean")] or [0]), 1),
@@ -164,10 +174,11 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
         return str(r.get("percentage_of_nodes_to_score") or "default")
 
     lines = ["Throughput (pods created all at once; pods/s from first create to last bind)"]
-    lines += grid(("nodes", "ext", "pct", "ours/s", "plain/s", "ratio", "sched algo ms ours/plain",
+    lines += grid(("nodes", "ext", "pct", "ours/s", "plain/s", "ratio", "per pair", "sched algo ms ours/plain",
                    "CPU ms/pod ours/plain", "RT/pod", "overcommit", "unannot", "leaks", "pending",
                    "attempts error ours/plain"),
                   [[str(r["nodes"]), r["replicas"], pct(r), f(r["ours_pods_s"]), f(r["plain_pods_s"]), f(r["ratio"], 2),
+                    ", ".join(f(x, 2) for x in r.get("ratio_pairs") or []) or "-",
                     f"{f(r['scheduler_algorithm_ms_ours'])}/{f(r['scheduler_algorithm_ms_plain'])}",
                     f"{f(sum(r['cpu_ms_per_pod_ours'].values()))}/{f(sum(r['cpu_ms_per_pod_plain'].values()))}",
                     f(r["redis_per_pod_extender"], 2),

@@ -182,6 +182,9 @@ def test_summary_sets_the_old_baseline_beside_plain() -> None:
     r = rows[0]
     assert (r["plain_pods_s"], r["plain2_pods_s"], r["ratio"], r["ratio_plain2"]) == (90.0, 100.0, 0.556, 0.5)
     assert r["plain2_pods_s_all"] == [120.0, 80.0]
+    rounds = [_phase("ours", 1, 60.0), _phase("plain", 1, 100.0), _phase("plain", 1, 80.0), _phase("ours", 1, 40.0)]
+    rounds[2].rep = rounds[3].rep = 1
+    assert summarize(rounds, fine=True)[0]["ratio_pairs"] == [0.6, 0.5]
     assert "ratio to plain2" in table(rows, [])
     assert "plain2_pods_s" not in summarize([_phase("ours", 1, 60.0), _phase("plain", 1, 100.0)], fine=True)[0]
 
