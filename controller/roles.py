@@ -81,7 +81,8 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     sup.spawn("pods", pods.reflector.run)
     sup.spawn("bound-records", pods.confirm_deferred)  # records waiting for our bind's confirmation
     sup.spawn("reconciler", reconciler.run)
-    sup.spawn("janitor", Janitor(ledger, mirror, cfg, nudger=pods.nudger, before_expire=pods.confirm_now).run)
+    sup.spawn("janitor", Janitor(ledger, mirror, cfg, nudger=pods.nudger, before_expire=pods.confirm_now,
+                                 redis_time=pods.saw_redis_time).run)
     ok = await sup.run(stop)
     await health.cleanup()
     await kube.close()

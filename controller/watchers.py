@@ -15,7 +15,7 @@ import functools
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,7 +25,7 @@ from controller.reflector import Reflector
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED, GPU_INDEX, AnnotationError, PodUsage, usage_from_annotations
 from shared.domain.node import Inventory, node_inventory
-from shared.domain.reconcile import Unrecorded, offers_cards, quarantine_reason, recovered_usage
+from shared.domain.reconcile import FUTURE_MS, Unrecorded, offers_cards, quarantine_reason, recovered_usage
 from shared.domain.request import RequestError, pod_request
 from shared.domain.trust import foreign_record
 from shared.kube import Kube, KubeError
@@ -333,6 +333,10 @@ class PodWatcher:
         # Holds the pods between a Binding and its confirmation (a burst's rate x bound_grace), never a pod.
         self.deferred: dict[str, tuple[float, bytes, str]] = {}
         self.bound_grace = min(BOUND_GRACE, cfg.pending_ttl_seconds / 4)  # 0: observe at once (tests)
+        self.confirming: set[str] = set()  # deferred records whose observe is in flight (confirm_due)
+        # Redis's clock minus this host's (ms), as the janitor last read it: a booking's age in `record`
+        self.clock_skew_ms = 0
+        self.pending_ttl_ms = cfg.pending_ttl_seconds * 1000
         self.reflector = Reflector(kube, "/api/v1/pods", self.on_event, self.on_sync, "pods")
         self.inventories: Callable[[], Mapping[str, Inventory]] = dict  # the node watcher's view, set by the role
         # a quarantine may start or end on that node (the reconciler compares it soon)
@@ -463,7 +467,7 @@ class PodWatcher:
         if held == "bound":
             self._skip(uid, digest)
             return
-        if held == "pending" and self.bound_grace > 0:
+        if held == "pending" and self.bound_grace > 0 and not self._late(uid, usage):
             # our bind's booking of this very record, which the bind confirms a moment after its Binding: wait
             # for that instead of a second round trip (confirm_due sends observe if it does not come). The
             # pod's next events (status updates follow a Binding closely) keep the due the record first got:
@@ -484,6 +488,21 @@ class PodWatcher:
         if r is None or (r.cards, r.mem, r.cores, r.slices) != (usage.cards, usage.memory, usage.cores, usage.slices):
             return ""
         return r.state
+
+    def _late(self, uid: str, usage: PodUsage) -> bool:
+        """The mirror's booking of `uid` is past half its TTL: its record is sent at once, not held back. A record
+        seen that late (a watch that lagged) would wait its grace close to the TTL, where any replica's janitor
+        (which cannot know this replica holds it back) may expire the booking under the running pod."""
+        snap = self.mirror.get(usage.node)
+        r = snap.reservations.get(uid) if snap is not None else None
+        if r is None:
+            return True
+        age = time.time() * 1000 + self.clock_skew_ms - r.created
+        return age > self.pending_ttl_ms / 2 or age < -FUTURE_MS
+
+    def saw_redis_time(self, redis_ms: int) -> None:
+        """The janitor read Redis's clock: how far this host's is from it."""
+        self.clock_skew_ms = int(redis_ms - time.time() * 1000)
 
     def _skip(self, uid: str, digest: bytes) -> None:
         self.deferred.pop(uid, None)
@@ -506,27 +525,38 @@ class PodWatcher:
             if self._held(uid, truth.usage) == "bound":
                 self._skip(uid, digest)
                 continue
+            self.confirming.add(uid)
             try:
-                await self._observe(uid, truth.usage, truth.ref, digest, head)
+                booked = await self._observe(uid, truth.usage, truth.ref, digest, head)
             except BaseException:
                 # not booked (Redis gone past the ledger's retries): due again when the supervisor runs this
                 # loop again, as a failed event is replayed; judged afresh then (released, or handled by a
                 # newer event meanwhile: dropped, or that one's entry kept)
                 self.deferred.setdefault(uid, entry)
                 raise
+            finally:
+                self.confirming.discard(uid)
+            if not booked:
+                # a script error (or the node missing: a rebuild comes): tried again a grace later, and the
+                # janitor keeps its booking meanwhile (confirm_now)
+                self.deferred.setdefault(uid, (time.monotonic() + max(self.bound_grace, 0.05), digest, head))
             sent += 1
         return sent
 
-    async def confirm_now(self, uids: Iterable[str]) -> int:
+    async def confirm_now(self, uids: Iterable[str]) -> set[str]:
         """The records of these pods that wait for our bind's confirmation, sent now whatever their due: the
         janitor is about to expire their pending bookings. A record first seen late in its booking's TTL (a
         watch that lagged) would otherwise wait its grace past the TTL, and a binder that died before
-        confirming would have the running pod's share freed. Returns how many were sent."""
-        for uid in uids:
+        confirming would have the running pod's share freed. Returns those of `uids` the janitor must keep:
+        held back still (a record that arrived meanwhile, one whose observe failed), or being sent by the loop."""
+        asked = set(uids)
+        for uid in asked:
             entry = self.deferred.get(uid)
             if entry is not None:
                 self.deferred[uid] = (0.0, entry[1], entry[2])
-        return await self.confirm_due()
+        await self.confirm_due()
+        # judged after the last await: the janitor calls expire with no await between
+        return {u for u in asked if u in self.deferred or u in self.confirming}
 
     async def confirm_deferred(self) -> None:
         """confirm_due, every half grace (for a supervisor to run)."""
@@ -534,19 +564,20 @@ class PodWatcher:
             await asyncio.sleep(max(self.bound_grace / 2, 0.05))
             await self.confirm_due()
 
-    async def _observe(self, uid: str, usage: PodUsage, ref: str, digest: bytes, head: str) -> None:
-        """`observe` with keep_bound, and what its answer means; `head`: the record's start, for the logs."""
+    async def _observe(self, uid: str, usage: PodUsage, ref: str, digest: bytes, head: str) -> bool:
+        """`observe` with keep_bound, and what its answer means; `head`: the record's start, for the logs.
+        False: not booked (a script error, or the node missing)."""
         RECORDS.labels("observed").inc()
         try:
             # keep_bound: once our bind's booking is bound, a record that says otherwise is not booked
             out = await self.ledger.observe(uid, usage, ref, keep_bound=True)
         except LedgerError as e:
             log.error("cannot record %s: %s", ref, e)
-            return
+            return False
         if not out.get("ok"):
             log.error("cannot record %s on %s: %s; rebuilding", ref, usage.node, out.get("reason"))
             self.lost.set()
-            return
+            return False
         if out.get("kept"):
             RECORD_MISMATCH.labels("changed").inc()
             log.error("pod %s: its allocation record changed after our bind: it says cards %s (%d units, %d cores, "
@@ -554,12 +585,13 @@ class PodWatcher:
                       list(usage.cards), usage.memory, usage.cores, usage.slices, usage.node, out.get("booked"),
                       head)
             self.seen[uid] = digest
-            return
+            return True
         if out.get("overcommit"):
             OVERCOMMIT.inc()
             log.error("pod %s over-commits card(s) %s on %s (recorded as the API server says)", ref,
                       usage.cards, usage.node)
         self.seen[uid] = digest
+        return True
 
     async def on_event(self, kind: str, pod: dict[str, Any]) -> None:
         WATCH_EVENTS.labels("pod", kind).inc()
@@ -583,12 +615,16 @@ class PodWatcher:
         # sees the pods the list holds waiting, not a view emptied for the re-list
         self.waiting = {str((p.get("metadata") or {}).get("uid")) for p in pods if not is_terminal(p) and self.waits(p)}
         self._lost_by_node = None
+        # the view learnt whole before the first await too: a due record (confirm_due, or the janitor's
+        # confirm_now) judged meanwhile finds its pod's truth, not an entry dropped as if the pod were gone
+        truths = {str((p.get("metadata") or {}).get("uid")): self.learn(str((p.get("metadata") or {}).get("uid")), p)
+                  for p in pods if not is_terminal(p)}
         for pod in pods:
             uid = str((pod.get("metadata") or {}).get("uid"))
             if is_terminal(pod):
                 await self.release(uid, pod, "ended")
                 continue
-            await self.record(uid, pod, self.learn(uid, pod))
+            await self.record(uid, pod, truths.get(uid))
 
 
 def wire(nodes: NodeWatcher, pods: PodWatcher) -> None:
@@ -605,27 +641,35 @@ class Janitor:
 
     def __init__(self, ledger: Ledger, mirror: Mirror, cfg: Config, interval: float = 5.0,
                  nudger: Nudger | None = None,
-                 before_expire: Callable[[list[str]], Awaitable[object]] | None = None):
+                 before_expire: Callable[[list[str]], Awaitable[Collection[str]]] | None = None,
+                 redis_time: Callable[[int], None] | None = None):
         self.nudger = nudger
         self.ledger = ledger
         self.mirror = mirror
         self.ttl = cfg.pending_ttl_seconds
         self.interval = interval
         # called with the uids of pending bookings past the TTL before they are expired: the pod watcher
-        # confirms those whose record it holds back (PodWatcher.confirm_now), so a record seen late is booked
+        # confirms those whose record it holds back (PodWatcher.confirm_now), so a record seen late is booked;
+        # it returns those it could not (held back, in flight, failed): they are not expired
         self.before_expire = before_expire
+        self.redis_time = redis_time  # told Redis's clock each sweep (PodWatcher.saw_redis_time)
 
     async def sweep(self) -> list[str]:
         # Reservations are stamped with Redis's clock, so age is measured on it: this host's may be off.
         now = await self.ledger.redis_time_ms()
+        if self.redis_time is not None:
+            self.redis_time(now)
         gone: list[str] = []
         for node, snap in list(self.mirror.nodes.items()):
             old = [r.uid for r in snap.reservations.values()
-                   if r.state == "pending" and now - r.created > self.ttl * 1000]
+                   if r.state == "pending" and (now - r.created > self.ttl * 1000 or r.created - now > FUTURE_MS)]
             if old:
                 if self.before_expire is not None:
-                    await self.before_expire(old)
-                expired = await self.ledger.expire(node, self.ttl)
+                    keep = await self.before_expire(old)
+                    old = [u for u in old if u not in keep]  # no await from here to expire's send
+                # only the uids vetted here: expire.lua judges at its own `now`, and a booking that crossed the
+                # TTL since ours (or one the mirror lags on) was never offered to before_expire
+                expired = await self.ledger.expire(node, self.ttl, only=old) if old else []
                 RELEASES.labels("expired").inc(len(expired))
                 if expired and self.nudger:
                     self.nudger.nudge(node)

@@ -331,9 +331,15 @@ class Ledger:
             lambda k: self.keys.observe(usage.node, uid, usage.cards, k)))
         return out
 
-    async def expire(self, node: str, ttl_seconds: float) -> list[str]:
-        """Release pending reservations older than the TTL on one node; returns their uids."""
-        gone = [str(u) for u in orjson.loads(await self._call("expire", node, {"ttl_ms": int(ttl_seconds * 1000)}))]
+    async def expire(self, node: str, ttl_seconds: float, only: Iterable[str] | None = None) -> list[str]:
+        """Release pending reservations older than the TTL on one node (with `only`: of those uids alone);
+        returns their uids."""
+        payload: dict[str, Any] = {"ttl_ms": int(ttl_seconds * 1000)}
+        if only is not None:
+            payload["uids"] = sorted(set(only))
+            if not payload["uids"]:
+                return []
+        gone = [str(u) for u in orjson.loads(await self._call("expire", node, payload))]
         self._saw(node, gone=gone)
         return gone
 

@@ -124,7 +124,8 @@ def keep_bound_cases() -> list[tuple[str, str, dict[str, Any]]]:
 
 def expire_cases() -> list[tuple[str, dict[str, Any]]]:
     return [(f"ttl_ms={t!r}", {} if t is MISSING else {"ttl_ms": t})
-            for t in [MISSING, 999, 0, -1, 1000.5, "1000", 86400001, 1e300, None, True, [1000]]]
+            for t in [MISSING, 999, 0, -1, 1000.5, "1000", 86400001, 1e300, None, True, [1000]]] + [
+        (f"uids={u!r}", {"ttl_ms": 1000, "uids": u}) for u in ["u1", 5, True, [1], [None], [["u1"]], {"u1": 1}]]
 
 
 TABLE: list[tuple[str, str, str, dict[str, Any]]] = (
