@@ -13,7 +13,7 @@ from aiohttp import web
 from controller.extender import BODY_LIMIT as EXTENDER_BODY_LIMIT
 from controller.extender import Extender
 from controller.reconciler import Reconciler
-from controller.watchers import Janitor, NodeWatcher, PodWatcher, wire
+from controller.watchers import NodeWatcher, PodWatcher, janitor_for, wire
 from shared.config import Config
 from shared.kube import Kube
 from shared.serving import gc_policy
@@ -81,8 +81,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     sup.spawn("pods", pods.reflector.run)
     sup.spawn("bound-records", pods.confirm_deferred)  # records waiting for our bind's confirmation
     sup.spawn("reconciler", reconciler.run)
-    sup.spawn("janitor", Janitor(ledger, mirror, cfg, nudger=pods.nudger, before_expire=pods.confirm_now,
-                                 redis_time=pods.saw_redis_time).run)
+    sup.spawn("janitor", janitor_for(ledger, mirror, cfg, pods).run)
     ok = await sup.run(stop)
     await health.cleanup()
     await kube.close()

@@ -636,6 +636,13 @@ def wire(nodes: NodeWatcher, pods: PodWatcher) -> None:
     pods.inventories = lambda: nodes.last
 
 
+def janitor_for(ledger: Ledger, mirror: Mirror, cfg: Config, pods: PodWatcher) -> Janitor:
+    """The watcher role's janitor, wired to its pod watcher: the records it holds back are booked, never
+    expired (before_expire), and it learns Redis's clock from each sweep (redis_time), for `_late`."""
+    return Janitor(ledger, mirror, cfg, nudger=pods.nudger, before_expire=pods.confirm_now,
+                   redis_time=pods.saw_redis_time)
+
+
 class Janitor:
     """Reclaims pending reservations whose binder died or gave up, after the TTL."""
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from controller.watchers import Janitor, PodWatcher
+from controller.watchers import Janitor, PodWatcher, janitor_for
 from shared.domain.annotations import PodUsage
 from shared.kube import Kube
 from shared.store.ledger import Ledger, LedgerError
@@ -204,3 +204,15 @@ async def test_a_sweep_during_a_relist_keeps_held_back_records(
     other = pod("ux", "n4-mthreads-1,Mthreads,1024,1:;")  # a pod the ledger lacks: booked by the re-list
     await w.on_sync([other, pod("u1")])
     assert "u1" not in gone, "the sweep during the re-list expired a record the watcher held back"
+
+
+async def test_the_watcher_roles_janitor_is_wired_to_its_pod_watcher(
+        watched: tuple[Ledger, Mirror, PodWatcher]) -> None:
+    """What controller/roles.py runs (janitor_for): without before_expire the janitor expires held-back
+    records' bookings, without redis_time `_late` judges ages on this host's clock alone."""
+    led, mirror, w = watched
+    j = janitor_for(led, mirror, CFG, w)
+    assert j.before_expire == w.confirm_now and j.redis_time == w.saw_redis_time and j.nudger is w.nudger
+    w.clock_skew_ms = 10**9  # a stale skew: the sweep must replace it with its reading of Redis's clock
+    await j.sweep()
+    assert abs(w.clock_skew_ms) < 60_000
