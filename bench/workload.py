@@ -25,7 +25,7 @@ PLAIN_MEM, PLAIN_CORE = "bench.mtsched.io/sgpu-memory", "bench.mtsched.io/sgpu-c
 # then leaves it to the extender (managedResources, ignoredByScheduler); the nodes offer the twin in an
 # amount no pod mix reaches (PLAIN_VGPU_CAPACITY), so it never decides a placement either. Runs before
 # 2026-12-04 left it out (mode plain2, `--also-plain2`): plain then checked two resources per node to ours' three,
-# about 0.5 ms less of kube-scheduler's CPU per pod at 500 nodes (pprof, docs/benchmarks.md).
+# 8-12 % more pods/s for plain, 0.05-0.08 on the ratio (run-20261204-040116, docs/benchmarks.md).
 PLAIN_VGPU = "bench.mtsched.io/vgpu"
 PLAIN_VGPU_CAPACITY = 1000  # > 110 pods per node x 2 cards per pod
 IGNORE_LABEL = "mtsched.io/webhook"  # on a namespace, "ignore" skips the webhook (stack.py WEBHOOK_NAMESPACE_SELECTOR)

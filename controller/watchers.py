@@ -25,7 +25,7 @@ from controller.reflector import Reflector
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED, GPU_INDEX, AnnotationError, PodUsage, usage_from_annotations
 from shared.domain.node import Inventory, node_inventory
-from shared.domain.reconcile import FUTURE_MS, Unrecorded, offers_cards, quarantine_reason, recovered_usage
+from shared.domain.reconcile import FUTURE_MS, Unrecorded, expires, offers_cards, quarantine_reason, recovered_usage
 from shared.domain.request import RequestError, pod_request
 from shared.domain.trust import foreign_record
 from shared.kube import Kube, KubeError
@@ -668,15 +668,14 @@ class Janitor:
             self.redis_time(now)
         gone: list[str] = []
         for node, snap in list(self.mirror.nodes.items()):
-            old = [r.uid for r in snap.reservations.values()
-                   if r.state == "pending" and (now - r.created > self.ttl * 1000 or r.created - now > FUTURE_MS)]
+            old = [r.uid for r in snap.reservations.values() if expires(r, now, self.ttl * 1000)]
             if old:
                 if self.before_expire is not None:
                     keep = await self.before_expire(old)
                     old = [u for u in old if u not in keep]  # no await from here to expire's send
                 # only the uids vetted here: expire.lua judges at its own `now`, and a booking that crossed the
                 # TTL since ours (or one the mirror lags on) was never offered to before_expire
-                expired = await self.ledger.expire(node, self.ttl, only=old) if old else []
+                expired = await self.ledger.expire(node, self.ttl, only=old)
                 RELEASES.labels("expired").inc(len(expired))
                 if expired and self.nudger:
                     self.nudger.nudge(node)

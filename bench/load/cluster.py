@@ -217,8 +217,9 @@ def node_body(name: str, kwok: bool) -> dict[str, Any]:
     from deploy.local import nodes as simulated
 
     body = simulated.gpu_node(name, node_model(name), sliced_cards=CARDS_PER_NODE, labels={NODE_LABEL: "true"})
+    offered = twins(name)
     for res in ("capacity", "allocatable"):
-        body["status"][res].update(twins(name))
+        body["status"][res].update(offered)
     if kwok:
         body["metadata"]["annotations"] = {KWOK_ANNOTATION: "fake"}
         body["metadata"]["labels"]["type"] = "kwok"

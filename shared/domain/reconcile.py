@@ -75,6 +75,13 @@ def settles(r: Reservation, now_ms: int, keep_from: int) -> bool:
     return r.state == "pending" or stamp >= keep_from
 
 
+def expires(r: Reservation, now_ms: int, ttl_ms: int) -> bool:
+    """Whether the janitor releases a reservation at `now_ms` (Redis's clock): pending past its TTL (its binder
+    died or gave up), or stamped later than now + FUTURE_MS (a clock that jumped: its age cannot be told). The
+    twin of expire.lua's test (tests/redis/test_expires_twin.py runs one table through both)."""
+    return r.state == "pending" and (now_ms - r.created > ttl_ms or r.created - now_ms > FUTURE_MS)
+
+
 def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holders: Mapping[str, PodUsage],
               now_ms: int, keep_ms: int) -> NodeDiff:
     """Every way `snap` (the ledger) differs from the truth (`inv`, `holders`), on Redis's clock `now_ms`.

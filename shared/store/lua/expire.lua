@@ -1,6 +1,7 @@
 -- Release pending reservations older than a TTL (their binder died or gave up). Payload: {ttl_ms, uids}.
 -- uids (optional): only these may be released (the ones the caller vetted: a watcher holding back a bound
 -- pod's record has booked it or kept it out of the list); others wait for the caller's next sweep.
+-- Which reservations expire is the twin of shared/domain/reconcile.py `expires` (tests/redis/test_expires_twin.py).
 -- KEYS: the whole node (every reservation is read), and the cards of the ones released.
 local p, err = payload()
 if err then return err end
