@@ -207,6 +207,47 @@ def _profile_window(path: str) -> None:
     signal.signal(signal.SIGUSR2, stop)
 
 
+def _sample_window(path: str, interval: float = 0.001) -> None:
+    """A statistical profile by CPU time, from SIGUSR1 to SIGUSR2 (the phase's CPU window, as
+    `_profile_window`): every `interval` s of the process's CPU time (ITIMER_PROF) the stack of the Python
+    frame running is counted. Unlike cProfile it adds no cost per call, so many small calls are not
+    inflated, and unlike py-spy it counts only time on a CPU, not time spent runnable on a saturated
+    machine. Each window is dumped to ``path.<n>`` as collapsed stacks (``outer;...;inner count``, a
+    flame graph's input, the format of py-spy's raw output)."""
+    counts: dict[str, int] = {}
+    state = {"n": 0, "on": False}
+
+    def sample(_sig: int, frame: Any) -> None:
+        names = []
+        while frame is not None:
+            code = frame.f_code
+            names.append(f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno})")
+            frame = frame.f_back
+        key = ";".join(reversed(names))
+        counts[key] = counts.get(key, 0) + 1
+
+    def start(*_: Any) -> None:
+        stop()
+        counts.clear()
+        state["on"] = True
+        signal.setitimer(signal.ITIMER_PROF, interval, interval)
+
+    def stop(*_: Any) -> None:
+        if not state["on"]:
+            return
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+        state["on"], state["n"] = False, state["n"] + 1
+        try:
+            with open(f"{path}.{state['n'] - 1}", "w") as f:
+                f.writelines(f"{k} {v}\n" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+        except Exception as e:
+            print(f"bench sample window: cannot write {path}.{state['n'] - 1}: {e}", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGPROF, sample)
+    signal.signal(signal.SIGUSR1, start)
+    signal.signal(signal.SIGUSR2, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     instrument()
     _gc_probe()
@@ -221,6 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         # one profiler at a time: the window's would end the whole-life one (3.11) or fail to start (3.12+)
         print("MTSCHED_BENCH_PROFILE and MTSCHED_BENCH_PROFILE_WINDOW exclude each other", file=sys.stderr)
         return 2
+    sampled = os.environ.get("MTSCHED_BENCH_SAMPLE_WINDOW")  # a path: sample the CPU window's stacks
+    if window and sampled:
+        print("MTSCHED_BENCH_PROFILE_WINDOW and MTSCHED_BENCH_SAMPLE_WINDOW exclude each other", file=sys.stderr)
+        return 2
+    if sampled:
+        _sample_window(f"{sampled}.{(argv or sys.argv[1:2])[0]}.{os.getpid()}")
     if window:
         _profile_window(f"{window}.{(argv or sys.argv[1:2])[0]}.{os.getpid()}")
     if not out:

@@ -68,10 +68,11 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
 
 
 def profile_window(role_pids: Sequence[int], sig: signal.Signals) -> None:
-    """With MTSCHED_BENCH_PROFILE_WINDOW set (the roles then run a windowed cProfile, bench/timed_role.py),
-    start (SIGUSR1) or end (SIGUSR2) it in each of our roles; without it, nothing is sent (the default
-    action of these signals ends a process, so nothing else, an external extender included, gets them)."""
-    if not os.environ.get("MTSCHED_BENCH_PROFILE_WINDOW"):
+    """With MTSCHED_BENCH_PROFILE_WINDOW or MTSCHED_BENCH_SAMPLE_WINDOW set (the roles then run a windowed
+    cProfile or stack sampler, bench/timed_role.py), start (SIGUSR1) or end (SIGUSR2) it in each of our roles;
+    without them, nothing is sent (the default action of these signals ends a process, so nothing else, an
+    external extender included, gets them)."""
+    if not (os.environ.get("MTSCHED_BENCH_PROFILE_WINDOW") or os.environ.get("MTSCHED_BENCH_SAMPLE_WINDOW")):
         return
     for pid in role_pids:
         with contextlib.suppress(ProcessLookupError):

@@ -1,0 +1,101 @@
+"""Kube.raw sends each call on the API client's session itself (shared/kube.py): what reaches the API server
+is what kubernetes-asyncio's call_api sent (method, path, query, JSON body, content type, user agent, the
+ServiceAccount token as the configuration gives it at each call). Real HTTP on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from shared.kube import Kube, KubeError
+from tests.kubeconfigs import token_kubeconfig
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[tuple[Kube, list[dict[str, Any]]]]:
+    seen: list[dict[str, Any]] = []
+
+    async def handler(req: web.Request) -> web.Response:
+        body = await req.read()
+        seen.append({"method": req.method, "path": req.path, "query": dict(req.query), "body": body,
+                     "content_type": req.headers.get("Content-Type"), "auth": req.headers.get("Authorization"),
+                     "accept": req.headers.get("Accept"), "agent": req.headers.get("User-Agent", "")})
+        if req.path.endswith("/missing"):
+            return web.json_response({"kind": "Status", "message": "pods \"missing\" not found"}, status=404)
+        return web.json_response({"ok": True}, status=201 if req.method == "POST" else 200)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    kube = await Kube.create(str(token_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")))
+    yield kube, seen
+    await kube.close()
+    await runner.cleanup()
+
+
+async def test_a_binding_reaches_the_api_server_as_json_with_the_token(
+        api: tuple[Kube, list[dict[str, Any]]]) -> None:
+    kube, seen = api
+    await kube.bind("ns", "p1", "uid-1", "node-a", {"hami.io/vgpu-devices-allocated": "GPU-0,mthreads,8,2:;",
+                                                     "note": "ünïcode"})
+    (req,) = seen
+    assert (req["method"], req["path"], req["content_type"], req["accept"]) == (
+        "POST", "/api/v1/namespaces/ns/pods/p1/binding", "application/json", "application/json")
+    assert req["auth"] and req["auth"].startswith("Bearer ")
+    assert req["agent"].startswith("OpenAPI-Generator/")  # kubernetes-asyncio's user agent, as before
+    assert orjson.loads(req["body"]) == {
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": "p1", "namespace": "ns", "uid": "uid-1",
+                     "annotations": {"hami.io/vgpu-devices-allocated": "GPU-0,mthreads,8,2:;", "note": "ünïcode"}},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "node-a"}}
+
+
+async def test_query_content_type_and_errors(api: tuple[Kube, list[dict[str, Any]]]) -> None:
+    kube, seen = api
+    await kube.request("PATCH", "/api/v1/nodes/n1", {"metadata": {"annotations": {"a": "b"}}},
+                       query={"fieldManager": "mtsched", "dryRun": "All"},
+                       content_type="application/merge-patch+json")
+    with pytest.raises(KubeError) as e:
+        await kube.get_pod("ns", "missing")
+    assert e.value.status == 404 and "not found" in str(e.value)
+    patch, get = seen
+    assert patch["query"] == {"fieldManager": "mtsched", "dryRun": "All"}
+    assert patch["content_type"] == "application/merge-patch+json"
+    assert orjson.loads(patch["body"]) == {"metadata": {"annotations": {"a": "b"}}}
+    assert get["method"] == "GET" and get["body"] == b""
+
+
+async def test_the_token_is_asked_of_the_configuration_at_each_call(api: tuple[Kube, list[dict[str, Any]]]) -> None:
+    """A ServiceAccount token rotates: kubernetes-asyncio's in-cluster configuration re-reads it through
+    refresh_api_key_hook, which must keep running before every request."""
+    kube, seen = api
+    calls = []
+
+    def refresh(cfg: Any) -> None:
+        calls.append(1)
+        cfg.api_key["BearerToken"] = f"token-{len(calls)}"
+        cfg.api_key_prefix["BearerToken"] = "Bearer"
+
+    kube.api.configuration.refresh_api_key_hook = refresh
+    await kube.request("GET", "/api/v1/nodes/a")
+    await kube.request("GET", "/api/v1/nodes/b")
+    assert [r["auth"] for r in seen] == ["Bearer token-1", "Bearer token-2"]
+
+
+async def test_timeouts_in_each_form(api: tuple[Kube, list[dict[str, Any]]]) -> None:
+    kube, seen = api
+    for timeout in (5.0, None, aiohttp.ClientTimeout(total=None, sock_read=30, connect=5)):
+        resp = await kube.raw("GET", "/api/v1/pods", query={"watch": "true"}, timeout=timeout)
+        async with resp:
+            assert resp.status == 200
+    assert [r["query"] for r in seen] == [{"watch": "true"}] * 3
