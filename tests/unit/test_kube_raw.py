@@ -15,6 +15,7 @@ from aiohttp import web
 
 from shared.kube import Kube, KubeError
 from tests.kubeconfigs import token_kubeconfig
+from tests.unit.test_kube_env import _serve
 
 
 @pytest.fixture
@@ -30,13 +31,7 @@ async def api(tmp_path: Path) -> AsyncIterator[tuple[Kube, list[dict[str, Any]]]
             return web.json_response({"kind": "Status", "message": "pods \"missing\" not found"}, status=404)
         return web.json_response({"ok": True}, status=201 if req.method == "POST" else 200)
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await _serve(handler)
     kube = await Kube.create(str(token_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")))
     yield kube, seen
     await kube.close()
