@@ -236,6 +236,9 @@ async def amain(args: argparse.Namespace, doc: dict[str, Any], ext: external.Ext
                             say(f"{ext.name} at {ext.url} did not answer in {ext.wait_seconds:g}s: its phases skipped")
                             continue
                         await asyncio.sleep(2.0)
+                        for ph in external_warmup(n, ext.name, pct, args):  # kept apart: never summarized
+                            await run_phase(kube, target, None, names, mix[:args.warmup_pods], ph, args, say)
+                            doc["warmups"].append(ph.result)
                         for rep in range(args.repeat):
                             ph = Phase("external", n, ext.name, rep, percentage=pct)
                             await run_phase(kube, target, None, names, mix, ph, args, say)
@@ -268,6 +271,13 @@ def warmup(n: int, replicas: int | str, pct: int, args: argparse.Namespace) -> l
         return []
     return [Phase(mode, n, replicas, -1, percentage=pct) for mode in ("ours", "plain")
             if not (mode == "plain" and args.no_plain)]
+
+
+def external_warmup(n: int, name: str, pct: int, args: argparse.Namespace) -> list[Phase]:
+    """An unmeasured phase (rep -1, --warmup-pods) before an external extender's measured ones: it too pays its
+    first burst (connections, caches, a JIT or a garbage collector warming up) on whatever phase comes first,
+    and ours had a warm-up of their own before theirs."""
+    return [Phase("external", n, name, -1, percentage=pct)] if args.warmup_pods > 0 else []
 
 
 def plan(n: int, replicas: int | str, pct: int, args: argparse.Namespace, pods: int) -> list[tuple[Phase, int]]:

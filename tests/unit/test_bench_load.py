@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from bench import prom
 from bench.load import memory
-from bench.load.cli import plan, warmup
+from bench.load.cli import external_warmup, plan, warmup
 from bench.load.external import External, add_options, admit, apply_patch, from_args, tune_scheduler_config
 from bench.load.metrics import api_requests, latency
 from bench.load.phase import LARGE_ANNOTATION, Phase, make_pods
@@ -194,6 +194,13 @@ def test_warmup_runs_both_profiles_unmeasured_before_a_setting() -> None:
     assert got == [("ours", -1, 100), ("plain", -1, 100)]
     assert [ph.mode for ph in warmup(100, 1, 0, _args(warmup_pods=100, no_plain=True))] == ["ours"]
     assert warmup(100, 1, 0, _args(warmup_pods=0)) == []
+
+
+def test_an_external_extender_gets_its_own_unmeasured_warmup() -> None:
+    got = [(ph.mode, ph.replicas, ph.rep, ph.percentage) for ph in external_warmup(500, "hami", 100,
+                                                                                    _args(warmup_pods=100))]
+    assert got == [("external", "hami", -1, 100)]
+    assert external_warmup(500, "hami", 0, _args(warmup_pods=0)) == []
     # the summary, made from the measured phases only, never sees them (cli.py keeps them in doc["warmups"])
     assert all(ph.rep >= 0 for ph, _ in plan(100, 1, 0, _args(warmup_pods=100), 40))
 
