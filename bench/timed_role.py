@@ -213,7 +213,8 @@ def _sample_window(path: str, interval: float = 0.001) -> None:
     frame running is counted. Unlike cProfile it adds no cost per call, so many small calls are not
     inflated, and unlike py-spy it counts only time on a CPU, not time spent runnable on a saturated
     machine. Each window is dumped to ``path.<n>`` as collapsed stacks (``outer;...;inner count``, a
-    flame graph's input, the format of py-spy's raw output)."""
+    flame graph's input, the format of py-spy's raw output). Python runs the handler on the main thread only:
+    CPU of another thread (asyncio.to_thread, a resolver's) is counted where the loop's thread was."""
     counts: dict[str, int] = {}
     state = {"n": 0, "on": False}
 
@@ -237,9 +238,10 @@ def _sample_window(path: str, interval: float = 0.001) -> None:
             return
         signal.setitimer(signal.ITIMER_PROF, 0, 0)
         state["on"], state["n"] = False, state["n"] + 1
+        taken = dict(counts)  # one C-level copy: a signal still pending cannot change it while it is sorted
         try:
             with open(f"{path}.{state['n'] - 1}", "w") as f:
-                f.writelines(f"{k} {v}\n" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+                f.writelines(f"{k} {v}\n" for k, v in sorted(taken.items(), key=lambda kv: -kv[1]))
         except Exception as e:
             print(f"bench sample window: cannot write {path}.{state['n'] - 1}: {e}", file=sys.stderr, flush=True)
 
