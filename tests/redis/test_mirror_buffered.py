@@ -34,6 +34,10 @@ async def test_buffered_messages_are_those_already_read_in_order_and_other_repli
         await pubsub.ping()  # its pong comes between the messages: redis-py's handle_message takes it
         for i in range(3, 5):
             assert await pub.publish(CHANNEL, f"m{i}") == 1
+        # In one turn Redis writes the publisher's reply before the subscriber's message, so a client can read
+        # the reply while m4 is still unwritten. Redis reads a later command only after finishing that turn:
+        # once this ping is answered, every message is in the subscriber's socket.
+        assert await pub.ping()
         # one socket read brings every reply; get_message hands over the first
         first = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5)
         assert first is not None and first["data"] == "m0"
@@ -57,6 +61,7 @@ async def test_without_hiredis_every_message_goes_through_get_message(redis_serv
         await pubsub.subscribe(CHANNEL)
         for i in range(2):
             assert await pub.publish(CHANNEL, f"m{i}") == 1
+        assert await pub.ping()  # Redis has finished writing to the subscriber (see the test above)
         seen = []
         while not seen:  # the first read: both messages are on the connection by now
             m = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5)
