@@ -532,11 +532,19 @@ def test_admission_policy_only_our_bind_writes_records(rendered: Rendered) -> No
     rules = {(tuple(r["operations"]), tuple(r["resources"])) for r in spec["matchConstraints"]["resourceRules"]}
     # pods/status too (a status update may change annotations); Bindings copy theirs onto the pod
     assert rules == {(("CREATE", "UPDATE"), ("pods", "pods/status")), (("CREATE",), ("pods/binding", "bindings"))}
-    [who] = spec["matchConditions"]
+    who, could = spec["matchConditions"]
     # exempt: the scheduler's ServiceAccount (the extender shares it) and the watchers'; nobody else,
     # cluster admins included
     assert who["expression"] == ("!(request.userInfo.username in ['system:serviceaccount:kube-system:hami-scheduler', "
                                  "'system:serviceaccount:kube-system:hami-watcher'])")
+    # judged whenever a validation could refuse: every scheduler-owned key (the widest list the validations
+    # use), looked for in the object and in the old object, and a create that names a node
+    assert could["name"] == "could-be-refused"
+    [keys] = _cel_list(could["expression"])
+    assert keys == set(SCHEDULER_OWNED_KEYS)
+    for part in ("k in object.metadata.annotations", "k in oldObject.metadata.annotations",
+                 "request.operation == 'CREATE'", "object.spec.nodeName != ''"):
+        assert part in could["expression"]
     variables = {v["name"]: v["expression"] for v in spec["variables"]}
     everywhere, on_slices = _cel_list(variables["owned"])[1], _cel_list(variables["owned"])[0]
     assert on_slices == set(SCHEDULER_OWNED_KEYS) and everywhere == set(MTHREADS_OWNED_KEYS)

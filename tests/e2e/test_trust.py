@@ -33,10 +33,10 @@ from redis.asyncio import Redis
 
 from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
-from deploy.local.identities import tenant
+from deploy.local.identities import ADMISSION, load_manifest, tenant
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
-from shared.domain.annotations import ALLOCATED, BIND_PHASE, GPU_INDEX, PREDICATE_TIME
+from shared.domain.annotations import ALLOCATED, BIND_PHASE, GPU_INDEX, PREDICATE_TIME, SCHEDULER_OWNED_KEYS
 from shared.domain.state import NodeSnapshot
 from shared.kube import Kube, KubeError
 from shared.store.ledger import Ledger
@@ -290,6 +290,87 @@ async def test_preset_node_name_is_refused_where_no_webhook_looks(env: Env) -> N
     # a pod asking for no slice may still name its node
     await env.admin.request("POST", f"/api/v1/namespaces/{skipped}/pods", env.pod("cpu", nodeName=env.node))
     await env.admin.request("DELETE", f"/api/v1/namespaces/{skipped}/pods/cpu", {"gracePeriodSeconds": 0})
+
+
+# -- what the policy judges: only what it could refuse ---------------------------------------------------
+
+async def test_the_policy_judges_only_requests_it_could_refuse(env: Env) -> None:
+    """The chart policy's matchConditions (could-be-refused) on the real API server: a probe policy with
+    them and one validation that refuses everything, bound to a namespace no webhook sees. What it lets
+    through is what the chart's policy skips without building its variables (most of its cost on every
+    pod of a cluster); what it refuses covers every request the chart's validations can refuse."""
+    [chart] = [o for o in load_manifest() if o["kind"] == "ValidatingAdmissionPolicy"
+               and o["metadata"]["name"].endswith("-allocation-records")]
+    name, ns = f"gate-probe-{env.run}", f"{env.ns}-gate"
+    probe = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+             "metadata": {"name": name},
+             "spec": {"failurePolicy": "Fail", "matchConstraints": chart["spec"]["matchConstraints"],
+                      "matchConditions": chart["spec"]["matchConditions"],
+                      "validations": [{"expression": "false", "message": "judged", "reason": "Forbidden"}]}}
+    binding = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+               "metadata": {"name": name},
+               "spec": {"policyName": name, "validationActions": ["Deny"],
+                        "matchResources": {"namespaceSelector": {"matchLabels": {LABEL: env.run}}}}}
+    pods, admin = f"/api/v1/namespaces/{ns}/pods", env.admin
+    cpu = env.pod("cpu", {"cpu": "1"}, schedulerName="nobody")  # nothing binds it but this test
+    carrying = env.pod("carrying", {"cpu": "1"}, schedulerName="nobody", annotations={ALLOCATED: "x"})
+
+    async def judged(method: str, path: str, body: Any, content_type: str = "application/json") -> bool:
+        try:
+            await admin.request(method, path, body, content_type=content_type)
+            return False
+        except KubeError as e:
+            if e.status == 403 and "judged" in str(e):
+                return True
+            raise
+
+    await admin.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns, "labels": {**IGNORE, LABEL: env.run}}})
+    with env.stack.policy_suspended():  # the chart's own policy would refuse some of these first
+        try:
+            await admin.request("POST", pods, carrying)  # before the probe: a pod that carries a record
+            await admin.request("POST", pods, cpu)
+            await admin.request("POST", f"{ADMISSION}/validatingadmissionpolicies", probe)
+            await admin.request("POST", f"{ADMISSION}/validatingadmissionpolicybindings", binding)
+            named, dry = env.pod("named", {"cpu": "1"}, nodeName=env.node), f"{pods}?dryRun=All"
+
+            async def in_effect() -> bool | None:
+                return True if await judged("POST", dry, named) else None
+
+            await until(in_effect, "the probe policy in effect", env.stack.logs)
+            let_out = {
+                "a CPU pod": ("POST", dry, env.pod("c2", {"cpu": "1"})),
+                "a pod asking for slices": ("POST", dry, env.pod("s", SLICE)),
+                "a pod with other annotations": ("POST", dry, env.pod("o", {"cpu": "1"}, annotations={"a/b": "c"})),
+                "a label change": ("PATCH", f"{pods}/cpu", {"metadata": {"labels": {"x": "y"}}}),
+                "a status change": ("PATCH", f"{pods}/cpu/status", {"status": {"message": "m"}}),
+                "a Binding without a record": ("POST", f"{pods}/cpu/binding?dryRun=All",
+                                               {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "cpu"},
+                                                "target": {"kind": "Node", "name": env.node}}),
+            }
+            judged_ones = {
+                "a create naming a node": ("POST", dry, named),
+                **{f"a create carrying {k}": ("POST", dry, env.pod("k", {"cpu": "1"}, annotations={k: "x"}))
+                   for k in SCHEDULER_OWNED_KEYS},
+                "an update adding a record": ("PATCH", f"{pods}/cpu", {"metadata": {"annotations": {ALLOCATED: "x"}}}),
+                "a status update adding one": ("PATCH", f"{pods}/cpu/status",
+                                               {"metadata": {"annotations": {GPU_INDEX: "0"}}}),
+                "an update removing a record": ("PATCH", f"{pods}/carrying",
+                                                {"metadata": {"annotations": {ALLOCATED: None}}}),
+                "an update leaving a record as it is": ("PATCH", f"{pods}/carrying",
+                                                        {"metadata": {"labels": {"x": "y"}}}),
+                "a Binding carrying a record": ("POST", f"{pods}/cpu/binding?dryRun=All",
+                                                {"apiVersion": "v1", "kind": "Binding",
+                                                 "metadata": {"name": "cpu", "annotations": {BIND_PHASE: "success"}},
+                                                 "target": {"kind": "Node", "name": env.node}}),
+            }
+            for what, (method, path, body) in let_out.items():
+                assert not await judged(method, path, body, MERGE if method == "PATCH" else "application/json"), what
+            for what, (method, path, body) in judged_ones.items():
+                assert await judged(method, path, body, MERGE if method == "PATCH" else "application/json"), what
+        finally:
+            await admin.request("DELETE", f"{ADMISSION}/validatingadmissionpolicybindings/{name}", ok=(200, 202, 404))
+            await admin.request("DELETE", f"{ADMISSION}/validatingadmissionpolicies/{name}", ok=(200, 202, 404))
+            await admin.request("DELETE", f"/api/v1/namespaces/{ns}", ok=(200, 202, 404))
 
 
 # -- without the policy: the ledger's own defence ------------------------------------------------------
