@@ -37,6 +37,9 @@ MIRROR_REREADS = Counter("mtsched_mirror_rereads_total",
                          "gap (a message missed), history (the write before it is not the mirror's), "
                          "recreated (the node's keys made anew), unknown (a node the mirror lacks), rebuild, "
                          "malformed", ["why"])
+FEED_SILENCES = Counter("mtsched_feed_silences_total",
+                        "Feed connections the mirror gave up because they answered no PING in time (a socket that "
+                        "died without a reset); each is followed by a reconnection and a full re-read")
 CLIENTS_REFUSED = Counter("mtsched_clients_refused_total",
                           "Requests answered 403 because the caller's certificate (of the client CA) names none of "
                           "<role>ClientNames (a handshake without such a certificate never reaches the role)",

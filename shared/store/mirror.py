@@ -23,11 +23,12 @@ from types import MappingProxyType
 from typing import Any
 
 import orjson
+from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from shared.domain.node import mismatch_kind
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation
-from shared.serving.metrics import MIRROR_REREADS
+from shared.serving.metrics import FEED_SILENCES, MIRROR_REREADS
 from shared.serving.supervise import Backoff
 from shared.store.ledger import RESEND, Ledger
 
@@ -58,13 +59,24 @@ def _all(fn: Callable[[Any], None], items: list[Any]) -> None:
 FULL_EVERY = 10
 
 
+# How long the feed connection may stay silent before the mirror PINGs on it, and how long it then waits for the
+# pong before it takes the connection for dead: a socket that died without a reset (a peer or a route gone, a
+# NAT's entry dropped) reads nothing and raises nothing, so without this the mirror would stay "ready" on a feed
+# that no longer comes, current only through its periodic resyncs. Reconnecting re-reads everything.
+FEED_SILENCE_SECONDS = 10.0
+
+
+class FeedSilent(rexc.ConnectionError):
+    """The feed connection answered no PING in time (Mirror.silence_seconds)."""
+
+
 # Feed messages that never change a node's error or the capacities of its cards: a booking and its
 # confirmation (a release may drop a removed card, an observe add one; neither is a capacity either, but they are
 # rare and applied whole)
 BOOKINGS = frozenset({"reserve", "bound"})
 
 
-async def buffered_messages(pubsub: Any) -> AsyncIterator[Any]:
+async def buffered_messages(pubsub: Any, on_pong: Callable[[], None] | None = None) -> AsyncIterator[Any]:
     """The data of the feed messages the subscriber connection has already read and parsed, in order,
     without waiting for more.
 
@@ -74,7 +86,8 @@ async def buffered_messages(pubsub: Any) -> AsyncIterator[Any]:
     of the webhook's. Here the replies already parsed by hiredis are taken straight from its reader. Anything
     but a channel message (a subscription's confirmation, a health check's pong) goes through redis-py's own
     `handle_message`, so its bookkeeping stays as it is; an error reply is raised as `read_response` raises it.
-    Without the hiredis parser (another redis-py) nothing is taken here: `get_message` reads every message."""
+    Without the hiredis parser (another redis-py) nothing is taken here: `get_message` reads every message.
+    `on_pong` is called for each pong taken here (the mirror's liveness probe waits for its own)."""
     parser = getattr(getattr(pubsub, "connection", None), "_parser", None)
     gets = getattr(getattr(parser, "_reader", None), "gets", None)
     if gets is None or _NOT_ENOUGH_DATA is None:
@@ -91,16 +104,23 @@ async def buffered_messages(pubsub: Any) -> AsyncIterator[Any]:
         message = await pubsub.handle_message(reply, ignore_subscribe_messages=True)
         if isinstance(message, dict) and message.get("type") == "message":
             yield message["data"]
+        elif isinstance(message, dict) and message.get("type") == "pong" and on_pong is not None:
+            on_pong()
 
 
 class Mirror:
     def __init__(self, ledger: Ledger, subscriber: Redis | None = None, resync_seconds: float = 30.0,
-                 shapes_only: bool = False):
+                 shapes_only: bool = False, silence_seconds: float = FEED_SILENCE_SECONDS):
         """`shapes_only`: the role reads only capacities() and mismatched() (the webhook). A booking then
         moves the node's (version, stamp) here without decoding its cards or reservation: the snapshot's
         usage is left as it was (stale) until a full resync, at most FULL_EVERY periods later. Every other
         message, and every resync, is applied as without it."""
         self.shapes_only = shapes_only
+        self.silence_seconds = silence_seconds  # FEED_SILENCE_SECONDS
+        self.pings = 0  # liveness PINGs sent on the feed connection
+        self.silences = 0  # feed connections given up for answering no PING in time
+        self._heard = 0.0  # when the feed connection last brought anything (loop time)
+        self._pinged: float | None = None  # when the outstanding liveness PING was sent, if one is
         self.ledger = ledger
         self.subscriber = subscriber or ledger.redis
         self.resync_seconds = resync_seconds
@@ -372,6 +392,10 @@ class Mirror:
         self._notify(node)
         return None
 
+    def _hear(self) -> None:
+        """The feed connection brought something: alive, no PING outstanding."""
+        self._heard, self._pinged = asyncio.get_running_loop().time(), None
+
     def _stale(self, node: str, why: str) -> str:
         """`node` must be re-read instead of applying the message; `why` is counted if it is re-read."""
         self._why = why
@@ -428,8 +452,21 @@ class Mirror:
                 backoff.reset()
                 loop = asyncio.get_running_loop()
                 next_resync = loop.time() + self.resync_seconds
+                self._hear()
                 while True:
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True,
+                                                   timeout=min(1.0, self.silence_seconds))
+                    if msg is not None:  # a message or a pong: the connection is alive
+                        self._hear()
+                    elif self._pinged is None:
+                        if loop.time() - self._heard >= self.silence_seconds:
+                            await pubsub.ping()  # only sent: its pong comes back like a message
+                            self.pings += 1
+                            self._pinged = loop.time()
+                    elif loop.time() - self._pinged >= self.silence_seconds:
+                        self.silences += 1
+                        FEED_SILENCES.inc()
+                        raise FeedSilent(f"the feed connection answered no PING in {self.silence_seconds:g}s")
                     if self._reconnected:
                         self._reconnected = False
                         log.warning("mirror's feed connection was re-established: re-reading everything")
@@ -440,7 +477,7 @@ class Mirror:
                     if msg is not None and msg.get("type") == "message":
                         await self._consume(msg["data"])
                         # the messages that came with it, already read from the socket: taken here, in order
-                        async for data in buffered_messages(pubsub):
+                        async for data in buffered_messages(pubsub, self._hear):
                             self.buffered += 1
                             await self._consume(data)
                     if loop.time() >= next_resync:

@@ -41,7 +41,9 @@ async def test_buffered_messages_are_those_already_read_in_order_and_other_repli
         # one socket read brings every reply; get_message hands over the first
         first = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5)
         assert first is not None and first["data"] == "m0"
-        assert [m async for m in buffered_messages(pubsub)] == ["m1", "m2", "m3", "m4"]
+        pongs: list[int] = []
+        assert [m async for m in buffered_messages(pubsub, lambda: pongs.append(1))] == ["m1", "m2", "m3", "m4"]
+        assert pongs == [1]  # the pong is reported (the mirror's liveness check hears it)
         assert [m async for m in buffered_messages(pubsub)] == []  # nothing more was read: none waited for
         assert await pub.publish(CHANNEL, "m5") == 1
         later = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5)  # the usual path still reads
