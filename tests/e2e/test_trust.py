@@ -346,6 +346,10 @@ async def test_the_policy_judges_only_requests_it_could_refuse(env: Env) -> None
                 "a Binding without a record": ("POST", f"{pods}/cpu/binding?dryRun=All",
                                                {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "cpu"},
                                                 "target": {"kind": "Node", "name": env.node}}),
+                "a legacy Binding without one": ("POST", f"/api/v1/namespaces/{ns}/bindings?dryRun=All",
+                                                 {"apiVersion": "v1", "kind": "Binding",
+                                                  "metadata": {"name": "cpu", "annotations": {"a/b": "c"}},
+                                                  "target": {"kind": "Node", "name": env.node}}),
             }
             judged_ones = {
                 "a create naming a node": ("POST", dry, named),
@@ -362,6 +366,11 @@ async def test_the_policy_judges_only_requests_it_could_refuse(env: Env) -> None
                                                 {"apiVersion": "v1", "kind": "Binding",
                                                  "metadata": {"name": "cpu", "annotations": {BIND_PHASE: "success"}},
                                                  "target": {"kind": "Node", "name": env.node}}),
+                "a legacy Binding carrying one": ("POST", f"/api/v1/namespaces/{ns}/bindings?dryRun=All",
+                                                  {"apiVersion": "v1", "kind": "Binding",
+                                                   "metadata": {"name": "cpu", "annotations": {ALLOCATED: ""}},
+                                                   "target": {"kind": "Node", "name": env.node}}),
+                "an update emptying a record": ("PATCH", f"{pods}/carrying", {"metadata": {"annotations": None}}),
             }
             for what, (method, path, body) in let_out.items():
                 assert not await judged(method, path, body, MERGE if method == "PATCH" else "application/json"), what
