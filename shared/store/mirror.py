@@ -76,7 +76,7 @@ class FeedSilent(rexc.ConnectionError):
 BOOKINGS = frozenset({"reserve", "bound"})
 
 
-async def buffered_messages(pubsub: Any, on_pong: Callable[[], None] | None = None) -> AsyncIterator[Any]:
+async def buffered_messages(pubsub: Any, on_reply: Callable[[], None] | None = None) -> AsyncIterator[Any]:
     """The data of the feed messages the subscriber connection has already read and parsed, in order,
     without waiting for more.
 
@@ -87,7 +87,7 @@ async def buffered_messages(pubsub: Any, on_pong: Callable[[], None] | None = No
     but a channel message (a subscription's confirmation, a health check's pong) goes through redis-py's own
     `handle_message`, so its bookkeeping stays as it is; an error reply is raised as `read_response` raises it.
     Without the hiredis parser (another redis-py) nothing is taken here: `get_message` reads every message.
-    `on_pong` is called for each pong taken here (the mirror's liveness probe waits for its own)."""
+    `on_reply` is called for each other reply taken here (a pong, in whatever form: a sign of life)."""
     parser = getattr(getattr(pubsub, "connection", None), "_parser", None)
     gets = getattr(getattr(parser, "_reader", None), "gets", None)
     if gets is None or _NOT_ENOUGH_DATA is None:
@@ -104,8 +104,8 @@ async def buffered_messages(pubsub: Any, on_pong: Callable[[], None] | None = No
         message = await pubsub.handle_message(reply, ignore_subscribe_messages=True)
         if isinstance(message, dict) and message.get("type") == "message":
             yield message["data"]
-        elif isinstance(message, dict) and message.get("type") == "pong" and on_pong is not None:
-            on_pong()
+        elif on_reply is not None:
+            on_reply()
 
 
 class Mirror:
@@ -454,25 +454,29 @@ class Mirror:
                 next_resync = loop.time() + self.resync_seconds
                 self._hear()
                 while True:
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True,
-                                                   timeout=min(1.0, self.silence_seconds))
-                    if msg is not None:  # a message or a pong: the connection is alive
+                    # every reply counts as a sign of life, so none is ignored here (a RESP3 pong, "PONG" as
+                    # text, is no "pong" message to redis-py): only channel messages are applied below
+                    msg = await pubsub.get_message(timeout=min(1.0, self.silence_seconds))
+                    if msg is None and self._pinged is not None and loop.time() - self._pinged >= self.silence_seconds:
+                        # a reply may have come in the same loop turn the wait ended (a loop held up meanwhile)
+                        msg = await pubsub.get_message(timeout=0.0)
+                        if msg is None:
+                            self.silences += 1
+                            FEED_SILENCES.inc()
+                            raise FeedSilent(f"the feed connection answered no PING in {self.silence_seconds:g}s")
+                    if msg is not None:
                         self._hear()
-                    elif self._pinged is None:
-                        if loop.time() - self._heard >= self.silence_seconds:
-                            await pubsub.ping()  # only sent: its pong comes back like a message
-                            self.pings += 1
-                            self._pinged = loop.time()
-                    elif loop.time() - self._pinged >= self.silence_seconds:
-                        self.silences += 1
-                        FEED_SILENCES.inc()
-                        raise FeedSilent(f"the feed connection answered no PING in {self.silence_seconds:g}s")
+                    elif self._pinged is None and loop.time() - self._heard >= self.silence_seconds:
+                        await pubsub.ping()  # only sent: its reply comes back like a message
+                        self.pings += 1
+                        self._pinged = loop.time()
                     if self._reconnected:
                         self._reconnected = False
                         log.warning("mirror's feed connection was re-established: re-reading everything")
                         await self.resync(full=True)
                         for cb in self.on_reconnect:
                             cb()
+                        self._hear()  # a PING sent on the connection that was replaced is not waited for
                         next_resync = loop.time() + self.resync_seconds
                     if msg is not None and msg.get("type") == "message":
                         await self._consume(msg["data"])

@@ -43,7 +43,7 @@ async def test_buffered_messages_are_those_already_read_in_order_and_other_repli
         assert first is not None and first["data"] == "m0"
         pongs: list[int] = []
         assert [m async for m in buffered_messages(pubsub, lambda: pongs.append(1))] == ["m1", "m2", "m3", "m4"]
-        assert pongs == [1]  # the pong is reported (the mirror's liveness check hears it)
+        assert pongs == [1]  # the pong is reported as a reply (the mirror's liveness check hears it)
         assert [m async for m in buffered_messages(pubsub)] == []  # nothing more was read: none waited for
         assert await pub.publish(CHANNEL, "m5") == 1
         later = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5)  # the usual path still reads
