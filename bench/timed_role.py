@@ -139,7 +139,7 @@ def instrument() -> None:
 async def _lag_probe(period: float = 0.05) -> None:
     """How late the event loop runs a timer: the wait a request that just arrived would see.
 
-    Every 50 ms (20 samples a second, ~600 in a burst phase): at 5 ms the probe itself was 6-9 % of the
+    Every 50 ms (20 samples a second: 160-440 in a burst phase of 8-22 s): at 5 ms the probe itself was 6-9 % of the
     webhook's and the watcher's CPU in a burst (CPU-time sampling, docs/benchmarks.md), charged to ours."""
     hist = BENCH_SECONDS.labels("loop_lag")
     loop = asyncio.get_running_loop()

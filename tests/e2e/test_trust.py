@@ -337,19 +337,21 @@ async def test_the_policy_judges_only_requests_it_could_refuse(env: Env) -> None
                 return True if await judged("POST", dry, named) else None
 
             await until(in_effect, "the probe policy in effect", env.stack.logs)
+
+            def bind(legacy: bool = False, **annotations: str) -> tuple[str, str, dict[str, Any]]:
+                path = f"/api/v1/namespaces/{ns}/bindings" if legacy else f"{pods}/cpu/binding"
+                return ("POST", f"{path}?dryRun=All",
+                        {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "cpu", "annotations": annotations},
+                         "target": {"kind": "Node", "name": env.node}})
+
             let_out = {
                 "a CPU pod": ("POST", dry, env.pod("c2", {"cpu": "1"})),
                 "a pod asking for slices": ("POST", dry, env.pod("s", SLICE)),
                 "a pod with other annotations": ("POST", dry, env.pod("o", {"cpu": "1"}, annotations={"a/b": "c"})),
                 "a label change": ("PATCH", f"{pods}/cpu", {"metadata": {"labels": {"x": "y"}}}),
                 "a status change": ("PATCH", f"{pods}/cpu/status", {"status": {"message": "m"}}),
-                "a Binding without a record": ("POST", f"{pods}/cpu/binding?dryRun=All",
-                                               {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "cpu"},
-                                                "target": {"kind": "Node", "name": env.node}}),
-                "a legacy Binding without one": ("POST", f"/api/v1/namespaces/{ns}/bindings?dryRun=All",
-                                                 {"apiVersion": "v1", "kind": "Binding",
-                                                  "metadata": {"name": "cpu", "annotations": {"a/b": "c"}},
-                                                  "target": {"kind": "Node", "name": env.node}}),
+                "a Binding without a record": bind(),
+                "a legacy Binding without one": bind(legacy=True, **{"a/b": "c"}),
             }
             judged_ones = {
                 "a create naming a node": ("POST", dry, named),
@@ -362,14 +364,8 @@ async def test_the_policy_judges_only_requests_it_could_refuse(env: Env) -> None
                                                 {"metadata": {"annotations": {ALLOCATED: None}}}),
                 "an update leaving a record as it is": ("PATCH", f"{pods}/carrying",
                                                         {"metadata": {"labels": {"x": "y"}}}),
-                "a Binding carrying a record": ("POST", f"{pods}/cpu/binding?dryRun=All",
-                                                {"apiVersion": "v1", "kind": "Binding",
-                                                 "metadata": {"name": "cpu", "annotations": {BIND_PHASE: "success"}},
-                                                 "target": {"kind": "Node", "name": env.node}}),
-                "a legacy Binding carrying one": ("POST", f"/api/v1/namespaces/{ns}/bindings?dryRun=All",
-                                                  {"apiVersion": "v1", "kind": "Binding",
-                                                   "metadata": {"name": "cpu", "annotations": {ALLOCATED: ""}},
-                                                   "target": {"kind": "Node", "name": env.node}}),
+                "a Binding carrying a record": bind(**{BIND_PHASE: "success"}),
+                "a legacy Binding carrying one": bind(legacy=True, **{ALLOCATED: ""}),
                 "an update emptying a record": ("PATCH", f"{pods}/carrying", {"metadata": {"annotations": None}}),
             }
             for what, (method, path, body) in let_out.items():
