@@ -3,12 +3,13 @@
 Filter and prioritize read only the local mirror (no Redis call per node). Bind takes filter's fit for
 the chosen node when the node has not changed since (the memo, keyed by (node, seq)), else plans afresh
 from the mirror (pure: shared/domain/state.py plan_on), and books the plan's card(s) atomically in the
-ledger (one round trip when the mirror is current; the script checks every card again), creates the Binding with
-the allocation annotations in the same API call, answers, and then marks the reservation bound (a second
-round trip, off the bind's latency: `_settle`). A failure before the Binding releases the reservation and
-returns the error (one that may have come after the Binding was written, a timeout or a 5xx, with the pod
-unreadable, keeps it pending instead: the pod may hold the cards); once the Binding exists the bind has
-succeeded, and a confirmation that fails is left to the watchers, which book the pod from its record.
+ledger (one round trip when the mirror is current; the script checks every card again), creates the
+Binding with the allocation annotations in the same API call, answers, and then marks the reservation
+bound (off the bind's latency, one round trip for the binds answered on the node within CONFIRM_LINGER:
+`_settle`). A failure before the Binding releases the reservation and returns the error (one that may
+have come after the Binding was written, a timeout or a 5xx, with the pod unreadable, keeps it pending
+instead: the pod may hold the cards); once the Binding exists the bind has succeeded, and a confirmation
+that fails is left to the watchers, which book the pod from its record.
 
 Filter returns the best `filterTopK` feasible nodes (shared/domain/topk.py; 0: all). Bookings this replica is
 making count in filter and prioritize until the mirror has them (`held`): the reserve script's reply carries
@@ -26,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,7 +71,7 @@ from shared.serving.metrics import (
     TOPK_DROPPED,
     count_filter_failures,
 )
-from shared.store.ledger import Ledger, ReserveOutcome
+from shared.store.ledger import MARK_BOUND_MAX, Ledger, ReserveOutcome
 from shared.store.mirror import Mirror
 from shared.store.placing import place
 
@@ -83,6 +84,9 @@ POD_ENTRY_BYTES = 256 * 1024  # a larger entry is not kept: bind reads that pod 
 EVENT_MEMO_BYTES = 2 * 1024 * 1024  # (pod, reason, message) of recent events, to send each once a minute
 MEMO_BYTES = 32 * 1024 * 1024  # fit and score memos (checked before each call; one call adds at most its nodes)
 CLAIM_SECONDS = 5.0  # how long filter's claim on its one returned node lasts without a bind (_claim)
+# How long an answered bind waits for others on its node before their bookings are marked bound in one call
+# (_confirm): well inside the pod watcher's BOUND_GRACE, after which it would confirm the record itself
+CONFIRM_LINGER = 0.05
 EVENT_MESSAGE_CHARS = 1024  # what an event keeps of a message (Kube.create_event cuts there too)
 FIT_ANNOTATIONS = (USE_UUID, NOUSE_UUID, GPU_POLICY)  # all fit() reads of a pod's annotations
 
@@ -150,7 +154,11 @@ class Extender:
         self.kube = kube
         self.pods: ByteLRU[str, Seen] = ByteLRU(POD_CACHE_BYTES, POD_ENTRY_BYTES)  # uid -> pod seen in filter
         self._events: set[asyncio.Task[None]] = set()
-        self._settling: set[asyncio.Task[None]] = set()  # answered binds' mark-bound calls (_settle)
+        self._settling: set[asyncio.Task[None]] = set()  # answered binds' confirmations (_settle)
+        # node -> uid -> (pod, request, cards, capacity) of answered binds waiting for their batch (_confirm)
+        self._confirming: dict[str, dict[str, tuple[str, SliceRequest, tuple[int, ...], int]]] = {}
+        self._sending = 0  # bookings in mark_bound calls under way (_confirm)
+        self._rebooking = 0  # bookings found gone, being booked again (_rebook)
         self._recent: ByteLRU[tuple[str, str, str], float] = ByteLRU(EVENT_MEMO_BYTES)  # -> last sent
         self.memo = FitMemo(mirror, MEMO_BYTES)  # fit() answers and node scores (controller/fit_memo.py)
         self.ranking = Ranking(mirror)  # every node in the node policy's order (controller/ranking.py)
@@ -425,20 +433,72 @@ class Extender:
 
     def _settle(self, node: str, uid: str, pod: str, req: SliceRequest, cards: tuple[int, ...],
                 capacity: int) -> None:
-        """The Binding exists, so bind answers now; the booking is marked bound after (_mark_bound), one
-        Redis round trip off every bind's latency, and off kube-scheduler's connections. Until then it is
-        a reservation under its TTL, as it was between reserve and the Binding, and the pod watcher marks
-        it bound too once it sees the record. `settled` waits for these (shutdown, tests)."""
-        task = asyncio.create_task(self._mark_bound(node, uid, pod, req, cards, capacity))
+        """The Binding exists, so bind answers now; the booking is marked bound after (_confirm), off every
+        bind's latency and off kube-scheduler's connections, together with the node's other binds answered
+        within CONFIRM_LINGER: one round trip and one feed message for the batch, not one per pod (every
+        role's mirror reads each message). Until then it is a reservation under its TTL, as it was between
+        reserve and the Binding, and the pod watcher marks it bound too once it sees the record (it waits
+        BOUND_GRACE for this confirmation first). `settled` waits for these (shutdown, tests)."""
+        batch = self._confirming.get(node)
+        if batch is None:
+            batch = self._confirming[node] = {}
+            self._track(self._confirm(node))
+        batch[uid] = (pod, req, cards, capacity)
+
+    def _track(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
         self._settling.add(task)
         task.add_done_callback(self._settled_one)
+
+    def _unconfirmed(self) -> int:
+        """Answered binds whose booking is not marked bound yet: queued, in a call, or being booked again."""
+        return sum(len(b) for b in self._confirming.values()) + self._sending + self._rebooking
+
+    async def _confirm(self, node: str) -> None:
+        """Mark the node's answered binds bound, after CONFIRM_LINGER; a bind answered meanwhile joins them.
+        A booking found gone is handled alone (_rebook)."""
+        try:
+            await asyncio.sleep(CONFIRM_LINGER)
+        except asyncio.CancelledError:  # stopped first: a bind answered from here on starts a batch of its own
+            SETTLE_FAILURES.inc(len(self._confirming.pop(node, {})))  # left to the pod watcher (observe)
+            raise
+        batch = self._confirming.pop(node, {})  # a bind answered from here on starts the next batch
+        uids = list(batch)
+        left = len(uids)
+        self._sending += left
+        try:
+            for start in range(0, len(uids), MARK_BOUND_MAX):
+                chunk = uids[start:start + MARK_BOUND_MAX]
+                try:
+                    missing = await self.ledger.mark_bound_many(node, chunk)
+                except Exception as e:
+                    # the pods are bound with their records: the pod watcher books them from those (observe)
+                    SETTLE_FAILURES.inc(len(chunk))
+                    log.warning("bind: marking %d booking(s) on %s bound failed (the pod watcher books them "
+                                "from their records): %s", len(chunk), node, e)
+                    continue
+                finally:
+                    self._sending -= len(chunk)
+                    left -= len(chunk)
+                for uid in missing:
+                    self._rebooking += 1
+                    self._track(self._rebook_one(node, uid, *batch[uid]))
+        finally:
+            self._sending -= left  # chunks a cancellation kept from being sent
+
+    async def _rebook_one(self, node: str, uid: str, pod: str, req: SliceRequest, cards: tuple[int, ...],
+                          capacity: int) -> None:
+        try:
+            await self._rebook(node, uid, pod, req, cards, capacity)
+        finally:
+            self._rebooking -= 1
 
     def _settled_one(self, task: asyncio.Task[None]) -> None:
         self._settling.discard(task)
         if not task.cancelled() and (e := task.exception()) is not None:
             # the pod is bound with its record: the pod watcher books it from that (observe)
             SETTLE_FAILURES.inc()
-            log.warning("bind: marking a booking bound failed (the pod watcher books it from its record): %s", e)
+            log.warning("bind: confirming a booking failed (the pod watcher books it from its record): %s", e)
 
     async def settled(self, timeout: float = 10.0) -> None:
         """Wait (at most `timeout` s) until the bookings of answered binds are marked bound, those of binds
@@ -447,9 +507,10 @@ class Extender:
         while self._settling:
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
-                SETTLE_FAILURES.inc(len(self._settling))
+                unconfirmed = self._unconfirmed()  # bookings, not tasks: one confirmation carries a batch
+                SETTLE_FAILURES.inc(unconfirmed)
                 log.warning("bind: %d booking(s) not marked bound by the stop (the pod watcher books them from "
-                            "their records)", len(self._settling))
+                            "their records)", unconfirmed)
                 return
             await asyncio.wait(set(self._settling), timeout=left)
 
@@ -480,14 +541,12 @@ class Extender:
             return None
         return meta.get("annotations") or {}
 
-    async def _mark_bound(self, node: str, uid: str, pod: str, req: SliceRequest, cards: tuple[int, ...],
-                          capacity: int) -> None:
-        """The Binding exists: mark the booking bound. If it went while the bind was in flight (expired past
-        the TTL, or released by a repair) and the pod is still there, it holds its cards anyway: book what
-        its record says now, as the watcher will once it sees the record (over-commit is booked and
-        reported, never hidden)."""
-        if await self.ledger.mark_bound(node, uid):
-            return
+    async def _rebook(self, node: str, uid: str, pod: str, req: SliceRequest, cards: tuple[int, ...],
+                      capacity: int) -> None:
+        """The Binding exists but its booking was not there to mark bound. If it went while the bind was in
+        flight (expired past the TTL, or released by a repair) and the pod is still there, it holds its cards
+        anyway: book what its record says now, as the watcher will once it sees the record (over-commit is
+        booked and reported, never hidden)."""
         if not await self._still_here(pod, uid, node):
             # deleted (and released by the pod watcher) between the Binding and this confirmation
             log.info("bind: %s (%s) ended before its booking on %s was confirmed: not booked again", pod, uid,

@@ -91,8 +91,9 @@ class Layout:
         node has (sent back with a refusal, so the caller refits without another read)."""
         return self._keys(node, [*cards, *known.cards], [uid, *known.uids])
 
-    def mark_bound(self, node: str, uid: str) -> list[str]:
-        return self._keys(node, (), [uid], pods=False)
+    def mark_bound(self, node: str, *uids: str) -> list[str]:
+        """The node and the reservations to mark (one bind's, or a batch of them)."""
+        return self._keys(node, (), uids, pods=False)
 
     def release(self, node: str, uid: str, known: Known) -> list[str]:
         """The node, pods, the reservation and the cards it holds (any of the node's)."""

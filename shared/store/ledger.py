@@ -52,6 +52,7 @@ KEY_ROUNDS = 32
 # read of 5,000 nodes (a mirror's resync, a reconcile pass) is cut where the loop can serve requests.
 SNAPSHOT_BATCH = 250
 HEADS_BATCH = 1000  # nodes per pipelined read of (version, stamp): two short fields each
+MARK_BOUND_MAX = 512  # reservations per mark_bound call (mark_bound.lua checks the same bound)
 
 
 @dataclass(frozen=True)
@@ -302,8 +303,18 @@ class Ledger:
         return outcome, fresh
 
     async def mark_bound(self, node: str, uid: str) -> bool:
-        return bool(orjson.loads(await self._call("mark_bound", node, {"uid": uid},
-                                                  lambda _k: self.keys.mark_bound(node, uid)))["ok"])
+        """Mark one reservation bound; False when there is none."""
+        return not await self.mark_bound_many(node, [uid])
+
+    async def mark_bound_many(self, node: str, uids: Sequence[str]) -> list[str]:
+        """Mark these reservations of one node bound, in one round trip and one feed message (at most
+        MARK_BOUND_MAX at a time); returns those that have no reservation."""
+        if not 0 < len(uids) <= MARK_BOUND_MAX:
+            raise ValueError(f"mark_bound_many: {len(uids)} uids; allowed 1..{MARK_BOUND_MAX}")
+        out = orjson.loads(await self._call("mark_bound", node, {"uids": list(uids)},
+                                            lambda _k: self.keys.mark_bound(node, *uids)))
+        missing = out.get("missing") or []  # Lua's cjson encodes an empty list as {}
+        return [str(u) for u in missing] if isinstance(missing, list) else []
 
     async def release(self, node: str, uid: str) -> bool:
         """Give a pod's share back; True if something was held. Idempotent."""

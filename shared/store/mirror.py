@@ -1,8 +1,8 @@
 """A replica's local read-only copy of the ledger, kept current by the change feed.
 
 Every ledger script publishes the cards it changed (all of the node's cards after an upsert or a
-rebuild, flagged full) and the one reservation it changed, with the node's new version, on
-`<prefix>:feed`. The mirror applies a message when its version is the
+rebuild, flagged full) and the reservation it changed (a batched confirmation: several, counting one
+version each), with the node's new version, on `<prefix>:feed`. The mirror applies a message when its version is the
 next one it expects; on a gap, an unknown node or a rebuild it re-reads that node (one round
 trip). On (re)connect it re-reads everything in one pipelined round trip, and it re-reads
 everything periodically as a safety net, since Pub/Sub drops messages while disconnected.
@@ -30,7 +30,7 @@ from shared.domain.node import mismatch_kind
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation
 from shared.serving.metrics import FEED_SILENCES, MIRROR_REREADS
 from shared.serving.supervise import Backoff
-from shared.store.ledger import RESEND, Ledger
+from shared.store.ledger import MARK_BOUND_MAX, RESEND, Ledger
 
 try:  # the sentinel redis-py's hiredis parser has its reader return when no whole reply is buffered
     from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
@@ -346,7 +346,10 @@ class Mirror:
             return self._stale(node, "history")
         if version <= cur.version:
             return None  # already have it (e.g. read after the change was published)
-        if version != cur.version + 1:
+        span = msg.get("span", 1)  # versions this write counts: one per reservation it changed (mark_bound)
+        if not isinstance(span, int) or isinstance(span, bool) or not 1 <= span <= MARK_BOUND_MAX:
+            raise ValueError(f"feed message span {span!r}: allowed 1..{MARK_BOUND_MAX}")
+        if version != cur.version + span:
             return self._stale(node, "gap")
         if cur.stamp and isinstance(prev, str) and prev != cur.stamp:
             # the write before this one is not the one our snapshot is of (another history: the keys made
@@ -364,6 +367,8 @@ class Mirror:
         uid = msg.get("uid") if usage else None
         res = msg.get("res") if uid else None
         new_res = Reservation.from_json(str(uid), res) if uid and res else None
+        more = msg.get("more") if uid else None  # the other reservations a batched `bound` changed
+        also = {str(u): Reservation.from_json(str(u), r) for u, r in more.items()} if isinstance(more, dict) else {}
         new_cards: Mapping[int, CardRecord] = cur.cards
         if msg.get("full", True):
             new_cards = {k: v for k, v in changed.items() if v is not None}
@@ -382,6 +387,7 @@ class Mirror:
                 reservations[str(uid)] = new_res
             else:
                 reservations.pop(str(uid), None)
+            reservations.update(also)
         if self._bases is not None:  # a resync is reading: it must know what this write was applied onto
             self._bases.setdefault(node, []).append(cur)
         # the whole snapshot replaced by a new value (a new seq), never an edit in place

@@ -224,13 +224,13 @@ async def test_bind_answers_once_the_binding_exists_and_marks_the_booking_bound_
         setup: tuple[Extender, FakeKube, Ledger], monkeypatch: pytest.MonkeyPatch) -> None:
     ext, kube, ledger = setup
     go = asyncio.Event()
-    real = ledger.mark_bound
+    real = ledger.mark_bound_many
 
-    async def held_back(node_name: str, uid: str) -> bool:
+    async def held_back(node_name: str, uids: list[str]) -> list[str]:
         await go.wait()
-        return await real(node_name, uid)
+        return await real(node_name, uids)
 
-    monkeypatch.setattr(ledger, "mark_bound", held_back)
+    monkeypatch.setattr(ledger, "mark_bound_many", held_back)
     p = pod("s1", {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 32, "mthreads.com/sgpu-core": 4})
     ext.filter({"Pod": p, "NodeNames": ["s5k"], "Nodes": None})
     out = await asyncio.wait_for(ext.bind({"PodName": "p-s1", "PodNamespace": "ns", "PodUID": "s1",
@@ -253,10 +253,10 @@ async def test_a_booking_that_cannot_be_marked_bound_is_counted_and_the_bind_sta
 
     ext, _kube, ledger = setup
 
-    async def unreachable(node_name: str, uid: str) -> bool:
+    async def unreachable(node_name: str, uids: list[str]) -> list[str]:
         raise RedisConnectionError("Redis went away")
 
-    monkeypatch.setattr(ledger, "mark_bound", unreachable)
+    monkeypatch.setattr(ledger, "mark_bound_many", unreachable)
     before = SETTLE_FAILURES._value.get()
     p = pod("s2", {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 32, "mthreads.com/sgpu-core": 4})
     ext.filter({"Pod": p, "NodeNames": ["s5k"], "Nodes": None})

@@ -70,13 +70,13 @@ async def test_a_pod_deleted_and_released_after_the_answer_is_not_booked_again(
     ext = Extender(CFG, ledger, mirror, kube)  # type: ignore[arg-type]
     watcher = PodWatcher(kube, ledger, mirror, CFG, asyncio.Event())  # type: ignore[arg-type]
     go = asyncio.Event()
-    real = ledger.mark_bound
+    real = ledger.mark_bound_many
 
-    async def late(node_name: str, uid: str) -> bool:  # the settle task, behind the loop's other work
+    async def late(node_name: str, uids: list[str]) -> list[str]:  # the settle task, behind the loop's other work
         await go.wait()
-        return await real(node_name, uid)
+        return await real(node_name, uids)
 
-    monkeypatch.setattr(ledger, "mark_bound", late)
+    monkeypatch.setattr(ledger, "mark_bound_many", late)
     ext.filter({"Pod": pod("d1", SLICE), "NodeNames": ["s5k"], "Nodes": None})
     before = REBOOKED._value.get()
     out = await asyncio.wait_for(ext.bind({"PodName": "p-d1", "PodNamespace": "ns", "PodUID": "d1",

@@ -64,8 +64,12 @@ class FakeLedger:
 
     async def mark_bound(self, node: str, uid: str) -> bool:
         """As Ledger.mark_bound: True, the booking this fake placed is there."""
-        self.bound.append((node, uid))
-        return (node, uid) in self.placed and not self.refuse
+        return not await self.mark_bound_many(node, [uid])
+
+    async def mark_bound_many(self, node: str, uids: list[str]) -> list[str]:
+        """As Ledger.mark_bound_many: the uids without a booking this fake placed."""
+        self.bound.extend((node, uid) for uid in uids)
+        return [uid for uid in uids if (node, uid) not in self.placed or self.refuse]
 
     async def release(self, node: str, uid: str) -> None:
         self.released.append((node, uid))

@@ -183,6 +183,9 @@ class PlanLedger:
     async def mark_bound(self, node: str, uid: str) -> bool:
         return True  # as Ledger.mark_bound: the booking place made is there
 
+    async def mark_bound_many(self, node: str, uids: list[str]) -> list[str]:
+        return []  # as Ledger.mark_bound_many: every booking place made is there
+
     async def release(self, node: str, uid: str) -> None:
         pass
 

@@ -245,10 +245,13 @@ end
 -- longer exists as false), and mirrors merge them; with touched = nil every card is sent and
 -- full = true tells mirrors to replace theirs. Reading and encoding every card of the node on every
 -- booking was most of a script's time. `views` (optional): touched cards' states the caller already
--- knows (from add_usage), so they need not be read again. Mirrors apply a message when
--- version == theirs + 1, else re-read the node.
-local function publish(kind, uid, res, touched, views)
-  local v = redis.call('HINCRBY', NODE_KEY, 'version', 1)
+-- knows (from add_usage), so they need not be read again. `extra` (optional): more fields of the message
+-- (mark_bound's `more` and `span`). Mirrors apply a message when version == theirs + span (1 unless the
+-- message says), else re-read the node: a write that changed n reservations counts n versions, so a mirror
+-- that reads only `uid`/`res` (one of an earlier release) sees a gap and re-reads instead of taking the
+-- version with only part of the write.
+local function publish(kind, uid, res, touched, views, extra)
+  local v = redis.call('HINCRBY', NODE_KEY, 'version', (extra and extra.span) or 1)
   -- When this write happened (Redis's clock, microseconds): with the version it names the node's last
   -- write, also across a loss (a version starts over at 1 when the keys are new, and a shard that failed
   -- over to a lagging replica counts again from an older one). Mirrors compare (version, stamp) with
@@ -275,6 +278,7 @@ local function publish(kind, uid, res, touched, views)
   local msg = {node = NODE, version = v, stamp = stamp, prev = prev, kind = kind, full = touched == nil, cards = cards,
                error = redis.call('HGET', NODE_KEY, 'error') or ""}
   if uid then msg.uid = uid; msg.res = res or false end
+  if extra then for k, v in pairs(extra) do msg[k] = v end end
   redis.call('PUBLISH', FEED, cjson.encode(msg))
   return v, msg  -- the message too: reserve hands it to its caller, which applies it to its mirror at once
 end
