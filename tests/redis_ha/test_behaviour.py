@@ -23,6 +23,7 @@ from shared.store.ledger import Ledger, connect, connect_subscriber
 from shared.store.mirror import Mirror
 from tests.redis import (
     test_in_flight_bookings,
+    test_mark_bound_batch,
     test_mirror,
     test_redteam_inflight_nodes,
     test_script_keys,
@@ -50,6 +51,8 @@ ON_TWO_NODES: list[Case] = [
     # the node watcher on its own nodes: remove_node with a payload, replace_node keeping what settles
     f.test_remove_node_leaves_a_node_where_a_booking_settles,
     f.test_a_just_bound_booking_not_yet_seen_survives_deletion,
+    # a batch of confirmations: its uids' keys share the node's slot
+    test_mark_bound_batch.test_a_batch_is_bounded_and_checked_whole_before_anything_changes,
 ]
 ON_POPULATED: list[Case] = [
     b.test_snapshot_reads_exactly_the_keys, b.test_remove_node_forgets_everything_of_that_node_only,
@@ -57,7 +60,8 @@ ON_POPULATED: list[Case] = [
     i.test_unknown_node_is_refused_and_nothing_is_created, i.test_populated_fixture_is_consistent,
     test_redteam_inflight_nodes.test_remove_node_with_keep_ms_declares_every_key_and_spares_what_settles,
 ]
-MIRROR_ON_TWO_NODES: list[Case] = [m.test_mirror_applies_the_feed_in_order, m.test_mirror_refetches_a_node_after_a_gap]
+MIRROR_ON_TWO_NODES: list[Case] = [m.test_mirror_applies_the_feed_in_order, m.test_mirror_refetches_a_node_after_a_gap,
+                                   test_mark_bound_batch.test_a_mirror_applies_every_reservation_of_a_batch]
 MIRROR_ON_POPULATED: list[Case] = [m.test_mirror_refetches_after_a_rebuild_and_drops_removed_nodes,
                                    m.test_mirror_capacities_and_owner_of]
 
