@@ -460,7 +460,8 @@ class Extender:
         try:
             await asyncio.sleep(CONFIRM_LINGER)
         except asyncio.CancelledError:  # stopped first: a bind answered from here on starts a batch of its own
-            SETTLE_FAILURES.inc(len(self._confirming.pop(node, {})))  # left to the pod watcher (observe)
+            # (left to the pod watcher's observe; counted by `settled`, which a stop runs before cancelling)
+            self._confirming.pop(node, None)
             raise
         batch = self._confirming.pop(node, {})  # a bind answered from here on starts the next batch
         uids = list(batch)
