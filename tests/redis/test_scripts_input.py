@@ -75,6 +75,11 @@ def uid_cases() -> list[tuple[str, dict[str, Any]]]:
     return [(f"uid={u!r:.20}", with_({"uid": "u1"}, uid=u)) for u in BAD_UIDS]
 
 
+def uids_cases() -> list[tuple[str, dict[str, Any]]]:
+    """mark_bound's payload: each bad uid as the one entry of `uids` (a missing one: no `uids` at all)."""
+    return [(name, {"uids": [p["uid"]]} if "uid" in p else p) for name, p in uid_cases()]
+
+
 def card_list_cases() -> list[tuple[str, Any]]:
     """Bad `cards` for upsert_node / replace_node."""
     cases: list[tuple[str, Any]] = [("missing", MISSING), ("string", "x"), ("number", 3),
@@ -133,7 +138,7 @@ TABLE: list[tuple[str, str, str, dict[str, Any]]] = (
     # validated before the node is looked up:
     + [("reserve", "nope", name, p) for name, p in reserve_cases()[:3]]
     + [("observe", "n4", name, p) for name, p in observe_cases()]
-    + [("mark_bound", "n4", name, p) for name, p in uid_cases()]
+    + [("mark_bound", "n4", name, p) for name, p in uids_cases()]
     + [("release", "n4", name, p) for name, p in uid_cases()]
     + [("upsert_node", "n4", name, p) for name, p in upsert_cases()]
     + [("upsert_node", "brand-new", name, p) for name, p in upsert_cases()[:4]]

@@ -1,14 +1,12 @@
 -- Mark reservations bound once their Bindings exist. Payload: {uids} (1..MARK_BOUND_MAX pod uids of this
--- node; the extender confirms the binds it answered in one call per node, controller/extender.py `_confirm`)
--- or {uid}. Idempotent. One feed message for all the reservations it changed: the first as `uid`/`res`, the
+-- node; the extender confirms the binds it answered in one call per node, controller/extender.py `_confirm`).
+-- Idempotent. One feed message for all the reservations it changed: the first as `uid`/`res`, the
 -- others in `more` ({uid: res}) with `span` = how many it changed (the node's version moves by that much),
 -- so the feed carries one message per batch, not one per pod.
--- Replies {missing = [uids with no reservation]} (an empty list is encoded `{}`), and ok for {uid}: whether it
--- had one.
+-- Replies {missing = [uids with no reservation]} (an empty list is encoded `{}`).
 local p, err = payload()
 if err then return err end
 local uids = p.uids
-if uids == nil then uids = {p.uid} end
 if not is_list(uids, 512) or #uids == 0 then return fail("BADINPUT", "uids must be a list of 1..512 pod uids") end
 for _, uid in ipairs(uids) do
   local bad = check_uid(uid)
@@ -32,6 +30,4 @@ end
 if first ~= nil then
   publish('bound', first[1], first[2], {}, nil, n > 1 and {more = changed, span = n} or nil)
 end
-local reply = {missing = missing}
-if p.uids == nil then reply.ok = #missing == 0 end
-return cjson.encode(reply)
+return cjson.encode({missing = missing})
