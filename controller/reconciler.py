@@ -76,6 +76,12 @@ class Reconciler:
     # -- full rebuild ------------------------------------------------------------------------------
 
     async def rebuild(self, why: str = "start") -> dict[str, int]:
+        # The node watcher waits meanwhile (its events are handled after, on top of this): the nodes are
+        # written from this rebuild's own list, and its view (`last`, `known`) replaced by that list.
+        async with self.nodes.lock:
+            return await self._rebuild(why)
+
+    async def _rebuild(self, why: str) -> dict[str, int]:
         t0 = time.monotonic()
         node_objs, _ = await self.nodes.reflector.list()
         pod_objs, _ = await self.pods.reflector.list()

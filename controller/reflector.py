@@ -92,6 +92,9 @@ class Reflector:
         # every few minutes); one that stays down means our view of the cluster is going stale.
         self.failing_since: float | None = None
         self.last_error = ""
+        # since when it has worked without a failure (None: failing, or not listed yet); a stream that just
+        # resumed may still be replaying the events it missed (Reflector.unsettled)
+        self.live_since: float | None = None
         self.on_resync: list[Callable[[], None]] = []  # called after every (re-)list: reconcile soon
 
     async def list(self) -> tuple[list[dict[str, Any]], str]:
@@ -116,11 +119,14 @@ class Reflector:
                 return items, str((page.get("metadata") or {}).get("resourceVersion") or "")
 
     def _working(self) -> None:
+        if self.live_since is None:
+            self.live_since = time.monotonic()
         self.failing_since = None
         self.last_error = ""
 
     def _failing(self, e: BaseException) -> None:
         self.failing_since = self.failing_since or time.monotonic()
+        self.live_since = None
         self.last_error = f"{type(e).__name__}: {e}"[:300]
 
     def problem(self, max_failing: float = 10.0) -> str:
@@ -129,6 +135,17 @@ class Reflector:
             return f"{self.name}: not listed yet" + (f" ({self.last_error})" if self.last_error else "")
         if self.failing_since is not None and time.monotonic() - self.failing_since >= max_failing:
             return f"{self.name}: stream failing for {time.monotonic() - self.failing_since:.0f}s ({self.last_error})"
+        return ""
+
+    def unsettled(self, settle: float) -> str:
+        """problem(0), or why the view may still lack events: the stream has worked for less than `settle`
+        seconds since it was listed or resumed ("" when it has worked longer)."""
+        why = self.problem(0)
+        if why:
+            return why
+        since = time.monotonic() - (self.live_since if self.live_since is not None else time.monotonic())
+        if self.live_since is None or since < settle:
+            return f"{self.name}: stream working again for {since:.1f}s only (its missed events may still come)"
         return ""
 
     async def run(self) -> None:

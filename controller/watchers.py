@@ -31,6 +31,7 @@ from shared.domain.trust import foreign_record
 from shared.kube import Kube, KubeError
 from shared.serving.metrics import (
     ANNOTATION_ERRORS,
+    JANITOR_HELD,
     NUDGES,
     OVERCOMMIT,
     RECORD_MISMATCH,
@@ -98,6 +99,10 @@ class NodeWatcher:
         self.knobs = KnobWatch(kube, cfg.events_enabled, cfg.scheduler_name)  # knob changes under held slices
         self.nudge: Callable[[str], None] = lambda node: None  # the pod watcher's Nudger, set by the role
         self.mismatch = MismatchReporter(kube, cfg)  # events, gauge and log line (controller/mismatch.py)
+        # Held by each event and re-list, and by the reconciler's rebuild from its own lists: a Node change
+        # handled while a rebuild runs would be overwritten by the rebuild's older copy (in Redis and in
+        # `last`, which every later pass compares with). Held, the change is handled after the rebuild.
+        self.lock = asyncio.Lock()
 
     async def apply(self, name: str, inv: Inventory | None) -> None:
         """Bring the ledger's node `name` to what the API says (`inv`; None: the Node is gone)."""
@@ -155,6 +160,10 @@ class NodeWatcher:
 
     async def on_event(self, kind: str, node: dict[str, Any]) -> None:
         WATCH_EVENTS.labels("node", kind).inc()
+        async with self.lock:
+            await self._on_event(kind, node)
+
+    async def _on_event(self, kind: str, node: dict[str, Any]) -> None:
         name = str((node.get("metadata") or {}).get("name"))
         inv = None if kind == "DELETED" else node_inventory(node, self.cfg)
         raised = False
@@ -168,6 +177,10 @@ class NodeWatcher:
             self.nudge(name)
 
     async def on_sync(self, nodes: list[dict[str, Any]]) -> None:
+        async with self.lock:
+            await self._on_sync(nodes)
+
+    async def _on_sync(self, nodes: list[dict[str, Any]]) -> None:
         invs = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in nodes)}
         self.knobs.keep_only(set(invs))  # nodes gone while the watch was down: no baseline kept for them
         raised: list[str] = []
@@ -636,11 +649,18 @@ def wire(nodes: NodeWatcher, pods: PodWatcher) -> None:
     pods.inventories = lambda: nodes.last
 
 
+# How long the pod stream must have worked, after its list or a resume, before the janitor expires anything:
+# a resumed watch replays the events it missed, a bound pod's record among them
+JANITOR_VIEW_SETTLE_SECONDS = 10.0
+
+
 def janitor_for(ledger: Ledger, mirror: Mirror, cfg: Config, pods: PodWatcher) -> Janitor:
     """The watcher role's janitor, wired to its pod watcher: the records it holds back are booked, never
-    expired (before_expire), and it learns Redis's clock from each sweep (redis_time), for `_late`."""
+    expired (before_expire), none is expired while its pod view is blind (view_problem), and it learns Redis's
+    clock from each sweep (redis_time), for `_late`."""
     return Janitor(ledger, mirror, cfg, nudger=pods.nudger, before_expire=pods.confirm_now,
-                   redis_time=pods.saw_redis_time)
+                   redis_time=pods.saw_redis_time,
+                   view_problem=lambda: pods.reflector.unsettled(JANITOR_VIEW_SETTLE_SECONDS))
 
 
 class Janitor:
@@ -649,7 +669,8 @@ class Janitor:
     def __init__(self, ledger: Ledger, mirror: Mirror, cfg: Config, interval: float = 5.0,
                  nudger: Nudger | None = None,
                  before_expire: Callable[[list[str]], Awaitable[Collection[str]]] | None = None,
-                 redis_time: Callable[[int], None] | None = None):
+                 redis_time: Callable[[int], None] | None = None,
+                 view_problem: Callable[[], str] | None = None):
         self.nudger = nudger
         self.ledger = ledger
         self.mirror = mirror
@@ -660,6 +681,12 @@ class Janitor:
         # it returns those it could not (held back, in flight, failed): they are not expired
         self.before_expire = before_expire
         self.redis_time = redis_time  # told Redis's clock each sweep (PodWatcher.saw_redis_time)
+        # why the pod view cannot vouch for a pending booking now ("" when it can): a booking stays pending
+        # after its Binding when the binder died, its confirmation failed or the Binding's outcome was
+        # unknown, and only the pod watcher's sight of the record saves it. While that view is blind (the
+        # stream down, or just back and replaying), expiring it could free a running pod's cards.
+        self.view_problem = view_problem or (lambda: "")
+        self._held = ""  # the problem that holds expiry back, logged once per episode
 
     async def sweep(self) -> list[str]:
         # Reservations are stamped with Redis's clock, so age is measured on it: this host's may be off.
@@ -673,6 +700,8 @@ class Janitor:
                 if self.before_expire is not None:
                     keep = await self.before_expire(old)
                     old = [u for u in old if u not in keep]  # no await from here to expire's send
+                if self._blind(len(old)):  # judged after the last await, as before_expire's answer
+                    continue
                 # only the uids vetted here: expire.lua judges at its own `now`, and a booking that crossed the
                 # TTL since ours (or one the mirror lags on) was never offered to before_expire
                 expired = await self.ledger.expire(node, self.ttl, only=old)
@@ -682,7 +711,20 @@ class Janitor:
                 gone.extend(expired)
         if gone:
             log.info("expired %d pending reservation(s) older than %ss", len(gone), self.ttl)
+        self._blind(0)  # a sweep with nothing to expire still ends an episode (or starts one: the gauge)
         return gone
+
+    def _blind(self, due: int) -> bool:
+        """True while the pod view is blind: nothing is expired. The gauge and one log line per episode."""
+        why = self.view_problem()
+        JANITOR_HELD.set(1 if why else 0)
+        if why and not self._held:
+            log.warning("janitor: expiring no pending reservation while the pod view is blind (%s)%s", why,
+                        f": {due} past pendingTTLSeconds kept" if due else "")
+        elif self._held and not why:
+            log.info("janitor: the pod view is live again: expiring pending reservations past the TTL")
+        self._held = why
+        return bool(why)
 
     async def run(self) -> None:
         while True:  # errors go to the supervisor, which restarts the loop with backoff

@@ -95,6 +95,12 @@ RECONCILE_TOUCHED = Counter("mtsched_reconcile_touched_total",
 RECONCILE_LAST = Gauge("mtsched_reconcile_last_pass_timestamp_seconds",
                        "Unix time a reconciliation pass over every node last completed (0: none yet)")
 RECONCILE_SECONDS = Histogram("mtsched_reconcile_seconds", "Duration of one reconciliation pass", buckets=BUCKETS)
+CONNECTIONS_REFUSED = Counter("mtsched_http_connections_refused_total",
+                              "Connections closed as they were accepted: the port already had 1024 open")
+JANITOR_HELD = Gauge("mtsched_janitor_held",
+                     "1 while the janitor expires no pending reservation because the watcher's pod stream is down, "
+                     "not listed yet, or back for less than 10 s (a booking whose record it has not seen may be a "
+                     "running pod's)")
 LEDGER_REBUILDS = Counter("mtsched_ledger_rebuilds_total", "Full rebuilds of the ledger from the API server",
                           ["why"])
 PREEMPT_NODES = Counter("mtsched_preempt_nodes_total",
