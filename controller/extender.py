@@ -59,6 +59,7 @@ from shared.domain.shapes import ShapeError
 from shared.domain.state import plan_on
 from shared.kube import Kube, KubeError
 from shared.serving.bounded import ByteLRU
+from shared.serving.http import BodyError, read_body
 from shared.serving.listen import LISTEN_POLICY, extender_policy
 from shared.serving.metrics import (
     BINDINGS,
@@ -626,9 +627,10 @@ class Extender:
 
     @staticmethod
     async def _read(request: web.Request, what: str) -> Any:
-        """The decoded body; ArgsError when it is not JSON (aiohttp answers 413 above BODY_LIMIT)."""
+        """The decoded body; ArgsError when it is not JSON, BodyError when it cannot be read (aiohttp answers
+        413 above BODY_LIMIT)."""
         try:
-            return orjson.loads(await request.read())
+            return orjson.loads(await read_body(request))
         except orjson.JSONDecodeError as e:
             raise ArgsError(f"body: not JSON ({e}); allowed: an {what} JSON object") from None
 
@@ -639,6 +641,8 @@ class Extender:
                 return _json(call(await self._read(request, "ExtenderArgs")))
             except ArgsError as e:
                 return _bad(e)
+            except BodyError as e:
+                return _json({"error": e.message}, status=e.status)
 
     async def h_filter(self, request: web.Request) -> web.Response:
         return await self._answer(request, "filter", self.filter)
@@ -652,6 +656,8 @@ class Extender:
                 return _json(await self.bind(await self._read(request, "ExtenderBindingArgs")))
             except ArgsError as e:
                 return _bad(e)
+            except BodyError as e:
+                return _json({"error": e.message}, status=e.status)
             except Exception as e:  # a Redis outage must come back as an error, not a dropped connection
                 log.exception("bind failed")
                 BINDINGS.labels("error").inc()

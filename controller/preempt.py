@@ -25,6 +25,7 @@ from shared.domain.preempt_args import NodeVictims, PreemptionArgs, parse_preemp
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.state import NodeSnapshot
 from shared.kube import KubeError
+from shared.serving.http import BodyError, read_body
 from shared.serving.metrics import EXTENDER_SECONDS, PREEMPT_NODES
 
 if TYPE_CHECKING:
@@ -135,12 +136,15 @@ class Preemption:
         with EXTENDER_SECONDS.labels("preempt").time():
             try:
                 try:
-                    doc = orjson.loads(await request.read())
+                    doc = orjson.loads(await read_body(request))
                 except orjson.JSONDecodeError as e:
                     raise ArgsError(f"body: not JSON ({e}); allowed: an ExtenderPreemptionArgs JSON object") from None
                 body = await self.preempt(doc)
             except ArgsError as e:
                 return web.Response(body=orjson.dumps({"error": str(e)}), status=400, content_type="application/json")
+            except BodyError as e:
+                return web.Response(body=orjson.dumps({"error": e.message}), status=e.status,
+                                    content_type="application/json")
             except Exception:  # fail closed: no eviction rather than a 500
                 log.exception("preempt failed; answering with no eviction")
                 PREEMPT_NODES.labels("error").inc()

@@ -23,6 +23,7 @@ from shared.config import Config
 from shared.domain.admission import Decision, decide, judge_update
 from shared.domain.review import API_VERSION, AdmissionRequest, parse_review
 from shared.domain.shapes import ShapeError, describe
+from shared.serving.http import BodyError, read_body
 from shared.serving.listen import LISTEN_POLICY, webhook_policy
 from shared.serving.metrics import ADMISSIONS, WEBHOOK_SECONDS
 from shared.serving.tls import CertReloader
@@ -131,7 +132,12 @@ class Webhook:
 
     async def h_review(self, request: web.Request) -> web.Response:
         start = time.perf_counter()
-        body = await request.read()
+        try:
+            body = await read_body(request)
+        except BodyError as e:
+            WEBHOOK_SECONDS.labels("bad").observe(time.perf_counter() - start)
+            return web.Response(body=orjson.dumps({"error": e.message}), status=e.status,
+                                content_type="application/json")
         if self.quotas is None:
             status, out = handle_review(body, self.cfg, self.capacities(), self.mismatched())
         else:
