@@ -202,8 +202,11 @@ class Reconciler:
         if diff.clean:
             return diff
         if diff.remove:
-            if await self.ledger.remove_node(node, self.keep_ms) is None:
-                return diff  # a reservation was made or bound there since our read: judged on a later pass
+            async with self.nodes.lock:
+                if self._moved(node, inv):
+                    return diff
+                if await self.ledger.remove_node(node, self.keep_ms) is None:
+                    return diff  # a reservation was made or bound there since our read: judged on a later pass
             self.nodes.known.discard(node)
             RECONCILE_REPAIRS.labels("node_gone").inc()
             log.warning("reconcile: node %s is gone from the API and holds nothing: removed", node)
@@ -236,10 +239,15 @@ class Reconciler:
         final = {uid: (u, t) for uid, (u, t) in self.pods.holders(node).items() if uid not in self.pods.ended}
         for uid in truth.keys() - holders.keys() - self.pods.ended.keys():
             final.setdefault(uid, (truth[uid], refs.get(uid, "")))
-        await self.ledger.list_node(node)
-        # kept: whatever was made or bound since `now_ms - keep_ms`, however long this pass took since its read
-        out = await self.ledger.replace_node(inv if inv is not None else Inventory(node), final, self.keep_ms,
-                                             keep_bound=True, keep_from=now_ms - self.keep_ms)
+        # Under the node watcher's lock, and only if the node is still as this pass saw it: a Node change
+        # handled while we asked the API server is in Redis already, and the older copy must not replace it.
+        async with self.nodes.lock:
+            if self._moved(node, inv):
+                return diff
+            await self.ledger.list_node(node)
+            # kept: whatever was made or bound since `now_ms - keep_ms`, however long this pass took since its read
+            out = await self.ledger.replace_node(inv if inv is not None else Inventory(node), final, self.keep_ms,
+                                                 keep_bound=True, keep_from=now_ms - self.keep_ms)
         if int(out.get("pending_overfull") or 0):
             # newer than our truth and kept (their binders go on), but over-filling a card next to it: said
             # out loud; the card offers nothing more until they bind or expire
@@ -253,6 +261,16 @@ class Reconciler:
         # refused them there are retried now, not at its 5-minute flush
         self.pods.nudger.nudge(node)
         return diff
+
+    def _moved(self, node: str, inv: Inventory | None) -> bool:
+        """Whether the node watcher's view of `node` changed since this pass took `inv`: then the repair is
+        left to a pass of that node soon (touched), made from the newer view."""
+        now = self.nodes.last.get(node)
+        if (self.nodes.effective(now) if now is not None else None) == inv:
+            return False
+        log.info("reconcile: node %s changed while it was compared: compared again", node)
+        self.touch(node)
+        return True
 
     def views_live(self) -> str:
         """Why the watchers' view cannot be trusted now ("" when it can)."""

@@ -92,9 +92,12 @@ class Reflector:
         # every few minutes); one that stays down means our view of the cluster is going stale.
         self.failing_since: float | None = None
         self.last_error = ""
-        # since when it has worked without a failure (None: failing, or not listed yet); a stream that just
+        # since when it has worked without a failure (None: failing, or (re-)listing); a stream that just
         # resumed may still be replaying the events it missed (Reflector.unsettled)
         self.live_since: float | None = None
+        # since when a re-list (after the first) has been running: the view is the one from before it until
+        # its on_sync is done (a 410 after an outage, or a failed stream listed again)
+        self.listing_since: float | None = None
         self.on_resync: list[Callable[[], None]] = []  # called after every (re-)list: reconcile soon
 
     async def list(self) -> tuple[list[dict[str, Any]], str]:
@@ -119,7 +122,7 @@ class Reflector:
                 return items, str((page.get("metadata") or {}).get("resourceVersion") or "")
 
     def _working(self) -> None:
-        if self.live_since is None:
+        if self.live_since is None and self.listing_since is None:
             self.live_since = time.monotonic()
         self.failing_since = None
         self.last_error = ""
@@ -135,6 +138,8 @@ class Reflector:
             return f"{self.name}: not listed yet" + (f" ({self.last_error})" if self.last_error else "")
         if self.failing_since is not None and time.monotonic() - self.failing_since >= max_failing:
             return f"{self.name}: stream failing for {time.monotonic() - self.failing_since:.0f}s ({self.last_error})"
+        if self.listing_since is not None and time.monotonic() - self.listing_since >= max_failing:
+            return f"{self.name}: re-listing for {time.monotonic() - self.listing_since:.0f}s (the view predates it)"
         return ""
 
     def unsettled(self, settle: float) -> str:
@@ -152,6 +157,10 @@ class Reflector:
         backoff = Backoff()
         while True:
             try:
+                # the view stays the one from before this list until on_sync is done: not live meanwhile
+                self.live_since = None
+                if self.synced.is_set() and self.listing_since is None:
+                    self.listing_since = time.monotonic()
                 items, rv = await self.list()
                 WATCH_RELISTS.labels(self.name).inc()
                 try:
@@ -160,6 +169,7 @@ class Reflector:
                     raise HandlerError(f"{self.name}: reconcile after list failed: {e}") from e
                 self.resource_version = rv
                 self.synced.set()
+                self.listing_since = None
                 self._working()
                 for cb in self.on_resync:
                     cb()

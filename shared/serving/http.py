@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestPayloadError
@@ -63,15 +64,20 @@ async def read_body(request: web.Request) -> bytes:
         raise BodyError(408, f"body: not received within {BODY_SECONDS:g} s") from None
     except RequestPayloadError as e:
         raise BodyError(400, f"body: cannot be read ({str(e)[:200]})") from None
+    except ConnectionError:  # the caller went before its body came: nobody reads the answer, nothing is logged
+        raise BodyError(400, "body: the connection closed before the body came") from None
+
+
+def _abort(transport: asyncio.BaseTransport) -> None:
+    # uvloop's transports are no asyncio.Transport instances: duck-typed
+    abort = getattr(transport, "abort", None)
+    (abort or transport.close)()
 
 
 class _Refused(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         CONNECTIONS_REFUSED.inc()
-        if isinstance(transport, asyncio.Transport):
-            transport.abort()
-        else:
-            transport.close()
+        _abort(transport)
 
 
 class _CappedServer(web.Server):
@@ -81,6 +87,100 @@ class _CappedServer(web.Server):
         if len(self.connections) >= MAX_CONNECTIONS:
             return _Refused()
         return super().__call__()
+
+
+# A TLS port's handshake: longer, and the connection is closed (asyncio's default is 60 s).
+HANDSHAKE_SECONDS = 10.0
+
+
+class _Listening:
+    """The listening socket of a _TLSSite, as aiohttp's runner reads a site's server (`sockets`, `close`)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sockets = [sock]
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+
+
+class _TLSSite(web.BaseSite):
+    """aiohttp's TCP site for a TLS port, accepting connections itself: each is counted from its accept,
+    handshake included, so past the cap it is closed before any TLS state is made (a flood of connections that
+    never start TLS is refused, not held for asyncio's 60-s handshake timeout); the handshake is bounded
+    (HANDSHAKE_SECONDS); a connection that completes it is aiohttp's, as on its own site."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, ssl_context: ssl.SSLContext) -> None:
+        super().__init__(runner, ssl_context=ssl_context, backlog=1024)
+        self._host, self._port = host, port
+        # each connection whose TLS is not up yet, and the handler made for it (once the handshake is done)
+        self.handshaking: dict[asyncio.Task[None], list[asyncio.BaseProtocol]] = {}
+        self._accepting: asyncio.Task[None] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"https://{self._host}:{self._port}"
+
+    def open(self) -> int:
+        """Connections open: aiohttp's (TLS up), and those in their handshake (a handler that has its
+        transport is aiohttp's already, while its task ends)."""
+        server = self._runner.server
+        shaking = sum(1 for made in self.handshaking.values() if not made or getattr(made[0], "transport", 1) is None)
+        return shaking + (len(server.connections) if server is not None else 0)
+
+    async def start(self) -> None:
+        await super().start()
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        sock = socket.create_server((self._host, self._port), family=family, backlog=self._backlog)
+        sock.setblocking(False)
+        self._server = cast(asyncio.AbstractServer, _Listening(sock))
+        self._accepting = asyncio.get_running_loop().create_task(self._accept(sock))
+
+    async def stop(self) -> None:
+        if self._accepting is not None:
+            self._accepting.cancel()
+        for task in list(self.handshaking.keys()):
+            task.cancel()
+        await super().stop()  # closes the socket
+
+    async def _accept(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except OSError as e:  # out of descriptors, a connection reset while queued: go on, a breath later
+                log.warning("accept failed on %s: %s", self.name, e)
+                await asyncio.sleep(0.1)
+                continue
+            if self.open() >= MAX_CONNECTIONS:
+                CONNECTIONS_REFUSED.inc()
+                conn.close()
+                continue
+            made: list[asyncio.BaseProtocol] = []
+            task = loop.create_task(self._handshake(conn, made))
+            self.handshaking[task] = made
+            task.add_done_callback(lambda t: self.handshaking.pop(t, None))
+
+    async def _handshake(self, conn: socket.socket, made: list[asyncio.BaseProtocol]) -> None:
+        server = self._runner.server
+        if server is None:
+            conn.close()
+            return
+
+        def handler() -> asyncio.BaseProtocol:
+            made.append(server())  # aiohttp's handler, or _Refused past the cap
+            return made[0]
+
+        try:
+            # the handler gets connection_made once TLS is up
+            await asyncio.get_running_loop().connect_accepted_socket(
+                handler, conn, ssl=self._ssl_context, ssl_handshake_timeout=HANDSHAKE_SECONDS)
+        except (OSError, ssl.SSLError, TimeoutError) as e:  # ConnectionError is an OSError
+            log.debug("TLS handshake not completed on %s: %s", self.name, e)
+            conn.close()
+        except asyncio.CancelledError:
+            conn.close()
+            raise
 
 
 class _Runner(web.AppRunner):
@@ -100,7 +200,10 @@ async def serve(app: web.Application, addr: str, ssl_context: ssl.SSLContext | N
     runner = _Runner(app, access_log=None, keepalive_timeout=IDLE_SECONDS, auto_decompress=False)
     await runner.setup()
     host, port = split_addr(addr)
-    await web.TCPSite(runner, host, port, ssl_context=ssl_context, backlog=1024).start()
+    if ssl_context is None:
+        await web.TCPSite(runner, host, port, backlog=1024).start()
+    else:
+        await _TLSSite(runner, host, port, ssl_context).start()
     log.info("listening on %s://%s", "https" if ssl_context else "http", addr)
     return runner
 

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
+import uvloop
 from prometheus_client import REGISTRY
 
+from deploy.local.pki import make_ca, make_serving_cert
 from deploy.local.processes import free_port
 from shared.config import load_config
 from shared.serving import http
@@ -105,4 +110,55 @@ async def test_connections_past_the_cap_are_closed_as_they_come(monkeypatch: pyt
     finally:
         for _, w in conns[1:]:
             w.close()
+        await runner.cleanup()
+
+
+def _tls_contexts(tmp: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    ca = make_ca()
+    leaf = make_serving_cert(ca, "127.0.0.1")
+    (tmp / "s.crt").write_bytes(leaf.cert_pem)
+    (tmp / "s.key").write_bytes(leaf.key_pem)
+    (tmp / "ca.crt").write_bytes(ca.cert_pem)
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(str(tmp / "s.crt"), str(tmp / "s.key"))
+    client = ssl.create_default_context(cafile=str(tmp / "ca.crt"))
+    client.check_hostname = False
+    return server, client
+
+
+async def on_both_loops(scenario: Callable[[], Awaitable[None]]) -> None:
+    """The scenario on this test's event loop, then on uvloop (what the roles run: its transports and TLS layer
+    are not asyncio's), in a thread of its own."""
+    await scenario()
+    await asyncio.to_thread(uvloop.run, scenario())
+
+
+async def test_a_tls_port_closes_a_connection_that_never_starts_tls_and_serves_one_that_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The handshake is bounded (HANDSHAKE_SECONDS, shortened here); a caller that completes it and sends its
+    request at once is answered, over keep-alive, several times."""
+    monkeypatch.setattr(http, "HANDSHAKE_SECONDS", 1.0)
+    server_ctx, client_ctx = _tls_contexts(tmp_path)
+    await on_both_loops(lambda: _tls_scenario(server_ctx, client_ctx))
+
+
+async def _tls_scenario(server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext) -> None:
+    port = free_port()
+    runner = await serve(webhook_app(), f"127.0.0.1:{port}", server_ctx)
+    try:
+        silent, answer = await _held(port, b"")  # TCP only: no ClientHello ever
+        assert silent < CAP and answer == b"", (silent, answer)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_ctx, server_hostname="x")
+        try:
+            for _ in range(3):
+                writer.write(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 2\r\n\r\n{}")
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), CAP)
+                assert head.startswith(b"HTTP/1.1 400"), head  # {} is no AdmissionReview: a 400 naming the field
+                length = int(next(v for k, _, v in (line.partition(b":") for line in head.split(b"\r\n"))
+                                  if k.lower() == b"content-length"))
+                assert b"error" in await asyncio.wait_for(reader.readexactly(length), CAP)
+        finally:
+            writer.close()
+    finally:
         await runner.cleanup()
