@@ -152,14 +152,22 @@ class _TLSSite(web.BaseSite):
                 log.warning("accept failed on %s: %s", self.name, e)
                 await asyncio.sleep(0.1)
                 continue
-            if self.open() >= MAX_CONNECTIONS:
-                CONNECTIONS_REFUSED.inc()
-                conn.close()
+            except Exception:  # anything else (memory, a bug): never an open port that accepts nothing
+                log.exception("accept failed on %s", self.name)
+                await asyncio.sleep(0.1)
                 continue
-            made: list[asyncio.BaseProtocol] = []
-            task = loop.create_task(self._handshake(conn, made))
-            self.handshaking[task] = made
-            task.add_done_callback(lambda t: self.handshaking.pop(t, None))
+            try:
+                if self.open() >= MAX_CONNECTIONS:
+                    CONNECTIONS_REFUSED.inc()
+                    conn.close()
+                    continue
+                made: list[asyncio.BaseProtocol] = []
+                task = loop.create_task(self._handshake(conn, made))
+                self.handshaking[task] = made
+                task.add_done_callback(lambda t: self.handshaking.pop(t, None))
+            except Exception:
+                log.exception("cannot take a connection on %s", self.name)
+                conn.close()
 
     async def _handshake(self, conn: socket.socket, made: list[asyncio.BaseProtocol]) -> None:
         server = self._runner.server

@@ -13,7 +13,8 @@ Expected: the repair writes the node as the watcher holds it when the repair is 
 `self.nodes.last` / `effective` after the awaits), or the pass's repair of a node runs under
 `NodeWatcher.lock`. Fix: controller/reconciler.py `reconcile_node` / `_pass`.
 
-Real parts: redis-server, Ledger, Mirror, NodeWatcher, PodWatcher, Reconciler (tests/redis/test_redteam_rebuild_race.py).
+Real parts: redis-server, Ledger, Mirror, NodeWatcher, PodWatcher, Reconciler
+(tests/redis/test_redteam_rebuild_race.py).
 """
 
 from __future__ import annotations
