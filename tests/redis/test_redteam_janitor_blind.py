@@ -30,7 +30,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from controller import watchers
-from controller.watchers import PodWatcher, janitor_for
+from controller.watchers import Janitor, PodWatcher, janitor_for
 from shared.domain.annotations import ALLOCATED, PodUsage
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
@@ -50,6 +50,24 @@ def bound_pod(uid: str) -> dict:  # type: ignore[type-arg]
             "status": {"phase": "Running"}}
 
 
+async def pending_past_ttl(led: Ledger, mirror: Mirror, w: PodWatcher, uid: str) -> Janitor:
+    """Card 0 of n4 booked whole for `uid`, pending (never confirmed) and past a TTL of 1 s; the watcher role's
+    janitor (janitor_for) with that TTL."""
+    out, _ = await led.reserve("n4", uid, [0], S4000, 16, 1, model=S4000, whole=True, pod=f"ns/{uid}")
+    assert out.ok
+    await eventually(lambda: uid in (mirror.nodes["n4"].reservations if "n4" in mirror.nodes else {}),
+                     what="the mirror shows the booking")
+    janitor = janitor_for(led, mirror, CFG, w)
+    janitor.ttl = 1
+
+    async def past_ttl() -> bool:
+        s = await led.snapshot("n4")
+        return s is not None and await led.redis_time_ms() - s.reservations[uid].created > 1000
+
+    await eventually(past_ttl, what="the booking past its TTL")
+    return janitor
+
+
 async def test_redteam_the_janitor_keeps_pending_bookings_while_the_pod_view_is_blind(
         watched: tuple[Ledger, Mirror, PodWatcher]) -> None:
     led, mirror, w = watched
@@ -59,18 +77,7 @@ async def test_redteam_the_janitor_keeps_pending_bookings_while_the_pod_view_is_
     assert w.reflector.problem(0), "the pod view is not live"
 
     # bind of ns/first: booked (pending), Binding written (its answer lost), never confirmed
-    out, _ = await led.reserve("n4", "first", [0], S4000, 16, 1, model=S4000, whole=True, pod="ns/first")
-    assert out.ok
-    await eventually(lambda: "first" in (mirror.nodes["n4"].reservations if "n4" in mirror.nodes else {}),
-                     what="the mirror shows the booking")
-    janitor = janitor_for(led, mirror, CFG, w)
-    janitor.ttl = 1
-
-    async def past_ttl() -> bool:
-        s = await led.snapshot("n4")
-        return s is not None and await led.redis_time_ms() - s.reservations["first"].created > 1000
-
-    await eventually(past_ttl, what="the booking past its TTL")
+    janitor = await pending_past_ttl(led, mirror, w, "first")
     gone = await janitor.sweep()
 
     # what follows if it was expired: the card is offered, another exclusive pod is booked on it, and the
@@ -97,18 +104,7 @@ async def test_the_janitor_expires_again_once_the_pod_stream_has_worked_for_the_
     expired, so the hold ends by itself."""
     led, mirror, w = watched
     monkeypatch.setattr(watchers, "JANITOR_VIEW_SETTLE_SECONDS", 0.5)
-    out, _ = await led.reserve("n4", "orphan", [0], S4000, 16, 1, model=S4000, whole=True, pod="ns/orphan")
-    assert out.ok
-    await eventually(lambda: "orphan" in (mirror.nodes["n4"].reservations if "n4" in mirror.nodes else {}),
-                     what="the mirror shows the booking")
-    janitor = janitor_for(led, mirror, CFG, w)
-    janitor.ttl = 1
-
-    async def past_ttl() -> bool:
-        s = await led.snapshot("n4")
-        return s is not None and await led.redis_time_ms() - s.reservations["orphan"].created > 1000
-
-    await eventually(past_ttl, what="the booking past its TTL")
+    janitor = await pending_past_ttl(led, mirror, w, "orphan")
     w.reflector.synced.clear()
     assert await janitor.sweep() == [] and held() == 1.0, "expired before the pods were listed"
     w.reflector.synced.set()

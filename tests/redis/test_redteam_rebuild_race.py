@@ -106,6 +106,20 @@ async def settle(tasks: list[asyncio.Task[None]]) -> None:
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
 
 
+def event_after_rewrite(ledger: Ledger, event: Callable[[str, dict[str, Any]], Awaitable[None]],
+                        after: dict[str, Any]) -> None:
+    """The node watcher's MODIFIED event of n (`after`) comes right after a rebuild rewrote n in Redis."""
+    real = ledger.replace_node
+
+    async def replace_then_event(inv: Any, *a: Any, **kw: Any) -> Any:
+        out = await real(inv, *a, **kw)
+        if inv.node == "n":
+            await event("MODIFIED", after)
+        return out
+
+    ledger.replace_node = replace_then_event  # type: ignore[method-assign]
+
+
 async def card(ledger: Ledger, node: str, idx: int) -> tuple[str, int] | None:
     snap = await ledger.snapshot(node)
     if snap is None or idx not in snap.cards:
@@ -132,15 +146,7 @@ async def test_redteam_a_slice_limit_lowered_during_a_rebuild_stays_lowered(ledg
     else:
         await redis_client.flushall()  # Redis restarted empty: the reconciler's next check rebuilds
         assert not await ledger.intact()
-        real = ledger.replace_node
-
-        async def replace_then_event(inv: Any, *a: Any, **kw: Any) -> Any:
-            out = await real(inv, *a, **kw)
-            if inv.node == "n":  # the node watcher's event right after the rebuild rewrote n
-                await event("MODIFIED", after)
-            return out
-
-        ledger.replace_node = replace_then_event  # type: ignore[method-assign]
+        event_after_rewrite(ledger, event, after)
     await rec.rebuild("node missing" if when == "during the pod list" else "state lost")
     ledger.replace_node = Ledger.replace_node.__get__(ledger)  # type: ignore[method-assign]
     await settle(events)
@@ -164,17 +170,9 @@ async def test_redteam_a_card_cordoned_during_a_rebuild_stays_cordoned(ledger: L
     event, events = watcher_events(nodes)
     await rec.rebuild("start")
     await redis_client.flushall()
-    real = ledger.replace_node
-
-    async def replace_then_event(inv: Any, *a: Any, **kw: Any) -> Any:
-        out = await real(inv, *a, **kw)
-        if inv.node == "n":
-            await event("MODIFIED", after)
-        return out
-
-    ledger.replace_node = replace_then_event  # type: ignore[method-assign]
+    event_after_rewrite(ledger, event, after)
     await rec.rebuild("state lost")
-    ledger.replace_node = real  # type: ignore[method-assign]
+    ledger.replace_node = Ledger.replace_node.__get__(ledger)  # type: ignore[method-assign]
     await settle(events)
     assert not nodes.lost.is_set() and await ledger.intact()  # nothing asks for another rebuild
     assert await card(ledger, "n", 0) == ("cordoned", 16)  # the watcher's write is there after the rebuild ...

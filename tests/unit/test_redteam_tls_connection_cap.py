@@ -24,11 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from deploy.local.pki import make_ca, make_serving_cert
 from shared.serving import http
 from shared.serving.http import serve
 from tests.unit._servers import webhook_app
-from tests.unit.test_serving_limits import on_both_loops
+from tests.unit.test_serving_limits import _tls_contexts, on_both_loops
 
 CAP = 4
 EXTRA = 12
@@ -51,15 +50,7 @@ async def _closed_within(port: int, seconds: float) -> bool:
 async def test_redteam_connections_past_the_cap_are_closed_as_they_come_on_a_tls_port(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(http, "MAX_CONNECTIONS", CAP)
-    ca = make_ca()
-    leaf = make_serving_cert(ca, "127.0.0.1")
-    (tmp_path / "s.crt").write_bytes(leaf.cert_pem)
-    (tmp_path / "s.key").write_bytes(leaf.key_pem)
-    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
-    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server_ctx.load_cert_chain(str(tmp_path / "s.crt"), str(tmp_path / "s.key"))
-    client_ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
-    client_ctx.check_hostname = False
+    server_ctx, client_ctx = _tls_contexts(tmp_path)
 
     await on_both_loops(lambda: _scenario(server_ctx, client_ctx))
 
