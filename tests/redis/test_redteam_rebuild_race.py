@@ -120,6 +120,16 @@ def event_after_rewrite(ledger: Ledger, event: Callable[[str, dict[str, Any]], A
     ledger.replace_node = replace_then_event  # type: ignore[method-assign]
 
 
+async def started(ledger: Ledger) -> tuple[Api, NodeWatcher, Reconciler,
+                                          Callable[[str, dict[str, Any]], Awaitable[None]], list[asyncio.Task[None]]]:
+    """The role on node n (a GPU node, as the API lists it), after its first rebuild."""
+    api = Api([gpu_node("n")])
+    nodes, _pods, rec = await role(ledger, api)
+    event, events = watcher_events(nodes)
+    await rec.rebuild("start")
+    return api, nodes, rec, event, events
+
+
 async def card(ledger: Ledger, node: str, idx: int) -> tuple[str, int] | None:
     snap = await ledger.snapshot(node)
     if snap is None or idx not in snap.cards:
@@ -131,12 +141,8 @@ async def card(ledger: Ledger, node: str, idx: int) -> tuple[str, int] | None:
 @pytest.mark.parametrize("when", ["during the pod list", "after the rebuild rewrote the node"])
 async def test_redteam_a_slice_limit_lowered_during_a_rebuild_stays_lowered(ledger: Ledger, redis_client: Redis,
                                                                             when: str) -> None:
-    before = gpu_node("n")
     after = annotated("n", {"mtsched.io/max-inst": "2"})
-    api = Api([before])
-    nodes, _pods, rec = await role(ledger, api)
-    event, events = watcher_events(nodes)
-    await rec.rebuild("start")
+    api, nodes, rec, event, events = await started(ledger)
     assert await card(ledger, "n", 0) == ("ok", 16)
 
     if when == "during the pod list":
@@ -163,12 +169,8 @@ async def test_redteam_a_slice_limit_lowered_during_a_rebuild_stays_lowered(ledg
 
 
 async def test_redteam_a_card_cordoned_during_a_rebuild_stays_cordoned(ledger: Ledger, redis_client: Redis) -> None:
-    before = gpu_node("n")
     after = annotated("n", {"hami.io/device-cordon": "n-mthreads-0"})
-    api = Api([before])
-    nodes, _pods, rec = await role(ledger, api)
-    event, events = watcher_events(nodes)
-    await rec.rebuild("start")
+    api, nodes, rec, event, events = await started(ledger)
     await redis_client.flushall()
     event_after_rewrite(ledger, event, after)
     await rec.rebuild("state lost")
