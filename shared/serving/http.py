@@ -89,7 +89,7 @@ class _CappedServer(web.Server):
         return super().__call__()
 
 
-# A TLS port's handshake: longer, and the connection is closed (asyncio's default is 60 s).
+# The longest a TLS handshake may take before its connection is closed (asyncio's default is 60 s).
 HANDSHAKE_SECONDS = 10.0
 
 
@@ -189,6 +189,9 @@ class _TLSSite(web.BaseSite):
         except asyncio.CancelledError:
             conn.close()
             raise
+        except Exception:  # never a socket left open by a failure nobody expected
+            log.exception("TLS handshake failed on %s", self.name)
+            conn.close()
 
 
 class _Runner(web.AppRunner):
