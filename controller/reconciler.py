@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -197,8 +198,14 @@ class Reconciler:
         return ("held", usage) if usage.node == node else ("stale", None)
 
     async def reconcile_node(self, node: str, snap: NodeSnapshot | None, inv: Inventory | None,
-                             holders: dict[str, PodUsage], refs: dict[str, str], now_ms: int) -> NodeDiff:
-        diff = diff_node(node, snap, inv, holders, now_ms, self.keep_ms)
+                             holders: dict[str, PodUsage], refs: dict[str, str], now_ms: int,
+                             held_at: Mapping[str, Collection[str]] | None = None) -> NodeDiff:
+        """`held_at`: the nodes where each pod holds cards, by the view or by a bound booking in the ledger
+        (pending bookings here of a pod held elsewhere are judged, and confirmed with the API server before
+        anything is freed: diff_node's `elsewhere`)."""
+        where = held_at or {}
+        elsewhere = {u for u in (snap.reservations if snap is not None else ()) if set(where.get(u, ())) - {node}}
+        diff = diff_node(node, snap, inv, holders, now_ms, self.keep_ms, elsewhere)
         if diff.clean:
             return diff
         if diff.remove:
@@ -223,7 +230,7 @@ class Reconciler:
                     stale.append(uid)
             # the API may have answered that every suspect is held after all, as booked: then only the
             # other differences (if any) need a repair
-            diff = diff_node(node, snap, inv, truth, now_ms, self.keep_ms)
+            diff = diff_node(node, snap, inv, truth, now_ms, self.keep_ms, elsewhere)
         if not diff.differences and not stale:
             return diff
         counts = summarize(diff.differences)
@@ -248,6 +255,12 @@ class Reconciler:
             # kept: whatever was made or bound since `now_ms - keep_ms`, however long this pass took since its read
             out = await self.ledger.replace_node(inv if inv is not None else Inventory(node), final, self.keep_ms,
                                                  keep_bound=True, keep_from=now_ms - self.keep_ms)
+        # a pending booking is kept by replace_node (its binder may be mid-flight): one the API showed stale (its
+        # pod bound on another node, or gone) is released by uid
+        for uid in stale:
+            if snap is not None and snap.reservations[uid].state == "pending" and await self.ledger.release(node, uid):
+                log.warning("reconcile: released %s's pending booking on %s: %s", uid, node,
+                            refs.get(uid) or snap.reservations[uid].pod or "its pod is bound elsewhere or gone")
         if int(out.get("pending_overfull") or 0):
             # newer than our truth and kept (their binders go on), but over-filling a card next to it: said
             # out loud; the card offers nothing more until they bind or expire
@@ -332,10 +345,19 @@ class Reconciler:
         # The view is taken after the ledger was read: a pod released meanwhile is then missing from both,
         # while a view older than the read would book it again, with nobody left to release it.
         invs, holders, refs = self._views(None if only is None else names)
+        every: Mapping[str, Mapping[str, Any]] = holders if only is None else self.pods.holders_by_node(None)
+        held_at: dict[str, set[str]] = {}
+        for where, held in every.items():
+            for uid in held:
+                held_at.setdefault(uid, set()).add(where)
+        for where, snap in snaps.items():  # a pod's bound booking in the ledger says where our bind placed it
+            for uid, r in snap.reservations.items():
+                if r.state == "bound":
+                    held_at.setdefault(uid, set()).add(where)
         repaired: dict[str, int] = {}
         for node in sorted(names):
             diff = await self.reconcile_node(node, snaps.get(node), invs.get(node), holders.get(node, {}), refs,
-                                             now_ms)
+                                             now_ms, held_at)
             if not diff.clean:
                 for kind, n in summarize(diff.differences).items():
                     repaired[kind] = repaired.get(kind, 0) + n

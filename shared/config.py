@@ -127,21 +127,21 @@ def _coerce(name: str, raw: object, errors: list[str]) -> object:
             return True
         if str(raw).lower() in ("0", "false", "no", "off"):
             return False
-        errors.append(f"{camel(name)}: {raw!r} is not a boolean (true/false)")
+        errors.append(f"{key_of(name)}: {raw!r} is not a boolean (true/false)")
         return None
     if kind == "tuple[str, ...]":
         return _names(name, raw, errors)
     if kind == "int":
         if isinstance(raw, bool):
-            errors.append(f"{camel(name)}: {raw!r} is not a whole number")
+            errors.append(f"{key_of(name)}: {raw!r} is not a whole number")
             return None
         try:
             return int(str(raw))
         except ValueError:
-            errors.append(f"{camel(name)}: {raw!r} is not a whole number")
+            errors.append(f"{key_of(name)}: {raw!r} is not a whole number")
             return None
     if not isinstance(raw, (str, int, float)):
-        errors.append(f"{camel(name)}: {raw!r} is not a string")
+        errors.append(f"{key_of(name)}: {raw!r} is not a string")
         return None
     return str(raw)
 
@@ -192,14 +192,14 @@ def _validate(cfg: Config, errors: list[str]) -> None:
                 "whole_card_resource_name"):
         value = getattr(cfg, key)
         if not _RESOURCE_RE.match(value):
-            errors.append(f"{camel(key)}: {value!r} is not an extended resource name like mthreads.com/vgpu")
+            errors.append(f"{key_of(key)}: {value!r} is not an extended resource name like mthreads.com/vgpu")
     names = [cfg.resource_count_name, cfg.resource_memory_name, cfg.resource_core_name,
              cfg.whole_card_resource_name]
     if len(set(names)) != len(names):
         errors.append(f"resource names must be distinct, got {names}")
     for key in ("node_scheduler_policy", "gpu_scheduler_policy"):
         if getattr(cfg, key) not in POLICIES:
-            errors.append(f"{camel(key)}: {getattr(cfg, key)!r} is not one of {', '.join(POLICIES)}")
+            errors.append(f"{key_of(key)}: {getattr(cfg, key)!r} is not one of {', '.join(POLICIES)}")
     if not 0 <= cfg.filter_top_k <= MAX_NODES:
         errors.append(f"filterTopK: {cfg.filter_top_k} is outside 0..{MAX_NODES} (0: every feasible node)")
     if not 1 <= cfg.default_cores <= CORES_PER_CARD:

@@ -13,7 +13,7 @@ the record changed since and the ledger's booking wins (`NodeDiff.kept`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from shared.domain.annotations import PodUsage
@@ -83,9 +83,12 @@ def expires(r: Reservation, now_ms: int, ttl_ms: int) -> bool:
 
 
 def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holders: Mapping[str, PodUsage],
-              now_ms: int, keep_ms: int) -> NodeDiff:
+              now_ms: int, keep_ms: int, elsewhere: Collection[str] = ()) -> NodeDiff:
     """Every way `snap` (the ledger) differs from the truth (`inv`, `holders`), on Redis's clock `now_ms`.
-    A quarantine (quarantine_reason) arrives as `inv.error`."""
+    A quarantine (quarantine_reason) arrives as `inv.error`. `elsewhere`: pods the view holds on another node;
+    a pending booking of one here, older than the keep window, is a suspect too (a pod binds once: its binder
+    died before the Binding and the pod was bound elsewhere since; the janitor would free it only after its
+    TTL)."""
     diffs: list[Difference] = []
     suspects: list[str] = []
     kept: list[str] = []
@@ -153,7 +156,10 @@ def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holde
             # janitor would soon expire a share a running pod holds
             diffs.append(Difference("unbound_holder", f"pod {uid} is bound, its reservation is {held.state}"))
     for uid, r in sorted(snap.reservations.items()):
-        if uid not in holders and not settling(r):
+        if uid in holders:
+            continue
+        if not settling(r) or (r.state == "pending" and uid in elsewhere
+                               and max(r.created, r.bound_at) < now_ms - keep_ms):
             suspects.append(uid)
     return NodeDiff(node, tuple(diffs), tuple(suspects), kept=tuple(kept))
 

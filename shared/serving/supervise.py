@@ -39,9 +39,12 @@ def is_transient(e: BaseException) -> bool:
     status = getattr(e, "status", None)  # KubeError (shared/kube.py): an API server's HTTP answer
     if isinstance(status, int) and not isinstance(e, aiohttp.ClientError):
         return status >= 500 or status in (408, 429)
+    # a Redis full under noeviction (OOM) heals once memory is freed or raised, as a replica (READONLY) does
+    # once the failover ends; a wrapper (the ledger's LedgerError) is as transient as what it wraps
     return isinstance(e, (TransientError, rexc.ConnectionError, rexc.TimeoutError, rexc.BusyLoadingError,
-                          rexc.ReadOnlyError, rexc.TryAgainError, rexc.ClusterDownError,
-                          rexc.SlotNotCoveredError, aiohttp.ClientError, TimeoutError, ConnectionError, OSError))
+                          rexc.ReadOnlyError, rexc.OutOfMemoryError, rexc.TryAgainError, rexc.ClusterDownError,
+                          rexc.SlotNotCoveredError, aiohttp.ClientError, TimeoutError, ConnectionError, OSError)) or (
+        isinstance(e.__cause__, Exception) and e.__cause__ is not e and is_transient(e.__cause__))
 
 
 def backoff_delay(attempt: int, first: float = 0.2, most: float = 10.0) -> float:

@@ -96,6 +96,26 @@ CASES = [
 ]
 
 
+PENDING_A = snap(card(0, 96, 8, 2, 1), reservations=(res("a", (0,), 8, 2, state="pending"),))
+PENDING_A_YOUNG = snap(card(0, 96, 8, 2, 1), reservations=(res("a", (0,), 8, 2, "pending", NOW - 100),))
+
+
+# (id, snapshot, pods held on another node, suspects): a pod binds once, so a pending booking here of a pod held
+# elsewhere can never be bound (its binder died before the Binding; kube-scheduler's retry bound it elsewhere)
+ELSEWHERE = [
+    ("pending, its pod held on another node: a suspect", PENDING_A, {"a"}, ("a",)),
+    ("pending, its pod held elsewhere, but younger than the keep window: settling", PENDING_A_YOUNG, {"a"}, ()),
+    ("pending, another pod held elsewhere: the janitor's", PENDING_A, {"b"}, ()),
+]
+
+
+@pytest.mark.parametrize(("snapshot", "elsewhere", "suspects"), [c[1:] for c in ELSEWHERE],
+                         ids=[c[0] for c in ELSEWHERE])
+def test_diff_node_judges_a_pending_booking_of_a_pod_held_elsewhere(snapshot: NodeSnapshot, elsewhere: set[str],
+                                                                    suspects: tuple[str, ...]) -> None:
+    assert diff_node(N, snapshot, inv(96), {}, NOW, KEEP, elsewhere).suspects == suspects
+
+
 @pytest.mark.parametrize(("snapshot", "inventory", "holders", "kinds", "suspects", "remove"),
                          [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_diff_node(snapshot: NodeSnapshot | None, inventory: Inventory | None, holders: dict[str, PodUsage],
