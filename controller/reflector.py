@@ -148,7 +148,7 @@ class Reflector:
         why = self.problem(0)
         if why:
             return why
-        since = time.monotonic() - (self.live_since if self.live_since is not None else time.monotonic())
+        since = 0.0 if self.live_since is None else time.monotonic() - self.live_since
         if self.live_since is None or since < settle:
             return f"{self.name}: stream working again for {since:.1f}s only (its missed events may still come)"
         return ""

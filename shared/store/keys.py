@@ -53,6 +53,11 @@ class Layout:
         return f"{self.prefix}:epoch"
 
     @property
+    def probe(self) -> str:
+        """Written by every role's readiness probe (Ledger.probe_write); read by nobody."""
+        return f"{self.prefix}:probe"
+
+    @property
     def feed(self) -> str:
         """The Pub/Sub channel (not a key: PUBLISH is not routed by slot)."""
         return f"{self.prefix}:feed"

@@ -548,6 +548,11 @@ class Ledger:
         sec, usec = await self._retry("time", lambda: self.redis.time())
         return int(sec) * 1000 + int(usec) // 1000
 
+    async def probe_write(self) -> bool:
+        """A write, for readiness: a Redis that answers but refuses writes (full under noeviction: OOM; a replica:
+        READONLY) leaves no role able to book, bind, record or release. Raises what Redis answered."""
+        return bool(await self.redis.set(self.keys.probe, str(time.time_ns() // 1_000_000), px=60_000))
+
     async def intact(self) -> bool:
         """False once Redis lost the state a rebuild wrote (restart without persistence, FLUSHALL)."""
         return bool(await self._retry("exists", lambda: self.redis.exists(self.epoch_key)))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from aiohttp import web
 
@@ -52,14 +51,7 @@ async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False,
     sup.spawn("gc-settle", gc_policy.settle_when_grown)  # state that arrives later (a fleet that grows)
     sup.check("mirror", lambda: "" if mirror.ready.is_set() else "not in sync with Redis")
     redis_ok = Heartbeat("Redis", max_age=6.0)
-    probe_key = f"{cfg.key_prefix}:probe"
-
-    async def write() -> bool:
-        # a write, not a PING: a Redis that answers but refuses writes (full under noeviction: OOM; a replica:
-        # READONLY) leaves no role able to book, bind, record or release, and readiness must say so
-        return bool(await ledger.redis.set(probe_key, str(time.time_ns() // 1_000_000), px=60_000))
-
-    sup.spawn("redis-probe", lambda: probe_loop(redis_ok, write))
+    sup.spawn("redis-probe", lambda: probe_loop(redis_ok, ledger.probe_write))  # a write, not a PING
     sup.check("redis", redis_ok)
     REDIS_UP.set_function(lambda: 0.0 if redis_ok() else 1.0)
     if card_metrics:
