@@ -70,6 +70,7 @@ from shared.serving.metrics import (
     RESERVATIONS,
     SETTLE_FAILURES,
     TOPK_DROPPED,
+    WAKES,
     count_filter_failures,
 )
 from shared.store.ledger import MARK_BOUND_MAX, Ledger, ReserveOutcome
@@ -84,6 +85,7 @@ POD_CACHE_BYTES = 16 * 1024 * 1024  # pods seen in filter, kept for bind
 POD_ENTRY_BYTES = 256 * 1024  # a larger entry is not kept: bind reads that pod from the API server
 EVENT_MEMO_BYTES = 2 * 1024 * 1024  # (pod, reason, message) of recent events, to send each once a minute
 MEMO_BYTES = 32 * 1024 * 1024  # fit and score memos (checked before each call; one call adds at most its nodes)
+CLAIM_TICK_SECONDS = 1.0  # how often claims lapse while no filter comes (expire_claims)
 CLAIM_SECONDS = 5.0  # how long filter's claim on its one returned node lasts without a bind (_claim)
 # How long an answered bind waits for others on its node before their bookings are marked bound in one call
 # (_confirm): well inside the pod watcher's BOUND_GRACE, after which it would confirm the record itself
@@ -167,6 +169,10 @@ class Extender:
         # prioritize count them, so pods filtered meanwhile are not sent to a card that is being taken
         self.held: dict[str, dict[str, tuple[SliceRequest, tuple[int, ...]]]] = {}
         self._claims: dict[str, tuple[str, float]] = {}  # uid -> (node, until) of filter's claims (_claim)
+        # nodes where a filter placed a pod nowhere while bookings or claims were in flight here: when such a
+        # claim ends without its bind, the pod turned away is woken (_unclaim)
+        self._turned_away: set[str] = set()
+        self._wakes: set[asyncio.Task[None]] = set()
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -248,7 +254,8 @@ class Extender:
         self._remember(seen)
         if self._claims:
             self._prune_claims()
-            self._unclaim(seen.uid)  # a pod's own claim never counts against it
+            # a pod's own claim never counts against it; filtered again, its last attempt ended without a bind
+            self._unclaim(seen.uid, lapsed=True)
         k, gpu_policy = self.cfg.filter_top_k, self.cfg.gpu_scheduler_policy
         if 0 < k < len(names):
             # best first by the node policy, fitted until k fit: the same nodes as top_k over every fitting
@@ -273,6 +280,8 @@ class Extender:
             # message, preemption): with a node returned they are not sent (no text made, none decoded)
             return {"NodeNames": ok, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
         if not ok:
+            if self.held:  # placed nowhere, perhaps for cards held here: woken if a claim ends unused
+                self._turned_away.update(n for n in (*failed, *unresolvable) if n in self.held)
             msgs = aggregate_failures({**failed, **unresolvable})
             count_filter_failures(failed, unresolvable)
             self.event(event_pod, "FilteringFailed",
@@ -592,17 +601,50 @@ class Extender:
         now = time.monotonic()
         for uid, (node, until) in list(self._claims.items()):
             snap = self.mirror.get(node)
-            if until < now or (snap is not None and uid in snap.reservations):
-                self._unclaim(uid)
+            booked = snap is not None and uid in snap.reservations
+            if booked or until < now:
+                self._unclaim(uid, lapsed=not booked)
 
-    def _unclaim(self, uid: str) -> None:
+    async def expire_claims(self) -> None:
+        """Lapse claims while no filter comes (which prunes them too): a pod turned away for a claim whose bind
+        never came (it went to another replica and was refused, the pod was deleted or filtered again
+        elsewhere) is woken within CLAIM_SECONDS + CLAIM_TICK_SECONDS, not at kube-scheduler's next event."""
+        while True:
+            await asyncio.sleep(CLAIM_TICK_SECONDS)
+            if self._claims:
+                self._prune_claims()
+
+    def _unclaim(self, uid: str, lapsed: bool = False) -> None:
+        """Drop a claim: its bind took it over (`lapsed` False), or it ended unused (True). kube-scheduler
+        retries the pods a filter turned away only on a cluster event (a bind refused is one, a claim
+        lapsing is none): when this claim's node turned pods away, the watchers are asked to nudge it."""
         got = self._claims.pop(uid, None)
-        if got is not None:
-            held = self.held.get(got[0])
-            if held is not None:
-                held.pop(uid, None)
-                if not held:
-                    del self.held[got[0]]
+        if got is None:
+            return
+        node = got[0]
+        held = self.held.get(node)
+        if held is not None:
+            held.pop(uid, None)
+            if not held:
+                del self.held[node]
+        if lapsed and node in self._turned_away:
+            self._turned_away.discard(node)
+            self._wake(node)
+        elif node not in self.held:
+            self._turned_away.discard(node)  # nothing held there any more: nobody was turned away for it
+
+    def _wake(self, node: str) -> None:
+        WAKES.inc()
+
+        async def send() -> None:
+            try:
+                await self.ledger.wake(node)
+            except Exception as e:  # Redis away: the pod waits for kube-scheduler's next event, as before
+                log.warning("could not ask the watchers to nudge kube-scheduler about %s: %s", node, e)
+
+        task = asyncio.create_task(send())
+        self._wakes.add(task)
+        task.add_done_callback(self._wakes.discard)
 
     def _apply_feed(self, msg: Mapping[str, Any]) -> None:
         """The reserve script's feed message, applied as the feed would (the feed's copy is then skipped)."""

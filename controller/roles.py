@@ -31,6 +31,7 @@ async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
     app = web.Application(client_max_size=EXTENDER_BODY_LIMIT)
     ext = Extender(cfg, ledger, mirror, kube)
     ext.routes(app)
+    sup.spawn("claims", ext.expire_claims)
     try:
         ok = await serve_api(cfg, app, sup, stop, health)
     finally:
@@ -49,6 +50,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     reconciler = Reconciler(kube, ledger, cfg, nodes, pods)
     pods.unaccounted_changed = reconciler.touch
     mirror.on_reconnect.append(reconciler.wake.set)  # Pub/Sub lost messages meanwhile: compare soon
+    mirror.on_wake.append(pods.nudger.nudge)  # an extender's claim ended unused where it turned pods away
     sup.check("nodes", nodes.reflector.problem)
     sup.check("pods", pods.reflector.problem)
     rebuild_error = "not done yet"

@@ -26,6 +26,9 @@ TOPK_DROPPED = Counter("mtsched_filter_topk_dropped_total",
                        "Candidate nodes the filter left out once the best filterTopK fitting ones were found "
                        "(not fitted, or fitted and not among the best)")
 RELEASES = Counter("mtsched_releases_total", "Reservations released", ["why"])
+WAKES = Counter("mtsched_extender_wakes_total",
+                "Claims that ended without their bind on a node where the filter had placed a pod nowhere meanwhile: "
+                "the watchers are asked (a wake notice on the feed) to nudge kube-scheduler about the node")
 NUDGES = Counter("mtsched_scheduler_nudges_total",
                  "Node annotation patches that make kube-scheduler retry pods after cards were freed (first: soon "
                  "after the release or repair; follow_up: seconds later. result: sent, error, gone: the node "

@@ -248,6 +248,13 @@ class Ledger:
         msg = orjson.dumps({"node": node, "version": 0, "kind": "rebuild"}).decode()
         await self._retry("publish", lambda: self.redis.publish(self.feed, msg))
 
+    async def wake(self, node: str) -> None:
+        """Ask the watchers to nudge kube-scheduler about `node` (a `wake` notice on the feed; no state changes):
+        cards an extender replica held for a bind that never came are free again, and pods it turned away
+        meanwhile wait for a cluster event. Version 0: a mirror that does not know the kind ignores it."""
+        msg = orjson.dumps({"node": node, "version": 0, "kind": "wake"}).decode()
+        await self._retry("publish", lambda: self.redis.publish(self.feed, msg))
+
     async def list_node(self, node: str) -> int:
         added: int = await self._retry("sadd", lambda: cast("Awaitable[int]", self.redis.sadd(self.nodes_key, node)))
         return added

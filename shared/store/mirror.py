@@ -132,6 +132,7 @@ class Mirror:
         self.buffered = 0  # feed messages taken from what the connection had already read (buffered_messages)
         self.on_change: list[Callable[[str], None]] = []
         self.on_reconnect: list[Callable[[], None]] = []  # after a re-read following a lost connection
+        self.on_wake: list[Callable[[str], None]] = []  # a `wake` notice for a node the mirror holds (Ledger.wake)
         self.on_first_sync: list[Callable[[], None]] = []  # once, after the first full read
         self._task: asyncio.Task[None] | None = None
         self._reconnected = False
@@ -426,6 +427,11 @@ class Mirror:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError:
             log.warning("ignoring undecodable feed message")
+            return None
+        if isinstance(data, dict) and data.get("kind") == "wake":  # a request, not a change: nothing to apply
+            node = data.get("node")
+            if isinstance(node, str) and node in self.nodes:  # only known nodes: a notice patches no other node
+                _all(lambda cb: cb(node), list(self.on_wake))
             return None
         try:
             return self.apply(data)
