@@ -140,8 +140,9 @@ def _coerce(name: str, raw: object, errors: list[str]) -> object:
         except ValueError:
             errors.append(f"{key_of(name)}: {raw!r} is not a whole number")
             return None
-    if not isinstance(raw, (str, int, float)):
-        errors.append(f"{key_of(name)}: {raw!r} is not a string")
+    if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+        # YAML reads an unquoted true/yes/on as a boolean: "True" would become a key prefix or a name
+        errors.append(f"{key_of(name)}: {raw!r} is not a string (quote it in YAML)")
         return None
     return str(raw)
 
@@ -193,10 +194,14 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         value = getattr(cfg, key)
         if not _RESOURCE_RE.match(value):
             errors.append(f"{key_of(key)}: {value!r} is not an extended resource name like mthreads.com/vgpu")
-    names = [cfg.resource_count_name, cfg.resource_memory_name, cfg.resource_core_name,
-             cfg.whole_card_resource_name]
-    if len(set(names)) != len(names):
-        errors.append(f"resource names must be distinct, got {names}")
+    keys = ("resource_count_name", "resource_memory_name", "resource_core_name", "whole_card_resource_name")
+    seen: dict[str, str] = {}
+    for key in keys:
+        value = getattr(cfg, key)
+        if value in seen:
+            errors.append(f"{key_of(key)}: {value!r} is already {seen[value]}; resource names must be distinct")
+        else:
+            seen[value] = key_of(key)
     for key in ("node_scheduler_policy", "gpu_scheduler_policy"):
         if getattr(cfg, key) not in POLICIES:
             errors.append(f"{key_of(key)}: {getattr(cfg, key)!r} is not one of {', '.join(POLICIES)}")
