@@ -281,7 +281,7 @@ class Extender:
             return {"NodeNames": ok, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
         if not ok:
             if self.held:  # placed nowhere, perhaps for cards held here: woken if a claim ends unused
-                self._turned_away.update(n for n in (*failed, *unresolvable) if n in self.held)
+                self._turned_away.update(n for n in self.held if n in failed or n in unresolvable)
             msgs = aggregate_failures({**failed, **unresolvable})
             count_filter_failures(failed, unresolvable)
             self.event(event_pod, "FilteringFailed",
@@ -367,7 +367,9 @@ class Extender:
             else:
                 fitted = self.memo.fitted(node, snap, req, seen.annotations, policy)
             plan = plan_on(snap, uid, req, seen.annotations, policy, fitted)
-        self._unclaim(uid)  # filter's claim (if any) becomes the booking in flight
+        # filter's claim (if any) becomes the booking in flight; a claim on another node ends unused there
+        claimed = self._claims.get(uid)
+        self._unclaim(uid, lapsed=claimed is not None and claimed[0] != node)
         held = self.held.setdefault(node, {})
         if plan is not None and plan.ok:
             held[uid] = (req, plan.cards)
@@ -391,6 +393,8 @@ class Extender:
                 held.pop(uid, None)
                 if not held and self.held.get(node) is held:
                     del self.held[node]
+                if node not in self.held:  # nothing held there any more: nobody can be turned away for it
+                    self._turned_away.discard(node)
         if outcome.attempts > 1:
             CONFLICTS.inc(outcome.attempts - 1)
         if not outcome.ok:
@@ -612,7 +616,10 @@ class Extender:
         while True:
             await asyncio.sleep(CLAIM_TICK_SECONDS)
             if self._claims:
-                self._prune_claims()
+                try:
+                    self._prune_claims()
+                except Exception:  # one bad tick must not end the role: the next filter prunes as well
+                    log.exception("pruning the filter's claims failed")
 
     def _unclaim(self, uid: str, lapsed: bool = False) -> None:
         """Drop a claim: its bind took it over (`lapsed` False), or it ended unused (True). kube-scheduler

@@ -126,3 +126,49 @@ async def test_a_wake_for_a_node_the_mirror_does_not_hold_patches_nothing(stack:
     await ledger.wake("ghost")  # a notice for any name must not make the watchers patch arbitrary nodes
     await ledger.wake("s4k")
     assert await until(lambda: patches.patched == ["s4k"]), patches.patched
+
+
+async def test_a_claim_dropped_by_a_bind_to_another_node_wakes_the_pod_it_turned_away(stack: Stack) -> None:
+    """Red team: y's claim on a is on s4k; y's bind that reaches a is for another node (y was refused on s4k
+    and filtered again on b): nothing was booked on s4k, so the claim ends unused there."""
+    a, b, ledger, patches = stack
+    await ledger.upsert_node(node_inventory(node("n2", 96, 1), CFG))
+    assert await until(lambda: all(e.mirror.get("n2") is not None for e in (a, b)))
+    y, x = shared_slice("y", 12), shared_slice("x", 8)
+    assert a.filter({"Pod": y, "NodeNames": ["s4k"]})["NodeNames"] == ["s4k"]
+    assert a.filter({"Pod": x, "NodeNames": ["s4k"]})["NodeNames"] == []
+    assert (await ledger.reserve("s4k", "z", [0], 16, 8, 1, pod="ns/p-z"))[0].ok
+    assert await until(lambda: "z" in b.mirror.nodes["s4k"].reservations)
+    assert b.filter({"Pod": y, "NodeNames": ["s4k", "n2"]})["NodeNames"] == ["n2"]  # 8 cores left on s4k
+    assert (await a.bind({"PodName": "p-y", "PodNamespace": "ns", "PodUID": "y", "Node": "n2"}))["Error"] == ""
+    await a.settled()
+    assert await until(lambda: patches.patched == ["s4k"]), (patches.patched, a._turned_away)
+    assert a.filter({"Pod": x, "NodeNames": ["s4k"]})["NodeNames"] == ["s4k"]
+
+
+async def test_a_node_leaves_the_turned_away_set_once_nothing_is_held_there(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Red team: a node recorded while only a bind in flight held it (and a name the mirror lacks) is
+    dropped from the turned-away set when that hold ends: no stale entry, no leak of gone nodes' names."""
+    a, _b, _ledger, _patches = stack
+    gate = asyncio.Event()
+    real = extender_module.place
+
+    async def slow_place(*args: Any, **kw: Any) -> Any:
+        await gate.wait()
+        return await real(*args, **kw)
+
+    monkeypatch.setattr(extender_module, "place", slow_place)
+    x = shared_slice("x", 8)
+    for name in ("s4k", "ghost"):
+        uid = f"y{name}"
+        a.kube.pods[("ns", f"p-{uid}")] = shared_slice(uid, 12)  # type: ignore[union-attr]
+        gate.clear()
+        task = asyncio.create_task(a.bind({"PodName": f"p-{uid}", "PodNamespace": "ns", "PodUID": uid,
+                                           "Node": name}))
+        assert await until(lambda name=name: name in a.held)  # type: ignore[misc]
+        assert a.filter({"Pod": x, "NodeNames": [name]})["NodeNames"] == []
+        gate.set()
+        await task
+    await a.settled()
+    assert a.held == {} and a._turned_away == set(), (a.held, a._turned_away)
