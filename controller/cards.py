@@ -35,7 +35,8 @@ def render_table(snaps: Mapping[str, NodeSnapshot]) -> str:
                 # the node agent's knobs; "-" when the node publishes none. Overcommit is shown, never booked
                 # (docs/rules.md, "Card knobs"): MEMORY's total stays the card's physical memory
                 knobs.describe_policy() if knobs else "-", f"{knobs.overcommit_ratio}%" if knobs else "-",
-                c.health,
+                # unverified: Redis restarted or failed over, nothing new is booked until the watchers compare it
+                c.health if snap.verified else f"{c.health}, unverified",
                 ", ".join(pods) + (f" ({pending} pending)" if pending else "")))
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]

@@ -73,7 +73,7 @@ from shared.serving.metrics import (
     WAKES,
     count_filter_failures,
 )
-from shared.store.ledger import MARK_BOUND_MAX, Ledger, ReserveOutcome
+from shared.store.ledger import MARK_BOUND_MAX, UNVERIFIED, Ledger, ReserveOutcome
 from shared.store.mirror import Mirror
 from shared.store.placing import place
 
@@ -172,7 +172,8 @@ class Extender:
         # nodes where a filter placed a pod nowhere while bookings or claims were in flight here: when such a
         # claim ends without its bind, the pod turned away is woken (_unclaim)
         self._turned_away: set[str] = set()
-        self._wakes: set[asyncio.Task[None]] = set()
+        self._wakes: set[asyncio.Task[None]] = set()  # notices being sent (_notify)
+        self._verify_asked: dict[str, float] = {}  # node -> when its last verify notice went (_notify)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -398,6 +399,8 @@ class Extender:
         if outcome.attempts > 1:
             CONFLICTS.inc(outcome.attempts - 1)
         if not outcome.ok:
+            if outcome.refused.startswith(UNVERIFIED):
+                self._notify("verify", node)  # the watchers compare the node now, not at their next pass
             RESERVATIONS.labels("refused").inc()
             BINDINGS.labels("failed").inc()
             msg = f"no card on {node} for {ns}/{name}: {outcome.reason}"
@@ -642,12 +645,24 @@ class Extender:
 
     def _wake(self, node: str) -> None:
         WAKES.inc()
+        self._notify("wake", node)
+
+    def _notify(self, kind: str, node: str) -> None:
+        """A notice to the watchers (Ledger.notify). `verify` at most once per node a second: every bind
+        refused there asks for the same comparison (a wake is sent once per claim that turned pods away)."""
+        if kind == "verify":
+            now = time.monotonic()
+            if now - self._verify_asked.get(node, -1.0) < 1.0:
+                return
+            if len(self._verify_asked) >= 4096:  # bounded: forget the old ones (a notice more is harmless)
+                self._verify_asked = {n: t for n, t in self._verify_asked.items() if now - t < 1.0}
+            self._verify_asked[node] = now
 
         async def send() -> None:
             try:
-                await self.ledger.wake(node)
-            except Exception as e:  # Redis away: the pod waits for kube-scheduler's next event, as before
-                log.warning("could not ask the watchers to nudge kube-scheduler about %s: %s", node, e)
+                await self.ledger.notify(kind, node)
+            except Exception as e:  # Redis away: the watchers' next pass or kube-scheduler's next event
+                log.warning("could not send the watchers a %s notice about %s: %s", kind, node, e)
 
         task = asyncio.create_task(send())
         self._wakes.add(task)

@@ -50,7 +50,8 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     reconciler = Reconciler(kube, ledger, cfg, nodes, pods)
     pods.unaccounted_changed = reconciler.touch
     mirror.on_reconnect.append(reconciler.wake.set)  # Pub/Sub lost messages meanwhile: compare soon
-    mirror.on_wake.append(pods.nudger.nudge)  # an extender's claim ended unused where it turned pods away
+    mirror.on_notice["wake"].append(pods.nudger.nudge)  # an extender's claim ended unused where it turned pods away
+    mirror.on_notice["verify"].append(reconciler.touch)  # a booking refused on a node not compared since a failover
     sup.check("nodes", nodes.reflector.problem)
     sup.check("pods", pods.reflector.problem)
     rebuild_error = "not done yet"

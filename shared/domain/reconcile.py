@@ -26,7 +26,8 @@ FUTURE_MS = 60_000  # as shared/store/lua/_lib.lua: a stamp later than now + thi
 
 @dataclass(frozen=True)
 class Difference:
-    kind: str  # node_missing, node_gone, node_error, card, usage, missing_holder, changed_holder, unbound_holder
+    kind: str  # node_missing, node_gone, node_error, unverified, card, usage, missing_holder, changed_holder,
+    # unbound_holder
     detail: str
 
 
@@ -103,6 +104,11 @@ def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holde
 
     if not offers_cards(inv) and not holders and all(not settling(r) for r in snap.reservations.values()):
         return NodeDiff(node, (), (), remove=True)
+    if not snap.verified:
+        # Redis restarted or failed over since the last comparison: whatever else differs, the node is written
+        # from the truth again, which also lets the reserve script book there again (replace_node)
+        diffs.append(Difference("unverified", "not compared with the API server since Redis restarted or "
+                                "failed over"))
     want_error = inv.error if inv is not None else ""
     if snap.error != want_error:
         diffs.append(Difference("node_error", f"error {snap.error!r}, the API implies {want_error!r}"))

@@ -85,6 +85,10 @@ class NodeSnapshot:
     # when the ledger's last write of the node happened (Redis's clock): with `version` it names that write
     # (the keys' `stamp`; "" when not known, e.g. a node written before stamps existed)
     stamp: str = ""
+    # False when Redis's process changed (a restart, a failover) since the watchers last compared the node with
+    # the API server: the reserve script books nothing there until they do (snapshot.lua; feed messages do not
+    # carry it, so only a snapshot read says so). Not part of the value.
+    verified: bool = field(default=True, compare=False)
     # This process's version of the value: the next number of one counter for every snapshot made (also by
     # dataclasses.replace), so monotonic per node in a mirror. Not part of the value (compare/repr).
     seq: int = field(default_factory=lambda: next(_SEQ), init=False, compare=False, repr=False)
@@ -95,7 +99,7 @@ class NodeSnapshot:
         res = d.get("res") or {}
         return cls(
             node=str(d["node"]), version=int(d.get("version") or 0), error=str(d.get("error") or ""),
-            stamp=str(d.get("stamp") or ""),
+            stamp=str(d.get("stamp") or ""), verified=d.get("verified", True) is not False,
             cards={int(k): CardRecord.from_json(int(k), v)
                    for k, v in (cards.items() if isinstance(cards, dict) else [])},
             reservations={k: Reservation.from_json(k, v)

@@ -52,6 +52,10 @@ KEY_ROUNDS = 32
 # read of 5,000 nodes (a mirror's resync, a reconcile pass) is cut where the loop can serve requests.
 SNAPSHOT_BATCH = 250
 HEADS_BATCH = 1000  # nodes per pipelined read of (version, stamp): two short fields each
+# The reserve script's refusal on a node not compared with the API server since Redis's process changed
+# (reserve.lua, `verified` in _lib.lua): replanning cannot help, the watchers' comparison does.
+UNVERIFIED = "node unverified"
+NOTICES = ("wake", "verify")  # the feed's notices to the watchers (Ledger.notify)
 MARK_BOUND_MAX = 512  # reservations per mark_bound call (mark_bound.lua checks the same bound)
 
 
@@ -248,12 +252,19 @@ class Ledger:
         msg = orjson.dumps({"node": node, "version": 0, "kind": "rebuild"}).decode()
         await self._retry("publish", lambda: self.redis.publish(self.feed, msg))
 
-    async def wake(self, node: str) -> None:
-        """Ask the watchers to nudge kube-scheduler about `node` (a `wake` notice on the feed; no state changes):
-        cards an extender replica held for a bind that never came are free again, and pods it turned away
-        meanwhile wait for a cluster event. Version 0: a mirror that does not know the kind ignores it."""
-        msg = orjson.dumps({"node": node, "version": 0, "kind": "wake"}).decode()
+    async def notify(self, kind: str, node: str) -> None:
+        """A notice to the watchers on the feed (no state changes; Mirror.on_notice), one of NOTICES:
+        `wake`: nudge kube-scheduler about `node`, where cards an extender replica held for a bind that never
+        came are free again and pods it turned away meanwhile wait for a cluster event;
+        `verify`: compare `node` with the API server now, as a booking there was refused for want of it
+        (UNVERIFIED). Version 0: a mirror that does not know the kind ignores it."""
+        if kind not in NOTICES:
+            raise ValueError(f"notice kind {kind!r}: allowed {', '.join(NOTICES)}")
+        msg = orjson.dumps({"node": node, "version": 0, "kind": kind}).decode()
         await self._retry("publish", lambda: self.redis.publish(self.feed, msg))
+
+    async def wake(self, node: str) -> None:
+        await self.notify("wake", node)
 
     async def list_node(self, node: str) -> int:
         added: int = await self._retry("sadd", lambda: cast("Awaitable[int]", self.redis.sadd(self.nodes_key, node)))

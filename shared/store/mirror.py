@@ -30,7 +30,7 @@ from shared.domain.node import mismatch_kind
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation
 from shared.serving.metrics import FEED_SILENCES, MIRROR_REREADS
 from shared.serving.supervise import Backoff
-from shared.store.ledger import MARK_BOUND_MAX, RESEND, Ledger
+from shared.store.ledger import MARK_BOUND_MAX, NOTICES, RESEND, Ledger
 
 try:  # the sentinel redis-py's hiredis parser has its reader return when no whole reply is buffered
     from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
@@ -132,7 +132,8 @@ class Mirror:
         self.buffered = 0  # feed messages taken from what the connection had already read (buffered_messages)
         self.on_change: list[Callable[[str], None]] = []
         self.on_reconnect: list[Callable[[], None]] = []  # after a re-read following a lost connection
-        self.on_wake: list[Callable[[str], None]] = []  # a `wake` notice for a node the mirror holds (Ledger.wake)
+        # a notice (Ledger.notify) for a node the mirror holds, by kind: wake, verify
+        self.on_notice: dict[str, list[Callable[[str], None]]] = {kind: [] for kind in NOTICES}
         self.on_first_sync: list[Callable[[], None]] = []  # once, after the first full read
         self._task: asyncio.Task[None] | None = None
         self._reconnected = False
@@ -428,10 +429,11 @@ class Mirror:
         except orjson.JSONDecodeError:
             log.warning("ignoring undecodable feed message")
             return None
-        if isinstance(data, dict) and data.get("kind") == "wake":  # a request, not a change: nothing to apply
+        if isinstance(data, dict) and data.get("kind") in NOTICES:  # a request, not a change: nothing to apply
             node = data.get("node")
-            if isinstance(node, str) and node in self.nodes:  # only known nodes: a notice patches no other node
-                _all(lambda cb: cb(node), list(self.on_wake))
+            if isinstance(node, str) and node in self.nodes:  # only known nodes: a notice acts on no other node
+                name: str = node
+                _all(lambda cb: cb(name), list(self.on_notice[str(data["kind"])]))
             return None
         try:
             return self.apply(data)

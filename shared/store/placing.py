@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from shared.domain.fit import FitResult, Plan
 from shared.domain.request import SliceRequest
 from shared.domain.state import NodeSnapshot, plan_on
-from shared.store.ledger import Ledger, ReserveOutcome
+from shared.store.ledger import UNVERIFIED, Ledger, ReserveOutcome
 
 log = logging.getLogger("mtsched.ledger")
 
@@ -52,6 +52,8 @@ async def place(ledger: Ledger, node: str, uid: str, req: SliceRequest, annotati
                 result = FitResult(outcome.cards)
             return ReserveOutcome(True, outcome.cards, existing=outcome.existing, attempts=attempt,
                                   round_trips=trips, capacity=outcome.capacity, feed=outcome.feed), result
+        if outcome.refused.startswith(UNVERIFIED):  # no plan can help until the watchers compare the node
+            return ReserveOutcome(False, refused=outcome.refused, attempts=attempt, round_trips=trips), result
         log.debug("reserve conflict on %s for %s: %s (attempt %d)", node, uid, outcome.reason, attempt)
         snapshot, plan = fresh, None
     return ReserveOutcome(False, refused=f"conflict: {outcome.reason}", attempts=max_attempts,

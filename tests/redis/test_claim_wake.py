@@ -59,7 +59,7 @@ async def stack(ledger: Ledger, mirror_factory: MirrorFactory,
     watcher_mirror = await mirror_factory()
     patches = NodePatches()
     nudger = Nudger(patches, interval=0.01, follow_up=0)  # type: ignore[arg-type]
-    watcher_mirror.on_wake.append(nudger.nudge)
+    watcher_mirror.on_notice["wake"].append(nudger.nudge)
     tasks = [asyncio.create_task(e.expire_claims()) for e in (a, b)]
     yield a, b, ledger, patches
     for t in tasks:

@@ -24,7 +24,7 @@ from redis import exceptions as rexc
 
 from shared.domain.annotations import PodUsage
 from shared.domain.request import SliceRequest, pod_request
-from shared.store.ledger import Ledger, LedgerError, connect
+from shared.store.ledger import UNVERIFIED, Ledger, LedgerError, connect
 from shared.store.placing import place
 from tests.redis.stress_worker import CFG, random_pod
 
@@ -66,7 +66,9 @@ class Burst:
     release_missed: list[str] = field(default_factory=list)  # release() found nothing (data lost)
     bind_missed: list[str] = field(default_factory=list)  # mark_bound() found no reservation
     acks: list[float] = field(default_factory=list)  # when each successful change was answered
+    placed: list[float] = field(default_factory=list)  # when each new booking was answered
     unavailable: int = 0  # calls sent again because Redis was not there
+    unverified: list[float] = field(default_factory=list)  # when a placement was refused on an unverified node
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     def acked_after(self, t: float) -> int:
@@ -147,7 +149,10 @@ class Burst:
                 avoid[node] = loop.time() + 1.0  # as a scheduler backs off a failing node
                 continue
             if not out.ok:
+                if out.refused.startswith(UNVERIFIED):  # Redis's process changed: fenced until compared
+                    self.unverified.append(loop.time())
                 continue
+            self.placed.append(loop.time())
             self.held[uid] = Holding(PodUsage(node, out.cards, *req.booking_for(self.capacity[node])), loop.time())
             self.acks.append(loop.time())
             try:

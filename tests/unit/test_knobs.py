@@ -3,6 +3,7 @@ and its precedence, what the node agent patches, knob changes under held slices,
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -343,6 +344,9 @@ def test_the_card_table_shows_policy_and_overcommit() -> None:
     assert "strong, 3 ms" in lines[1] and "110%" in lines[1] and "1/4" in lines[1]
     assert "8/96" in lines[1]  # memory total stays the card's physical memory, overcommit or not
     assert re.split(r"\s{2,}", lines[2])[6:8] == ["-", "-"]
+    # a node not compared since Redis's process changed says so on each of its cards
+    lines = render_table({"gpu-1": dataclasses.replace(snap, verified=False)}).splitlines()
+    assert all(re.split(r"\s{2,}", line)[8] == "ok, unverified" for line in lines[1:]), lines
 
 
 def test_should_patch_compares_the_whole_value() -> None:

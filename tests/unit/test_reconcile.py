@@ -48,6 +48,12 @@ HELD = snap(card(0, 96, 8, 2, 1), card(1, 96), reservations=(res("a", (0,), 8, 2
 CASES = [
     # (id, snapshot, inventory, holders, expected kinds, suspects, remove)
     ("in sync", HELD, inv(96, 96), {"a": A}, {}, (), False),
+    ("in sync, but not compared since Redis's process changed", replace(HELD, verified=False), inv(96, 96),
+     {"a": A}, {"unverified": 1}, (), False),
+    ("unverified and a holder lost with the failover", replace(snap(card(0, 96), card(1, 96)), verified=False),
+     inv(96, 96), {"a": A}, {"unverified": 1, "missing_holder": 1}, (), False),
+    ("unverified, gone from the API and holding nothing: removed all the same",
+     replace(snap(card(0, 96)), verified=False), None, {}, {}, (), True),
     ("empty and in sync", snap(card(0, 96)), inv(96), {}, {}, (), False),
     ("node missing from the ledger", None, inv(96), {}, {"node_missing": 1}, (), False),
     ("node missing, held by a pod (re-created under it)", None, None, {"a": A}, {"node_missing": 1}, (), False),

@@ -40,6 +40,22 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The run id of the Redis process running this script: a new one after every restart, and another server's
+-- after a failover. A node's state carries the run id it was last verified against the API server in
+-- (`run`): a restart from an old snapshot or a promoted replica may lack the last writes (a booking a
+-- running pod holds), so no new booking is made there until the watchers compare it again (replace_node).
+local function server_run()
+  return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ""
+end
+
+local function verified()
+  return redis.call('HGET', NODE_KEY, 'run') == server_run()
+end
+
+local function mark_verified()
+  redis.call('HSET', NODE_KEY, 'run', server_run())
+end
+
 local function fail(code, msg)
   return redis.error_reply(code .. " " .. msg)
 end

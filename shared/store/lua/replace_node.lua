@@ -79,6 +79,7 @@ end
 redis.call('DEL', PODS_KEY)
 write_cards(p.cards, true)
 redis.call('HSET', NODE_KEY, 'error', p.error or "")
+mark_verified()  -- the node is now what the API server implies, in this Redis process
 local now = now_ms()
 for _, b in ipairs(p.bound) do book(b, "bound", now) end
 local overfull = 0

@@ -29,6 +29,11 @@ local nodeerr = redis.call('HGET', NODE_KEY, 'error')
 if nodeerr and nodeerr ~= "" then
   return cjson.encode({ok = false, reason = "node unregistered: " .. nodeerr, node = refusal_view()})
 end
+if not verified() then
+  return cjson.encode({ok = false, unverified = true, reason = "node unverified: Redis restarted or failed over "
+    .. "since the watchers last compared this node with the API server (it may lack a booking a pod holds); "
+    .. "no new booking until they compare it again"})
+end
 local seen = {}
 for _, idx in ipairs(p.cards) do
   local c = card_view(tostring(math.floor(idx)))

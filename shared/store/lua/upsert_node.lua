@@ -9,7 +9,8 @@ local _, bad = check_cards(p.cards)
 if bad then return fail("BADINPUT", bad) end
 bad = check_error(p.error)
 if bad then return fail("BADINPUT", bad) end
-if not redis.call('HGET', NODE_KEY, 'version') and p.create ~= true then return -1 end
+local exists = redis.call('HGET', NODE_KEY, 'version')
+if not exists and p.create ~= true then return -1 end
 -- the reported cards and the ones it has (a card no longer reported is marked removed or deleted)
 local cards = card_indices()
 for _, c in ipairs(p.cards) do cards[#cards + 1] = c.index end
@@ -17,4 +18,5 @@ local more = need_keys(cards, {})
 if more then return more end
 write_cards(p.cards, false)
 redis.call('HSET', NODE_KEY, 'error', p.error or "")
+if not exists then mark_verified() end  -- new to the cluster: nothing booked there to have been lost
 return publish('node', nil, nil)

@@ -2,7 +2,7 @@
 -- redis.pcall on a key that is not in KEYS fails the script. A local `redis` shadows the global one
 -- for the whole chunk, so no call in _lib.lua or a script escapes it.
 local redis = (function(real)
-  local keyless = {TIME = true, PUBLISH = true}     -- PUBLISH names a channel, not a key
+  local keyless = {TIME = true, PUBLISH = true, INFO = true}  -- PUBLISH names a channel, INFO a section
   local all_keys = {DEL = true, EXISTS = true}      -- commands whose every argument is a key
   local declared = {}
   for _, k in ipairs(KEYS) do declared[k] = true end

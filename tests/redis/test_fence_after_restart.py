@@ -1,0 +1,128 @@
+"""No new booking on a node until it is compared with the API server after Redis's process changed.
+
+A Redis that restarts from an older snapshot (or a replica promoted by a failover, which replicates
+asynchronously) may lack the last bookings it acknowledged: a running pod's cards then look free, and
+`intact()` sees nothing (the epoch is there). Before, a reserve in the window until the watchers' next
+pass booked those cards again (docs/redis-layout.md said "Until then a card can be booked twice").
+Now each node carries the run id of the Redis process it was last compared in (`run`, set by
+replace_node); the reserve script refuses a node whose `run` is not the running process's, the
+extender asks the watchers to compare it (a `verify` notice), and the reconciler's pass rewrites it
+from the API's truth. A real redis-server is restarted from its own RDB file here; the API server is a
+stand-in that lists the nodes and pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from controller.extender import Extender
+from deploy.local.redis_server import RedisServer
+from shared.store.ledger import UNVERIFIED, Ledger
+from shared.store.mirror import Mirror
+from tests.redis.test_extender_bind import CFG, FakeKube, pod
+from tests.redis.test_redteam_heal_bound_pending import ApiWithPods
+from tests.redis.test_redteam_inflight_nodes import bound_pod, gpu_node
+from tests.redis.test_redteam_rebuild_race import role
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[RedisServer]:
+    s = RedisServer().start()  # its own: this test restarts it from its RDB file
+    yield s
+    s.cleanup()
+
+
+async def restart_from_snapshot(server: RedisServer, client: Redis) -> None:
+    """Crash Redis and start it again on its last RDB file (written by SAVE): what was written after is lost."""
+    server.kill()
+    server.start()
+    await client.connection_pool.disconnect()
+
+
+async def test_a_booking_lost_by_a_restart_is_not_given_away_before_the_node_is_compared(server: RedisServer) -> None:
+    client = Redis.from_url(server.url, decode_responses=True)
+    ledger = Ledger(client)
+    try:
+        p = bound_pod("p", "a", 0, 64 * 512, 12)  # 64 of card 0's 96 units, with its record
+        api = ApiWithPods([gpu_node("a")], [])
+        nodes, pods, rec = await role(ledger, api)
+        nodes.reflector.synced.set()
+        pods.reflector.synced.set()
+        await rec.rebuild("start")
+        assert (await ledger.snapshot("a")).verified  # type: ignore[union-attr]
+        await client.save()  # the snapshot Redis will come back with: node a, nothing booked
+        # our bind: booked, bound, the Binding written; the watcher sees the pod with its record
+        assert (await ledger.reserve("a", "p", [0], 64, 12, 1, pod="ns/p"))[0].ok
+        assert await ledger.mark_bound("a", "p")
+        api.pods.append(p)
+        await pods.on_event("ADDED", p)
+
+        await restart_from_snapshot(server, client)
+        assert await ledger.intact()  # the epoch came back with the snapshot: no rebuild is due
+        snap = await ledger.snapshot("a")
+        assert snap is not None and "p" not in snap.reservations and not snap.verified
+        # another pod's bind for the same card: it would fit in the restored ledger (64 + 64 > 96 in truth)
+        refused, _ = await ledger.reserve("a", "q", [0], 64, 12, 1, pod="ns/q")
+        assert not refused.ok and refused.refused.startswith(UNVERIFIED), refused
+        assert not (await ledger.reserve("a", "q", [1], 8, 2, 1, pod="ns/q"))[0].ok  # the node, not a card
+
+        repaired = await rec.reconcile_all()  # the watchers' pass after the reconnect
+        assert repaired.get("unverified") == 1 and repaired.get("missing_holder") == 1, repaired
+        snap = await ledger.snapshot("a")
+        assert snap is not None and snap.verified and snap.reservations["p"].state == "bound"
+        refused, _ = await ledger.reserve("a", "q", [0], 64, 12, 1, pod="ns/q")
+        assert not refused.ok and not refused.refused.startswith(UNVERIFIED)  # p holds it: too little left
+        assert (await ledger.reserve("a", "q", [1], 64, 12, 1, pod="ns/q"))[0].ok
+        assert not (await rec.reconcile_all())  # verified and equal to the truth: nothing to repair
+    finally:
+        await client.aclose()
+
+
+async def test_a_bind_refused_on_an_unverified_node_asks_the_watchers_to_compare_it(server: RedisServer) -> None:
+    client = Redis.from_url(server.url, decode_responses=True)
+    ledger = Ledger(client)
+    mirrors: list[Mirror] = []
+    try:
+        api = ApiWithPods([gpu_node("a")], [])
+        nodes, pods, rec = await role(ledger, api)
+        await rec.rebuild("start")
+        await client.save()
+        await restart_from_snapshot(server, client)
+        for _ in range(2):
+            m = Mirror(Ledger(Redis.from_url(server.url, decode_responses=True)),
+                       subscriber=Redis.from_url(server.url, decode_responses=True))
+            await m.start()
+            await asyncio.wait_for(m.ready.wait(), 10)
+            mirrors.append(m)
+        extender_mirror, watcher_mirror = mirrors
+        asked: list[str] = []
+        heard = asyncio.Event()
+        watcher_mirror.on_notice["verify"].append(lambda node: (asked.append(node), heard.set()))
+        ext = Extender(CFG, extender_mirror.ledger, extender_mirror, FakeKube())  # type: ignore[arg-type]
+        q: dict[str, Any] = pod("q", {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 16,
+                                     "mthreads.com/sgpu-core": 4})
+        assert ext.filter({"Pod": q, "NodeNames": ["a"]})["NodeNames"] == ["a"]  # the mirror cannot tell
+        out = await ext.bind({"PodName": "p-q", "PodNamespace": "ns", "PodUID": "q", "Node": "a"})
+        assert UNVERIFIED in out["Error"], out
+        await asyncio.wait_for(heard.wait(), 5)
+        assert asked == ["a"]
+        nodes.reflector.synced.set()
+        pods.reflector.synced.set()
+        rec.touch("a")  # what the role wires the notice to
+        assert (await rec.reconcile_nodes({"a"})) == {"unverified": 1}
+        assert ext.filter({"Pod": q, "NodeNames": ["a"]})["NodeNames"] == ["a"]  # kube-scheduler's retry
+        assert (await ext.bind({"PodName": "p-q", "PodNamespace": "ns", "PodUID": "q", "Node": "a"}))["Error"] == ""
+        await ext.settled()
+    finally:
+        for m in mirrors:
+            await m.stop()
+            await m.ledger.redis.aclose()
+            await m.subscriber.aclose()
+        await client.aclose()
