@@ -118,8 +118,11 @@ class Reconciler:
         # keep_bound: where Redis still holds our bind's booking, a record changed since does not replace it.
         # freed: bookings no live pod explains (their pods went while no watcher ran) are dropped, and
         # kube-scheduler is nudged about their nodes, as after a repair
+        # verify_after_ms: a node Redis's process has not verified (restarted with data, failed over) is
+        # verified only a keep window after it was first found so, when a bind in flight then is in the API
+        # (the pass that follows, or the touch it schedules, does it)
         stats = await self.ledger.rebuild(invs, bound, keep_ms=keep_ms, keep_bound=True,
-                                          freed=self.pods.nudger.nudge)
+                                          freed=self.pods.nudger.nudge, verify_after_ms=self.keep_ms)
         self.nodes.known = {i.node for i in invs} | {u.node for u, _ in bound.values()}
         self.nodes.last = by_name  # the API's view; a quarantine is applied on top (NodeWatcher.effective)
         self.pods.seen = {}
@@ -254,7 +257,13 @@ class Reconciler:
             await self.ledger.list_node(node)
             # kept: whatever was made or bound since `now_ms - keep_ms`, however long this pass took since its read
             out = await self.ledger.replace_node(inv if inv is not None else Inventory(node), final, self.keep_ms,
-                                                 keep_bound=True, keep_from=now_ms - self.keep_ms)
+                                                 keep_bound=True, keep_from=now_ms - self.keep_ms,
+                                                 verify_after_ms=self.keep_ms)
+        if not out.get("verified", True):
+            # Redis's process changed and this was the first comparison (or one within the keep window): the
+            # node is compared again once a bind that was in flight then is in the view
+            wait = int(out.get("verify_in_ms") or 0) / 1000 + 0.1
+            asyncio.get_running_loop().call_later(wait, self.touch, node)
         # a pending booking is kept by replace_node (its binder may be mid-flight): one the API showed stale (its
         # pod bound on another node, or gone) is released by uid
         for uid in stale:

@@ -87,8 +87,9 @@ class NodeSnapshot:
     stamp: str = ""
     # False when Redis's process changed (a restart, a failover) since the watchers last compared the node with
     # the API server: the reserve script books nothing there until they do (snapshot.lua; feed messages do not
-    # carry it, so only a snapshot read says so). Not part of the value.
-    verified: bool = field(default=True, compare=False)
+    # carry it, so only a snapshot read says so). Part of the value: a re-read that differs only in it replaces a
+    # mirror's snapshot, and the reconciler's reuse of the mirror's decoding (Reconciler._read) cannot hide it.
+    verified: bool = True
     # This process's version of the value: the next number of one counter for every snapshot made (also by
     # dataclasses.replace), so monotonic per node in a mirror. Not part of the value (compare/repr).
     seq: int = field(default_factory=lambda: next(_SEQ), init=False, compare=False, repr=False)

@@ -55,6 +55,8 @@ HEADS_BATCH = 1000  # nodes per pipelined read of (version, stamp): two short fi
 # The reserve script's refusal on a node not compared with the API server since Redis's process changed
 # (reserve.lua, `verified` in _lib.lua): replanning cannot help, the watchers' comparison does.
 UNVERIFIED = "node unverified"
+# the run id as the scripts read it (`server_run` in _lib.lua), for the readiness probe
+RUN_ID_SCRIPT = "return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''"
 NOTICES = ("wake", "verify")  # the feed's notices to the watchers (Ledger.notify)
 MARK_BOUND_MAX = 512  # reservations per mark_bound call (mark_bound.lua checks the same bound)
 
@@ -487,7 +489,7 @@ class Ledger:
 
     async def replace_node(self, inv: Inventory, bound: Mapping[str, tuple[PodUsage, str]],
                            keep_ms: int | None = None, keep_bound: bool = False,
-                           keep_from: int | None = None) -> dict[str, Any]:
+                           keep_from: int | None = None, verify_after_ms: int | None = None) -> dict[str, Any]:
         """Atomically set one node to what the API implies: its cards and its bound pods' usage.
 
         Reservations still settling (pending, or made or bound in the last `keep_ms` ms of Redis time or
@@ -496,6 +498,10 @@ class Ledger:
         "pending_overfull". `keep_bound`: a pod of `bound` whose
         reservation is bound keeps that booking where its record differs; their uids come back as
         "kept_bound" (a list). "dropped": how many reservations it freed (of pods neither bound nor settling).
+        `verify_after_ms` (the caller's truth is the API's, fresh: the watchers' comparison, a rebuild): a node
+        not verified in this Redis process (its `run`, docs/redis-layout.md) is verified once that long has
+        passed since a caller first found it so; "verified" says whether it is, "verify_in_ms" how long is
+        left. Without it only a node new to this Redis is verified (the node watcher's own writes).
         """
         payload = self._cards_payload(inv)
         if keep_ms is not None:
@@ -503,6 +509,8 @@ class Ledger:
         if keep_from is not None:
             payload["keep_from"] = max(0, int(keep_from))
         payload["keep_bound"] = keep_bound
+        if verify_after_ms is not None:
+            payload["verify_after_ms"] = max(0, int(verify_after_ms))
         payload["bound"] = [
             {"uid": uid, "cards": list(u.cards), "mem": u.memory, "cores": u.cores, "slices": u.slices,
              "pod": pod}
@@ -516,24 +524,30 @@ class Ledger:
     async def rebuild(self, inventories: Iterable[Inventory],
                       bound: Mapping[str, tuple[PodUsage, str]],
                       keep_ms: int | None = None, keep_bound: bool = False,
-                      freed: Callable[[str], None] | None = None) -> dict[str, int]:
+                      freed: Callable[[str], None] | None = None,
+                      verify_after_ms: int | None = 0) -> dict[str, int]:
         """Recompute the whole ledger from the API server's truth (nodes + bound pods' annotations).
 
         Node by node, each an atomic replace, so no replica ever reads a node empty or doubled;
         nodes that no longer exist are removed last, unless a pod still holds cards there.
         `keep_bound`: see replace_node (a rebuild over state Redis still has keeps what our bind booked).
         `freed` is called with each node whose replace dropped reservations (their cards are free again).
+        `verify_after_ms`: see replace_node (0: a node Redis's process has not verified is verified at once;
+        the watchers pass their keep window, so that a bind in flight at the process change is in their
+        truth first). "unverified" counts the nodes still waiting.
         """
         by_node: dict[str, dict[str, tuple[PodUsage, str]]] = {}
         for uid, (usage, pod) in bound.items():
             by_node.setdefault(usage.node, {})[uid] = (usage, pod)
         seen = set()
         stats = {"nodes": 0, "bound": 0, "pending_kept": 0, "pending_overfull": 0, "removed": 0, "kept_bound": 0,
-                 "dropped": 0}
+                 "dropped": 0, "unverified": 0}
         for inv in inventories:
             seen.add(inv.node)
             await self.list_node(inv.node)  # listed first, see upsert_node
-            out = await self.replace_node(inv, by_node.get(inv.node, {}), keep_ms, keep_bound)
+            out = await self.replace_node(inv, by_node.get(inv.node, {}), keep_ms, keep_bound,
+                                          verify_after_ms=verify_after_ms)
+            stats["unverified"] += 0 if out.get("verified") else 1
             stats["dropped"] += int(out.get("dropped") or 0)
             if freed is not None and out.get("dropped"):
                 freed(inv.node)
@@ -546,7 +560,9 @@ class Ledger:
             # A node the API no longer reports while its pods still hold cards (deleted, or its capacity
             # went to 0): keep their usage on placeholder cards, so it is there if the node comes back.
             await self.list_node(node)
-            out = await self.replace_node(Inventory(node), by_node[node], keep_ms, keep_bound)
+            out = await self.replace_node(Inventory(node), by_node[node], keep_ms, keep_bound,
+                                          verify_after_ms=verify_after_ms)
+            stats["unverified"] += 0 if out.get("verified") else 1
             stats["kept_bound"] += len(out["kept_bound"])
             stats["pending_kept"] += int(out["pending_kept"])
             seen.add(node)
@@ -554,7 +570,8 @@ class Ledger:
             if await self.remove_node(node, keep_ms) is None:
                 # held by no pod the API knows of, but a reservation still settles there: it stays (on
                 # placeholder cards), the rest goes
-                out = await self.replace_node(Inventory(node), {}, keep_ms, keep_bound)
+                out = await self.replace_node(Inventory(node), {}, keep_ms, keep_bound, verify_after_ms=verify_after_ms)
+                stats["unverified"] += 0 if out.get("verified") else 1
                 stats["pending_kept"] += int(out["pending_kept"])
             else:
                 stats["removed"] += 1
@@ -568,8 +585,16 @@ class Ledger:
 
     async def probe_write(self) -> bool:
         """A write, for readiness: a Redis that answers but refuses writes (full under noeviction: OOM; a replica:
-        READONLY) leaves no role able to book, bind, record or release. Raises what Redis answered."""
-        return bool(await self.redis.set(self.keys.probe, str(time.time_ns() // 1_000_000), px=60_000))
+        READONLY) leaves no role able to book, bind, record or release. Then the run id the scripts read
+        (`server_run` in _lib.lua): without it (an ACL user without `info`, a proxy that hides it) no node is
+        ever verified and no booking made. Raises what Redis answered, or LedgerError."""
+        ok = bool(await self.redis.set(self.keys.probe, str(time.time_ns() // 1_000_000), px=60_000))
+        # routed by the key on a cluster, to a shard that holds nodes like any other
+        run = await cast("Awaitable[str]", self.redis.eval(RUN_ID_SCRIPT, 1, self.keys.probe))
+        if not run:
+            raise LedgerError("this Redis reports no run_id in INFO server: no node can be verified after a "
+                              "restart or failover, so none is booked (docs/redis-layout.md, Losing Redis)")
+        return ok
 
     async def intact(self) -> bool:
         """False once Redis lost the state a rebuild wrote (restart without persistence, FLUSHALL)."""

@@ -21,6 +21,8 @@ import pytest
 from redis.asyncio import Redis
 
 from controller.extender import Extender
+from controller.reconciler import Reconciler
+from controller.watchers import NodeWatcher, PodWatcher, wire
 from deploy.local.redis_server import RedisServer
 from shared.store.ledger import UNVERIFIED, Ledger
 from shared.store.mirror import Mirror
@@ -73,8 +75,17 @@ async def test_a_booking_lost_by_a_restart_is_not_given_away_before_the_node_is_
         assert not refused.ok and refused.refused.startswith(UNVERIFIED), refused
         assert not (await ledger.reserve("a", "q", [1], 8, 2, 1, pod="ns/q"))[0].ok  # the node, not a card
 
+        rec.keep_ms = 400  # the keep window (10 s in the role), shortened
         repaired = await rec.reconcile_all()  # the watchers' pass after the reconnect
         assert repaired.get("unverified") == 1 and repaired.get("missing_holder") == 1, repaired
+        snap = await ledger.snapshot("a")
+        # written from the truth at once, but verified only a keep window after the first comparison (a bind in
+        # flight at the restart, its booking lost, is in the API by then), which the pass scheduled
+        assert snap is not None and not snap.verified and snap.reservations["p"].state == "bound"
+        assert (await ledger.reserve("a", "q", [1], 8, 2, 1, pod="ns/q"))[0].refused.startswith(UNVERIFIED)
+        await asyncio.wait_for(rec._touch.wait(), 5)  # what the reconciler's loop waits on
+        assert rec.touched == {"a"}
+        assert await rec.reconcile_nodes({"a"}) == {"unverified": 1}
         snap = await ledger.snapshot("a")
         assert snap is not None and snap.verified and snap.reservations["p"].state == "bound"
         refused, _ = await ledger.reserve("a", "q", [0], 64, 12, 1, pod="ns/q")
@@ -116,6 +127,7 @@ async def test_a_bind_refused_on_an_unverified_node_asks_the_watchers_to_compare
         nodes.reflector.synced.set()
         pods.reflector.synced.set()
         rec.touch("a")  # what the role wires the notice to
+        rec.keep_ms = 0  # no bind was in flight: no wait (the role waits its keep window)
         assert (await rec.reconcile_nodes({"a"})) == {"unverified": 1}
         assert ext.filter({"Pod": q, "NodeNames": ["a"]})["NodeNames"] == ["a"]  # kube-scheduler's retry
         assert (await ext.bind({"PodName": "p-q", "PodNamespace": "ns", "PodUID": "q", "Node": "a"}))["Error"] == ""
@@ -126,3 +138,108 @@ async def test_a_bind_refused_on_an_unverified_node_asks_the_watchers_to_compare
             await m.ledger.redis.aclose()
             await m.subscriber.aclose()
         await client.aclose()
+
+
+async def used(ledger: Ledger, node: str, card: int) -> int:
+    snap = await ledger.snapshot(node)
+    assert snap is not None
+    return snap.cards[card].mem_used
+
+
+async def test_a_pending_booking_brought_back_by_the_restart_is_not_answered_again(server: RedisServer) -> None:
+    """Red team: p's pending booking (its binder died) was released and q booked the card after the snapshot;
+    Redis comes back with p's booking. p's retried bind must not be answered `existing`: not before the
+    node is compared, nor after (the comparison keeps p's pending booking, a bind may be in flight, over-full)."""
+    client = Redis.from_url(server.url, decode_responses=True)
+    ledger = Ledger(client)
+    try:
+        api = ApiWithPods([gpu_node("a")], [])
+        nodes, pods, rec = await role(ledger, api)
+        nodes.reflector.synced.set()
+        pods.reflector.synced.set()
+        await rec.rebuild("start")
+        assert (await ledger.reserve("a", "p", [0], 64, 12, 1, pod="ns/p"))[0].ok
+        await client.save()
+        assert await ledger.release("a", "p")  # the janitor's expiry, or a refused Binding
+        assert (await ledger.reserve("a", "q", [0], 64, 12, 1, pod="ns/q"))[0].ok
+        assert await ledger.mark_bound("a", "q")
+        q = bound_pod("q", "a", 0, 64 * 512, 12)
+        api.pods.append(q)
+        await pods.on_event("ADDED", q)
+        await restart_from_snapshot(server, client)
+        out, _ = await ledger.reserve("a", "p", [0], 64, 12, 1, pod="ns/p")
+        assert not out.ok and out.refused.startswith(UNVERIFIED), out
+        rec.keep_ms = 0
+        assert (await rec.reconcile_all()).get("unverified") == 1
+        assert await used(ledger, "a", 0) == 128  # p kept (pending: its binder may be in flight), beside q
+        out, _ = await ledger.reserve("a", "p", [0], 64, 12, 1, pod="ns/p")
+        assert not out.ok and "over-fills" in out.refused, out
+    finally:
+        await client.aclose()
+
+
+async def test_a_bind_in_flight_at_the_restart_is_in_the_truth_before_the_node_is_verified(
+        server: RedisServer) -> None:
+    """Red team: p's booking was acknowledged, then lost with the restart before p's Binding was written.
+    The first comparison's view lacks p; the node is verified only a keep window later, when p's Binding
+    (written whatever the ledger says) is in the view: q never gets p's card."""
+    client = Redis.from_url(server.url, decode_responses=True)
+    ledger = Ledger(client)
+    try:
+        api = ApiWithPods([gpu_node("a")], [])
+        nodes, pods, rec = await role(ledger, api)
+        nodes.reflector.synced.set()
+        pods.reflector.synced.set()
+        await rec.rebuild("start")
+        await client.save()
+        assert (await ledger.reserve("a", "p", [0], 64, 12, 1, pod="ns/p"))[0].ok  # acknowledged, then lost
+        await restart_from_snapshot(server, client)
+        rec.keep_ms = 500
+        assert (await rec.reconcile_nodes({"a"})) == {"unverified": 1}  # the verify notice's touch
+        refused, _ = await ledger.reserve("a", "q", [0], 64, 12, 1, pod="ns/q")
+        assert refused.refused.startswith(UNVERIFIED), refused  # still within the window
+        p = bound_pod("p", "a", 0, 64 * 512, 12)  # p's Binding lands, with its record
+        api.pods.append(p)
+        await pods.on_event("ADDED", p)
+        await asyncio.sleep(0.6)  # the keep window passes (the role's touch comes after it)
+        assert (await rec.reconcile_nodes({"a"})) == {"unverified": 1}
+        refused, _ = await ledger.reserve("a", "q", [0], 64, 12, 1, pod="ns/q")
+        assert not refused.ok and not refused.refused.startswith(UNVERIFIED)  # p holds it
+        assert await used(ledger, "a", 0) == 64
+    finally:
+        await client.aclose()
+
+
+async def test_a_node_unchanged_by_the_restart_is_verified_with_the_watchers_mirror_running(
+        server: RedisServer) -> None:
+    """Red team: the watcher's mirror re-reads everything after the reconnect; a node whose content is the
+    same must not keep its old `verified` snapshot (the reconciler reuses the mirror's decoding)."""
+    client = Redis.from_url(server.url, decode_responses=True)
+    sub = Redis.from_url(server.url, decode_responses=True)
+    ledger = Ledger(client)
+    mirror = Mirror(ledger, subscriber=sub)
+    api = ApiWithPods([gpu_node("a")], [])
+    nodes = NodeWatcher(api, ledger, CFG)  # type: ignore[arg-type]
+    pods = PodWatcher(api, ledger, mirror, CFG, nodes.lost)  # type: ignore[arg-type]
+    wire(nodes, pods)
+    pods.nudger.nudge = lambda node: None  # type: ignore[method-assign]
+    rec = Reconciler(api, ledger, CFG, nodes, pods, keep_ms=0)  # type: ignore[arg-type]
+    nodes.reflector.synced.set()
+    pods.reflector.synced.set()
+    reconnected = asyncio.Event()
+    mirror.on_reconnect.append(reconnected.set)
+    try:
+        await rec.rebuild("start")
+        await mirror.start()
+        await asyncio.wait_for(mirror.ready.wait(), 10)
+        assert not await rec.reconcile_all()  # the reconciler learns the mirror's decoding of node a
+        await client.save()
+        await restart_from_snapshot(server, client)
+        await asyncio.wait_for(reconnected.wait(), 20)  # the mirror re-read everything
+        assert mirror.get("a") is not None and not mirror.get("a").verified  # type: ignore[union-attr]
+        assert (await rec.reconcile_all()) == {"unverified": 1}
+        assert (await ledger.reserve("a", "q", [0], 8, 2, 1, pod="ns/q"))[0].ok
+    finally:
+        await mirror.stop()
+        await client.aclose()
+        await sub.aclose()

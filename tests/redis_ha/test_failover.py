@@ -98,7 +98,7 @@ async def test_sentinel_mirror_follows_a_failover() -> None:
             # the new master may lack the old one's last writes: no new booking until the node is compared
             out, _ = await burst.retrying(lambda: led.reserve("n5", "u2", [1], 16, 4, 1))
             assert not out.ok and out.refused.startswith(UNVERIFIED), out
-            await led.replace_node(inventory("n5", S5000), {})  # the watchers' comparison with the API
+            await led.replace_node(inventory("n5", S5000), {}, verify_after_ms=0)  # the watchers' comparison
             out, _ = await led.reserve("n5", "u2", [1], 16, 4, 1)
             assert out.ok
             with new.client() as c:  # the client found the new master
@@ -313,7 +313,7 @@ async def test_cluster_replica_takes_over_a_killed_primary() -> None:
             assert not refused.ok and refused.refused.startswith(UNVERIFIED)  # fenced until compared
             assert not (await led.snapshot("n4")).verified  # type: ignore[union-attr]
             assert (await led.snapshot("n5")).verified  # type: ignore[union-attr]  # another shard: as it was
-            await led.replace_node(inventory("n4", S4000), {})  # the watchers' comparison (u1 pending: kept)
+            await led.replace_node(inventory("n4", S4000), {}, verify_after_ms=0)  # the comparison (u1: kept)
             assert (await led.reserve("n4", "u2", [1], 16, 4, 1))[0].ok
             snap = await led.snapshot("n4")
             assert snap is not None and sorted(snap.reservations) == ["u1", "u2"]

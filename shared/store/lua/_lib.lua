@@ -48,12 +48,39 @@ local function server_run()
   return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ""
 end
 
+-- a Redis that reports no run id (a proxy, a managed offering) can verify nothing: every node stays refused,
+-- rather than the check passing for "" == "" (the roles' readiness probe says so: Ledger.probe_write)
 local function verified()
-  return redis.call('HGET', NODE_KEY, 'run') == server_run()
+  local run = server_run()
+  return run ~= "" and redis.call('HGET', NODE_KEY, 'run') == run
 end
 
 local function mark_verified()
   redis.call('HSET', NODE_KEY, 'run', server_run())
+  redis.call('HDEL', NODE_KEY, 'unverified_since')
+end
+
+-- The node has just been written from the API's truth by a caller that may verify it (replace_node's
+-- verify_after_ms): a node new to this Redis is verified at once (nothing booked there can have been
+-- lost); an unverified one only once `after_ms` have passed since a writer first found it so in this Redis
+-- process. A bind in flight when Redis restarted or failed over (its booking acknowledged, then lost; its
+-- Binding not written yet) is in the API within that window, so the truth a later write carries has it.
+-- Returns (verified, ms still to wait).
+local function verify_after(existed, after_ms, now)
+  if not existed then mark_verified() return true, 0 end
+  if verified() then return true, 0 end
+  local run = server_run()
+  local since = redis.call('HGET', NODE_KEY, 'unverified_since') or ""
+  local s_run, s_ms = string.match(since, '^(%x+):(%d+)$')
+  if run == "" then return false, after_ms end
+  if s_run ~= run then
+    if after_ms <= 0 then mark_verified() return true, 0 end
+    redis.call('HSET', NODE_KEY, 'unverified_since', run .. ":" .. now)
+    return false, after_ms
+  end
+  local waited = now - tonumber(s_ms)
+  if waited >= after_ms then mark_verified() return true, 0 end
+  return false, after_ms - waited
 end
 
 local function fail(code, msg)

@@ -22,6 +22,9 @@ end
 if p.keep_from ~= nil and not is_int(p.keep_from, 0, 9007199254740991) then
   return fail("BADINPUT", "keep_from must be a time in ms")
 end
+if p.verify_after_ms ~= nil and not is_int(p.verify_after_ms, 0, 3600000) then
+  return fail("BADINPUT", "verify_after_ms must be 0..3600000")
+end
 local now0 = now_ms()
 local keep_from = math.huge
 if p.keep_ms ~= nil then keep_from = now0 - p.keep_ms end
@@ -46,6 +49,7 @@ for _, b in ipairs(p.bound) do
 end
 local more = need_node_keys(named_cards, named_uids)
 if more then return more end
+local existed = redis.call('HGET', NODE_KEY, 'version') ~= false
 local held = {}
 for _, list in ipairs({redis.call('SMEMBERS', PODS_KEY), named_uids}) do
   for _, uid in ipairs(list) do
@@ -79,8 +83,14 @@ end
 redis.call('DEL', PODS_KEY)
 write_cards(p.cards, true)
 redis.call('HSET', NODE_KEY, 'error', p.error or "")
-mark_verified()  -- the node is now what the API server implies, in this Redis process
 local now = now_ms()
+-- verify_after_ms (the watchers' comparison, the rebuild): the node is what the API implies, so it may be
+-- verified for this Redis process (verify_after in _lib.lua); without it (the node watcher's own writes) only
+-- a node new to this Redis is
+local is_verified, verify_in = verified(), 0
+if p.verify_after_ms ~= nil or not existed then
+  is_verified, verify_in = verify_after(existed, p.verify_after_ms or 0, now)
+end
 for _, b in ipairs(p.bound) do book(b, "bound", now) end
 local overfull = 0
 for _, e in ipairs(pending) do
@@ -103,4 +113,4 @@ end
 publish('rebuild', nil, nil)
 -- (cjson encodes an empty kept_bound as {}, which Ledger.replace_node reads as no uid)
 return cjson.encode({ok = true, bound = #p.bound, pending_kept = #pending, pending_overfull = overfull,
-                     dropped = dropped, kept_bound = kept_bound})
+                     dropped = dropped, kept_bound = kept_bound, verified = is_verified, verify_in_ms = verify_in})

@@ -3,6 +3,11 @@
 -- twin of shared/domain/fit.py's. Idempotent by uid: a repeated call returns the cards already booked. On
 -- conflict returns the reason and the node's current cards (refusal_view), so the caller can refit
 -- without another read.
+local function unverified()
+  return cjson.encode({ok = false, unverified = true, reason = "node unverified: Redis restarted or failed over "
+    .. "since the watchers last compared this node with the API server (it may lack a booking a pod holds); "
+    .. "no new booking until they compare it again"})
+end
 local p, err = payload()
 if err then return err end
 local bad = check_res(p)
@@ -21,6 +26,19 @@ p.idle = need.idle
 local more = need_keys(p.cards, {p.uid})
 if more then return more end
 local r = res_view(p.uid)
+if r and r.state ~= "bound" then
+  -- a pending booking answered again is a bind going on: not on a node this Redis process has not verified
+  -- (it may be a leftover of a lost history, its release lost), nor on a card it over-fills (kept by
+  -- replace_node for a binder that was in flight; answering it would let that binder write its Binding)
+  if not verified() then return unverified() end
+  local rc = split_cards(r.cards)
+  local more_cards = need_keys(rc, {})
+  if more_cards then return more_cards end
+  if overcommitted(rc) then
+    return cjson.encode({ok = false, reason = "its pending booking over-fills card(s) " .. r.cards
+      .. " (kept for a bind in flight when the node was rewritten from the API): not answered again"})
+  end
+end
 if r then return cjson.encode({ok = true, existing = true, cards = r.cards, state = r.state}) end
 if not redis.call('HGET', NODE_KEY, 'version') then
   return cjson.encode({ok = false, reason = "node unregistered", node = refusal_view()})
@@ -29,11 +47,7 @@ local nodeerr = redis.call('HGET', NODE_KEY, 'error')
 if nodeerr and nodeerr ~= "" then
   return cjson.encode({ok = false, reason = "node unregistered: " .. nodeerr, node = refusal_view()})
 end
-if not verified() then
-  return cjson.encode({ok = false, unverified = true, reason = "node unverified: Redis restarted or failed over "
-    .. "since the watchers last compared this node with the API server (it may lack a booking a pod holds); "
-    .. "no new booking until they compare it again"})
-end
+if not verified() then return unverified() end
 local seen = {}
 for _, idx in ipairs(p.cards) do
   local c = card_view(tostring(math.floor(idx)))
