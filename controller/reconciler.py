@@ -122,7 +122,8 @@ class Reconciler:
         # verified only a keep window after it was first found so, when a bind in flight then is in the API
         # (the pass that follows, or the touch it schedules, does it)
         stats = await self.ledger.rebuild(invs, bound, keep_ms=keep_ms, keep_bound=True,
-                                          freed=self.pods.nudger.nudge, verify_after_ms=self.keep_ms)
+                                          freed=self.pods.nudger.nudge, verify_after_ms=self.keep_ms,
+                                          lost=why != "start")
         self.nodes.known = {i.node for i in invs} | {u.node for u, _ in bound.values()}
         self.nodes.last = by_name  # the API's view; a quarantine is applied on top (NodeWatcher.effective)
         self.pods.seen = {}
@@ -256,14 +257,14 @@ class Reconciler:
                 return diff
             await self.ledger.list_node(node)
             # kept: whatever was made or bound since `now_ms - keep_ms`, however long this pass took since its read
+            # a node the watchers knew, missing from Redis: its keys went (a shard back empty) with bookings
+            # binds in flight may still hold, so it waits the keep window like a node of a changed history
+            lost = snap is None and node in self.nodes.known
             out = await self.ledger.replace_node(inv if inv is not None else Inventory(node), final, self.keep_ms,
                                                  keep_bound=True, keep_from=now_ms - self.keep_ms,
-                                                 verify_after_ms=self.keep_ms)
+                                                 verify_after_ms=self.keep_ms, lost=lost)
         if not out.get("verified", True):
-            # Redis's process changed and this was the first comparison (or one within the keep window): the
-            # node is compared again once a bind that was in flight then is in the view
-            wait = int(out.get("verify_in_ms") or 0) / 1000 + 0.1
-            asyncio.get_running_loop().call_later(wait, self.touch, node)
+            self.verify_later(node, int(out.get("verify_in_ms") or 0))
         # a pending booking is kept by replace_node (its binder may be mid-flight): one the API showed stale (its
         # pod bound on another node, or gone) is released by uid
         for uid in stale:
@@ -297,6 +298,11 @@ class Reconciler:
     def views_live(self) -> str:
         """Why the watchers' view cannot be trusted now ("" when it can)."""
         return self.nodes.reflector.problem(0) or self.pods.reflector.problem(0)
+
+    def verify_later(self, node: str, ms: int) -> None:
+        """A node written from the truth but not verified yet (Redis's history changed less than the keep
+        window ago): compared again once a bind that was in flight then is in the view."""
+        asyncio.get_running_loop().call_later(ms / 1000 + 0.1, self.touch, node)
 
     def touch(self, node: str) -> None:
         """Compare this node soon (the pod watcher: a pod bound there without a record came or went); no

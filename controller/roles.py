@@ -49,6 +49,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     wire(nodes, pods)
     reconciler = Reconciler(kube, ledger, cfg, nodes, pods)
     pods.unaccounted_changed = reconciler.touch
+    nodes.verify_later = reconciler.verify_later  # a node it wrote that Redis's history change keeps unverified
     mirror.on_reconnect.append(reconciler.wake.set)  # Pub/Sub lost messages meanwhile: compare soon
     mirror.on_notice["wake"].append(pods.nudger.nudge)  # an extender's claim ended unused where it turned pods away
     mirror.on_notice["verify"].append(reconciler.touch)  # a booking refused on a node not compared since a failover

@@ -98,6 +98,9 @@ class NodeWatcher:
         self.reflector = Reflector(kube, "/api/v1/nodes", self.on_event, self.on_sync, "nodes")
         self.knobs = KnobWatch(kube, cfg.events_enabled, cfg.scheduler_name)  # knob changes under held slices
         self.nudge: Callable[[str], None] = lambda node: None  # the pod watcher's Nudger, set by the role
+        # a node written but not verified yet (Redis's history changed): compared again after the ms given
+        # (the reconciler's verify_later, set by the role)
+        self.verify_later: Callable[[str, int], None] = lambda node, ms: None
         self.mismatch = MismatchReporter(kube, cfg)  # events, gauge and log line (controller/mismatch.py)
         # Held by each event and re-list, and by the reconciler's rebuild from its own lists: a Node change
         # handled while a rebuild runs would be overwritten by the rebuild's older copy (in Redis and in
@@ -131,7 +134,7 @@ class NodeWatcher:
                         "flight: their usage is kept until they end%s", name, len(holders),
                         f" (every booking is kept: the pod view is not live, {stale})" if stale else "")
             await self.ledger.list_node(name)
-            await self.ledger.replace_node(Inventory(name), holders, keep_ms, keep_bound=True)
+            await self._replace(Inventory(name), holders, keep_ms, stale)
             self.known.add(name)
             return
         assert inv is not None
@@ -149,8 +152,17 @@ class NodeWatcher:
         else:
             # New to us: written whole, with its holders' usage, before any replica can offer it.
             await self.ledger.list_node(name)
-            await self.ledger.replace_node(inv, self.holders(name), keep_ms, keep_bound=True)
+            await self._replace(inv, self.holders(name), keep_ms, stale)
         self.known.add(name)
+
+    async def _replace(self, inv: Inventory, holders: Mapping[str, tuple[PodUsage, str]], keep_ms: int,
+                       stale: str) -> None:
+        """replace_node from this watcher's view: a node Redis's history change left unverified is verified
+        by it only while the pod view is live (else by the reconciler, which waits for live views)."""
+        out = await self.ledger.replace_node(inv, holders, keep_ms, keep_bound=True,
+                                             verify_after_ms=self.keep_ms if not stale else None)
+        if not out.get("verified", True):
+            self.verify_later(inv.node, int(out.get("verify_in_ms") or 0))
 
     def effective(self, inv: Inventory) -> Inventory:
         """The node as the ledger must hold it: closed (an error) while pods nobody can account for hold

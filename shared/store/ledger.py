@@ -56,7 +56,8 @@ HEADS_BATCH = 1000  # nodes per pipelined read of (version, stamp): two short fi
 # (reserve.lua, `verified` in _lib.lua): replanning cannot help, the watchers' comparison does.
 UNVERIFIED = "node unverified"
 # the run id as the scripts read it (`server_run` in _lib.lua), for the readiness probe
-RUN_ID_SCRIPT = "return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''"
+RUN_ID_SCRIPT = ("local i = redis.call('INFO', 'server', 'replication') "
+                 "return (string.match(i, 'run_id:(%x+)') and string.match(i, 'master_replid:(%x+)')) or ''")
 NOTICES = ("wake", "verify")  # the feed's notices to the watchers (Ledger.notify)
 MARK_BOUND_MAX = 512  # reservations per mark_bound call (mark_bound.lua checks the same bound)
 
@@ -489,7 +490,8 @@ class Ledger:
 
     async def replace_node(self, inv: Inventory, bound: Mapping[str, tuple[PodUsage, str]],
                            keep_ms: int | None = None, keep_bound: bool = False,
-                           keep_from: int | None = None, verify_after_ms: int | None = None) -> dict[str, Any]:
+                           keep_from: int | None = None, verify_after_ms: int | None = None,
+                           lost: bool = False) -> dict[str, Any]:
         """Atomically set one node to what the API implies: its cards and its bound pods' usage.
 
         Reservations still settling (pending, or made or bound in the last `keep_ms` ms of Redis time or
@@ -498,10 +500,12 @@ class Ledger:
         "pending_overfull". `keep_bound`: a pod of `bound` whose
         reservation is bound keeps that booking where its record differs; their uids come back as
         "kept_bound" (a list). "dropped": how many reservations it freed (of pods neither bound nor settling).
-        `verify_after_ms` (the caller's truth is the API's, fresh: the watchers' comparison, a rebuild): a node
-        not verified in this Redis process (its `run`, docs/redis-layout.md) is verified once that long has
-        passed since a caller first found it so; "verified" says whether it is, "verify_in_ms" how long is
-        left. Without it only a node new to this Redis is verified (the node watcher's own writes).
+        `verify_after_ms` (every writer in the roles; its truth is the API's, from a live view): a node not
+        verified under the history this Redis holds (its `run`, docs/redis-layout.md "Losing Redis") is
+        verified once that long has passed since a writer first found it unverified; a node new to this Redis
+        at once, unless `lost` (its keys went with the state: the window starts now). "verified" says
+        whether it is, "verify_in_ms" how long is left. None (a view that is not live): a new node is
+        verified at once, an existing one is left as it is.
         """
         payload = self._cards_payload(inv)
         if keep_ms is not None:
@@ -511,6 +515,8 @@ class Ledger:
         payload["keep_bound"] = keep_bound
         if verify_after_ms is not None:
             payload["verify_after_ms"] = max(0, int(verify_after_ms))
+        if lost:
+            payload["lost"] = True
         payload["bound"] = [
             {"uid": uid, "cards": list(u.cards), "mem": u.memory, "cores": u.cores, "slices": u.slices,
              "pod": pod}
@@ -525,16 +531,16 @@ class Ledger:
                       bound: Mapping[str, tuple[PodUsage, str]],
                       keep_ms: int | None = None, keep_bound: bool = False,
                       freed: Callable[[str], None] | None = None,
-                      verify_after_ms: int | None = 0) -> dict[str, int]:
+                      verify_after_ms: int | None = None, lost: bool = False) -> dict[str, int]:
         """Recompute the whole ledger from the API server's truth (nodes + bound pods' annotations).
 
         Node by node, each an atomic replace, so no replica ever reads a node empty or doubled;
         nodes that no longer exist are removed last, unless a pod still holds cards there.
         `keep_bound`: see replace_node (a rebuild over state Redis still has keeps what our bind booked).
         `freed` is called with each node whose replace dropped reservations (their cards are free again).
-        `verify_after_ms`: see replace_node (0: a node Redis's process has not verified is verified at once;
-        the watchers pass their keep window, so that a bind in flight at the process change is in their
-        truth first). "unverified" counts the nodes still waiting.
+        `verify_after_ms`, `lost`: see replace_node (the watchers pass their keep window, so that a bind in
+        flight when Redis's history changed is in their truth first, and `lost` after a state loss).
+        "unverified" counts the nodes still waiting.
         """
         by_node: dict[str, dict[str, tuple[PodUsage, str]]] = {}
         for uid, (usage, pod) in bound.items():
@@ -546,7 +552,7 @@ class Ledger:
             seen.add(inv.node)
             await self.list_node(inv.node)  # listed first, see upsert_node
             out = await self.replace_node(inv, by_node.get(inv.node, {}), keep_ms, keep_bound,
-                                          verify_after_ms=verify_after_ms)
+                                          verify_after_ms=verify_after_ms, lost=lost)
             stats["unverified"] += 0 if out.get("verified") else 1
             stats["dropped"] += int(out.get("dropped") or 0)
             if freed is not None and out.get("dropped"):
@@ -561,7 +567,7 @@ class Ledger:
             # went to 0): keep their usage on placeholder cards, so it is there if the node comes back.
             await self.list_node(node)
             out = await self.replace_node(Inventory(node), by_node[node], keep_ms, keep_bound,
-                                          verify_after_ms=verify_after_ms)
+                                          verify_after_ms=verify_after_ms, lost=lost)
             stats["unverified"] += 0 if out.get("verified") else 1
             stats["kept_bound"] += len(out["kept_bound"])
             stats["pending_kept"] += int(out["pending_kept"])
@@ -570,7 +576,8 @@ class Ledger:
             if await self.remove_node(node, keep_ms) is None:
                 # held by no pod the API knows of, but a reservation still settles there: it stays (on
                 # placeholder cards), the rest goes
-                out = await self.replace_node(Inventory(node), {}, keep_ms, keep_bound, verify_after_ms=verify_after_ms)
+                out = await self.replace_node(Inventory(node), {}, keep_ms, keep_bound,
+                                              verify_after_ms=verify_after_ms, lost=lost)
                 stats["unverified"] += 0 if out.get("verified") else 1
                 stats["pending_kept"] += int(out["pending_kept"])
             else:
@@ -592,8 +599,8 @@ class Ledger:
         # routed by the key on a cluster, to a shard that holds nodes like any other
         run = await cast("Awaitable[str]", self.redis.eval(RUN_ID_SCRIPT, 1, self.keys.probe))
         if not run:
-            raise LedgerError("this Redis reports no run_id in INFO server: no node can be verified after a "
-                              "restart or failover, so none is booked (docs/redis-layout.md, Losing Redis)")
+            raise LedgerError("this Redis reports no run_id or master_replid in INFO: no node can be verified after "
+                              "a restart or failover, so none is booked (docs/redis-layout.md, Losing Redis)")
         return ok
 
     async def intact(self) -> bool:

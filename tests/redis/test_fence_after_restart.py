@@ -24,6 +24,7 @@ from controller.extender import Extender
 from controller.reconciler import Reconciler
 from controller.watchers import NodeWatcher, PodWatcher, wire
 from deploy.local.redis_server import RedisServer
+from shared.domain.node import Card, Inventory
 from shared.store.ledger import UNVERIFIED, Ledger
 from shared.store.mirror import Mirror
 from tests.redis.test_extender_bind import CFG, FakeKube, pod
@@ -243,3 +244,138 @@ async def test_a_node_unchanged_by_the_restart_is_verified_with_the_watchers_mir
         await mirror.stop()
         await client.aclose()
         await sub.aclose()
+
+
+@pytest.mark.parametrize("path", ["reconciler pass (node_missing)", "rebuild (node watcher: node missing)"])
+async def test_a_node_the_restart_lost_waits_the_window_too(server: RedisServer, path: str) -> None:
+    """Red team: node b joined after the last SAVE and p's booking on b was acknowledged (its Binding in flight);
+    Redis comes back without b. Written again by the pass or the rebuild, b is not new: the watchers knew it."""
+    client = Redis.from_url(server.url, decode_responses=True)
+    ledger = Ledger(client)
+    try:
+        api = ApiWithPods([gpu_node("a")], [])
+        nodes, pods, rec = await role(ledger, api)
+        nodes.reflector.synced.set()
+        pods.reflector.synced.set()
+        await rec.rebuild("start")
+        await client.save()  # snapshot: only node a
+        api.nodes.append(gpu_node("b"))
+        await nodes.on_event("ADDED", gpu_node("b"))  # node b joins (after the snapshot)
+        assert (await ledger.snapshot("b")).verified  # type: ignore[union-attr]
+        assert (await ledger.reserve("b", "p", [0], 64, 12, 1, pod="ns/p"))[0].ok  # acked, Binding in flight
+        await restart_from_snapshot(server, client)
+        assert await ledger.snapshot("b") is None and await ledger.intact()
+        rec.keep_ms = 10_000  # the role's window
+        if path.startswith("reconciler"):
+            await rec.reconcile_all()  # mirror.on_reconnect -> wake -> pass
+        else:
+            await nodes.on_event("MODIFIED", gpu_node("b", units=80))  # a change: upsert create=False -> lost
+            assert nodes.lost.is_set()
+            await rec.rebuild("node missing")
+        snap_a, snap_b = await ledger.snapshot("a"), await ledger.snapshot("b")
+        assert snap_a is not None and not snap_a.verified  # the old node waits its window
+        assert snap_b is not None and not snap_b.verified
+        out, _ = await ledger.reserve("b", "q", [0], 64, 12, 1, pod="ns/q")
+        assert not out.ok and out.refused.startswith(UNVERIFIED), out
+    finally:
+        await client.aclose()
+
+
+async def test_a_fail_back_to_a_server_that_never_restarted_is_a_new_history() -> None:
+    """Red team, Sentinel-style: A master (run a), B its replica. A is cut off; B promoted; A still acknowledges p's
+    booking (or it was just not replicated). A rejoins as B's replica (full resync: p's booking gone); the
+    watchers do not get to verify node a on B (B's tenure shorter than the keep window, or the watcher down).
+    Failback to A: A's run_id is unchanged, node a still carries run=a -> verified, p's card is free."""
+    A = RedisServer().start()
+    B = RedisServer().start()
+    ca = Redis.from_url(A.url, decode_responses=True)
+    cb = Redis.from_url(B.url, decode_responses=True)
+    try:
+        la = Ledger(ca)
+        api = ApiWithPods([gpu_node("a")], [])
+        nodes, pods, rec = await role(la, api)
+        nodes.reflector.synced.set()
+        pods.reflector.synced.set()
+        await rec.rebuild("start")
+        run_a = (await ca.info("server"))["run_id"]
+        await cb.execute_command("REPLICAOF", "127.0.0.1", A.port)
+        for _ in range(100):
+            if (await cb.info("replication")).get("master_link_status") == "up":
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)
+        # A's first replica made A start a replication history of its own (a new master_replid): its nodes are
+        # verified again once (no window: nothing was in flight)
+        rec.keep_ms = 0
+        assert await rec.reconcile_all() == {"unverified": 1}
+        assert (await la.snapshot("a")).verified  # type: ignore[union-attr]
+        await cb.execute_command("REPLICAOF", "NO", "ONE")  # failover: B promoted
+        assert (await la.reserve("a", "p", [0], 64, 12, 1, pod="ns/p"))[0].ok  # acked by A, never on B
+        lb = Ledger(cb)
+        assert not (await lb.snapshot("a")).verified  # type: ignore[union-attr]  # fence holds on B
+        await ca.execute_command("REPLICAOF", "127.0.0.1", B.port)  # A demoted, resyncs from B
+        for _ in range(100):
+            if (await ca.info("replication")).get("master_link_status") == "up":
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)
+        await ca.execute_command("REPLICAOF", "NO", "ONE")  # failback: A promoted again
+        await cb.execute_command("REPLICAOF", "127.0.0.1", A.port)
+        assert (await ca.info("server"))["run_id"] == run_a
+        snap = await la.snapshot("a")
+        assert snap is not None and "p" not in snap.reservations  # lost with the resync
+        out, _ = await la.reserve("a", "q", [0], 64, 12, 1, pod="ns/q")
+        assert not out.ok and out.refused.startswith(UNVERIFIED), out  # its replication id changed
+    finally:
+        await ca.aclose()
+        await cb.aclose()
+        A.cleanup()
+        B.cleanup()
+
+
+async def test_a_node_that_offers_no_card_for_a_moment_is_not_made_new(server: RedisServer) -> None:
+    """Red team: after the restart node a is unverified (p's acked booking lost, Binding in flight). Its
+    capacity reads 0 for a moment (device plugin re-registering): removing it (nothing settles: the booking is
+    lost) and adding it again would make it new to Redis (verified at once): it is kept, unverified."""
+    client = Redis.from_url(server.url, decode_responses=True)
+    ledger = Ledger(client)
+    try:
+        api = ApiWithPods([gpu_node("a")], [])
+        nodes, pods, rec = await role(ledger, api)
+        nodes.reflector.synced.set()
+        pods.reflector.synced.set()
+        await rec.rebuild("start")
+        await client.save()
+        assert (await ledger.reserve("a", "p", [0], 64, 12, 1, pod="ns/p"))[0].ok
+        await restart_from_snapshot(server, client)
+        assert not (await ledger.snapshot("a")).verified  # type: ignore[union-attr]
+        zero = {"metadata": {"name": "a"}, "status": {"capacity": {}, "allocatable": {}}}
+        await nodes.on_event("MODIFIED", zero)
+        await nodes.on_event("MODIFIED", gpu_node("a"))
+        snap = await ledger.snapshot("a")
+        assert snap is not None
+        out, _ = await ledger.reserve("a", "q", [0], 64, 12, 1, pod="ns/q")
+        assert not snap.verified and not out.ok and out.refused.startswith(UNVERIFIED), out
+    finally:
+        await client.aclose()
+
+
+async def test_a_pending_booking_over_a_lowered_max_inst_is_answered_again(server: RedisServer) -> None:
+    """Red team: without any fault, a card over-filled since a booking was made (a lowered max_inst) does not make
+    its retried bind refused: the refusal is for bookings older than the node's last verification."""
+    client = Redis.from_url(server.url, decode_responses=True)
+    ledger = Ledger(client)
+    inv = Inventory("n", (Card("n", 0, 96, max_slices=2), Card("n", 1, 96)))
+    await ledger.list_node("n")
+    assert await ledger.upsert_node(inv) > 0
+    assert (await ledger.snapshot("n")).verified  # type: ignore[union-attr]
+    assert (await ledger.reserve("n", "q", [0], 8, 2, 1, pod="ns/q"))[0].ok
+    assert await ledger.mark_bound("n", "q")
+    # p's bind: booked, Binding answer lost (unknown outcome: booking kept pending), kube-scheduler retries
+    assert (await ledger.reserve("n", "p", [0], 8, 2, 1, pod="ns/p"))[0].ok
+    # meanwhile the node agent lowers max_inst on card 0 to 1 (NodeWatcher -> upsert_node)
+    assert await ledger.upsert_node(Inventory("n", (Card("n", 0, 96, max_slices=1), Card("n", 1, 96))),
+                                    create=False) > 0
+    out, _ = await ledger.reserve("n", "p", [0], 8, 2, 1, pod="ns/p")
+    assert out.ok and out.existing, out
+    await client.aclose()

@@ -130,6 +130,15 @@ async def started(ledger: Ledger) -> tuple[Api, NodeWatcher, Reconciler,
     return api, nodes, rec, event, events
 
 
+async def age_fence(redis: Redis, ledger: Ledger, node: str, ms: int) -> None:
+    """Make the node's first comparison under this Redis's history `ms` older, as if the keep window passed."""
+    key = ledger.keys.node(node)
+    since = await redis.hget(key, "unverified_since")  # type: ignore[misc]
+    assert since, f"node {node} is not waiting to be verified"
+    token, at = str(since).rsplit(":", 1)
+    await redis.hset(key, "unverified_since", f"{token}:{int(at) - ms}")  # type: ignore[misc]
+
+
 async def card(ledger: Ledger, node: str, idx: int) -> tuple[str, int] | None:
     snap = await ledger.snapshot(node)
     if snap is None or idx not in snap.cards:
@@ -159,6 +168,10 @@ async def test_redteam_a_slice_limit_lowered_during_a_rebuild_stays_lowered(ledg
     assert not nodes.lost.is_set() and await ledger.intact()  # nothing asks for another rebuild
     api.nodes = [after]  # the API's truth from now on
     await rec.reconcile_all()  # the pass the rebuild asks for, and a periodic one: the fault is over
+    if when != "during the pod list":
+        # after the flush the node books nothing for the keep window (a bind in flight then may hold a card
+        # the flush forgot, docs/redis-layout.md "Losing Redis"): let it pass
+        await age_fence(redis_client, ledger, "n", rec.keep_ms)
     await rec.reconcile_all()
 
     assert await card(ledger, "n", 0) == ("ok", 2), (

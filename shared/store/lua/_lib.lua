@@ -40,46 +40,53 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The run id of the Redis process running this script: a new one after every restart, and another server's
--- after a failover. A node's state carries the run id it was last verified against the API server in
--- (`run`): a restart from an old snapshot or a promoted replica may lack the last writes (a booking a
--- running pod holds), so no new booking is made there until the watchers compare it again (replace_node).
-local function server_run()
-  return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ""
+-- The history this Redis holds, as `<run_id>:<master_replid>`: the run id is new after every restart, the
+-- replication id after every promotion (a failover, also a fail-back to a server that never restarted). A
+-- node's state carries the token it was last verified against the API server under (`run`): a restart
+-- from an old snapshot or a promoted replica may lack the last writes (a booking a running pod holds), so
+-- no new booking is made there until the watchers have compared it again (replace_node, verify_after).
+-- Read once per script call. "" when this Redis does not say (then nothing is ever verified).
+local SERVER_TOKEN
+local function server_info()
+  if SERVER_TOKEN == nil then
+    local info = redis.call('INFO', 'server', 'replication')
+    local run, replid = string.match(info, 'run_id:(%x+)'), string.match(info, 'master_replid:(%x+)')
+    SERVER_TOKEN = (run and replid) and (run .. ":" .. replid) or ""
+  end
+  return SERVER_TOKEN
 end
 
--- a Redis that reports no run id (a proxy, a managed offering) can verify nothing: every node stays refused,
--- rather than the check passing for "" == "" (the roles' readiness probe says so: Ledger.probe_write)
 local function verified()
-  local run = server_run()
-  return run ~= "" and redis.call('HGET', NODE_KEY, 'run') == run
+  local token = server_info()
+  return token ~= "" and redis.call('HGET', NODE_KEY, 'run') == token
 end
 
-local function mark_verified()
-  redis.call('HSET', NODE_KEY, 'run', server_run())
+local function mark_verified(now)
+  redis.call('HSET', NODE_KEY, 'run', server_info(), 'verified_at', now)
   redis.call('HDEL', NODE_KEY, 'unverified_since')
 end
 
 -- The node has just been written from the API's truth by a caller that may verify it (replace_node's
--- verify_after_ms): a node new to this Redis is verified at once (nothing booked there can have been
--- lost); an unverified one only once `after_ms` have passed since a writer first found it so in this Redis
--- process. A bind in flight when Redis restarted or failed over (its booking acknowledged, then lost; its
--- Binding not written yet) is in the API within that window, so the truth a later write carries has it.
--- Returns (verified, ms still to wait).
-local function verify_after(existed, after_ms, now)
-  if not existed then mark_verified() return true, 0 end
+-- verify_after_ms): it is verified once `after_ms` have passed since its bookings could last have been
+-- lost. A bind in flight then (its booking acknowledged, then lost; its Binding not written yet) is in
+-- the API within that window, so the truth a later write carries has it. That moment is, for a node this
+-- Redis holds under another token, when a writer first found it so (`unverified_since`); a node new to
+-- this Redis is verified at once, unless the caller knows its keys were lost (`lost`: a rebuild after the
+-- state went, a node the watchers knew missing), when the window starts now. Returns (verified, ms left).
+local function verify_after(existed, after_ms, now, lost)
   if verified() then return true, 0 end
-  local run = server_run()
+  local token = server_info()
+  if token == "" then return false, after_ms end
   local since = redis.call('HGET', NODE_KEY, 'unverified_since') or ""
-  local s_run, s_ms = string.match(since, '^(%x+):(%d+)$')
-  if run == "" then return false, after_ms end
-  if s_run ~= run then
-    if after_ms <= 0 then mark_verified() return true, 0 end
-    redis.call('HSET', NODE_KEY, 'unverified_since', run .. ":" .. now)
-    return false, after_ms
+  local s_token, s_ms = string.match(since, '^(%x+:%x+):(%d+)$')
+  local start = tonumber(s_ms)
+  if s_token ~= token then
+    if not existed and not lost then mark_verified(now) return true, 0 end
+    start = now
+    redis.call('HSET', NODE_KEY, 'unverified_since', token .. ":" .. start)
   end
-  local waited = now - tonumber(s_ms)
-  if waited >= after_ms then mark_verified() return true, 0 end
+  local waited = now - start
+  if waited >= after_ms then mark_verified(now) return true, 0 end
   return false, after_ms - waited
 end
 

@@ -25,6 +25,7 @@ end
 if p.verify_after_ms ~= nil and not is_int(p.verify_after_ms, 0, 3600000) then
   return fail("BADINPUT", "verify_after_ms must be 0..3600000")
 end
+if p.lost ~= nil and type(p.lost) ~= "boolean" then return fail("BADINPUT", "lost must be a boolean") end
 local now0 = now_ms()
 local keep_from = math.huge
 if p.keep_ms ~= nil then keep_from = now0 - p.keep_ms end
@@ -84,12 +85,15 @@ redis.call('DEL', PODS_KEY)
 write_cards(p.cards, true)
 redis.call('HSET', NODE_KEY, 'error', p.error or "")
 local now = now_ms()
--- verify_after_ms (the watchers' comparison, the rebuild): the node is what the API implies, so it may be
--- verified for this Redis process (verify_after in _lib.lua); without it (the node watcher's own writes) only
--- a node new to this Redis is
+-- verify_after_ms (every writer in the roles): the node is what the API implies, so it may be verified for
+-- the history this Redis holds (verify_after in _lib.lua); without it (a writer whose view is not live) only a
+-- node new to this Redis is
 local is_verified, verify_in = verified(), 0
-if p.verify_after_ms ~= nil or not existed then
-  is_verified, verify_in = verify_after(existed, p.verify_after_ms or 0, now)
+if p.verify_after_ms ~= nil then
+  is_verified, verify_in = verify_after(existed, p.verify_after_ms, now, p.lost == true)
+elseif not existed then
+  mark_verified(now)  -- new to this Redis: nothing it holds was lost (a writer that knows otherwise passes lost)
+  is_verified = true
 end
 for _, b in ipairs(p.bound) do book(b, "bound", now) end
 local overfull = 0
