@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from redis.asyncio import Redis
@@ -47,6 +47,27 @@ async def restart_from_snapshot(server: RedisServer, client: Redis) -> None:
     server.kill()
     server.start()
     await client.connection_pool.disconnect()
+
+
+class Started(NamedTuple):
+    client: Redis
+    ledger: Ledger
+    api: ApiWithPods
+    nodes: NodeWatcher
+    pods: PodWatcher
+    rec: Reconciler
+
+
+async def started(server: RedisServer) -> Started:
+    """The watchers' parts on node a of `server`, their views live, after their start-up rebuild."""
+    client = Redis.from_url(server.url, decode_responses=True)
+    ledger = Ledger(client)
+    api = ApiWithPods([gpu_node("a")], [])
+    nodes, pods, rec = await role(ledger, api)
+    nodes.reflector.synced.set()
+    pods.reflector.synced.set()
+    await rec.rebuild("start")
+    return Started(client, ledger, api, nodes, pods, rec)
 
 
 async def test_a_booking_lost_by_a_restart_is_not_given_away_before_the_node_is_compared(server: RedisServer) -> None:
@@ -151,14 +172,8 @@ async def test_a_pending_booking_brought_back_by_the_restart_is_not_answered_aga
     """Red team: p's pending booking (its binder died) was released and q booked the card after the snapshot;
     Redis comes back with p's booking. p's retried bind must not be answered `existing`: not before the
     node is compared, nor after (the comparison keeps p's pending booking, a bind may be in flight, over-full)."""
-    client = Redis.from_url(server.url, decode_responses=True)
-    ledger = Ledger(client)
+    client, ledger, api, _nodes, pods, rec = await started(server)
     try:
-        api = ApiWithPods([gpu_node("a")], [])
-        nodes, pods, rec = await role(ledger, api)
-        nodes.reflector.synced.set()
-        pods.reflector.synced.set()
-        await rec.rebuild("start")
         assert (await ledger.reserve("a", "p", [0], 64, 12, 1, pod="ns/p"))[0].ok
         await client.save()
         assert await ledger.release("a", "p")  # the janitor's expiry, or a refused Binding
@@ -184,14 +199,8 @@ async def test_a_bind_in_flight_at_the_restart_is_in_the_truth_before_the_node_i
     """Red team: p's booking was acknowledged, then lost with the restart before p's Binding was written.
     The first comparison's view lacks p; the node is verified only a keep window later, when p's Binding
     (written whatever the ledger says) is in the view: q never gets p's card."""
-    client = Redis.from_url(server.url, decode_responses=True)
-    ledger = Ledger(client)
+    client, ledger, api, _nodes, pods, rec = await started(server)
     try:
-        api = ApiWithPods([gpu_node("a")], [])
-        nodes, pods, rec = await role(ledger, api)
-        nodes.reflector.synced.set()
-        pods.reflector.synced.set()
-        await rec.rebuild("start")
         await client.save()
         assert (await ledger.reserve("a", "p", [0], 64, 12, 1, pod="ns/p"))[0].ok  # acknowledged, then lost
         await restart_from_snapshot(server, client)
@@ -250,14 +259,8 @@ async def test_a_node_unchanged_by_the_restart_is_verified_with_the_watchers_mir
 async def test_a_node_the_restart_lost_waits_the_window_too(server: RedisServer, path: str) -> None:
     """Red team: node b joined after the last SAVE and p's booking on b was acknowledged (its Binding in flight);
     Redis comes back without b. Written again by the pass or the rebuild, b is not new: the watchers knew it."""
-    client = Redis.from_url(server.url, decode_responses=True)
-    ledger = Ledger(client)
+    client, ledger, api, nodes, _pods, rec = await started(server)
     try:
-        api = ApiWithPods([gpu_node("a")], [])
-        nodes, pods, rec = await role(ledger, api)
-        nodes.reflector.synced.set()
-        pods.reflector.synced.set()
-        await rec.rebuild("start")
         await client.save()  # snapshot: only node a
         api.nodes.append(gpu_node("b"))
         await nodes.on_event("ADDED", gpu_node("b"))  # node b joins (after the snapshot)
@@ -288,15 +291,9 @@ async def test_a_fail_back_to_a_server_that_never_restarted_is_a_new_history() -
     Failback to A: A's run_id is unchanged, node a still carries run=a -> verified, p's card is free."""
     A = RedisServer().start()
     B = RedisServer().start()
-    ca = Redis.from_url(A.url, decode_responses=True)
+    ca, la, _api, _nodes, _pods, rec = await started(A)
     cb = Redis.from_url(B.url, decode_responses=True)
     try:
-        la = Ledger(ca)
-        api = ApiWithPods([gpu_node("a")], [])
-        nodes, pods, rec = await role(la, api)
-        nodes.reflector.synced.set()
-        pods.reflector.synced.set()
-        await rec.rebuild("start")
         run_a = (await ca.info("server"))["run_id"]
         await cb.execute_command("REPLICAOF", "127.0.0.1", A.port)
         for _ in range(100):
@@ -337,14 +334,8 @@ async def test_a_node_that_offers_no_card_for_a_moment_is_not_made_new(server: R
     """Red team: after the restart node a is unverified (p's acked booking lost, Binding in flight). Its
     capacity reads 0 for a moment (device plugin re-registering): removing it (nothing settles: the booking is
     lost) and adding it again would make it new to Redis (verified at once): it is kept, unverified."""
-    client = Redis.from_url(server.url, decode_responses=True)
-    ledger = Ledger(client)
+    client, ledger, _api, nodes, _pods, _rec = await started(server)
     try:
-        api = ApiWithPods([gpu_node("a")], [])
-        nodes, pods, rec = await role(ledger, api)
-        nodes.reflector.synced.set()
-        pods.reflector.synced.set()
-        await rec.rebuild("start")
         await client.save()
         assert (await ledger.reserve("a", "p", [0], 64, 12, 1, pod="ns/p"))[0].ok
         await restart_from_snapshot(server, client)
