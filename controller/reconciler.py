@@ -121,9 +121,14 @@ class Reconciler:
         # verify_after_ms: a node Redis's process has not verified (restarted with data, failed over) is
         # verified only a keep window after it was first found so, when a bind in flight then is in the API
         # (the pass that follows, or the touch it schedules, does it)
+        # lost: nodes new to Redis wait the keep window too (Redis may have lost them with a booking a bind in
+        # flight holds), unless nothing can be in flight: a start while no live pod is ours (a new install, or
+        # an idle cluster; a bind in flight needs a pod of ours that exists). Nodes Redis has are unaffected.
+        ours = any(not is_terminal(p) and (p.get("spec") or {}).get("schedulerName") == self.cfg.scheduler_name
+                   for p in pod_objs)
+        gone = why != "start" or ours
         stats = await self.ledger.rebuild(invs, bound, keep_ms=keep_ms, keep_bound=True,
-                                          freed=self.pods.nudger.nudge, verify_after_ms=self.keep_ms,
-                                          lost=why != "start")
+                                          freed=self.pods.nudger.nudge, verify_after_ms=self.keep_ms, lost=gone)
         self.nodes.known = {i.node for i in invs} | {u.node for u, _ in bound.values()}
         self.nodes.last = by_name  # the API's view; a quarantine is applied on top (NodeWatcher.effective)
         self.pods.seen = {}
@@ -217,6 +222,13 @@ class Reconciler:
                 if self._moved(node, inv):
                     return diff
                 if await self.ledger.remove_node(node, self.keep_ms) is None:
+                    if snap is not None and not snap.verified:
+                        # kept as unverified (removed, it would come back new): written from the truth (nothing
+                        # held) and verified after the keep window, when a later pass can remove it
+                        out = await self.ledger.replace_node(Inventory(node), {}, self.keep_ms, keep_bound=True,
+                                                             verify_after_ms=self.keep_ms)
+                        if not out.get("verified", True):
+                            self.verify_later(node, int(out.get("verify_in_ms") or 0))
                     return diff  # a reservation was made or bound there since our read: judged on a later pass
             self.nodes.known.discard(node)
             RECONCILE_REPAIRS.labels("node_gone").inc()

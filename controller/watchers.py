@@ -101,6 +101,7 @@ class NodeWatcher:
         # a node written but not verified yet (Redis's history changed): compared again after the ms given
         # (the reconciler's verify_later, set by the role)
         self.verify_later: Callable[[str, int], None] = lambda node, ms: None
+        self.vanished: set[str] = set()  # known nodes found missing from Redis when removed (apply, _replace)
         self.mismatch = MismatchReporter(kube, cfg)  # events, gauge and log line (controller/mismatch.py)
         # Held by each event and re-list, and by the reconciler's rebuild from its own lists: a Node change
         # handled while a rebuild runs would be overwritten by the rebuild's older copy (in Redis and in
@@ -125,7 +126,14 @@ class NodeWatcher:
             if not holders and (name in self.known or inv is None):
                 # forgotten, unless a booking still settles there (a bind in flight, or one this view has
                 # not seen yet): its Binding and record come whatever the ledger says
-                if await self.ledger.remove_node(name, keep_ms) is not None:
+                removed = await self.ledger.remove_node(name, keep_ms)
+                if removed is not None:
+                    if removed is False and name in self.known and inv is not None:
+                        # a node we knew was not in Redis: another watcher removed it, or Redis lost it with a
+                        # booking a bind in flight may hold. Written again, it waits the keep window (_replace)
+                        self.vanished.add(name)
+                    elif inv is None:
+                        self.vanished.discard(name)  # gone from the API: nothing comes back to wait for
                     self.known.discard(name)
                     return
             elif not holders:
@@ -134,7 +142,7 @@ class NodeWatcher:
                         "flight: their usage is kept until they end%s", name, len(holders),
                         f" (every booking is kept: the pod view is not live, {stale})" if stale else "")
             await self.ledger.list_node(name)
-            await self._replace(Inventory(name), holders, keep_ms, stale)
+            await self._replace(Inventory(name), holders, keep_ms, stale, lost=name in self.known)
             self.known.add(name)
             return
         assert inv is not None
@@ -156,11 +164,14 @@ class NodeWatcher:
         self.known.add(name)
 
     async def _replace(self, inv: Inventory, holders: Mapping[str, tuple[PodUsage, str]], keep_ms: int,
-                       stale: str) -> None:
+                       stale: str, lost: bool = False) -> None:
         """replace_node from this watcher's view: a node Redis's history change left unverified is verified
-        by it only while the pod view is live (else by the reconciler, which waits for live views)."""
+        by it only while the pod view is live (else by the reconciler, which waits for live views). `lost`:
+        a node this watcher knew, which Redis may lack (it then waits the keep window)."""
+        lost = lost or inv.node in self.vanished
         out = await self.ledger.replace_node(inv, holders, keep_ms, keep_bound=True,
-                                             verify_after_ms=self.keep_ms if not stale else None)
+                                             verify_after_ms=self.keep_ms if not stale else None, lost=lost)
+        self.vanished.discard(inv.node)
         if not out.get("verified", True):
             self.verify_later(inv.node, int(out.get("verify_in_ms") or 0))
 

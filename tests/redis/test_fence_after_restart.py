@@ -168,13 +168,18 @@ async def used(ledger: Ledger, node: str, card: int) -> int:
     return snap.cards[card].mem_used
 
 
-async def test_a_pending_booking_brought_back_by_the_restart_is_not_answered_again(server: RedisServer) -> None:
+@pytest.mark.parametrize("ahead_ms", [0, 30_000], ids=["same clocks", "the old server's clock 30 s ahead"])
+async def test_a_pending_booking_brought_back_by_the_restart_is_not_answered_again(server: RedisServer,
+                                                                                   ahead_ms: int) -> None:
     """Red team: p's pending booking (its binder died) was released and q booked the card after the snapshot;
     Redis comes back with p's booking. p's retried bind must not be answered `existing`: not before the
-    node is compared, nor after (the comparison keeps p's pending booking, a bind may be in flight, over-full)."""
+    node is compared, nor after (the comparison keeps p's pending booking, a bind may be in flight, over-full),
+    whatever the clocks of the old and the new server (round 3: the booking is marked `carried`)."""
     client, ledger, api, _nodes, pods, rec = await started(server)
     try:
         assert (await ledger.reserve("a", "p", [0], 64, 12, 1, pod="ns/p"))[0].ok
+        if ahead_ms:  # stamped by a server whose clock ran ahead
+            await client.hset(ledger.keys.res("a", "p"), "created", await ledger.redis_time_ms() + ahead_ms)
         await client.save()
         assert await ledger.release("a", "p")  # the janitor's expiry, or a refused Binding
         assert (await ledger.reserve("a", "q", [0], 64, 12, 1, pod="ns/q"))[0].ok
@@ -370,3 +375,80 @@ async def test_a_pending_booking_over_a_lowered_max_inst_is_answered_again(serve
     out, _ = await ledger.reserve("n", "p", [0], 8, 2, 1, pod="ns/p")
     assert out.ok and out.existing, out
     await client.aclose()
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["nothing held", "another pod held there"])
+async def test_a_node_the_restart_lost_that_offers_no_card_for_a_moment_is_a_loss(server: RedisServer,
+                                                                                  held: bool) -> None:
+    """Red team (round 3): b joined after the snapshot and p's bind on b is in flight; Redis comes back without b.
+    Before any pass, b's capacity reads 0 for a moment: the node watcher must take b's absence as a loss (a
+    rebuild, whose nodes wait the keep window), not forget it and write it back as new."""
+    client, ledger, api, nodes, pods, rec = await started(server)
+    try:
+        await client.save()
+        api.nodes.append(gpu_node("b"))
+        await nodes.on_event("ADDED", gpu_node("b"))
+        if held:
+            assert (await ledger.reserve("b", "r", [1], 8, 2, 1, pod="ns/r"))[0].ok
+            r = bound_pod("r", "b", 1, 8 * 512, 2)
+            api.pods.append(r)
+            await pods.on_event("ADDED", r)
+        assert (await ledger.reserve("b", "p", [0], 64, 12, 1, pod="ns/p"))[0].ok  # its Binding in flight
+        await restart_from_snapshot(server, client)
+        await nodes.on_event("MODIFIED", {"metadata": {"name": "b"}, "status": {"capacity": {}, "allocatable": {}}})
+        await nodes.on_event("MODIFIED", gpu_node("b"))
+        if nodes.lost.is_set():  # the role's reconciler rebuilds
+            await rec.rebuild("node missing")
+        out, _ = await ledger.reserve("b", "q", [0], 64, 12, 1, pod="ns/q")
+        assert not out.ok and out.refused.startswith(UNVERIFIED), out
+    finally:
+        await client.aclose()
+
+
+async def test_a_second_watchers_start_up_rebuild_does_not_verify_a_node_the_restart_lost(
+        server: RedisServer) -> None:
+    """Red team (round 3): b joined after the snapshot, p's bind on b in flight; Redis comes back without b and a
+    second watcher replica starts (a rolling update) before the first notices: its start-up rebuild writes b
+    new to Redis, and must not verify it at once while pods of ours exist (a bind may be in flight)."""
+    client, ledger, api, nodes, _pods, _rec = await started(server)
+    other = Redis.from_url(server.url, decode_responses=True)
+    try:
+        await client.save()
+        api.nodes.append(gpu_node("b"))
+        await nodes.on_event("ADDED", gpu_node("b"))
+        api.pods.append(pod("p", {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 64,
+                                  "mthreads.com/sgpu-core": 12}))  # pending: its bind in flight
+        assert (await ledger.reserve("b", "p", [0], 64, 12, 1, pod="ns/p"))[0].ok
+        await restart_from_snapshot(server, client)
+        nodes_b, pods_b, rec_b = await role(Ledger(other), api)
+        nodes_b.reflector.synced.set()
+        pods_b.reflector.synced.set()
+        await rec_b.rebuild("start")
+        snap = await ledger.snapshot("b")
+        assert snap is not None and not snap.verified
+        out, _ = await ledger.reserve("b", "q", [0], 64, 12, 1, pod="ns/q")
+        assert not out.ok and out.refused.startswith(UNVERIFIED), out
+    finally:
+        await other.aclose()
+
+
+async def test_an_unverified_node_gone_from_the_api_is_removed_after_the_window(server: RedisServer) -> None:
+    """Red team (round 3): a node of the restored history that the API no longer has is kept while unverified
+    (removed, it would come back new), but verified after the keep window and then removed."""
+    client, ledger, api, nodes, _pods, rec = await started(server)
+    try:
+        api.nodes.append(gpu_node("b"))
+        await nodes.on_event("ADDED", gpu_node("b"))
+        await client.save()
+        await restart_from_snapshot(server, client)
+        api.nodes[:] = [n for n in api.nodes if n["metadata"]["name"] != "b"]
+        await nodes.on_event("DELETED", gpu_node("b"))
+        rec.keep_ms = 200
+        await rec.reconcile_all()
+        assert "b" in await ledger.nodes()  # unverified: kept for now
+        await asyncio.wait_for(rec._touch.wait(), 5)  # the second comparison, a keep window later
+        await rec.reconcile_nodes(set(rec.touched))
+        await rec.reconcile_all()
+        assert "b" not in await ledger.nodes() and await ledger.snapshot("b") is None
+    finally:
+        await client.aclose()

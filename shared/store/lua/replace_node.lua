@@ -51,6 +51,8 @@ end
 local more = need_node_keys(named_cards, named_uids)
 if more then return more end
 local existed = redis.call('HGET', NODE_KEY, 'version') ~= false
+-- pending bookings kept on a node of another history may be leftovers of it (reserve.lua: `carried`)
+local was_unverified = existed and not verified()
 local held = {}
 for _, list in ipairs({redis.call('SMEMBERS', PODS_KEY), named_uids}) do
   for _, uid in ipairs(list) do
@@ -105,6 +107,7 @@ for _, e in ipairs(pending) do
        r.state, r.created)
   -- book stamps a bound one as bound when it was made: keep when it was bound, or its keep window ends early
   if r.state == "bound" then redis.call('HSET', res_key(uid), 'bound_at', r.bound_at) end
+  if r.state ~= "bound" and (r.carried or was_unverified) then redis.call('HSET', res_key(uid), 'carried', '1') end
   for _, idx in ipairs(split_cards(r.cards)) do
     local c = card_view(idx)
     if c and c.health ~= "removed" and (c.mem_used > c.capacity or c.cores_used > c.cores

@@ -34,10 +34,9 @@ if r and r.state ~= "bound" then
   local rc = split_cards(r.cards)
   local more_cards = need_keys(rc, {})
   if more_cards then return more_cards end
-  -- (only one made before the node was last verified: a card over-filled since, e.g. a lowered max_inst,
-  -- counts this booking already, and refusing it would gain nothing)
-  local verified_at = tonumber(redis.call('HGET', NODE_KEY, 'verified_at') or "0")
-  if r.created < verified_at and overcommitted(rc) then
+  -- (only one replace_node kept from a node of another history, `carried`: a card over-filled later, e.g. by
+  -- a lowered max_inst, counts this booking already, and refusing it would gain nothing)
+  if r.carried and overcommitted(rc) then
     return cjson.encode({ok = false, reason = "its pending booking over-fills card(s) " .. r.cards
       .. " (kept for a bind in flight when the node was rewritten from the API): not answered again"})
   end
