@@ -422,7 +422,14 @@ class Reconciler:
                     await self.reconcile_all()
                     next_pass = loop.time() + self.interval
                 else:
-                    await self.reconcile_nodes(nodes)
+                    try:
+                        await self.reconcile_nodes(nodes)
+                    except BaseException:
+                        # compared again after the supervisor's restart, not only at the next full pass (an
+                        # unverified node's second comparison is one of these)
+                        self.touched |= nodes
+                        self._touch.set()
+                        raise
             if await self._woken():
                 await asyncio.sleep(0.5)  # coalesce a burst of wake-ups (e.g. both streams re-listing)
 

@@ -181,3 +181,39 @@ async def test_a_pass_takes_the_mirrors_snapshot_of_an_unchanged_node_and_still_
     monkeypatch.setattr(ledger, "snapshots", counting)
     assert await rec.reconcile_all() == {}  # tb read again: Redis's value, which is clean
     assert changed_here == ["tb"]
+
+
+async def test_a_touched_pass_that_fails_keeps_its_nodes_for_the_next_one(ledger: Ledger, redis_client: Redis) -> None:
+    """Red team: the touched nodes were taken before the pass; one that raises (Redis away a moment) lost them
+    until the next full pass (reconcileSeconds), among them an unverified node's second comparison."""
+    rec, _pods = await setup(ledger)
+    await redis_client.set(ledger.epoch_key, "1")
+    rec.views_live = lambda: ""  # type: ignore[method-assign]
+    real = rec.reconcile_nodes
+    calls: list[set[str]] = []
+
+    async def failing_once(nodes: set[str]) -> dict[str, int]:
+        calls.append(set(nodes))
+        if len(calls) == 1:
+            raise ConnectionError("Redis went away for a moment")
+        return await real(nodes)
+
+    rec.reconcile_nodes = failing_once  # type: ignore[method-assign]
+    await drift(redis_client, ledger, "ta")
+    rec.touch("ta")
+    with pytest.raises(ConnectionError):
+        await rec.run()
+    assert rec.touched == {"ta"}  # kept: the restarted loop compares it
+    task = asyncio.create_task(rec.run())  # as the supervisor restarts the task
+    try:
+        for _ in range(400):
+            if await mem_used(ledger, "ta") == 0:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the touched node was not compared after the failed pass")
+        assert calls[:2] == [{"ta"}, {"ta"}]
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
