@@ -172,7 +172,7 @@ class Extender:
         # nodes where a filter placed a pod nowhere while bookings or claims were in flight here: when such a
         # claim ends without its bind, the pod turned away is woken (_unclaim)
         self._turned_away: set[str] = set()
-        self._wakes: set[asyncio.Task[None]] = set()  # notices being sent (_notify)
+        self._notices: set[asyncio.Task[None]] = set()  # notices being sent (_notify)
         self._verify_asked: dict[str, float] = {}  # node -> when its last verify notice went (_notify)
 
     # -- helpers -------------------------------------------------------------------------------
@@ -665,8 +665,8 @@ class Extender:
                 log.warning("could not send the watchers a %s notice about %s: %s", kind, node, e)
 
         task = asyncio.create_task(send())
-        self._wakes.add(task)
-        task.add_done_callback(self._wakes.discard)
+        self._notices.add(task)
+        task.add_done_callback(self._notices.discard)
 
     def _apply_feed(self, msg: Mapping[str, Any]) -> None:
         """The reserve script's feed message, applied as the feed would (the feed's copy is then skipped)."""

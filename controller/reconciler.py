@@ -225,10 +225,8 @@ class Reconciler:
                     if snap is not None and not snap.verified:
                         # kept as unverified (removed, it would come back new): written from the truth (nothing
                         # held) and verified after the keep window, when a later pass can remove it
-                        out = await self.ledger.replace_node(Inventory(node), {}, self.keep_ms, keep_bound=True,
-                                                             verify_after_ms=self.keep_ms)
-                        if not out.get("verified", True):
-                            self.verify_later(node, int(out.get("verify_in_ms") or 0))
+                        self.verify_later(node, await self.ledger.replace_node(
+                            Inventory(node), {}, self.keep_ms, keep_bound=True, verify_after_ms=self.keep_ms))
                     return diff  # a reservation was made or bound there since our read: judged on a later pass
             self.nodes.known.discard(node)
             RECONCILE_REPAIRS.labels("node_gone").inc()
@@ -275,8 +273,7 @@ class Reconciler:
             out = await self.ledger.replace_node(inv if inv is not None else Inventory(node), final, self.keep_ms,
                                                  keep_bound=True, keep_from=now_ms - self.keep_ms,
                                                  verify_after_ms=self.keep_ms, lost=lost)
-        if not out.get("verified", True):
-            self.verify_later(node, int(out.get("verify_in_ms") or 0))
+        self.verify_later(node, out)
         # a pending booking is kept by replace_node (its binder may be mid-flight): one the API showed stale (its
         # pod bound on another node, or gone) is released by uid
         for uid in stale:
@@ -311,10 +308,13 @@ class Reconciler:
         """Why the watchers' view cannot be trusted now ("" when it can)."""
         return self.nodes.reflector.problem(0) or self.pods.reflector.problem(0)
 
-    def verify_later(self, node: str, ms: int) -> None:
-        """A node written from the truth but not verified yet (Redis's history changed less than the keep
-        window ago): compared again once a bind that was in flight then is in the view."""
-        asyncio.get_running_loop().call_later(ms / 1000 + 0.1, self.touch, node)
+    def verify_later(self, node: str, written: Mapping[str, Any]) -> None:
+        """`written`: replace_node's answer for `node`. Written from the truth but not verified yet (Redis's
+        history changed less than the keep window ago): compared again once a bind that was in flight then
+        is in the view."""
+        if not written.get("verified", True):
+            ms = int(written.get("verify_in_ms") or 0)
+            asyncio.get_running_loop().call_later(ms / 1000 + 0.1, self.touch, node)
 
     def touch(self, node: str) -> None:
         """Compare this node soon (the pod watcher: a pod bound there without a record came or went); no

@@ -98,9 +98,9 @@ class NodeWatcher:
         self.reflector = Reflector(kube, "/api/v1/nodes", self.on_event, self.on_sync, "nodes")
         self.knobs = KnobWatch(kube, cfg.events_enabled, cfg.scheduler_name)  # knob changes under held slices
         self.nudge: Callable[[str], None] = lambda node: None  # the pod watcher's Nudger, set by the role
-        # a node written but not verified yet (Redis's history changed): compared again after the ms given
-        # (the reconciler's verify_later, set by the role)
-        self.verify_later: Callable[[str, int], None] = lambda node, ms: None
+        # a node written (replace_node's answer) but perhaps not verified yet (Redis's history changed): compared
+        # again later (the reconciler's verify_later, set by the role)
+        self.verify_later: Callable[[str, Mapping[str, Any]], None] = lambda node, written: None
         self.vanished: set[str] = set()  # known nodes found missing from Redis when removed (apply, _replace)
         self.mismatch = MismatchReporter(kube, cfg)  # events, gauge and log line (controller/mismatch.py)
         # Held by each event and re-list, and by the reconciler's rebuild from its own lists: a Node change
@@ -172,8 +172,7 @@ class NodeWatcher:
         out = await self.ledger.replace_node(inv, holders, keep_ms, keep_bound=True,
                                              verify_after_ms=self.keep_ms if not stale else None, lost=lost)
         self.vanished.discard(inv.node)
-        if not out.get("verified", True):
-            self.verify_later(inv.node, int(out.get("verify_in_ms") or 0))
+        self.verify_later(inv.node, out)
 
     def effective(self, inv: Inventory) -> Inventory:
         """The node as the ledger must hold it: closed (an error) while pods nobody can account for hold

@@ -55,7 +55,8 @@ HEADS_BATCH = 1000  # nodes per pipelined read of (version, stamp): two short fi
 # The reserve script's refusal on a node not compared with the API server since Redis's process changed
 # (reserve.lua, `verified` in _lib.lua): replanning cannot help, the watchers' comparison does.
 UNVERIFIED = "node unverified"
-# the run id as the scripts read it (`server_run` in _lib.lua), for the readiness probe
+# for the readiness probe: whether INFO holds both parts of the history token the scripts read (`server_info` in
+# _lib.lua); "" when either is missing
 RUN_ID_SCRIPT = ("local i = redis.call('INFO', 'server', 'replication') "
                  "return (string.match(i, 'run_id:(%x+)') and string.match(i, 'master_replid:(%x+)')) or ''")
 NOTICES = ("wake", "verify")  # the feed's notices to the watchers (Ledger.notify)
@@ -265,9 +266,6 @@ class Ledger:
             raise ValueError(f"notice kind {kind!r}: allowed {', '.join(NOTICES)}")
         msg = orjson.dumps({"node": node, "version": 0, "kind": kind}).decode()
         await self._retry("publish", lambda: self.redis.publish(self.feed, msg))
-
-    async def wake(self, node: str) -> None:
-        await self.notify("wake", node)
 
     async def list_node(self, node: str) -> int:
         added: int = await self._retry("sadd", lambda: cast("Awaitable[int]", self.redis.sadd(self.nodes_key, node)))
@@ -593,7 +591,7 @@ class Ledger:
     async def probe_write(self) -> bool:
         """A write, for readiness: a Redis that answers but refuses writes (full under noeviction: OOM; a replica:
         READONLY) leaves no role able to book, bind, record or release. Then the run id the scripts read
-        (`server_run` in _lib.lua): without it (an ACL user without `info`, a proxy that hides it) no node is
+        (`server_info` in _lib.lua): without it (an ACL user without `info`, a proxy that hides it) no node is
         ever verified and no booking made. Raises what Redis answered, or LedgerError."""
         ok = bool(await self.redis.set(self.keys.probe, str(time.time_ns() // 1_000_000), px=60_000))
         # routed by the key on a cluster, to a shard that holds nodes like any other

@@ -123,8 +123,8 @@ async def test_a_claim_that_turned_nobody_away_wakes_nobody(stack: Stack) -> Non
 
 async def test_a_wake_for_a_node_the_mirror_does_not_hold_patches_nothing(stack: Stack) -> None:
     _a, _b, ledger, patches = stack
-    await ledger.wake("ghost")  # a notice for any name must not make the watchers patch arbitrary nodes
-    await ledger.wake("s4k")
+    await ledger.notify("wake", "ghost")  # a notice for any name must not make the watchers patch arbitrary nodes
+    await ledger.notify("wake", "s4k")
     assert await until(lambda: patches.patched == ["s4k"]), patches.patched
 
 
