@@ -57,11 +57,13 @@ from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError
 from shared.domain.state import plan_on
+from shared.domain.timing import BIND_MIN_LEFT_S, BIND_SETTLE_S, bind_deadline_s
 from shared.kube import Kube, KubeError
 from shared.serving.bounded import ByteLRU
 from shared.serving.http import BodyError, read_body
 from shared.serving.listen import LISTEN_POLICY, extender_policy
 from shared.serving.metrics import (
+    BIND_DEADLINE_MISSED,
     BINDINGS,
     CONFLICTS,
     EXTENDER_SECONDS,
@@ -109,6 +111,12 @@ def _refused(e: BaseException) -> bool:
     if isinstance(e, aiohttp.ClientConnectorError):
         return True
     return isinstance(e, KubeError) and 400 <= e.status < 500 and e.status not in (408, 409)
+
+
+def _rejected(e: BaseException) -> bool:
+    """Whether the API server turned this Binding call down, so that it will never write it: refused, or a
+    conflict (409: the pod is bound already, being deleted, or another pod by now)."""
+    return _refused(e) or (isinstance(e, KubeError) and e.status == 409)
 
 
 @dataclass(frozen=True)
@@ -174,6 +182,8 @@ class Extender:
         self._turned_away: set[str] = set()
         self._notices: set[asyncio.Task[None]] = set()  # notices being sent (_notify)
         self._verify_asked: dict[str, float] = {}  # node -> when its last verify notice went (_notify)
+        # from the start of a reservation to the API server's deadline for its Binding (shared/domain/timing.py)
+        self.bind_deadline = bind_deadline_s(cfg.pending_ttl_seconds)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -375,6 +385,7 @@ class Extender:
         if plan is not None and plan.ok:
             held[uid] = (req, plan.cards)
         booked = False
+        started = time.monotonic()  # the Binding's deadline counts from here (shared/domain/timing.py)
         try:
             outcome, _ = await place(self.ledger, node, uid, req, seen.annotations, snap, policy,
                                      pod=f"{ns}/{name}", plan=plan)
@@ -410,12 +421,34 @@ class Extender:
         capacity = self._capacity(node, req, outcome)
         grants = self._grants(node, req, outcome.cards, capacity)
         annotations = binding_annotations(node, grants, time.time_ns())
+        left = self.bind_deadline - (time.monotonic() - started)
+        if left < BIND_MIN_LEFT_S:
+            # too late to promise the watchers it is committed within the deadline, or never: not sent. A
+            # booking an earlier attempt made (`existing`) stays: that attempt's Binding may still be in flight
+            if outcome.existing:
+                self._unclaim(uid)
+            else:
+                await self._give_back(node, uid)
+            BINDINGS.labels("failed").inc()
+            BIND_DEADLINE_MISSED.labels("before_send").inc()
+            msg = (f"binding {ns}/{name} to {node} not sent: its reservation took {time.monotonic() - started:.1f}s "
+                   f"of the {self.bind_deadline:g}s a bind has; reservation "
+                   f"{'kept for the earlier attempt' if outcome.existing else 'released'}")
+            self.event(pod, "BindingFailed", msg, "Warning")
+            return {"Error": msg}
+        sent = time.monotonic()
         try:
             if self.kube is None:
                 raise KubeError(503, "no API client", "bind")
-            await self.kube.bind(ns, name, uid, node, annotations)
+            await self.kube.bind(ns, name, uid, node, annotations, deadline=left)
         except Exception as e:
             bound = await self._already_bound(ns, name, uid, node, annotations)
+            if bound is False and (outcome.existing or not _rejected(e)):
+                # this Binding (or an earlier attempt's, for a booking it made) may still be committed until the
+                # API server's deadline: only a read after that says never
+                BIND_DEADLINE_MISSED.labels("unknown_outcome").inc()
+                await asyncio.sleep(max(0.0, sent + left + BIND_SETTLE_S - time.monotonic()))
+                bound = await self._already_bound(ns, name, uid, node, annotations)
             if bound:
                 self._settle(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)
                 BINDINGS.labels("success").inc()
@@ -431,12 +464,7 @@ class Extender:
                        f"pod is seen or it expires: {type(e).__name__}: {e}")
                 self.event(pod, "BindingFailed", msg, "Warning")
                 return {"Error": msg}
-            # kube-scheduler moves every parked pod back to its queues as it gets this answer: their next
-            # filter must see the cards free, so the release is in this mirror now, not when the feed brings it
-            _, feed = await self.ledger.release_feed(node, uid)
-            if feed is not None:
-                self._apply_feed(feed)
-            self._unclaim(uid)
+            await self._give_back(node, uid)
             BINDINGS.labels("failed").inc()
             msg = f"binding {ns}/{name} to {node} failed, reservation released: {e}"
             self.event(pod, "BindingFailed", msg, "Warning")
@@ -447,6 +475,15 @@ class Extender:
         if self.cfg.success_events:
             self.event(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name} (cards {cards})")
         return {"Error": ""}
+
+    async def _give_back(self, node: str, uid: str) -> None:
+        """Release a booking whose Binding does not exist and never will. kube-scheduler moves every parked
+        pod back to its queues as it gets the failed bind's answer: their next filter must see the cards
+        free, so the release is in this mirror now, not when the feed brings it."""
+        _, feed = await self.ledger.release_feed(node, uid)
+        if feed is not None:
+            self._apply_feed(feed)
+        self._unclaim(uid)
 
     def _settle(self, node: str, uid: str, pod: str, req: SliceRequest, cards: tuple[int, ...],
                 capacity: int) -> None:

@@ -36,6 +36,7 @@ from shared.domain.reconcile import (
     summarize,
 )
 from shared.domain.state import NodeSnapshot
+from shared.domain.timing import KEEP_MS
 from shared.domain.trust import foreign_record
 from shared.kube import Kube, KubeError
 from shared.serving.metrics import (
@@ -53,10 +54,12 @@ from shared.store.ledger import Ledger
 
 log = logging.getLogger("mtsched.reconciler")
 
+PER_NODE_READS = 16  # up to this many nodes' pods are read node by node (_read_truth); more, in one list
+
 
 class Reconciler:
     def __init__(self, kube: Kube, ledger: Ledger, cfg: Config, nodes: NodeWatcher, pods: PodWatcher,
-                 check_seconds: float = 2.0, keep_ms: int = 10_000):
+                 check_seconds: float = 2.0, keep_ms: int = KEEP_MS):
         self.kube = kube
         self.ledger = ledger
         self.cfg = cfg
@@ -85,6 +88,9 @@ class Reconciler:
     async def _rebuild(self, why: str) -> dict[str, int]:
         t0 = time.monotonic()
         node_objs, _ = await self.nodes.reflector.list()
+        # when the consistent read of the pods began, by node (what may verify a node of another Redis history
+        # whose keep window is over; nodes the list lacks are read again by the pass that follows)
+        began = await self.ledger.clocks([str((n.get("metadata") or {}).get("name")) for n in node_objs])
         pod_objs, _ = await self.pods.reflector.list()
         by_name = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in node_objs) if offers_cards(inv)}
         bound: dict[str, tuple[PodUsage, str]] = {}
@@ -93,16 +99,15 @@ class Reconciler:
             if is_terminal(pod) or not (pod.get("spec") or {}).get("nodeName"):
                 continue
             usage: PodUsage | None = None
-            foreign = foreign_record(pod, self.cfg) if ALLOCATED in (pod["metadata"].get("annotations") or {}) else ""
-            if foreign:
-                log.error("rebuild: pod %s carries an allocation record although %s: not booked", pod_ref(pod),
-                          foreign)
+            try:
+                usage, foreign = self._record(pod)
+            except AnnotationError as e:
+                ANNOTATION_ERRORS.inc()
+                log.error("rebuild: pod %s has an undecodable allocation record: %s", pod_ref(pod), e)
             else:
-                try:
-                    usage = usage_from_annotations(pod)
-                except AnnotationError as e:
-                    ANNOTATION_ERRORS.inc()
-                    log.error("rebuild: pod %s has an undecodable allocation record: %s", pod_ref(pod), e)
+                if foreign:
+                    log.error("rebuild: pod %s carries an allocation record although %s: not booked", pod_ref(pod),
+                              foreign)
             if usage is None and (u := unaccounted(pod, self.cfg)) is not None:
                 # no readable record: what survives on the pod, or the node stays closed (fail closed)
                 usage = recovered_usage(u, by_name.get(u.node))
@@ -128,7 +133,8 @@ class Reconciler:
                    for p in pod_objs)
         gone = why != "start" or ours
         stats = await self.ledger.rebuild(invs, bound, keep_ms=keep_ms, keep_bound=True,
-                                          freed=self.pods.nudger.nudge, verify_after_ms=self.keep_ms, lost=gone)
+                                          freed=self.pods.nudger.nudge, verify_after_ms=self.keep_ms, lost=gone,
+                                          truth_at=began)
         self.nodes.known = {i.node for i in invs} | {u.node for u, _ in bound.values()}
         self.nodes.last = by_name  # the API's view; a quarantine is applied on top (NodeWatcher.effective)
         self.pods.seen = {}
@@ -151,6 +157,41 @@ class Reconciler:
         log.info("ledger rebuilt from the API server (%s): %s", why, stats)
         self.wake.set()  # and compared with the live view soon after
         return stats
+
+    def _record(self, pod: Mapping[str, Any]) -> tuple[PodUsage | None, str]:
+        """What a pod's allocation record books (None: no record, or one not to book), and why a record is
+        not ours to book ("" when it is); AnnotationError when it cannot be decoded."""
+        if ALLOCATED not in ((pod.get("metadata") or {}).get("annotations") or {}):
+            return None, ""
+        foreign = foreign_record(pod, self.cfg)
+        return (None, foreign) if foreign else (usage_from_annotations(pod), "")
+
+    async def _read_truth(self, nodes: list[str]) -> tuple[dict[str, int], dict[str, dict[str, tuple[PodUsage, str]]]]:
+        """The recorded pods bound to `nodes`, read consistently from the API server (not from a watch, which may
+        lag), and for each node the Redis time the read began at (read before it, on the server holding the
+        node): a Binding committed before then is in it. What verifies a node of another Redis history
+        (replace_node's truth_at, shared/domain/timing.py)."""
+        began = await self.ledger.clocks(nodes)
+        if len(nodes) <= PER_NODE_READS:
+            pods: list[dict[str, Any]] = []
+            for node in nodes:
+                got = await self.kube.request("GET", "/api/v1/pods", query={"fieldSelector": f"spec.nodeName={node}"})
+                pods.extend(got.get("items") or [])
+        else:  # one list of every pod rather than thousands of small ones
+            pods, _ = await self.pods.reflector.list()
+        wanted = set(nodes)
+        out: dict[str, dict[str, tuple[PodUsage, str]]] = {n: {} for n in nodes}
+        for pod in pods:
+            node = str((pod.get("spec") or {}).get("nodeName") or "")
+            if node not in wanted or is_terminal(pod):
+                continue
+            try:  # a pod without a readable record of ours is no bind of ours: the view's holders have it
+                usage, _ = self._record(pod)
+            except AnnotationError:
+                continue
+            if usage is not None and usage.node == node:
+                out[node][str((pod.get("metadata") or {}).get("uid"))] = (usage, pod_ref(pod))
+        return began, out
 
     # -- anti-entropy ------------------------------------------------------------------------------
 
@@ -208,11 +249,21 @@ class Reconciler:
 
     async def reconcile_node(self, node: str, snap: NodeSnapshot | None, inv: Inventory | None,
                              holders: dict[str, PodUsage], refs: dict[str, str], now_ms: int,
-                             held_at: Mapping[str, Collection[str]] | None = None) -> NodeDiff:
+                             held_at: Mapping[str, Collection[str]] | None = None,
+                             read: tuple[int, Mapping[str, tuple[PodUsage, str]]] | None = None) -> NodeDiff:
         """`held_at`: the nodes where each pod holds cards, by the view or by a bound booking in the ledger
         (pending bookings here of a pod held elsewhere are judged, and confirmed with the API server before
-        anything is freed: diff_node's `elsewhere`)."""
+        anything is freed: diff_node's `elsewhere`). `read`: (when it began, the recorded pods bound here) read
+        consistently from the API server (_read_truth), for a node not verified under Redis's history: they
+        are booked with the view's holders, and only such a read may verify the node."""
         where = held_at or {}
+        truth_at, listed = read if read is not None else (None, {})
+        if listed:
+            holders = dict(holders)
+            for uid, (recorded, ref) in listed.items():
+                if uid not in self.pods.ended and uid not in holders:
+                    holders[uid] = recorded
+                    refs.setdefault(uid, ref)
         elsewhere = {u for u in (snap.reservations if snap is not None else ()) if set(where.get(u, ())) - {node}}
         diff = diff_node(node, snap, inv, holders, now_ms, self.keep_ms, elsewhere)
         if diff.clean:
@@ -225,8 +276,10 @@ class Reconciler:
                     if snap is not None and not snap.verified:
                         # kept as unverified (removed, it would come back new): written from the truth (nothing
                         # held) and verified after the keep window, when a later pass can remove it
+                        kept = {u: x for u, x in listed.items() if u not in self.pods.ended}
                         self.verify_later(node, await self.ledger.replace_node(
-                            Inventory(node), {}, self.keep_ms, keep_bound=True, verify_after_ms=self.keep_ms))
+                            Inventory(node), kept, self.keep_ms, keep_bound=True, verify_after_ms=self.keep_ms,
+                            truth_at=truth_at))
                     return diff  # a reservation was made or bound there since our read: judged on a later pass
             self.nodes.known.discard(node)
             RECONCILE_REPAIRS.labels("node_gone").inc()
@@ -260,6 +313,9 @@ class Reconciler:
         final = {uid: (u, t) for uid, (u, t) in self.pods.holders(node).items() if uid not in self.pods.ended}
         for uid in truth.keys() - holders.keys() - self.pods.ended.keys():
             final.setdefault(uid, (truth[uid], refs.get(uid, "")))
+        for uid, held in listed.items():  # bound since the view was taken (its watch lags): in the truth
+            if uid not in self.pods.ended:
+                final.setdefault(uid, held)
         # Under the node watcher's lock, and only if the node is still as this pass saw it: a Node change
         # handled while we asked the API server is in Redis already, and the older copy must not replace it.
         async with self.nodes.lock:
@@ -272,7 +328,7 @@ class Reconciler:
             lost = snap is None and node in self.nodes.known
             out = await self.ledger.replace_node(inv if inv is not None else Inventory(node), final, self.keep_ms,
                                                  keep_bound=True, keep_from=now_ms - self.keep_ms,
-                                                 verify_after_ms=self.keep_ms, lost=lost)
+                                                 verify_after_ms=self.keep_ms, lost=lost, truth_at=truth_at)
         self.verify_later(node, out)
         # a pending booking is kept by replace_node (its binder may be mid-flight): one the API showed stale (its
         # pod bound on another node, or gone) is released by uid
@@ -381,10 +437,17 @@ class Reconciler:
             for uid, r in snap.reservations.items():
                 if r.state == "bound":
                     held_at.setdefault(uid, set()).add(where)
+        # nodes of another Redis history whose keep window is over: written from a consistent read of their
+        # pods, which alone may verify them (one in its window, or whose window this pass starts, is written
+        # from the view: reading the API server for it would be for nothing)
+        fenced = sorted(n for n, snap in snaps.items()
+                        if not snap.verified and 0 < snap.unverified_since <= now_ms - self.keep_ms)
+        began, recorded = await self._read_truth(fenced) if fenced else ({}, {})
         repaired: dict[str, int] = {}
         for node in sorted(names):
+            read = (began[node], recorded[node]) if node in recorded else None
             diff = await self.reconcile_node(node, snaps.get(node), invs.get(node), holders.get(node, {}), refs,
-                                             now_ms, held_at)
+                                             now_ms, held_at, read)
             if not diff.clean:
                 for kind, n in summarize(diff.differences).items():
                     repaired[kind] = repaired.get(kind, 0) + n

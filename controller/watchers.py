@@ -27,6 +27,7 @@ from shared.domain.annotations import ALLOCATED, GPU_INDEX, AnnotationError, Pod
 from shared.domain.node import Inventory, node_inventory
 from shared.domain.reconcile import FUTURE_MS, Unrecorded, expires, offers_cards, quarantine_reason, recovered_usage
 from shared.domain.request import RequestError, pod_request
+from shared.domain.timing import KEEP_MS
 from shared.domain.trust import foreign_record
 from shared.kube import Kube, KubeError
 from shared.serving.metrics import (
@@ -85,7 +86,7 @@ class NodeWatcher:
     the reconciler, which confirms with the API server, judges them once the view is live again.
     """
 
-    def __init__(self, kube: Kube, ledger: Ledger, cfg: Config, keep_ms: int = 10_000):
+    def __init__(self, kube: Kube, ledger: Ledger, cfg: Config, keep_ms: int = KEEP_MS):
         self.ledger = ledger
         self.cfg = cfg
         self.keep_ms = keep_ms

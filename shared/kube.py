@@ -20,6 +20,8 @@ from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client, config
 from yarl import URL
 
+from shared.domain.timing import BIND_ANSWER_SLACK_S
+
 log = logging.getLogger("mtsched.kube")
 
 
@@ -162,14 +164,23 @@ class Kube:
         node: dict[str, Any] = await self.request("GET", f"/api/v1/nodes/{name}")
         return node
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+    async def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
+                   deadline: float | None = None) -> None:
         """Create the Binding; its annotations are copied onto the pod in the same call by the API server,
         so a pod is never bound without its allocation record. The uid precondition stops a bind of
-        a recreated pod with the same name."""
+        a recreated pod with the same name. `deadline` (s): the API server abandons the request that long
+        after it received it (its `timeout` parameter), so the Binding is committed then or never; this
+        client waits BIND_ANSWER_SLACK_S longer for the answer (shared/domain/timing.py)."""
         body = {"apiVersion": "v1", "kind": "Binding",
                 "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": dict(annotations)},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        await self.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body)
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}/binding"
+        if deadline is None:
+            await self.request("POST", path, body)
+            return
+        ms = max(1, int(deadline * 1000))
+        await self.request("POST", path, body, query={"timeout": f"{ms}ms"},
+                           timeout=ms / 1000 + BIND_ANSWER_SLACK_S)
 
     async def create_event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str,
                            component: str) -> None:

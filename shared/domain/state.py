@@ -90,6 +90,9 @@ class NodeSnapshot:
     # carry it, so only a snapshot read says so). Part of the value: a re-read that differs only in it replaces a
     # mirror's snapshot, and the reconciler's reuse of the mirror's decoding (Reconciler._read) cannot hide it.
     verified: bool = True
+    # Not verified: when its keep window began (ms, Redis's clock; 0 when no writer has compared it under this
+    # history yet). Only a read of the API begun a keep window after this may verify it (_lib.lua verify_after).
+    unverified_since: int = 0
     # This process's version of the value: the next number of one counter for every snapshot made (also by
     # dataclasses.replace), so monotonic per node in a mirror. Not part of the value (compare/repr).
     seq: int = field(default_factory=lambda: next(_SEQ), init=False, compare=False, repr=False)
@@ -101,6 +104,7 @@ class NodeSnapshot:
         return cls(
             node=str(d["node"]), version=int(d.get("version") or 0), error=str(d.get("error") or ""),
             stamp=str(d.get("stamp") or ""), verified=d.get("verified", True) is not False,
+            unverified_since=int(d.get("unverified_since") or 0),
             cards={int(k): CardRecord.from_json(int(k), v)
                    for k, v in (cards.items() if isinstance(cards, dict) else [])},
             reservations={k: Reservation.from_json(k, v)

@@ -65,6 +65,11 @@ REDIS_ROUND_TRIPS = Counter("mtsched_redis_round_trips_total",
                             ["op"])
 OVERCOMMIT = Counter("mtsched_overcommit_observed_total",
                      "Allocations observed on the API server that over-commit a card (should stay 0)")
+BIND_DEADLINE_MISSED = Counter("mtsched_bind_deadline_total",
+                               "Binds that met their Binding's deadline (shared/domain/timing.py) the hard way, by "
+                               "when: before_send (the reservation took so long the Binding was not sent), "
+                               "unknown_outcome (the Binding failed with no answer that it was refused, and the pod "
+                               "was read unbound: read again after the API server's deadline)", ["when"])
 REBOOKED = Counter("mtsched_bind_rebooked_total",
                    "Binds whose booking went while the Binding was being written (expired past the TTL, or "
                    "released by a repair), booked again from the record they wrote (should stay 0)")

@@ -21,6 +21,7 @@ from typing import Any, TypeVar, cast
 import orjson
 from redis import exceptions as rexc
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from shared.domain.annotations import PodUsage
 from shared.domain.fit import CardNeed, Plan, Reasons
@@ -489,7 +490,7 @@ class Ledger:
     async def replace_node(self, inv: Inventory, bound: Mapping[str, tuple[PodUsage, str]],
                            keep_ms: int | None = None, keep_bound: bool = False,
                            keep_from: int | None = None, verify_after_ms: int | None = None,
-                           lost: bool = False) -> dict[str, Any]:
+                           lost: bool = False, truth_at: int | None = None) -> dict[str, Any]:
         """Atomically set one node to what the API implies: its cards and its bound pods' usage.
 
         Reservations still settling (pending, or made or bound in the last `keep_ms` ms of Redis time or
@@ -498,12 +499,14 @@ class Ledger:
         "pending_overfull". `keep_bound`: a pod of `bound` whose
         reservation is bound keeps that booking where its record differs; their uids come back as
         "kept_bound" (a list). "dropped": how many reservations it freed (of pods neither bound nor settling).
-        `verify_after_ms` (every writer in the roles; its truth is the API's, from a live view): a node not
-        verified under the history this Redis holds (its `run`, docs/redis-layout.md "Losing Redis") is
-        verified once that long has passed since a writer first found it unverified; a node new to this Redis
-        at once, unless `lost` (its keys went with the state: the window starts now). "verified" says
-        whether it is, "verify_in_ms" how long is left. None (a view that is not live): a new node is
-        verified at once, an existing one is left as it is.
+        `verify_after_ms` (every writer in the roles; its truth is the API's): a node not verified under the
+        history this Redis holds (its `run`, docs/redis-layout.md "Losing Redis") is verified by a truth read
+        consistently from the API server at `truth_at` (Redis time, read before the read began), once that is
+        `verify_after_ms` after a writer first found the node unverified; a truth without `truth_at` (a
+        watch's view, which may lag) starts the window but verifies no such node. A node new to this Redis is
+        verified at once, unless `lost` (its keys went with the state: the window starts now). "verified"
+        says whether it is, "verify_in_ms" how long until a read may verify it. None (a view that is not
+        live): a new node is verified at once, an existing one is left as it is.
         """
         payload = self._cards_payload(inv)
         if keep_ms is not None:
@@ -515,6 +518,8 @@ class Ledger:
             payload["verify_after_ms"] = max(0, int(verify_after_ms))
         if lost:
             payload["lost"] = True
+        if truth_at is not None:
+            payload["truth_at"] = max(0, int(truth_at))
         payload["bound"] = [
             {"uid": uid, "cards": list(u.cards), "mem": u.memory, "cores": u.cores, "slices": u.slices,
              "pod": pod}
@@ -529,17 +534,20 @@ class Ledger:
                       bound: Mapping[str, tuple[PodUsage, str]],
                       keep_ms: int | None = None, keep_bound: bool = False,
                       freed: Callable[[str], None] | None = None,
-                      verify_after_ms: int | None = None, lost: bool = False) -> dict[str, int]:
+                      verify_after_ms: int | None = None, lost: bool = False,
+                      truth_at: Mapping[str, int] | None = None) -> dict[str, int]:
         """Recompute the whole ledger from the API server's truth (nodes + bound pods' annotations).
 
         Node by node, each an atomic replace, so no replica ever reads a node empty or doubled;
         nodes that no longer exist are removed last, unless a pod still holds cards there.
         `keep_bound`: see replace_node (a rebuild over state Redis still has keeps what our bind booked).
         `freed` is called with each node whose replace dropped reservations (their cards are free again).
-        `verify_after_ms`, `lost`: see replace_node (the watchers pass their keep window, so that a bind in
-        flight when Redis's history changed is in their truth first, and `lost` after a state loss).
+        `verify_after_ms`, `lost`, `truth_at` (by node: when the consistent read of the pods began): see
+        replace_node (the watchers pass their keep window, so that a bind in flight when Redis's history changed
+        is in their truth first, and `lost` after a state loss).
         "unverified" counts the nodes still waiting.
         """
+        at = truth_at or {}
         by_node: dict[str, dict[str, tuple[PodUsage, str]]] = {}
         for uid, (usage, pod) in bound.items():
             by_node.setdefault(usage.node, {})[uid] = (usage, pod)
@@ -550,7 +558,7 @@ class Ledger:
             seen.add(inv.node)
             await self.list_node(inv.node)  # listed first, see upsert_node
             out = await self.replace_node(inv, by_node.get(inv.node, {}), keep_ms, keep_bound,
-                                          verify_after_ms=verify_after_ms, lost=lost)
+                                          verify_after_ms=verify_after_ms, lost=lost, truth_at=at.get(inv.node))
             stats["unverified"] += 0 if out.get("verified") else 1
             stats["dropped"] += int(out.get("dropped") or 0)
             if freed is not None and out.get("dropped"):
@@ -565,7 +573,7 @@ class Ledger:
             # went to 0): keep their usage on placeholder cards, so it is there if the node comes back.
             await self.list_node(node)
             out = await self.replace_node(Inventory(node), by_node[node], keep_ms, keep_bound,
-                                          verify_after_ms=verify_after_ms, lost=lost)
+                                          verify_after_ms=verify_after_ms, lost=lost, truth_at=at.get(node))
             stats["unverified"] += 0 if out.get("verified") else 1
             stats["kept_bound"] += len(out["kept_bound"])
             stats["pending_kept"] += int(out["pending_kept"])
@@ -575,7 +583,7 @@ class Ledger:
                 # held by no pod the API knows of, but a reservation still settles there: it stays (on
                 # placeholder cards), the rest goes
                 out = await self.replace_node(Inventory(node), {}, keep_ms, keep_bound,
-                                              verify_after_ms=verify_after_ms, lost=lost)
+                                              verify_after_ms=verify_after_ms, lost=lost, truth_at=at.get(node))
                 stats["unverified"] += 0 if out.get("verified") else 1
                 stats["pending_kept"] += int(out["pending_kept"])
             else:
@@ -587,6 +595,23 @@ class Ledger:
         """Redis's clock: the one every reservation's `created` and `bound_at` are stamped with."""
         sec, usec = await self._retry("time", lambda: self.redis.time())
         return int(sec) * 1000 + int(usec) // 1000
+
+    async def clocks(self, nodes: Iterable[str]) -> dict[str, int]:
+        """Redis's clock (ms) as the server holding each node's keys reads it: what a script on that node
+        compares its stamps with (a cluster's shards each have their own clock; elsewhere there is one)."""
+        names = list(dict.fromkeys(nodes))
+        if not isinstance(self.redis, RedisCluster):
+            now = await self.redis_time_ms() if names else 0
+            return {n: now for n in names}
+        shards: dict[str, tuple[Any, list[str]]] = {}
+        for n in names:
+            shard = self.redis.get_node_from_key(self.keys.node(n))
+            shards.setdefault(shard.name, (shard, []))[1].append(n)
+        out: dict[str, int] = {}
+        for shard, members in shards.values():
+            sec, usec = await self._retry("time", lambda shard=shard: self.redis.time(target_nodes=shard))
+            out.update(dict.fromkeys(members, int(sec) * 1000 + int(usec) // 1000))
+        return out
 
     async def probe_write(self) -> bool:
         """A write, for readiness: a Redis that answers but refuses writes (full under noeviction: OOM; a replica:

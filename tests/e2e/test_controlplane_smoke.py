@@ -372,3 +372,26 @@ async def test_watch_cache_serves_old_rv_after_compaction(
         "MODIFIED",
         "MODIFIED",
     ]
+
+
+# ------------------------------------------------------------------------- (f) a Binding's deadline
+
+
+def test_the_api_server_never_writes_a_binding_past_its_deadline(control_plane: ControlPlane) -> None:
+    """What bounds the watchers' keep window (shared/domain/timing.py): the extender sends each Binding with the
+    API server's `timeout` parameter, and a Binding the API server has not committed by then it never writes.
+    A deadline that has passed on arrival: 504, and the pod stays unbound, without the Binding's annotation."""
+    cp = control_plane
+    ns = "default"
+    for name, timeout, written in (("deadline-past", "1ns", False), ("deadline-ok", "5000ms", True)):
+        cp.api("POST", f"/api/v1/namespaces/{ns}/pods", _pod(name, scheduler="nobody"))
+        try:
+            status, raw = cp._http("POST", f"/api/v1/namespaces/{ns}/pods/{name}/binding?timeout={timeout}", {
+                "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "annotations": {"probe": timeout}},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": "deadline-node"}})
+            pod = cp.api("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
+            assert status == (201 if written else 504), raw
+            assert (pod["spec"].get("nodeName") == "deadline-node") is written, pod["spec"]
+            assert ("probe" in (pod["metadata"].get("annotations") or {})) is written
+        finally:
+            cp._http("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}?gracePeriodSeconds=0")

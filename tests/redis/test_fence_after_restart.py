@@ -25,7 +25,7 @@ from controller.reconciler import Reconciler
 from controller.watchers import NodeWatcher, PodWatcher, wire
 from deploy.local.redis_server import RedisServer
 from shared.domain.node import Card, Inventory
-from shared.store.ledger import UNVERIFIED, Ledger
+from shared.store.ledger import UNVERIFIED, Ledger, LedgerError
 from shared.store.mirror import Mirror
 from tests.redis.test_extender_bind import CFG, FakeKube, pod
 from tests.redis.test_redteam_heal_bound_pending import ApiWithPods
@@ -150,6 +150,8 @@ async def test_a_bind_refused_on_an_unverified_node_asks_the_watchers_to_compare
         pods.reflector.synced.set()
         rec.touch("a")  # what the role wires the notice to
         rec.keep_ms = 0  # no bind was in flight: no wait (the role waits its keep window)
+        # the first comparison starts the window; only a read begun after that may verify the node
+        assert (await rec.reconcile_nodes({"a"})) == {"unverified": 1}
         assert (await rec.reconcile_nodes({"a"})) == {"unverified": 1}
         assert ext.filter({"Pod": q, "NodeNames": ["a"]})["NodeNames"] == ["a"]  # kube-scheduler's retry
         assert (await ext.bind({"PodName": "p-q", "PodNamespace": "ns", "PodUID": "q", "Node": "a"}))["Error"] == ""
@@ -191,7 +193,8 @@ async def test_a_pending_booking_brought_back_by_the_restart_is_not_answered_aga
         out, _ = await ledger.reserve("a", "p", [0], 64, 12, 1, pod="ns/p")
         assert not out.ok and out.refused.startswith(UNVERIFIED), out
         rec.keep_ms = 0
-        assert (await rec.reconcile_all()).get("unverified") == 1
+        for _ in range(2):  # the window's start, then the comparison that verifies
+            assert (await rec.reconcile_all()).get("unverified") == 1
         assert await used(ledger, "a", 0) == 128  # p kept (pending: its binder may be in flight), beside q
         out, _ = await ledger.reserve("a", "p", [0], 64, 12, 1, pod="ns/p")
         assert not out.ok and "over-fills" in out.refused, out
@@ -252,7 +255,8 @@ async def test_a_node_unchanged_by_the_restart_is_verified_with_the_watchers_mir
         await restart_from_snapshot(server, client)
         await asyncio.wait_for(reconnected.wait(), 20)  # the mirror re-read everything
         assert mirror.get("a") is not None and not mirror.get("a").verified  # type: ignore[union-attr]
-        assert (await rec.reconcile_all()) == {"unverified": 1}
+        for _ in range(2):  # the window's start, then the comparison that verifies
+            assert (await rec.reconcile_all()) == {"unverified": 1}
         assert (await ledger.reserve("a", "q", [0], 8, 2, 1, pod="ns/q"))[0].ok
     finally:
         await mirror.stop()
@@ -309,7 +313,8 @@ async def test_a_fail_back_to_a_server_that_never_restarted_is_a_new_history() -
         # A's first replica made A start a replication history of its own (a new master_replid): its nodes are
         # verified again once (no window: nothing was in flight)
         rec.keep_ms = 0
-        assert await rec.reconcile_all() == {"unverified": 1}
+        for _ in range(2):  # the window's start, then the comparison that verifies
+            assert await rec.reconcile_all() == {"unverified": 1}
         assert (await la.snapshot("a")).verified  # type: ignore[union-attr]
         await cb.execute_command("REPLICAOF", "NO", "ONE")  # failover: B promoted
         assert (await la.reserve("a", "p", [0], 64, 12, 1, pod="ns/p"))[0].ok  # acked by A, never on B
@@ -450,5 +455,56 @@ async def test_an_unverified_node_gone_from_the_api_is_removed_after_the_window(
         await rec.reconcile_nodes(set(rec.touched))
         await rec.reconcile_all()
         assert "b" not in await ledger.nodes() and await ledger.snapshot("b") is None
+    finally:
+        await client.aclose()
+
+
+async def test_a_bind_in_flight_the_watchers_view_lacks_is_in_the_truth_that_verifies_the_node(
+        server: RedisServer) -> None:
+    """p's booking was acknowledged, then lost with the restart; p's Binding is committed in the API within its
+    deadline, but the watchers' pod watch lags and has not delivered it when the keep window ends. Before, the
+    view was the truth the node was verified with (q got p's card); now only a consistent read of the node's
+    pods, begun after the window, verifies it, and it has p."""
+    client, ledger, api, _nodes, _pods, rec = await started(server)
+    try:
+        await client.save()
+        assert (await ledger.reserve("a", "p", [0], 64, 12, 1, pod="ns/p"))[0].ok  # acknowledged, then lost
+        await restart_from_snapshot(server, client)
+        rec.keep_ms = 300
+        assert (await rec.reconcile_nodes({"a"})) == {"unverified": 1}  # the window starts
+        api.pods.append(bound_pod("p", "a", 0, 64 * 512, 12))  # committed; the watch has not brought it
+        await asyncio.sleep(0.4)
+        assert (await rec.reconcile_nodes({"a"})) == {"unverified": 1, "missing_holder": 1}
+        snap = await ledger.snapshot("a")
+        assert snap is not None and snap.verified and snap.reservations["p"].state == "bound"
+        refused, _ = await ledger.reserve("a", "q", [0], 64, 12, 1, pod="ns/q")
+        assert not refused.ok and not refused.refused.startswith(UNVERIFIED), refused  # p holds it
+        assert await used(ledger, "a", 0) == 64
+    finally:
+        await client.aclose()
+
+
+async def test_only_a_consistent_read_begun_after_the_window_verifies_a_node(server: RedisServer) -> None:
+    """replace_node's side of it: a truth without `truth_at` (a watch's view) never verifies a node of another
+    history, a read begun before the window ended does not either, one begun after does, and a `truth_at`
+    later than the script's own clock is refused."""
+    client, ledger, _api, nodes, _pods, _rec = await started(server)
+    try:
+        await client.save()
+        await restart_from_snapshot(server, client)
+        inv = nodes.last["a"]
+        first = await ledger.replace_node(inv, {}, verify_after_ms=200)
+        assert not first["verified"] and 0 < first["verify_in_ms"] <= 200
+        early = (await ledger.clocks(["a"]))["a"]
+        await asyncio.sleep(0.25)
+        view = await ledger.replace_node(inv, {}, verify_after_ms=200)  # the window is over, but no read
+        assert not view["verified"] and view["verify_in_ms"] == 0
+        assert not (await ledger.replace_node(inv, {}, verify_after_ms=200, truth_at=early))["verified"]
+        with pytest.raises(LedgerError, match="truth_at"):
+            await ledger.replace_node(inv, {}, verify_after_ms=200, truth_at=early + 60_000)
+        assert not (await ledger.snapshot("a")).verified  # type: ignore[union-attr]
+        began = (await ledger.clocks(["a"]))["a"]
+        assert (await ledger.replace_node(inv, {}, verify_after_ms=200, truth_at=began))["verified"]
+        assert (await ledger.snapshot("a")).verified  # type: ignore[union-attr]
     finally:
         await client.aclose()

@@ -40,7 +40,8 @@ class LosingKube(FakeKube):
         self.specs = specs
         self.also: Any = None
 
-    async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+    async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
+                   deadline: float | None = None) -> None:
         assert await self.ledger.release(node, uid)
         await super().bind(ns, name, uid, node, annotations)
         self.pods[(ns, name)] = {

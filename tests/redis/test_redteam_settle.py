@@ -43,7 +43,8 @@ class KeepingKube(FakeKube):
         super().__init__()
         self.during: Any = None  # called with the bound pod, before bind returns
 
-    async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+    async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
+                   deadline: float | None = None) -> None:
         await super().bind(ns, name, uid, node, annotations)
         p = pod(uid, SLICE)
         p["metadata"]["annotations"] = dict(annotations)

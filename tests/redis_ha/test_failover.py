@@ -98,7 +98,9 @@ async def test_sentinel_mirror_follows_a_failover() -> None:
             # the new master may lack the old one's last writes: no new booking until the node is compared
             out, _ = await burst.retrying(lambda: led.reserve("n5", "u2", [1], 16, 4, 1))
             assert not out.ok and out.refused.startswith(UNVERIFIED), out
-            await led.replace_node(inventory("n5", S5000), {}, verify_after_ms=0)  # the watchers' comparison
+            await led.replace_node(inventory("n5", S5000), {}, verify_after_ms=0)  # the watchers' first comparison
+            began = (await led.clocks(["n5"]))["n5"]  # the second: a consistent read of the pods, begun then
+            await led.replace_node(inventory("n5", S5000), {}, verify_after_ms=0, truth_at=began)
             out, _ = await led.reserve("n5", "u2", [1], 16, 4, 1)
             assert out.ok
             with new.client() as c:  # the client found the new master
@@ -184,8 +186,10 @@ async def test_sentinel_master_killed_mid_burst() -> None:
               f"{burst.unavailable} calls sent again, {len(burst.acks)} changes")
 
         # the repair from the API's truth (the reconciler's, after a reconnect) ...
-        await led.rebuild(INVENTORIES, {uid: (u, f"default/{uid}") for uid, u in truth.items()},
-                          verify_after_ms=0)  # the comparison, its keep window passed
+        held = {uid: (u, f"default/{uid}") for uid, u in truth.items()}
+        await led.rebuild(INVENTORIES, held, verify_after_ms=0)  # the first comparison: the keep window starts
+        began = await led.clocks(inv.node for inv in INVENTORIES)  # the second, a consistent read begun then
+        await led.rebuild(INVENTORIES, held, verify_after_ms=0, truth_at=began)
         snaps = await led.snapshots(await led.nodes())
         extra = bookings(snaps) - set(truth.items())
         assert set(truth.items()) <= bookings(snaps)
@@ -314,7 +318,9 @@ async def test_cluster_replica_takes_over_a_killed_primary() -> None:
             assert not refused.ok and refused.refused.startswith(UNVERIFIED)  # fenced until compared
             assert not (await led.snapshot("n4")).verified  # type: ignore[union-attr]
             assert (await led.snapshot("n5")).verified  # type: ignore[union-attr]  # another shard: as it was
-            await led.replace_node(inventory("n4", S4000), {}, verify_after_ms=0)  # the comparison (u1: kept)
+            await led.replace_node(inventory("n4", S4000), {}, verify_after_ms=0)  # the first comparison (u1: kept)
+            began = (await led.clocks(["n4"]))["n4"]  # on n4's shard: the second, a consistent read begun then
+            await led.replace_node(inventory("n4", S4000), {}, verify_after_ms=0, truth_at=began)
             assert (await led.reserve("n4", "u2", [1], 16, 4, 1))[0].ok
             snap = await led.snapshot("n4")
             assert snap is not None and sorted(snap.reservations) == ["u1", "u2"]

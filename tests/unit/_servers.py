@@ -100,7 +100,8 @@ class FakeKube:
             raise KubeError(404, {"message": f'nodes "{name}" not found'}, "get")
         return self.nodes[name]
 
-    async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+    async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
+                   deadline: float | None = None) -> None:
         self.bound.append((f"{ns}/{name}", uid, node))
 
     async def create_event(self, pod: Any, reason: str, message: str, kind: str, component: str) -> None:

@@ -71,7 +71,8 @@ class FakeKube:
             raise KubeError(404, {"message": "not found"}, "get")
         return self.nodes[name]
 
-    async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+    async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
+                   deadline: float | None = None) -> None:
         self.bound.append((f"{ns}/{name}", node))
 
     async def create_event(self, *_: Any) -> None:

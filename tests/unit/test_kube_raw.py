@@ -55,6 +55,17 @@ async def test_a_binding_reaches_the_api_server_as_json_with_the_token(
         "target": {"apiVersion": "v1", "kind": "Node", "name": "node-a"}}
 
 
+async def test_a_binding_with_a_deadline_asks_the_api_server_to_abandon_it_then(
+        api: tuple[Kube, list[dict[str, Any]]]) -> None:
+    """The API server's `timeout` parameter: a Binding it has not committed by then it never commits, which
+    is what bounds the watchers' keep window (shared/domain/timing.py)."""
+    kube, seen = api
+    await kube.bind("ns", "p1", "uid-1", "node-a", {}, deadline=4.25)
+    await kube.bind("ns", "p2", "uid-2", "node-a", {}, deadline=0.0001)  # never less than a millisecond
+    await kube.bind("ns", "p3", "uid-3", "node-a", {})
+    assert [r["query"] for r in seen] == [{"timeout": "4250ms"}, {"timeout": "1ms"}, {}]
+
+
 async def test_query_content_type_and_errors(api: tuple[Kube, list[dict[str, Any]]]) -> None:
     kube, seen = api
     await kube.request("PATCH", "/api/v1/nodes/n1", {"metadata": {"annotations": {"a": "b"}}},

@@ -199,7 +199,8 @@ class AnnotatingKube(FakeKube):
         super().__init__()
         self.annotations: list[Mapping[str, str]] = []
 
-    async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+    async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
+                   deadline: float | None = None) -> None:
         self.annotations.append(annotations)
         await super().bind(ns, name, uid, node, annotations)
 

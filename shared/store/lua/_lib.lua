@@ -67,27 +67,38 @@ local function mark_verified(now)
 end
 
 -- The node has just been written from the API's truth by a caller that may verify it (replace_node's
--- verify_after_ms): it is verified once `after_ms` have passed since its bookings could last have been
--- lost. A bind in flight then (its booking acknowledged, then lost; its Binding not written yet) is in
--- the API within that window, so the truth a later write carries has it. That moment is, for a node this
--- Redis holds under another token, when a writer first found it so (`unverified_since`); a node new to
--- this Redis is verified at once, unless the caller knows its keys were lost (`lost`: a rebuild after the
--- state went, a node the watchers knew missing), when the window starts now. Returns (verified, ms left).
-local function verify_after(existed, after_ms, now, lost)
+-- verify_after_ms): it is verified once its truth was read at least `after_ms` after its bookings could last
+-- have been lost. A bind in flight then (its booking acknowledged, then lost; its Binding not written yet) is
+-- committed in the API within that window (the extender sends each Binding with a deadline shorter than it,
+-- shared/domain/timing.py), so a consistent read begun after it has it. `truth_at` is when the caller's
+-- consistent read of the node's pods began (Redis time, read before it); a caller whose truth is a watch's
+-- view (which may lag) passes none and never verifies a node of another history: it starts the window and
+-- is told how much is left. The window starts, for a node this Redis holds under another token, when a writer
+-- first found it so (`unverified_since`); a node new to this Redis is verified at once, unless the caller
+-- knows its keys were lost (`lost`: a rebuild after the state went, a node the watchers knew missing), when
+-- it starts now. Returns (verified, ms left until a read may verify it).
+-- When the keep window of a node not verified under this history began (ms, this Redis's clock); nil when no
+-- writer has found it so under this history yet.
+local function window_start()
+  local token = server_info()
+  local since = redis.call('HGET', NODE_KEY, 'unverified_since') or ""
+  local s_token, s_ms = string.match(since, '^(%x+:%x+):(%d+)$')
+  if token == "" or s_token ~= token then return nil end
+  return tonumber(s_ms)
+end
+
+local function verify_after(existed, after_ms, now, lost, truth_at)
   if verified() then return true, 0 end
   local token = server_info()
   if token == "" then return false, after_ms end
-  local since = redis.call('HGET', NODE_KEY, 'unverified_since') or ""
-  local s_token, s_ms = string.match(since, '^(%x+:%x+):(%d+)$')
-  local start = tonumber(s_ms)
-  if s_token ~= token then
+  local start = window_start()
+  if start == nil then
     if not existed and not lost then mark_verified(now) return true, 0 end
     start = now
     redis.call('HSET', NODE_KEY, 'unverified_since', token .. ":" .. start)
   end
-  local waited = now - start
-  if waited >= after_ms then mark_verified(now) return true, 0 end
-  return false, after_ms - waited
+  if truth_at ~= nil and truth_at - start >= after_ms then mark_verified(now) return true, 0 end
+  return false, math.max(0, start + after_ms - now)
 end
 
 local function fail(code, msg)

@@ -27,6 +27,10 @@ if p.verify_after_ms ~= nil and not is_int(p.verify_after_ms, 0, 3600000) then
 end
 if p.lost ~= nil and type(p.lost) ~= "boolean" then return fail("BADINPUT", "lost must be a boolean") end
 local now0 = now_ms()
+-- truth_at: when the caller's consistent read began, on this Redis's clock (it read TIME before): never later
+if p.truth_at ~= nil and not is_int(p.truth_at, 0, now0) then
+  return fail("BADINPUT", "truth_at must be a time in ms no later than now")
+end
 local keep_from = math.huge
 if p.keep_ms ~= nil then keep_from = now0 - p.keep_ms end
 -- keep_from: an instant on Redis's clock (the caller read the ledger after it), so a reservation made
@@ -88,11 +92,11 @@ write_cards(p.cards, true)
 redis.call('HSET', NODE_KEY, 'error', p.error or "")
 local now = now_ms()
 -- verify_after_ms (every writer in the roles): the node is what the API implies, so it may be verified for
--- the history this Redis holds (verify_after in _lib.lua); without it (a writer whose view is not live) only a
--- node new to this Redis is
+-- the history this Redis holds (verify_after in _lib.lua: only by a consistent read, truth_at, begun a keep
+-- window after the change); without it (a writer whose view is not live) only a node new to this Redis is
 local is_verified, verify_in = verified(), 0
 if p.verify_after_ms ~= nil then
-  is_verified, verify_in = verify_after(existed, p.verify_after_ms, now, p.lost == true)
+  is_verified, verify_in = verify_after(existed, p.verify_after_ms, now, p.lost == true, p.truth_at)
 elseif not existed then
   mark_verified(now)  -- new to this Redis: nothing it holds was lost (a writer that knows otherwise passes lost)
   is_verified = true

@@ -1,0 +1,33 @@
+"""How long a Binding may be in flight, and how long the watchers wait before their truth must have it (pure).
+
+The extender books a pod's cards in Redis, then writes its Binding. If Redis then loses that booking (a
+restart from an older snapshot, a failover), the node is fenced (docs/redis-layout.md "Losing Redis") until
+the watchers have written it from a truth that has every Binding that was in flight. That is a bound, not a
+hope, because both sides of it are set here:
+
+- the extender sends each Binding only within `bind_deadline_s` of starting its reservation, and with that
+  much left as the API server's own deadline for the request (its `timeout` parameter): a Binding the server
+  has not committed by then it abandons (controller/extender.py, shared/kube.py `bind`);
+- the watchers verify a node only with pods read consistently from the API server, in a read begun
+  KEEP_MS after the node was first found unverified (shared/store/lua/_lib.lua `verify_after`).
+
+KEEP_MS - BIND_DEADLINE_S is the margin for what neither side measures: a request's wait before the API
+server reads it, etcd applying a write its client gave up on, the clocks' rates. The pending TTL bounds a
+booking's life the same way, so the deadline is also at most half of it.
+"""
+
+from __future__ import annotations
+
+KEEP_MS = 10_000  # the watchers' keep window: a booking younger than this is newer than any view
+BIND_DEADLINE_S = 5.0  # from the start of a reservation to the API server's deadline for its Binding
+BIND_MIN_LEFT_S = 0.5  # less than this left once booked: the Binding is not sent (the booking is given back)
+BIND_ANSWER_SLACK_S = 2.0  # how much longer than the server's deadline the extender waits for its answer
+BIND_SETTLE_S = 1.0  # after the server's deadline, before a read may say the Binding will never exist
+
+assert BIND_DEADLINE_S * 1000 <= KEEP_MS / 2, "the keep window must leave a margin as long as the bind deadline"
+
+
+def bind_deadline_s(pending_ttl_seconds: float) -> float:
+    """The Binding's deadline: within the pending TTL's first half too, so the janitor never expires a
+    booking whose Binding may still be committed."""
+    return min(BIND_DEADLINE_S, pending_ttl_seconds / 2)
