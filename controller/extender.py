@@ -58,7 +58,7 @@ from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError
 from shared.domain.state import plan_on
 from shared.domain.timing import BIND_MIN_LEFT_S, BIND_SETTLE_S, bind_deadline_s
-from shared.kube import Kube, KubeError
+from shared.kube import Kube, KubeError, NotSent
 from shared.serving.bounded import ByteLRU
 from shared.serving.http import BodyError, read_body
 from shared.serving.listen import LISTEN_POLICY, extender_policy
@@ -108,8 +108,8 @@ def _refused(e: BaseException) -> bool:
     """Whether a failed Binding call is known not to have written the Binding: the API server answered
     with a client error (403, 404, 422, ...; not 409, which a Binding that exists answers too, nor 408),
     or no connection was made. A timeout, a lost connection or a 5xx may come after the write."""
-    if isinstance(e, aiohttp.ClientConnectorError):
-        return True
+    if isinstance(e, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError | NotSent):
+        return True  # no connection was made, or none in time: nothing was sent
     return isinstance(e, KubeError) and 400 <= e.status < 500 and e.status not in (408, 409)
 
 
@@ -421,8 +421,8 @@ class Extender:
         capacity = self._capacity(node, req, outcome)
         grants = self._grants(node, req, outcome.cards, capacity)
         annotations = binding_annotations(node, grants, time.time_ns())
-        left = self.bind_deadline - (time.monotonic() - started)
-        if left < BIND_MIN_LEFT_S:
+        until = started + self.bind_deadline  # the API server commits the Binding by then, or never
+        if until - time.monotonic() < BIND_MIN_LEFT_S:
             # too late to promise the watchers it is committed within the deadline, or never: not sent. A
             # booking an earlier attempt made (`existing`) stays: that attempt's Binding may still be in flight
             if outcome.existing:
@@ -436,18 +436,17 @@ class Extender:
                    f"{'kept for the earlier attempt' if outcome.existing else 'released'}")
             self.event(pod, "BindingFailed", msg, "Warning")
             return {"Error": msg}
-        sent = time.monotonic()
         try:
             if self.kube is None:
                 raise KubeError(503, "no API client", "bind")
-            await self.kube.bind(ns, name, uid, node, annotations, deadline=left)
+            await self.kube.bind(ns, name, uid, node, annotations, until=until)
         except Exception as e:
             bound = await self._already_bound(ns, name, uid, node, annotations)
             if bound is False and (outcome.existing or not _rejected(e)):
-                # this Binding (or an earlier attempt's, for a booking it made) may still be committed until the
-                # API server's deadline: only a read after that says never
+                # this Binding (or an earlier attempt's, for a booking it made: started before this one, its
+                # deadline ends first) may still be committed until the deadline: only a read after it says never
                 BIND_DEADLINE_MISSED.labels("unknown_outcome").inc()
-                await asyncio.sleep(max(0.0, sent + left + BIND_SETTLE_S - time.monotonic()))
+                await asyncio.sleep(max(0.0, until + BIND_SETTLE_S - time.monotonic()))
                 bound = await self._already_bound(ns, name, uid, node, annotations)
             if bound:
                 self._settle(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)

@@ -166,12 +166,10 @@ class Reconciler:
         foreign = foreign_record(pod, self.cfg)
         return (None, foreign) if foreign else (usage_from_annotations(pod), "")
 
-    async def _read_truth(self, nodes: list[str]) -> tuple[dict[str, int], dict[str, dict[str, tuple[PodUsage, str]]]]:
+    async def _read_truth(self, nodes: list[str]) -> dict[str, dict[str, tuple[PodUsage, str]]]:
         """The recorded pods bound to `nodes`, read consistently from the API server (not from a watch, which may
-        lag), and for each node the Redis time the read began at (read before it, on the server holding the
-        node): a Binding committed before then is in it. What verifies a node of another Redis history
-        (replace_node's truth_at, shared/domain/timing.py)."""
-        began = await self.ledger.clocks(nodes)
+        lag): a Binding committed before the read began is in it. What verifies a node of another Redis history
+        (replace_node's truth_at: the caller reads Redis's clock first, shared/domain/timing.py)."""
         if len(nodes) <= PER_NODE_READS:
             pods: list[dict[str, Any]] = []
             for node in nodes:
@@ -191,7 +189,7 @@ class Reconciler:
                 continue
             if usage is not None and usage.node == node:
                 out[node][str((pod.get("metadata") or {}).get("uid"))] = (usage, pod_ref(pod))
-        return began, out
+        return out
 
     # -- anti-entropy ------------------------------------------------------------------------------
 
@@ -440,9 +438,10 @@ class Reconciler:
         # nodes of another Redis history whose keep window is over: written from a consistent read of their
         # pods, which alone may verify them (one in its window, or whose window this pass starts, is written
         # from the view: reading the API server for it would be for nothing)
-        fenced = sorted(n for n, snap in snaps.items()
-                        if not snap.verified and 0 < snap.unverified_since <= now_ms - self.keep_ms)
-        began, recorded = await self._read_truth(fenced) if fenced else ({}, {})
+        waiting = sorted(n for n, snap in snaps.items() if not snap.verified and snap.unverified_since)
+        began = await self.ledger.clocks(waiting) if waiting else {}  # each on its node's own clock
+        fenced = [n for n in waiting if snaps[n].unverified_since <= began[n] - self.keep_ms]
+        recorded = await self._read_truth(fenced) if fenced else {}
         repaired: dict[str, int] = {}
         for node in sorted(names):
             read = (began[node], recorded[node]) if node in recorded else None
@@ -482,7 +481,13 @@ class Reconciler:
                 self._touch.clear()
                 if full:
                     self.wake.clear()
-                    await self.reconcile_all()
+                    try:
+                        await self.reconcile_all()
+                    except BaseException:
+                        # a full pass again after the supervisor's restart, not a reconcileSeconds later (an
+                        # unverified node's comparison may be in it)
+                        self.wake.set()
+                        raise
                     next_pass = loop.time() + self.interval
                 else:
                     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import time
 import urllib.request
 from collections.abc import Mapping
 from typing import Any
@@ -20,9 +21,16 @@ from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client, config
 from yarl import URL
 
-from shared.domain.timing import BIND_ANSWER_SLACK_S
+from shared.domain.timing import BIND_ANSWER_SLACK_S, BIND_CONNECT_S
 
 log = logging.getLogger("mtsched.kube")
+
+
+SERVER_DEADLINE_MIN_MS = 100  # less than this for the API server: the request is not sent (raw's `until`)
+
+
+class NotSent(Exception):
+    """A request with a deadline (raw's `until`) that was not sent: too little of it was left."""
 
 
 class KubeError(RuntimeError):
@@ -106,7 +114,7 @@ class Kube:
 
     async def raw(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
                   timeout: float | aiohttp.ClientTimeout | None = 30.0,
-                  content_type: str = "application/json") -> aiohttp.ClientResponse:
+                  content_type: str = "application/json", until: float | None = None) -> aiohttp.ClientResponse:
         """One request on the API client's session, with its authentication, proxy and TLS settings.
 
         What kubernetes-asyncio's `call_api` does for our calls, without its generic layers: every body here
@@ -114,7 +122,13 @@ class Kube:
         encodes it again with the stdlib's json), and the headers are built once per call. Measured by CPU-time
         sampling in a burst (`MTSCHED_BENCH_SAMPLE_WINDOW`, docs/benchmarks.md), those layers were ~3.5 % of
         the extender's CPU around each Binding. The token is still asked of the configuration on every call
-        (`update_params_for_auth`), so a refreshed ServiceAccount token is used as before."""
+        (`update_params_for_auth`), so a refreshed ServiceAccount token is used as before.
+
+        `until` (a time.monotonic() instant): the API server must have abandoned the request by then. What is
+        left of it once the request is ready to go is split between getting a connection (aiohttp's `connect`
+        timeout: the pool's wait and a new connection's setup, BIND_CONNECT_S at most) and the API server's own
+        deadline (its `timeout` parameter, counted from when it receives the request), so a write it has not
+        committed by `until` it never commits. NotSent when too little is left: nothing was sent."""
         api = self.api
         rest = api.rest_client
         headers = {**api.default_headers, "Accept": "application/json", "Content-Type": content_type}
@@ -122,8 +136,17 @@ class Kube:
             headers["Cookie"] = api.cookie
         await api.update_params_for_auth(headers, [], ["BearerToken"])
         url = f"{api.configuration.host}{path}"
-        if query:
-            url += "?" + urlencode(list(query.items()))
+        params = list((query or {}).items())
+        if until is not None:
+            left = until - time.monotonic()
+            connect = min(BIND_CONNECT_S, left / 2)
+            server_ms = int((left - connect) * 1000)
+            if server_ms < SERVER_DEADLINE_MIN_MS:
+                raise NotSent(f"{method} {path}: {max(left, 0.0):.2f}s left of its deadline, not sent")
+            params.append(("timeout", f"{server_ms}ms"))
+            timeout = aiohttp.ClientTimeout(total=left + BIND_ANSWER_SLACK_S, connect=connect)
+        if params:
+            url += "?" + urlencode(params)
         if timeout is None:
             timeout = aiohttp.ClientTimeout()
         elif not isinstance(timeout, aiohttp.ClientTimeout):
@@ -142,8 +165,8 @@ class Kube:
 
     async def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
                       ok: tuple[int, ...] = (200, 201), content_type: str = "application/json",
-                      timeout: float = 30.0) -> Any:
-        resp = await self.raw(method, path, body, query, timeout=timeout, content_type=content_type)
+                      timeout: float = 30.0, until: float | None = None) -> Any:
+        resp = await self.raw(method, path, body, query, timeout=timeout, content_type=content_type, until=until)
         async with resp:
             data = await resp.read()
             try:
@@ -165,22 +188,14 @@ class Kube:
         return node
 
     async def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
-                   deadline: float | None = None) -> None:
+                   until: float | None = None) -> None:
         """Create the Binding; its annotations are copied onto the pod in the same call by the API server,
         so a pod is never bound without its allocation record. The uid precondition stops a bind of
-        a recreated pod with the same name. `deadline` (s): the API server abandons the request that long
-        after it received it (its `timeout` parameter), so the Binding is committed then or never; this
-        client waits BIND_ANSWER_SLACK_S longer for the answer (shared/domain/timing.py)."""
+        a recreated pod with the same name. `until`: the API server commits it by then or never (raw)."""
         body = {"apiVersion": "v1", "kind": "Binding",
                 "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": dict(annotations)},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        path = f"/api/v1/namespaces/{namespace}/pods/{name}/binding"
-        if deadline is None:
-            await self.request("POST", path, body)
-            return
-        ms = max(1, int(deadline * 1000))
-        await self.request("POST", path, body, query={"timeout": f"{ms}ms"},
-                           timeout=ms / 1000 + BIND_ANSWER_SLACK_S)
+        await self.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body, until=until)
 
     async def create_event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str,
                            component: str) -> None:

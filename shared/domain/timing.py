@@ -5,9 +5,11 @@ restart from an older snapshot, a failover), the node is fenced (docs/redis-layo
 the watchers have written it from a truth that has every Binding that was in flight. That is a bound, not a
 hope, because both sides of it are set here:
 
-- the extender sends each Binding only within `bind_deadline_s` of starting its reservation, and with that
-  much left as the API server's own deadline for the request (its `timeout` parameter): a Binding the server
-  has not committed by then it abandons (controller/extender.py, shared/kube.py `bind`);
+- the extender sends each Binding only within `bind_deadline_s` of starting its reservation, and what is left
+  then goes to getting a connection (at most BIND_CONNECT_S, aiohttp's `connect` timeout) and to the API
+  server's own deadline for the request (its `timeout` parameter, counted from its receipt): a Binding the
+  server has not committed by the end of that deadline it abandons (controller/extender.py, shared/kube.py
+  `raw`);
 - the watchers verify a node only with pods read consistently from the API server, in a read begun
   KEEP_MS after the node was first found unverified (shared/store/lua/_lib.lua `verify_after`).
 
@@ -21,7 +23,8 @@ from __future__ import annotations
 KEEP_MS = 10_000  # the watchers' keep window: a booking younger than this is newer than any view
 BIND_DEADLINE_S = 5.0  # from the start of a reservation to the API server's deadline for its Binding
 BIND_MIN_LEFT_S = 0.5  # less than this left once booked: the Binding is not sent (the booking is given back)
-BIND_ANSWER_SLACK_S = 2.0  # how much longer than the server's deadline the extender waits for its answer
+BIND_CONNECT_S = 1.0  # at most this of what is left goes to getting a connection; the rest is the server's
+BIND_ANSWER_SLACK_S = 2.0  # how much longer than the deadline the extender waits for the answer
 BIND_SETTLE_S = 1.0  # after the server's deadline, before a read may say the Binding will never exist
 
 assert BIND_DEADLINE_S * 1000 <= KEEP_MS / 2, "the keep window must leave a margin as long as the bind deadline"

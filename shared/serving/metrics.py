@@ -70,6 +70,8 @@ BIND_DEADLINE_MISSED = Counter("mtsched_bind_deadline_total",
                                "when: before_send (the reservation took so long the Binding was not sent), "
                                "unknown_outcome (the Binding failed with no answer that it was refused, and the pod "
                                "was read unbound: read again after the API server's deadline)", ["when"])
+for _when in ("before_send", "unknown_outcome"):  # exported at 0, so the alert's increase() sees the first one
+    BIND_DEADLINE_MISSED.labels(_when)
 REBOOKED = Counter("mtsched_bind_rebooked_total",
                    "Binds whose booking went while the Binding was being written (expired past the TTL, or "
                    "released by a repair), booked again from the record they wrote (should stay 0)")

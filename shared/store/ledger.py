@@ -44,7 +44,7 @@ RESEND: tuple[type[BaseException], ...] = (rexc.ConnectionError, rexc.TimeoutErr
 T = TypeVar("T")
 LUA_DIR = Path(__file__).with_name("lua")
 SCRIPTS = ("upsert_node", "reserve", "mark_bound", "release", "observe", "expire", "snapshot", "replace_node",
-           "remove_node")
+           "remove_node", "clock")
 # Calls of one script while it answers MOREKEYS. One more is needed whenever the node gained a reservation
 # (or a card) since the keys were last seen; a node changing that fast is rare, but the stress test's three
 # replicas booking one node without pause made a snapshot ask up to 12 times.
@@ -598,20 +598,18 @@ class Ledger:
 
     async def clocks(self, nodes: Iterable[str]) -> dict[str, int]:
         """Redis's clock (ms) as the server holding each node's keys reads it: what a script on that node
-        compares its stamps with (a cluster's shards each have their own clock; elsewhere there is one)."""
+        compares its stamps with. A cluster's shards each have their own clock, so there each node is asked
+        through a script routed by its key (which also follows a slot map that moved in a failover);
+        elsewhere there is one clock."""
         names = list(dict.fromkeys(nodes))
         if not isinstance(self.redis, RedisCluster):
             now = await self.redis_time_ms() if names else 0
             return {n: now for n in names}
-        shards: dict[str, tuple[Any, list[str]]] = {}
-        for n in names:
-            shard = self.redis.get_node_from_key(self.keys.node(n))
-            shards.setdefault(shard.name, (shard, []))[1].append(n)
-        out: dict[str, int] = {}
-        for shard, members in shards.values():
-            sec, usec = await self._retry("time", lambda shard=shard: self.redis.time(target_nodes=shard))
-            out.update(dict.fromkeys(members, int(sec) * 1000 + int(usec) // 1000))
-        return out
+        return {n: await self.clock(n) for n in names}
+
+    async def clock(self, node: str) -> int:
+        """Redis's clock (ms) on the server holding `node`'s keys, through a script routed by its key."""
+        return int(await self._call("clock", node, None, lambda _known: [self.keys.node(node)]))
 
     async def probe_write(self) -> bool:
         """A write, for readiness: a Redis that answers but refuses writes (full under noeviction: OOM; a replica:

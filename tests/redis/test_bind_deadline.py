@@ -7,13 +7,14 @@ that deadline before it gives the cards back."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 from controller.extender import Extender
-from shared.domain.timing import BIND_DEADLINE_S, BIND_MIN_LEFT_S, bind_deadline_s
+from shared.domain.timing import BIND_DEADLINE_S, BIND_MIN_LEFT_S, BIND_SETTLE_S, bind_deadline_s
 from shared.kube import KubeError
 from shared.store.ledger import Ledger
 from tests.redis import test_extender_bind
@@ -33,12 +34,14 @@ def test_the_deadline_fits_in_the_keep_window_and_the_pending_ttl() -> None:
     assert bind_deadline_s(5) > BIND_MIN_LEFT_S
 
 
-async def test_every_binding_carries_what_is_left_of_the_deadline(setup: tuple[Extender, FakeKube, Ledger]) -> None:
+async def test_every_binding_carries_the_deadline_of_its_reservation(setup: tuple[Extender, FakeKube, Ledger]) -> None:
     ext, kube, _ = setup
     ext.filter({"Pod": pod("u", SLICE), "NodeNames": ["s5k"], "Nodes": None})
+    before = time.monotonic()
     assert (await ext.bind(ARGS))["Error"] == ""
-    (deadline,) = kube.deadlines
-    assert deadline is not None and BIND_MIN_LEFT_S <= deadline <= ext.bind_deadline
+    after = time.monotonic()
+    (until,) = kube.deadlines  # the deadline counts from the start of the reservation, within this call
+    assert until is not None and before + ext.bind_deadline <= until <= after + ext.bind_deadline
 
 
 async def test_a_binding_too_late_to_meet_the_deadline_is_not_sent(setup: tuple[Extender, FakeKube, Ledger]) -> None:
@@ -71,11 +74,11 @@ class LateKube(FakeKube):
     def __init__(self, commit_after: float | None) -> None:
         super().__init__()
         self.commit_after = commit_after
-        self.reads = 0
+        self.reads: list[float] = []  # when the pod was read
 
     async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
-                   deadline: float | None = None) -> None:
-        self.deadlines.append(deadline)
+                   until: float | None = None) -> None:
+        self.deadlines.append(until)
         if self.commit_after is not None:
             async def commit() -> None:
                 await asyncio.sleep(self.commit_after or 0)
@@ -87,7 +90,7 @@ class LateKube(FakeKube):
         raise KubeError(504, {"message": "Timeout: request did not complete within the requested timeout"}, "bind")
 
     async def get_pod(self, ns: str, name: str) -> dict[str, Any]:
-        self.reads += 1
+        self.reads.append(time.monotonic())
         return await super().get_pod(ns, name)
 
 
@@ -100,12 +103,11 @@ async def test_an_unknown_outcome_is_read_again_after_the_deadline(setup: tuple[
     ext.bind_deadline = 0.6
     kube.pods[("ns", "p-u")] = pod("u", SLICE)
     ext.filter({"Pod": pod("u", SLICE), "NodeNames": ["s5k"], "Nodes": None})
-    t0 = asyncio.get_running_loop().time()
     out = await ext.bind(ARGS)
-    waited = asyncio.get_running_loop().time() - t0
-    assert kube.reads == 2  # at once (unbound), and again once the API server's deadline had passed
-    (deadline,) = kube.deadlines
-    assert deadline is not None and waited >= deadline
+    (until,) = kube.deadlines
+    assert until is not None
+    first, again = kube.reads  # at once (unbound), and again once the deadline and a margin had passed
+    assert first < until and again >= until + BIND_SETTLE_S
     await ext.settled()
     snap = await ledger.snapshot("s5k")
     assert snap is not None

@@ -31,11 +31,11 @@ class FakeKube:
         self.fail_with: KubeError | None = None
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[tuple[str, str]] = []
-        self.deadlines: list[float | None] = []  # each Binding's deadline for the API server (s)
+        self.deadlines: list[float | None] = []  # each Binding's `until` (time.monotonic(): committed by then or never)
 
     async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
-                   deadline: float | None = None) -> None:
-        self.deadlines.append(deadline)
+                   until: float | None = None) -> None:
+        self.deadlines.append(until)
         if self.fail_with:
             raise self.fail_with
         self.bound.append((f"{ns}/{name}", uid, node, dict(annotations)))

@@ -508,3 +508,44 @@ async def test_only_a_consistent_read_begun_after_the_window_verifies_a_node(ser
         assert (await ledger.snapshot("a")).verified  # type: ignore[union-attr]
     finally:
         await client.aclose()
+
+
+async def test_a_writer_that_knows_a_node_was_lost_never_verifies_it_at_once(server: RedisServer) -> None:
+    """Red team: `lost` was honoured only with verify_after_ms, which a writer whose pod view is not live
+    does not pass: a node Redis lost was then written back verified."""
+    client, ledger, *_ = await started(server)
+    try:
+        await ledger.list_node("z")
+        out = await ledger.replace_node(Inventory("z", (Card("z", 0, 96),)), {}, lost=True)
+        assert not out["verified"], out
+        assert not (await ledger.snapshot("z")).verified  # type: ignore[union-attr]
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["nothing else held", "another pod holds a card"])
+async def test_a_lost_node_written_while_the_pod_view_is_down_stays_fenced(server: RedisServer, held: bool) -> None:
+    """Red team: node b joined after the last SAVE, p's Binding is in flight there; Redis comes back without b.
+    b reports no card for a moment while the pod stream is down, then its cards again: written back from a
+    view that is not live, b must wait the keep window like any node Redis lost (q must not get p's card)."""
+    client, ledger, api, nodes, pods, rec = await started(server)
+    try:
+        await client.save()
+        api.nodes.append(gpu_node("b"))
+        await nodes.on_event("ADDED", gpu_node("b"))
+        if held:
+            assert (await ledger.reserve("b", "r", [1], 8, 2, 1, pod="ns/r"))[0].ok
+            r = bound_pod("r", "b", 1, 8 * 512, 2)
+            api.pods.append(r)
+            await pods.on_event("ADDED", r)
+        assert (await ledger.reserve("b", "p", [0], 64, 12, 1, pod="ns/p"))[0].ok  # its Binding in flight
+        await restart_from_snapshot(server, client)
+        nodes.view_problem = lambda: "pods: watch stream down for 3s"
+        await nodes.on_event("MODIFIED", {"metadata": {"name": "b"}, "status": {"capacity": {}, "allocatable": {}}})
+        await nodes.on_event("MODIFIED", gpu_node("b"))
+        if nodes.lost.is_set():
+            await rec.rebuild("node missing")
+        out, _ = await ledger.reserve("b", "q", [0], 64, 12, 1, pod="ns/q")
+        assert not out.ok and out.refused.startswith(UNVERIFIED), out
+    finally:
+        await client.aclose()

@@ -141,7 +141,7 @@ class _LosingKube(FakeKube):
         self.ledger = ledger
 
     async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
-                   deadline: float | None = None) -> None:
+                   until: float | None = None) -> None:
         assert await self.ledger.release(node, uid)
         await super().bind(ns, name, uid, node, annotations)
         # the pod as the API server then has it: still there, so its booking is made again

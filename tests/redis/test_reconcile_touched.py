@@ -217,3 +217,41 @@ async def test_a_touched_pass_that_fails_keeps_its_nodes_for_the_next_one(ledger
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_a_full_pass_that_fails_is_run_again_by_the_restarted_loop(ledger: Ledger, redis_client: Redis) -> None:
+    """Red team: a full pass that raised (the API server failing the read of an unverified node's pods) cleared
+    its wake-up, and the restarted loop waited reconcileSeconds before the next one, fenced nodes included."""
+    rec, _pods = await setup(ledger)
+    await redis_client.set(ledger.epoch_key, "1")
+    rec.views_live = lambda: ""  # type: ignore[method-assign]
+    rec.interval = 3600.0  # no pass comes by the clock in this test
+    real = rec.reconcile_all
+    calls = 0
+
+    async def failing_once() -> dict[str, int]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConnectionError("the API server failed the read")
+        return await real()
+
+    rec.reconcile_all = failing_once  # type: ignore[method-assign]
+    await drift(redis_client, ledger, "ta")
+    rec.wake.set()
+    with pytest.raises(ConnectionError):
+        await rec.run()
+    assert rec.wake.is_set()  # kept: the restarted loop passes at once
+    task = asyncio.create_task(rec.run())  # as the supervisor restarts the task
+    try:
+        for _ in range(400):
+            if await mem_used(ledger, "ta") == 0:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("no full pass after the failed one")
+        assert calls == 2
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

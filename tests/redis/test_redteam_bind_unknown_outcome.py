@@ -33,7 +33,7 @@ class LostAnswerKube(FakeKube):
         self.reads_fail = True
 
     async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
-                   deadline: float | None = None) -> None:
+                   until: float | None = None) -> None:
         await super().bind(ns, name, uid, node, annotations)  # it went through on the server
         raise self.error
 
@@ -64,7 +64,7 @@ async def test_redteam_a_binding_of_unknown_outcome_keeps_its_cards(setup, error
     kube.error = None  # type: ignore[assignment]
 
     async def plain_bind(ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
-                         deadline: float | None = None) -> None:
+                         until: float | None = None) -> None:
         kube.bound.append((f"{ns}/{name}", uid, node, dict(annotations)))
 
     kube.bind = plain_bind  # type: ignore[method-assign]
@@ -81,7 +81,7 @@ class NoConnectionKube(LostAnswerKube):
     """The API server could not be reached at all: the Binding was never sent."""
 
     async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
-                   deadline: float | None = None) -> None:
+                   until: float | None = None) -> None:
         key = SimpleNamespace(host="127.0.0.1", port=6443, ssl=True, is_ssl=True)
         raise aiohttp.ClientConnectorError(key, OSError(111, "Connection refused"))  # type: ignore[arg-type]
 

@@ -41,7 +41,7 @@ class LosingKube(FakeKube):
         self.also: Any = None
 
     async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
-                   deadline: float | None = None) -> None:
+                   until: float | None = None) -> None:
         assert await self.ledger.release(node, uid)
         await super().bind(ns, name, uid, node, annotations)
         self.pods[(ns, name)] = {

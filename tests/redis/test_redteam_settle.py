@@ -44,7 +44,7 @@ class KeepingKube(FakeKube):
         self.during: Any = None  # called with the bound pod, before bind returns
 
     async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
-                   deadline: float | None = None) -> None:
+                   until: float | None = None) -> None:
         await super().bind(ns, name, uid, node, annotations)
         p = pod(uid, SLICE)
         p["metadata"]["annotations"] = dict(annotations)

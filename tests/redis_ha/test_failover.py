@@ -99,6 +99,7 @@ async def test_sentinel_mirror_follows_a_failover() -> None:
             out, _ = await burst.retrying(lambda: led.reserve("n5", "u2", [1], 16, 4, 1))
             assert not out.ok and out.refused.startswith(UNVERIFIED), out
             await led.replace_node(inventory("n5", S5000), {}, verify_after_ms=0)  # the watchers' first comparison
+            assert not (await led.snapshot("n5")).verified  # type: ignore[union-attr]  # a view verifies nothing
             began = (await led.clocks(["n5"]))["n5"]  # the second: a consistent read of the pods, begun then
             await led.replace_node(inventory("n5", S5000), {}, verify_after_ms=0, truth_at=began)
             out, _ = await led.reserve("n5", "u2", [1], 16, 4, 1)
@@ -188,6 +189,7 @@ async def test_sentinel_master_killed_mid_burst() -> None:
         # the repair from the API's truth (the reconciler's, after a reconnect) ...
         held = {uid: (u, f"default/{uid}") for uid, u in truth.items()}
         await led.rebuild(INVENTORIES, held, verify_after_ms=0)  # the first comparison: the keep window starts
+        assert not any(s.verified for s in (await led.snapshots(await led.nodes())).values())
         began = await led.clocks(inv.node for inv in INVENTORIES)  # the second, a consistent read begun then
         await led.rebuild(INVENTORIES, held, verify_after_ms=0, truth_at=began)
         snaps = await led.snapshots(await led.nodes())
@@ -319,6 +321,7 @@ async def test_cluster_replica_takes_over_a_killed_primary() -> None:
             assert not (await led.snapshot("n4")).verified  # type: ignore[union-attr]
             assert (await led.snapshot("n5")).verified  # type: ignore[union-attr]  # another shard: as it was
             await led.replace_node(inventory("n4", S4000), {}, verify_after_ms=0)  # the first comparison (u1: kept)
+            assert not (await led.snapshot("n4")).verified  # type: ignore[union-attr]
             began = (await led.clocks(["n4"]))["n4"]  # on n4's shard: the second, a consistent read begun then
             await led.replace_node(inventory("n4", S4000), {}, verify_after_ms=0, truth_at=began)
             assert (await led.reserve("n4", "u2", [1], 16, 4, 1))[0].ok

@@ -101,7 +101,7 @@ class FakeKube:
         return self.nodes[name]
 
     async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
-                   deadline: float | None = None) -> None:
+                   until: float | None = None) -> None:
         self.bound.append((f"{ns}/{name}", uid, node))
 
     async def create_event(self, pod: Any, reason: str, message: str, kind: str, component: str) -> None:

@@ -72,7 +72,7 @@ class FakeKube:
         return self.nodes[name]
 
     async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
-                   deadline: float | None = None) -> None:
+                   until: float | None = None) -> None:
         self.bound.append((f"{ns}/{name}", node))
 
     async def create_event(self, *_: Any) -> None:

@@ -4,6 +4,8 @@ ServiceAccount token as the configuration gives it at each call). Real HTTP on l
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from shared.kube import Kube, KubeError
+from shared.kube import Kube, KubeError, NotSent
 from tests.kubeconfigs import token_kubeconfig
 from tests.unit.test_kube_env import _serve
 
@@ -57,13 +59,51 @@ async def test_a_binding_reaches_the_api_server_as_json_with_the_token(
 
 async def test_a_binding_with_a_deadline_asks_the_api_server_to_abandon_it_then(
         api: tuple[Kube, list[dict[str, Any]]]) -> None:
-    """The API server's `timeout` parameter: a Binding it has not committed by then it never commits, which
-    is what bounds the watchers' keep window (shared/domain/timing.py)."""
+    """`until`: what is left goes to getting a connection (at most BIND_CONNECT_S) and to the API server's own
+    deadline (its `timeout` parameter), so the server commits the Binding by `until` or never
+    (shared/domain/timing.py). Too little left: not sent at all."""
     kube, seen = api
-    await kube.bind("ns", "p1", "uid-1", "node-a", {}, deadline=4.25)
-    await kube.bind("ns", "p2", "uid-2", "node-a", {}, deadline=0.0001)  # never less than a millisecond
-    await kube.bind("ns", "p3", "uid-3", "node-a", {})
-    assert [r["query"] for r in seen] == [{"timeout": "4250ms"}, {"timeout": "1ms"}, {}]
+    t0 = time.monotonic()
+    await kube.bind("ns", "p1", "uid-1", "node-a", {}, until=t0 + 4.5)
+    await kube.bind("ns", "p2", "uid-2", "node-a", {}, until=time.monotonic() + 1.0)
+    with pytest.raises(NotSent):
+        await kube.bind("ns", "p3", "uid-3", "node-a", {}, until=time.monotonic() + 0.1)
+    await kube.bind("ns", "p4", "uid-4", "node-a", {})
+    long, short, plain = (r["query"] for r in seen)
+    assert 3400 <= int(long["timeout"].removesuffix("ms")) <= 3500  # 4.5 s, less 1 s to get a connection
+    assert 400 <= int(short["timeout"].removesuffix("ms")) <= 500  # 1 s, half of it to get a connection
+    assert plain == {} and [r["path"].rsplit("/", 2)[1] for r in seen] == ["p1", "p2", "p4"]
+
+
+async def test_a_binding_that_waits_for_a_connection_past_its_share_is_never_sent(tmp_path: Path) -> None:
+    """Red team: the pool was full (a burst's binds, events and reads share it). Counted from the API server's
+    receipt, a deadline worked out before that wait let a Binding be committed long after `until`. Now the
+    wait has its own share of what is left: past it the request is not sent, and the server never sees it."""
+    received: list[str] = []
+    holding = asyncio.Event()
+
+    async def handler(req: web.Request) -> web.Response:
+        received.append(req.path)
+        holding.set()
+        if req.path == "/slow":  # another call holding the only connection
+            await asyncio.sleep(2.0)
+        return web.json_response({}, status=201 if req.method == "POST" else 200)
+
+    runner, port = await _serve(handler)
+    kube = await Kube.create(str(token_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")))
+    kube.api.rest_client.pool_manager.connector._limit = 1  # stands for the pool, full in a burst
+    try:
+        busy = asyncio.create_task(kube.request("GET", "/slow"))
+        await asyncio.wait_for(holding.wait(), 5)
+        t0 = time.monotonic()
+        with pytest.raises(aiohttp.ConnectionTimeoutError):
+            await kube.bind("ns", "p", "u", "n", {}, until=t0 + 1.0)
+        assert time.monotonic() - t0 < 0.9  # gave up within its share (half of 1 s)
+        await busy
+        assert received == ["/slow"]  # the Binding never reached the API server
+    finally:
+        await kube.close()
+        await runner.cleanup()
 
 
 async def test_query_content_type_and_errors(api: tuple[Kube, list[dict[str, Any]]]) -> None:

@@ -200,7 +200,7 @@ class AnnotatingKube(FakeKube):
         self.annotations: list[Mapping[str, str]] = []
 
     async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
-                   deadline: float | None = None) -> None:
+                   until: float | None = None) -> None:
         self.annotations.append(annotations)
         await super().bind(ns, name, uid, node, annotations)
 
