@@ -452,11 +452,11 @@ class Extender:
                 self._settle(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)
                 BINDINGS.labels("success").inc()
                 return {"Error": ""}
-            if bound is None and not _refused(e):
-                # the Binding may exist (the answer was lost, or a 5xx after the write) and the pod cannot
-                # be read: it may run on these cards with its record, so they are not given away. The
-                # booking stays pending: a watcher that sees the record marks it bound, else the janitor
-                # expires it after pendingTTLSeconds
+            if bound is None and (outcome.existing or not _refused(e)):
+                # the Binding may exist (the answer was lost, or a 5xx after the write; or an earlier attempt's,
+                # which made this booking) and the pod cannot be read: it may run on these cards with its record,
+                # so they are not given away. The booking stays pending: a watcher that sees the record marks it
+                # bound, else the janitor expires it after pendingTTLSeconds
                 self._unclaim(uid)
                 BINDINGS.labels("failed").inc()
                 msg = (f"binding {ns}/{name} to {node} has an unknown outcome, its reservation is kept until the "

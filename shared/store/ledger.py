@@ -598,14 +598,21 @@ class Ledger:
 
     async def clocks(self, nodes: Iterable[str]) -> dict[str, int]:
         """Redis's clock (ms) as the server holding each node's keys reads it: what a script on that node
-        compares its stamps with. A cluster's shards each have their own clock, so there each node is asked
-        through a script routed by its key (which also follows a slot map that moved in a failover);
-        elsewhere there is one clock."""
+        compares its stamps with. A cluster's shards each have their own clock: there the nodes are grouped
+        by the shard the client's slot map gives them, and one of each group is asked through a script routed
+        by its key (which follows a map that moved in a failover; a node whose slot moved meanwhile is read on
+        a sibling's clock, which NTP keeps within milliseconds). Elsewhere there is one clock."""
         names = list(dict.fromkeys(nodes))
         if not isinstance(self.redis, RedisCluster):
             now = await self.redis_time_ms() if names else 0
             return {n: now for n in names}
-        return {n: await self.clock(n) for n in names}
+        shards: dict[str, list[str]] = {}
+        for n in names:
+            shards.setdefault(self.redis.get_node_from_key(self.keys.node(n)).name, []).append(n)
+        out: dict[str, int] = {}
+        for members in shards.values():
+            out.update(dict.fromkeys(members, await self.clock(members[0])))
+        return out
 
     async def clock(self, node: str) -> int:
         """Redis's clock (ms) on the server holding `node`'s keys, through a script routed by its key."""

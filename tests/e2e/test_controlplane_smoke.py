@@ -378,9 +378,10 @@ async def test_watch_cache_serves_old_rv_after_compaction(
 
 
 def test_the_api_server_never_writes_a_binding_past_its_deadline(control_plane: ControlPlane) -> None:
-    """What bounds the watchers' keep window (shared/domain/timing.py): the extender sends each Binding with the
-    API server's `timeout` parameter, and a Binding the API server has not committed by then it never writes.
-    A deadline that has passed on arrival: 504, and the pod stays unbound, without the Binding's annotation."""
+    """What the watchers' keep window rests on (shared/domain/timing.py): the extender sends each Binding with
+    the API server's `timeout` parameter, which the API server enforces. Shown here for a deadline that has
+    passed on arrival: 504, and the pod stays unbound, without the Binding's annotation (a write cut off in
+    etcd by the deadline is not something this harness can make happen)."""
     cp = control_plane
     ns = "default"
     for name, timeout, written in (("deadline-past", "1ns", False), ("deadline-ok", "5000ms", True)):

@@ -95,3 +95,31 @@ async def test_redteam_a_binding_never_sent_releases_its_cards(setup) -> None:  
     assert "reservation released" in out["Error"], out
     snap = await ledger.snapshot("s4k")
     assert snap is not None and not snap.reservations
+
+
+class RetryWithoutConnectionKube(LostAnswerKube):
+    """The first Binding is written but its answer lost; the retry's gets no connection in time; the pod
+    cannot be read throughout (the same outage)."""
+
+    async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
+                   until: float | None = None) -> None:
+        if not self.bound:
+            await super().bind(ns, name, uid, node, annotations)  # written, answer lost
+        raise aiohttp.ConnectionTimeoutError("Connection timeout to host")
+
+
+async def test_redteam_a_retry_never_sent_keeps_the_booking_an_earlier_attempt_made(setup) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """Red team (round 2): the retry's Binding was never sent, but the first attempt's may exist: the booking
+    that attempt made is not given back while the pod cannot be read."""
+    ext, _fake, ledger = setup
+    kube = RetryWithoutConnectionKube(TimeoutError())
+    ext.kube = kube
+    kube.pods[("ns", "p-a")] = pod("a", EXCLUSIVE)
+    args = {"PodName": "p-a", "PodNamespace": "ns", "PodUID": "a", "Node": "s4k"}
+    for attempt in range(2):
+        ext.filter({"Pod": pod("a", EXCLUSIVE), "NodeNames": ["s4k"], "Nodes": None})
+        out = await ext.bind(args)
+        assert "kept" in out["Error"], (attempt, out)
+        snap = await ledger.snapshot("s4k")
+        assert snap is not None and "a" in snap.reservations, (attempt, out)
+    assert len(kube.bound) == 1  # the first attempt's Binding: the pod holds the card

@@ -29,6 +29,8 @@ async def api(tmp_path: Path) -> AsyncIterator[tuple[Kube, list[dict[str, Any]]]
         seen.append({"method": req.method, "path": req.path, "query": dict(req.query), "body": body,
                      "content_type": req.headers.get("Content-Type"), "auth": req.headers.get("Authorization"),
                      "accept": req.headers.get("Accept"), "agent": req.headers.get("User-Agent", "")})
+        if req.path.endswith("/redirected/binding"):
+            raise web.HTTPTemporaryRedirect("/api/v1/namespaces/ns/pods/elsewhere/binding")
         if req.path.endswith("/missing"):
             return web.json_response({"kind": "Status", "message": "pods \"missing\" not found"}, status=404)
         return web.json_response({"ok": True}, status=201 if req.method == "POST" else 200)
@@ -69,6 +71,9 @@ async def test_a_binding_with_a_deadline_asks_the_api_server_to_abandon_it_then(
     with pytest.raises(NotSent):
         await kube.bind("ns", "p3", "uid-3", "node-a", {}, until=time.monotonic() + 0.1)
     await kube.bind("ns", "p4", "uid-4", "node-a", {})
+    with pytest.raises(KubeError) as e:  # a redirected Binding would go again without its deadline: not followed
+        await kube.bind("ns", "redirected", "uid-5", "node-a", {}, until=time.monotonic() + 4.5)
+    assert e.value.status == 307 and seen.pop()["path"].endswith("/redirected/binding")
     long, short, plain = (r["query"] for r in seen)
     assert 3400 <= int(long["timeout"].removesuffix("ms")) <= 3500  # 4.5 s, less 1 s to get a connection
     assert 400 <= int(short["timeout"].removesuffix("ms")) <= 500  # 1 s, half of it to get a connection
