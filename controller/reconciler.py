@@ -47,6 +47,7 @@ from shared.serving.metrics import (
     RECONCILE_RUNS,
     RECONCILE_SECONDS,
     RECONCILE_TOUCHED,
+    REDIS_PARTITION_RISK,
     RELEASES,
 )
 from shared.serving.supervise import is_transient
@@ -74,6 +75,7 @@ class Reconciler:
         self.rebuilds = 0
         self.repairs = 0
         self.last_pass: dict[str, Any] = {}
+        self.partition_risk = ""  # what Ledger.partition_risk last said
         for r in (nodes.reflector, pods.reflector):
             r.on_resync.append(self.wake.set)
 
@@ -453,11 +455,21 @@ class Reconciler:
         if only is not None:
             RECONCILE_TOUCHED.labels("repaired" if repaired else "clean").inc()
             return repaired
+        await self._check_partition_risk()
         RECONCILE_SECONDS.observe(time.monotonic() - t0)
         RECONCILE_RUNS.labels("repaired" if repaired else "clean").inc()
         RECONCILE_LAST.set_to_current_time()
         self.last_pass = {"nodes": len(names), "repaired": repaired, "seconds": round(time.monotonic() - t0, 3)}
         return repaired
+
+    async def _check_partition_risk(self) -> None:
+        """Say (once per change, and by a gauge) when Redis is set up so that the fence cannot see every lost
+        booking (Ledger.partition_risk): a deployment requirement, checked where the fence is run."""
+        risk = await self.ledger.partition_risk()
+        REDIS_PARTITION_RISK.set(1 if risk else 0)
+        if risk and risk != self.partition_risk:
+            log.warning("redis: %s (docs/install.md, External Redis: Sentinel or Cluster)", risk)
+        self.partition_risk = risk
 
     # -- the loop ----------------------------------------------------------------------------------
 

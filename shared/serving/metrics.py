@@ -94,6 +94,10 @@ TASK_UP = Gauge("mtsched_task_up", "1 while a supervised task runs, 0 while it w
 READY = Gauge("mtsched_ready", "1 when the role's readiness checks pass (what /readyz answers), read at scrape time")
 ROLE = Gauge("mtsched_role_info", "1, labelled with the role this process runs (join on instance for a role)",
              ["role"])
+REDIS_PARTITION_RISK = Gauge("mtsched_redis_partition_risk",
+                             "1 when a booking Redis acknowledged could be lost without a change of history the "
+                             "fence sees: a Sentinel master with min-replicas-to-write 0 (checked by the watchers' "
+                             "full reconcile passes; docs/install.md)")
 REDIS_UP = Gauge("mtsched_redis_up", "1 while Redis accepted a probe write within the last 6 s (the readiness check)")
 RECONCILE_REPAIRS = Counter("mtsched_reconcile_repairs_total",
                             "Differences between the ledger and the API server that the reconciler repaired",

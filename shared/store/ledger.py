@@ -29,7 +29,7 @@ from shared.domain.node import Inventory
 from shared.domain.state import NodeSnapshot
 from shared.serving.metrics import REDIS_ROUND_TRIPS
 from shared.store.keys import MOREKEYS, NOTHING, Known, Layout
-from shared.store.redis_conn import NO_OPTIONS, RedisOptions, connect, connect_subscriber, explain
+from shared.store.redis_conn import NO_OPTIONS, RedisOptions, connect, connect_subscriber, explain, is_sentinel
 
 # The connection helpers moved to shared/store/redis_conn.py; callers keep importing them from here.
 __all__ = ["LUA_DIR", "NO_OPTIONS", "SCRIPTS", "Ledger", "LedgerError", "RedisOptions", "ReserveOutcome", "connect",
@@ -617,6 +617,19 @@ class Ledger:
     async def clock(self, node: str) -> int:
         """Redis's clock (ms) on the server holding `node`'s keys, through a script routed by its key."""
         return int(await self._call("clock", node, None, lambda _known: [self.keys.node(node)]))
+
+    async def partition_risk(self) -> str:
+        """Why a booking acknowledged here could be lost without a change of history the fence sees ("" when
+        none is known): a Sentinel master that takes writes with no replica in reach (min-replicas-to-write
+        is 0) goes on booking when cut off, and drops those bookings when it rejoins as a replica of the one
+        promoted meanwhile (docs/install.md, docs/redis-layout.md "What the bound rests on")."""
+        if not is_sentinel(self.redis):
+            return ""
+        info = await self._retry("info", lambda: self.redis.info("replication"))
+        if "min_slaves_good_slaves" in info:  # Redis reports it only with min-replicas-to-write set
+            return ""
+        return ("the Sentinel master accepts writes with no replica in reach (min-replicas-to-write 0): bookings "
+                "made on it while it is cut off are lost when it rejoins, unseen by the fence")
 
     async def probe_write(self) -> bool:
         """A write, for readiness: a Redis that answers but refuses writes (full under noeviction: OOM; a replica:

@@ -159,6 +159,11 @@ def _connect_sentinel(url: str, default_password: str | None) -> Redis:
                                db=int(parts[1]) if len(parts) > 1 else 0)
 
 
+def is_sentinel(client: object) -> bool:
+    """Whether `client` reaches its master through Sentinel (connect's redis+sentinel:// form)."""
+    return isinstance(client, _SentinelMaster)
+
+
 class _SentinelMaster(Redis):
     """The master's client from Sentinel.master_for; closing it also closes the sentinel connections."""
 

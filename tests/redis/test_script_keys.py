@@ -152,3 +152,10 @@ async def test_snapshots_of_many_nodes_are_read_in_batches_and_whole(redis_clien
     before = reader.round_trips
     assert (await reader.snapshots(names)).keys() == got.keys()
     assert reader.round_trips - before == 3  # warm: one round trip per batch
+
+
+@pytest.mark.redis
+async def test_a_standalone_redis_has_no_partition_risk_to_report(warm: StrictLedger) -> None:
+    """Only a Sentinel master can book while cut off from the replicas one of which is promoted
+    (tests/redis_ha/test_partition_risk.py)."""
+    assert await warm.partition_risk() == ""
