@@ -183,6 +183,21 @@ async def test_a_pass_takes_the_mirrors_snapshot_of_an_unchanged_node_and_still_
     assert changed_here == ["tb"]
 
 
+async def restarted_until_repaired(rec: Reconciler, ledger: Ledger, node: str, what: str) -> None:
+    """Run the loop again, as the supervisor restarts the task, until `node`'s drift is repaired."""
+    task = asyncio.create_task(rec.run())
+    try:
+        for _ in range(400):
+            if await mem_used(ledger, node) == 0:
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(what)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
 async def test_a_touched_pass_that_fails_keeps_its_nodes_for_the_next_one(ledger: Ledger, redis_client: Redis) -> None:
     """Red team: the touched nodes were taken before the pass; one that raises (Redis away a moment) lost them
     until the next full pass (reconcileSeconds), among them an unverified node's second comparison."""
@@ -204,19 +219,8 @@ async def test_a_touched_pass_that_fails_keeps_its_nodes_for_the_next_one(ledger
     with pytest.raises(ConnectionError):
         await rec.run()
     assert rec.touched == {"ta"}  # kept: the restarted loop compares it
-    task = asyncio.create_task(rec.run())  # as the supervisor restarts the task
-    try:
-        for _ in range(400):
-            if await mem_used(ledger, "ta") == 0:
-                break
-            await asyncio.sleep(0.02)
-        else:
-            raise AssertionError("the touched node was not compared after the failed pass")
-        assert calls[:2] == [{"ta"}, {"ta"}]
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    await restarted_until_repaired(rec, ledger, "ta", "the touched node was not compared after the failed pass")
+    assert calls[:2] == [{"ta"}, {"ta"}]
 
 
 async def test_a_full_pass_that_fails_is_run_again_by_the_restarted_loop(ledger: Ledger, redis_client: Redis) -> None:
@@ -242,16 +246,5 @@ async def test_a_full_pass_that_fails_is_run_again_by_the_restarted_loop(ledger:
     with pytest.raises(ConnectionError):
         await rec.run()
     assert rec.wake.is_set()  # kept: the restarted loop passes at once
-    task = asyncio.create_task(rec.run())  # as the supervisor restarts the task
-    try:
-        for _ in range(400):
-            if await mem_used(ledger, "ta") == 0:
-                break
-            await asyncio.sleep(0.02)
-        else:
-            raise AssertionError("no full pass after the failed one")
-        assert calls == 2
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    await restarted_until_repaired(rec, ledger, "ta", "no full pass after the failed one")
+    assert calls == 2
