@@ -137,7 +137,7 @@ class Kube:
         await api.update_params_for_auth(headers, [], ["BearerToken"])
         url = f"{api.configuration.host}{path}"
         params = list((query or {}).items())
-        redirects = True
+        extra: dict[str, Any] = {}
         if until is not None:
             left = until - time.monotonic()
             connect = min(BIND_CONNECT_S, left / 2)
@@ -146,14 +146,14 @@ class Kube:
                 raise NotSent(f"{method} {path}: {max(left, 0.0):.2f}s left of its deadline, not sent")
             params.append(("timeout", f"{server_ms}ms"))
             timeout = aiohttp.ClientTimeout(total=left + BIND_ANSWER_SLACK_S, connect=connect)
-            redirects = False  # a redirected request would go again, without the deadline
+            extra["allow_redirects"] = False  # a redirected request would go again, without the deadline
         if params:
             url += "?" + urlencode(params)
         if timeout is None:
             timeout = aiohttp.ClientTimeout()
         elif not isinstance(timeout, aiohttp.ClientTimeout):
             timeout = aiohttp.ClientTimeout(total=timeout)
-        args: dict[str, Any] = {"headers": headers, "timeout": timeout, "allow_redirects": redirects}
+        args: dict[str, Any] = {"headers": headers, "timeout": timeout, **extra}
         if body is not None:
             args["data"] = body if isinstance(body, bytes) else orjson.dumps(body)
         if rest.proxy:
