@@ -66,6 +66,16 @@ local function mark_verified(now)
   redis.call('HDEL', NODE_KEY, 'unverified_since')
 end
 
+-- When the keep window of a node not verified under this history began (ms, this Redis's clock); nil when no
+-- writer has found it so under this history yet.
+local function window_start()
+  local token = server_info()
+  local since = redis.call('HGET', NODE_KEY, 'unverified_since') or ""
+  local s_token, s_ms = string.match(since, '^(%x+:%x+):(%d+)$')
+  if token == "" or s_token ~= token then return nil end
+  return tonumber(s_ms)
+end
+
 -- The node has just been written from the API's truth by a caller that may verify it (replace_node's
 -- verify_after_ms): it is verified once its truth was read at least `after_ms` after its bookings could last
 -- have been lost. A bind in flight then (its booking acknowledged, then lost; its Binding not written yet) is
@@ -77,16 +87,6 @@ end
 -- first found it so (`unverified_since`); a node new to this Redis is verified at once, unless the caller
 -- knows its keys were lost (`lost`: a rebuild after the state went, a node the watchers knew missing), when
 -- it starts now. Returns (verified, ms left until a read may verify it).
--- When the keep window of a node not verified under this history began (ms, this Redis's clock); nil when no
--- writer has found it so under this history yet.
-local function window_start()
-  local token = server_info()
-  local since = redis.call('HGET', NODE_KEY, 'unverified_since') or ""
-  local s_token, s_ms = string.match(since, '^(%x+:%x+):(%d+)$')
-  if token == "" or s_token ~= token then return nil end
-  return tonumber(s_ms)
-end
-
 local function verify_after(existed, after_ms, now, lost, truth_at)
   if verified() then return true, 0 end
   local token = server_info()
