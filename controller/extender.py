@@ -387,8 +387,10 @@ class Extender:
         booked = False
         started = time.monotonic()  # the Binding's deadline counts from here (shared/domain/timing.py)
         try:
+            # held in Redis until this attempt's Binding is committed or never: a later attempt of the pod
+            # (`existing`) stamps its own, so an earlier one's give-back and the janitor leave it alone
             outcome, _ = await place(self.ledger, node, uid, req, seen.annotations, snap, policy,
-                                     pod=f"{ns}/{name}", plan=plan)
+                                     pod=f"{ns}/{name}", plan=plan, hold_ms=self._hold_ms)
             booked = outcome.ok
             held = self.held.setdefault(node, held)  # the same dict, unless emptied and dropped meanwhile
             if booked and (uid not in held or held[uid][1] != outcome.cards):
@@ -427,13 +429,13 @@ class Extender:
             # booking an earlier attempt made (`existing`) stays: that attempt's Binding may still be in flight
             if outcome.existing:
                 self._unclaim(uid)
+                fate = "kept for the earlier attempt"
             else:
-                await self._give_back(node, uid)
+                fate = await self._give_back(node, uid, outcome.settle_by)
             BINDINGS.labels("failed").inc()
             BIND_DEADLINE_MISSED.labels("before_send").inc()
             msg = (f"binding {ns}/{name} to {node} not sent: its reservation took {time.monotonic() - started:.1f}s "
-                   f"of the {self.bind_deadline:g}s a bind has; reservation "
-                   f"{'kept for the earlier attempt' if outcome.existing else 'released'}")
+                   f"of the {self.bind_deadline:g}s a bind has; reservation {fate}")
             self.event(pod, "BindingFailed", msg, "Warning")
             return {"Error": msg}
         try:
@@ -463,9 +465,9 @@ class Extender:
                        f"pod is seen or it expires: {type(e).__name__}: {e}")
                 self.event(pod, "BindingFailed", msg, "Warning")
                 return {"Error": msg}
-            await self._give_back(node, uid)
+            fate = await self._give_back(node, uid, outcome.settle_by)
             BINDINGS.labels("failed").inc()
-            msg = f"binding {ns}/{name} to {node} failed, reservation released: {e}"
+            msg = f"binding {ns}/{name} to {node} failed, reservation {fate}: {e}"
             self.event(pod, "BindingFailed", msg, "Warning")
             return {"Error": msg}
         self._settle(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)
@@ -475,14 +477,24 @@ class Extender:
             self.event(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name} (cards {cards})")
         return {"Error": ""}
 
-    async def _give_back(self, node: str, uid: str) -> None:
-        """Release a booking whose Binding does not exist and never will. kube-scheduler moves every parked
-        pod back to its queues as it gets the failed bind's answer: their next filter must see the cards
-        free, so the release is in this mirror now, not when the feed brings it."""
-        _, feed = await self.ledger.release_feed(node, uid)
+    async def _give_back(self, node: str, uid: str, settle_by: int) -> str:
+        """Release a booking whose Binding (this attempt's, made by `settle_by`) does not exist and never will,
+        unless a later attempt of the pod holds it (its Binding may still come: release.lua's if_settle_by).
+        kube-scheduler moves every parked pod back to its queues as it gets the failed bind's answer: their next
+        filter must see the cards free, so the release is in this mirror now, not when the feed brings it.
+        Returns what became of the booking, for the answer."""
+        fate, feed = await self.ledger.give_back(node, uid, settle_by or None)
         if feed is not None:
             self._apply_feed(feed)
         self._unclaim(uid)
+        return "kept for a later attempt of the pod" if fate == "kept" else "released"
+
+    @property
+    def _hold_ms(self) -> int:
+        """How long a booking is held for this attempt's Binding (reserve's hold_ms): its deadline, counted
+        from before the reservation, and the settle time after it."""
+        return int((self.bind_deadline + BIND_SETTLE_S) * 1000)
+
 
     def _settle(self, node: str, uid: str, pod: str, req: SliceRequest, cards: tuple[int, ...],
                 capacity: int) -> None:

@@ -76,11 +76,19 @@ def settles(r: Reservation, now_ms: int, keep_from: int) -> bool:
     return r.state == "pending" or stamp >= keep_from
 
 
+def in_flight(r: Reservation, now_ms: int) -> bool:
+    """Whether a bind attempt's Binding on this booking may still be committed at `now_ms` (`settle_by`); a
+    stamp later than now + FUTURE_MS comes from a clock that jumped and holds nothing. The twin of _lib.lua's."""
+    return r.settle_by >= now_ms and r.settle_by - now_ms <= FUTURE_MS
+
+
 def expires(r: Reservation, now_ms: int, ttl_ms: int) -> bool:
     """Whether the janitor releases a reservation at `now_ms` (Redis's clock): pending past its TTL (its binder
-    died or gave up), or stamped later than now + FUTURE_MS (a clock that jumped: its age cannot be told). The
-    twin of expire.lua's test (tests/redis/test_expires_twin.py runs one table through both)."""
-    return r.state == "pending" and (now_ms - r.created > ttl_ms or r.created - now_ms > FUTURE_MS)
+    died or gave up), or stamped later than now + FUTURE_MS (a clock that jumped: its age cannot be told), and
+    no bind attempt's Binding may still come (in_flight). The twin of expire.lua's test
+    (tests/redis/test_expires_twin.py runs one table through both)."""
+    return (r.state == "pending" and not in_flight(r, now_ms)
+            and (now_ms - r.created > ttl_ms or r.created - now_ms > FUTURE_MS))
 
 
 def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holders: Mapping[str, PodUsage],

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from shared.domain.fit import CardNeed, CardState, FitResult, Plan, fill_of, plan_booking
+from shared.domain.fit import GPU_POLICY, CardState, FitResult, Plan, fill_of, need_for, plan_booking, policy_of
 from shared.domain.knobs import CardKnobs
 from shared.domain.node import Card
 from shared.domain.request import SliceRequest
@@ -67,12 +67,16 @@ class Reservation:
     created: int  # ms (Redis clock)
     bound_at: int = 0
     pod: str = ""
+    # until when (ms, Redis's clock) a bind attempt's Binding may still be committed (reserve.lua's hold_ms);
+    # 0: none asked. Only scripts act on it, and a feed message does not bring a later attempt's stamp
+    settle_by: int = 0
 
     @classmethod
     def from_json(cls, uid: str, d: Mapping[str, Any]) -> Reservation:
         cards = tuple(int(x) for x in str(d.get("cards") or "").split(",") if x)
         return cls(uid, cards, int(d["mem"]), int(d["cores"]), int(d["slices"]), str(d["state"]),
-                   int(d.get("created") or 0), int(d.get("bound_at") or 0), str(d.get("pod") or ""))
+                   int(d.get("created") or 0), int(d.get("bound_at") or 0), str(d.get("pod") or ""),
+                   int(d.get("settle_by") or 0))
 
 
 @dataclass(frozen=True)
@@ -155,11 +159,13 @@ class NodeSnapshot:
 def plan_on(snap: NodeSnapshot, uid: str, req: SliceRequest, annotations: Mapping[str, str], gpu_policy: str,
             fitted: FitResult | None = None) -> Plan:
     """What to send for pod `uid` on this node state (pure). A node that already holds the pod's booking
-    gets that booking again (the script answers a repeated reserve with it, whatever a new fit says);
-    otherwise plan_booking, reusing `fitted` (a fit of this request on this very snapshot) when given."""
+    gets its cards again with what this request books on them (the script answers a repeated reserve with
+    that booking, whatever a new fit says, and refuses one for other amounts); otherwise plan_booking,
+    reusing `fitted` (a fit of this request on this very snapshot) when given."""
     existing = snap.reservations.get(uid)
     if existing is not None and existing.cards:
         record = snap.cards.get(existing.cards[0])
-        return Plan(existing.cards, record.capacity if record is not None else 0,
-                    CardNeed(existing.mem, existing.cores, existing.slices))
+        capacity = record.capacity if record is not None else 0
+        mutex = "mutex" in policy_of(annotations, GPU_POLICY, gpu_policy)
+        return Plan(existing.cards, capacity, need_for(req, capacity, mutex))
     return plan_booking(snap.states(), req, annotations, gpu_policy, fitted)

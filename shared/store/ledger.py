@@ -56,10 +56,11 @@ HEADS_BATCH = 1000  # nodes per pipelined read of (version, stamp): two short fi
 # The reserve script's refusal on a node not compared with the API server since Redis's process changed
 # (reserve.lua, `verified` in _lib.lua): replanning cannot help, the watchers' comparison does.
 UNVERIFIED = "node unverified"
+OTHER_AMOUNTS = "booked with other amounts"  # reserve.lua: the uid holds a booking of another size
 # for the readiness probe: whether INFO holds both parts of the history token the scripts read (`server_info` in
 # _lib.lua); "" when either is missing
-RUN_ID_SCRIPT = ("local i = redis.call('INFO', 'server', 'replication') "
-                 "return (string.match(i, 'run_id:(%x+)') and string.match(i, 'master_replid:(%x+)')) or ''")
+RUN_ID_SCRIPT = ("return (string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') "
+                 "and string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')) or ''")
 NOTICES = ("wake", "verify")  # the feed's notices to the watchers (Ledger.notify)
 MARK_BOUND_MAX = 512  # reservations per mark_bound call (mark_bound.lua checks the same bound)
 
@@ -94,6 +95,9 @@ class ReserveOutcome:
     reasons: Reasons | None = None
     # a new booking: the feed message the script published, for the caller's mirror (Mirror.apply) at once
     feed: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    # booked with a hold (reserve's hold_ms): until when (ms, Redis's clock) this attempt's Binding may be
+    # committed; the attempt's give-back passes it (release_feed's if_settle_by). 0: no hold asked
+    settle_by: int = 0
 
     @property
     def reason(self) -> str:
@@ -280,14 +284,18 @@ class Ledger:
 
     async def reserve(self, node: str, uid: str, cards: Sequence[int], mem: int, cores: int, slices: int,
                       model: int = 0, whole: bool = False, pod: str = "",
-                      need: CardNeed | None = None) -> tuple[ReserveOutcome, NodeSnapshot | None]:
+                      need: CardNeed | None = None, hold_ms: int = 0) -> tuple[ReserveOutcome, NodeSnapshot | None]:
         """Check-and-book on the given cards. On conflict returns the node's fresh state too: all its cards
         (or None, when the node has cards this ledger did not know of) and the reservations it knew of.
+        `hold_ms` (a binder): its Binding may be committed until that long from now, so neither the janitor nor
+        an earlier attempt's give-back releases the booking before (answered as `settle_by`).
 
         With `need` (a Plan's), the script checks every card with the twin of shared.domain.fit.card_rule on
         exactly those terms; `model`/`whole` are the short form (accepts {model}, require idle)."""
         payload: dict[str, Any] = {"uid": uid, "cards": list(cards), "mem": mem, "cores": cores, "slices": slices,
                                    "model": model, "whole": whole, "pod": pod}
+        if hold_ms:
+            payload["hold_ms"] = hold_ms
         if need is not None:
             payload.update(mem=need.memory, cores=need.cores, slices=need.slices, idle=need.require_idle,
                            deny=sorted(need.deny))
@@ -300,12 +308,13 @@ class Ledger:
             got = tuple(int(x) for x in str(out["cards"]).split(",") if x)
             feed = out.get("feed")
             return ReserveOutcome(True, got, existing=bool(out.get("existing")),
-                                  feed=feed if isinstance(feed, dict) else None), None
+                                  feed=feed if isinstance(feed, dict) else None,
+                                  settle_by=int(out.get("settle_by") or 0)), None
         snap = NodeSnapshot.from_json(out["node"]) if out.get("node") else None
         return ReserveOutcome(False, refused=str(out.get("reason", ""))), snap
 
-    async def place(self, node: str, uid: str, plan: Plan, pod: str = "") -> tuple[ReserveOutcome,
-                                                                                   NodeSnapshot | None]:
+    async def place(self, node: str, uid: str, plan: Plan, pod: str = "",
+                    hold_ms: int = 0) -> tuple[ReserveOutcome, NodeSnapshot | None]:
         """Send a plan (shared.domain.fit.plan_booking: the caller plans) to the atomic reserve script.
 
         Booked: the cards with their capacity (the plan's, when the script booked the planned cards).
@@ -316,10 +325,10 @@ class Ledger:
         if need is None:
             raise ValueError(f"place on {node} for {uid}: the plan has no booking ({plan.reason})")
         outcome, fresh = await self.reserve(node, uid, plan.cards, need.memory, need.cores, need.slices, pod=pod,
-                                            need=need)
+                                            need=need, hold_ms=hold_ms)
         if outcome.ok and outcome.cards == plan.cards:
             outcome = ReserveOutcome(True, outcome.cards, existing=outcome.existing, capacity=plan.capacity,
-                                     feed=outcome.feed)
+                                     feed=outcome.feed, settle_by=outcome.settle_by)
         return outcome, fresh
 
     async def mark_bound(self, node: str, uid: str) -> bool:
@@ -343,11 +352,24 @@ class Ledger:
     async def release_feed(self, node: str, uid: str) -> tuple[bool, Mapping[str, Any] | None]:
         """As release, with the feed message the script published (None if nothing was held), for the
         caller's mirror (Mirror.apply) at once."""
-        out = orjson.loads(await self._call("release", node, {"uid": uid},
+        fate, feed = await self.give_back(node, uid)
+        return fate == "released", feed
+
+    async def give_back(self, node: str, uid: str,
+                        settle_by: int | None = None) -> tuple[str, Mapping[str, Any] | None]:
+        """Release a pod's booking: "released" (with the feed message, as release_feed), "gone" (nothing
+        held) or, with `settle_by` (a binder giving back its own booking: the `settle_by` its reserve
+        answered), "kept" when a later bind attempt of the pod stamped a later one (release.lua)."""
+        body: dict[str, Any] = {"uid": uid}
+        if settle_by is not None:
+            body["if_settle_by"] = settle_by
+        out = orjson.loads(await self._call("release", node, body,
                                             lambda k: self.keys.release(node, uid, k)))
+        if out.get("kept"):
+            return "kept", None
         self._saw(node, gone=[uid])
         feed = out.get("feed")
-        return bool(out["released"]), feed if isinstance(feed, dict) else None
+        return ("released" if out["released"] else "gone"), feed if isinstance(feed, dict) else None
 
     async def observe(self, uid: str, usage: PodUsage, pod: str = "", keep_bound: bool = False) -> dict[str, Any]:
         """Record the allocation a bound pod carries (idempotent); reports over-commit instead of hiding it.

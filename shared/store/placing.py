@@ -13,18 +13,18 @@ from collections.abc import Mapping
 from shared.domain.fit import FitResult, Plan
 from shared.domain.request import SliceRequest
 from shared.domain.state import NodeSnapshot, plan_on
-from shared.store.ledger import UNVERIFIED, Ledger, ReserveOutcome
+from shared.store.ledger import OTHER_AMOUNTS, UNVERIFIED, Ledger, ReserveOutcome
 
 log = logging.getLogger("mtsched.ledger")
 
 
 async def place(ledger: Ledger, node: str, uid: str, req: SliceRequest, annotations: Mapping[str, str],
                 snapshot: NodeSnapshot | None, gpu_policy: str, pod: str = "", max_attempts: int = 3,
-                plan: Plan | None = None) -> tuple[ReserveOutcome, FitResult | None]:
+                plan: Plan | None = None, hold_ms: int = 0) -> tuple[ReserveOutcome, FitResult | None]:
     """Book `req` for pod `uid` on `node` atomically; returns the outcome and the fit it came to.
 
     `snapshot`: the node as the caller knows it (None: read it). `plan`: one already made on `snapshot`
-    (plan_on, e.g. from filter's memoized fit), sent as it is on the first attempt.
+    (plan_on, e.g. from filter's memoized fit), sent as it is on the first attempt. `hold_ms`: Ledger.reserve's.
     """
     trips = 0
     result: FitResult | None = None
@@ -45,14 +45,16 @@ async def place(ledger: Ledger, node: str, uid: str, req: SliceRequest, annotati
         result = FitResult(plan.cards, plan.reasons)
         if not plan.ok:
             return ReserveOutcome(False, reasons=plan.reasons, attempts=attempt, round_trips=trips), result
-        outcome, fresh = await ledger.place(node, uid, plan, pod=pod)
+        outcome, fresh = await ledger.place(node, uid, plan, pod=pod, hold_ms=hold_ms)
         trips += 1
         if outcome.ok:
             if outcome.cards != result.cards:  # booked earlier on other cards (our snapshot was stale)
                 result = FitResult(outcome.cards)
             return ReserveOutcome(True, outcome.cards, existing=outcome.existing, attempts=attempt,
-                                  round_trips=trips, capacity=outcome.capacity, feed=outcome.feed), result
-        if outcome.refused.startswith(UNVERIFIED):  # no plan can help until the watchers compare the node
+                                  round_trips=trips, capacity=outcome.capacity, feed=outcome.feed,
+                                  settle_by=outcome.settle_by), result
+        # no plan can help: until the watchers compare the node; while the uid holds a booking of another size
+        if outcome.refused.startswith((UNVERIFIED, OTHER_AMOUNTS)):
             return ReserveOutcome(False, refused=outcome.refused, attempts=attempt, round_trips=trips), result
         log.debug("reserve conflict on %s for %s: %s (attempt %d)", node, uid, outcome.reason, attempt)
         snapshot, plan = fresh, None

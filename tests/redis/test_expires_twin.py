@@ -19,24 +19,31 @@ pytestmark = pytest.mark.redis
 S = 1000
 _n = count()
 
-# (case, state, created - now, ttl_ms, released)
-CASES: list[tuple[str, str, int, int, bool]] = [
-    ("pending, just made", "pending", -1 * S, 120 * S, False),
-    ("pending, under its TTL", "pending", -100 * S, 120 * S, False),
-    ("pending past its TTL: the binder died", "pending", -130 * S, 120 * S, True),
-    ("pending past a short TTL", "pending", -5 * S, 1 * S, True),
-    ("pending stamped a little ahead", "pending", 30 * S, 120 * S, False),
-    ("pending stamped by a clock that jumped", "pending", FUTURE_MS + 30 * S, 120 * S, True),
-    ("bound long ago", "bound", -600 * S, 120 * S, False),
-    ("bound, stamped by a clock that jumped", "bound", FUTURE_MS + 30 * S, 120 * S, False),
+# (case, state, created - now, ttl_ms, settle_by - now (None: no stamp), released)
+CASES: list[tuple[str, str, int, int, int | None, bool]] = [
+    ("pending, just made", "pending", -1 * S, 120 * S, None, False),
+    ("pending, under its TTL", "pending", -100 * S, 120 * S, None, False),
+    ("pending past its TTL: the binder died", "pending", -130 * S, 120 * S, None, True),
+    ("pending past a short TTL", "pending", -5 * S, 1 * S, None, True),
+    ("pending stamped a little ahead", "pending", 30 * S, 120 * S, None, False),
+    ("pending stamped by a clock that jumped", "pending", FUTURE_MS + 30 * S, 120 * S, None, True),
+    ("bound long ago", "bound", -600 * S, 120 * S, None, False),
+    ("bound, stamped by a clock that jumped", "bound", FUTURE_MS + 30 * S, 120 * S, None, False),
+    # a later bind attempt reused the booking: its Binding may still be committed (settle_by)
+    ("pending past its TTL, a retry's Binding in flight", "pending", -130 * S, 120 * S, 4 * S, False),
+    ("pending past its TTL, a retry's Binding settled", "pending", -130 * S, 120 * S, -2 * S, True),
+    ("pending past its TTL, settle_by from a clock that jumped", "pending", -130 * S, 120 * S,
+     FUTURE_MS + 30 * S, True),
 ]
 
 
-@pytest.mark.parametrize(("case", "state", "created", "ttl_ms", "want"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("case", "state", "created", "ttl_ms", "settle_by", "want"), CASES,
+                         ids=[c[0] for c in CASES])
 async def test_expires_agrees_with_its_lua_twin(ledger: Ledger, case: str, state: str, created: int, ttl_ms: int,
-                                                want: bool) -> None:
+                                                settle_by: int | None, want: bool) -> None:
     now = await ledger.redis_time_ms()
-    r = Reservation("u1", (0,), 2, 1, 1, state, now + created)
+    r = Reservation("u1", (0,), 2, 1, 1, state, now + created,
+                    settle_by=0 if settle_by is None else now + settle_by)
     assert expires(r, now, ttl_ms) is want, case
     for only in (None, ["u1"]):  # as any caller, and as the janitor (its vetted list names the uid)
         node = f"ex{next(_n)}"
@@ -44,5 +51,5 @@ async def test_expires_agrees_with_its_lua_twin(ledger: Ledger, case: str, state
         assert (await ledger.reserve(node, "u1", [0], 2, 1, 1))[0].ok
         # the stamp and state as the case has them (the reserve script stamped now, pending)
         await ledger.redis.hset(ledger.keys.res(node, "u1"),  # type: ignore[misc]
-                                mapping={"state": state, "created": r.created})
+                                mapping={"state": state, "created": r.created, "settle_by": r.settle_by})
         assert (await ledger.expire(node, ttl_ms / 1000, only=only) == ["u1"]) is want, (case, only)

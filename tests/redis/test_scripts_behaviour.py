@@ -51,9 +51,13 @@ async def test_reserve_twice_returns_the_same_cards_and_books_once(cluster: Ledg
     first, _ = await led.reserve("n4", "u1", [1], 8, 2, 1)
     assert first.ok and first.cards == (1,) and not first.existing
     before = await dump(led.redis)
-    again, _ = await led.reserve("n4", "u1", [0], 32, 8, 2)  # other cards, other amounts: same answer
+    again, _ = await led.reserve("n4", "u1", [0], 8, 2, 1)  # other cards, the same amounts: the same answer
     assert again.ok and again.cards == (1,) and again.existing
     assert await dump(led.redis) == before  # nothing booked, no version bump
+    # other amounts: refused (a pod's request does not change; its record would not be what is booked)
+    other, _ = await led.reserve("n4", "u1", [0], 32, 8, 2)
+    assert not other.ok and other.refused.startswith("booked with other amounts"), other
+    assert await dump(led.redis) == before
     s = await snap(led, "n4")
     assert (s.cards[1].mem_used, s.cards[1].cores_used, s.cards[1].slices) == (8, 2, 1)
     assert s.cards[0].mem_used == 0 and violations(s) == []

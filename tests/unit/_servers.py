@@ -74,9 +74,9 @@ class FakeLedger:
     async def release(self, node: str, uid: str) -> None:
         self.released.append((node, uid))
 
-    async def release_feed(self, node: str, uid: str) -> tuple[bool, None]:
-        await self.release(node, uid)  # as Ledger.release_feed, without a mirror to feed
-        return True, None
+    async def give_back(self, node: str, uid: str, settle_by: int | None = None) -> tuple[str, None]:
+        await self.release(node, uid)  # as Ledger.give_back, without a mirror to feed
+        return "released", None
 
 
 class FakeKube:

@@ -176,7 +176,8 @@ class PlanLedger:
     def __init__(self) -> None:
         self.plans: list[tuple[str, str, Plan]] = []
 
-    async def place(self, node: str, uid: str, plan: Plan, pod: str = "") -> tuple[ReserveOutcome, None]:
+    async def place(self, node: str, uid: str, plan: Plan, pod: str = "",
+                    hold_ms: int = 0) -> tuple[ReserveOutcome, None]:
         self.plans.append((node, uid, plan))
         return ReserveOutcome(True, plan.cards, capacity=plan.capacity), None
 
@@ -189,9 +190,9 @@ class PlanLedger:
     async def release(self, node: str, uid: str) -> None:
         pass
 
-    async def release_feed(self, node: str, uid: str) -> tuple[bool, None]:
-        await self.release(node, uid)  # as Ledger.release_feed, without a mirror to feed
-        return True, None
+    async def give_back(self, node: str, uid: str, settle_by: int | None = None) -> tuple[str, None]:
+        await self.release(node, uid)  # as Ledger.give_back, without a mirror to feed
+        return "released", None
 
 
 class AnnotatingKube(FakeKube):

@@ -49,8 +49,9 @@ end
 local SERVER_TOKEN
 local function server_info()
   if SERVER_TOKEN == nil then
-    local info = redis.call('INFO', 'server', 'replication')
-    local run, replid = string.match(info, 'run_id:(%x+)'), string.match(info, 'master_replid:(%x+)')
+    -- two calls: INFO with several sections is Redis 7's (6.2 answers it with a syntax error)
+    local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+    local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
     SERVER_TOKEN = (run and replid) and (run .. ":" .. replid) or ""
   end
   return SERVER_TOKEN
@@ -197,7 +198,15 @@ local function res_view(uid)
     cards = table.concat(cards, ","), mem = num(r.mem), cores = num(r.cores), slices = num(r.slices),
     state = r.state or "bound", created = num(r.created), bound_at = num(r.bound_at), pod = r.pod or "",
     idle = r.idle == "1", carried = (r.carried == "1") or nil,  -- nil: left out of every reply
+    settle_by = num(r.settle_by),
   }
+end
+
+-- Whether a pending reservation's last Binding may still be committed at `now`: every bind attempt that
+-- answers with it stamps `settle_by` (its Binding's deadline plus the settle time, on Redis's clock;
+-- reserve.lua). A stamp later than now + FUTURE_MS comes from a clock that jumped and holds nothing.
+local function in_flight(r, now)
+  return (r.settle_by or 0) >= now and r.settle_by - now <= FUTURE_MS
 end
 
 -- Whether reservation view `r` is still settling at `now` (Redis's clock), so no caller's truth may judge

@@ -1,4 +1,5 @@
--- Release pending reservations older than a TTL (their binder died or gave up). Payload: {ttl_ms, uids}.
+-- Release pending reservations older than a TTL (their binder died or gave up), unless a bind attempt's
+-- Binding may still be committed (`settle_by`, in_flight in _lib.lua). Payload: {ttl_ms, uids}.
 -- uids (optional): only these may be released (the ones the caller vetted: a watcher holding back a bound
 -- pod's record has booked it or kept it out of the list); others wait for the caller's next sweep.
 -- Which reservations expire is the twin of shared/domain/reconcile.py `expires` (tests/redis/test_expires_twin.py).
@@ -25,7 +26,8 @@ for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
   local r = res_view(uid)
   if not r then
     stale[#stale + 1] = uid
-  elseif r.state == "pending" and (only == nil or only[uid]) and (now - r.created > p.ttl_ms or r.created - now > FUTURE_MS) then
+  elseif r.state == "pending" and (only == nil or only[uid]) and not in_flight(r, now)
+      and (now - r.created > p.ttl_ms or r.created - now > FUTURE_MS) then
     expiring[#expiring + 1] = {uid, r}
     for _, idx in ipairs(split_cards(r.cards)) do cards[#cards + 1] = idx end
   end

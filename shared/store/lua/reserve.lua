@@ -1,6 +1,10 @@
 -- Check-and-book a reservation on given cards. Payload: {uid, cards, mem, cores, slices, accepts, deny,
--- idle, pod} (legacy: model = accepts {model}, whole = idle). Every card is checked by card_rule, the
--- twin of shared/domain/fit.py's. Idempotent by uid: a repeated call returns the cards already booked. On
+-- idle, pod, hold_ms} (legacy: model = accepts {model}, whole = idle). Every card is checked by card_rule,
+-- the twin of shared/domain/fit.py's. Idempotent by uid: a repeated call for the same amounts returns the
+-- cards already booked (`existing`); other amounts are refused (a pod's request never changes: its Binding
+-- would carry a record the ledger does not book). hold_ms (a binder): the booking's `settle_by` becomes at
+-- least now + hold_ms, when this attempt's Binding is committed or never, and is answered; the janitor
+-- and an earlier attempt's give-back leave the booking alone until then (expire.lua, release.lua). On
 -- conflict returns the reason and the node's current cards (refusal_view), so the caller can refit
 -- without another read.
 local function unverified()
@@ -13,8 +17,8 @@ if err then return err end
 local bad = check_res(p)
 if bad then return fail("BADINPUT", bad) end
 if not is_int(p.model or 0, 0, 4096) or (p.whole ~= nil and type(p.whole) ~= "boolean") or p.slices < 1
-    or (p.idle ~= nil and type(p.idle) ~= "boolean") then
-  return fail("BADINPUT", "model must be 0..4096, whole and idle booleans, slices >= 1")
+    or (p.idle ~= nil and type(p.idle) ~= "boolean") or not is_int(p.hold_ms or 0, 0, FUTURE_MS) then
+  return fail("BADINPUT", "model must be 0..4096, whole and idle booleans, slices >= 1, hold_ms 0.." .. FUTURE_MS)
 end
 local accepts, e1 = int_set(p.accepts, 2, 4096, "accepts")
 local deny, e2 = int_set(p.deny, 0, 1023, "deny")
@@ -26,6 +30,13 @@ p.idle = need.idle
 local more = need_keys(p.cards, {p.uid})
 if more then return more end
 local r = res_view(p.uid)
+if r and (r.mem ~= p.mem or r.cores ~= p.cores or r.slices ~= p.slices or r.idle ~= need.idle
+          or #split_cards(r.cards) ~= #p.cards) then
+  return cjson.encode({ok = false, reason = string.format("booked with other amounts: %d card(s) of mem %d, "
+    .. "cores %d, slices %d%s; asked %d card(s) of mem %d, cores %d, slices %d%s (a pod's request does not "
+    .. "change)", #split_cards(r.cards), r.mem, r.cores, r.slices, r.idle and ", idle" or "", #p.cards, p.mem,
+    p.cores, p.slices, need.idle and ", idle" or "")})
+end
 if r and r.state ~= "bound" then
   -- a pending booking answered again is a bind going on: not on a node this Redis process has not verified
   -- (it may be a leftover of a lost history, its release lost), nor on a card it over-fills (kept by
@@ -41,7 +52,17 @@ if r and r.state ~= "bound" then
       .. " (kept for a bind in flight when the node was rewritten from the API): not answered again"})
   end
 end
-if r then return cjson.encode({ok = true, existing = true, cards = r.cards, state = r.state}) end
+local hold = p.hold_ms or 0
+if r then
+  local settle_by = r.settle_by
+  if hold > 0 then
+    -- this attempt's Binding may be committed until then: nobody gives the booking back before (no feed
+    -- message: only scripts read it; a mirror's copy may be older)
+    settle_by = math.max(in_flight(r, now_ms()) and settle_by or 0, now_ms() + hold)
+    redis.call('HSET', res_key(p.uid), 'settle_by', settle_by)
+  end
+  return cjson.encode({ok = true, existing = true, cards = r.cards, state = r.state, settle_by = settle_by})
+end
 if not redis.call('HGET', NODE_KEY, 'version') then
   return cjson.encode({ok = false, reason = "node unregistered", node = refusal_view()})
 end
@@ -57,6 +78,14 @@ for _, idx in ipairs(p.cards) do
   local why = card_rule(c, math.floor(idx), need)
   if why then return cjson.encode({ok = false, reason = why, card = idx, node = refusal_view()}) end
 end
-local views, res = book(p, "pending", now_ms(), seen)
+local now = now_ms()
+local views, res = book(p, "pending", now, seen)
+local settle_by = 0
+if hold > 0 then
+  settle_by = now + hold
+  redis.call('HSET', res_key(p.uid), 'settle_by', settle_by)
+  res.settle_by = settle_by
+end
 local v, msg = publish('reserve', p.uid, res, p.cards, views)
-return cjson.encode({ok = true, existing = false, cards = cards_csv(p.cards), version = v, feed = msg})
+return cjson.encode({ok = true, existing = false, cards = cards_csv(p.cards), version = v, feed = msg,
+                     settle_by = settle_by})

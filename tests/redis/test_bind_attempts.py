@@ -1,0 +1,168 @@
+"""Several bind attempts of one pod share its booking (reserve answers `existing`), and whoever may give it back
+knows of the latest: each attempt stamps how long its Binding may still be committed (`settle_by`, reserve.lua's
+hold_ms), so an earlier attempt's give-back and the janitor leave the booking to a later attempt whose Binding
+is in flight (red team, 2026-12-05: both freed a card the later Binding then landed on, next to another pod).
+An attempt that asks for other amounts than the uid booked is refused: its Binding would carry a record the
+ledger does not book. The API server is a stand-in whose Bindings the test holds and lets go."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import pytest
+
+from controller.extender import Extender
+from controller.watchers import Janitor
+from shared.domain.reconcile import expires
+from shared.kube import KubeError
+from shared.store.ledger import Ledger
+from tests.redis import test_extender_bind
+from tests.redis.test_extender_bind import CFG, FakeKube, pod
+
+pytestmark = pytest.mark.redis
+
+setup = test_extender_bind.setup  # the fixture: an extender on a real Redis with nodes s4k (2 x 96) and s5k
+WHOLE = {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 96, "mthreads.com/sgpu-core": 16}
+
+
+def args(uid: str, node: str = "s4k") -> dict[str, str]:
+    return {"PodName": f"p-{uid}", "PodNamespace": "ns", "PodUID": uid, "Node": node}
+
+
+class Api(FakeKube):
+    """Pod a's first Binding fails as `first_fails` says; its later ones wait for `release` and commit."""
+
+    def __init__(self, first_fails: BaseException) -> None:
+        super().__init__()
+        self.first_fails = first_fails
+        self.calls: dict[str, int] = {}
+        self.sent = asyncio.Event()  # a later Binding of pod a is in flight
+        self.release = asyncio.Event()
+        self.reads_fail = False
+
+    async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
+                   until: float | None = None) -> None:
+        n = self.calls[uid] = self.calls.get(uid, 0) + 1
+        if uid == "a" and n == 1:
+            raise self.first_fails
+        if uid == "a":
+            self.sent.set()
+            await self.release.wait()
+        p = self.pods[(ns, name)]
+        p["spec"]["nodeName"] = node
+        p["metadata"]["annotations"].update(annotations)
+        await super().bind(ns, name, uid, node, annotations, until)
+
+    async def get_pod(self, ns: str, name: str) -> dict[str, Any]:
+        if self.reads_fail:
+            raise KubeError(503, {"message": "unavailable"}, "get")
+        return await super().get_pod(ns, name)
+
+
+async def until(what: str, cond: Callable[[], Awaitable[bool] | bool], timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while True:
+        got = cond()
+        if got if isinstance(got, bool) else await got:
+            return
+        assert loop.time() < end, f"not within {timeout}s: {what}"
+        await asyncio.sleep(0.01)
+
+
+async def start(ext: Extender, first_fails: BaseException) -> Api:
+    """z holds one of s4k's two whole cards, so one is left for a (and then c)."""
+    api = Api(first_fails)
+    ext.kube = api  # type: ignore[assignment]
+    for u in ("z", "a", "c"):
+        api.pods[("ns", f"p-{u}")] = pod(u, WHOLE)
+    ext.filter({"Pod": pod("z", WHOLE), "NodeNames": ["s4k"], "Nodes": None})
+    assert (await ext.bind(args("z")))["Error"] == ""
+    return api
+
+
+def one_pod_per_card(api: Api) -> None:
+    holders = [(uid, ann["mthreads.com/gpu-index"]) for _, uid, _, ann in api.bound]
+    assert len({card for _, card in holders}) == len(holders), f"two pods bound to one whole card: {holders}"
+
+
+async def c_finds_no_card(ext: Extender) -> None:
+    ext.filter({"Pod": pod("c", WHOLE), "NodeNames": ["s4k"], "Nodes": None})
+    out = await ext.bind(args("c"))
+    assert "no card on s4k" in out["Error"], out
+
+
+async def test_an_attempt_does_not_give_back_a_booking_a_later_attempt_is_binding_with(
+        setup: tuple[Extender, FakeKube, Ledger]) -> None:
+    ext, _, ledger = setup
+    ext.bind_deadline = 1.0  # the first attempt reads the pod again 2 s after its reservation
+    api = await start(ext, KubeError(504, {"message": "Timeout: request did not complete"}, "bind"))
+    ext.filter({"Pod": pod("a", WHOLE), "NodeNames": ["s4k"], "Nodes": None})
+    first = asyncio.create_task(ext.bind(args("a")))
+    await until("attempt 1's Binding failed with an unknown outcome", lambda: api.calls.get("a") == 1)
+    # kube-scheduler's retry (its call timed out, or a new leader) reuses the booking
+    ext.filter({"Pod": pod("a", WHOLE), "NodeNames": ["s4k"], "Nodes": None})
+    second = asyncio.create_task(ext.bind(args("a")))
+    await until("attempt 2's Binding is in flight", api.sent.wait)
+    out1 = await first  # read the pod after its deadline: still unbound
+    assert "kept for a later attempt of the pod" in out1["Error"], out1
+    assert "a" in (await ledger.snapshot("s4k")).reservations  # type: ignore[union-attr]
+    await c_finds_no_card(ext)
+    api.release.set()
+    assert (await second)["Error"] == ""
+    await ext.settled()
+    one_pod_per_card(api)
+    assert (await ledger.snapshot("s4k")).reservations["a"].state == "bound"  # type: ignore[union-attr]
+
+
+async def test_the_janitor_leaves_a_booking_past_its_ttl_to_a_retry_whose_binding_is_in_flight(
+        setup: tuple[Extender, FakeKube, Ledger]) -> None:
+    ext, _, ledger = setup
+    api = await start(ext, TimeoutError())
+    api.reads_fail = True  # attempt 1: outcome unknown and the pod unreadable: the booking is kept pending
+    ext.filter({"Pod": pod("a", WHOLE), "NodeNames": ["s4k"], "Nodes": None})
+    out1 = await ext.bind(args("a"))
+    assert "unknown outcome" in out1["Error"], out1
+    api.reads_fail = False
+    janitor = Janitor(ledger, ext.mirror, CFG)
+    janitor.ttl = 1  # as if the retry came just before pendingTTLSeconds ran out
+    ext.filter({"Pod": pod("a", WHOLE), "NodeNames": ["s4k"], "Nodes": None})
+    second = asyncio.create_task(ext.bind(args("a")))
+    await until("attempt 2's Binding is in flight", api.sent.wait)
+
+    async def past_ttl() -> bool:
+        snap = await ledger.snapshot("s4k")
+        assert snap is not None
+        r = snap.reservations["a"]
+        return r.state == "pending" and expires(r.__class__(**{**r.__dict__, "settle_by": 0}),
+                                                await ledger.redis_time_ms(), janitor.ttl * 1000)
+
+    await until("a's booking is past the janitor's TTL", past_ttl)
+    assert await janitor.sweep() == []
+    assert "a" in (await ledger.snapshot("s4k")).reservations  # type: ignore[union-attr]
+    await c_finds_no_card(ext)
+    api.release.set()
+    assert (await second)["Error"] == ""
+    await ext.settled()
+    one_pod_per_card(api)
+
+
+async def test_a_bind_for_other_amounts_than_the_uid_booked_is_refused(
+        setup: tuple[Extender, FakeKube, Ledger]) -> None:
+    ext, kube, ledger = setup
+    small = {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 2, "mthreads.com/sgpu-core": 1}
+    ext.filter({"Pod": pod("b", small), "NodeNames": ["s5k"], "Nodes": None})
+    assert (await ext.bind(args("b", "s5k")))["Error"] == ""
+    # the same uid filtered again asking for a whole S5000, then bound again (a forged or confused caller)
+    big = {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 160, "mthreads.com/sgpu-core": 16}
+    ext.filter({"Pod": pod("b", big), "NodeNames": ["s5k"], "Nodes": None})
+    out = await ext.bind(args("b", "s5k"))
+    assert "booked with other amounts" in out["Error"] and "mem 2" in out["Error"], out
+    assert len(kube.bound) == 1  # no second Binding, so no record of 160 units beside a booking of 2
+    r = (await ledger.snapshot("s5k")).reservations["b"]  # type: ignore[union-attr]
+    assert (r.mem, r.cores, r.slices) == (2, 1, 1)
+    # the same amounts again are the same booking
+    ext.filter({"Pod": pod("b", small), "NodeNames": ["s5k"], "Nodes": None})
+    assert (await ext.bind(args("b", "s5k")))["Error"] == ""
