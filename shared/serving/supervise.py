@@ -109,6 +109,9 @@ class TaskState:
     failing_since: float | None = None
     last_error: str = ""
     restarts: int = 0
+    # runs in a row that failed after running `healthy_after` or longer: each such run clears `failing_since`,
+    # so without this a task that always fails slowly (a pass whose API reads time out) would look healthy
+    slow_failures: int = 0
 
 
 @dataclass
@@ -116,6 +119,8 @@ class Supervisor:
     max_failures: int = 5
     unready_after: float = 10.0
     healthy_after: float = 5.0  # running this long without stopping clears a task's failures
+    proven_after: float = 60.0  # ... and this long, its slow failures (TaskState.slow_failures)
+    slow_unready: int = 3  # this many slow failures in a row make the role unready
     max_backoff: float = 10.0
     cancel_grace: float = 5.0  # `cancel()` waits this long in all for the tasks to end ...
     cancel_resend: float = 0.5  # ... cancelling them again this often
@@ -142,7 +147,8 @@ class Supervisor:
             started = loop.time()
             run = asyncio.ensure_future(body())
             # a task that has run for `healthy_after` without stopping works again: not failing any more
-            healthy = loop.call_later(self.healthy_after, self.note_ok, name)
+            healthy = loop.call_later(self.healthy_after, self._ran_a_while, name)
+            proven = loop.call_later(self.proven_after, self.note_ok, name)
             try:
                 # awaited directly, so a cancel of the guard reaches the body and the guard ends with it
                 await run
@@ -154,11 +160,13 @@ class Supervisor:
                 error = e
             finally:
                 healthy.cancel()
+                proven.cancel()
             if me is not None and me.cancelling():
                 raise asyncio.CancelledError  # the body swallowed our cancel and ended: do not restart it
             ran = loop.time() - started
             if ran >= self.healthy_after:
                 st.failures, st.failing_since = 0, None
+                st.slow_failures += 1
             st.failures += 1
             st.restarts += 1
             st.failing_since = st.failing_since or time.monotonic()
@@ -180,7 +188,14 @@ class Supervisor:
             TASK_UP.labels(name).set(1)
 
     def note_ok(self, name: str) -> None:
-        """A task says it made progress (e.g. a watch stream is open again): it is healthy again."""
+        """A task says it made progress (e.g. a watch stream is open again), or has run `proven_after`
+        without stopping: it is healthy again."""
+        st = self.tasks.get(name)
+        if st is not None:
+            st.failures, st.failing_since, st.slow_failures = 0, None, 0
+
+    def _ran_a_while(self, name: str) -> None:
+        """The task has run `healthy_after` without stopping: not failing now (its slow failures stay)."""
         st = self.tasks.get(name)
         if st is not None:
             st.failures, st.failing_since = 0, None
@@ -193,6 +208,9 @@ class Supervisor:
         out = [f"task {st.name} failing for {now - st.failing_since:.0f}s: {st.last_error}"
                for st in self.tasks.values()
                if st.failing_since is not None and now - st.failing_since >= self.unready_after]
+        out += [f"task {st.name} failed {st.slow_failures} times in a row, each after running a while: "
+                f"{st.last_error}" for st in self.tasks.values()
+                if st.slow_failures >= self.slow_unready]
         for name, fn in self.checks.items():
             why = fn()
             if why:

@@ -37,3 +37,36 @@ async def test_a_task_that_recovered_does_not_count_as_failing() -> None:
         assert sup.problems() == [], sup.problems()
     finally:
         await sup.cancel()
+
+
+async def test_a_task_that_always_fails_after_running_a_while_makes_the_role_unready() -> None:
+    """Red team (2026-12-05): each run longer than `healthy_after` cleared the task's failing state, so a task
+    that failed every time, slowly (the reconciler's pass whose API reads time out), never showed in /readyz.
+    Three such runs in a row now do, until a run lasts `proven_after` (or the task says it made progress)."""
+    sup = Supervisor(unready_after=0.1, healthy_after=0.05, proven_after=0.6, max_backoff=0.01)
+    runs = 0
+    healthy = asyncio.Event()
+
+    async def body() -> None:
+        nonlocal runs
+        runs += 1
+        if healthy.is_set():
+            await asyncio.Event().wait()
+        await asyncio.sleep(0.08)  # longer than healthy_after, then the read times out
+        raise TimeoutError("the API server did not answer")
+
+    sup.spawn("reconciler", body)
+    try:
+        for _ in range(500):
+            if sup.problems():
+                break
+            await asyncio.sleep(0.01)
+        assert runs >= 3 and any("reconciler failed" in p and "did not answer" in p for p in sup.problems())
+        healthy.set()  # the API server answers again: the next run keeps going
+        for _ in range(500):
+            if not sup.problems():
+                break
+            await asyncio.sleep(0.01)
+        assert sup.problems() == []
+    finally:
+        await sup.cancel()
