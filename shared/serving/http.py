@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import ssl
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -39,6 +41,10 @@ BODY_SECONDS = 10.0
 # Connections open at once, per port; more are closed as they are accepted (each holds ~11 KiB, more with
 # TLS): a flood of idle connections is refused rather than growing the role out of its memory limit.
 MAX_CONNECTIONS = 1024
+# ... and from one peer address: one caller cannot take them all from the others (the kubelet's probes, the
+# API server). Well above what a legitimate caller holds: the API server keeps up to 25 idle connections to a
+# webhook and opens more only while that many reviews are in flight; kube-scheduler ~20 in a burst of binds.
+MAX_PER_PEER = 256
 
 
 class BodyError(Exception):
@@ -80,13 +86,40 @@ class _Refused(asyncio.Protocol):
         _abort(transport)
 
 
+def peer_of(transport: asyncio.BaseTransport) -> str:
+    """The peer's address (host only), or "" when the transport does not say."""
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+
+
 class _CappedServer(web.Server):
-    """aiohttp's connection factory, refusing connections past MAX_CONNECTIONS open at once."""
+    """aiohttp's connection factory, refusing connections past MAX_CONNECTIONS open at once, and past
+    MAX_PER_PEER from one peer address (closed as they are made)."""
+
+    peers: Counter[str]  # connections open from each peer address
+    peer_of_handler: dict[Any, str]  # (RequestHandler has __slots__: the peer is kept here)
 
     def __call__(self) -> Any:
         if len(self.connections) >= MAX_CONNECTIONS:
             return _Refused()
         return super().__call__()
+
+    def connection_made(self, handler: Any, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        peer = peer_of(transport)
+        self.peers[peer] += 1
+        self.peer_of_handler[handler] = peer
+        if peer and self.peers[peer] > MAX_PER_PEER:
+            CONNECTIONS_REFUSED.inc()
+            _abort(transport)
+
+    def connection_lost(self, handler: Any, exc: BaseException | None = None) -> None:
+        super().connection_lost(handler, exc)
+        peer = self.peer_of_handler.pop(handler, None)  # counted once, whatever calls this again
+        if peer is not None:
+            self.peers[peer] -= 1
+            if self.peers[peer] <= 0:
+                del self.peers[peer]
 
 
 # The longest a TLS handshake may take before its connection is closed (asyncio's default is 60 s).
@@ -115,6 +148,7 @@ class _TLSSite(web.BaseSite):
         self._host, self._port = host, port
         # each connection whose TLS is not up yet, and the handler made for it (once the handshake is done)
         self.handshaking: dict[asyncio.Task[None], list[asyncio.BaseProtocol]] = {}
+        self.shaking_peers: Counter[str] = Counter()  # of those, how many from each peer address
         self._accepting: asyncio.Task[None] | None = None
 
     @property
@@ -147,7 +181,7 @@ class _TLSSite(web.BaseSite):
         loop = asyncio.get_running_loop()
         while True:
             try:
-                conn, _ = await loop.sock_accept(sock)
+                conn, addr = await loop.sock_accept(sock)
             except OSError as e:  # out of descriptors, a connection reset while queued: go on, a breath later
                 log.warning("accept failed on %s: %s", self.name, e)
                 await asyncio.sleep(0.1)
@@ -157,17 +191,27 @@ class _TLSSite(web.BaseSite):
                 await asyncio.sleep(0.1)
                 continue
             try:
-                if self.open() >= MAX_CONNECTIONS:
+                peer = str(addr[0]) if isinstance(addr, tuple) and addr else ""
+                server = self._runner.server
+                held = self.shaking_peers[peer] + (server.peers[peer] if isinstance(server, _CappedServer) else 0)
+                if self.open() >= MAX_CONNECTIONS or (peer and held >= MAX_PER_PEER):
                     CONNECTIONS_REFUSED.inc()
                     conn.close()
                     continue
                 made: list[asyncio.BaseProtocol] = []
                 task = loop.create_task(self._handshake(conn, made))
                 self.handshaking[task] = made
-                task.add_done_callback(lambda t: self.handshaking.pop(t, None))
+                self.shaking_peers[peer] += 1
+                task.add_done_callback(functools.partial(self._shaken, peer))
             except Exception:
                 log.exception("cannot take a connection on %s", self.name)
                 conn.close()
+
+    def _shaken(self, peer: str, task: asyncio.Task[None]) -> None:
+        self.handshaking.pop(task, None)
+        self.shaking_peers[peer] -= 1
+        if self.shaking_peers[peer] <= 0:
+            del self.shaking_peers[peer]
 
     async def _handshake(self, conn: socket.socket, made: list[asyncio.BaseProtocol]) -> None:
         server = self._runner.server
@@ -197,7 +241,9 @@ class _TLSSite(web.BaseSite):
 class _Runner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
-        server.__class__ = _CappedServer  # the same object, one method more (aiohttp builds it privately)
+        server.__class__ = _CappedServer  # the same object, a few methods more (aiohttp builds it privately)
+        cast(_CappedServer, server).peers = Counter()
+        cast(_CappedServer, server).peer_of_handler = {}
         return server
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Mapping
 
@@ -157,5 +158,32 @@ def exposition() -> bytes:
     return b"".join([generate_latest(REGISTRY), *(render() for render in _EXPOSITIONS)])
 
 
-async def metrics_handler(_: web.Request) -> web.Response:
-    return web.Response(body=exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+# /metrics answers being made or sent at once: the per-card block is megabytes at 1,000 nodes, and a caller that
+# does not read its answer holds it in this process; more callers meanwhile get a 503 (Prometheus scrapes again)
+METRICS_AT_ONCE = 2
+# the longest an answer may take to reach the caller; then its connection is dropped and its memory freed
+METRICS_SEND_SECONDS = 10.0
+_metrics_slots = 0
+
+
+async def metrics_handler(request: web.Request) -> web.StreamResponse:
+    global _metrics_slots
+    if _metrics_slots >= METRICS_AT_ONCE:
+        return web.Response(status=503, text=f"/metrics: {METRICS_AT_ONCE} answers are being sent; try again\n",
+                            headers={"Retry-After": "1"})
+    _metrics_slots += 1
+    try:
+        body = exposition()
+        resp = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_LATEST})
+        resp.content_length = len(body)
+        try:
+            async with asyncio.timeout(METRICS_SEND_SECONDS):
+                await resp.prepare(request)
+                await resp.write(body)
+                await resp.write_eof()
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.abort()  # the unread rest goes with the connection
+        return resp
+    finally:
+        _metrics_slots -= 1

@@ -10,6 +10,8 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -120,12 +122,19 @@ def test_a_role_without_card_gauges_answers_the_registry_alone(monkeypatch: pyte
 def test_the_handler_answers_the_text_format_s_content_type(monkeypatch: pytest.MonkeyPatch) -> None:
     nodes = {"n1": snap("n1", card(0, 8))}
     monkeypatch.setattr(metrics, "_EXPOSITIONS", [CardExposition(lambda: nodes).render])
-    resp = asyncio.run(metrics.metrics_handler(None))  # type: ignore[arg-type]
-    assert resp.headers["Content-Type"] == CONTENT_TYPE_LATEST
-    assert resp.headers["Content-Type"].startswith("text/plain; version=")
-    assert isinstance(resp.body, bytes)
-    strict(resp.body.decode())
-    assert samples(resp.body.decode())  # read back
+
+    async def scrape() -> tuple[str, str]:
+        app = web.Application()
+        app.router.add_get("/metrics", metrics.metrics_handler)
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.get("/metrics")
+            return resp.headers["Content-Type"], await resp.text()
+
+    content_type, body = asyncio.run(scrape())
+    assert content_type == CONTENT_TYPE_LATEST
+    assert content_type.startswith("text/plain; version=")
+    strict(body)
+    assert samples(body)  # read back
 
 
 
