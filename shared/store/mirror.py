@@ -165,6 +165,11 @@ class Mirror:
                 return name
         return None
 
+    @property
+    def synced_once(self) -> bool:
+        """Whether it has read the whole state at least once (what a role serving from memory needs)."""
+        return self._subscribed_once
+
     def capacities(self) -> frozenset[int]:
         """Per-card capacities reported by the cluster's usable cards (the webhook's mixed-fleet input)."""
         return self._views()[0]

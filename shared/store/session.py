@@ -29,7 +29,9 @@ async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False,
                       stop: asyncio.Event | None = None, shapes_only: bool = False) -> tuple[Ledger, Mirror]:
     """Connect (retrying until Redis answers, or Stopped once `stop` is set), then keep the mirror and the
     PING probe under `sup`. Meanwhile the role is not ready, and says why (its health port serves already).
-    `shapes_only`: the role reads only the mirror's card capacities and node errors (Mirror)."""
+    `shapes_only`: the role reads only the mirror's card capacities and node errors (Mirror), which change with
+    nodes, not bookings: it serves from what it loaded, so once in sync it stays ready while Redis is away (the
+    webhook: its replicas unready would refuse every slice pod's creation, failurePolicy Fail)."""
     options = RedisOptions.from_config(cfg)
     ledger = Ledger(connect(cfg.redis_url, options), cfg.key_prefix)
     backoff = Backoff(0.5, 5.0)
@@ -49,10 +51,14 @@ async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False,
     mirror.on_first_sync.append(_settle)
     sup.spawn("mirror", mirror.run)
     sup.spawn("gc-settle", gc_policy.settle_when_grown)  # state that arrives later (a fleet that grows)
-    sup.check("mirror", lambda: "" if mirror.ready.is_set() else "not in sync with Redis")
     redis_ok = Heartbeat("Redis", max_age=6.0)
     sup.spawn("redis-probe", lambda: probe_loop(redis_ok, ledger.probe_write))  # a write, not a PING
-    sup.check("redis", redis_ok)
+    if shapes_only:
+        sup.check("mirror", lambda: "" if mirror.synced_once else "not in sync with Redis yet")
+        sup.check("redis", lambda: "" if mirror.synced_once else redis_ok())
+    else:
+        sup.check("mirror", lambda: "" if mirror.ready.is_set() else "not in sync with Redis")
+        sup.check("redis", redis_ok)
     REDIS_UP.set_function(lambda: 0.0 if redis_ok() else 1.0)
     if card_metrics:
         # Per-card gauges come from the watchers only: at 1000 nodes they are ~9 MB per scrape, which

@@ -74,7 +74,7 @@ def test_renders_valid_objects(rendered: Rendered, name: str) -> None:
         if o["kind"] not in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
                              "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
             expected = "kube-system" if key == ("RoleBinding", f"{fullname(case)}-scheduler-auth-reader") \
-                else case.namespace
+                else "default" if key[1] == f"{fullname(case)}-watcher-events" else case.namespace
             assert meta.get("namespace") == expected, key
 
 
@@ -422,22 +422,28 @@ def test_least_privilege_rbac(rendered: Rendered) -> None:
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        # a pinned model or a node selector is checked against the node's labels at bind
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
     ]
     assert one(objs, "Role", "hami-scheduler-lease")["rules"] == [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["hami-scheduler"],
          "verbs": ["get", "update"]},
     ]
-    assert [b["roleRef"]["name"] for b in _bindings_of(objs, "hami-watcher")] == ["hami-watcher"]
+    assert [b["roleRef"]["name"] for b in _bindings_of(objs, "hami-watcher")] == ["hami-watcher",
+                                                                                 "hami-watcher-events"]
     assert one(objs, "ClusterRole", "hami-watcher")["rules"] == [
         {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list", "watch"]},
         # the reconciler confirms with the API server before it frees a reservation
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
-        # the nudge: the node annotation mtsched.io/capacity-freed after a release
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
-        # Warning events on Nodes: a card knob changed under held slices (controller/knob_watch.py),
-        # capacity, label or model disagree (controller/mismatch.py)
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+        # the nudge: the node annotation mtsched.io/capacity-freed after a release (and nothing else of a
+        # Node: the policy hami-watcher-writes)
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
+    # Warning events on Nodes, in `default` only: a card knob changed under held slices
+    # (controller/knob_watch.py), capacity, label or model disagree (controller/mismatch.py)
+    events = one(objs, "Role", "hami-watcher-events")
+    assert events["metadata"]["namespace"] == "default"
+    assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     # The webhook only lists the namespace's ResourceQuotas and pods (the quota forms only it enforces,
     # shared/domain/quota.py); Redis needs nothing from the API: no binding, no token.
     assert [b["roleRef"]["name"] for b in _bindings_of(objs, "hami-webhook")] == ["hami-webhook"]
@@ -571,8 +577,28 @@ def test_admission_policy_follows_release_and_resource_names(rendered: Rendered)
     assert {"gpu-hami-scheduler", "gpu-hami-watcher"} <= accounts
 
 
+def test_identity_policies(rendered: Rendered) -> None:
+    """What RBAC cannot narrow (tests/e2e/test_trust.py runs them on the real API server): the scheduler's
+    ServiceAccount writes only its own Lease, the watchers' only one annotation of a Node."""
+    objs = rendered("defaults")
+    leases = one(objs, "ValidatingAdmissionPolicy", "hami-scheduler-leases")["spec"]
+    assert leases["failurePolicy"] == "Fail"
+    who = "request.userInfo.username == 'system:serviceaccount:kube-system:hami-scheduler'"
+    assert leases["matchConditions"] == [{"name": "our-scheduler", "expression": who}]
+    assert "request.name == 'hami-scheduler'" in leases["validations"][0]["expression"]
+    nodes = one(objs, "ValidatingAdmissionPolicy", "hami-watcher-writes")["spec"]
+    assert nodes["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]}]
+    assert "'mtsched.io/capacity-freed'" in str(nodes["variables"])
+    for name in ("hami-scheduler-leases", "hami-watcher-writes"):
+        assert one(objs, "ValidatingAdmissionPolicyBinding", name)["spec"] == {
+            "policyName": name, "validationActions": ["Deny"]}
+
+
 def test_admission_policy_toggle_and_kubernetes_version(helm: Path, rendered: Rendered) -> None:
-    assert not find(rendered("disabled"), "ValidatingAdmissionPolicy")  # devices.mthreads.enabled=false
+    # devices.mthreads.enabled=false: no record and no watcher; the scheduler's Lease stays its own
+    assert [p["metadata"]["name"] for p in find(rendered("disabled"), "ValidatingAdmissionPolicy")] == [
+        "hami-scheduler-leases"]
     off = objects(template(helm, Case(sets=("scheduler.admissionPolicy.enabled=false",))).stdout)
     assert not find(off, "ValidatingAdmissionPolicy") and not find(off, "ValidatingAdmissionPolicyBinding")
     proc = template(helm, Case(), "--kube-version", "v1.29.9", check=False)  # no admissionregistration v1 VAP
@@ -679,7 +705,9 @@ def test_static_manifest_is_the_fresh_render(helm: Path) -> None:
     assert not find(objs, "Secret")  # the certificate is the user's (tls.mode=external)
     assert {d["metadata"]["name"]: d["spec"]["replicas"] for d in find(objs, "Deployment")} == {
         "hami-scheduler": 2, "hami-webhook": 2, "hami-watcher": 2, "hami-redis": 1}
-    assert all(o["metadata"].get("namespace") in (None, "kube-system") for o in objs)
+    # (the watchers' events Role lives where Node events do)
+    assert all(o["metadata"].get("namespace") in (None, "kube-system") or o["metadata"]["name"] == "hami-watcher-events"
+               for o in objs)
 
 
 def test_dockerfile() -> None:

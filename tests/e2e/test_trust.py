@@ -444,3 +444,80 @@ async def test_a_record_changed_after_bind_leaves_the_booking(env: Env) -> None:
         assert booking(await env.snapshot(), uid) == want
     log = env.stack.role("watcher").log_path.read_text(errors="replace")
     assert re.search(rf"{env.ns}/slice: its allocation record changed after our bind", log), env.stack.logs(40)
+
+
+# -- (d) the chart's identities write only what their roles need -------------------------------------------------
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+
+
+async def _refused_as(cp: ControlPlane, user: str, method: str, path: str, body: Any,
+                      content_type: str = MERGE) -> str:
+    """The first 403 (policies reach the admission chain through an informer: waited for, bounded)."""
+    async def check() -> str | None:
+        status, text = await asyncio.to_thread(impersonated, cp, user, method, path, body, content_type)
+        return text if status == 403 else None
+
+    got: str = await until(check, f"{user} refused {method} {path}")
+    return got
+
+
+async def test_the_watchers_may_write_only_the_nudge_annotation_of_a_node_and_events_in_default(env: Env) -> None:
+    """RBAC lets the watchers patch every field of every Node; the chart's policy (watcher-writes) keeps them to
+    the annotation their nudge sets. Their events go to `default` only (a Role there, not a ClusterRole)."""
+    cp, watcher = env.stack.cp, env.stack.provision()["watcher"].username
+    node = f"/api/v1/nodes/{env.node}"
+    for patch in ({"metadata": {"labels": {"example.com/x": "y"}}},
+                  {"metadata": {"annotations": {"example.com/other": "x"}}},
+                  {"spec": {"unschedulable": True}},
+                  {"spec": {"taints": [{"key": "example.com/t", "effect": "NoSchedule"}]}},
+                  {"metadata": {"finalizers": ["example.com/never"]}}):
+        text = await _refused_as(cp, watcher, "PATCH", node, patch)
+        assert "only the annotation mtsched.io/capacity-freed" in text, (patch, text)
+    status, text = await asyncio.to_thread(impersonated, cp, watcher, "PATCH", node,
+                                           {"metadata": {"annotations": {"mtsched.io/capacity-freed": "1"}}})
+    assert status == 200, text
+    meta = (await env.admin.request("GET", node))["metadata"]
+    assert "example.com/x" not in (meta.get("labels") or {}) and not meta.get("finalizers")
+    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"generateName": "probe-"},
+             "involvedObject": {"kind": "Node", "name": env.node}, "reason": "Probe", "message": "probe",
+             "type": "Normal"}
+    status, _ = await asyncio.to_thread(impersonated, cp, watcher, "POST", f"/api/v1/namespaces/{env.ns}/events",
+                                        event, "application/json")
+    assert status == 403
+    status, text = await asyncio.to_thread(impersonated, cp, watcher, "POST", "/api/v1/namespaces/default/events",
+                                           event, "application/json")
+    assert status == 201, text
+
+
+async def test_the_scheduler_may_write_only_its_own_lease(env: Env) -> None:
+    """system:kube-scheduler, which our kube-scheduler needs, also grants writes to the default scheduler's Lease
+    (kube-system/kube-scheduler) and to lease candidates; the chart's policy (scheduler-leases) leaves our
+    ServiceAccount, the extender's too, its own Lease only."""
+    cp, ident = env.stack.cp, env.stack.provision()["kube-scheduler"]
+    default = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "metadata": {"name": "kube-scheduler", "namespace": "kube-system"},
+               "spec": {"holderIdentity": "default-scheduler-0", "leaseDurationSeconds": 15}}
+    await env.admin.request("POST", LEASES.format(ns="kube-system"), default, ok=(201, 409))
+    held = await env.admin.request("GET", LEASES.format(ns="kube-system") + "/kube-scheduler")
+    taken = {**held, "spec": {**held["spec"], "holderIdentity": "hami-scheduler-0"}}
+    # an update, which RBAC grants (system:kube-scheduler: get and update of the Lease kube-scheduler)
+    text = await _refused_as(cp, ident.username, "PUT", LEASES.format(ns="kube-system") + "/kube-scheduler",
+                             taken, "application/json")
+    assert "may write only its own Lease" in text, text
+    other = {**default, "metadata": {"name": "someone-else", "namespace": ident.namespace}}
+    text = await _refused_as(cp, ident.username, "POST", LEASES.format(ns=ident.namespace), other, "application/json")
+    assert "may write only its own Lease" in text, text
+    own = {**default, "metadata": {"name": "hami-scheduler", "namespace": ident.namespace},
+           "spec": {"holderIdentity": "hami-scheduler-0", "leaseDurationSeconds": 15}}
+    status, text = await asyncio.to_thread(impersonated, cp, ident.username, "POST", LEASES.format(ns=ident.namespace),
+                                           own, "application/json")
+    assert status in (201, 409), text
+    mine = await env.admin.request("GET", LEASES.format(ns=ident.namespace) + "/hami-scheduler")
+    status, text = await asyncio.to_thread(impersonated, cp, ident.username, "PUT",
+                                           LEASES.format(ns=ident.namespace) + "/hami-scheduler",
+                                           {**mine, "spec": {**mine["spec"], "holderIdentity": "hami-scheduler-1"}},
+                                           "application/json")
+    assert status == 200, text
+    held = await env.admin.request("GET", LEASES.format(ns="kube-system") + "/kube-scheduler")
+    assert held["spec"]["holderIdentity"] == "default-scheduler-0"
