@@ -18,7 +18,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
@@ -67,6 +67,19 @@ def _run_role(main: Callable[[Config, asyncio.Event], Awaitable[bool]], cfg: Con
     return 0 if uvloop.run(runner()) else 1
 
 
+def explain_kubeconfig(given: str, env: Mapping[str, str]) -> str:
+    """The kubeconfig `explain` reads: the one given, $KUBECONFIG's first, ~/.kube/config when it exists; else
+    "" (the pod's own ServiceAccount, as `kubectl exec ... -- mtsched explain` in a role's container runs)."""
+    if given:
+        return given
+    first = env.get("KUBECONFIG", "").split(os.pathsep)[0]
+    if first:
+        return first
+    home = os.path.expanduser("~/.kube/config")
+    in_cluster = bool(env.get("KUBERNETES_SERVICE_HOST"))
+    return home if os.path.exists(home) or not in_cluster else ""
+
+
 def _explain(args: argparse.Namespace, cfg: Config) -> int:
     """The pod from the API server (kubeconfig), the cards from Redis, as `mtsched cards` reads them."""
     from controller.explain import ExplainError, gather, render
@@ -78,8 +91,7 @@ def _explain(args: argparse.Namespace, cfg: Config) -> int:
     except ConfigError as e:
         print(f"mtsched explain: {e}", file=sys.stderr)
         return 2
-    kubeconfig = (args.kubeconfig or cfg.kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
-                  or os.path.expanduser("~/.kube/config"))
+    kubeconfig = explain_kubeconfig(args.kubeconfig or cfg.kubeconfig, os.environ)
 
     async def run() -> str:
         client = connect(args.redis_url or cfg.redis_url, options)

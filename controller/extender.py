@@ -66,6 +66,7 @@ from shared.serving.metrics import (
     BIND_DEADLINE_MISSED,
     BINDINGS,
     CONFLICTS,
+    EXTENDER_ERRORS,
     EXTENDER_SECONDS,
     OVERCOMMIT,
     REBOOKED,
@@ -755,6 +756,15 @@ class Extender:
                 return _bad(e)
             except BodyError as e:
                 return _json({"error": e.message}, status=e.status)
+            except web.HTTPException:  # aiohttp's own answers (a body over the limit: 413)
+                raise
+            except Exception as e:  # a bug must come back as an answer that places nothing, not a 500
+                log.exception("%s failed", verb)
+                EXTENDER_ERRORS.labels(verb).inc()
+                # filter: an error, so kube-scheduler retries the pod; prioritize: no score (kube-scheduler
+                # ignores an extender's prioritize error anyway, and its answer has no error field)
+                return _json({"NodeNames": [], "FailedNodes": {}, "Error": f"{verb}: {type(e).__name__}: {e}"}
+                             if verb == "filter" else [])
 
     async def h_filter(self, request: web.Request) -> web.Response:
         return await self._answer(request, "filter", self.filter)
@@ -770,6 +780,8 @@ class Extender:
                 return _bad(e)
             except BodyError as e:
                 return _json({"error": e.message}, status=e.status)
+            except web.HTTPException:  # aiohttp's own answers (a body over the limit: 413)
+                raise
             except Exception as e:  # a Redis outage must come back as an error, not a dropped connection
                 log.exception("bind failed")
                 BINDINGS.labels("error").inc()

@@ -71,6 +71,7 @@ class Reconciler:
         self.keep_ms = keep_ms  # reservations younger than this are newer than any view: never judged
         self.wake = asyncio.Event()  # a pass over every node, soon
         self.touched: set[str] = set()  # nodes to compare soon (touch), short of a pass over every node
+        self._postponed = ""  # why the last pass was postponed ("" when it was not): logged once per episode
         self._touch = asyncio.Event()
         self.rebuilds = 0
         self.repairs = 0
@@ -156,6 +157,9 @@ class Reconciler:
                     self.pods.nudger.nudge(node)
         self.rebuilds += 1
         LEDGER_REBUILDS.labels(why).inc()
+        # every node written from the API: as good as a pass (else the gauge says 0, "never", until the first
+        # pass, reconcileSeconds after a start, and MtschedLedgerNotReconciled fired after every restart)
+        RECONCILE_LAST.set_to_current_time()
         log.info("ledger rebuilt from the API server (%s): %s", why, stats)
         self.wake.set()  # and compared with the live view soon after
         return stats
@@ -484,10 +488,13 @@ class Reconciler:
                 await self.rebuild(why)
             full = self.wake.is_set() or loop.time() >= next_pass
             if full or self.touched:
-                if self.views_live():
-                    log.debug("reconcile postponed: %s", self.views_live())
+                if why_not := self.views_live():
+                    # said once per episode at info (the runbook's MtschedLedgerNotReconciled points here)
+                    (log.info if why_not != self._postponed else log.debug)("reconcile postponed: %s", why_not)
+                    self._postponed = why_not
                     await asyncio.sleep(self.check_seconds)
                     continue
+                self._postponed = ""
                 # taken before the read: a node touched during the pass is compared again after it
                 nodes, self.touched = self.touched, set()
                 self._touch.clear()

@@ -17,7 +17,6 @@ Pure: the webhook reads the quotas and pods and passes them in.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,15 +25,11 @@ from typing import Any
 
 from shared.config import Config
 from shared.domain.lifecycle import peak
+from shared.domain.quantity import exact
 from shared.domain.request import ContainerAsk, RequestError, read_asks
 
 LIMITS_PREFIX = "limits."
 TERMINAL_PHASES = ("Succeeded", "Failed")  # the API server stops charging a pod once it is terminal
-_QUANTITY = re.compile(r"^\+?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:([eE][-+]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$")
-_SUFFIX = {"": Fraction(1), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
-           "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
-           "P": Fraction(10**15), "E": Fraction(10**18), "Ki": Fraction(2**10), "Mi": Fraction(2**20),
-           "Gi": Fraction(2**30), "Ti": Fraction(2**40), "Pi": Fraction(2**50), "Ei": Fraction(2**60)}
 
 
 class QuotaError(ValueError):
@@ -60,13 +55,11 @@ def enforced_keys(cfg: Config) -> dict[str, str]:
 
 def quantity(text: object, where: str) -> Fraction:
     """A Kubernetes quantity (never negative here) exactly, or QuotaError naming `where`."""
-    m = _QUANTITY.match(str(text).strip()) if isinstance(text, (str, int)) and not isinstance(text, bool) else None
-    if m is None or len(str(text)) > 64:
-        raise QuotaError(f"{where}={text!r} is not a quantity; cannot check the pod against it")
-    exp = int(m.group(2)[1:]) if m.group(2) else 0
-    if abs(exp) > 30:
-        raise QuotaError(f"{where}={text!r} is out of range; cannot check the pod against it")
-    return Fraction(m.group(1)) * _SUFFIX[m.group(3) or ""] * Fraction(10) ** exp
+    ok = isinstance(text, (str, int)) and not isinstance(text, bool) and len(str(text)) <= 64
+    value = exact(str(text)) if ok else None
+    if value is None:
+        raise QuotaError(f"{where}={text!r} is not a quantity (or out of range); cannot check the pod against it")
+    return value
 
 
 def hard_value(text: object, where: str) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 from shared.config import Config
 from shared.domain.lifecycle import APP, INIT, SIDECAR, footprint, kind_of
 from shared.domain.models import CORES_PER_CARD, MAX_MODEL_UNITS, CardModel, describe_models
+from shared.domain.quantity import exact
 from shared.domain.shapes import MAX_QUANTITY_CHARS, describe, pod_problems
 
 MAX_CARDS_PER_POD = 64  # larger than any node; above it the value is a typo
@@ -129,6 +130,13 @@ def parse_quantity(value: object, container: str, resource: str, limit: int) -> 
     if not _INT_RE.match(text):
         if re.match(r"^-[0-9]+$", text):
             raise RequestError([f"{where} is negative; use a whole number 1..{limit}"])
+        value = exact(text)
+        if value is not None and value.denominator == 1 and not milli:
+            # a whole number in a form the API server keeps as written (an exponent, a binary suffix): the
+            # rules read plain integers only, so say what it is and how to write it
+            shown = f"{int(value)}" if value <= 10**12 else "more than 10^12"
+            raise RequestError([f"{where} is {shown} written with an exponent or a unit suffix; use a plain "
+                                f"integer 1..{limit}"])
         raise RequestError([f"{where} is not a whole number; use a plain integer 1..{limit} "
                             "(no fractions or unit suffixes)"])
     n = int(text)

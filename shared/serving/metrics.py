@@ -18,6 +18,8 @@ GC_PAUSE = Histogram("mtsched_gc_pause_seconds", "Time one cyclic garbage collec
 GC_FREEZES = Counter("mtsched_gc_freezes_total",
                      "Times what lives was frozen out of later garbage collections (start, state loaded, grown)")
 EXTENDER_SECONDS = Histogram("mtsched_extender_request_seconds", "Extender call latency", ["verb"], buckets=BUCKETS)
+EXTENDER_ERRORS = Counter("mtsched_extender_errors_total",
+                          "filter and prioritize calls that raised (a bug): answered with no node, logged", ["verb"])
 WEBHOOK_SECONDS = Histogram("mtsched_webhook_request_seconds", "Admission review latency", ["result"],
                             buckets=BUCKETS)
 RESERVATIONS = Counter("mtsched_reservations_total", "Reservation attempts by outcome", ["result"])

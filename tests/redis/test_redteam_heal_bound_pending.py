@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from shared.serving.metrics import RECONCILE_LAST
 from shared.store.ledger import Ledger
 from tests.redis.test_redteam_inflight_nodes import age, bound_pod, gpu_node
 from tests.redis.test_redteam_rebuild_race import Api, age_fence, role
@@ -62,7 +63,10 @@ async def test_redteam_op_a_dead_binders_booking_heals_within_the_documented_bou
     nodes, pods, rec = await role(ledger, api)
     nodes.reflector.synced.set()
     pods.reflector.synced.set()
+    RECONCILE_LAST.set(0)
     await rec.rebuild("start")
+    # a rebuild is a comparison with the API: MtschedLedgerNotReconciled does not wait for the first pass
+    assert RECONCILE_LAST._value.get() > 0  # type: ignore[attr-defined]
     b = await ledger.snapshot("b")
     assert b is not None and "p" in b.reservations, "the rebuild booked p where the API shows it (node b)"
     # a start on an empty Redis while pods of ours exist: the nodes wait the keep window (a bind may have been

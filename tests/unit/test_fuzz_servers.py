@@ -297,5 +297,6 @@ def test_bodies_over_the_limit_get_413(served: Served) -> None:
 
     status, _ = served.post(served.webhook_port, "/mutate", b" " * (WEBHOOK_LIMIT + 1))
     assert status == 413
-    status, _ = served.post(served.extender_port, "/filter", b" " * (EXTENDER_LIMIT + 1))
-    assert status == 413
+    for verb in ("/filter", "/prioritize", "/bind"):
+        status, _ = served.post(served.extender_port, verb, b" " * (EXTENDER_LIMIT + 1))
+        assert status == 413, verb

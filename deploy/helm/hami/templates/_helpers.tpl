@@ -217,6 +217,9 @@ username of redis.external.username goes into it.
 {{- $ext := .Values.redis.external -}}
 {{- if $ext.url -}}
 {{- $url := $ext.url -}}
+{{- if or (regexMatch "://[^/@?]*:[^/@?]*@" $url) (regexMatch "[?&](password|pass)=" $url) -}}
+{{- fail "redis.external.url carries a password, which would be written into the ConfigMap every role reads: put it into a Secret (redis.external.existingSecret, passwordKey) and the user into redis.external.username" -}}
+{{- end -}}
 {{- if and $ext.existingSecret (not (regexMatch "^(redis|rediss|redis\\+sentinel|redis\\+cluster)://[^@/]+(/.*)?$" $url)) -}}
 {{- fail "redis.external.url must look like redis://host:port/db, rediss://host:port/db, redis+sentinel://host:26379[,host:26379]/service[/db] or redis+cluster://host:port[,host:port] (no user or password: use redis.external.username and existingSecret)" -}}
 {{- end -}}
