@@ -114,6 +114,13 @@ def test_invalid_values_are_refused(helm: Path) -> None:
         (("scheduler.admissionWebhook.objectSelector.matchLabels.team=ml",), "objectSelector must be empty"),
         (("scheduler.admissionPolicy.enabled=maybe",), "admissionPolicy"),
         (("mtsched.successEvents=maybe",), "successEvents"),
+        (("scheduler.filterTopK=abc",), "filterTopK"),
+        (("scheduler.filterTopK=-1",), "filterTopK"),
+        (("scheduler.filterTopK=1.5",), "filterTopK"),
+        # a password in the URL would be written into the ConfigMap every role reads
+        (("redis.external.url=redis://:s3cret@redis.example:6379/0",), "carries a password"),
+        (("redis.external.url=redis://u:s3cret@redis.example:6379/0",), "carries a password"),
+        (("redis.external.url=redis://redis.example:6379/0?password=s3cret",), "carries a password"),
     ):
         proc = template(helm, Case(sets=sets), check=False)
         assert proc.returncode != 0, sets
