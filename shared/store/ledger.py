@@ -645,13 +645,20 @@ class Ledger:
         none is known): a Sentinel master that takes writes with no replica in reach (min-replicas-to-write
         is 0) goes on booking when cut off, and drops those bookings when it rejoins as a replica of the one
         promoted meanwhile (docs/install.md, docs/redis-layout.md "What the bound rests on")."""
-        if not is_sentinel(self.redis):
+        if isinstance(self.redis, RedisCluster):  # a primary stops taking writes after cluster-node-timeout itself
             return ""
         info = await self._retry("info", lambda: self.redis.info("replication"))
         if "min_slaves_good_slaves" in info:  # Redis reports it only with min-replicas-to-write set
             return ""
-        return ("the Sentinel master accepts writes with no replica in reach (min-replicas-to-write 0): bookings "
-                "made on it while it is cut off are lost when it rejoins, unseen by the fence")
+        if is_sentinel(self.redis):
+            return ("the Sentinel master accepts writes with no replica in reach (min-replicas-to-write 0): "
+                    "bookings made on it while it is cut off are lost when it rejoins, unseen by the fence")
+        # one address (a managed Redis, a VIP) in front of a master with replicas: whatever fails it over
+        if info.get("role") == "master" and int(info.get("connected_slaves") or 0) > 0:
+            return ("the Redis master has replicas but accepts writes with none in reach (min-replicas-to-write "
+                    "0): if it is failed over, bookings made on it while it is cut off are lost, unseen by the "
+                    "fence")
+        return ""
 
     async def probe_write(self) -> bool:
         """A write, for readiness: a Redis that answers but refuses writes (full under noeviction: OOM; a replica:

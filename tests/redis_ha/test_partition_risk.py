@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+from redis.asyncio import Redis
+
 from controller.reconciler import Reconciler
+from deploy.local.redis_server import RedisServer
 from shared.serving.metrics import REDIS_PARTITION_RISK
 from shared.store.ledger import Ledger, connect
 from tests.redis_ha.test_failover import start_sentinel
@@ -32,3 +35,27 @@ async def test_a_sentinel_master_that_writes_alone_is_reported_until_it_needs_a_
     finally:
         await led.redis.aclose()
         await asyncio.to_thread(setup.cleanup)
+
+
+async def test_a_replicated_master_behind_one_address_that_writes_alone_is_reported() -> None:
+    """Red team (2026-12-05): only Sentinel URLs were looked at; a master with replicas reached at one address
+    (a managed Redis, a VIP: whatever fails it over) is the same risk. A master without replicas is not."""
+    master = RedisServer().start()
+    replica = None
+    led = Ledger(Redis.from_url(master.url, decode_responses=True))
+    try:
+        assert await led.partition_risk() == ""  # alone: nothing to fail over to
+        replica = RedisServer(args=["--replicaof", "127.0.0.1", str(master.port)]).start()
+        for _ in range(200):  # until the master counts it (bounded)
+            if int((await led.redis.info("replication")).get("connected_slaves") or 0) >= 1:
+                break
+            await asyncio.sleep(0.05)
+        assert "min-replicas-to-write" in await led.partition_risk()
+        await led.redis.config_set("min-replicas-max-lag", 10)
+        await led.redis.config_set("min-replicas-to-write", 1)
+        assert await led.partition_risk() == ""
+    finally:
+        await led.redis.aclose()
+        if replica is not None:
+            replica.cleanup()
+        master.cleanup()
