@@ -42,6 +42,9 @@ MAX_PODS = 10_000  # more live pods than this in one namespace: the pod is refus
 # answer is older than the interval either way. The pods a quota charges are always read fresh.
 QUOTA_CACHE_SECONDS = 2.0
 QUOTA_CACHE_BYTES = 4 * 1024 * 1024
+# API reads in flight at once, every namespace together: reviews naming many namespaces (a caller the webhook
+# does not authenticate may send any) queue for READ_TIMEOUT at most instead of fanning out at the API server
+MAX_READS = 8
 
 
 class Api(Protocol):
@@ -61,6 +64,7 @@ class QuotaReader:
         self.cache_seconds = cache_seconds
         self._quotas: ByteLRU[str, tuple[float, list[Mapping[str, Any]]]] = ByteLRU(QUOTA_CACHE_BYTES)
         self._reading: dict[str, asyncio.Future[list[Mapping[str, Any]]]] = {}  # reads in flight, by namespace
+        self._reads = asyncio.Semaphore(MAX_READS)
 
     async def quotas(self, namespace: str) -> list[Mapping[str, Any]]:
         """The namespace's ResourceQuotas that name a form we enforce (read at most every cache_seconds; a
@@ -100,8 +104,13 @@ class QuotaReader:
         return mine
 
     async def _list(self, path: str, query: Mapping[str, str] | None = None) -> tuple[list[Mapping[str, Any]], str]:
-        """(items, continue token or "")."""
-        out = await self.api.request("GET", path, query=query, timeout=READ_TIMEOUT)
+        """(items, continue token or ""); TimeoutError when MAX_READS others are in flight for READ_TIMEOUT."""
+        async with asyncio.timeout(READ_TIMEOUT):
+            await self._reads.acquire()
+        try:
+            out = await self.api.request("GET", path, query=query, timeout=READ_TIMEOUT)
+        finally:
+            self._reads.release()
         items = out.get("items") if isinstance(out, dict) else None
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise QuotaError(f"GET {path}: the answer has no list of items")

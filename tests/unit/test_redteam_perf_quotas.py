@@ -192,3 +192,25 @@ def test_many_namespaces_at_once_share_one_read_each_and_leave_no_reads_in_fligh
         assert reader._quotas.bytes <= QUOTA_CACHE_BYTES
 
     assert run_catching(main) == []
+
+
+def test_reads_for_many_namespaces_at_once_are_bounded() -> None:
+    """Red team (2026-12-05): reviews naming many namespaces (any caller the webhook does not authenticate may
+    send them) each started a read of their own; at most MAX_READS now reach the API server at once, the
+    others queue (and are refused as unavailable, 503, after READ_TIMEOUT)."""
+    from webhook import quotas
+
+    async def main() -> None:
+        names = [f"ns{i}" for i in range(3 * quotas.MAX_READS)]
+        api = Api({n: [TIGHT] for n in names})
+        api.gate.clear()
+        reader = QuotaReader(api, CFG)  # type: ignore[arg-type]
+        reviews = [asyncio.ensure_future(review(reader, n)) for n in names]
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert len(api.reads) == quotas.MAX_READS
+        api.gate.set()
+        out = await asyncio.gather(*reviews)
+        assert len(api.reads) == len(names) and all(not d.allowed for d in out)  # every quota judged
+
+    asyncio.run(main())
