@@ -121,6 +121,15 @@ def test_invalid_values_are_refused(helm: Path) -> None:
         (("redis.external.url=redis://:s3cret@redis.example:6379/0",), "carries a password"),
         (("redis.external.url=redis://u:s3cret@redis.example:6379/0",), "carries a password"),
         (("redis.external.url=redis://redis.example:6379/0?password=s3cret",), "carries a password"),
+        # values that render into a deployment that cannot work (templates/validate.yaml)
+        (("mtsched.metricsBindAddress=127.0.0.1",), "is a loopback address"),
+        (("scheduler.extender.port=9395",), "is taken in the scheduler pod"),
+        (("webhook.port=9395",), "is mtsched.metricsPort too"),
+        (("monitoring.prometheusRule.ledgerStaleSeconds=5",), "between two passes"),
+        (("scheduler.admissionWebhook.timeoutSeconds=3",), "shorter than the webhook's quota read"),
+        (("webhook.podDisruptionBudget.maxUnavailable=0",), "would block every node drain"),
+        (("watcher.podDisruptionBudget.maxUnavailable=null", "watcher.podDisruptionBudget.minAvailable=2"),
+         "would block every node drain"),
     ):
         proc = template(helm, Case(sets=sets), check=False)
         assert proc.returncode != 0, sets
