@@ -432,7 +432,7 @@ class Extender:
                 self._unclaim(uid)
                 fate = "kept for the earlier attempt"
             else:
-                fate = await self._give_back(node, uid, outcome.settle_by)
+                fate = await self._give_back(node, uid, outcome.bind_no)
             BINDINGS.labels("failed").inc()
             BIND_DEADLINE_MISSED.labels("before_send").inc()
             msg = (f"binding {ns}/{name} to {node} not sent: its reservation took {time.monotonic() - started:.1f}s "
@@ -466,7 +466,7 @@ class Extender:
                        f"pod is seen or it expires: {type(e).__name__}: {e}")
                 self.event(pod, "BindingFailed", msg, "Warning")
                 return {"Error": msg}
-            fate = await self._give_back(node, uid, outcome.settle_by)
+            fate = await self._give_back(node, uid, outcome.bind_no)
             BINDINGS.labels("failed").inc()
             msg = f"binding {ns}/{name} to {node} failed, reservation {fate}: {e}"
             self.event(pod, "BindingFailed", msg, "Warning")
@@ -478,13 +478,13 @@ class Extender:
             self.event(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name} (cards {cards})")
         return {"Error": ""}
 
-    async def _give_back(self, node: str, uid: str, settle_by: int) -> str:
-        """Release a booking whose Binding (this attempt's, made by `settle_by`) does not exist and never will,
-        unless a later attempt of the pod holds it (its Binding may still come: release.lua's if_settle_by).
+    async def _give_back(self, node: str, uid: str, bind_no: int) -> str:
+        """Release a booking whose Binding (this attempt's, number `bind_no` on it) does not exist and never will,
+        unless a later attempt of the pod holds it (its Binding may still come: release.lua's if_bind_no).
         kube-scheduler moves every parked pod back to its queues as it gets the failed bind's answer: their next
         filter must see the cards free, so the release is in this mirror now, not when the feed brings it.
         Returns what became of the booking, for the answer."""
-        fate, feed = await self.ledger.give_back(node, uid, settle_by or None)
+        fate, feed = await self.ledger.give_back(node, uid, bind_no or None)
         if feed is not None:
             self._apply_feed(feed)
         self._unclaim(uid)

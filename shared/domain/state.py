@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -167,5 +167,8 @@ def plan_on(snap: NodeSnapshot, uid: str, req: SliceRequest, annotations: Mappin
         record = snap.cards.get(existing.cards[0])
         capacity = record.capacity if record is not None else 0
         mutex = "mutex" in policy_of(annotations, GPU_POLICY, gpu_policy)
-        return Plan(existing.cards, capacity, need_for(req, capacity, mutex))
+        need = need_for(req, capacity, mutex)
+        if req.whole_cards:  # the whole card as it was when booked (a capacity reported since does not count)
+            need = replace(need, memory=existing.mem)
+        return Plan(existing.cards, capacity, need)
     return plan_booking(snap.states(), req, annotations, gpu_policy, fitted)

@@ -115,6 +115,15 @@ class _CappedServer(web.Server):
 
     def connection_lost(self, handler: Any, exc: BaseException | None = None) -> None:
         super().connection_lost(handler, exc)
+        # counted while aiohttp counts it: a handler still running after its peer left stays in `connections`
+        # (and in the cap) until it ends, so it stays in its peer's count too
+        task = getattr(handler, "_task_handler", None)
+        if task is not None and not task.done():
+            task.add_done_callback(lambda _: self._forget(handler))
+        else:
+            self._forget(handler)
+
+    def _forget(self, handler: Any) -> None:
         peer = self.peer_of_handler.pop(handler, None)  # counted once, whatever calls this again
         if peer is not None:
             self.peers[peer] -= 1

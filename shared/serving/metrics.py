@@ -160,20 +160,25 @@ def exposition() -> bytes:
     return b"".join([generate_latest(REGISTRY), *(render() for render in _EXPOSITIONS)])
 
 
-# /metrics answers being made or sent at once: the per-card block is megabytes at 1,000 nodes, and a caller that
-# does not read its answer holds it in this process; more callers meanwhile get a 503 (Prometheus scrapes again)
-METRICS_AT_ONCE = 2
+# /metrics answers being made or sent at once, in all and to one peer address: the per-card block is megabytes
+# at 1,000 nodes, and a caller that does not read its answer holds it in this process. More meanwhile get a 503
+# (Prometheus scrapes again); one address cannot hold every slot (a Prometheus pair scrapes from two)
+METRICS_AT_ONCE = 4
+METRICS_PER_PEER = 1
 # the longest an answer may take to reach the caller; then its connection is dropped and its memory freed
 METRICS_SEND_SECONDS = 10.0
 _metrics_slots = 0
+_metrics_peers: dict[str, int] = {}
 
 
 async def metrics_handler(request: web.Request) -> web.StreamResponse:
     global _metrics_slots
-    if _metrics_slots >= METRICS_AT_ONCE:
-        return web.Response(status=503, text=f"/metrics: {METRICS_AT_ONCE} answers are being sent; try again\n",
-                            headers={"Retry-After": "1"})
+    peer = request.remote or ""
+    if _metrics_slots >= METRICS_AT_ONCE or _metrics_peers.get(peer, 0) >= METRICS_PER_PEER:
+        return web.Response(status=503, text="/metrics: answers are being sent (to you, or to as many callers as "
+                            "it sends at once); try again\n", headers={"Retry-After": "1"})
     _metrics_slots += 1
+    _metrics_peers[peer] = _metrics_peers.get(peer, 0) + 1
     try:
         body = exposition()
         resp = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -186,6 +191,11 @@ async def metrics_handler(request: web.Request) -> web.StreamResponse:
         except TimeoutError:
             if request.transport is not None:
                 request.transport.abort()  # the unread rest goes with the connection
+        except ConnectionError:  # the caller hung up mid-answer: nothing to say to it, nothing to log
+            pass
         return resp
     finally:
         _metrics_slots -= 1
+        _metrics_peers[peer] -= 1
+        if not _metrics_peers[peer]:
+            del _metrics_peers[peer]

@@ -109,8 +109,9 @@ class TaskState:
     failing_since: float | None = None
     last_error: str = ""
     restarts: int = 0
-    # runs in a row that failed after running `healthy_after` or longer: each such run clears `failing_since`,
-    # so without this a task that always fails slowly (a pass whose API reads time out) would look healthy
+    # runs that failed after running `healthy_after` or longer, since the last run of `proven_after` (or
+    # note_ok): each such run clears `failing_since`, so without this a task that always fails slowly (a pass
+    # whose API reads time out) would look healthy
     slow_failures: int = 0
 
 
@@ -188,8 +189,8 @@ class Supervisor:
             TASK_UP.labels(name).set(1)
 
     def note_ok(self, name: str) -> None:
-        """A task says it made progress (e.g. a watch stream is open again), or has run `proven_after`
-        without stopping: it is healthy again."""
+        """The task has run `proven_after` without stopping (or a caller says it made progress): it is healthy
+        again."""
         st = self.tasks.get(name)
         if st is not None:
             st.failures, st.failing_since, st.slow_failures = 0, None, 0

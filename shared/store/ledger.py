@@ -96,8 +96,10 @@ class ReserveOutcome:
     # a new booking: the feed message the script published, for the caller's mirror (Mirror.apply) at once
     feed: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     # booked with a hold (reserve's hold_ms): until when (ms, Redis's clock) this attempt's Binding may be
-    # committed; the attempt's give-back passes it (release_feed's if_settle_by). 0: no hold asked
+    # committed (the janitor waits for it), and this attempt's number among the pod's bind attempts on the
+    # booking, which its give-back passes (Ledger.give_back). 0: no hold asked
     settle_by: int = 0
+    bind_no: int = 0
 
     @property
     def reason(self) -> str:
@@ -309,7 +311,7 @@ class Ledger:
             feed = out.get("feed")
             return ReserveOutcome(True, got, existing=bool(out.get("existing")),
                                   feed=feed if isinstance(feed, dict) else None,
-                                  settle_by=int(out.get("settle_by") or 0)), None
+                                  settle_by=int(out.get("settle_by") or 0), bind_no=int(out.get("bind_no") or 0)), None
         snap = NodeSnapshot.from_json(out["node"]) if out.get("node") else None
         return ReserveOutcome(False, refused=str(out.get("reason", ""))), snap
 
@@ -328,7 +330,7 @@ class Ledger:
                                             need=need, hold_ms=hold_ms)
         if outcome.ok and outcome.cards == plan.cards:
             outcome = ReserveOutcome(True, outcome.cards, existing=outcome.existing, capacity=plan.capacity,
-                                     feed=outcome.feed, settle_by=outcome.settle_by)
+                                     feed=outcome.feed, settle_by=outcome.settle_by, bind_no=outcome.bind_no)
         return outcome, fresh
 
     async def mark_bound(self, node: str, uid: str) -> bool:
@@ -356,13 +358,13 @@ class Ledger:
         return fate == "released", feed
 
     async def give_back(self, node: str, uid: str,
-                        settle_by: int | None = None) -> tuple[str, Mapping[str, Any] | None]:
+                        bind_no: int | None = None) -> tuple[str, Mapping[str, Any] | None]:
         """Release a pod's booking: "released" (with the feed message, as release_feed), "gone" (nothing
-        held) or, with `settle_by` (a binder giving back its own booking: the `settle_by` its reserve
-        answered), "kept" when a later bind attempt of the pod stamped a later one (release.lua)."""
+        held) or, with `bind_no` (a binder giving back its own booking: the `bind_no` its reserve answered),
+        "kept" when a later bind attempt of the pod holds it (release.lua)."""
         body: dict[str, Any] = {"uid": uid}
-        if settle_by is not None:
-            body["if_settle_by"] = settle_by
+        if bind_no is not None:
+            body["if_bind_no"] = bind_no
         out = orjson.loads(await self._call("release", node, body,
                                             lambda k: self.keys.release(node, uid, k)))
         if out.get("kept"):

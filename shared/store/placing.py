@@ -52,7 +52,7 @@ async def place(ledger: Ledger, node: str, uid: str, req: SliceRequest, annotati
                 result = FitResult(outcome.cards)
             return ReserveOutcome(True, outcome.cards, existing=outcome.existing, attempts=attempt,
                                   round_trips=trips, capacity=outcome.capacity, feed=outcome.feed,
-                                  settle_by=outcome.settle_by), result
+                                  settle_by=outcome.settle_by, bind_no=outcome.bind_no), result
         # no plan can help: until the watchers compare the node; while the uid holds a booking of another size
         if outcome.refused.startswith((UNVERIFIED, OTHER_AMOUNTS)):
             return ReserveOutcome(False, refused=outcome.refused, attempts=attempt, round_trips=trips), result

@@ -18,8 +18,11 @@ from controller.watchers import Janitor
 from shared.domain.reconcile import expires
 from shared.kube import KubeError
 from shared.store.ledger import Ledger
+from shared.store.placing import place
 from tests.redis import test_extender_bind
+from tests.redis.helpers import S4000, inventory
 from tests.redis.test_extender_bind import CFG, FakeKube, pod
+from tests.unit.test_plan import whole as whole_request
 
 pytestmark = pytest.mark.redis
 
@@ -166,3 +169,39 @@ async def test_a_bind_for_other_amounts_than_the_uid_booked_is_refused(
     # the same amounts again are the same booking
     ext.filter({"Pod": pod("b", small), "NodeNames": ["s5k"], "Nodes": None})
     assert (await ext.bind(args("b", "s5k")))["Error"] == ""
+
+
+@pytest.mark.parametrize("step_back_ms", [0, 3_000, 20_000, 70_000])
+async def test_a_later_attempt_holds_its_booking_whatever_redis_s_clock_does(ledger: Ledger,
+                                                                              step_back_ms: int) -> None:
+    """Red team (2026-12-05, second round): the give-back compared clock stamps, so a step of Redis's clock back
+    between two attempts (an NTP step, a VM resume) let the earlier one free the later one's booking. Attempts
+    are counted now (`binds`); a step of d ms is simulated by moving attempt 1's stamp d ms ahead."""
+    await ledger.upsert_node(inventory("n4", S4000))
+    assert (await ledger.reserve("n4", "z", [1], S4000, 16, 1, model=S4000, whole=True))[0].ok  # one card left
+    a1, _ = await ledger.reserve("n4", "a", [0], S4000, 16, 1, model=S4000, whole=True, hold_ms=6000)
+    assert a1.ok and not a1.existing and a1.bind_no == 1
+    await ledger.redis.hset(ledger.keys.res("n4", "a"), "settle_by", a1.settle_by + step_back_ms)  # type: ignore[misc]
+    a2, _ = await ledger.reserve("n4", "a", [0], S4000, 16, 1, model=S4000, whole=True, hold_ms=6000)
+    assert a2.ok and a2.existing and a2.bind_no == 2
+    assert await ledger.give_back("n4", "a", a1.bind_no) == ("kept", None)  # attempt 1's Binding was refused
+    assert not (await ledger.reserve("n4", "c", [0], S4000, 16, 1, model=S4000, whole=True))[0].ok
+    fate, _ = await ledger.give_back("n4", "a", a2.bind_no)  # attempt 2's too: now it goes
+    assert fate == "released"
+    assert (await ledger.reserve("n4", "c", [0], S4000, 16, 1, model=S4000, whole=True))[0].ok
+
+
+async def test_a_whole_card_retry_keeps_its_booking_when_the_card_is_reported_anew(ledger: Ledger) -> None:
+    """A whole card is booked as it was then: a retry after the node's cards were reported with another capacity
+    gets the same booking, not a refusal for other amounts until the janitor expires it."""
+    await ledger.upsert_node(inventory("n4", S4000))
+    req = whole_request()
+    snap = await ledger.snapshot("n4")
+    assert snap is not None
+    first, _ = await place(ledger, "n4", "a", req, {}, snap, "spread", hold_ms=6000)
+    assert first.ok
+    await ledger.upsert_node(inventory("n4", 160))
+    snap = await ledger.snapshot("n4")
+    assert snap is not None
+    second, _ = await place(ledger, "n4", "a", req, {}, snap, "spread", hold_ms=6000)
+    assert second.ok and second.existing and second.cards == first.cards, second

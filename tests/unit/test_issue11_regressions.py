@@ -50,7 +50,7 @@ class FakeLedger:
     async def release(self, node: str, uid: str) -> None:
         pass
 
-    async def give_back(self, node: str, uid: str, settle_by: int | None = None) -> tuple[str, None]:
+    async def give_back(self, node: str, uid: str, bind_no: int | None = None) -> tuple[str, None]:
         await self.release(node, uid)  # as Ledger.give_back, without a mirror to feed
         return "released", None
 

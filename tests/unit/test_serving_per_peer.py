@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from deploy.local.processes import free_port
 from shared.config import load_config
@@ -68,36 +70,75 @@ async def test_one_peer_cannot_hold_every_connection(tmp_path: Path, monkeypatch
     await on_both_loops(lambda: _scenario(ctx))
 
 
+async def test_a_peer_cannot_keep_its_share_through_requests_it_hung_up_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Red team (second round): aiohttp keeps a handler (and counts it in the port's cap) until it ends, after its
+    caller went; the peer's count dropped at the hang-up, so hung-up slow requests held any number of slots."""
+    monkeypatch.setattr(http, "MAX_PER_PEER", CAP)
+    gate = asyncio.Event()
+
+    async def slow(_: web.Request) -> web.Response:  # a review waiting for a quota read, a bind...
+        await gate.wait()
+        return web.Response(text="done")
+
+    app = web.Application()
+    app.router.add_post("/slow", slow)
+    runner = await serve(app, "127.0.0.1:0")
+    port = runner.addresses[0][1]
+    server = runner.server
+    try:
+        for _ in range(3 * CAP):
+            _r, w = await _open(port, "127.0.0.2")
+            w.write(b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+            await w.drain()
+            await asyncio.sleep(0.02)
+            w.close()
+        await asyncio.sleep(0.2)
+        assert len(server.connections) <= CAP, "one peer holds more than its share"  # type: ignore[union-attr]
+        assert await _served(port, "127.0.0.3")
+    finally:
+        gate.set()
+        await runner.cleanup()
+
+
 async def test_unread_metrics_answers_are_bounded_in_number_and_time(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(metrics, "exposition", lambda: b"# big\n" * 4_000_000)  # 24 MB, as 2,000 nodes' cards
     monkeypatch.setattr(metrics, "METRICS_SEND_SECONDS", 1.0)
     port = free_port()
-    health = await serve_health(load_config(env={}, flags={"metricsListen": f"127.0.0.1:{port}"}), list)
+    health = await serve_health(load_config(env={}, flags={"metricsListen": f"0.0.0.0:{port}"}), list)
     readers = []
+
+    async def get(source: str, path: str = "/metrics") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        r, w = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0), limit=1024)
+        w.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        w.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        return r, w
+
     try:
-        for _ in range(metrics.METRICS_AT_ONCE):  # callers that ask and never read
-            r, w = await asyncio.open_connection("127.0.0.1", port, limit=1024)
-            w.transport.get_extra_info("socket").setsockopt(  # type: ignore[union-attr]
-                __import__("socket").SOL_SOCKET, __import__("socket").SO_RCVBUF, 4096)
-            w.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            readers.append((r, w))
+        readers.append(await get("127.0.0.2"))  # a caller that asks and never reads
+        for _ in range(200):
+            if metrics._metrics_slots == 1:
+                break
+            await asyncio.sleep(0.01)
+        r, w = await get("127.0.0.2")  # the same address again: its one answer is being sent
+        assert (await asyncio.wait_for(r.read(64), 5)).startswith(b"HTTP/1.1 503")
+        w.close()
+        for i in range(3, 2 + metrics.METRICS_AT_ONCE):  # other addresses, up to the slots in all
+            readers.append(await get(f"127.0.0.{i}"))
         for _ in range(200):
             if metrics._metrics_slots == metrics.METRICS_AT_ONCE:
                 break
             await asyncio.sleep(0.01)
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert (await asyncio.wait_for(r.read(64), 5)).startswith(b"HTTP/1.1 503"), "a third answer was made"
+        r, w = await get("127.0.0.100")
+        assert (await asyncio.wait_for(r.read(64), 5)).startswith(b"HTTP/1.1 503"), "one more answer was made"
         w.close()
-        r, w = await asyncio.open_connection("127.0.0.1", port)  # the probes are answered meanwhile
-        w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        r, w = await get("127.0.0.100", "/healthz")  # the probes are answered meanwhile
         assert (await asyncio.wait_for(r.read(64), 5)).startswith(b"HTTP/1.1 200")
         w.close()
         for _ in range(500):  # the unread answers are dropped after METRICS_SEND_SECONDS (bounded)
             if metrics._metrics_slots == 0:
                 break
             await asyncio.sleep(0.02)
-        assert metrics._metrics_slots == 0, "unread /metrics answers still held"
+        assert metrics._metrics_slots == 0 and not metrics._metrics_peers, "unread /metrics answers still held"
     finally:
         for _, w in readers:
             w.close()

@@ -198,7 +198,7 @@ local function res_view(uid)
     cards = table.concat(cards, ","), mem = num(r.mem), cores = num(r.cores), slices = num(r.slices),
     state = r.state or "bound", created = num(r.created), bound_at = num(r.bound_at), pod = r.pod or "",
     idle = r.idle == "1", carried = (r.carried == "1") or nil,  -- nil: left out of every reply
-    settle_by = num(r.settle_by),
+    settle_by = num(r.settle_by), binds = num(r.binds),
   }
 end
 

@@ -1,15 +1,15 @@
--- Release a reservation by pod uid, giving its share back. Payload: {uid, if_settle_by?}. Idempotent.
--- if_settle_by (a binder giving back its own booking: the `settle_by` its reserve answered): the booking
--- stays when a later bind attempt of the pod stamped a later one (its Binding may still be committed),
--- answered {released = false, kept = true}.
+-- Release a reservation by pod uid, giving its share back. Payload: {uid, if_bind_no?}. Idempotent.
+-- if_bind_no (a binder giving back its own booking: the `bind_no` its reserve answered): the booking stays
+-- when a later bind attempt of the pod holds it (`binds` above it: its Binding may still be committed),
+-- answered {released = false, kept = true}. A counter, not a time: Redis's clock may step.
 local p, reply = uid_payload()
 if not p then return reply end
-if p.if_settle_by ~= nil and not is_int(p.if_settle_by, 0, 2 ^ 52) then
-  return fail("BADINPUT", "if_settle_by must be a time in ms")
+if p.if_bind_no ~= nil and not is_int(p.if_bind_no, 0, 2 ^ 52) then
+  return fail("BADINPUT", "if_bind_no must be a whole number >= 0")
 end
 local r = res_view(p.uid)
 if not r then return cjson.encode({ok = true, released = false}) end
-if p.if_settle_by ~= nil and (r.settle_by or 0) > p.if_settle_by then
+if p.if_bind_no ~= nil and r.binds > p.if_bind_no then
   return cjson.encode({ok = true, released = false, kept = true})
 end
 local more = need_keys(split_cards(r.cards), {})  -- the cards it gives back (and publishes)

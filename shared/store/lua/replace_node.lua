@@ -112,7 +112,9 @@ for _, e in ipairs(pending) do
   -- book stamps a bound one as bound when it was made: keep when it was bound, or its keep window ends early
   if r.state == "bound" then redis.call('HSET', res_key(uid), 'bound_at', r.bound_at) end
   if r.state ~= "bound" and (r.carried or was_unverified) then redis.call('HSET', res_key(uid), 'carried', '1') end
-  if r.state ~= "bound" and r.settle_by > 0 then redis.call('HSET', res_key(uid), 'settle_by', r.settle_by) end
+  if r.state ~= "bound" and r.settle_by > 0 then
+    redis.call('HSET', res_key(uid), 'settle_by', r.settle_by, 'binds', r.binds)
+  end
   for _, idx in ipairs(split_cards(r.cards)) do
     local c = card_view(idx)
     if c and c.health ~= "removed" and (c.mem_used > c.capacity or c.cores_used > c.cores

@@ -3,8 +3,9 @@
 -- the twin of shared/domain/fit.py's. Idempotent by uid: a repeated call for the same amounts returns the
 -- cards already booked (`existing`); other amounts are refused (a pod's request never changes: its Binding
 -- would carry a record the ledger does not book). hold_ms (a binder): the booking's `settle_by` becomes at
--- least now + hold_ms, when this attempt's Binding is committed or never, and is answered; the janitor
--- and an earlier attempt's give-back leave the booking alone until then (expire.lua, release.lua). On
+-- least now + hold_ms, when this attempt's Binding is committed or never (the janitor leaves it alone until
+-- then, expire.lua), and its `binds` counts this attempt, answered as `bind_no` (an attempt's give-back
+-- leaves a booking a later attempt holds, release.lua: a counter, whatever Redis's clock does). On
 -- conflict returns the reason and the node's current cards (refusal_view), so the caller can refit
 -- without another read.
 local function unverified()
@@ -33,9 +34,9 @@ local r = res_view(p.uid)
 if r and (r.mem ~= p.mem or r.cores ~= p.cores or r.slices ~= p.slices or r.idle ~= need.idle
           or #split_cards(r.cards) ~= #p.cards) then
   return cjson.encode({ok = false, reason = string.format("booked with other amounts: %d card(s) of mem %d, "
-    .. "cores %d, slices %d%s; asked %d card(s) of mem %d, cores %d, slices %d%s (a pod's request does not "
-    .. "change)", #split_cards(r.cards), r.mem, r.cores, r.slices, r.idle and ", idle" or "", #p.cards, p.mem,
-    p.cores, p.slices, need.idle and ", idle" or "")})
+    .. "cores %d, slices %d%s; asked %d card(s) of mem %d, cores %d, slices %d%s: refused until that booking "
+    .. "is released or expires", #split_cards(r.cards), r.mem, r.cores, r.slices, r.idle and ", idle" or "",
+    #p.cards, p.mem, p.cores, p.slices, need.idle and ", idle" or "")})
 end
 if r and r.state ~= "bound" then
   -- a pending booking answered again is a bind going on: not on a node this Redis process has not verified
@@ -54,14 +55,18 @@ if r and r.state ~= "bound" then
 end
 local hold = p.hold_ms or 0
 if r then
-  local settle_by = r.settle_by
+  local settle_by, bind_no = r.settle_by, r.binds
   if hold > 0 then
-    -- this attempt's Binding may be committed until then: nobody gives the booking back before (no feed
-    -- message: only scripts read it; a mirror's copy may be older)
-    settle_by = math.max(in_flight(r, now_ms()) and settle_by or 0, now_ms() + hold)
-    redis.call('HSET', res_key(p.uid), 'settle_by', settle_by)
+    -- this attempt's Binding may be committed until then: the janitor leaves the booking alone before, and an
+    -- earlier attempt's give-back leaves it to this one (no feed message: a mirror's copy may be older, and
+    -- the scripts decide). A stamp from a clock that stepped back stays: never lowered within FUTURE_MS
+    local now = now_ms()
+    settle_by = math.max((r.settle_by - now <= FUTURE_MS) and r.settle_by or 0, now + hold)
+    bind_no = r.binds + 1
+    redis.call('HSET', res_key(p.uid), 'settle_by', settle_by, 'binds', bind_no)
   end
-  return cjson.encode({ok = true, existing = true, cards = r.cards, state = r.state, settle_by = settle_by})
+  return cjson.encode({ok = true, existing = true, cards = r.cards, state = r.state, settle_by = settle_by,
+                       bind_no = bind_no})
 end
 if not redis.call('HGET', NODE_KEY, 'version') then
   return cjson.encode({ok = false, reason = "node unregistered", node = refusal_view()})
@@ -80,12 +85,12 @@ for _, idx in ipairs(p.cards) do
 end
 local now = now_ms()
 local views, res = book(p, "pending", now, seen)
-local settle_by = 0
+local settle_by, bind_no = 0, 0
 if hold > 0 then
-  settle_by = now + hold
-  redis.call('HSET', res_key(p.uid), 'settle_by', settle_by)
-  res.settle_by = settle_by
+  settle_by, bind_no = now + hold, 1
+  redis.call('HSET', res_key(p.uid), 'settle_by', settle_by, 'binds', bind_no)
+  res.settle_by, res.binds = settle_by, bind_no
 end
 local v, msg = publish('reserve', p.uid, res, p.cards, views)
 return cjson.encode({ok = true, existing = false, cards = cards_csv(p.cards), version = v, feed = msg,
-                     settle_by = settle_by})
+                     settle_by = settle_by, bind_no = bind_no})
