@@ -60,12 +60,18 @@ async def read_body(request: web.Request) -> bytes:
     """The request's body, in bounded time. BodyError: compressed (415: no caller of ours compresses, and an
     uncompressed body is what client_max_size bounds), not received within BODY_SECONDS (408), or cut short
     or malformed in its framing (400). A body over client_max_size still raises aiohttp's 413."""
-    encoding = request.headers.get(hdrs.CONTENT_ENCODING, "")
-    if encoding.strip().lower() not in ("", "identity"):
-        raise BodyError(415, f"Content-Encoding: got {encoding[:40]!r}; allowed: none (send the body uncompressed)")
+    for encoding in request.headers.getall(hdrs.CONTENT_ENCODING, []):
+        if encoding.strip().lower() not in ("", "identity"):
+            raise BodyError(415, f"Content-Encoding: got {encoding[:40]!r}; allowed: none (send the body "
+                                 "uncompressed)")
+    for coding in request.headers.getall(hdrs.TRANSFER_ENCODING, []):
+        if any(c.strip().lower() not in ("chunked", "") for c in coding.split(",")):
+            raise BodyError(415, f"Transfer-Encoding: got {coding[:40]!r}; allowed: chunked")
     try:
         async with asyncio.timeout(BODY_SECONDS):
             return await request.read()
+    except web.HTTPRequestEntityTooLarge as e:  # aiohttp's text names both sizes
+        raise BodyError(413, f"body: too large ({e.text}); send at most that many bytes") from None
     except TimeoutError:
         raise BodyError(408, f"body: not received within {BODY_SECONDS:g} s") from None
     except RequestPayloadError as e:

@@ -172,6 +172,28 @@ def test_off_by_default(rendered: Rendered) -> None:
     assert not [o for o in find(objs, "ConfigMap") if "grafana_dashboard" in (o["metadata"].get("labels") or {})]
 
 
+def test_the_pod_monitor_scrapes_every_role_s_metrics_port(helm: Path) -> None:
+    """The alerts expect every role scraped (MtschedRoleAbsent): the PodMonitor selects the release's pods and
+    their port named `metrics`, which each role's container has (the node agent's too)."""
+    values = {"monitoring": {"podMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+              "nodeAgent": {"enabled": True}}
+    objs = objects(template(helm, Case(values), "--api-versions", "monitoring.coreos.com/v1").stdout)
+    pm = one(objs, "PodMonitor", "hami")
+    assert pm["metadata"]["labels"]["release"] == "prom"
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    selector = pm["spec"]["selector"]["matchLabels"]
+    scraped = set()
+    for w in find(objs, "Deployment") + find(objs, "DaemonSet"):
+        pod = w["spec"]["template"]
+        ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports") or []}
+        if "metrics" in ports:
+            assert selector.items() <= pod["metadata"]["labels"].items(), w["metadata"]["name"]
+            scraped.add(w["metadata"]["name"])
+    assert scraped == {"hami-scheduler", "hami-webhook", "hami-watcher", "hami-node-agent"}
+    proc = template(helm, Case(values), check=False)  # no Prometheus Operator: said at install
+    assert proc.returncode != 0 and "Prometheus Operator" in proc.stderr
+
+
 def test_dashboard_configmap_carries_the_one_json_file(rendered: Rendered) -> None:
     cm = one(monitoring_objects(rendered), "ConfigMap", "hami-dashboard")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"

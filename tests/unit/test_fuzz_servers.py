@@ -15,6 +15,7 @@ import asyncio
 import copy
 import http.client
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -295,8 +296,19 @@ def test_bodies_over_the_limit_get_413(served: Served) -> None:
     from controller.extender import BODY_LIMIT as EXTENDER_LIMIT
     from webhook.server import BODY_LIMIT as WEBHOOK_LIMIT
 
-    status, _ = served.post(served.webhook_port, "/mutate", b" " * (WEBHOOK_LIMIT + 1))
-    assert status == 413
+    status, out = served.post(served.webhook_port, "/mutate", b" " * (WEBHOOK_LIMIT + 1))
+    assert status == 413 and f"Maximum request body size {WEBHOOK_LIMIT}" in out["error"], out
     for verb in ("/filter", "/prioritize", "/bind"):
-        status, _ = served.post(served.extender_port, verb, b" " * (EXTENDER_LIMIT + 1))
-        assert status == 413, verb
+        status, out = served.post(served.extender_port, verb, b" " * (EXTENDER_LIMIT + 1))
+        assert status == 413 and out["error"].startswith("body: too large"), (verb, out)
+
+
+def test_a_body_in_a_transfer_coding_other_than_chunked_is_refused(served: Served) -> None:
+    """aiohttp reads `Transfer-Encoding: gzip, chunked` as plain chunks and would hand the handler the gzip bytes;
+    no caller of ours codes a body, so it is refused by name (as Content-Encoding is)."""
+    for port, path in ((served.webhook_port, "/mutate"), (served.extender_port, "/filter")):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         "Transfer-Encoding: gzip, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n".encode())
+            answer = sock.recv(4096).decode()
+        assert answer.startswith("HTTP/1.1 415") and "Transfer-Encoding: got 'gzip, chunked'" in answer, answer
