@@ -68,11 +68,12 @@ def _run_role(main: Callable[[Config, asyncio.Event], Awaitable[bool]], cfg: Con
 
 
 def explain_kubeconfig(given: str, env: Mapping[str, str]) -> str:
-    """The kubeconfig `explain` reads: the one given, $KUBECONFIG's first, ~/.kube/config when it exists; else
-    "" (the pod's own ServiceAccount, as `kubectl exec ... -- mtsched explain` in a role's container runs)."""
+    """The kubeconfig `explain` reads: the one given, $KUBECONFIG's first entry, ~/.kube/config when it exists;
+    else, in a pod, "" (its own ServiceAccount: `kubectl exec ... -c extender -- mtsched explain`; the extender's
+    and the watchers' may read pods and nodes, the webhook's may not)."""
     if given:
         return given
-    first = env.get("KUBECONFIG", "").split(os.pathsep)[0]
+    first = next((p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p), "")
     if first:
         return first
     home = os.path.expanduser("~/.kube/config")

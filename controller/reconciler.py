@@ -489,11 +489,14 @@ class Reconciler:
             full = self.wake.is_set() or loop.time() >= next_pass
             if full or self.touched:
                 if why_not := self.views_live():
-                    # said once per episode at info (the runbook's MtschedLedgerNotReconciled points here)
-                    (log.info if why_not != self._postponed else log.debug)("reconcile postponed: %s", why_not)
+                    # said at info once per episode (the runbook's MtschedLedgerNotReconciled points here; the
+                    # reason carries a running count of seconds, so only the episode's start is compared)
+                    (log.debug if self._postponed else log.info)("reconcile postponed: %s", why_not)
                     self._postponed = why_not
                     await asyncio.sleep(self.check_seconds)
                     continue
+                if self._postponed:
+                    log.info("reconcile resumed: the watch streams are live again")
                 self._postponed = ""
                 # taken before the read: a node touched during the pass is compared again after it
                 nodes, self.touched = self.touched, set()

@@ -30,7 +30,10 @@ log = logging.getLogger("mtsched.webhook")
 
 # The namespace's pods the API server still charges (terminal pods hold nothing).
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
-READ_TIMEOUT = 5.0  # well inside the webhook's own timeout at the API server
+READ_TIMEOUT = 5.0  # one API read
+# the whole check of one review (the namespace's quotas, then its pods, page by page): well inside the
+# webhook's timeout at the API server (chart default 10 s, at least 6: templates/validate.yaml)
+CHECK_SECONDS = 5.0
 PAGE = 500  # pods per list answer when the API server pages
 MAX_PODS = 10_000  # more live pods than this in one namespace: the pod is refused, the check stays bounded
 # A namespace's quotas (only those naming a form we enforce) are re-read at most this often: one API call per
@@ -42,8 +45,9 @@ MAX_PODS = 10_000  # more live pods than this in one namespace: the pod is refus
 # answer is older than the interval either way. The pods a quota charges are always read fresh.
 QUOTA_CACHE_SECONDS = 2.0
 QUOTA_CACHE_BYTES = 4 * 1024 * 1024
-# API reads in flight at once, every namespace together: reviews naming many namespaces (a caller the webhook
-# does not authenticate may send any) queue for READ_TIMEOUT at most instead of fanning out at the API server
+# Quota reads in flight at once, every namespace together: reviews naming many namespaces (a caller the webhook
+# does not authenticate may send any) queue instead of fanning out at the API server. (The pods of a namespace
+# are read per review, bounded by the reviews in flight, and only where a quota of ours exists.)
 MAX_READS = 8
 
 
@@ -97,20 +101,16 @@ class QuotaReader:
 
     async def _read_quotas(self, namespace: str) -> list[Mapping[str, Any]]:
         now = self.clock()
-        items = await self._items(f"/api/v1/namespaces/{quote(namespace, safe='')}/resourcequotas")
+        async with self._reads:
+            items = await self._items(f"/api/v1/namespaces/{quote(namespace, safe='')}/resourcequotas")
         mine = [q for q in items if any(k in self.keys for k in ((q.get("spec") or {}).get("hard") or {}))]
         if self.cache_seconds > 0:
             self._quotas.put(namespace, (now + self.cache_seconds, mine), 200 + len(namespace) + len(repr(mine)))
         return mine
 
     async def _list(self, path: str, query: Mapping[str, str] | None = None) -> tuple[list[Mapping[str, Any]], str]:
-        """(items, continue token or ""); TimeoutError when MAX_READS others are in flight for READ_TIMEOUT."""
-        async with asyncio.timeout(READ_TIMEOUT):
-            await self._reads.acquire()
-        try:
-            out = await self.api.request("GET", path, query=query, timeout=READ_TIMEOUT)
-        finally:
-            self._reads.release()
+        """(items, continue token or "")."""
+        out = await self.api.request("GET", path, query=query, timeout=READ_TIMEOUT)
         items = out.get("items") if isinstance(out, dict) else None
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise QuotaError(f"GET {path}: the answer has no list of items")
@@ -144,13 +144,16 @@ class QuotaReader:
         if not decision.allowed or not asked:
             return decision
         try:
-            quotas = await self.quotas(namespace)
-            pods: Sequence[Mapping[str, Any]] = []
-            if quotas:
-                pods = await self.live_pods(namespace)
+            async with asyncio.timeout(CHECK_SECONDS):  # one deadline for every read of this review
+                quotas = await self.quotas(namespace)
+                pods: Sequence[Mapping[str, Any]] = []
+                if quotas:
+                    pods = await self.live_pods(namespace)
             refusal = judge_quotas(pod, asked, quotas, pods, self.cfg, now=time.time())
         except Exception as e:  # fail closed: a quota we cannot check is not a quota that holds
             QUOTA_CHECKS.labels("error").inc()
+            if isinstance(e, TimeoutError) and not str(e):
+                e = TimeoutError(f"the API server did not answer within {CHECK_SECONDS:g} s")
             log.warning("quota check in namespace %s failed: %s", namespace, e)
             # 503 while the API server is away (clients retry a server error), 403 for what stays so
             return deny(f"cannot check the ResourceQuotas of namespace {namespace}: {e}; the pod is refused "

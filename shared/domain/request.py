@@ -130,13 +130,15 @@ def parse_quantity(value: object, container: str, resource: str, limit: int) -> 
     if not _INT_RE.match(text):
         if re.match(r"^-[0-9]+$", text):
             raise RequestError([f"{where} is negative; use a whole number 1..{limit}"])
+        if re.fullmatch(r"\+?[0-9.]+[eE]\+?[0-9]+", text) and exact(text) is None:  # beyond any exponent read
+            raise RequestError([f"{where} is too large; at most {limit}"])
         value = exact(text)
-        if value is not None and value.denominator == 1 and not milli:
-            # a whole number in a form the API server keeps as written (an exponent, a binary suffix): the
-            # rules read plain integers only, so say what it is and how to write it
+        if value is not None and value.denominator == 1:
+            # a whole number in another form (a decimal point, an exponent, a unit suffix): the rules read plain
+            # integers only, so say what it is and how to write it
             shown = f"{int(value)}" if value <= 10**12 else "more than 10^12"
-            raise RequestError([f"{where} is {shown} written with an exponent or a unit suffix; use a plain "
-                                f"integer 1..{limit}"])
+            raise RequestError([f"{where} is {shown}, written with a decimal point, an exponent or a unit "
+                                f"suffix; use a plain integer 1..{limit}"])
         raise RequestError([f"{where} is not a whole number; use a plain integer 1..{limit} "
                             "(no fractions or unit suffixes)"])
     n = int(text)

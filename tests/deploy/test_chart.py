@@ -125,8 +125,13 @@ def test_invalid_values_are_refused(helm: Path) -> None:
         (("mtsched.metricsBindAddress=127.0.0.1",), "is a loopback address"),
         (("scheduler.extender.port=9395",), "is taken in the scheduler pod"),
         (("webhook.port=9395",), "is mtsched.metricsPort too"),
-        (("monitoring.prometheusRule.ledgerStaleSeconds=5",), "between two passes"),
-        (("scheduler.admissionWebhook.timeoutSeconds=3",), "shorter than the webhook's quota read"),
+        (("monitoring.prometheusRule.enabled=true", "monitoring.prometheusRule.ledgerStaleSeconds=5"),
+         "between two passes"),
+        (("redis.external.url=redis+sentinel://h:26379/m?sentinel_password=s3cret",), "carries a password"),
+        (("mtsched.metricsBindAddress=0:0:0:0:0:0:0:1",), "is a loopback address"),
+        (("webhook.podDisruptionBudget.maxUnavailable=null", "webhook.podDisruptionBudget.minAvailable=100%"),
+         "would block every node drain"),
+        (("scheduler.admissionWebhook.timeoutSeconds=3",), "shorter than the webhook's quota check"),
         (("webhook.podDisruptionBudget.maxUnavailable=0",), "would block every node drain"),
         (("watcher.podDisruptionBudget.maxUnavailable=null", "watcher.podDisruptionBudget.minAvailable=2"),
          "would block every node drain"),
@@ -136,6 +141,13 @@ def test_invalid_values_are_refused(helm: Path) -> None:
         assert message in proc.stderr, proc.stderr
     proc = template(helm, Case({"devices": {"mthreads": {"memoryPerCard": []}}}), check=False)
     assert proc.returncode != 0 and "memoryPerCard" in proc.stderr
+    # ... and only where the chart renders what a check protects (or the value is what it means)
+    for sets in (("webhook.replicas=1", "webhook.podDisruptionBudget.maxUnavailable=0"),
+                 ("scheduler.admissionWebhook.enabled=false", "scheduler.admissionWebhook.timeoutSeconds=3"),
+                 ("monitoring.prometheusRule.ledgerStaleSeconds=5",),
+                 ("mtsched.metricsBindAddress=::",),
+                 ("redis.external.url=redis+sentinel://h:26379/m?sentinel_password=",)):  # empty: documented
+        template(helm, Case(sets=sets))
 
 
 def test_every_mtsched_setting_has_a_schema() -> None:

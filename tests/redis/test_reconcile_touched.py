@@ -248,3 +248,39 @@ async def test_a_full_pass_that_fails_is_run_again_by_the_restarted_loop(ledger:
     assert rec.wake.is_set()  # kept: the restarted loop passes at once
     await restarted_until_repaired(rec, ledger, "ta", "no full pass after the failed one")
     assert calls == 2
+
+
+async def test_a_postponed_pass_is_said_once_per_episode(ledger: Ledger, redis_client: Redis,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """The runbook's MtschedLedgerNotReconciled points at `reconcile postponed` in the watcher's log: said at
+    info when the streams stop being live, not at every check (its reason counts seconds, so it changes every
+    time: red team, 2026-12-05), and `reconcile resumed` when they are live again."""
+    rec, _pods = await setup(ledger)
+    await redis_client.set(ledger.epoch_key, "1")
+    ticks = 0
+
+    def down() -> str:
+        nonlocal ticks
+        ticks += 1
+        return f"pods: stream failing for {ticks}s"
+
+    rec.views_live = down  # type: ignore[method-assign]
+    rec.wake.set()
+    caplog.set_level("INFO", logger="mtsched.reconciler")
+    task = asyncio.create_task(rec.run())
+    try:
+        for _ in range(400):  # bounded: until several checks were postponed
+            if ticks >= 5:
+                break
+            await asyncio.sleep(0.02)
+        rec.views_live = lambda: ""  # type: ignore[method-assign]
+        for _ in range(400):
+            if any("reconcile resumed" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    said = [r.getMessage() for r in caplog.records if r.levelname == "INFO" and "reconcile " in r.getMessage()]
+    assert ticks >= 5 and said[:2] == ["reconcile postponed: pods: stream failing for 1s",
+                                      "reconcile resumed: the watch streams are live again"], said

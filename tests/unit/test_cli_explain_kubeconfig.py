@@ -18,6 +18,7 @@ def test_the_kubeconfig_explain_reads(tmp_path: Path, monkeypatch: pytest.Monkey
     assert explain_kubeconfig("", pod) == ""  # in a pod: its ServiceAccount (Kube.create's in-cluster config)
     assert explain_kubeconfig("/k/given", pod) == "/k/given"
     assert explain_kubeconfig("", {**pod, "KUBECONFIG": f"/a{os.pathsep}/b"}) == "/a"
+    assert explain_kubeconfig("", {**pod, "KUBECONFIG": f"{os.pathsep}/b"}) == "/b"  # its first entry, not ''
     home = tmp_path / ".kube" / "config"
     assert explain_kubeconfig("", {}) == str(home)  # outside a pod: the usual default, which says if it is missing
     home.parent.mkdir()

@@ -10,6 +10,8 @@ import gc
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
+
 from shared.config import load_config
 from shared.domain.admission import Decision, decide
 from webhook.quotas import QUOTA_CACHE_BYTES, QuotaReader
@@ -212,5 +214,40 @@ def test_reads_for_many_namespaces_at_once_are_bounded() -> None:
         api.gate.set()
         out = await asyncio.gather(*reviews)
         assert len(api.reads) == len(names) and all(not d.allowed for d in out)  # every quota judged
+
+    asyncio.run(main())
+
+
+def test_a_burst_in_one_namespace_is_not_held_by_the_bound_on_quota_reads() -> None:
+    """Red team (third round): the bound first covered every read, the pods' too, which each review makes: a
+    burst of 40 pods in one namespace with a quota had 8 refused as unavailable."""
+    from webhook import quotas
+
+    async def main() -> None:
+        roomy = {"metadata": {"name": "gpu"}, "spec": {"hard": {f"limits.{VGPU}": "1000"}}}
+        api = Api({"team": [roomy]})
+        reader = QuotaReader(api, CFG)  # type: ignore[arg-type]
+        out = await asyncio.gather(*(review(reader) for _ in range(5 * quotas.MAX_READS)))
+        assert all(d.allowed for d in out), [d.message for d in out if not d.allowed][:3]
+
+    asyncio.run(main())
+
+
+def test_a_check_that_outlasts_its_deadline_is_refused_as_unavailable_saying_why(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One deadline for every read of a review (CHECK_SECONDS), inside the webhook's timeout at the API server,
+    and a refusal that says what happened (a bare TimeoutError said nothing)."""
+    from webhook import quotas
+
+    monkeypatch.setattr(quotas, "CHECK_SECONDS", 0.2)
+
+    async def main() -> None:
+        api = Api({"team": [TIGHT]})
+        api.gate.clear()  # the API server does not answer
+        reader = QuotaReader(api, CFG)  # type: ignore[arg-type]
+        d = await review(reader)
+        assert not d.allowed and d.code == 503, d
+        assert "did not answer within 0.2 s" in d.message, d.message
+        api.gate.set()
 
     asyncio.run(main())

@@ -46,13 +46,16 @@ def test_parse_quantity_accepts_plain_integers(raw: object, n: int) -> None:
     ("raw", "needle"),
     [
         ("1.5", "not a whole number"),  # HAMi rounds this up with Value(); we refuse
-        ("16Gi", "is 17179869184 written with an exponent or a unit suffix"),  # HAMi test "memory 16Gi"
-        ("16.0Gi", "written with an exponent or a unit suffix"),  # HAMi test "decimal form"
-        ("1e3", "'1e3' is 1000 written with an exponent or a unit suffix; use a plain integer 1..64"),
-        ("5Ki", "is 5120 written with"),
-        ("1e30", "more than 10^12 written with"),
+        ("16Gi", "is 17179869184, written with"),  # HAMi test "memory 16Gi"
+        ("16.0Gi", "written with a decimal point, an exponent or a unit suffix"),  # HAMi test "decimal form"
+        ("1e3", "'1e3' is 1000, written with a decimal point, an exponent or a unit suffix; use a plain integer"),
+        ("5Ki", "is 5120, written with"),
+        ("5.0", "is 5, written with a decimal point"),
+        ("2000m", "(= 2) is 2, written with"),
+        ("1e30", "more than 10^12, written with"),
+        ("1e31", "too large"),
         ("1e-3", "not a whole number"),
-        ("1.5Ki", "is 1536 written with"),
+        ("1.5Ki", "is 1536, written with"),
         ("500m", "not a whole number"),
         ("", "not a whole number"),
         ("one", "not a whole number"),
@@ -375,8 +378,8 @@ def test_sgpu_resources_without_vgpu_rejected(limits: dict[str, object]) -> None
         (ctr("a", limits={VGPU: -1, MEM: 1000, CORE: 1}), "is negative"),
         (ctr("a", limits={VGPU: 4294967296, MEM: 1000, CORE: 1}), "too large"),
         # memory 16Gi / 16.0Gi -> HAMi {}; errors here.
-        (ctr("a", limits={VGPU: 1, MEM: "16Gi", CORE: 1}), "written with an exponent or a unit suffix"),
-        (ctr("a", limits={VGPU: 1, MEM: "16.0Gi", CORE: 1}), "written with an exponent or a unit suffix"),
+        (ctr("a", limits={VGPU: 1, MEM: "16Gi", CORE: 1}), "written with a decimal point, an exponent or a unit"),
+        (ctr("a", limits={VGPU: 1, MEM: "16.0Gi", CORE: 1}), "written with a decimal point, an exponent or a unit"),
     ],
 )
 def test_hami_generate_resource_requests_table(container: dict[str, Any], expect: object) -> None:

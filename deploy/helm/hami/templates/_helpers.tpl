@@ -217,7 +217,7 @@ username of redis.external.username goes into it.
 {{- $ext := .Values.redis.external -}}
 {{- if $ext.url -}}
 {{- $url := $ext.url -}}
-{{- if or (regexMatch "://[^/@?]*:[^/@?]*@" $url) (regexMatch "[?&](password|pass)=" $url) -}}
+{{- if or (regexMatch "://[^/@?]*:[^/@?]*@" $url) (regexMatch "[?&](sentinel_)?pass(word)?=[^&#]" $url) -}}
 {{- fail "redis.external.url carries a password, which would be written into the ConfigMap every role reads: put it into a Secret (redis.external.existingSecret, passwordKey) and the user into redis.external.username" -}}
 {{- end -}}
 {{- if and $ext.existingSecret (not (regexMatch "^(redis|rediss|redis\\+sentinel|redis\\+cluster)://[^@/]+(/.*)?$" $url)) -}}
