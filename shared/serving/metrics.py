@@ -20,6 +20,8 @@ GC_FREEZES = Counter("mtsched_gc_freezes_total",
 EXTENDER_SECONDS = Histogram("mtsched_extender_request_seconds", "Extender call latency", ["verb"], buckets=BUCKETS)
 EXTENDER_ERRORS = Counter("mtsched_extender_errors_total",
                           "filter and prioritize calls that raised (a bug): answered with no node, logged", ["verb"])
+for _verb in ("filter", "prioritize"):  # exported at 0 from the start, so a rate() sees the first one
+    EXTENDER_ERRORS.labels(_verb)
 WEBHOOK_SECONDS = Histogram("mtsched_webhook_request_seconds", "Admission review latency", ["result"],
                             buckets=BUCKETS)
 RESERVATIONS = Counter("mtsched_reservations_total", "Reservation attempts by outcome", ["result"])
