@@ -115,7 +115,8 @@ RECONCILE_LAST = Gauge("mtsched_reconcile_last_pass_timestamp_seconds",
                        "Unix time a reconciliation pass over every node last completed (0: none yet)")
 RECONCILE_SECONDS = Histogram("mtsched_reconcile_seconds", "Duration of one reconciliation pass", buckets=BUCKETS)
 CONNECTIONS_REFUSED = Counter("mtsched_http_connections_refused_total",
-                              "Connections closed as they were accepted: the port already had 1024 open")
+                              "Connections closed as they were accepted: the port already had 1024 open, or 256 "
+                              "from that peer address")
 JANITOR_HELD = Gauge("mtsched_janitor_held",
                      "1 while the janitor expires no pending reservation because the watcher's pod stream is down, "
                      "not listed yet, or back for less than 10 s (a booking whose record it has not seen may be a "
