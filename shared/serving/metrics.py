@@ -103,6 +103,10 @@ REDIS_PARTITION_RISK = Gauge("mtsched_redis_partition_risk",
                              "1 when a booking Redis acknowledged could be lost without a change of history the "
                              "fence sees: a Sentinel master with min-replicas-to-write 0 (checked by the watchers' "
                              "full reconcile passes; docs/install.md)")
+REDIS_EVICTED_KEYS = Gauge("mtsched_redis_evicted_keys",
+                           "Keys Redis dropped when full since it started (INFO stats evicted_keys, summed over a "
+                           "Cluster's primaries; read by the readiness probe): each one makes every node of that "
+                           "server wait for the watchers' comparison before it is booked again")
 REDIS_UP = Gauge("mtsched_redis_up", "1 while Redis accepted a probe write within the last 6 s (the readiness check)")
 RECONCILE_REPAIRS = Counter("mtsched_reconcile_repairs_total",
                             "Differences between the ledger and the API server that the reconciler repaired",

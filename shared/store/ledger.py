@@ -27,7 +27,8 @@ from shared.domain.annotations import PodUsage
 from shared.domain.fit import CardNeed, Plan, Reasons
 from shared.domain.node import Inventory
 from shared.domain.state import NodeSnapshot
-from shared.serving.metrics import REDIS_ROUND_TRIPS
+from shared.serving.metrics import REDIS_EVICTED_KEYS, REDIS_ROUND_TRIPS
+from shared.store.eviction import eviction_refusal, evicts_ledger
 from shared.store.keys import MOREKEYS, NOTHING, Known, Layout
 from shared.store.redis_conn import NO_OPTIONS, RedisOptions, connect, connect_subscriber, explain, is_sentinel
 
@@ -667,13 +668,30 @@ class Ledger:
         READONLY) leaves no role able to book, bind, record or release. Then the run id the scripts read
         (`server_info` in _lib.lua): without it (an ACL user without `info`, a proxy that hides it) no node is
         ever verified and no booking made. Raises what Redis answered, or LedgerError."""
-        ok = bool(await self.redis.set(self.keys.probe, str(time.time_ns() // 1_000_000), px=60_000))
+        # no time to live: a volatile-* Redis has nothing of ours to evict (shared/store/eviction.py)
+        ok = bool(await self.redis.set(self.keys.probe, str(time.time_ns() // 1_000_000)))
         # routed by the key on a cluster, to a shard that holds nodes like any other
         run = await cast("Awaitable[str]", self.redis.eval(RUN_ID_SCRIPT, 1, self.keys.probe))
         if not run:
             raise LedgerError("this Redis reports no run_id or master_replid in INFO: no node can be verified after "
                               "a restart or failover, so none is booked (docs/redis-layout.md, Losing Redis)")
+        evicting = await self.evicting_policy()
+        if evicting:  # reserve.lua refuses every booking there, atomically; this says so in readiness
+            raise LedgerError(eviction_refusal(evicting))
         return ok
+
+    async def evicting_policy(self) -> str:
+        """The `maxmemory-policy` of a server that may drop ledger keys when full (shared/store/eviction.py),
+        on any primary of a Cluster; "" when none may. Sets mtsched_redis_evicted_keys on the way."""
+        infos: list[dict[str, Any]] = []
+        for node in self.redis.get_primaries() if isinstance(self.redis, RedisCluster) else [None]:
+            info: dict[str, Any] = {}
+            for section in ("memory", "stats"):  # INFO with several sections is Redis 7's
+                info.update(await (self.redis.info(section, target_nodes=node) if node is not None
+                                   else self.redis.info(section)))
+            infos.append(info)
+        REDIS_EVICTED_KEYS.set(sum(int(i.get("evicted_keys") or 0) for i in infos))
+        return next((p for i in infos if evicts_ledger(p := str(i.get("maxmemory_policy", "")))), "")
 
     async def intact(self) -> bool:
         """False once Redis lost the state a rebuild wrote (restart without persistence, FLUSHALL)."""

@@ -135,6 +135,9 @@ def test_invalid_values_are_refused(helm: Path) -> None:
         (("webhook.podDisruptionBudget.maxUnavailable=0",), "would block every node drain"),
         (("watcher.podDisruptionBudget.maxUnavailable=null", "watcher.podDisruptionBudget.minAvailable=2"),
          "would block every node drain"),
+        # a bundled Redis that may drop any key when full: every booking would be refused (shared/store/eviction.py)
+        (("redis.args={--maxmemory,200mb,--maxmemory-policy,allkeys-lru}",), "redis.args[3] allkeys-lru"),
+        (("redis.args={--maxmemory-policy=allkeys-random}",), "allkeys-random: with an allkeys-*"),
     ):
         proc = template(helm, Case(sets=sets), check=False)
         assert proc.returncode != 0, sets
@@ -146,6 +149,8 @@ def test_invalid_values_are_refused(helm: Path) -> None:
                  ("scheduler.admissionWebhook.enabled=false", "scheduler.admissionWebhook.timeoutSeconds=3"),
                  ("monitoring.prometheusRule.ledgerStaleSeconds=5",),
                  ("mtsched.metricsBindAddress=::",),
+                 ("redis.args={--maxmemory-policy,volatile-lru}",),
+                 ("redis.external.url=redis://r:6379/0", "redis.args={--maxmemory-policy,allkeys-lru}"),  # not rendered
                  ("redis.external.url=redis+sentinel://h:26379/m?sentinel_password=",)):  # empty: documented
         template(helm, Case(sets=sets))
 

@@ -40,26 +40,52 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The history this Redis holds, as `<run_id>:<master_replid>`: the run id is new after every restart, the
--- replication id after every promotion (a failover, also a fail-back to a server that never restarted). A
--- node's state carries the token it was last verified against the API server under (`run`): a restart
--- from an old snapshot or a promoted replica may lack the last writes (a booking a running pod holds), so
--- no new booking is made there until the watchers have compared it again (replace_node, verify_after).
--- Read once per script call. "" when this Redis does not say (then nothing is ever verified).
+-- The history this Redis holds, as `<run_id>:<master_replid>`, and `:e<n>` once it has evicted n keys: the run
+-- id is new after every restart, the replication id after every promotion (a failover, also a fail-back to a
+-- server that never restarted), the eviction count after every key Redis dropped when full (any key of the
+-- server: which one it was, INFO does not say). A node's state carries the token it was last verified against
+-- the API server under (`run`): a restart from an old snapshot or a promoted replica may lack the last writes,
+-- an eviction any key (a booking a running pod holds), so no new booking is made there until the watchers
+-- have compared it again (replace_node, verify_after). A server that never evicted keeps the token of earlier
+-- releases. Read once per script call. "" when this Redis does not say (then nothing is ever verified).
 local SERVER_TOKEN
+local EVICTED = 0
 local function server_info()
   if SERVER_TOKEN == nil then
-    -- two calls: INFO with several sections is Redis 7's (6.2 answers it with a syntax error)
+    -- one call per section: INFO with several sections is Redis 7's (6.2 answers it with a syntax error)
     local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
     local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
+    EVICTED = tonumber(string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)') or "0")
     SERVER_TOKEN = (run and replid) and (run .. ":" .. replid) or ""
+    if SERVER_TOKEN ~= "" and EVICTED > 0 then SERVER_TOKEN = SERVER_TOKEN .. ":e" .. EVICTED end
   end
   return SERVER_TOKEN
+end
+
+-- The eviction policy this Redis applies when full, when it may drop any key (allkeys-*), else nil: the twin of
+-- shared/store/eviction.py's evicts_ledger. A dropped node, card or reservation hash loses a booking unseen.
+local function evicting_policy()
+  local policy = string.match(redis.call('INFO', 'memory'), 'maxmemory_policy:([%w%-]+)')
+  if policy and string.sub(policy, 1, 8) == "allkeys-" then return policy end
+  return nil
+end
+
+-- The refusal's words, the same as eviction.py's eviction_refusal.
+local function eviction_refusal(policy)
+  return "Redis evicts keys (maxmemory-policy " .. policy .. "): when full it may drop a booking a running pod "
+    .. "holds, unseen; no booking until it is set to noeviction (or a volatile-* policy: no ledger key has a time "
+    .. "to live)"
 end
 
 local function verified()
   local token = server_info()
   return token ~= "" and redis.call('HGET', NODE_KEY, 'run') == token
+end
+
+-- Whether a node this Redis does not hold is new, not dropped by an eviction (then it may be verified at once).
+local function new_and_whole()
+  server_info()
+  return EVICTED == 0
 end
 
 local function mark_verified(now)
@@ -72,7 +98,7 @@ end
 local function window_start()
   local token = server_info()
   local since = redis.call('HGET', NODE_KEY, 'unverified_since') or ""
-  local s_token, s_ms = string.match(since, '^(%x+:%x+):(%d+)$')
+  local s_token, s_ms = string.match(since, '^(%x+:%x+:?e?%d*):(%d+)$')
   if token == "" or s_token ~= token then return nil end
   return tonumber(s_ms)
 end
@@ -86,15 +112,16 @@ end
 -- view (which may lag) passes none and never verifies a node of another history: it starts the window and
 -- is told how much is left. The window starts, for a node this Redis holds under another token, when a writer
 -- first found it so (`unverified_since`); a node new to this Redis is verified at once, unless the caller
--- knows its keys were lost (`lost`: a rebuild after the state went, a node the watchers knew missing), when
--- it starts now. Returns (verified, ms left until a read may verify it).
+-- knows its keys were lost (`lost`: a rebuild after the state went, a node the watchers knew missing) or this
+-- Redis has evicted keys (its hash may be one of them: new_and_whole), when it starts now. Returns (verified,
+-- ms left until a read may verify it).
 local function verify_after(existed, after_ms, now, lost, truth_at)
   if verified() then return true, 0 end
   local token = server_info()
   if token == "" then return false, after_ms end
   local start = window_start()
   if start == nil then
-    if not existed and not lost then mark_verified(now) return true, 0 end
+    if not existed and not lost and new_and_whole() then mark_verified(now) return true, 0 end
     start = now
     redis.call('HSET', NODE_KEY, 'unverified_since', token .. ":" .. start)
   end

@@ -97,7 +97,7 @@ local now = now_ms()
 local is_verified, verify_in = verified(), 0
 if p.verify_after_ms ~= nil then
   is_verified, verify_in = verify_after(existed, p.verify_after_ms, now, p.lost == true, p.truth_at)
-elseif not existed and p.lost ~= true then
+elseif not existed and p.lost ~= true and new_and_whole() then
   mark_verified(now)  -- new to this Redis: nothing it holds was lost (a writer that knows otherwise passes lost)
   is_verified = true
 end

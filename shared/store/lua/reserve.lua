@@ -9,7 +9,7 @@
 -- conflict returns the reason and the node's current cards (refusal_view), so the caller can refit
 -- without another read.
 local function unverified()
-  return cjson.encode({ok = false, unverified = true, reason = "node unverified: Redis restarted or failed over "
+  return cjson.encode({ok = false, unverified = true, reason = "node unverified: Redis restarted, failed over or evicted keys "
     .. "since the watchers last compared this node with the API server (it may lack a booking a pod holds); "
     .. "no new booking until they compare it again"})
 end
@@ -21,6 +21,9 @@ if not is_int(p.model or 0, 0, 4096) or (p.whole ~= nil and type(p.whole) ~= "bo
     or (p.idle ~= nil and type(p.idle) ~= "boolean") or not is_int(p.hold_ms or 0, 0, FUTURE_MS) then
   return fail("BADINPUT", "model must be 0..4096, whole and idle booleans, slices >= 1, hold_ms 0.." .. FUTURE_MS)
 end
+-- before anything is booked or answered again: a Redis that may drop any key when full may drop this booking
+local evicts = evicting_policy()
+if evicts then return cjson.encode({ok = false, reason = eviction_refusal(evicts)}) end
 local accepts, e1 = int_set(p.accepts, 2, 4096, "accepts")
 local deny, e2 = int_set(p.deny, 0, 1023, "deny")
 if e1 or e2 then return fail("BADINPUT", e1 or e2) end

@@ -18,5 +18,5 @@ local more = need_keys(cards, {})
 if more then return more end
 write_cards(p.cards, false)
 redis.call('HSET', NODE_KEY, 'error', p.error or "")
-if not exists then mark_verified(now_ms()) end  -- create: tests and tools only (the roles never create here)
+if not exists and new_and_whole() then mark_verified(now_ms()) end  -- create: tests and tools only (the roles never create here)
 return publish('node', nil, nil)

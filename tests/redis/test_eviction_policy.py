@@ -1,0 +1,227 @@
+"""A Redis that may drop any key when full (`maxmemory-policy allkeys-*`) books nothing, and says so.
+
+Such a Redis drops a node's, a card's or a reservation's hash with no trace the fence sees: a node hash gone
+looks new, and a new node is verified at once, all its cards free under running pods. So reserve.lua refuses
+every booking there (`evicting_policy` in _lib.lua) and every role's readiness probe says why
+(Ledger.probe_write), in the words of shared/store/eviction.py, whose rule the Lua twin must match: one table
+of policies below. `volatile-*` is safe only because no ledger key has a time to live: the workflow test
+checks every key every script writes.
+
+Real parts: redis-server and the product's scripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from deploy.local.redis_server import RedisServer
+from shared.domain.annotations import PodUsage
+from shared.serving.metrics import REDIS_EVICTED_KEYS
+from shared.store.eviction import EVICTING, eviction_refusal, evicts_ledger
+from shared.store.ledger import LUA_DIR, UNVERIFIED, Ledger, LedgerError
+from tests.redis.helpers import S4000, S5000, dump, inventory
+from tests.redis.test_redteam_heal_bound_pending import ApiWithPods
+from tests.redis.test_redteam_inflight_nodes import bound_pod, gpu_node
+from tests.redis.test_redteam_rebuild_race import role
+
+pytestmark = pytest.mark.redis
+
+POLICIES = ["noeviction", "allkeys-lru", "allkeys-lfu", "allkeys-random", "volatile-lru", "volatile-lfu",
+            "volatile-random", "volatile-ttl"]
+
+
+@pytest.fixture
+async def policy_reset(redis_client: Redis) -> AsyncIterator[Redis]:
+    yield redis_client
+    await redis_client.config_set("maxmemory-policy", "noeviction")  # the session's server serves other tests
+    await redis_client.config_set("maxmemory", 0)
+    # and its eviction count must stay 0 for them: a server that evicted verifies no new node at once
+    assert int((await redis_client.info("stats"))["evicted_keys"]) == 0
+
+
+@pytest.fixture
+async def own_server() -> AsyncIterator[RedisServer]:
+    s = RedisServer().start()  # its own: its eviction count stays with it
+    yield s
+    s.cleanup()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+async def test_the_lua_twin_refuses_exactly_what_the_python_rule_names(ledger: Ledger, policy_reset: Redis,
+                                                                        policy: str) -> None:
+    await ledger.upsert_node(inventory("n", S4000))
+    await policy_reset.config_set("maxmemory-policy", policy)
+    out, _ = await ledger.reserve("n", "u1", [0], 8, 2, 1, pod="ns/p1")
+    assert (not out.ok) == evicts_ledger(policy), (policy, out)
+    if evicts_ledger(policy):
+        assert out.refused == eviction_refusal(policy)  # the same words as readiness gives
+        assert out.refused.startswith(EVICTING)
+        snap = await ledger.snapshot("n")
+        assert snap is not None and not snap.reservations  # nothing booked
+        with pytest.raises(LedgerError, match=re.escape(eviction_refusal(policy))):
+            await ledger.probe_write()
+    else:
+        assert await ledger.probe_write()
+    assert await ledger.evicting_policy() == (policy if evicts_ledger(policy) else "")
+
+
+async def test_a_booking_is_not_answered_again_while_keys_may_be_dropped(ledger: Ledger,
+                                                                          policy_reset: Redis) -> None:
+    await ledger.upsert_node(inventory("n", S4000))
+    first, _ = await ledger.reserve("n", "u1", [0], 8, 2, 1, pod="ns/p1", hold_ms=5000)
+    assert first.ok
+    await policy_reset.config_set("maxmemory-policy", "allkeys-lru")
+    again, _ = await ledger.reserve("n", "u1", [0], 8, 2, 1, pod="ns/p1", hold_ms=5000)
+    assert not again.ok and again.refused.startswith(EVICTING)
+    await policy_reset.config_set("maxmemory-policy", "noeviction")  # set right: the booking is answered again
+    third, _ = await ledger.reserve("n", "u1", [0], 8, 2, 1, pod="ns/p1", hold_ms=5000)
+    assert third.ok and third.existing and third.bind_no == 2  # the refused attempt changed nothing
+
+
+async def test_the_premise_an_allkeys_redis_drops_a_booking_and_a_volatile_one_does_not(
+        own_server: RedisServer) -> None:
+    """Why the rule: at its limit, allkeys-random drops ledger keys on the next command; volatile-lru finds no
+    key it may drop (none has a time to live) and refuses the write instead, every booking kept."""
+    policy_reset = Redis.from_url(own_server.url, decode_responses=True)
+    ledger = Ledger(policy_reset)
+    for policy, dropped in (("volatile-lru", False), ("allkeys-random", True)):
+        await policy_reset.flushall()
+        await ledger.upsert_node(inventory("n", S5000, n=8))
+        for i in range(8):
+            assert (await ledger.reserve("n", f"u{i}", [i], 8, 2, 1, pod=f"ns/p{i}"))[0].ok
+        before = await dump(policy_reset)
+        await policy_reset.config_set("maxmemory-policy", policy)
+        await policy_reset.config_set("maxmemory", 1)
+        with contextlib.suppress(Exception):  # OOM is what volatile-* answers here
+            await policy_reset.set("mt:scratch", "x")  # any write: Redis evicts first, or refuses
+        await policy_reset.config_set("maxmemory", 0)
+        after = await dump(policy_reset)
+        lost = set(before) - set(after)
+        assert bool(lost) == dropped, (policy, sorted(lost))
+        if dropped:  # and the booking on card 0 may be gone with them: the rule refuses to book on what is left
+            refused, _ = await ledger.reserve("n", "v", [0], 8, 2, 1, pod="ns/q")
+            assert refused.refused.startswith(EVICTING), refused
+    await policy_reset.aclose()
+
+
+async def test_no_key_the_ledger_writes_has_a_time_to_live(ledger: Ledger, redis_client: Redis) -> None:
+    """What makes volatile-* safe: after every script and the readiness probe, no key has a TTL."""
+    await ledger.upsert_node(inventory("n", S4000, n=4))
+    await ledger.upsert_node(inventory("m", S5000, n=2))
+    assert (await ledger.reserve("n", "u1", [0], 8, 2, 1, pod="ns/p1", hold_ms=5000))[0].ok
+    assert (await ledger.reserve("n", "u2", [1], 16, 4, 1, pod="ns/p2"))[0].ok
+    assert await ledger.mark_bound_many("n", ["u1"]) == []
+    await ledger.observe("u3", PodUsage("n", (2,), 8, 2, 1), "ns/p3")
+    assert await ledger.release("n", "u2")
+    await ledger.expire("n", 1.0)
+    await ledger.replace_node(inventory("m", S5000, n=2), {"u4": (PodUsage("m", (0,), 16, 4, 1), "ns/p4")})
+    await ledger.rebuild([inventory("n", S4000, n=4), inventory("m", S5000, n=2)],
+                         {"u3": (PodUsage("n", (2,), 8, 2, 1), "ns/p3")})
+    await ledger.notify("wake", "n")
+    await ledger.clock("n")
+    await ledger.snapshot("n")
+    assert await ledger.probe_write()
+    await ledger.upsert_node(inventory("gone", S4000))
+    await ledger.remove_node("gone", keep_ms=60_000)
+    keys = [k async for k in redis_client.scan_iter(match="mt:*", count=1000)]
+    assert len(keys) > 10
+    assert ledger.keys.probe in keys
+    with_ttl = {k: await redis_client.ttl(k) for k in keys if await redis_client.ttl(k) != -1}
+    assert not with_ttl, with_ttl
+
+
+def test_no_script_sets_a_time_to_live() -> None:
+    """The same claim, by reading: no script calls a command that sets or keeps a TTL."""
+    command = re.compile(r"redis\.p?call\(\s*['\"](P?EXPIRE(AT)?|P?SETEX|GETEX|RESTORE)['\"]", re.IGNORECASE)
+    option = re.compile(r"['\"](EX|PX|EXAT|PXAT|KEEPTTL)['\"]")  # SET's
+    assert command.search("redis.call('PEXPIRE', k, 5)") and option.search("redis.call('SET', k, v, 'PX', 5)")
+    for path in sorted(LUA_DIR.glob("*.lua")):
+        text = path.read_text()
+        assert not command.search(text) and not option.search(text), path.name
+
+
+# ------------------------------------------------------------------------------------------- the fence
+async def evict_some(client: Redis, drop_bytes: int) -> int:
+    """Make Redis drop some keys as a full `allkeys-random` server does, then set it right; the keys it evicted."""
+    before = int((await client.info("stats"))["evicted_keys"])
+    used = int((await client.info("memory"))["used_memory"])
+    await client.config_set("maxmemory-policy", "allkeys-random")
+    await client.config_set("maxmemory", max(1, used - drop_bytes))
+    with contextlib.suppress(Exception):
+        await client.set("elsewhere", "x")  # any command: Redis evicts before it
+    await client.config_set("maxmemory", 0)
+    await client.config_set("maxmemory-policy", "noeviction")
+    return int((await client.info("stats"))["evicted_keys"]) - before
+
+
+async def test_after_an_eviction_no_node_is_booked_until_the_watchers_compared_it(own_server: RedisServer) -> None:
+    """Keys Redis dropped (here at random: any of them may be a booking) are not seen one by one: every node of
+    that server becomes unverified, as after a restart, and the watchers' comparison writes it from the API's
+    truth; a node whose hash was dropped is not taken for a new one. Then nothing is over-committed."""
+    client = Redis.from_url(own_server.url, decode_responses=True)
+    ledger = Ledger(client)
+    names = [f"n{i}" for i in range(6)]
+    held = [bound_pod(f"p{i}", n, 0, 64 * 512, 12) for i, n in enumerate(names)]  # 64 of card 0's 96 units
+    try:
+        api = ApiWithPods([gpu_node(n) for n in names], [])
+        nodes, pods, rec = await role(ledger, api)
+        nodes.reflector.synced.set()
+        pods.reflector.synced.set()
+        await rec.rebuild("start")
+        for i, (n, p) in enumerate(zip(names, held, strict=True)):  # our binds: booked, bound, recorded, seen
+            assert (await ledger.reserve(n, f"p{i}", [0], 64, 12, 1, pod=f"ns/p{i}"))[0].ok
+            assert await ledger.mark_bound(n, f"p{i}")
+            api.pods.append(p)
+            await pods.on_event("ADDED", p)
+        assert all(s.verified for s in (await ledger.snapshots(names)).values())
+
+        evicted = 0
+        for _ in range(20):  # until some keys went but not the epoch (its loss is the restart's path, tested)
+            evicted += await evict_some(client, 400)
+            if evicted and await ledger.intact():
+                break
+            await rec.rebuild("state lost")
+        assert evicted > 0 and await ledger.intact()
+        assert await ledger.evicting_policy() == ""  # set right again; what it dropped is counted for the alert
+        assert REDIS_EVICTED_KEYS._value.get() == int((await client.info("stats"))["evicted_keys"]) >= evicted
+        # every node: a booking that would over-fill card 0 if its holder's booking was among the keys dropped
+        for i, n in enumerate(names):
+            out, _ = await ledger.reserve(n, f"q{i}", [0], 64, 12, 1, pod=f"ns/q{i}")
+            assert not out.ok, (n, out)
+            assert out.refused.startswith((UNVERIFIED, "node unregistered")), out
+
+        rec.keep_ms = 300  # the keep window (10 s in the role), shortened
+        await rec.reconcile_all()  # the watchers' next pass: every node written from the API
+        for _ in range(50):  # the window's second comparison, which the pass schedules (bounded)
+            snaps = await ledger.snapshots(names)
+            if len(snaps) == len(names) and all(s.verified for s in snaps.values()):
+                break
+            await asyncio.wait_for(rec._touch.wait(), 5)
+            touched, rec.touched = rec.touched, set()
+            rec._touch.clear()
+            await rec.reconcile_nodes(touched)
+        snaps = await ledger.snapshots(names)
+        assert sorted(snaps) == names and all(s.verified for s in snaps.values())
+        for i, n in enumerate(names):  # every holder's booking is back, and card 0 has only what is left
+            assert snaps[n].reservations[f"p{i}"].state == "bound"
+            out, _ = await ledger.reserve(n, f"q{i}", [0], 64, 12, 1, pod=f"ns/q{i}")
+            assert not out.ok and not out.refused.startswith(UNVERIFIED), out  # 64 + 64 > 96
+            assert (await ledger.reserve(n, f"q{i}", [1], 64, 12, 1, pod=f"ns/q{i}"))[0].ok
+        assert not await rec.reconcile_all()  # equal to the truth
+    finally:
+        await client.aclose()
+
+
+async def test_a_server_that_never_evicted_keeps_the_token_of_earlier_releases(ledger: Ledger,
+                                                                              redis_client: Redis) -> None:
+    """A rolling upgrade beside roles of the release before: the same `run` for the same history."""
+    await ledger.upsert_node(inventory("n", S4000))
+    info = {**await redis_client.info("server"), **await redis_client.info("replication")}
+    assert int((await redis_client.info("stats"))["evicted_keys"]) == 0
+    assert await redis_client.hget(ledger.keys.node("n"), "run") == f"{info['run_id']}:{info['master_replid']}"
