@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import logging
 import socket
@@ -27,6 +28,39 @@ log = logging.getLogger("mtsched")
 def split_addr(addr: str) -> tuple[str, int]:
     host, _, port = addr.rpartition(":")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+# An unspecified address means every address of both families, as Go's net.Listen reads it and so every
+# Kubernetes component's --bind-address: the kubelet's probes and the API server reach a pod at its IPv6 address
+# in an IPv6 or IPv6-first cluster, which a Python socket on 0.0.0.0 (IPv4 only) never answers.
+ANY_HOSTS = ("", "0.0.0.0", "::")
+# A family this host cannot serve (IPv6 disabled in the kernel): skipped, when the other one listens.
+MISSING_FAMILY = frozenset({errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT})
+
+
+def listen_sockets(host: str, port: int, backlog: int) -> list[socket.socket]:
+    """The listening sockets for `host`: one, or for an unspecified address one per family the host has
+    (IPv4 and IPv6, each on its own, so an IPv4 peer is seen as itself), on one port (with port 0: the
+    first's). Raises the bind error, e.g. the port in use, whatever the family."""
+    if host not in ANY_HOSTS:
+        return [socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                     backlog=backlog)]
+    socks: list[socket.socket] = []
+    missing: list[OSError] = []
+    for family, any_host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            socks.append(socket.create_server((any_host, port), family=family, backlog=backlog))
+        except OSError as e:
+            if e.errno not in MISSING_FAMILY:
+                for s in socks:
+                    s.close()
+                raise
+            missing.append(e)
+            continue
+        port = port or socks[0].getsockname()[1]
+    if not socks:
+        raise missing[0]
+    return socks
 
 
 # What a caller may hold of a server, whoever it is (every port: the API, probes and metrics).
@@ -144,8 +178,8 @@ HANDSHAKE_SECONDS = 10.0
 class _Listening:
     """The listening socket of a _TLSSite, as aiohttp's runner reads a site's server (`sockets`, `close`)."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sockets = [sock]
+    def __init__(self, socks: list[socket.socket]) -> None:
+        self.sockets = socks
 
     def close(self) -> None:
         for sock in self.sockets:
@@ -164,7 +198,7 @@ class _TLSSite(web.BaseSite):
         # each connection whose TLS is not up yet, and the handler made for it (once the handshake is done)
         self.handshaking: dict[asyncio.Task[None], list[asyncio.BaseProtocol]] = {}
         self.shaking_peers: Counter[str] = Counter()  # of those, how many from each peer address
-        self._accepting: asyncio.Task[None] | None = None
+        self._accepting: list[asyncio.Task[None]] = []
 
     @property
     def name(self) -> str:
@@ -179,15 +213,16 @@ class _TLSSite(web.BaseSite):
 
     async def start(self) -> None:
         await super().start()
-        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
-        sock = socket.create_server((self._host, self._port), family=family, backlog=self._backlog)
-        sock.setblocking(False)
-        self._server = cast(asyncio.AbstractServer, _Listening(sock))
-        self._accepting = asyncio.get_running_loop().create_task(self._accept(sock))
+        socks = listen_sockets(self._host, self._port, self._backlog)
+        for sock in socks:
+            sock.setblocking(False)
+        self._server = cast(asyncio.AbstractServer, _Listening(socks))
+        loop = asyncio.get_running_loop()
+        self._accepting = [loop.create_task(self._accept(sock)) for sock in socks]
 
     async def stop(self) -> None:
-        if self._accepting is not None:
-            self._accepting.cancel()
+        for accepting in self._accepting:
+            accepting.cancel()
         for task in list(self.handshaking.keys()):
             task.cancel()
         await super().stop()  # closes the socket
@@ -272,11 +307,15 @@ async def serve(app: web.Application, addr: str, ssl_context: ssl.SSLContext | N
     runner = _Runner(app, access_log=None, keepalive_timeout=IDLE_SECONDS, auto_decompress=False)
     await runner.setup()
     host, port = split_addr(addr)
-    if ssl_context is None:
-        await web.TCPSite(runner, host, port, backlog=1024).start()
-    else:
+    if ssl_context is not None:
         await _TLSSite(runner, host, port, ssl_context).start()
-    log.info("listening on %s://%s", "https" if ssl_context else "http", addr)
+    elif host in ANY_HOSTS:
+        for sock in listen_sockets(host, port, backlog=1024):
+            await web.SockSite(runner, sock, backlog=1024).start()
+    else:
+        await web.TCPSite(runner, host, port, backlog=1024).start()
+    log.info("listening on %s://%s (%s)", "https" if ssl_context else "http", addr,
+             ", ".join(f"[{a[0]}]:{a[1]}" if ":" in str(a[0]) else f"{a[0]}:{a[1]}" for a in runner.addresses))
     return runner
 
 
