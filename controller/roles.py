@@ -18,6 +18,7 @@ from shared.config import Config
 from shared.kube import Kube
 from shared.serving import gc_policy
 from shared.serving.http import serve_api
+from shared.serving.metrics import PODS_UNTRIED
 from shared.serving.supervise import Backoff, Supervisor, unless_stopped
 from shared.store.session import start_role
 
@@ -47,6 +48,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     nodes = NodeWatcher(kube, ledger, cfg)
     pods = PodWatcher(kube, ledger, mirror, cfg, nodes.lost)
     wire(nodes, pods)
+    PODS_UNTRIED.set_function(pods.untried_for)
     reconciler = Reconciler(kube, ledger, cfg, nodes, pods)
     pods.unaccounted_changed = reconciler.touch
     nodes.verify_later = reconciler.verify_later  # a node it wrote that Redis's history change keeps unverified

@@ -352,6 +352,10 @@ class PodWatcher:
         # uids of live pods of our scheduler not bound yet: whether a nudge can wake anyone (someone_waits).
         # While the stream is not listed yet or failing, the view cannot say nobody waits: the patch goes.
         self.waiting: set[str] = set()
+        # of those, the ones no scheduler has tried yet (no PodScheduled condition): uid -> when first seen so
+        # (monotonic). One that stays untried for minutes means no kube-scheduler of our profile works: its
+        # container down, no leader, a profile of another name (mtsched_pods_untried_oldest_seconds)
+        self.untried: dict[str, float] = {}
         self.nudger = Nudger(kube, someone_waits=lambda: bool(self.waiting) or bool(self.reflector.problem(0)))
         self.ledger = ledger
         self.mirror = mirror
@@ -421,8 +425,13 @@ class PodWatcher:
         node = str(spec.get("nodeName") or "")
         if self.waits(pod):
             self.waiting.add(uid)
+            if tried(pod):
+                self.untried.pop(uid, None)
+            else:
+                self.untried.setdefault(uid, time.monotonic())
         else:
             self.waiting.discard(uid)
+            self.untried.pop(uid, None)
         raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATED)
         if not node and raw is None:
             self.truth.pop(uid, None)
@@ -450,8 +459,13 @@ class PodWatcher:
             self._lost_by_node = None
         return truth
 
+    def untried_for(self) -> float:
+        """Seconds the oldest waiting pod has gone untried by any scheduler (0: none)."""
+        return time.monotonic() - min(self.untried.values()) if self.untried else 0.0
+
     async def release(self, uid: str, pod: dict[str, Any], why: str) -> None:
         self.waiting.discard(uid)
+        self.untried.pop(uid, None)
         self.seen.pop(uid, None)
         self.truth.pop(uid, None)
         self.deferred.pop(uid, None)
@@ -650,6 +664,7 @@ class PodWatcher:
         # whole before the first await below (each pod may take a Redis round trip): a nudge due meanwhile
         # sees the pods the list holds waiting, not a view emptied for the re-list
         self.waiting = {str((p.get("metadata") or {}).get("uid")) for p in pods if not is_terminal(p) and self.waits(p)}
+        self.untried = {uid: since for uid, since in self.untried.items() if uid in self.waiting}  # learn() adds
         self._lost_by_node = None
         # the view learnt whole before the first await too: a due record (confirm_due, or the janitor's
         # confirm_now) judged meanwhile finds its pod's truth, not an entry dropped as if the pod were gone
@@ -661,6 +676,13 @@ class PodWatcher:
                 await self.release(uid, pod, "ended")
                 continue
             await self.record(uid, pod, truths.get(uid))
+
+
+def tried(pod: Mapping[str, Any]) -> bool:
+    """Whether a scheduler has tried the pod: kube-scheduler sets its PodScheduled condition on every attempt
+    that does not bind it (Unschedulable, SchedulerError), and binds the others."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(isinstance(c, Mapping) and c.get("type") == "PodScheduled" for c in conditions)
 
 
 def wire(nodes: NodeWatcher, pods: PodWatcher) -> None:

@@ -103,6 +103,10 @@ REDIS_PARTITION_RISK = Gauge("mtsched_redis_partition_risk",
                              "1 when a booking Redis acknowledged could be lost without a change of history the "
                              "fence sees: a Sentinel master with min-replicas-to-write 0 (checked by the watchers' "
                              "full reconcile passes; docs/install.md)")
+PODS_UNTRIED = Gauge("mtsched_pods_untried_oldest_seconds",
+                     "How long the oldest pod of our scheduler waiting to be placed has gone untried by any "
+                     "scheduler (no PodScheduled condition; watchers, from first seen; 0: none): minutes mean no "
+                     "kube-scheduler of our profile is working")
 REDIS_EVICTED_KEYS = Gauge("mtsched_redis_evicted_keys",
                            "Keys Redis dropped when full since it started (INFO stats evicted_keys, summed over a "
                            "Cluster's primaries; read by the readiness probe): each one makes every node of that "
