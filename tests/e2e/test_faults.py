@@ -381,6 +381,42 @@ async def test_kube_scheduler_restarted(scene: Scene) -> None:
     await run(scene, "kube-scheduler restart", lambda: asyncio.to_thread(scene.stack.cp.restart_scheduler))
 
 
+async def untried_seconds(scene: Scene) -> float:
+    """The watchers' mtsched_pods_untried_oldest_seconds (the largest: each replica measures from its own sight)."""
+    out = 0.0
+    for w in (r for r in scene.stack.roles if r.kind == "watcher"):
+        text = await asyncio.to_thread(scene.stack.metrics, w)
+        out = max([out] + [float(line.split()[-1]) for line in text.splitlines()
+                           if line.startswith("mtsched_pods_untried_oldest_seconds ")])
+    return out
+
+
+async def test_a_pod_no_scheduler_tries_is_reported_until_one_does(scene: Scene) -> None:
+    """MtschedPodsUntried's signal on the real control plane: with kube-scheduler stopped a slice pod waits with
+    no PodScheduled condition, and the watchers' gauge grows; once kube-scheduler runs and places it, 0."""
+    await asyncio.to_thread(scene.stack.cp.stop_scheduler)
+    try:
+        assert await untried_seconds(scene) == 0.0
+        pod = scene.pod("untried", random.Random(3))
+        await scene.create(pod, time.monotonic() + 30)
+
+        async def grows() -> bool:
+            return await untried_seconds(scene) >= 3.0
+
+        await scene.until(grows, "the watchers report the untried pod", 30)
+        listed = await scene.pods()
+        assert [p["metadata"]["name"] for p in listed] == ["untried"]
+        assert not listed[0]["spec"].get("nodeName") and not listed[0]["status"].get("conditions")
+    finally:
+        await asyncio.to_thread(scene.stack.cp.restart_scheduler)
+
+    async def placed_and_clear() -> bool:
+        bound = all(p["spec"].get("nodeName") for p in await scene.pods())
+        return bound and await untried_seconds(scene) == 0.0
+
+    await scene.until(placed_and_clear, "the pod placed and the gauge back to 0", 60)
+
+
 async def test_api_server_restarted(scene: Scene) -> None:
     await run(scene, "apiserver restart", lambda: asyncio.to_thread(scene.stack.cp.restart_apiserver))
 
