@@ -97,8 +97,9 @@ class Layout:
         return self._keys(node, [*cards, *known.cards], [uid, *known.uids])
 
     def mark_bound(self, node: str, *uids: str) -> list[str]:
-        """The node and the reservations to mark (one bind's, or a batch of them)."""
-        return self._keys(node, (), uids, pods=False)
+        """The node, pods (a reservation it does not list is none: res_of in _lib.lua) and the reservations to
+        mark (one bind's, or a batch of them)."""
+        return self._keys(node, (), uids)
 
     def release(self, node: str, uid: str, known: Known) -> list[str]:
         """The node, pods, the reservation and the cards it holds (any of the node's)."""

@@ -167,3 +167,41 @@ def periodic(m: Mirror) -> None:
     """Make the mirror's next resync a periodic one that does not read every node (not a FULL_EVERY-th)."""
     while (m.resyncs + 1) % FULL_EVERY == 0:
         m.resyncs += 1
+
+
+async def evict_exactly(client: Redis, victims: set[str], ballast: int = 400, size: int = 1024) -> int:
+    """A real eviction by a full `allkeys-lfu` Redis that drops the keys `victims` and no other key of ours.
+
+    Redis picks what it evicts by each key's LFU counter: every victim is restored with frequency 0, every other
+    key with 255, and `ballast` keys of another application (frequency 100) absorb the memory accounting's
+    noise. The limit is lowered step by step (bounded) until Redis has evicted every victim; then the ballast is
+    deleted and the server set back to noeviction. Returns how many keys it evicted."""
+    before = int((await client.info("stats"))["evicted_keys"])
+    raw = Redis(**{**client.connection_pool.connection_kwargs, "decode_responses": False})
+    try:
+        await client.config_set("maxmemory-policy", "allkeys-lfu")
+        await client.config_set("maxmemory-samples", 64)
+        ours = [k async for k in client.scan_iter("*", count=1000)]
+        for k in ours:
+            await raw.execute_command("RESTORE", k, 0, await raw.dump(k), "REPLACE", "FREQ", 0 if k in victims else 255)
+        for i in range(ballast):
+            await raw.set(f"other:{i}", b"x" * size)
+            await raw.execute_command("RESTORE", f"other:{i}", 0, await raw.dump(f"other:{i}"), "REPLACE", "FREQ", 100)
+        used = int((await client.info("memory"))["used_memory"])
+        for drop in range(-100_000, max(ballast * size // 2, 2000), 2000):
+            await client.config_set("maxmemory", max(1, used - drop))
+            await client.ping()  # any command: Redis evicts before it
+            if not await client.exists(*victims):
+                break
+    finally:
+        await client.config_set("maxmemory", 0)
+        await client.config_set("maxmemory-policy", "noeviction")
+        await client.config_set("maxmemory-samples", 5)
+        others = [k async for k in client.scan_iter("other:*", count=1000)]
+        if others:
+            await client.delete(*others)
+        await raw.aclose()
+    assert not await client.exists(*victims), "Redis did not evict the victims"
+    kept = [k for k in ours if k not in victims and not await client.exists(k)]
+    assert not kept, f"the eviction took more of ours than asked: {kept}"
+    return int((await client.info("stats"))["evicted_keys"]) - before

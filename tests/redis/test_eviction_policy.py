@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -25,7 +26,7 @@ from shared.domain.annotations import PodUsage
 from shared.serving.metrics import REDIS_EVICTED_KEYS
 from shared.store.eviction import EVICTING, eviction_refusal, evicts_ledger
 from shared.store.ledger import LUA_DIR, UNVERIFIED, Ledger, LedgerError
-from tests.redis.helpers import S4000, S5000, dump, inventory
+from tests.redis.helpers import S4000, S5000, dump, evict_exactly, inventory
 from tests.redis.test_redteam_heal_bound_pending import ApiWithPods
 from tests.redis.test_redteam_inflight_nodes import bound_pod, gpu_node
 from tests.redis.test_redteam_rebuild_race import role
@@ -225,3 +226,75 @@ async def test_a_server_that_never_evicted_keeps_the_token_of_earlier_releases(l
     info = {**await redis_client.info("server"), **await redis_client.info("replication")}
     assert int((await redis_client.info("stats"))["evicted_keys"]) == 0
     assert await redis_client.hget(ledger.keys.node("n"), "run") == f"{info['run_id']}:{info['master_replid']}"
+
+
+async def verified_by_the_watchers(rec: Any, ledger: Ledger, names: list[str]) -> None:
+    """The watchers' pass, then the keep window's second comparison it schedules (window shortened), bounded."""
+    rec.keep_ms = 300
+    await rec.reconcile_all()
+    for _ in range(50):
+        snaps = await ledger.snapshots(names)
+        if len(snaps) == len(names) and all(s.verified for s in snaps.values()):
+            return
+        await asyncio.wait_for(rec._touch.wait(), 5)
+        touched, rec.touched = rec.touched, set()
+        rec._touch.clear()
+        await rec.reconcile_nodes(touched)
+    raise AssertionError(f"not verified: {names}")
+
+
+async def test_a_reservation_its_pods_set_lost_is_nobodys(own_server: RedisServer) -> None:
+    """Red team (2026-12-05): Redis evicted a node's pods set, the index of its reservations, but not a pending
+    reservation's hash. The watchers' comparison rewrites the node from the pods set and never sees the hash;
+    before, a retry of that pod was answered `existing` on cards that no longer counted it (two pods on card 0,
+    128 of 96), and its give-back took 64 off another pod's booking. Now a hash the set does not list is no
+    booking: deleted on sight, the retry books anew."""
+    client = Redis.from_url(own_server.url, decode_responses=True)
+    ledger = Ledger(client)
+    n = "n0"
+    try:
+        api = ApiWithPods([gpu_node(n)], [])
+        nodes, pods, rec = await role(ledger, api)
+        nodes.reflector.synced.set()
+        pods.reflector.synced.set()
+        await rec.rebuild("start")
+        assert (await ledger.reserve(n, "a", [0], 64, 12, 1, pod="ns/a"))[0].ok  # its binder then died
+        assert await evict_exactly(client, {ledger.keys.pods(n)}) >= 1
+        assert await client.exists(ledger.keys.res(n, "a"))  # the orphan
+        refused, _ = await ledger.reserve(n, "b", [0], 64, 12, 1, pod="ns/b")
+        assert refused.refused.startswith(UNVERIFIED), refused  # the fence, until compared
+        await verified_by_the_watchers(rec, ledger, [n])
+        card0 = (await ledger.snapshot(n)).cards[0]  # type: ignore[union-attr]
+        assert card0.mem_used == 0  # no pod holds it in the API: free
+
+        assert (await ledger.reserve(n, "b", [0], 64, 12, 1, pod="ns/b"))[0].ok
+        retry, _ = await ledger.reserve(n, "a", [1], 64, 12, 1, pod="ns/a")  # kube-scheduler's retry of a
+        assert retry.ok and not retry.existing and retry.cards == (1,), retry  # booked anew, where it asked
+        assert await ledger.release(n, "a")  # gives back card 1, what it holds, not b's card 0
+        snap = await ledger.snapshot(n)
+        assert snap is not None and snap.cards[0].mem_used == 64 and snap.cards[1].mem_used == 0
+        assert not (await ledger.reserve(n, "c", [0], 64, 12, 1, pod="ns/c"))[0].ok  # 64 + 64 > 96
+    finally:
+        await client.aclose()
+
+
+async def test_an_orphan_is_neither_confirmed_nor_given_back_nor_recorded(ledger: Ledger,
+                                                                          redis_client: Redis) -> None:
+    """Each script that takes a uid from its caller goes by the pods set (res_of in _lib.lua); the orphan is
+    made by hand here (no script leaves one), on a node whose card 0 another pod holds."""
+    await ledger.upsert_node(inventory("n", S4000))
+    assert (await ledger.reserve("n", "b", [0], 64, 12, 1, pod="ns/b"))[0].ok
+    orphan = ledger.keys.res("n", "a")
+    stale = {"cards": "0", "mem": "64", "cores": "12", "slices": "1", "state": "pending", "created": "1",
+             "pod": "ns/a", "settle_by": "9999999999999", "binds": "7"}
+    await redis_client.hset(orphan, mapping=stale)  # type: ignore[misc]
+    assert not await ledger.release("n", "a") and not await redis_client.exists(orphan)
+    await redis_client.hset(orphan, mapping=stale)  # type: ignore[misc]
+    assert await ledger.mark_bound_many("n", ["a"]) == ["a"] and not await redis_client.exists(orphan)
+    await redis_client.hset(orphan, mapping=stale)  # type: ignore[misc]
+    out = await ledger.observe("a", PodUsage("n", (1,), 16, 4, 1), "ns/a")  # its record: card 1
+    assert out["ok"], out
+    res = await redis_client.hgetall(orphan)  # type: ignore[misc]
+    assert res["cards"] == "1" and "settle_by" not in res and "binds" not in res  # nothing of the orphan's
+    snap = await ledger.snapshot("n")
+    assert snap is not None and snap.cards[0].mem_used == 64 and snap.cards[1].mem_used == 16

@@ -108,8 +108,9 @@ async def test_a_script_that_touches_an_undeclared_key_fails(warm: StrictLedger)
         @staticmethod
         def _source(name: str) -> str:
             src = StrictLedger._source(name)
-            if name == "release":  # reads a card the reservation does not hold
-                line = "local r = res_view(p.uid)"
+            if name == "release":  # reads a card the reservation does not hold (the line must be there: asserted)
+                line = "local r = res_of(p.uid)"
+                assert line in src
                 src = src.replace(line, "redis.call('HGETALL', card_key(99))\n" + line)
             return src
 

@@ -229,6 +229,18 @@ local function res_view(uid)
   }
 end
 
+-- A reservation named by a caller (a uid from a payload): the node's only while its pods set lists it, the index
+-- every reader and every rewrite of the node goes by. A hash the set does not list (left when Redis evicted the
+-- set but not the hash: no script leaves one) is nobody's booking: never answered again, bound or given back,
+-- and deleted on sight (tests/redis/test_eviction_policy.py).
+-- (EXISTS first: a DEL is a write Redis allows when full, after which it lets the script's other writes through
+-- too, so an unconditional one made every booking ignore `maxmemory` under noeviction)
+local function res_of(uid)
+  if redis.call('SISMEMBER', PODS_KEY, uid) == 1 then return res_view(uid) end
+  if redis.call('EXISTS', res_key(uid)) == 1 then redis.call('DEL', res_key(uid)) end
+  return nil
+end
+
 -- Whether a pending reservation's last Binding may still be committed at `now`: every bind attempt that
 -- answers with it stamps `settle_by` (its Binding's deadline plus the settle time, on Redis's clock;
 -- reserve.lua). A stamp later than now + FUTURE_MS comes from a clock that jumped and holds nothing.
@@ -483,6 +495,8 @@ local function book(p, state, now, known)
   local fields = {'cards', csv, 'mem', p.mem, 'cores', p.cores, 'slices', p.slices,
                   'state', state, 'created', now, 'pod', p.pod or ""}
   if p.idle then fields[#fields + 1] = 'idle'; fields[#fields + 1] = '1' end
+  -- a new hash: no field of an earlier one (an orphan's) carried into it
+  if redis.call('EXISTS', res_key(p.uid)) == 1 then redis.call('DEL', res_key(p.uid)) end
   local bound_at = 0
   if state == "bound" then bound_at = now; fields[#fields + 1] = 'bound_at'; fields[#fields + 1] = now end
   redis.call('HSET', res_key(p.uid), unpack(fields))

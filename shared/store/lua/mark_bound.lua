@@ -17,7 +17,7 @@ if more then return more end
 local missing, changed, first, n = {}, {}, nil, 0
 local now = now_ms()
 for _, uid in ipairs(uids) do
-  local r = res_view(uid)
+  local r = res_of(uid)
   if not r then
     missing[#missing + 1] = uid
   elseif r.state ~= "bound" then

@@ -15,7 +15,7 @@ if not redis.call('HGET', NODE_KEY, 'version') then
 end
 local more = need_keys(p.cards, {p.uid})
 if more then return more end
-local r = res_view(p.uid)
+local r = res_of(p.uid)
 if r then
   more = need_keys(split_cards(r.cards), {})  -- a different booking of the uid is given back
   if more then return more end

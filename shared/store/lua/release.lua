@@ -7,7 +7,7 @@ if not p then return reply end
 if p.if_bind_no ~= nil and not is_int(p.if_bind_no, 0, 2 ^ 52) then
   return fail("BADINPUT", "if_bind_no must be a whole number >= 0")
 end
-local r = res_view(p.uid)
+local r = res_of(p.uid)
 if not r then return cjson.encode({ok = true, released = false}) end
 if p.if_bind_no ~= nil and r.binds > p.if_bind_no then
   return cjson.encode({ok = true, released = false, kept = true})

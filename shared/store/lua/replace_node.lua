@@ -60,7 +60,7 @@ local was_unverified = existed and not verified()
 local held = {}
 for _, list in ipairs({redis.call('SMEMBERS', PODS_KEY), named_uids}) do
   for _, uid in ipairs(list) do
-    local r = res_view(uid)
+    local r = res_of(uid)
     if r then for _, idx in ipairs(split_cards(r.cards)) do held[#held + 1] = idx end end
   end
 end
@@ -69,7 +69,7 @@ if more then return more end
 local kept_bound = {}
 if p.keep_bound then
   for _, b in ipairs(p.bound) do
-    local r = res_view(b.uid)
+    local r = res_of(b.uid)
     if r and r.state == "bound" and (r.cards ~= cards_csv(b.cards) or r.mem ~= b.mem or r.cores ~= b.cores
         or r.slices ~= b.slices) then
       b.cards = {}

@@ -33,7 +33,7 @@ local need = {mem = p.mem, cores = p.cores, slices = p.slices, accepts = accepts
 p.idle = need.idle
 local more = need_keys(p.cards, {p.uid})
 if more then return more end
-local r = res_view(p.uid)
+local r = res_of(p.uid)
 if r and (r.mem ~= p.mem or r.cores ~= p.cores or r.slices ~= p.slices or r.idle ~= need.idle
           or #split_cards(r.cards) ~= #p.cards) then
   return cjson.encode({ok = false, reason = string.format("booked with other amounts: %d card(s) of mem %d, "
