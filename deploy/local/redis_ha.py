@@ -4,6 +4,7 @@ RedisServer processes without persistence."""
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import redis
 
 from deploy.local.processes import free_port
-from deploy.local.redis_server import RedisServer, auth, cmd, terminate, wait_until
+from deploy.local.redis_server import RedisServer, auth, cmd, server_major, terminate, wait_until
 
 
 def wait_caught_up(primary: RedisServer, within: float = 20.0) -> None:
@@ -30,6 +31,18 @@ def wait_caught_up(primary: RedisServer, within: float = 20.0) -> None:
 
 # A replica's first sync starts at once (the default waits 5 s for more replicas to join).
 FAST_SYNC = ("--repl-diskless-sync-delay", "0")
+
+
+def port_with_bus() -> int:
+    """A free port whose Redis 6.2 cluster bus (port + 10000) is free too."""
+    for _ in range(100):
+        port = free_port()
+        try:
+            with socket.create_server(("127.0.0.1", port + 10000)):
+                return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port p with p + 10000 free too")
 
 
 class SentinelSetup:
@@ -189,12 +202,18 @@ class ClusterSetup:
         self.password = password
         self.masters = masters
         self.nodes: list[RedisServer] = []
+        # Redis 7 takes the bus port and slot ranges as options; 6.2 (tests/redis/test_redis_62.py's binary, first
+        # on the PATH) knows neither: its bus is port + 10000, which free_port's range (below the ephemeral
+        # ports) keeps within 65535, and its slots are added one by one
+        self.redis7 = server_major() >= 7
         for i in range(masters * (1 + replicas)):
             # The bus port is given explicitly: the default (port + 10000) may not exist for a high free port.
+            bus = ["--cluster-port", str(free_port())] if self.redis7 else []
             args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                    "--cluster-node-timeout", str(node_timeout_ms), "--cluster-port", str(free_port()),
+                    "--cluster-node-timeout", str(node_timeout_ms), *bus,
                     "--cluster-require-full-coverage", "no", *FAST_SYNC]
-            self.nodes.append(RedisServer(workdir=str(self.workdir / f"node-{i}"), password=password, args=args))
+            self.nodes.append(RedisServer(port=None if self.redis7 else port_with_bus(), password=password,
+                                          workdir=str(self.workdir / f"node-{i}"), args=args))
 
     @property
     def url(self) -> str:
@@ -211,7 +230,10 @@ class ClusterSetup:
                 per = self.SLOTS // self.masters
                 for i, c in enumerate(clients[:self.masters]):
                     last = self.SLOTS - 1 if i == self.masters - 1 else (i + 1) * per - 1
-                    cmd(c, "CLUSTER", "ADDSLOTSRANGE", i * per, last)
+                    if self.redis7:
+                        cmd(c, "CLUSTER", "ADDSLOTSRANGE", i * per, last)
+                    else:
+                        cmd(c, "CLUSTER", "ADDSLOTS", *range(i * per, last + 1))
                 for n in self.nodes[1:]:
                     cmd(clients[0], "CLUSTER", "MEET", "127.0.0.1", n.port, self._bus_port(n))
                 ids = [str(cmd(c, "CLUSTER", "MYID")) for c in clients]
@@ -234,7 +256,7 @@ class ClusterSetup:
 
     @staticmethod
     def _bus_port(n: RedisServer) -> int:
-        return int(n.args[n.args.index("--cluster-port") + 1])
+        return int(n.args[n.args.index("--cluster-port") + 1]) if "--cluster-port" in n.args else n.port + 10000
 
     def view(self, node: RedisServer) -> list[dict[str, str]]:
         """CLUSTER NODES as `node` sees it: one dict per node (port, id, flags, master id, link, slots)."""

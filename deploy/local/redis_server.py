@@ -3,7 +3,9 @@ and Cluster setups (deploy/local/redis_ha.py) share with it."""
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -92,6 +94,18 @@ class ServerTLS:
         return kw
 
 
+@functools.cache
+def server_major(binary: str = "") -> int:
+    """The major version of the redis-server on the PATH (or `binary`), from `--version`; 0 when unknown."""
+    found = binary or shutil.which("redis-server") or ""
+    try:
+        out = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    m = re.search(r"v=(\d+)\.", out)
+    return int(m.group(1)) if m else 0
+
+
 class RedisServer:
     """redis-server on 127.0.0.1 with no persistence; restartable on the same port.
 
@@ -147,7 +161,9 @@ class RedisServer:
                         return self
             except redis.ConnectionError:
                 time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not start on port {self.port}: see {self.workdir / 'redis.log'}")
+        tail = (self.workdir / "redis.log").read_text(errors="replace").strip().splitlines()[-3:]
+        raise RuntimeError(f"redis-server did not start on port {self.port}: {' | '.join(tail)} "
+                           f"(see {self.workdir / 'redis.log'})")
 
     def stop(self) -> None:
         terminate(self.proc, 5)

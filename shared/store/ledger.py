@@ -196,7 +196,17 @@ class Ledger:
 
             async def send(declared: list[str] = declared) -> Any:
                 # redis-py's script object sends EVALSHA, and on NOSCRIPT loads the script and sends it again
-                return await script(declared, args)
+                try:
+                    return await script(declared, args)
+                except rexc.NoScriptError:
+                    if not isinstance(self.redis, RedisCluster):
+                        raise
+                    # redis-py loads it on the primaries its node list names, which after a failover may lack
+                    # the promoted replica the call is routed to (tests/redis_ha/test_failover.py, Redis 6.2):
+                    # loaded where the key lives, then sent again
+                    owner = self.redis.get_node_from_key(declared[0])
+                    await self.redis.execute_command("SCRIPT LOAD", script.script, target_nodes=owner)
+                    return await script(declared, args)
 
             try:
                 return await self._retry(name, send)
@@ -684,7 +694,7 @@ class Ledger:
         """The `maxmemory-policy` of a server that may drop ledger keys when full (shared/store/eviction.py),
         on any primary of a Cluster; "" when none may. Sets mtsched_redis_evicted_keys on the way."""
         infos: list[dict[str, Any]] = []
-        for node in self.redis.get_primaries() if isinstance(self.redis, RedisCluster) else [None]:
+        for node in slot_owners(self.redis) if isinstance(self.redis, RedisCluster) else [None]:
             info: dict[str, Any] = {}
             for section in ("memory", "stats"):  # INFO with several sections is Redis 7's
                 info.update(await (self.redis.info(section, target_nodes=node) if node is not None
@@ -696,6 +706,16 @@ class Ledger:
     async def intact(self) -> bool:
         """False once Redis lost the state a rebuild wrote (restart without persistence, FLUSHALL)."""
         return bool(await self._retry("exists", lambda: self.redis.exists(self.epoch_key)))
+
+
+def slot_owners(cluster: RedisCluster) -> list[Any]:
+    """The primaries a cluster client routes to, from its slot map: after a failover redis-py's node list may
+    still call the promoted replica a replica (get_primaries() lacks it) while its slots go there."""
+    owners: dict[str, Any] = {}
+    for nodes in cluster.nodes_manager.slots_cache.values():
+        if nodes:
+            owners.setdefault(nodes[0].name, nodes[0])
+    return list(owners.values()) or list(cluster.get_primaries())
 
 
 def _failed(raw: Any) -> bool:
