@@ -77,6 +77,7 @@ class Reconciler:
         self.repairs = 0
         self.last_pass: dict[str, Any] = {}
         self.partition_risk = ""  # what Ledger.partition_risk last said
+        self.evicted: dict[str, int] = {}  # each Redis primary's evicted_keys as last read (evictions_reset)
         for r in (nodes.reflector, pods.reflector):
             r.on_resync.append(self.wake.set)
 
@@ -486,6 +487,8 @@ class Reconciler:
                 why = "node missing" if self.nodes.lost.is_set() else "state lost"
                 self.nodes.lost.clear()
                 await self.rebuild(why)
+            elif await self.evictions_reset():
+                await self.rebuild("eviction count reset")
             full = self.wake.is_set() or loop.time() >= next_pass
             if full or self.touched:
                 if why_not := self.views_live():
@@ -522,6 +525,19 @@ class Reconciler:
                         raise
             if await self._woken():
                 await asyncio.sleep(0.5)  # coalesce a burst of wake-ups (e.g. both streams re-listing)
+
+    async def evictions_reset(self) -> bool:
+        """Whether a Redis primary's evicted_keys went down since the last look (CONFIG RESETSTAT, or a restart the
+        history token sees anyway). Every eviction changes the token the scripts verify nodes under (server_info
+        in _lib.lua), but a count set back to 0 makes it a token nodes were verified under before keys were
+        evicted: those nodes are written from the API again, now (a rebuild), rather than trusted."""
+        counts = await self.ledger.evicted_counts()
+        lower = sorted(s for s, n in counts.items() if n < self.evicted.get(s, 0))
+        self.evicted = counts
+        if lower:
+            log.warning("redis: the eviction count of %s went down (CONFIG RESETSTAT?): every node is written from "
+                        "the API server again", ", ".join(lower))
+        return bool(lower)
 
     async def _woken(self) -> bool:
         """Wait up to check_seconds for a request of a pass (whole or of touched nodes); True if one came."""

@@ -690,6 +690,13 @@ class Ledger:
             raise LedgerError(eviction_refusal(evicting))
         return ok
 
+    async def evicted_counts(self) -> dict[str, int]:
+        """Each primary's evicted_keys (INFO stats), by its address."""
+        if not isinstance(self.redis, RedisCluster):
+            return {"": int((await self.redis.info("stats")).get("evicted_keys") or 0)}
+        return {node.name: int((await self.redis.info("stats", target_nodes=node)).get("evicted_keys") or 0)
+                for node in slot_owners(self.redis)}
+
     async def evicting_policy(self) -> str:
         """The `maxmemory-policy` of a server that may drop ledger keys when full (shared/store/eviction.py),
         on any primary of a Cluster; "" when none may. Sets mtsched_redis_evicted_keys on the way."""

@@ -298,3 +298,36 @@ async def test_an_orphan_is_neither_confirmed_nor_given_back_nor_recorded(ledger
     assert res["cards"] == "1" and "settle_by" not in res and "binds" not in res  # nothing of the orphan's
     snap = await ledger.snapshot("n")
     assert snap is not None and snap.cards[0].mem_used == 64 and snap.cards[1].mem_used == 16
+
+
+async def test_an_eviction_count_set_back_makes_the_watchers_rewrite_every_node(own_server: RedisServer) -> None:
+    """Red team (2026-12-05): CONFIG RESETSTAT sets evicted_keys back to 0, so the history token is again one the
+    nodes were verified under before Redis evicted a card's hash: the fence drops with no comparison. The
+    reconciler's check (every 2 s) sees the count go down and rewrites every node from the API (a rebuild)."""
+    client = Redis.from_url(own_server.url, decode_responses=True)
+    ledger = Ledger(client)
+    n = "n0"
+    held = bound_pod("a", n, 0, 64 * 512, 12)  # a running pod: 64 of card 0's 96 units
+    try:
+        api = ApiWithPods([gpu_node(n)], [held])
+        nodes, pods, rec = await role(ledger, api)
+        nodes.reflector.synced.set()
+        pods.reflector.synced.set()
+        await rec.rebuild("start")
+        await verified_by_the_watchers(rec, ledger, [n])
+        assert (await ledger.snapshot(n)).cards[0].mem_used == 64  # type: ignore[union-attr]
+        assert not await rec.evictions_reset()  # the first look: 0
+        assert await evict_exactly(client, {ledger.keys.card(n, 0)}) >= 1
+        assert not await rec.evictions_reset()  # up: the token changed, the fence is up
+        assert not (await ledger.snapshot(n)).verified  # type: ignore[union-attr]
+        await client.config_resetstat()
+        assert (await ledger.snapshot(n)).verified  # type: ignore[union-attr]  # the token nodes had: no fence
+        assert await rec.evictions_reset()  # what the reconciler's loop then sees, and rebuilds on
+        rebuilds = rec.rebuilds
+        await rec.rebuild("eviction count reset")
+        assert rec.rebuilds == rebuilds + 1
+        snap = await ledger.snapshot(n)
+        assert snap is not None and snap.cards[0].mem_used == 64 and "a" in snap.reservations  # from the API
+        assert not (await ledger.reserve(n, "b", [0], 64, 12, 1, pod="ns/b"))[0].ok  # 64 + 64 > 96
+    finally:
+        await client.aclose()
