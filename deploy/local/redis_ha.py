@@ -55,15 +55,16 @@ class SentinelSetup:
 
     def __init__(self, service: str = "mtsched", password: str | None = None, replicas: int = 1,
                  sentinels: int = 3, down_after_ms: int = 1000, failover_timeout_ms: int = 4000,
-                 sentinel_auth: bool = True):
+                 sentinel_auth: bool = True, binary: str | None = None):
+        self.binary = binary or shutil.which("redis-server") or "redis-server"  # data nodes and sentinels
         self.service = service
         self.password = password
         self.sentinel_password = password if sentinel_auth else None
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
         self.workdir = Path(tempfile.mkdtemp(prefix="mtsched-sentinel-"))
-        self.data = [RedisServer(workdir=str(self.workdir / f"data-{i}"), password=password, args=FAST_SYNC)
-                     for i in range(1 + replicas)]
+        self.data = [RedisServer(workdir=str(self.workdir / f"data-{i}"), password=password, args=FAST_SYNC,
+                                 binary=self.binary) for i in range(1 + replicas)]
         self.sentinel_ports = [free_port() for _ in range(sentinels)]
         self.sentinel_procs: list[subprocess.Popen[bytes]] = []
 
@@ -125,7 +126,7 @@ class SentinelSetup:
             conf.append(f"requirepass {self.sentinel_password}")  # also what sentinels present to each other
         (d / "sentinel.conf").write_text("\n".join(conf) + "\n")  # sentinel rewrites it: a file of its own
         with open(d / "sentinel.log", "ab") as log:
-            proc = subprocess.Popen([shutil.which("redis-server") or "redis-server", str(d / "sentinel.conf"),
+            proc = subprocess.Popen([self.binary, str(d / "sentinel.conf"),
                                      "--sentinel"], stdout=log, stderr=subprocess.STDOUT)
         def answers() -> bool:
             with self.sentinel_client(i) as s:
@@ -197,7 +198,7 @@ class ClusterSetup:
     SLOTS = 16384
 
     def __init__(self, masters: int = 3, replicas: int = 0, password: str | None = None,
-                 node_timeout_ms: int = 1000):
+                 node_timeout_ms: int = 1000, binary: str | None = None):
         self.workdir = Path(tempfile.mkdtemp(prefix="mtsched-cluster-"))
         self.password = password
         self.masters = masters
@@ -205,7 +206,8 @@ class ClusterSetup:
         # Redis 7 takes the bus port and slot ranges as options; 6.2 (tests/redis/test_redis_62.py's binary, first
         # on the PATH) knows neither: its bus is port + 10000, which free_port's range (below the ephemeral
         # ports) keeps within 65535, and its slots are added one by one
-        self.redis7 = server_major() >= 7
+        binary = binary or shutil.which("redis-server") or "redis-server"
+        self.redis7 = server_major(binary) >= 7
         for i in range(masters * (1 + replicas)):
             # The bus port is given explicitly: the default (port + 10000) may not exist for a high free port.
             bus = ["--cluster-port", str(free_port())] if self.redis7 else []
@@ -213,7 +215,7 @@ class ClusterSetup:
                     "--cluster-node-timeout", str(node_timeout_ms), *bus,
                     "--cluster-require-full-coverage", "no", *FAST_SYNC]
             self.nodes.append(RedisServer(port=None if self.redis7 else port_with_bus(), password=password,
-                                          workdir=str(self.workdir / f"node-{i}"), args=args))
+                                          workdir=str(self.workdir / f"node-{i}"), args=args, binary=binary))
 
     @property
     def url(self) -> str:

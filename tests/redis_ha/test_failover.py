@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Mapping
 import pytest
 
 from deploy.local.redis import ClusterSetup, SentinelSetup, wait_caught_up
+from deploy.local.redis62 import redis62_binary
 from deploy.local.redis_server import server_major
 from shared.domain.annotations import PodUsage
 from shared.domain.state import NodeSnapshot
@@ -74,16 +75,23 @@ async def in_sync(led: Ledger, mirror: Mirror, nodes: list[str], what: str) -> N
     await eventually(synced, within=20, what=what)
 
 
-async def start_sentinel() -> SentinelSetup:
-    return await asyncio.to_thread(SentinelSetup(password=PASSWORD).start)
+async def start_sentinel(binary: str | None = None) -> SentinelSetup:
+    return await asyncio.to_thread(SentinelSetup(password=PASSWORD, binary=binary).start)
 
 
-async def start_cluster() -> ClusterSetup:
-    return await asyncio.to_thread(ClusterSetup(password=PASSWORD).start)
+async def start_cluster(binary: str | None = None) -> ClusterSetup:
+    return await asyncio.to_thread(ClusterSetup(password=PASSWORD, binary=binary).start)
 
 
-async def test_sentinel_mirror_follows_a_failover() -> None:
-    setup = await start_sentinel()
+@pytest.fixture(params=["debian", "6.2"])
+def redis_binary(request: pytest.FixtureRequest) -> str | None:
+    """Each failover on the Debian package's redis-server (7.x) and on 6.2, the oldest release docs/install.md
+    names (deploy/local/redis62.py)."""
+    return None if request.param == "debian" else str(redis62_binary())
+
+
+async def test_sentinel_mirror_follows_a_failover(redis_binary: str | None) -> None:
+    setup = await start_sentinel(redis_binary)
     burst = Burst(setup.url, {})  # only for its retrying()
     try:
         async with watched(setup.url) as (led, mirror):
@@ -96,7 +104,7 @@ async def test_sentinel_mirror_follows_a_failover() -> None:
             new = await asyncio.to_thread(setup.wait_failover, old)
             with new.client() as c:  # scripts are not replicated: the first call on the new master reloads them
                 # Redis 7 replicates no script (the client loads it again on NOSCRIPT); 6.2 replicated them
-                assert c.script_exists(led._scripts["reserve"].sha) == [server_major() < 7]
+                assert c.script_exists(led._scripts["reserve"].sha) == [server_major(redis_binary or "") < 7]
             # the new master may lack the old one's last writes: no new booking until the node is compared
             out, _ = await burst.retrying(lambda: led.reserve("n5", "u2", [1], 16, 4, 1))
             assert not out.ok and out.refused.startswith(UNVERIFIED), out
@@ -115,8 +123,8 @@ async def test_sentinel_mirror_follows_a_failover() -> None:
         await asyncio.to_thread(setup.cleanup)
 
 
-async def test_cluster_mirror_survives_the_death_of_its_node_and_rereads_a_lost_shard() -> None:
-    setup = await start_cluster()
+async def test_cluster_mirror_survives_the_death_of_its_node_and_rereads_a_lost_shard(redis_binary: str | None) -> None:
+    setup = await start_cluster(redis_binary)
     burst = Burst(setup.url, {})
     try:
         # n5 on the first shard, n4 on the second; the mirror's feed connection starts on the third
@@ -149,9 +157,9 @@ async def test_cluster_mirror_survives_the_death_of_its_node_and_rereads_a_lost_
         await asyncio.to_thread(setup.cleanup)
 
 
-async def test_sentinel_master_killed_mid_burst() -> None:
+async def test_sentinel_master_killed_mid_burst(redis_binary: str | None) -> None:
     """6 workers book, bind and release on 3 nodes x 2 cards while the master is SIGKILLed."""
-    setup = await start_sentinel()
+    setup = await start_sentinel(redis_binary)
     led = Ledger(connect(setup.url))
     # pods live long enough that many are still held when the burst stops (their bookings may be the lost ones)
     burst = Burst(setup.url, CAPACITY, workers=6, seed=11, lifetime=(1.0, 6.0))
@@ -216,10 +224,10 @@ async def test_sentinel_master_killed_mid_burst() -> None:
         await asyncio.to_thread(setup.cleanup)
 
 
-async def test_sentinel_promotes_an_empty_replica_and_the_epoch_says_so() -> None:
+async def test_sentinel_promotes_an_empty_replica_and_the_epoch_says_so(redis_binary: str | None) -> None:
     """The replica crashed too and came back empty just before the master died: Sentinel promotes it
     (it is the only one), everything is lost, and the missing epoch is what tells the watchers."""
-    setup = await start_sentinel()
+    setup = await start_sentinel(redis_binary)
     led = Ledger(connect(setup.url))
     burst = Burst(setup.url, {})
     try:
@@ -244,10 +252,10 @@ async def test_sentinel_promotes_an_empty_replica_and_the_epoch_says_so() -> Non
         await asyncio.to_thread(setup.cleanup)
 
 
-async def test_cluster_primary_lost_mid_burst() -> None:
+async def test_cluster_primary_lost_mid_burst(redis_binary: str | None) -> None:
     """6 workers book, bind and release on 3 nodes over the 3 shards while one primary is SIGKILLed
     and started again, empty."""
-    setup = await start_cluster()
+    setup = await start_cluster(redis_binary)
     led = Ledger(connect(setup.url))
     burst = Burst(setup.url, CAPACITY, workers=6, seed=12)
     loop = asyncio.get_running_loop()
@@ -300,10 +308,10 @@ async def test_cluster_primary_lost_mid_burst() -> None:
         await asyncio.to_thread(setup.cleanup)
 
 
-async def test_cluster_replica_takes_over_a_killed_primary() -> None:
+async def test_cluster_replica_takes_over_a_killed_primary(redis_binary: str | None) -> None:
     """A replica per primary: the ledger's client follows the promoted replica (and loads the scripts
     there), n4's bookings replicated before the kill are kept, and the mirror converges."""
-    setup = await asyncio.to_thread(ClusterSetup(password=PASSWORD, replicas=1).start)
+    setup = await asyncio.to_thread(ClusterSetup(password=PASSWORD, replicas=1, binary=redis_binary).start)
     burst = Burst(setup.url, {})
     nodes = ["n4", "n5", "nerr"]  # one per shard
     try:
@@ -318,7 +326,7 @@ async def test_cluster_replica_takes_over_a_killed_primary() -> None:
             assert new is not old
             with new.client() as c:
                 # Redis 7 replicates no script (the client loads it again on NOSCRIPT); 6.2 replicated them
-                assert c.script_exists(led._scripts["reserve"].sha) == [server_major() < 7]
+                assert c.script_exists(led._scripts["reserve"].sha) == [server_major(redis_binary or "") < 7]
             refused = (await burst.retrying(lambda: led.reserve("n4", "u2", [1], 16, 4, 1)))[0]
             assert not refused.ok and refused.refused.startswith(UNVERIFIED)  # fenced until compared
             assert not (await led.snapshot("n4")).verified  # type: ignore[union-attr]
