@@ -483,12 +483,15 @@ class Reconciler:
         loop = asyncio.get_running_loop()
         next_pass = loop.time() + self.interval
         while True:
+            counts = await self._evicted_counts()
             if self.nodes.lost.is_set() or not await self.ledger.intact():
                 why = "node missing" if self.nodes.lost.is_set() else "state lost"
                 self.nodes.lost.clear()
                 await self.rebuild(why)
-            elif await self.evictions_reset():
+                self.evicted.update(counts)  # written from the API just now: no second rebuild for a count reset
+            elif self.evictions_reset(counts):
                 await self.rebuild("eviction count reset")
+                self.evicted.update(counts)  # only once rewritten: a rebuild that failed is tried again
             full = self.wake.is_set() or loop.time() >= next_pass
             if full or self.touched:
                 if why_not := self.views_live():
@@ -526,18 +529,28 @@ class Reconciler:
             if await self._woken():
                 await asyncio.sleep(0.5)  # coalesce a burst of wake-ups (e.g. both streams re-listing)
 
-    async def evictions_reset(self) -> bool:
-        """Whether a Redis primary's evicted_keys went down since the last look (CONFIG RESETSTAT, or a restart the
-        history token sees anyway). Every eviction changes the token the scripts verify nodes under (server_info
-        in _lib.lua), but a count set back to 0 makes it a token nodes were verified under before keys were
-        evicted: those nodes are written from the API again, now (a rebuild), rather than trusted."""
-        counts = await self.ledger.evicted_counts()
+    async def _evicted_counts(self) -> dict[str, int]:
+        """Ledger.evicted_counts, or nothing when Redis does not answer (the intact() check says so next)."""
+        try:
+            return await self.ledger.evicted_counts()
+        except Exception as e:
+            log.debug("evicted_keys not read: %s", e)
+            return {}
+
+    def evictions_reset(self, counts: Mapping[str, int]) -> bool:
+        """Whether a Redis primary's evicted_keys (`counts`, Ledger.evicted_counts) went down since the last look
+        (CONFIG RESETSTAT, or a restart the history token sees anyway). Every eviction changes the token the
+        scripts verify nodes under (server_info in _lib.lua), but a count set back to 0 makes it a token nodes
+        were verified under before keys were evicted: those nodes are written from the API again, now (a
+        rebuild), rather than trusted. The counts are taken as seen only when nothing went down; the caller
+        takes them after its rebuild."""
         lower = sorted(s for s, n in counts.items() if n < self.evicted.get(s, 0))
-        self.evicted = counts
         if lower:
             log.warning("redis: the eviction count of %s went down (CONFIG RESETSTAT?): every node is written from "
-                        "the API server again", ", ".join(lower))
-        return bool(lower)
+                        "the API server again", ", ".join(s or "the server" for s in lower))
+            return True
+        self.evicted.update(counts)
+        return False
 
     async def _woken(self) -> bool:
         """Wait up to check_seconds for a request of a pass (whole or of touched nodes); True if one came."""

@@ -460,8 +460,11 @@ class PodWatcher:
         return truth
 
     def untried_for(self) -> float:
-        """Seconds the oldest waiting pod has gone untried by any scheduler (0: none)."""
-        return time.monotonic() - min(self.untried.values()) if self.untried else 0.0
+        """Seconds the oldest waiting pod has gone untried by any scheduler (0: none, or the pod view is not live:
+        an attempt it missed would blame kube-scheduler for the watch's fault)."""
+        if not self.untried or self.reflector.problem(0):
+            return 0.0
+        return time.monotonic() - min(self.untried.values())
 
     async def release(self, uid: str, pod: dict[str, Any], why: str) -> None:
         self.waiting.discard(uid)
@@ -680,9 +683,11 @@ class PodWatcher:
 
 def tried(pod: Mapping[str, Any]) -> bool:
     """Whether a scheduler has tried the pod: kube-scheduler sets its PodScheduled condition on every attempt
-    that does not bind it (Unschedulable, SchedulerError), and binds the others."""
+    that does not bind it (Unschedulable, SchedulerError), and binds the others. `SchedulingGated` is set on a
+    pod with scheduling gates, which no scheduler tries, and stays after its gates are gone until one does."""
     conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(isinstance(c, Mapping) and c.get("type") == "PodScheduled" for c in conditions)
+    return any(isinstance(c, Mapping) and c.get("type") == "PodScheduled" and c.get("reason") != "SchedulingGated"
+               for c in conditions)
 
 
 def wire(nodes: NodeWatcher, pods: PodWatcher) -> None:

@@ -690,23 +690,38 @@ class Ledger:
             raise LedgerError(eviction_refusal(evicting))
         return ok
 
-    async def evicted_counts(self) -> dict[str, int]:
-        """Each primary's evicted_keys (INFO stats), by its address."""
+    async def primary_infos(self, *sections: str) -> dict[str, dict[str, Any]]:
+        """INFO `sections` of each primary, by its address ("" for a single server or Sentinel's master), one
+        call per section (several in one call is Redis 7's). A Cluster's primary that does not answer is left
+        out: the others are read, as their shards keep serving."""
         if not isinstance(self.redis, RedisCluster):
-            return {"": int((await self.redis.info("stats")).get("evicted_keys") or 0)}
-        return {node.name: int((await self.redis.info("stats", target_nodes=node)).get("evicted_keys") or 0)
-                for node in slot_owners(self.redis)}
+            info: dict[str, Any] = {}
+            for section in sections:
+                def read(section: str = section) -> Awaitable[dict[str, Any]]:
+                    return cast("Awaitable[dict[str, Any]]", self.redis.info(section))
+                info.update(await self._retry("info", read))
+            return {"": info}
+        out: dict[str, dict[str, Any]] = {}
+        await self.redis.initialize()  # a client that has sent nothing yet knows no slot
+        for node in slot_owners(self.redis):
+            info = {}
+            try:
+                for section in sections:
+                    info.update(await self.redis.info(section, target_nodes=node))
+            except RESEND as e:
+                log.debug("INFO of %s not read: %s", node.name, e)
+                continue
+            out[node.name] = info
+        return out
+
+    async def evicted_counts(self) -> dict[str, int]:
+        """Each primary's evicted_keys (INFO stats), by its address (primary_infos)."""
+        return {name: int(i.get("evicted_keys") or 0) for name, i in (await self.primary_infos("stats")).items()}
 
     async def evicting_policy(self) -> str:
         """The `maxmemory-policy` of a server that may drop ledger keys when full (shared/store/eviction.py),
-        on any primary of a Cluster; "" when none may. Sets mtsched_redis_evicted_keys on the way."""
-        infos: list[dict[str, Any]] = []
-        for node in slot_owners(self.redis) if isinstance(self.redis, RedisCluster) else [None]:
-            info: dict[str, Any] = {}
-            for section in ("memory", "stats"):  # INFO with several sections is Redis 7's
-                info.update(await (self.redis.info(section, target_nodes=node) if node is not None
-                                   else self.redis.info(section)))
-            infos.append(info)
+        on any primary of a Cluster that answers; "" when none may. Sets mtsched_redis_evicted_keys on the way."""
+        infos = list((await self.primary_infos("memory", "stats")).values())
         REDIS_EVICTED_KEYS.set(sum(int(i.get("evicted_keys") or 0) for i in infos))
         return next((p for i in infos if evicts_ledger(p := str(i.get("maxmemory_policy", "")))), "")
 

@@ -219,6 +219,30 @@ async def test_after_an_eviction_no_node_is_booked_until_the_watchers_compared_i
         await client.aclose()
 
 
+async def test_a_script_meeting_an_orphan_still_refuses_every_write_when_redis_is_full(
+        ledger: Ledger, redis_client: Redis) -> None:
+    """Red team (2026-12-05): deleting the orphan first was a write Redis allows when full, after which it let the
+    script's booking through too, past maxmemory under noeviction."""
+    await ledger.upsert_node(inventory("n", S4000))
+    assert (await ledger.reserve("n", "b", [1], 8, 2, 1, pod="ns/b"))[0].ok
+    for uid in ("a", "c"):
+        await redis_client.hset(ledger.keys.res("n", uid), mapping={  # type: ignore[misc]
+            "cards": "0", "mem": "8", "cores": "2", "slices": "1", "state": "pending", "created": "1", "pod": "x"})
+    before = await dump(redis_client)
+    await redis_client.config_set("maxmemory-policy", "noeviction")
+    await redis_client.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(LedgerError, match="maxmemory"):
+            await ledger.reserve("n", "a", [0], 8, 2, 1, pod="ns/a")
+        with pytest.raises(LedgerError, match="maxmemory"):
+            await ledger.observe("c", PodUsage("n", (0,), 8, 2, 1), "ns/c")
+        with pytest.raises(LedgerError, match="maxmemory"):
+            await ledger.mark_bound_many("n", ["a", "b"])
+    finally:
+        await redis_client.config_set("maxmemory", 0)
+    assert await dump(redis_client) == before  # nothing written
+
+
 async def test_a_server_that_never_evicted_keeps_the_token_of_earlier_releases(ledger: Ledger,
                                                                               redis_client: Redis) -> None:
     """A rolling upgrade beside roles of the release before: the same `run` for the same history."""
@@ -248,7 +272,7 @@ async def test_a_reservation_its_pods_set_lost_is_nobodys(own_server: RedisServe
     reservation's hash. The watchers' comparison rewrites the node from the pods set and never sees the hash;
     before, a retry of that pod was answered `existing` on cards that no longer counted it (two pods on card 0,
     128 of 96), and its give-back took 64 off another pod's booking. Now a hash the set does not list is no
-    booking: deleted on sight, the retry books anew."""
+    booking: the retry books anew, its hash replaced whole."""
     client = Redis.from_url(own_server.url, decode_responses=True)
     ledger = Ledger(client)
     n = "n0"
@@ -288,10 +312,9 @@ async def test_an_orphan_is_neither_confirmed_nor_given_back_nor_recorded(ledger
     stale = {"cards": "0", "mem": "64", "cores": "12", "slices": "1", "state": "pending", "created": "1",
              "pod": "ns/a", "settle_by": "9999999999999", "binds": "7"}
     await redis_client.hset(orphan, mapping=stale)  # type: ignore[misc]
-    assert not await ledger.release("n", "a") and not await redis_client.exists(orphan)
-    await redis_client.hset(orphan, mapping=stale)  # type: ignore[misc]
-    assert await ledger.mark_bound_many("n", ["a"]) == ["a"] and not await redis_client.exists(orphan)
-    await redis_client.hset(orphan, mapping=stale)  # type: ignore[misc]
+    assert not await ledger.release("n", "a")  # nothing given back: card 0 keeps b's 64
+    assert await ledger.mark_bound_many("n", ["a"]) == ["a"]  # missing: the extender books it from its record
+    assert (await redis_client.hgetall(orphan))["state"] == "pending"  # type: ignore[misc]  # not confirmed
     out = await ledger.observe("a", PodUsage("n", (1,), 16, 4, 1), "ns/a")  # its record: card 1
     assert out["ok"], out
     res = await redis_client.hgetall(orphan)  # type: ignore[misc]
@@ -316,18 +339,65 @@ async def test_an_eviction_count_set_back_makes_the_watchers_rewrite_every_node(
         await rec.rebuild("start")
         await verified_by_the_watchers(rec, ledger, [n])
         assert (await ledger.snapshot(n)).cards[0].mem_used == 64  # type: ignore[union-attr]
-        assert not await rec.evictions_reset()  # the first look: 0
+        assert not rec.evictions_reset(await ledger.evicted_counts())  # the first look: 0
         assert await evict_exactly(client, {ledger.keys.card(n, 0)}) >= 1
-        assert not await rec.evictions_reset()  # up: the token changed, the fence is up
+        assert not rec.evictions_reset(await ledger.evicted_counts())  # up: the token changed, the fence is up
         assert not (await ledger.snapshot(n)).verified  # type: ignore[union-attr]
         await client.config_resetstat()
         assert (await ledger.snapshot(n)).verified  # type: ignore[union-attr]  # the token nodes had: no fence
-        assert await rec.evictions_reset()  # what the reconciler's loop then sees, and rebuilds on
+        counts = await ledger.evicted_counts()
+        assert rec.evictions_reset(counts)  # what the reconciler's loop then sees, and rebuilds on
+        assert rec.evictions_reset(counts)  # until it has rebuilt (a rebuild that failed is tried again)
         rebuilds = rec.rebuilds
         await rec.rebuild("eviction count reset")
-        assert rec.rebuilds == rebuilds + 1
+        rec.evicted.update(counts)  # as run() does after it
+        assert rec.rebuilds == rebuilds + 1 and not rec.evictions_reset(await ledger.evicted_counts())
         snap = await ledger.snapshot(n)
         assert snap is not None and snap.cards[0].mem_used == 64 and "a" in snap.reservations  # from the API
         assert not (await ledger.reserve(n, "b", [0], 64, 12, 1, pod="ns/b"))[0].ok  # 64 + 64 > 96
+    finally:
+        await client.aclose()
+
+
+async def test_a_rebuild_for_a_count_reset_that_fails_is_tried_again(own_server: RedisServer) -> None:
+    """Red team (2026-12-05): the lower counts were taken as seen before the rebuild they called for; one that
+    failed (the API server away a moment) was never tried again. The reconciler's own loop, restarted after it
+    raised as the supervisor does, bounded."""
+    client = Redis.from_url(own_server.url, decode_responses=True)
+    ledger = Ledger(client)
+    n = "n0"
+    try:
+        api = ApiWithPods([gpu_node(n)], [bound_pod("a", n, 0, 64 * 512, 12)])
+        nodes, pods, rec = await role(ledger, api)
+        nodes.reflector.synced.set()
+        pods.reflector.synced.set()
+        await rec.rebuild("start")
+        await verified_by_the_watchers(rec, ledger, [n])
+        assert not rec.evictions_reset(await ledger.evicted_counts())
+        assert await evict_exactly(client, {ledger.keys.card(n, 0)}) >= 1
+        assert not rec.evictions_reset(await ledger.evicted_counts())
+        await client.config_resetstat()
+        real, reasons = rec.rebuild, []
+
+        async def once_failing(why: str = "start") -> dict[str, int]:
+            reasons.append(why)
+            if reasons.count(why) == 1:
+                raise ConnectionError("the API server answered 503 (once)")
+            return await real(why)
+
+        rec.rebuild = once_failing  # type: ignore[method-assign]
+        rec.check_seconds = 0.2
+        for _ in range(2):  # the supervisor: the loop, restarted once after it raised
+            task = asyncio.create_task(rec.run())
+            done, _ = await asyncio.wait({task}, timeout=5)
+            if not done:
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            if reasons.count("eviction count reset") >= 2:
+                break
+        assert reasons.count("eviction count reset") == 2, reasons  # tried again, and only until it worked
+        snap = await ledger.snapshot(n)
+        assert snap is not None and snap.cards[0].mem_used == 64  # card 0 written from the API
+        assert not (await ledger.reserve(n, "b", [0], 64, 12, 1, pod="ns/b"))[0].ok
     finally:
         await client.aclose()

@@ -4,15 +4,18 @@ Real Sentinel and Cluster (the session's setups, restored afterwards)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from deploy.local.redis import ClusterSetup
 from shared.store.eviction import EVICTING, eviction_refusal
-from shared.store.ledger import Ledger, LedgerError
+from shared.store.ledger import Ledger, LedgerError, connect
 from tests.redis.helpers import S4000, inventory
+from tests.redis_ha.conftest import PASSWORD
 
 
 @pytest.fixture
@@ -53,3 +56,20 @@ async def test_one_evicting_primary_is_enough_to_refuse(ledger: Ledger, redis_cl
         assert 0 < on_it < len(nodes) and refused == on_it
     else:
         assert refused == len(nodes)
+
+
+async def test_the_eviction_counts_of_a_cluster_with_a_shard_down_are_read_from_the_others() -> None:
+    """Red team (2026-12-05): the reconciler reads every primary's count before each pass; one shard down raised
+    there every time, and no pass ran even for the nodes of the shards that serve."""
+    setup = await asyncio.to_thread(ClusterSetup(password=PASSWORD).start)
+    led = Ledger(connect(setup.url))
+    try:
+        assert len(await led.evicted_counts()) == 3
+        down = setup.nodes[-1]
+        await asyncio.to_thread(down.kill)
+        counts = await asyncio.wait_for(led.evicted_counts(), 30)
+        assert len(counts) == 2 and f"127.0.0.1:{down.port}" not in counts, counts
+        assert await led.evicting_policy() == ""  # the readiness probe's check: the shards that serve
+    finally:
+        await led.redis.aclose()
+        await asyncio.to_thread(setup.cleanup)

@@ -25,6 +25,8 @@ def _attempted(uid: str, reason: str = "Unschedulable") -> dict[str, Any]:
     (None, False), ([], False), ([{"type": "Ready", "status": "False"}], False), (["junk"], False),
     ([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}], True),
     ([{"type": "PodScheduled", "status": "False", "reason": "SchedulerError"}], True),
+    # set on a gated pod, which no scheduler tries, and left after its gates go until one does (red team)
+    ([{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}], False),
 ])
 def test_a_pod_counts_as_tried_by_its_pod_scheduled_condition(conditions: Any, expected: bool) -> None:
     pod = _pod("p")
@@ -59,6 +61,15 @@ async def test_the_oldest_untried_pod_is_measured_until_it_is_tried_bound_or_gon
     assert w.untried_for() == 0.0 and not w.untried
     gated = _pod("g")
     gated["spec"]["schedulingGates"] = [{"name": "queue"}]
+    gated["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]
     await w.on_event("ADDED", gated)  # held by its gates, not by a missing scheduler
     now[0] += 600
     assert w.untried_for() == 0.0
+    del gated["spec"]["schedulingGates"]  # released: untried from now, its condition still SchedulingGated
+    await w.on_event("MODIFIED", gated)
+    now[0] += 400
+    assert w.untried_for() == 400.0
+    w.reflector._failing(OSError("connection reset"))  # the pod view is down: an attempt may have been missed
+    assert w.untried_for() == 0.0
+    w.reflector._working()
+    assert w.untried_for() == 400.0

@@ -231,13 +231,12 @@ end
 
 -- A reservation named by a caller (a uid from a payload): the node's only while its pods set lists it, the index
 -- every reader and every rewrite of the node goes by. A hash the set does not list (left when Redis evicted the
--- set but not the hash: no script leaves one) is nobody's booking: never answered again, bound or given back,
--- and deleted on sight (tests/redis/test_eviction_policy.py).
--- (EXISTS first: a DEL is a write Redis allows when full, after which it lets the script's other writes through
--- too, so an unconditional one made every booking ignore `maxmemory` under noeviction)
+-- set but not the hash: no script leaves one) is nobody's booking: never answered again, bound, recorded over or
+-- given back, and replaced whole when the uid books again (book). It is not deleted here: a DEL is a write Redis
+-- allows when full, after which it lets the script's other writes through too, past `maxmemory` under
+-- noeviction (tests/redis/test_eviction_policy.py).
 local function res_of(uid)
   if redis.call('SISMEMBER', PODS_KEY, uid) == 1 then return res_view(uid) end
-  if redis.call('EXISTS', res_key(uid)) == 1 then redis.call('DEL', res_key(uid)) end
   return nil
 end
 
@@ -495,7 +494,8 @@ local function book(p, state, now, known)
   local fields = {'cards', csv, 'mem', p.mem, 'cores', p.cores, 'slices', p.slices,
                   'state', state, 'created', now, 'pod', p.pod or ""}
   if p.idle then fields[#fields + 1] = 'idle'; fields[#fields + 1] = '1' end
-  -- a new hash: no field of an earlier one (an orphan's) carried into it
+  -- a new hash: no field of an earlier one (an orphan's) carried into it (after add_usage's HSET above, a write
+  -- Redis refuses when full, so this DEL never opens the way past maxmemory)
   if redis.call('EXISTS', res_key(p.uid)) == 1 then redis.call('DEL', res_key(p.uid)) end
   local bound_at = 0
   if state == "bound" then bound_at = now; fields[#fields + 1] = 'bound_at'; fields[#fields + 1] = now end
