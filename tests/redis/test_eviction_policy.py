@@ -401,3 +401,32 @@ async def test_a_rebuild_for_a_count_reset_that_fails_is_tried_again(own_server:
         assert not (await ledger.reserve(n, "b", [0], 64, 12, 1, pod="ns/b"))[0].ok
     finally:
         await client.aclose()
+
+
+@pytest.mark.parametrize("path", ["upsert_node drops a card", "observe moves a booking off a removed card",
+                                  "replace_node of a new node"])
+async def test_every_script_that_grows_redis_is_refused_whole_when_it_is_full(ledger: Ledger, redis_client: Redis,
+                                                                            path: str) -> None:
+    """Red team (2026-12-05): Redis refuses a script's write when full only if it is the script's first; after a
+    DEL or an SREM, which it allows, every write goes through. Three paths began so and wrote past maxmemory
+    under noeviction (up to 198 new card hashes); each now writes an HSET first and is refused whole."""
+    await ledger.upsert_node(inventory("n", S4000, n=2))
+    if path.startswith("upsert_node"):
+        call = ledger.upsert_node(inventory("n", S4000, indices=range(1, 200)), create=False)  # card 0 gone
+    elif path.startswith("observe"):
+        assert (await ledger.reserve("n", "p", [1], 8, 2, 1, pod="ns/p"))[0].ok
+        await ledger.upsert_node(inventory("n", S4000, n=1), create=False)  # card 1: a "removed" placeholder
+        call = ledger.observe("p", PodUsage("n", (0, *range(2, 60)), 1, 0, 1), "ns/p", keep_bound=True)
+    else:
+        bound = {f"u{i}": (PodUsage("new", (i % 8,), 1, 0, 1), f"ns/u{i}") for i in range(100)}
+        call = ledger.replace_node(inventory("new", S4000, n=8), bound, 30000, keep_bound=True,
+                                   verify_after_ms=30000)
+    before = await dump(redis_client)
+    await redis_client.config_set("maxmemory-policy", "noeviction")
+    await redis_client.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(LedgerError, match="maxmemory"):
+            await call
+    finally:
+        await redis_client.config_set("maxmemory", 0)
+    assert await dump(redis_client) == before  # nothing written

@@ -88,6 +88,13 @@ local function new_and_whole()
   return EVICTED == 0
 end
 
+-- Called before a script's first write where that write would be one Redis allows when full (a DEL, an SREM):
+-- once a script has written, Redis lets all its other writes through, past `maxmemory` under noeviction. An
+-- HSET is refused when full, so the script is refused whole. It rewrites the node's `error` with its value.
+local function refused_when_full()
+  redis.call('HSET', NODE_KEY, 'error', redis.call('HGET', NODE_KEY, 'error') or "")
+end
+
 local function mark_verified(now)
   redis.call('HSET', NODE_KEY, 'run', server_info(), 'verified_at', now)
   redis.call('HDEL', NODE_KEY, 'unverified_since')

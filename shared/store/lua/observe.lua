@@ -37,6 +37,7 @@ if r and r.state == "bound" and p.keep_bound then
 end
 local touched = {}
 if r then
+  refused_when_full()  -- drop_reservation may begin with the DEL of an emptied removed card
   drop_reservation(p.uid, r)
   touched = split_cards(r.cards)
 end

@@ -79,6 +79,8 @@ if p.keep_bound then
     end
   end
 end
+-- first: a write Redis refuses when full (the DELs below would let every later write past maxmemory)
+redis.call('HSET', NODE_KEY, 'error', p.error or "")
 local dropped = 0  -- reservations of pods not in `bound` and not settling: their cards are free again
 for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
   local r = res_view(uid)
@@ -89,7 +91,6 @@ for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
 end
 redis.call('DEL', PODS_KEY)
 write_cards(p.cards, true)
-redis.call('HSET', NODE_KEY, 'error', p.error or "")
 local now = now_ms()
 -- verify_after_ms (every writer in the roles): the node is what the API implies, so it may be verified for
 -- the history this Redis holds (verify_after in _lib.lua: only by a consistent read, truth_at, begun a keep

@@ -16,7 +16,8 @@ local cards = card_indices()
 for _, c in ipairs(p.cards) do cards[#cards + 1] = c.index end
 local more = need_keys(cards, {})
 if more then return more end
-write_cards(p.cards, false)
+-- first: a write Redis refuses when full (write_cards may begin with the DEL of a card no longer reported)
 redis.call('HSET', NODE_KEY, 'error', p.error or "")
+write_cards(p.cards, false)
 if not exists and new_and_whole() then mark_verified(now_ms()) end  -- create: tests and tools only (the roles never create here)
 return publish('node', nil, nil)
