@@ -197,16 +197,7 @@ async def test_after_an_eviction_no_node_is_booked_until_the_watchers_compared_i
             assert not out.ok, (n, out)
             assert out.refused.startswith((UNVERIFIED, "node unregistered")), out
 
-        rec.keep_ms = 300  # the keep window (10 s in the role), shortened
-        await rec.reconcile_all()  # the watchers' next pass: every node written from the API
-        for _ in range(50):  # the window's second comparison, which the pass schedules (bounded)
-            snaps = await ledger.snapshots(names)
-            if len(snaps) == len(names) and all(s.verified for s in snaps.values()):
-                break
-            await asyncio.wait_for(rec._touch.wait(), 5)
-            touched, rec.touched = rec.touched, set()
-            rec._touch.clear()
-            await rec.reconcile_nodes(touched)
+        await verified_by_the_watchers(rec, ledger, names)  # their pass, then the keep window's comparison
         snaps = await ledger.snapshots(names)
         assert sorted(snaps) == names and all(s.verified for s in snaps.values())
         for i, n in enumerate(names):  # every holder's booking is back, and card 0 has only what is left
