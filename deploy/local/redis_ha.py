@@ -203,9 +203,8 @@ class ClusterSetup:
         self.password = password
         self.masters = masters
         self.nodes: list[RedisServer] = []
-        # Redis 7 takes the bus port and slot ranges as options; 6.2 (tests/redis/test_redis_62.py's binary, first
-        # on the PATH) knows neither: its bus is port + 10000, which free_port's range (below the ephemeral
-        # ports) keeps within 65535, and its slots are added one by one
+        # Redis 7 takes the bus port and slot ranges as options; 6.2 (`binary`, deploy/local/redis62.py) knows
+        # neither: its bus is port + 10000 (port_with_bus: both free), and its slots are added one by one
         binary = binary or shutil.which("redis-server") or "redis-server"
         self.redis7 = server_major(binary) >= 7
         for i in range(masters * (1 + replicas)):

@@ -6,7 +6,7 @@ live, and no key of ours has one (tests/redis/test_eviction_policy.py), so when 
 `noeviction`, which the readiness probe reports. Two defences:
 
 - no booking on a server whose policy is `allkeys-*`: checked atomically by every booking (reserve.lua) and by
-  every role's readiness probe (Ledger.probe_write), on each primary of a Cluster;
+  every role's readiness probe (Ledger.probe_write), on each primary of a Cluster that answers;
 - every eviction, of any key, changes the server's history token (`server_info` in lua/_lib.lua), so every node
   there waits for the watchers' comparison with the API server, as after a restart, and a node whose hash was
   dropped is not taken for a new one: keys dropped before the policy was set right come back from the API.
