@@ -2,7 +2,7 @@
 
 Pure functions return PEM bytes; :func:`write_pki` lays out the files the harness needs.
 Go's TLS stack checks SANs only (no CN fallback), so every serving cert carries
-IP:127.0.0.1 and DNS:localhost.
+IP:127.0.0.1, IP:::1 and DNS:localhost (the IPv6 loopback: tests of callers that reach the roles over IPv6).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def make_client_cert(ca: CertKey, common_name: str) -> CertKey:
 def make_serving_cert(
     ca: CertKey,
     common_name: str,
-    ips: Sequence[str] = ("127.0.0.1",),
+    ips: Sequence[str] = ("127.0.0.1", "::1"),
     dns_names: Sequence[str] = ("localhost",),
     usage: x509.ObjectIdentifier = ExtendedKeyUsageOID.SERVER_AUTH,
 ) -> CertKey:

@@ -92,6 +92,17 @@ class Stack:
     roles: list[Role] = field(default_factory=list)
     balancers: dict[str, tuple[subprocess.Popen[bytes], int]] = field(default_factory=dict)
     _webhooks_registered: bool = field(default=False, repr=False)
+    # Where the roles listen (their `listen` and `metricsListen` hosts) and the address their callers dial
+    # (kube-scheduler, the API server, the probes): "0.0.0.0" and "::1" test a chart default reached over IPv6.
+    listen_host: str = "127.0.0.1"
+    dial_host: str = "127.0.0.1"
+
+    def _at(self, host: str, port: int) -> str:
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def url(self, port: int, scheme: str = "https") -> str:
+        """A role's (or a balancer's) URL as its callers dial it."""
+        return f"{scheme}://{self._at(self.dial_host, port)}"
 
     @property
     def dir(self) -> Path:
@@ -155,7 +166,8 @@ class Stack:
         # credentials and, as the chart's config then says, without the quota check.
         access = ["--set", f"kubeconfig={ident.kubeconfig}"] if ident.token else ["--set", "quotaCheck=false"]
         return [sys.executable, "-m", module, role.kind, "--config", str(self.config_path),
-                "--set", f"listen=127.0.0.1:{role.port}", "--set", f"metricsListen=127.0.0.1:{role.metrics_port}",
+                "--set", f"listen={self._at(self.listen_host, role.port)}",
+                "--set", f"metricsListen={self._at(self.listen_host, role.metrics_port)}",
                 *access, "--log-format", "text"]
 
     def _spawn(self, role: Role) -> None:
@@ -165,7 +177,7 @@ class Stack:
 
     def _wait_ready(self, role: Role, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
-        url = f"http://127.0.0.1:{role.metrics_port}/readyz"
+        url = self.url(role.metrics_port, "http") + "/readyz"
         while time.monotonic() < deadline:
             if not role.alive():
                 raise RuntimeError(f"{role.name} exited:\n{self.tail(role)}")
@@ -218,15 +230,15 @@ class Stack:
     def _front(self, kind: str) -> str:
         replicas = [r for r in self.roles if r.kind == kind]
         if len(replicas) == 1:
-            return f"https://127.0.0.1:{replicas[0].port}"
+            return self.url(replicas[0].port)
         if kind not in self.balancers:
             port = free_port()
             log = open(self.dir / f"balancer-{kind}.log", "ab")  # noqa: SIM115
-            argv = [sys.executable, "-m", "deploy.local.balancer", "--listen", f"127.0.0.1:{port}",
+            argv = [sys.executable, "-m", "deploy.local.balancer", "--listen", self._at(self.listen_host, port),
                     "--cert", str(self.cp.pki.serving_crt), "--key", str(self.cp.pki.serving_key),
                     "--ca", str(self.cp.pki.ca_crt)]
             for r in replicas:
-                argv += ["--backend", f"https://127.0.0.1:{r.port}"]
+                argv += ["--backend", self.url(r.port)]
             pki = self.cp.pki
             # mTLS on both sides, as kube-scheduler -> extender and kube-apiserver -> webhook: the balancer
             # presents the caller's certificate to the replicas, so it admits only that caller's name itself
@@ -241,11 +253,11 @@ class Stack:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 try:
-                    urllib.request.urlopen(f"https://127.0.0.1:{port}/_balancer/stats", timeout=2, context=ctx)
+                    urllib.request.urlopen(self.url(port) + "/_balancer/stats", timeout=2, context=ctx)
                     break
                 except (urllib.error.URLError, OSError):
                     time.sleep(0.1)
-        return f"https://127.0.0.1:{self.balancers[kind][1]}"
+        return self.url(self.balancers[kind][1])
 
     def start(self) -> Stack:
         self.start_roles()
@@ -282,7 +294,7 @@ class Stack:
 
     def metrics(self, role: Role) -> str:
         """The role's /metrics text."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{role.metrics_port}/metrics", timeout=5) as resp:
+        with urllib.request.urlopen(self.url(role.metrics_port, "http") + "/metrics", timeout=5) as resp:
             return str(resp.read().decode())
 
     def role(self, kind: str, index: int = 0) -> Role:

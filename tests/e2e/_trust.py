@@ -11,6 +11,7 @@ import aiohttp
 
 from deploy.local.stack import Stack
 
+NOWHERE = "mtsched.io/no-such-node"
 SLICE = {"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "8", "mthreads.com/sgpu-core": "2"}
 
 
@@ -23,8 +24,11 @@ def tls_context(st: Stack, cert: tuple[Path, Path] | None) -> ssl.SSLContext:
 
 
 def slice_pod(name: str = "p", **meta: Any) -> dict[str, Any]:
+    """A slice pod no node matches: the trust tests judge its admission; left Pending in a namespace that never
+    finishes deleting (no kube-controller-manager), it must not land on a later test's node."""
     return {"metadata": {"name": name, **meta},
-            "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": SLICE}}]}}
+            "spec": {"nodeSelector": {NOWHERE: "trust-tests"},
+                     "containers": [{"name": "c", "image": "busybox", "resources": {"limits": SLICE}}]}}
 
 
 def forged_review(ns: str) -> dict[str, Any]:

@@ -110,6 +110,26 @@ def own_control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
         yield cp
 
 
+@pytest.fixture(autouse=True)
+def _no_stray_pods(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails a test that leaves on the session's plane an unbound pod any node may take (no nodeSelector, no
+    affinity), after deleting it: namespaces never finish deleting here, so such a pod stays Pending and
+    kube-scheduler places it on the next test's node, whose cards it then holds (a CI run saw a trust test's
+    8-unit pod on test_redteam_sidecar's card)."""
+    yield
+    if "control_plane" not in request.fixturenames or not _planes:
+        return
+    cp = request.getfixturevalue("control_plane")
+    pods = cp.api("GET", "/api/v1/pods?fieldSelector=spec.nodeName%3D")["items"]
+    stray = [p for p in pods if not p["spec"].get("nodeSelector") and not p["spec"].get("affinity")]
+    for p in stray:
+        meta = p["metadata"]
+        cp.api("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}?gracePeriodSeconds=0",
+               ok=(200, 202, 404))
+    assert not stray, ("left unbound pods any node may take (deleted now): "
+                       + ", ".join(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in stray))
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield

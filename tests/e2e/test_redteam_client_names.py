@@ -63,6 +63,8 @@ async def test_the_named_callers_still_pass_the_balancer(balanced: Stack) -> Non
         created = await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", slice_pod())
         assert created["spec"]["schedulerName"] == "hami-scheduler", created["spec"]  # admitted via the balancer
     finally:
+        await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods", query={"gracePeriodSeconds": "0"},
+                           ok=(200, 202, 404))
         await kube.request("DELETE", f"/api/v1/namespaces/{ns}", ok=(200, 202))
         await kube.close()
 

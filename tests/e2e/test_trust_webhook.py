@@ -81,5 +81,7 @@ async def test_pods_created_through_the_api_server_are_still_admitted(webhook_st
         # the webhook answered the API server (failurePolicy Fail: no answer, no pod) and mutated the pod
         assert created["spec"]["schedulerName"] == "hami-scheduler", created["spec"]
     finally:
+        await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods", query={"gracePeriodSeconds": "0"},
+                           ok=(200, 202, 404))
         await kube.request("DELETE", f"/api/v1/namespaces/{ns}", ok=(200, 202))
         await kube.close()
