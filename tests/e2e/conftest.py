@@ -37,6 +37,7 @@ from deploy.local.controlplane import (
     ensure_binaries,
     go_available,
 )
+from deploy.local.nodes import LABEL_GPU_COUNT, LABEL_GPU_NODE, LABEL_SLICED_CORES
 
 # Set on namespaces made by the fixtures; webhook tests may select on it.
 E2E_LABEL = "mtsched.io/e2e"
@@ -110,18 +111,30 @@ def own_control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
         yield cp
 
 
+# Labels every simulated node carries (deploy/local/nodes.py gpu_node): a selector on them alone selects any node.
+_EVERY_NODES_LABELS = frozenset({"kubernetes.io/os", LABEL_GPU_NODE, LABEL_SLICED_CORES, LABEL_GPU_COUNT})
+
+
+def _may_land_anywhere(spec: dict[str, Any]) -> bool:
+    if set(spec.get("nodeSelector") or {}) - _EVERY_NODES_LABELS:
+        return False
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution")
+    return not required
+
+
 @pytest.fixture(autouse=True)
 def _no_stray_pods(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Fails a test that leaves on the session's plane an unbound pod any node may take (no nodeSelector, no
-    affinity), after deleting it: namespaces never finish deleting here, so such a pod stays Pending and
-    kube-scheduler places it on the next test's node, whose cards it then holds (a CI run saw a trust test's
-    8-unit pod on test_redteam_sidecar's card)."""
+    """Fails a test that leaves on the session's plane an unbound pod any node may take (no nodeSelector but on
+    labels every simulated node has, no required node affinity), after deleting it: namespaces never finish
+    deleting here, so such a pod stays Pending and kube-scheduler places it on the next test's node, whose cards
+    it then holds (a CI run saw a trust test's 8-unit pod on test_redteam_sidecar's card)."""
     yield
     if "control_plane" not in request.fixturenames or not _planes:
         return
     cp = request.getfixturevalue("control_plane")
     pods = cp.api("GET", "/api/v1/pods?fieldSelector=spec.nodeName%3D")["items"]
-    stray = [p for p in pods if not p["spec"].get("nodeSelector") and not p["spec"].get("affinity")]
+    stray = [p for p in pods if _may_land_anywhere(p["spec"])]
     for p in stray:
         meta = p["metadata"]
         cp.api("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}?gracePeriodSeconds=0",

@@ -18,7 +18,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -37,6 +36,7 @@ import yaml
 
 from deploy.local.controlplane import ControlPlane
 from deploy.local.identities import wait_no_policy
+from deploy.local.processes import free_port
 from tests.deploy._chart import (
     CASES,
     CHART,
@@ -140,12 +140,6 @@ def api(control_plane: ControlPlane) -> Api:
 
 def _unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ---------------------------------------------------------------------------- server-side dry-run
@@ -293,7 +287,7 @@ def fake_extender() -> Iterator[tuple[int, Path, list[tuple[str, Json]]]]:
     127.0.0.1 with the chart's generated certificate."""
     _FakeExtender.calls = []
     with tempfile.TemporaryDirectory(prefix="helm-ext-") as tmp:
-        yield _free_port(), Path(tmp), _FakeExtender.calls
+        yield free_port(), Path(tmp), _FakeExtender.calls
 
 
 def _serve(port: int, cert: Path | None = None, key: Path | None = None) -> ThreadingHTTPServer:
@@ -342,7 +336,7 @@ def test_rendered_scheduler_runs_elects_and_calls_the_extender(
         (work / key).write_bytes(base64.b64decode(secret[key]))
     server = _serve(port, *((work / "tls.crt", work / "tls.key") if scheme == "https" else ()))
     config = _scheduler_files(objs, "hami", control_plane.kubeconfig_path, work)
-    sched_port = _free_port()
+    sched_port = free_port()
     log = work / "kube-scheduler.log"
     node, ns, pod = _unique("helm-e2e-node"), _unique("helm-e2e"), "vgpu-pod"
     with log.open("wb") as out:

@@ -117,8 +117,12 @@ async def test_preemption_frees_one_card_and_never_touches_the_other(
     snap = (await cluster.snapshots())[node]
     assert [c.mem_used for c in snap.cards.values()] == [96, 96]
     assert preempt_outcomes(stack).get("kept", 0) > before
-    assert any(e.startswith("PreemptionCardChosen") and f"{node} cards 0: 2 of 2 victims" in e
-               for e in await cluster.events("urgent")), await cluster.events("urgent")
+
+    async def chosen() -> bool:  # the extender sends it from a background task: it may come after the above
+        return any(e.startswith("PreemptionCardChosen") and f"{node} cards 0: 2 of 2 victims" in e
+                   for e in await cluster.events("urgent"))
+
+    await until("the PreemptionCardChosen event", chosen)
 
     for v in victims:  # the kubelet's part: containers stopped, the pods go
         await cluster.delete(v)

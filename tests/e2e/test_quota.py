@@ -96,9 +96,19 @@ class Env:
                          "containers": [{"name": "main", "image": "busybox", "resources": {"limits": dict(limits)}}]}}
 
     async def create(self, name: str, limits: Mapping[str, str]) -> dict[str, Any]:
+        """Created, and returned once the API server's watch cache lists it: the webhook counts the pods it reads
+        from there (resourceVersion=0, which may lag a create by moments, docs/rules.md), so the next review the
+        test sends sees this pod, as the assertions expect."""
         out: dict[str, Any] = await self.user.request("POST", f"/api/v1/namespaces/{self.ns}/pods",
                                                       self.pod(name, limits))
+        await until(lambda: self._cached(lambda items: any(p["metadata"]["name"] == name for p in items)),
+                    f"pod {name} in the watch cache")
         return out
+
+    async def _cached(self, ok: Any) -> bool | None:
+        """Whether the namespace's pods as the watch cache lists them (the webhook's read) satisfy `ok`."""
+        out = await self.admin.request("GET", f"/api/v1/namespaces/{self.ns}/pods", query={"resourceVersion": "0"})
+        return True if ok(out["items"]) else None
 
     async def refused(self, name: str, limits: Mapping[str, str]) -> str:
         with pytest.raises(KubeError) as info:
@@ -135,11 +145,8 @@ class Env:
         await self.admin.request("DELETE", f"/api/v1/namespaces/{self.ns}/pods",
                                  query={"gracePeriodSeconds": "0"}, ok=(200, 202, 404))
 
-        async def gone() -> bool | None:
-            items = (await self.admin.request("GET", f"/api/v1/namespaces/{self.ns}/pods"))["items"]
-            return True if not items else None
-
-        await until(gone, "the namespace's pods deleted")
+        # gone from the watch cache too (the webhook's read), not only from etcd
+        await until(lambda: self._cached(lambda items: not items), "the namespace's pods deleted")
 
 
 async def until(check: Any, what: str, timeout: float = 30.0) -> Any:

@@ -20,7 +20,7 @@ from deploy.local.controlplane import ControlPlane
 from deploy.local.pki import APISERVER_CLIENT, SCHEDULER_CLIENT
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
-from shared.kube import Kube, KubeError
+from shared.kube import Kube
 from tests.e2e._trust import forged_review, post, slice_pod, tls_context
 
 pytestmark = pytest.mark.e2e
@@ -67,23 +67,3 @@ async def test_the_named_callers_still_pass_the_balancer(balanced: Stack) -> Non
                            ok=(200, 202, 404))
         await kube.request("DELETE", f"/api/v1/namespaces/{ns}", ok=(200, 202))
         await kube.close()
-
-
-async def test_a_pod_refused_for_the_api_servers_name_says_why(control_plane: ControlPlane,
-                                                              redis_server: RedisServer) -> None:
-    """docs/runbooks.md: pods refused with the 403's names when the API server's certificate is not in
-    webhookClientNames (any other body than a Status, the API server reports as "failed to call webhook:
-    unknown")."""
-    settings = {"webhookClientNames": ["someone-else"]}
-    with Stack(control_plane, redis_server.empty().url, "96,160", settings=settings).running() as st:
-        kube = await Kube.create(str(st.cp.kubeconfig_path))
-        ns = f"misnamed-{uuid.uuid4().hex[:6]}"
-        try:
-            await kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
-            with pytest.raises(KubeError) as e:
-                await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", slice_pod())
-            assert (f"the client certificate names {APISERVER_CLIENT}; webhookClientNames allows someone-else"
-                    in str(e.value)), e.value
-        finally:
-            await kube.request("DELETE", f"/api/v1/namespaces/{ns}", ok=(200, 202))
-            await kube.close()

@@ -375,6 +375,8 @@ async def test_the_policy_judges_only_requests_it_could_refuse(env: Env) -> None
         finally:
             await admin.request("DELETE", f"{ADMISSION}/validatingadmissionpolicybindings/{name}", ok=(200, 202, 404))
             await admin.request("DELETE", f"{ADMISSION}/validatingadmissionpolicies/{name}", ok=(200, 202, 404))
+            # its pods too: the namespace never finishes deleting here, and every later watcher would list them
+            await admin.request("DELETE", pods, query={"gracePeriodSeconds": "0"}, ok=(200, 202, 404))
             await admin.request("DELETE", f"/api/v1/namespaces/{ns}", ok=(200, 202, 404))
 
 
