@@ -54,7 +54,7 @@ class Card:
 MODEL_MISMATCH = "model"  # per-card memory is no configured card model (an S5000 under memoryPerCard [96])
 LABEL_MISMATCH = "label"  # the mthreads.com/sgpu.cores label disagrees with the capacity (or is malformed)
 CAPACITY_MISMATCH = "capacity"  # sgpu-core / sgpu-memory capacities are not whole or do not divide
-ANNOTATION_MISMATCH = "annotation"  # mtsched.io/max-inst out of range
+ANNOTATION_MISMATCH = "annotation"  # mtsched.io/max-inst out of range, or the node agent's card-knobs unreadable
 MISMATCH_KINDS = (MODEL_MISMATCH, LABEL_MISMATCH, CAPACITY_MISMATCH, ANNOTATION_MISMATCH)
 
 
@@ -76,7 +76,7 @@ def mismatch_kind(error: str) -> str:
         return LABEL_MISMATCH
     if " is no configured card model; memoryPerCard " in error:
         return MODEL_MISMATCH
-    if error.startswith(f"annotation {MAX_INST_ANNOTATION}="):
+    if error.startswith((f"annotation {MAX_INST_ANNOTATION}=", f"annotation {KNOBS_ANNOTATION}")):
         return ANNOTATION_MISMATCH
     if re.match(r"^\S+ capacity ", error):
         return CAPACITY_MISMATCH
@@ -166,8 +166,11 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
     if raw_knobs is not None:
         try:
             knobs = decode_annotation(str(raw_knobs))
-        except KnobError as e:
-            return _bad(name, "", str(e))  # it may quote the annotation, which can be 64 KiB
+        except KnobError as e:  # (it may quote the annotation, which can be 64 KiB: _bad cuts it)
+            text = str(e)
+            if not text.startswith(f"annotation {KNOBS_ANNOTATION}"):  # one kind, readable from the text alone
+                text = f"annotation {KNOBS_ANNOTATION}: {text}"
+            return _bad(name, ANNOTATION_MISMATCH, text)
     cordoned = {p.strip() for p in str(annotations.get(CORDON_ANNOTATION, "")).split(",") if p.strip()}
     cards = []
     for i in sorted(indices):

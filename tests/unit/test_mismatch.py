@@ -10,6 +10,7 @@ from prometheus_client import REGISTRY
 
 from controller.mismatch import MismatchReporter, event_body, event_name
 from shared.domain.admission import decide, mismatch_warnings
+from shared.domain.knobs import ANNOTATION as KNOBS
 from shared.domain.node import (
     ANNOTATION_MISMATCH,
     CAPACITY_MISMATCH,
@@ -41,6 +42,12 @@ NODES: list[tuple[dict[str, Any], Any, str, str]] = [
     (node("uneven", cores=48, memory=100), C96, CAPACITY_MISMATCH, "does not divide evenly"),
     (node("inst", cores=16, memory=96, annotations={MAX_INST_ANNOTATION: "17"}), C96, ANNOTATION_MISMATCH,
      "outside 1..16"),
+    # the node agent's card knobs, unreadable: the node closes, and says so as a mismatch (event, gauge, alert)
+    (node("knobs-json", cores=16, memory=96, annotations={KNOBS: "{"}), C96, ANNOTATION_MISMATCH, "is not JSON"),
+    (node("knobs-card", cores=16, memory=96, annotations={KNOBS: '{"v": 1, "cards": {"x": {}}}'}), C96,
+     ANNOTATION_MISMATCH, "is not a card index"),
+    (node("knobs-long", cores=16, memory=96, annotations={KNOBS: '{"v": 1, "cards": {}, "e": "' + "x" * 70000 + '"}'}),
+     C96, ANNOTATION_MISMATCH, "longer than"),
 ]
 
 
