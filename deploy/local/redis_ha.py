@@ -255,6 +255,56 @@ class ClusterSetup:
             raise
         return self
 
+    def add_primary(self) -> RedisServer:
+        """A new, empty primary joined to the cluster (it owns no slot until one is moved to it)."""
+        model = self.nodes[0]
+        args = list(model.args)
+        if "--cluster-port" in args:
+            args[args.index("--cluster-port") + 1] = str(free_port())
+        node = RedisServer(port=None if self.redis7 else port_with_bus(), password=self.password,
+                           workdir=str(self.workdir / f"node-{len(self.nodes)}"), args=args, binary=model.binary)
+        node.start()
+        self.nodes.append(node)
+        with self.nodes[0].client() as c:
+            cmd(c, "CLUSTER", "MEET", "127.0.0.1", node.port, self._bus_port(node))
+        self.wait_healthy()
+        return node
+
+    def begin_move(self, key: str, target: RedisServer) -> int:
+        """A live reshard's first step for `key`'s slot: IMPORTING on `target`, MIGRATING on its owner. Returns
+        the slot; its keys then move with move_keys and the move ends with end_move."""
+        source = self.owner_of(key)
+        with source.client() as s, target.client() as t:
+            slot = int(cmd(s, "CLUSTER", "KEYSLOT", key))
+            cmd(t, "CLUSTER", "SETSLOT", slot, "IMPORTING", str(cmd(s, "CLUSTER", "MYID")))
+            cmd(s, "CLUSTER", "SETSLOT", slot, "MIGRATING", str(cmd(t, "CLUSTER", "MYID")))
+        return slot
+
+    def move_keys(self, slot: int, target: RedisServer, count: int) -> int:
+        """MIGRATE up to `count` keys of the slot from the server that has them to `target`; how many moved."""
+        source = next(n for n in self.nodes if n.running and n is not target and self._has_keys(n, slot))
+        with source.client() as s:
+            keys = cmd(s, "CLUSTER", "GETKEYSINSLOT", slot, count)
+            if keys:
+                auth_args = ["AUTH", self.password] if self.password else []
+                cmd(s, "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, *auth_args, "KEYS", *keys)
+        return len(keys)
+
+    def end_move(self, slot: int, target: RedisServer) -> None:
+        """The move's last step: every key moved, the slot given to `target` on every node."""
+        while any(self._has_keys(n, slot) for n in self.nodes if n.running and n is not target):
+            self.move_keys(slot, target, 100)
+        with target.client() as t:
+            target_id = str(cmd(t, "CLUSTER", "MYID"))
+        for n in [target, *(n for n in self.nodes if n.running and n is not target)]:
+            with n.client() as c:
+                cmd(c, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+
+    @staticmethod
+    def _has_keys(n: RedisServer, slot: int) -> bool:
+        with n.client() as c:
+            return int(cmd(c, "CLUSTER", "COUNTKEYSINSLOT", slot)) > 0
+
     @staticmethod
     def _bus_port(n: RedisServer) -> int:
         return int(n.args[n.args.index("--cluster-port") + 1]) if "--cluster-port" in n.args else n.port + 10000

@@ -40,8 +40,41 @@ log = logging.getLogger("mtsched.ledger")
 # A round trip Redis did not run for want of a reachable master: a lost connection, a demoted master, a
 # cluster that lost a primary or is re-forming its slot map (redis-py 7's cluster client retries these
 # 3 times in 0.75 s, 8's 10 times, so a restarted shard outlasts 7's own retries). Sending again cures them.
+# A cluster client's own retries that ran out on a slot being moved between shards (a live reshard: the keys of a
+# node split between two shards answer TRYAGAIN to a script until the move ends, which redis-py reports as
+# ClusterError "TTL exhausted."), and a redirect to a shard it does not know yet (UnknownRedirect), are cured
+# the same way: a script runs only where all its keys are, so nothing was half-applied.
 RESEND: tuple[type[BaseException], ...] = (rexc.ConnectionError, rexc.TimeoutError, rexc.ReadOnlyError,
-                                           rexc.ClusterDownError, rexc.TryAgainError, rexc.SlotNotCoveredError)
+                                           rexc.ClusterError, rexc.TryAgainError, rexc.SlotNotCoveredError)
+
+
+class UnknownRedirect(rexc.ClusterError):
+    """redis-py's cluster client was sent (ASK, during a live reshard) to a shard it does not know yet, a new
+    primary that owns no slot, and failed on it with an AttributeError of its own (redis-py 7.4): the move's
+    end (the slot given to that shard, MOVED) cures it."""
+
+
+RESEND_OR_REDIRECT: tuple[type[BaseException], ...] = (*RESEND, AttributeError)  # what resendable() sorts
+
+
+def resendable(e: BaseException, client: object) -> BaseException | None:
+    """`e` as a RESEND error (UnknownRedirect for redis-py's failure above), or None when sending again cannot
+    cure it. Only an AttributeError raised inside redis-py's cluster client counts: ours are bugs."""
+    if isinstance(e, RESEND):
+        return e
+    if isinstance(e, AttributeError) and isinstance(client, RedisCluster) and _raised_in_redis_cluster(e):
+        return UnknownRedirect(f"a redirect to a Redis node the cluster client does not know yet ({e})")
+    return None
+
+
+def _raised_in_redis_cluster(e: BaseException) -> bool:
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    path = Path(tb.tb_frame.f_code.co_filename)
+    return path.name == "cluster.py" and "redis" in path.parts
 T = TypeVar("T")
 LUA_DIR = Path(__file__).with_name("lua")
 SCRIPTS = ("upsert_node", "reserve", "mark_bound", "release", "observe", "expire", "snapshot", "replace_node",
@@ -157,11 +190,16 @@ class Ledger:
             REDIS_ROUND_TRIPS.labels(what).inc()
             try:
                 return await op()
-            except RESEND as e:
+            except RESEND_OR_REDIRECT as raw:
+                e = resendable(raw, self.redis)
+                if e is None:
+                    raise
                 failures += 1
                 # a few quick tries (a pooled connection that died), then more while a failover settles
                 if failures > self.connection_retries and time.monotonic() > deadline:
-                    raise
+                    if e is raw:
+                        raise
+                    raise e from raw
                 log.warning("%s: %s; sending again (%d)", what, e, failures)
                 if isinstance(e, rexc.ReadOnlyError):
                     # the server we reach was demoted to a replica (a VIP or DNS name that moved on): new
