@@ -1,7 +1,7 @@
 """Mismatches are loud: a node that reports sliced cards but offers none because its capacity, its
 `mthreads.com/sgpu.cores` label or its card model disagrees with the configuration (an S5000 under
 `memoryPerCard: [96]`) stays closed (fail closed, shared/domain/node.py), and is made visible where an
-operator looks: a Warning event on the Node once per distinct problem, the gauge
+operator looks: a Warning event on the Node once per distinct problem (at most one a minute per node), the gauge
 `mtsched_node_mismatch{reason}`, and one summary line in the log after the first list. (The admission
 warning is shared/domain/admission.py's; `mtsched explain` shows the node's problem too.)
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -29,9 +30,13 @@ log = logging.getLogger("mtsched.watchers")
 
 NODE_MISMATCH = Gauge("mtsched_node_mismatch",
                       "Nodes that report sliced cards but offer none: capacity, sgpu.cores label or card model "
-                      "disagree with the configuration (should stay 0)", ["reason"])
+                      "disagree with the configuration, or a card annotation cannot be read (should stay 0)",
+                      ["reason"])
 EVENT_REASON = "NodeCardMismatch"
 EVENT_NAMESPACE = "default"  # where events about cluster-scoped objects go (as the kubelet's node events)
+# At most one event per node this often: an annotation's writer (the node agent's identity) may change its value
+# as often as it likes, each value a problem of its own; the gauge and the log follow every change.
+EVENT_EVERY_SECONDS = 60.0
 
 
 def event_name(node: str, uid: str, kind: str, error: str) -> str:
@@ -62,6 +67,7 @@ class MismatchReporter:
         self.listed = False
         self.sent = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._event_at: dict[str, float] = {}  # node -> when its last event was sent (monotonic)
         self._gauge()
 
     def _gauge(self) -> None:
@@ -87,6 +93,12 @@ class MismatchReporter:
         self._gauge()
         uid = str(((node or {}).get("metadata") or {}).get("uid") or "")
         if self.kube is not None and self.cfg.events_enabled:
+            clock = time.monotonic()
+            if clock - self._event_at.get(name, -EVENT_EVERY_SECONDS) < EVENT_EVERY_SECONDS:
+                log.info("node %s: its mismatch changed again within %gs: no new event (%s: %s)", name,
+                         EVENT_EVERY_SECONDS, *now)
+                return
+            self._event_at[name] = clock
             task = asyncio.create_task(self._send(name, uid, *now))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -95,6 +107,8 @@ class MismatchReporter:
         """After a (re-)list of `names`: forget nodes that are gone; after the first, one summary line."""
         for gone in set(self.problems) - names:
             self.problems.pop(gone)
+        for gone in set(self._event_at) - names:
+            self._event_at.pop(gone)
         self._gauge()
         if not self.listed:
             self.listed = True

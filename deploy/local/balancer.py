@@ -22,6 +22,7 @@ import aiohttp
 import uvloop
 from aiohttp import web
 
+from shared.serving.http import listen_sockets, split_addr
 from shared.serving.listen import client_name_middleware
 
 
@@ -83,13 +84,14 @@ def main() -> None:
     if a.client_ca:
         ctx.load_verify_locations(cafile=a.client_ca)
         ctx.verify_mode = ssl.CERT_REQUIRED
-    host, _, port = a.listen.rpartition(":")
+    host, port = split_addr(a.listen)  # "[::1]:PORT" too; 0.0.0.0 is both families, as the roles read it
 
     async def serve() -> None:
         runner = web.AppRunner(make_app(a.backend, a.ca, a.client_cert, a.client_key,
                                            tuple(a.client_name)), access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, host, int(port), ssl_context=ctx, backlog=1024).start()
+        for sock in listen_sockets(host, port, 1024):
+            await web.SockSite(runner, sock, ssl_context=ctx, backlog=1024).start()
         await asyncio.Event().wait()
 
     uvloop.run(serve())

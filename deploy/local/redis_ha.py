@@ -282,7 +282,9 @@ class ClusterSetup:
 
     def move_keys(self, slot: int, target: RedisServer, count: int) -> int:
         """MIGRATE up to `count` keys of the slot from the server that has them to `target`; how many moved."""
-        source = next(n for n in self.nodes if n.running and n is not target and self._has_keys(n, slot))
+        source = next((n for n in self.nodes if n.running and n is not target and self._has_keys(n, slot)), None)
+        if source is None:
+            return 0
         with source.client() as s:
             keys = cmd(s, "CLUSTER", "GETKEYSINSLOT", slot, count)
             if keys:

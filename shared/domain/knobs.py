@@ -157,6 +157,13 @@ def _parse_int(text: str) -> int | _LongNumber:
     return int(text) if len(text) <= 20 else _LongNumber(text)
 
 
+def _shown(value: object) -> str:
+    """A value the annotation's writer chose, as an error quotes it: short, quoted, escaped (it reaches events,
+    logs and admission warnings)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
 def decode_annotation(raw: str) -> KnobReport:
     """The annotation value as the agent wrote it; KnobError naming the field for anything else."""
     if len(raw) > MAX_ANNOTATION_BYTES:
@@ -169,11 +176,13 @@ def decode_annotation(raw: str) -> KnobReport:
         raise KnobError(f"annotation {ANNOTATION} must be a JSON object")
     v = doc.get("v")
     if type(v) is not int or v != VERSION:  # true and 1.0 equal 1 in Python; the agent writes the integer
-        raise KnobError(f"annotation {ANNOTATION}: format version {doc.get('v')!r} is not {VERSION} "
+        raise KnobError(f"annotation {ANNOTATION}: format version {_shown(doc.get('v'))} is not {VERSION} "
                         "(the one this scheduler reads)")
     extra = sorted(set(doc) - {"v", "cards", "unreadable", "error"})
     if extra:
-        raise KnobError(f"annotation {ANNOTATION}: unknown field(s) {', '.join(extra)} in v{VERSION}")
+        more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
+        raise KnobError(f"annotation {ANNOTATION}: unknown field(s) {', '.join(map(_shown, extra[:3]))}{more} "
+                        f"in v{VERSION}")
     cards_doc = doc.get("cards")
     if not isinstance(cards_doc, dict):
         raise KnobError(f"annotation {ANNOTATION}: cards must be an object of card index -> knobs")

@@ -72,12 +72,13 @@ def mismatch_kind(error: str) -> str:
     agrees with Inventory.problem for every error node_inventory writes."""
     if not error:
         return ""
+    # by how each text begins: the annotations' texts may quote what their writer chose, anything
     if error.startswith(f"label {SGPU_CORES_LABEL}="):
         return LABEL_MISMATCH
-    if " is no configured card model; memoryPerCard " in error:
-        return MODEL_MISMATCH
     if error.startswith((f"annotation {MAX_INST_ANNOTATION}=", f"annotation {KNOBS_ANNOTATION}")):
         return ANNOTATION_MISMATCH
+    if re.match(r"[0-9]+ units per card \([0-9]+/[0-9]+\) is no configured card model; memoryPerCard ", error):
+        return MODEL_MISMATCH
     if re.match(r"^\S+ capacity ", error):
         return CAPACITY_MISMATCH
     return ""

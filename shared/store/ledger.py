@@ -73,8 +73,9 @@ def _raised_in_redis_cluster(e: BaseException) -> bool:
         return False
     while tb.tb_next is not None:
         tb = tb.tb_next
-    path = Path(tb.tb_frame.f_code.co_filename)
-    return path.name == "cluster.py" and "redis" in path.parts
+    # redis-py's asyncio cluster client on a node it does not know: `None.<attribute>` (and no other of its bugs)
+    return Path(tb.tb_frame.f_code.co_filename).parts[-3:] == ("redis", "asyncio", "cluster.py") \
+        and "'NoneType' object has no attribute" in str(e)
 T = TypeVar("T")
 LUA_DIR = Path(__file__).with_name("lua")
 SCRIPTS = ("upsert_node", "reserve", "mark_bound", "release", "observe", "expire", "snapshot", "replace_node",
@@ -526,6 +527,11 @@ class Ledger:
                         if _failed(e):
                             raise
                         raws = await queue().execute(raise_on_error=False)
+                # a node's failure for want of Redis is raised here, inside _retry (sent again; redis-py's own
+                # AttributeError read as UnknownRedirect), also when another node's MOREKEYS came first above
+                failed = next((r for r in raws if _failed(r)), None)
+                if failed is not None:
+                    raise failed
                 return raws
 
             raws = await self._retry("snapshots", read)
@@ -537,8 +543,8 @@ class Ledger:
                 elif isinstance(raw, rexc.ResponseError) and str(raw).startswith(MOREKEYS):
                     todo.append(n)
                     self._known[n] = self.known(n).learn(str(raw))
-                elif _failed(raw):
-                    raise raw  # as a call outside a pipeline would (the caller waits for Redis)
+                elif _failed(raw):  # (read() raised these: kept for a reply that is no list of its own)
+                    raise resendable(raw, self.redis) or raw  # as a call outside a pipeline would
                 elif isinstance(raw, Exception):
                     raise LedgerError(f"snapshot of {n}: {raw}") from raw
                 else:

@@ -142,7 +142,7 @@ _K = '{"max_inst":4,"policy":0,"time_slice":1,"overcommit_ratio":100}'
     ('{"v":true,"cards":{}}', "format version True is not 1"),  # equal to 1 in Python, not the agent's
     ('{"v":1.0,"cards":{}}', "format version 1.0 is not 1"),
     ('{"v":1}', "cards must be an object"),
-    ('{"v":1,"cards":{},"colour":"red"}', "unknown field(s) colour"),
+    ('{"v":1,"cards":{},"colour":"red"}', "unknown field(s) 'colour'"),
     ('{"v":1,"cards":{"a":{}}}', "'a' is not a card index"),
     ('{"v":1,"cards":{"0":{"max_inst":4}}}', "card 0 must have exactly max_inst, policy, time_slice"),
     ('{"v":1,"cards":{"0":{"max_inst":17,"policy":0,"time_slice":1,"overcommit_ratio":100}}}',

@@ -3,6 +3,7 @@ pods that only mismatched nodes could take, and the watcher's reporter (gauge, o
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -46,6 +47,13 @@ NODES: list[tuple[dict[str, Any], Any, str, str]] = [
     (node("knobs-json", cores=16, memory=96, annotations={KNOBS: "{"}), C96, ANNOTATION_MISMATCH, "is not JSON"),
     (node("knobs-card", cores=16, memory=96, annotations={KNOBS: '{"v": 1, "cards": {"x": {}}}'}), C96,
      ANNOTATION_MISMATCH, "is not a card index"),
+    # a quoted text that reads like another kind's is still this kind (mismatch_kind reads how a text begins)
+    (node("knobs-model", cores=16, memory=96, annotations={KNOBS: '{"v": 1, "cards": {}, '
+                                                           '" is no configured card model; memoryPerCard ": 1}'}),
+     C96, ANNOTATION_MISMATCH, "unknown field(s)"),
+    (node("inst-model", cores=16, memory=96, annotations={MAX_INST_ANNOTATION: " is no configured card model; "
+                                                                               "memoryPerCard "}),
+     C96, ANNOTATION_MISMATCH, "outside 1..16"),
     (node("knobs-long", cores=16, memory=96, annotations={KNOBS: '{"v": 1, "cards": {}, "e": "' + "x" * 70000 + '"}'}),
      C96, ANNOTATION_MISMATCH, "longer than"),
 ]
@@ -149,3 +157,40 @@ def test_event_names_are_one_per_node_object_and_problem() -> None:
     assert body["type"] == "Warning" and body["involvedObject"] == {"apiVersion": "v1", "kind": "Node",
                                                                     "name": "n1", "uid": "uid-1"}
     assert S5000_ERR in body["message"] and "model mismatch" in body["message"]
+
+
+class _Events:
+    """Stands in for the API client: records the events posted."""
+
+    def __init__(self) -> None:
+        self.posted: list[str] = []
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+        self.posted.append(body["message"])
+        return {}
+
+
+async def test_a_writer_changing_an_annotation_at_will_gets_one_event_a_minute_per_node(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node agent's identity may rewrite its card-knobs annotation as often as it likes, each value a problem
+    of its own (red team: 500 values, 500 events): the gauge and the log follow every change, events one per
+    node per EVENT_EVERY_SECONDS."""
+    import controller.mismatch as mismatch
+
+    clock = [1000.0]
+    monkeypatch.setattr(mismatch.time, "monotonic", lambda: clock[0])
+    api = _Events()
+    r = MismatchReporter(api, C96)  # type: ignore[arg-type]
+    for i in range(50):
+        n = node("gpu-1", cores=16, memory=96, annotations={KNOBS: f'{{"v": 1, "cards": {{}}, "f{i}": 1}}'})
+        r.observe("gpu-1", n, node_inventory(n, C96))
+        other = node("gpu-2", cores=16, memory=96, annotations={KNOBS: f'{{"v": {i + 2}, "cards": {{}}}}'})
+        r.observe("gpu-2", other, node_inventory(other, C96))
+    await asyncio.gather(*r._tasks)
+    assert len(api.posted) == 2 and gauge(ANNOTATION_MISMATCH) == 2  # one event for each node
+    assert "'f0'" in api.posted[0] and r.problems["gpu-1"][1].endswith("'f49' in v1")  # the view: the latest
+    clock[0] += mismatch.EVENT_EVERY_SECONDS
+    n = node("gpu-1", cores=16, memory=96, annotations={KNOBS: '{"v": 1, "cards": {}, "g": 1}'})
+    r.observe("gpu-1", n, node_inventory(n, C96))
+    await asyncio.gather(*r._tasks)
+    assert len(api.posted) == 3 and "'g'" in api.posted[2]
