@@ -43,6 +43,7 @@ from deploy.local.pki import APISERVER_CLIENT, SCHEDULER_CLIENT
 from deploy.local.processes import port_taken
 from deploy.local.redis import free_port, terminate
 from shared.config import url_password, without_password
+from shared.serving.http import join_addr
 
 # Namespaces labelled so are never sent to the webhook (the benchmark's plain baseline). A namespace label,
 # never a pod label: labels are set by whoever creates the object, and a pod creator must not be able to
@@ -97,12 +98,9 @@ class Stack:
     listen_host: str = "127.0.0.1"
     dial_host: str = "127.0.0.1"
 
-    def _at(self, host: str, port: int) -> str:
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
     def url(self, port: int, scheme: str = "https") -> str:
         """A role's (or a balancer's) URL as its callers dial it."""
-        return f"{scheme}://{self._at(self.dial_host, port)}"
+        return f"{scheme}://{join_addr(self.dial_host, port)}"
 
     @property
     def dir(self) -> Path:
@@ -166,8 +164,8 @@ class Stack:
         # credentials and, as the chart's config then says, without the quota check.
         access = ["--set", f"kubeconfig={ident.kubeconfig}"] if ident.token else ["--set", "quotaCheck=false"]
         return [sys.executable, "-m", module, role.kind, "--config", str(self.config_path),
-                "--set", f"listen={self._at(self.listen_host, role.port)}",
-                "--set", f"metricsListen={self._at(self.listen_host, role.metrics_port)}",
+                "--set", f"listen={join_addr(self.listen_host, role.port)}",
+                "--set", f"metricsListen={join_addr(self.listen_host, role.metrics_port)}",
                 *access, "--log-format", "text"]
 
     def _spawn(self, role: Role) -> None:
@@ -234,7 +232,7 @@ class Stack:
         if kind not in self.balancers:
             port = free_port()
             log = open(self.dir / f"balancer-{kind}.log", "ab")  # noqa: SIM115
-            argv = [sys.executable, "-m", "deploy.local.balancer", "--listen", self._at(self.listen_host, port),
+            argv = [sys.executable, "-m", "deploy.local.balancer", "--listen", join_addr(self.listen_host, port),
                     "--cert", str(self.cp.pki.serving_crt), "--key", str(self.cp.pki.serving_key),
                     "--ca", str(self.cp.pki.ca_crt)]
             for r in replicas:

@@ -30,6 +30,11 @@ def split_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def join_addr(host: object, port: object) -> str:
+    """split_addr's inverse: an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
 # An unspecified address means every address of both families, as Go's net.Listen reads it and so every
 # Kubernetes component's --bind-address: the kubelet's probes and the API server reach a pod at its IPv6 address
 # in an IPv6 or IPv6-first cluster, which a Python socket on 0.0.0.0 (IPv4 only) never answers.
@@ -315,7 +320,7 @@ async def serve(app: web.Application, addr: str, ssl_context: ssl.SSLContext | N
     else:
         await web.TCPSite(runner, host, port, backlog=1024).start()
     log.info("listening on %s://%s (%s)", "https" if ssl_context else "http", addr,
-             ", ".join(f"[{a[0]}]:{a[1]}" if ":" in str(a[0]) else f"{a[0]}:{a[1]}" for a in runner.addresses))
+             ", ".join(join_addr(a[0], a[1]) for a in runner.addresses))
     return runner
 
 

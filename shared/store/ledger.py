@@ -543,8 +543,6 @@ class Ledger:
                 elif isinstance(raw, rexc.ResponseError) and str(raw).startswith(MOREKEYS):
                     todo.append(n)
                     self._known[n] = self.known(n).learn(str(raw))
-                elif _failed(raw):  # (read() raised these: kept for a reply that is no list of its own)
-                    raise resendable(raw, self.redis) or raw  # as a call outside a pipeline would
                 elif isinstance(raw, Exception):
                     raise LedgerError(f"snapshot of {n}: {raw}") from raw
                 else:
