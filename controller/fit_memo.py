@@ -33,6 +33,8 @@ from shared.domain.request import SliceRequest
 from shared.domain.state import NodeSnapshot
 from shared.store.mirror import Mirror
 
+# a node the mirror cannot read while a live reshard moves its Redis Cluster slot (Mirror.moving): not offered
+MOVING = "card state unreadable while its Redis Cluster slot moves between shards (read again every second)"
 NODE_ANSWERS = 64  # answers kept per node (a node's memo is emptied when full)
 Held = Mapping[str, Mapping[str, tuple[SliceRequest, tuple[int, ...]]]]  # node -> uid -> (request, cards)
 NO_HELD: Held = {}
@@ -128,9 +130,12 @@ class FitMemo:
         key = self.fit_key(req, annotations, gpu_policy)
         share = not (annotations.get(USE_UUID) or annotations.get(NOUSE_UUID))
         get, fits, memo_of = self.mirror.get, self.fits, self.node  # hot loop: hundreds of nodes per call
+        moving = self.mirror.moving  # (empty but during a live reshard of a Redis Cluster)
         for name in names:
             snap = get(name)
-            if snap is None:
+            if moving and name in moving:
+                unresolvable[name] = MOVING
+            elif snap is None:
                 unresolvable[name] = "node unregistered"
             elif snap.error:
                 unresolvable[name] = f"node unregistered: {snap.error}"

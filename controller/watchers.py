@@ -745,6 +745,8 @@ class Janitor:
             self.redis_time(now)
         gone: list[str] = []
         for node, snap in list(self.mirror.nodes.items()):
+            if node in self.mirror.moving:  # Redis runs no script there until its slot's move ends: next sweep
+                continue
             old = [r.uid for r in snap.reservations.values() if expires(r, now, self.ttl * 1000)]
             if old:
                 if self.before_expire is not None:

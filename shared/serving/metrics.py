@@ -45,6 +45,10 @@ MIRROR_REREADS = Counter("mtsched_mirror_rereads_total",
                          "gap (a message missed), history (the write before it is not the mirror's), "
                          "recreated (the node's keys made anew), unknown (a node the mirror lacks), rebuild, "
                          "malformed", ["why"])
+MIRROR_MOVING = Gauge("mtsched_mirror_nodes_moving",
+                      "Nodes this role's mirror cannot read while a live reshard of a Redis Cluster has their keys "
+                      "split between two shards (their last state kept; the extender offers none of them): read "
+                      "again every second until the move ends")
 FEED_SILENCES = Counter("mtsched_feed_silences_total",
                         "Feed connections the mirror gave up because they answered no PING in time (a socket that "
                         "died without a reset); each is followed by a reconnection and a full re-read")

@@ -67,6 +67,14 @@ def resendable(e: BaseException, client: object) -> BaseException | None:
     return None
 
 
+def slot_moving(e: BaseException) -> bool:
+    """Whether a RESEND error (after resendable()) says that this node's keys are split between two shards by a live
+    reshard, which only the move's end cures, rather than that Redis is down: redis-py's retries ran out on TRYAGAIN
+    (a plain ClusterError "TTL exhausted.", never its subclasses such as ClusterDownError), or UnknownRedirect. Other
+    nodes can still be read (a mirror's resync then reads around it: Ledger.reread `isolate`)."""
+    return type(e) is rexc.ClusterError or isinstance(e, (rexc.TryAgainError, UnknownRedirect))
+
+
 def _raised_in_redis_cluster(e: BaseException) -> bool:
     tb = e.__traceback__
     if tb is None:
@@ -103,11 +111,13 @@ MARK_BOUND_MAX = 512  # reservations per mark_bound call (mark_bound.lua checks 
 @dataclass(frozen=True)
 class Reread:
     """What Ledger.reread read: the snapshots of the nodes that exist and were decoded, the nodes whose reply
-    was the text `previous` named (not decoded), and each reply's digest (also of nodes that do not exist)."""
+    was the text `previous` named (not decoded), and each reply's digest (also of nodes that do not exist).
+    `moving` (with `isolate`): the nodes that could not be read for a live reshard of their slot (slot_moving)."""
 
     snaps: dict[str, NodeSnapshot]
     unchanged: set[str]
     digests: dict[str, int]
+    moving: set[str] = field(default_factory=set)
 
 
 class LedgerError(RuntimeError):
@@ -456,10 +466,11 @@ class Ledger:
         self._learn(node, snap)
         return snap
 
-    async def heads(self, nodes: Iterable[str]) -> dict[str, tuple[int, str]]:
+    async def heads(self, nodes: Iterable[str], isolate: bool = False) -> dict[str, tuple[int, str]]:
         """(version, stamp) of each node that has keys: its last scripted write (publish in _lib.lua), read with
         one HMGET per node, HEADS_BATCH per pipelined round trip (no script: ~100 times cheaper for Redis than a
-        snapshot). A node written before stamps existed has stamp ""."""
+        snapshot). A node written before stamps existed has stamp "". `isolate` (as in reread): a node that
+        cannot be read while its slot moves is left out, like a node without keys."""
         names = list(dict.fromkeys(nodes))
         out: dict[str, tuple[int, str]] = {}
         for i in range(0, len(names), HEADS_BATCH):
@@ -471,7 +482,15 @@ class Ledger:
                     pipe.hmget(self.node_key(n), ["version", "stamp"])
                 return await pipe.execute()
 
-            for n, (version, stamp) in zip(batch, await self._retry("heads", read), strict=True):
+            try:
+                got = list(zip(batch, await self._retry("heads", read), strict=True))
+            except RESEND_OR_REDIRECT as e:  # as _retry raised it (resendable() applied)
+                if not isolate or not slot_moving(e):
+                    raise
+                moving = Reread({}, set(), {})
+                got = [(n, raw) for (n, _), raw in await self._one_by_one(
+                    [(n, []) for n in batch], lambda one: read([one[0][0]]), moving, "heads")]
+            for n, (version, stamp) in got:
                 if version is not None:
                     try:
                         out[n] = (int(version), str(stamp or ""))
@@ -484,18 +503,41 @@ class Ledger:
         was (a pipeline is not a transaction), so the cut changes nothing a caller may rely on."""
         return (await self.reread(nodes, {})).snaps
 
-    async def reread(self, nodes: Iterable[str], previous: Mapping[str, int]) -> Reread:
+    async def reread(self, nodes: Iterable[str], previous: Mapping[str, int], isolate: bool = False) -> Reread:
         """snapshots(), except that a node whose reply is the very text whose digest `previous` holds is not
         decoded again (a mirror's resync: at 5,000 nodes decoding every reply held each role's loop for
         ~1 s every 30 s, and almost every node is as it was). The digests are this process's `hash`
-        of the reply text, so they are compared only within the process that made them."""
+        of the reply text, so they are compared only within the process that made them.
+        `isolate`: a round trip that failed for a slot being moved (slot_moving, once its retries ran out) is
+        read again node by node, and the nodes that fail so are left out, in `moving`, instead of failing the
+        whole read: one node's keys split between shards does not keep every other node from being read."""
         names = list(dict.fromkeys(nodes))
         out = Reread({}, set(), {})
         for i in range(0, len(names), SNAPSHOT_BATCH):
-            await self._snapshot_batch(names[i:i + SNAPSHOT_BATCH], previous, out)
+            await self._snapshot_batch(names[i:i + SNAPSHOT_BATCH], previous, out, isolate)
         return out
 
-    async def _snapshot_batch(self, nodes: list[str], previous: Mapping[str, int], out: Reread) -> None:
+    async def _one_by_one(self, batch: list[tuple[str, list[str]]],
+                          read: Callable[[list[tuple[str, list[str]]]], Awaitable[list[Any]]],
+                          out: Reread, what: str = "snapshots") -> list[tuple[tuple[str, list[str]], Any]]:
+        """Each node of a batch whose read failed for a moving slot read alone, once (the batch's read was sent
+        again already): (node and keys, reply) of those read; the ones that fail for a move go to out.moving.
+        Any other failure is raised as the batch's would be."""
+        got = []
+        for item in batch:
+            self.round_trips += 1
+            REDIS_ROUND_TRIPS.labels(what).inc()
+            try:
+                got.append((item, (await read([item]))[0]))
+            except RESEND_OR_REDIRECT as raw:
+                e = resendable(raw, self.redis)
+                if e is None or not slot_moving(e):
+                    raise
+                out.moving.add(item[0])
+        return got
+
+    async def _snapshot_batch(self, nodes: list[str], previous: Mapping[str, int], out: Reread,
+                              isolate: bool = False) -> None:
         """Nodes in one round trip (pipelined); one more for the nodes whose keys changed (MOREKEYS).
 
         The one place without redis-py's script object: in a pipeline it would send SCRIPT EXISTS before
@@ -534,9 +576,14 @@ class Ledger:
                     raise failed
                 return raws
 
-            raws = await self._retry("snapshots", read)
+            try:
+                got = list(zip(batch, await self._retry("snapshots", read), strict=True))
+            except RESEND_OR_REDIRECT as e:  # as _retry raised it (resendable() applied)
+                if not isolate or not slot_moving(e):
+                    raise
+                got = await self._one_by_one(batch, read, out)
             todo, noscript = [], False
-            for (n, _keys), raw in zip(batch, raws, strict=True):
+            for (n, _keys), raw in got:
                 if isinstance(raw, rexc.NoScriptError):
                     todo.append(n)
                     noscript = True

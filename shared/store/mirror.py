@@ -28,9 +28,9 @@ from redis.asyncio import Redis
 
 from shared.domain.node import mismatch_kind
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation
-from shared.serving.metrics import FEED_SILENCES, MIRROR_REREADS
+from shared.serving.metrics import FEED_SILENCES, MIRROR_MOVING, MIRROR_REREADS
 from shared.serving.supervise import Backoff
-from shared.store.ledger import MARK_BOUND_MAX, NOTICES, RESEND, Ledger
+from shared.store.ledger import MARK_BOUND_MAX, NOTICES, RESEND, Ledger, slot_moving
 
 try:  # the sentinel redis-py's hiredis parser has its reader return when no whole reply is buffered
     from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
@@ -40,6 +40,8 @@ except ImportError:  # another redis-py: buffered_messages takes nothing
 log = logging.getLogger("mtsched.mirror")
 # Redis lost (or a cluster without a master for a while): resubscribe and re-read, after a backoff
 LOST: tuple[type[BaseException], ...] = (*RESEND, OSError)
+# How soon nodes that could not be read while their Cluster slot moves (`Mirror.moving`) are read again
+MOVING_RETRY_SECONDS = 1.0
 
 
 def _all(fn: Callable[[Any], None], items: list[Any]) -> None:
@@ -146,6 +148,12 @@ class Mirror:
         # while a resync reads: node -> the snapshots a message was applied onto here meanwhile (`apply`), so the
         # resync keeps such a node's newer snapshot only when it was built on what the read found
         self._bases: dict[str, list[NodeSnapshot]] | None = None
+        # nodes whose keys a live reshard has split between two Redis Cluster shards (Ledger.reread `isolate`):
+        # Redis runs no script on them until the move ends, so they cannot be read; their last snapshot is
+        # kept, the extender offers none of them, and they are read again every MOVING_RETRY_SECONDS. The
+        # mirror stays ready: every other node is served (before, one such node made the whole mirror unready)
+        self.moving: frozenset[str] = frozenset()
+        self._next_resync = 0.0  # loop time of the next periodic resync (`_run`)
         self.resyncs = 0
         self.read = 0  # nodes a resync read (the others' last write was the one held here)
         self.decoded = 0  # replies a resync decoded (the others were the text last read)
@@ -228,15 +236,18 @@ class Mirror:
         names = await self.ledger.nodes()
         todo = names
         if not full and self.resyncs % FULL_EVERY:
-            heads = await self.ledger.heads(names)
-            todo = [n for n in names if (cur := self.nodes.get(n)) is None or not cur.stamp
+            heads = await self.ledger.heads(names, isolate=True)
+            todo = [n for n in names if (cur := self.nodes.get(n)) is None or not cur.stamp or n in self.moving
                     or heads.get(n) != (cur.version, cur.stamp)]
         self._bases = {}
         try:
-            read = await self.ledger.reread(todo, self.digests(todo))
+            read = await self.ledger.reread(todo, self.digests(todo), isolate=True)
         finally:
             bases, self._bases = self._bases, None
         snaps = dict(read.snaps)
+        for name in read.moving:  # not read: as last known here, offered by no filter (`moving`)
+            if (cur := self.nodes.get(name)) is not None:
+                snaps[name] = cur
         newer = set()  # written here onto what the read found, while it was under way
         for name, snap in read.snaps.items():
             cur = self.nodes.get(name)
@@ -266,6 +277,7 @@ class Mirror:
                     valid.add(name)  # nothing changed it here since the text was read
         self.read += len(todo)
         self.decoded += len(read.snaps)
+        self._set_moving(read.moving & set(names))
         try:
             self.replace_all(snaps)
         finally:  # (also when a listener raised: every node was installed and announced all the same)
@@ -274,6 +286,22 @@ class Mirror:
             digests.update((n, d) for n, d in read.digests.items()
                            if n in read.snaps and n in self.nodes and n not in newer)
             self._digests = digests
+
+    def _set_moving(self, nodes: Iterable[str]) -> None:
+        """These nodes are the ones that cannot be read for a slot moving between shards (said when it changes)."""
+        moving = frozenset(nodes)
+        if moving != self.moving:
+            if moving - self.moving:
+                log.warning("mirror: %d node(s) cannot be read while their Redis Cluster slot moves between shards "
+                            "(not offered, read again every %gs): %s", len(moving), MOVING_RETRY_SECONDS,
+                            ", ".join(sorted(moving)[:5]) + (", ..." if len(moving) > 5 else ""))
+            else:
+                log.info("mirror: every node can be read again (%d moving)", len(moving))
+            self.moving = moving
+            MIRROR_MOVING.set(len(moving))
+        if moving:
+            with contextlib.suppress(RuntimeError):  # (no loop: a test calling resync from outside one)
+                self._next_resync = min(self._next_resync, asyncio.get_running_loop().time() + MOVING_RETRY_SECONDS)
 
     def learn_digest(self, node: str, digest: int, snap: NodeSnapshot) -> None:
         """Another reader in this process decoded `snap` from a reply with this digest (the reconciler): when
@@ -405,6 +433,9 @@ class Mirror:
         self._notify(node)
         return None
 
+    def _resync_delay(self) -> float:
+        return min(self.resync_seconds, MOVING_RETRY_SECONDS) if self.moving else self.resync_seconds
+
     def _hear(self) -> None:
         """The feed connection brought something: alive, no PING outstanding."""
         self._heard, self._pinged = asyncio.get_running_loop().time(), None
@@ -424,7 +455,15 @@ class Mirror:
         stale = self._handle(raw)
         if stale:
             why = self._why  # before the await: a bind's own apply may set another meanwhile
-            await self._refetch(stale)
+            try:
+                await self._refetch(stale)
+            except RESEND as e:  # as Ledger._retry raised it, once its tries ran out
+                if not slot_moving(e):
+                    raise
+                self._set_moving(self.moving | {stale})  # its snapshot stays, offered by none until read
+                return
+            if stale in self.moving:
+                self._set_moving(self.moving - {stale})
             MIRROR_REREADS.labels(why).inc()  # made (a read lost with Redis is not counted)
 
     def _handle(self, raw: Any) -> str | None:
@@ -470,7 +509,7 @@ class Mirror:
                 self._subscribed_once = True
                 backoff.reset()
                 loop = asyncio.get_running_loop()
-                next_resync = loop.time() + self.resync_seconds
+                self._next_resync = loop.time() + self._resync_delay()
                 self._hear()
                 while True:
                     # every reply counts as a sign of life, so none is ignored here (a RESP3 pong, "PONG" as
@@ -496,16 +535,16 @@ class Mirror:
                         for cb in self.on_reconnect:
                             cb()
                         self._hear()  # a PING sent on the connection that was replaced is not waited for
-                        next_resync = loop.time() + self.resync_seconds
+                        self._next_resync = loop.time() + self._resync_delay()
                     if msg is not None and msg.get("type") == "message":
                         await self._consume(msg["data"])
                         # the messages that came with it, already read from the socket: taken here, in order
                         async for data in buffered_messages(pubsub, self._hear):
                             self.buffered += 1
                             await self._consume(data)
-                    if loop.time() >= next_resync:
+                    if loop.time() >= self._next_resync:
                         await self.resync()
-                        next_resync = loop.time() + self.resync_seconds
+                        self._next_resync = loop.time() + self._resync_delay()
             except asyncio.CancelledError:
                 raise
             except LOST as e:

@@ -172,7 +172,7 @@ async def test_a_pass_takes_the_mirrors_snapshot_of_an_unchanged_node_and_still_
         changed_here.extend(nodes)
         return await snapshots(nodes)
 
-    async def reread_then_change(nodes: list[str], previous: dict[str, int]) -> Reread:
+    async def reread_then_change(nodes: list[str], previous: dict[str, int], isolate: bool = False) -> Reread:
         out = await real(nodes, previous)
         mirror.put(dataclasses.replace(mirror.nodes["tb"], error="forged here"))  # as a feed message meanwhile
         return out

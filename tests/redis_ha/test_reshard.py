@@ -9,6 +9,8 @@ What holds (docs/redis-layout.md, "Sentinel and Cluster"):
   not know yet fails inside redis-py, shared/store/ledger.py UnknownRedirect), and the other nodes go on;
 * those refusals are transient (`is_transient`): no role gives up and exits during a move (a red team's run had
   every role's mirror give up after 5 failures, 7-13 s into a move);
+* a mirror stays ready and keeps the other nodes current: the node it cannot read is in `Mirror.moving` (offered
+  by no filter) until the move ends (before, one such node made the whole mirror unready, and every filter err);
 * after the move the node is fenced (`node unverified`: its `run` names the old shard's history) until the
   watchers' two comparisons, then books again; the mirror is in sync with the ledger again by itself.
 """
@@ -61,6 +63,22 @@ async def book_and_give_back(led: Ledger, node: str, prefix: str, stop: asyncio.
     return made
 
 
+async def the_others_served(mirror: Mirror, led: Ledger, sup: Supervisor) -> None:
+    """The mirror stays ready while one node's slot moves, and keeps up with the bookings on the other nodes: their
+    snapshots there come to equal the ledger's (every node else is offered as before, only the moving one is not)."""
+    assert mirror.ready.is_set()
+    seen = {n: mirror.nodes[n].version for n in ("vb", "vc")}
+
+    async def caught_up() -> bool:
+        assert not sup.failed.is_set(), sup.fatal
+        assert mirror.ready.is_set()  # never unready meanwhile
+        now = await led.snapshots(["vb", "vc"])
+        return all(mirror.nodes[n].version > seen[n] and mirror.nodes[n].version >= now[n].version - 20
+                   for n in ("vb", "vc"))
+
+    await eventually(caught_up, within=30, what="the mirror keeping up with the other nodes during the move")
+
+
 @pytest.mark.parametrize("target", ["existing shard", "new primary"])
 async def test_a_live_reshard_keeps_the_ledger_and_no_role_gives_up(target: str) -> None:
     setup = await asyncio.to_thread(ClusterSetup(password=PASSWORD).start)
@@ -90,9 +108,10 @@ async def test_a_live_reshard_keeps_the_ledger_and_no_role_gives_up(target: str)
 
         async def tried_again_and_again() -> bool:
             assert not sup.failed.is_set(), sup.fatal  # a role whose task gives up exits
-            return mirror.resyncs >= tries + 8 and len(errors["va"]) >= 3 and not mirror.ready.is_set()
+            return mirror.resyncs >= tries + 8 and len(errors["va"]) >= 3 and mirror.moving == {"va"}
 
         await eventually(tried_again_and_again, within=90, what="the mirror and the bookings tried during the move")
+        await the_others_served(mirror, led, sup)
         # every key moved, the move not ended yet (redis-py is sent on by ASK, to a new primary it does not know)
         while await asyncio.to_thread(setup.move_keys, slot, dest, 100):
             pass
@@ -103,6 +122,9 @@ async def test_a_live_reshard_keeps_the_ledger_and_no_role_gives_up(target: str)
             return mirror.resyncs >= tries + 6 and len(errors["va"]) >= failed_before + 2
 
         await eventually(tried_again, within=90, what="tries once every key moved")
+        if target == "new primary":  # (to an existing shard, the client follows the ASK: the node can be read)
+            assert mirror.moving == {"va"}, mirror.moving
+        await the_others_served(mirror, led, sup)
         # a reader that knows none of the keys (a role starting now): the other nodes answer MOREKEYS first, the
         # moved one fails for the move, and that failure is still Redis unavailable, never redis-py's own error
         fresh = Ledger(connect(setup.url))
@@ -150,7 +172,7 @@ async def test_a_live_reshard_keeps_the_ledger_and_no_role_gives_up(target: str)
 
         async def in_sync() -> bool:
             assert not sup.failed.is_set(), sup.fatal
-            return mirror.ready.is_set() and mirror.nodes == await led.snapshots(NODES)
+            return mirror.ready.is_set() and not mirror.moving and mirror.nodes == await led.snapshots(NODES)
 
         await eventually(in_sync, within=30, what="the mirror in sync after the move")
     finally:

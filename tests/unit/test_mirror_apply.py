@@ -61,10 +61,10 @@ class _Ledger:
     async def snapshots(self, names: list[str]) -> dict[str, object]:
         return {n: self.snaps[n] for n in names}
 
-    async def heads(self, names: list[str]) -> dict[str, tuple[int, str]]:
+    async def heads(self, names: list[str], isolate: bool = False) -> dict[str, tuple[int, str]]:
         return {n: (s.version, s.stamp) for n, s in cast(dict[str, NodeSnapshot], self.snaps).items() if n in names}
 
-    async def reread(self, names: list[str], previous: dict[str, int]) -> Reread:
+    async def reread(self, names: list[str], previous: dict[str, int], isolate: bool = False) -> Reread:
         return Reread(cast(dict[str, NodeSnapshot], await self.snapshots(names)), set(), {})  # all decoded
 
 
