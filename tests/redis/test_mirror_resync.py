@@ -127,7 +127,7 @@ async def test_a_change_here_while_reading_keeps_the_newer_snapshot_and_no_diges
     real = mirror.ledger.reread
 
     async def reread_then_apply(nodes: list[str], previous: dict[str, int], isolate: bool = False) -> Reread:
-        out = await real(nodes, previous)
+        out = await real(nodes, previous, isolate)
         assert "n5" in out.unchanged
         mirror.put(newer)  # as a bind applying its booking's message between the read and the install
         return out
@@ -155,7 +155,7 @@ async def test_a_booking_applied_here_while_reading_is_not_undone_by_the_older_r
     booked: list[str] = []
 
     async def reread_then_book(nodes: list[str], previous: dict[str, int], isolate: bool = False) -> Reread:
-        out = await real(nodes, previous)
+        out = await real(nodes, previous, isolate)
         assert "n5" in out.snaps and "u1" in out.snaps["n5"].reservations
         outcome, _ = await led.reserve("n5", "u2", [1], 8, 2, 1, pod="ns/p2")  # the bind, after the read
         assert outcome.ok and outcome.feed is not None
@@ -188,7 +188,7 @@ async def test_a_booking_applied_while_a_full_read_is_under_way_does_not_keep_wh
     feeds: list[dict[str, object]] = []
 
     async def reread_then_book(nodes: list[str], previous: dict[str, int], isolate: bool = False) -> Reread:
-        out = await real(nodes, previous)
+        out = await real(nodes, previous, isolate)
         assert {"u1", "u2"} <= set(out.snaps["n4"].reservations)  # the read has them
         outcome, _ = await led.reserve("n4", "u9", [1], 8, 2, 1, pod="ns/p9")
         assert outcome.ok and outcome.feed is not None
@@ -216,13 +216,13 @@ async def test_a_booking_applied_here_is_not_kept_over_a_read_of_keys_made_anew(
     await mirror.resync(full=True)
     real = mirror.ledger.reread
 
-    async def book_remake_then_read(nodes: list[str], previous: dict[str, int]) -> Reread:
+    async def book_remake_then_read(nodes: list[str], previous: dict[str, int], isolate: bool = False) -> Reread:
         outcome, _ = await led.reserve("n5", "u9", [1], 8, 2, 1, pod="ns/p9")
         assert outcome.ok and outcome.feed is not None
         assert mirror.apply(outcome.feed) is None  # the extender's _apply_feed
         assert await led.remove_node("n5")
         await led.upsert_node(inventory("n5", S5000))  # version 1 again, nothing booked
-        return await real(nodes, previous)
+        return await real(nodes, previous, isolate)
 
     monkeypatch.setattr(mirror.ledger, "reread", book_remake_then_read)
     monkeypatch.setattr(mirror_module, "FULL_EVERY", 1)  # every resync reads every node
@@ -244,7 +244,7 @@ async def test_a_booking_applied_during_a_full_read_of_a_current_node_is_kept(
     real = mirror.ledger.reread
 
     async def reread_then_book(nodes: list[str], previous: dict[str, int], isolate: bool = False) -> Reread:
-        out = await real(nodes, previous)
+        out = await real(nodes, previous, isolate)
         outcome, _ = await led.reserve("n5", "u2", [1], 8, 2, 1, pod="ns/p2")  # the bind, after the read
         assert outcome.ok and outcome.feed is not None
         assert mirror.apply(outcome.feed) is None and "u2" in mirror.nodes["n5"].reservations

@@ -152,8 +152,8 @@ async def test_a_pass_takes_the_mirrors_snapshot_of_an_unchanged_node_and_still_
     skipped: list[set[str]] = []
     real = ledger.reread
 
-    async def recording(nodes: list[str], previous: dict[str, int]) -> Reread:
-        out = await real(nodes, previous)
+    async def recording(nodes: list[str], previous: dict[str, int], isolate: bool = False) -> Reread:
+        out = await real(nodes, previous, isolate)
         skipped.append(set(out.unchanged))
         return out
 
@@ -173,7 +173,7 @@ async def test_a_pass_takes_the_mirrors_snapshot_of_an_unchanged_node_and_still_
         return await snapshots(nodes)
 
     async def reread_then_change(nodes: list[str], previous: dict[str, int], isolate: bool = False) -> Reread:
-        out = await real(nodes, previous)
+        out = await real(nodes, previous, isolate)
         mirror.put(dataclasses.replace(mirror.nodes["tb"], error="forged here"))  # as a feed message meanwhile
         return out
 

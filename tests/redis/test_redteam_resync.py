@@ -123,10 +123,10 @@ async def test_random_changes_lost_messages_and_local_applies_mid_resync_converg
 
     real = Ledger._snapshot_batch
 
-    async def batch(self: Ledger, nodes: list[str], previous: object, out: object) -> None:
+    async def batch(self: Ledger, nodes: list[str], previous: object, out: object, isolate: bool = False) -> None:
         if rng.random() < 0.4:
             await op(local=True)
-        await real(self, nodes, previous, out)  # type: ignore[arg-type]
+        await real(self, nodes, previous, out, isolate)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Ledger, "_snapshot_batch", batch)
     try:
