@@ -23,7 +23,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from shared.config import Config
-from shared.domain.node import MISMATCH_KINDS, Inventory
+from shared.domain.node import MISMATCH_KINDS, Inventory, mismatch_causes
 from shared.kube import Kube, KubeError
 
 log = logging.getLogger("mtsched.watchers")
@@ -113,8 +113,8 @@ class MismatchReporter:
         if not self.listed:
             self.listed = True
             if self.problems:
-                log.warning("%d node(s) report sliced cards but offer none (their capacity, sgpu.cores label or "
-                            "card model disagrees with memoryPerCard %s): %s", len(self.problems),
+                log.warning("%d node(s) report sliced cards but offer none (their %s; memoryPerCard %s): %s",
+                            len(self.problems), mismatch_causes(e for _, e in self.problems.values()),
                             [m.memory for m in self.cfg.models],
                             "; ".join(f"{n} ({k}: {e})" for n, (k, e) in sorted(self.problems.items())))
 

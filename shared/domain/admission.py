@@ -19,6 +19,7 @@ from typing import Any
 from shared.config import Config
 from shared.domain.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
 from shared.domain.models import CORES_PER_CARD, CardModel, describe_models, union_memory_values
+from shared.domain.node import mismatch_causes
 from shared.domain.quota import asks_usage
 from shared.domain.request import (
     PIN_ANNOTATION,
@@ -96,14 +97,15 @@ WARNING_CHARS = 256  # the API server may truncate longer warnings
 
 def mismatch_warnings(req: SliceRequest, reported: Collection[int], mismatched: Mapping[str, str]) -> list[str]:
     """Warnings for a pod that no usable card of the cluster can serve while nodes report sliced cards they
-    do not offer (capacity, sgpu.cores label or card model disagree; `mismatched`: node -> why): the pod
+    do not offer (capacity, sgpu.cores label or card model disagree, or card annotations cannot be read;
+    `mismatched`: node -> why): the pod
     could only go there, and will stay Pending until they are fixed."""
     if not mismatched or any(card_accepts(c, req) for c in reported):
         return []
     names = sorted(mismatched)
     out = [f"no node offers a card this pod can use: {len(names)} node(s) report sliced cards but offer none "
-           "(capacity, sgpu.cores label or card model disagree with the configuration); the pod stays Pending "
-           "until they are fixed (mtsched explain NAMESPACE/POD)"]
+           f"(their {mismatch_causes(mismatched.values())}); the pod stays Pending until they are fixed "
+           "(mtsched explain NAMESPACE/POD)"]
     out += [f"node {n}: {mismatched[n]}"[:WARNING_CHARS] for n in names[:MAX_NODE_WARNINGS]]
     if len(names) > MAX_NODE_WARNINGS:
         out.append(f"and {len(names) - MAX_NODE_WARNINGS} more node(s)")

@@ -9,7 +9,7 @@ carries a reason (fail closed): we never guess which card has what.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,22 @@ LABEL_MISMATCH = "label"  # the mthreads.com/sgpu.cores label disagrees with the
 CAPACITY_MISMATCH = "capacity"  # sgpu-core / sgpu-memory capacities are not whole or do not divide
 ANNOTATION_MISMATCH = "annotation"  # mtsched.io/max-inst out of range, or the node agent's card-knobs unreadable
 MISMATCH_KINDS = (MODEL_MISMATCH, LABEL_MISMATCH, CAPACITY_MISMATCH, ANNOTATION_MISMATCH)
+_WHAT = {CAPACITY_MISMATCH: "capacity", LABEL_MISMATCH: "sgpu.cores label", MODEL_MISMATCH: "card model",
+         ANNOTATION_MISMATCH: "card annotations"}
+
+
+def mismatch_causes(errors: Iterable[str]) -> str:
+    """What these nodes' errors say is wrong, in words, for a summary line: "sgpu.cores label or card model
+    disagrees with the configuration", "card annotations cannot be read", or both joined (only the kinds
+    present, so a message about an unreadable annotation never blames a label)."""
+    kinds = {mismatch_kind(e) for e in errors}
+    disagree = [_WHAT[k] for k in (CAPACITY_MISMATCH, LABEL_MISMATCH, MODEL_MISMATCH) if k in kinds]
+    parts = []
+    if disagree:
+        parts.append(" or ".join(disagree) + " disagrees with the configuration")
+    if ANNOTATION_MISMATCH in kinds:
+        parts.append(f"{_WHAT[ANNOTATION_MISMATCH]} cannot be read or are out of range")
+    return "; ".join(parts) or "they offer no card"
 
 
 @dataclass(frozen=True)

@@ -194,3 +194,25 @@ async def test_a_writer_changing_an_annotation_at_will_gets_one_event_a_minute_p
     r.observe("gpu-1", n, node_inventory(n, C96))
     await asyncio.gather(*r._tasks)
     assert len(api.posted) == 3 and "'g'" in api.posted[2]
+
+
+LABEL_ERR = "label mthreads.com/sgpu.cores='0-1-2' lists 3 cards but mthreads.com/sgpu-core capacity 32 means 2"
+KNOBS_ERR = "annotation mtsched.io/card-knobs: not JSON"
+
+
+@pytest.mark.parametrize(("errors", "said", "not_said"), [
+    ([S5000_ERR], "card model disagrees with the configuration", ["label", "annotation"]),
+    ([LABEL_ERR, S5000_ERR], "sgpu.cores label or card model disagrees", ["annotation", "capacity"]),
+    ([KNOBS_ERR], "card annotations cannot be read", ["label", "model", "capacity"]),
+    ([KNOBS_ERR, LABEL_ERR], "sgpu.cores label disagrees with the configuration; card annotations", ["model"]),
+])
+def test_the_summary_names_only_the_kinds_present(errors: list[str], said: str, not_said: list[str]) -> None:
+    from shared.domain.node import mismatch_causes
+
+    text = mismatch_causes(errors)
+    assert said in text, text
+    assert not any(w in text for w in not_said), text
+    req = pod_request(pod(slice_ctr(memory=8, cores=1)), C96)
+    assert req is not None
+    warning = mismatch_warnings(req, (), {f"n{i}": e for i, e in enumerate(errors)})[0]
+    assert f"(their {text})" in warning
