@@ -34,7 +34,7 @@ from shared.domain.state import NodeSnapshot
 from shared.store.mirror import Mirror
 
 # a node the mirror cannot read while a live reshard moves its Redis Cluster slot (Mirror.moving): not offered
-MOVING = "card state unreadable while its Redis Cluster slot moves between shards (read again every second)"
+MOVING = "card state unreadable while its Redis Cluster slot moves between shards (offered again once read)"
 NODE_ANSWERS = 64  # answers kept per node (a node's memo is emptied when full)
 Held = Mapping[str, Mapping[str, tuple[SliceRequest, tuple[int, ...]]]]  # node -> uid -> (request, cards)
 NO_HELD: Held = {}

@@ -40,7 +40,7 @@ from shared.serving.metrics import (
     RELEASES,
     WATCH_EVENTS,
 )
-from shared.store.ledger import Ledger, LedgerError
+from shared.store.ledger import RESEND, Ledger, LedgerError, slot_moving
 from shared.store.mirror import Mirror
 
 log = logging.getLogger("mtsched.watchers")
@@ -756,7 +756,13 @@ class Janitor:
                     continue
                 # only the uids vetted here: expire.lua judges at its own `now`, and a booking that crossed the
                 # TTL since ours (or one the mirror lags on) was never offered to before_expire
-                expired = await self.ledger.expire(node, self.ttl, only=old)
+                try:
+                    expired = await self.ledger.expire(node, self.ttl, only=old)
+                except RESEND as e:  # (as Ledger._retry raised it)
+                    if not slot_moving(e):
+                        raise
+                    continue  # its slot is moving (the ledger told the mirror): the other nodes are swept
+
                 RELEASES.labels("expired").inc(len(expired))
                 if expired and self.nudger:
                     self.nudger.nudge(node)

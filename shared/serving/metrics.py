@@ -48,7 +48,7 @@ MIRROR_REREADS = Counter("mtsched_mirror_rereads_total",
 MIRROR_MOVING = Gauge("mtsched_mirror_nodes_moving",
                       "Nodes this role's mirror cannot read while a live reshard of a Redis Cluster has their keys "
                       "split between two shards (their last state kept; the extender offers none of them): read "
-                      "again every second until the move ends")
+                      "again after 1 s, then 2, 4, up to every 8 s, until the move ends")
 FEED_SILENCES = Counter("mtsched_feed_silences_total",
                         "Feed connections the mirror gave up because they answered no PING in time (a socket that "
                         "died without a reset); each is followed by a reconnection and a full re-read")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -166,6 +166,9 @@ class Ledger:
         self.round_trips = 0  # counted for benchmarks: every call to Redis adds one
         self.connection_retries = 2  # sends again after a connection error (see _retry) ...
         self.retry_seconds = 3.0  # ... and keeps trying this long (a Sentinel failover takes seconds)
+        # told the node whenever a script on it fails because a live reshard has its keys split between two
+        # shards (slot_moving): the mirror then offers it to no filter until it can read it again
+        self.on_moving: list[Callable[[str], None]] = []
 
     def node_key(self, node: str) -> str:
         return self.keys.node(node)
@@ -187,8 +190,10 @@ class Ledger:
             sha = await self.redis.script_load(script.script)
             assert sha == script.sha, f"script {name}: Redis returned {sha}"
 
-    async def _retry(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
-        """One round trip, sent again on a RESEND error (`connection_retries` times, and until `retry_seconds`).
+    async def _retry(self, what: str, op: Callable[[], Awaitable[T]],
+                     give_up: Callable[[BaseException], bool] | None = None) -> T:
+        """One round trip, sent again on a RESEND error (`connection_retries` times, and until `retry_seconds`);
+        one that `give_up` accepts is raised at once (a reader that can do without the node: slot_moving).
 
         A pooled connection that died with a Redis restart fails once and then reconnects. Sending
         again is safe: every script is idempotent by pod uid (a reserve whose reply was lost answers
@@ -207,7 +212,8 @@ class Ledger:
                     raise
                 failures += 1
                 # a few quick tries (a pooled connection that died), then more while a failover settles
-                if failures > self.connection_retries and time.monotonic() > deadline:
+                if (give_up is not None and give_up(e)) or (
+                        failures > self.connection_retries and time.monotonic() > deadline):
                     if e is raw:
                         raise
                     raise e from raw
@@ -259,12 +265,24 @@ class Ledger:
 
             try:
                 return await self._retry(name, send)
-            except rexc.ResponseError as e:
+            except Exception as e:
+                if slot_moving(e):  # raised as it is (TRYAGAIN is a ResponseError too): Redis unavailable there
+                    self._moving(node)
+                    raise
+                if not isinstance(e, rexc.ResponseError):
+                    raise
                 if not str(e).startswith(MOREKEYS):
                     raise LedgerError(f"{name} on {node}: {e}") from e
                 self._known[node] = self.known(node).learn(str(e))
                 log.debug("%s on %s: the node has keys this ledger did not know of; calling again", name, node)
         raise LedgerError(f"{name} on {node}: the node's cards and reservations kept changing; try again")
+
+    def _moving(self, node: str) -> None:
+        for listener in list(self.on_moving):
+            try:
+                listener(node)
+            except Exception:  # a listener's bug must not replace the caller's error
+                log.exception("on_moving listener failed for node %s", node)
 
     # -- inventory -----------------------------------------------------------------------------
 
@@ -483,7 +501,8 @@ class Ledger:
                 return await pipe.execute()
 
             try:
-                got = list(zip(batch, await self._retry("heads", read), strict=True))
+                got = list(zip(batch, await self._retry("heads", read, slot_moving if isolate else None),
+                               strict=True))
             except RESEND_OR_REDIRECT as e:  # as _retry raised it (resendable() applied)
                 if not isolate or not slot_moving(e):
                     raise
@@ -503,16 +522,25 @@ class Ledger:
         was (a pipeline is not a transaction), so the cut changes nothing a caller may rely on."""
         return (await self.reread(nodes, {})).snaps
 
-    async def reread(self, nodes: Iterable[str], previous: Mapping[str, int], isolate: bool = False) -> Reread:
+    async def reread(self, nodes: Iterable[str], previous: Mapping[str, int], isolate: bool = False,
+                     apart: Collection[str] = ()) -> Reread:
         """snapshots(), except that a node whose reply is the very text whose digest `previous` holds is not
         decoded again (a mirror's resync: at 5,000 nodes decoding every reply held each role's loop for
         ~1 s every 30 s, and almost every node is as it was). The digests are this process's `hash`
         of the reply text, so they are compared only within the process that made them.
         `isolate`: a round trip that failed for a slot being moved (slot_moving, once its retries ran out) is
         read again node by node, and the nodes that fail so are left out, in `moving`, instead of failing the
-        whole read: one node's keys split between shards does not keep every other node from being read."""
+        whole read: one node's keys split between shards does not keep every other node from being read. Such a
+        failure is not sent again (redis-py has retried TRYAGAIN 16 times already). `apart` (with `isolate`):
+        nodes read alone, first (the ones known to be moving: their failure then costs no batch a try).
+        Every read here is bounded: redis-py's own tries, then `retry_seconds` only for Redis unavailable."""
         names = list(dict.fromkeys(nodes))
         out = Reread({}, set(), {})
+        alone = [n for n in names if n in apart] if isolate else []
+        if alone:
+            for n in alone:
+                await self._snapshot_batch([n], previous, out, isolate)
+            names = [n for n in names if n not in apart]
         for i in range(0, len(names), SNAPSHOT_BATCH):
             await self._snapshot_batch(names[i:i + SNAPSHOT_BATCH], previous, out, isolate)
         return out
@@ -535,6 +563,11 @@ class Ledger:
                     raise
                 out.moving.add(item[0])
         return got
+
+    def _slot_moving(self, raw: Any) -> bool:
+        """A pipelined reply that failed for a slot being moved (slot_moving, redis-py's AttributeError read)."""
+        e = resendable(raw, self.redis) if isinstance(raw, BaseException) else None
+        return e is not None and slot_moving(e)
 
     async def _snapshot_batch(self, nodes: list[str], previous: Mapping[str, int], out: Reread,
                               isolate: bool = False) -> None:
@@ -562,6 +595,8 @@ class Ledger:
                 # after a shard's or connection's failure send again raising, which is how redis-py's
                 # cluster pipeline resends after refreshing its layout (a script's error: read in place)
                 raws: list[Any] = await queue().execute(raise_on_error=False)
+                if isolate and (moving := next((r for r in raws if self._slot_moving(r)), None)) is not None:
+                    raise moving  # nothing to gain from sending it again: read around it
                 if any(map(_failed, raws)):
                     try:
                         raws = await queue().execute()
@@ -577,11 +612,16 @@ class Ledger:
                 return raws
 
             try:
-                got = list(zip(batch, await self._retry("snapshots", read), strict=True))
+                got = list(zip(batch, await self._retry("snapshots", read, slot_moving if isolate else None),
+                               strict=True))
             except RESEND_OR_REDIRECT as e:  # as _retry raised it (resendable() applied)
                 if not isolate or not slot_moving(e):
                     raise
-                got = await self._one_by_one(batch, read, out)
+                if len(batch) > 1:
+                    got = await self._one_by_one(batch, read, out)
+                else:
+                    got = []
+                    out.moving.add(batch[0][0])
             todo, noscript = [], False
             for (n, _keys), raw in got:
                 if isinstance(raw, rexc.NoScriptError):

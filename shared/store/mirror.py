@@ -40,8 +40,12 @@ except ImportError:  # another redis-py: buffered_messages takes nothing
 log = logging.getLogger("mtsched.mirror")
 # Redis lost (or a cluster without a master for a while): resubscribe and re-read, after a backoff
 LOST: tuple[type[BaseException], ...] = (*RESEND, OSError)
-# How soon nodes that could not be read while their Cluster slot moves (`Mirror.moving`) are read again
+# How soon nodes that could not be read while their Cluster slot moves (`Mirror.moving`) are read again: after
+# MOVING_RETRY_SECONDS, then twice as long each time they still cannot be, up to MOVING_RETRY_MAX_SECONDS (a read
+# of a moving node holds the mirror's loop for redis-py's tries, ~0.4 s: a move held for long costs the loop a few
+# per cent, and a node is offered again at most MOVING_RETRY_MAX_SECONDS after its move ended)
 MOVING_RETRY_SECONDS = 1.0
+MOVING_RETRY_MAX_SECONDS = 8.0
 
 
 def _all(fn: Callable[[Any], None], items: list[Any]) -> None:
@@ -153,7 +157,9 @@ class Mirror:
         # kept, the extender offers none of them, and they are read again every MOVING_RETRY_SECONDS. The
         # mirror stays ready: every other node is served (before, one such node made the whole mirror unready)
         self.moving: frozenset[str] = frozenset()
-        self._next_resync = 0.0  # loop time of the next periodic resync (`_run`)
+        self._moving_at = 0.0  # loop time when the moving nodes are read again (`_run`)
+        self._moving_wait = MOVING_RETRY_SECONDS  # the wait before that read, doubled while they stay moving
+        ledger.on_moving.append(self.note_moving)  # any script of this role that failed for a move tells it
         self.resyncs = 0
         self.read = 0  # nodes a resync read (the others' last write was the one held here)
         self.decoded = 0  # replies a resync decoded (the others were the text last read)
@@ -221,7 +227,7 @@ class Mirror:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def resync(self, full: bool = False) -> None:
+    async def resync(self, full: bool = False, only: Iterable[str] | None = None) -> None:
         """Read the ledger again, as a safety net for feed messages lost or misapplied.
 
         Periodically, only the nodes whose last write (version, stamp: `Ledger.heads`, one HMGET each) is not
@@ -229,19 +235,24 @@ class Mirror:
         was written anew after a loss or a failover); every FULL_EVERY-th resync reads every node, which also
         catches what no script wrote (the reconciler repairs such drift, and its repair is a write). `full`
         (after (re)subscribing) reads and decodes everything. A reply that is the very text last read for a
-        node, which nothing changed here since, is not decoded again (`_digests`)."""
+        node, which nothing changed here since, is not decoded again (`_digests`). `only`: these nodes alone
+        (the moving ones, read again between periodic resyncs; not counted as one)."""
         if full:
             self._digests.clear()
-        self.resyncs += 1
+        if only is None:
+            self.resyncs += 1
         names = await self.ledger.nodes()
         todo = names
-        if not full and self.resyncs % FULL_EVERY:
+        if only is not None:
+            wanted = set(only)
+            todo = [n for n in names if n in wanted]
+        elif not full and self.resyncs % FULL_EVERY:
             heads = await self.ledger.heads(names, isolate=True)
             todo = [n for n in names if (cur := self.nodes.get(n)) is None or not cur.stamp or n in self.moving
                     or heads.get(n) != (cur.version, cur.stamp)]
         self._bases = {}
         try:
-            read = await self.ledger.reread(todo, self.digests(todo), isolate=True)
+            read = await self.ledger.reread(todo, self.digests(todo), isolate=True, apart=self.moving)
         finally:
             bases, self._bases = self._bases, None
         snaps = dict(read.snaps)
@@ -277,7 +288,7 @@ class Mirror:
                     valid.add(name)  # nothing changed it here since the text was read
         self.read += len(todo)
         self.decoded += len(read.snaps)
-        self._set_moving(read.moving & set(names))
+        self._set_moving(((self.moving - set(todo)) | read.moving) & set(names), retried=set(todo) & self.moving)
         try:
             self.replace_all(snaps)
         finally:  # (also when a listener raised: every node was installed and announced all the same)
@@ -287,21 +298,38 @@ class Mirror:
                            if n in read.snaps and n in self.nodes and n not in newer)
             self._digests = digests
 
-    def _set_moving(self, nodes: Iterable[str]) -> None:
-        """These nodes are the ones that cannot be read for a slot moving between shards (said when it changes)."""
+    def note_moving(self, node: str) -> None:
+        """A script on `node` failed because its Cluster slot is being moved (Ledger.on_moving): its snapshot here
+        may be stale from now on, and a periodic resync would not see it (a node's version, one key, reads fine
+        mid-move), so it is offered by no filter until it can be read again."""
+        if node not in self.moving:
+            self._set_moving(self.moving | {node})
+
+    def _set_moving(self, nodes: Iterable[str], retried: Iterable[str] = ()) -> None:
+        """These nodes are the ones that cannot be read for a slot moving between shards (said when it changes).
+        `retried`: the moving nodes just read again; if some still are, the next read waits twice as long."""
         moving = frozenset(nodes)
+        new = moving - self.moving
         if moving != self.moving:
-            if moving - self.moving:
+            if new:
                 log.warning("mirror: %d node(s) cannot be read while their Redis Cluster slot moves between shards "
-                            "(not offered, read again every %gs): %s", len(moving), MOVING_RETRY_SECONDS,
+                            "(offered by no filter until read again): %s", len(moving),
                             ", ".join(sorted(moving)[:5]) + (", ..." if len(moving) > 5 else ""))
-            else:
-                log.info("mirror: every node can be read again (%d moving)", len(moving))
+            elif not moving:
+                log.info("mirror: every node can be read again")
             self.moving = moving
             MIRROR_MOVING.set(len(moving))
-        if moving:
-            with contextlib.suppress(RuntimeError):  # (no loop: a test calling resync from outside one)
-                self._next_resync = min(self._next_resync, asyncio.get_running_loop().time() + MOVING_RETRY_SECONDS)
+        if not moving:
+            self._moving_wait = MOVING_RETRY_SECONDS
+            return
+        if new:
+            self._moving_wait = MOVING_RETRY_SECONDS
+        elif moving & set(retried):
+            self._moving_wait = min(MOVING_RETRY_MAX_SECONDS, self._moving_wait * 2)
+        else:
+            return  # none read again: the read already planned stands
+        with contextlib.suppress(RuntimeError):  # (no loop: a test calling resync from outside one)
+            self._moving_at = asyncio.get_running_loop().time() + self._moving_wait
 
     def learn_digest(self, node: str, digest: int, snap: NodeSnapshot) -> None:
         """Another reader in this process decoded `snap` from a reply with this digest (the reconciler): when
@@ -433,9 +461,6 @@ class Mirror:
         self._notify(node)
         return None
 
-    def _resync_delay(self) -> float:
-        return min(self.resync_seconds, MOVING_RETRY_SECONDS) if self.moving else self.resync_seconds
-
     def _hear(self) -> None:
         """The feed connection brought something: alive, no PING outstanding."""
         self._heard, self._pinged = asyncio.get_running_loop().time(), None
@@ -460,7 +485,8 @@ class Mirror:
             except RESEND as e:  # as Ledger._retry raised it, once its tries ran out
                 if not slot_moving(e):
                     raise
-                self._set_moving(self.moving | {stale})  # its snapshot stays, offered by none until read
+                # its snapshot stays, offered by none until read (Ledger.on_moving has told note_moving already)
+                self.note_moving(stale)
                 return
             if stale in self.moving:
                 self._set_moving(self.moving - {stale})
@@ -509,7 +535,7 @@ class Mirror:
                 self._subscribed_once = True
                 backoff.reset()
                 loop = asyncio.get_running_loop()
-                self._next_resync = loop.time() + self._resync_delay()
+                next_resync = loop.time() + self.resync_seconds
                 self._hear()
                 while True:
                     # every reply counts as a sign of life, so none is ignored here (a RESP3 pong, "PONG" as
@@ -535,16 +561,18 @@ class Mirror:
                         for cb in self.on_reconnect:
                             cb()
                         self._hear()  # a PING sent on the connection that was replaced is not waited for
-                        self._next_resync = loop.time() + self._resync_delay()
+                        next_resync = loop.time() + self.resync_seconds
                     if msg is not None and msg.get("type") == "message":
                         await self._consume(msg["data"])
                         # the messages that came with it, already read from the socket: taken here, in order
                         async for data in buffered_messages(pubsub, self._hear):
                             self.buffered += 1
                             await self._consume(data)
-                    if loop.time() >= self._next_resync:
+                    if loop.time() >= next_resync:
                         await self.resync()
-                        self._next_resync = loop.time() + self._resync_delay()
+                        next_resync = loop.time() + self.resync_seconds
+                    elif self.moving and loop.time() >= self._moving_at:
+                        await self.resync(only=self.moving)
             except asyncio.CancelledError:
                 raise
             except LOST as e:

@@ -126,8 +126,9 @@ async def test_a_change_here_while_reading_keeps_the_newer_snapshot_and_no_diges
     newer = dataclasses.replace(mirror.nodes["n5"], version=mirror.nodes["n5"].version + 1)
     real = mirror.ledger.reread
 
-    async def reread_then_apply(nodes: list[str], previous: dict[str, int], isolate: bool = False) -> Reread:
-        out = await real(nodes, previous, isolate)
+    async def reread_then_apply(nodes: list[str], previous: dict[str, int],
+                  isolate: bool = False, apart: object = ()) -> Reread:
+        out = await real(nodes, previous, isolate, apart)  # type: ignore[arg-type]
         assert "n5" in out.unchanged
         mirror.put(newer)  # as a bind applying its booking's message between the read and the install
         return out
@@ -154,8 +155,9 @@ async def test_a_booking_applied_here_while_reading_is_not_undone_by_the_older_r
     real = mirror.ledger.reread
     booked: list[str] = []
 
-    async def reread_then_book(nodes: list[str], previous: dict[str, int], isolate: bool = False) -> Reread:
-        out = await real(nodes, previous, isolate)
+    async def reread_then_book(nodes: list[str], previous: dict[str, int],
+                  isolate: bool = False, apart: object = ()) -> Reread:
+        out = await real(nodes, previous, isolate, apart)  # type: ignore[arg-type]
         assert "n5" in out.snaps and "u1" in out.snaps["n5"].reservations
         outcome, _ = await led.reserve("n5", "u2", [1], 8, 2, 1, pod="ns/p2")  # the bind, after the read
         assert outcome.ok and outcome.feed is not None
@@ -187,8 +189,9 @@ async def test_a_booking_applied_while_a_full_read_is_under_way_does_not_keep_wh
     real = mirror.ledger.reread
     feeds: list[dict[str, object]] = []
 
-    async def reread_then_book(nodes: list[str], previous: dict[str, int], isolate: bool = False) -> Reread:
-        out = await real(nodes, previous, isolate)
+    async def reread_then_book(nodes: list[str], previous: dict[str, int],
+                  isolate: bool = False, apart: object = ()) -> Reread:
+        out = await real(nodes, previous, isolate, apart)  # type: ignore[arg-type]
         assert {"u1", "u2"} <= set(out.snaps["n4"].reservations)  # the read has them
         outcome, _ = await led.reserve("n4", "u9", [1], 8, 2, 1, pod="ns/p9")
         assert outcome.ok and outcome.feed is not None
@@ -216,13 +219,14 @@ async def test_a_booking_applied_here_is_not_kept_over_a_read_of_keys_made_anew(
     await mirror.resync(full=True)
     real = mirror.ledger.reread
 
-    async def book_remake_then_read(nodes: list[str], previous: dict[str, int], isolate: bool = False) -> Reread:
+    async def book_remake_then_read(nodes: list[str], previous: dict[str, int],
+                  isolate: bool = False, apart: object = ()) -> Reread:
         outcome, _ = await led.reserve("n5", "u9", [1], 8, 2, 1, pod="ns/p9")
         assert outcome.ok and outcome.feed is not None
         assert mirror.apply(outcome.feed) is None  # the extender's _apply_feed
         assert await led.remove_node("n5")
         await led.upsert_node(inventory("n5", S5000))  # version 1 again, nothing booked
-        return await real(nodes, previous, isolate)
+        return await real(nodes, previous, isolate, apart)  # type: ignore[arg-type]
 
     monkeypatch.setattr(mirror.ledger, "reread", book_remake_then_read)
     monkeypatch.setattr(mirror_module, "FULL_EVERY", 1)  # every resync reads every node
@@ -243,8 +247,9 @@ async def test_a_booking_applied_during_a_full_read_of_a_current_node_is_kept(
     assert first.ok and first.feed is not None and mirror.apply(first.feed) is None  # as the feed applies it
     real = mirror.ledger.reread
 
-    async def reread_then_book(nodes: list[str], previous: dict[str, int], isolate: bool = False) -> Reread:
-        out = await real(nodes, previous, isolate)
+    async def reread_then_book(nodes: list[str], previous: dict[str, int],
+                  isolate: bool = False, apart: object = ()) -> Reread:
+        out = await real(nodes, previous, isolate, apart)  # type: ignore[arg-type]
         outcome, _ = await led.reserve("n5", "u2", [1], 8, 2, 1, pod="ns/p2")  # the bind, after the read
         assert outcome.ok and outcome.feed is not None
         assert mirror.apply(outcome.feed) is None and "u2" in mirror.nodes["n5"].reservations

@@ -152,8 +152,9 @@ async def test_a_pass_takes_the_mirrors_snapshot_of_an_unchanged_node_and_still_
     skipped: list[set[str]] = []
     real = ledger.reread
 
-    async def recording(nodes: list[str], previous: dict[str, int], isolate: bool = False) -> Reread:
-        out = await real(nodes, previous, isolate)
+    async def recording(nodes: list[str], previous: dict[str, int],
+                  isolate: bool = False, apart: object = ()) -> Reread:
+        out = await real(nodes, previous, isolate, apart)  # type: ignore[arg-type]
         skipped.append(set(out.unchanged))
         return out
 
@@ -172,8 +173,9 @@ async def test_a_pass_takes_the_mirrors_snapshot_of_an_unchanged_node_and_still_
         changed_here.extend(nodes)
         return await snapshots(nodes)
 
-    async def reread_then_change(nodes: list[str], previous: dict[str, int], isolate: bool = False) -> Reread:
-        out = await real(nodes, previous, isolate)
+    async def reread_then_change(nodes: list[str], previous: dict[str, int],
+                  isolate: bool = False, apart: object = ()) -> Reread:
+        out = await real(nodes, previous, isolate, apart)  # type: ignore[arg-type]
         mirror.put(dataclasses.replace(mirror.nodes["tb"], error="forged here"))  # as a feed message meanwhile
         return out
 

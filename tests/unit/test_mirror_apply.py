@@ -53,6 +53,7 @@ class _Ledger:
 
     def __init__(self) -> None:
         self.snaps: dict[str, object] = {}
+        self.on_moving: list[object] = []  # (Mirror registers itself)
         self.redis = Redis(port=1)  # the mirror's subscriber: never connected here
 
     async def nodes(self) -> list[str]:
@@ -64,7 +65,8 @@ class _Ledger:
     async def heads(self, names: list[str], isolate: bool = False) -> dict[str, tuple[int, str]]:
         return {n: (s.version, s.stamp) for n, s in cast(dict[str, NodeSnapshot], self.snaps).items() if n in names}
 
-    async def reread(self, names: list[str], previous: dict[str, int], isolate: bool = False) -> Reread:
+    async def reread(self, names: list[str], previous: dict[str, int],
+                  isolate: bool = False, apart: object = ()) -> Reread:
         return Reread(cast(dict[str, NodeSnapshot], await self.snapshots(names)), set(), {})  # all decoded
 
 
