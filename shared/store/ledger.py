@@ -259,8 +259,7 @@ class Ledger:
                     # redis-py loads it on the primaries its node list names, which after a failover may lack
                     # the promoted replica the call is routed to (tests/redis_ha/test_failover.py, Redis 6.2):
                     # loaded where the key lives, then sent again
-                    owner = self.redis.get_node_from_key(declared[0])
-                    await self.redis.execute_command("SCRIPT LOAD", script.script, target_nodes=owner)
+                    await self._load_where(script.script, declared[0])
                     return await script(declared, args)
 
             try:
@@ -276,6 +275,12 @@ class Ledger:
                 self._known[node] = self.known(node).learn(str(e))
                 log.debug("%s on %s: the node has keys this ledger did not know of; calling again", name, node)
         raise LedgerError(f"{name} on {node}: the node's cards and reservations kept changing; try again")
+
+    async def _load_where(self, text: str, key: str) -> None:
+        """Load a script on the cluster primary that holds `key` (redis-py's own load may miss it: above)."""
+        assert isinstance(self.redis, RedisCluster)
+        owner = self.redis.get_node_from_key(key)
+        await self.redis.execute_command("SCRIPT LOAD", text, target_nodes=owner)
 
     def _moving(self, node: str) -> None:
         for listener in list(self.on_moving):
@@ -622,11 +627,11 @@ class Ledger:
                 else:
                     got = []
                     out.moving.add(batch[0][0])
-            todo, noscript = [], False
-            for (n, _keys), raw in got:
+            todo, noscript = [], []  # noscript: the first key of each node answered NOSCRIPT
+            for (n, keys), raw in got:
                 if isinstance(raw, rexc.NoScriptError):
                     todo.append(n)
-                    noscript = True
+                    noscript.append(keys[0])
                 elif isinstance(raw, rexc.ResponseError) and str(raw).startswith(MOREKEYS):
                     todo.append(n)
                     self._known[n] = self.known(n).learn(str(raw))
@@ -646,6 +651,13 @@ class Ledger:
             if noscript:  # Redis restarted or flushed (or a promoted replica): load it and read those again
                 log.info("snapshot script missing in Redis (restarted or flushed?): loading it")
                 await self._retry("script_load", lambda: self.redis.script_load(script.script))
+                if isinstance(self.redis, RedisCluster):
+                    # and where each node's keys live: redis-py loads it on the primaries its node list names,
+                    # which after a failover may lack the promoted replica the reads go to (each read then
+                    # answered NOSCRIPT again, until "kept changing" after KEY_ROUNDS: a red team's probe)
+                    owners = {self.redis.get_node_from_key(k).name: k for k in noscript}
+                    for key in owners.values():
+                        await self._retry("script_load", lambda key=key: self._load_where(script.script, key))
         if todo:
             raise LedgerError(f"snapshots: the keys of {', '.join(todo)} kept changing; try again")
 

@@ -28,6 +28,7 @@ from deploy.local.redis62 import redis62_binary
 from deploy.local.redis_server import server_major
 from shared.domain.annotations import PodUsage
 from shared.domain.state import NodeSnapshot
+from shared.serving.supervise import is_transient
 from shared.store.ledger import UNVERIFIED, Ledger, connect, connect_subscriber
 from shared.store.mirror import Mirror
 from tests.redis.helpers import S4000, S5000, all_violations, eventually, expected_usage, inventory
@@ -341,4 +342,45 @@ async def test_cluster_replica_takes_over_a_killed_primary(redis_binary: str | N
             assert await led.intact()
             await in_sync(led, mirror, nodes, "the mirror equals the ledger after the failover")
     finally:
+        await asyncio.to_thread(setup.cleanup)
+
+
+async def test_cluster_mirror_reads_a_promoted_replica_before_any_other_call_loads_the_scripts_there(
+        redis_binary: str | None) -> None:
+    """A mirror whose reads are the first calls to reach a promoted replica (Redis 7 replicates no script): each read
+    answered NOSCRIPT, and redis-py's own SCRIPT LOAD went to the primaries its node list named, so every resync
+    ended in "kept changing" (a LedgerError, no transient error) until something else loaded the script there (a
+    red team's probe: 39 such failures in 12 s, 1 read). The snapshot script is now loaded where the keys live."""
+    setup = await asyncio.to_thread(ClusterSetup(password=PASSWORD, replicas=1, binary=redis_binary).start)
+    names = [f"n{i}" for i in range(30)]
+    led, mled = Ledger(connect(setup.url)), Ledger(connect(setup.url))
+    mled.retry_seconds, mled.connection_retries = 0.2, 0
+    mirror = Mirror(mled)
+    try:
+        await led.rebuild([inventory(n, S4000) for n in names], {})
+        await mirror.resync(full=True)
+        old = setup.owner_of(led.node_key("n5"))
+        await asyncio.to_thread(wait_caught_up, old)
+        await asyncio.to_thread(old.kill)
+        errors: list[BaseException] = []
+
+        async def read() -> bool:
+            try:
+                await mirror.resync(full=True)  # (only the mirror calls the promoted replica)
+            except Exception as e:  # every error is judged below
+                errors.append(e)
+                await asyncio.sleep(0.05)
+                return False
+            return True
+
+        # read while the failover is under way, as a role does (the client's view of the cluster is then taken
+        # before the replica is promoted), until a read goes through (n5's shard: only once it is promoted)
+        await eventually(read, within=60, what="a full read of the mirror after the failover")
+        await asyncio.to_thread(setup.wait_failover, old)  # (every node's view of the slots settled)
+        assert setup.owner_of(led.node_key("n5")) is not old
+        assert set(mirror.nodes) == set(names)
+        assert not [e for e in errors if not is_transient(e)], errors[:3]  # Redis unavailable meanwhile, only
+    finally:
+        await led.redis.aclose()
+        await mled.redis.aclose()
         await asyncio.to_thread(setup.cleanup)
