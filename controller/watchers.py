@@ -374,6 +374,11 @@ class PodWatcher:
         self.deferred: dict[str, tuple[float, bytes, str]] = {}
         self.bound_grace = min(BOUND_GRACE, cfg.pending_ttl_seconds / 4)  # 0: observe at once (tests)
         self.confirming: set[str] = set()  # deferred records whose observe is in flight (confirm_due)
+        # uid -> (node, why, pod ref): releases of ended pods on a node whose Redis Cluster slot is moving
+        # (Mirror.moving: Redis runs no script there until the move ends), given back by confirm_due once the
+        # mirror can read the node again. Held here so that the pod stream goes on: the event's replay would
+        # hold every later pod event of every node for as long as the move lasts (a red team's finding)
+        self.parked: dict[str, tuple[str, str, str]] = {}
         # Redis's clock minus this host's (ms), as the janitor last read it: a booking's age in `record`
         self.clock_skew_ms = 0
         self.pending_ttl_ms = cfg.pending_ttl_seconds * 1000
@@ -482,10 +487,27 @@ class PodWatcher:
         if len(self.ended) > 50000:
             self.ended = {u: t for u, t in self.ended.items() if now - t < 600}
         node = self.mirror.owner_of(uid, hint) or bound_to
-        if node and await self.ledger.release(str(node), uid):
+        if node:
+            await self._release(uid, str(node), why, pod_ref(pod))
+
+    async def _release(self, uid: str, node: str, why: str, ref: str) -> None:
+        """Give the pod's booking back, or park it while the node's slot moves (`parked`)."""
+        if node in self.mirror.moving:
+            self.parked[uid] = (node, why, ref)
+            return
+        try:
+            released = await self.ledger.release(node, uid)
+        except RESEND as e:  # (as Ledger._retry raised it; the ledger told the mirror)
+            if not slot_moving(e):
+                raise
+            log.warning("release of %s (%s) on %s waits for the end of its Redis Cluster slot's move", ref, uid, node)
+            self.parked[uid] = (node, why, ref)
+            return
+        self.parked.pop(uid, None)
+        if released:
             RELEASES.labels(why).inc()
-            self.nudger.nudge(str(node))
-            log.info("released %s (%s) on %s: %s", pod_ref(pod), uid, node, why)
+            self.nudger.nudge(node)
+            log.info("released %s (%s) on %s: %s", ref, uid, node, why)
 
     async def record(self, uid: str, pod: dict[str, Any], truth: PodTruth | None = None) -> None:
         """Book what a bound pod's record says (`observe`), unless the ledger holds it already. `truth`: what
@@ -530,7 +552,12 @@ class PodWatcher:
             self.deferred[uid] = (due, digest, str(raw)[:300])
             return
         self.deferred.pop(uid, None)
-        await self._observe(uid, usage, pod_ref(pod), digest, str(raw)[:300])
+        booked = usage.node not in self.mirror.moving and await self._observe(uid, usage, pod_ref(pod), digest,
+                                                                               str(raw)[:300])
+        if not booked and usage.node in self.mirror.moving:
+            # no script runs there until its slot's move ends (a failed observe told the mirror): held back, so
+            # that the pod stream goes on, and sent by confirm_due once the node can be read
+            self.deferred[uid] = (time.monotonic() + max(self.bound_grace, 0.05), digest, str(raw)[:300])
 
     def _held(self, uid: str, usage: PodUsage) -> str:
         """The state of the mirror's booking of `uid` if it is the one `usage` says, else "". The mirror
@@ -567,6 +594,9 @@ class PodWatcher:
         bound), or sent to `observe` now. Returns how many were sent."""
         now = time.monotonic() if now is None else now
         sent = 0
+        for uid, (node, why, ref) in list(self.parked.items()):
+            if node not in self.mirror.moving and self.parked.get(uid) == (node, why, ref):
+                await self._release(uid, node, why, ref)
         for uid in [u for u, (due, _, _) in self.deferred.items() if due <= now]:
             entry = self.deferred.pop(uid, None)
             truth = self.truth.get(uid)
@@ -574,6 +604,9 @@ class PodWatcher:
                 continue  # released meanwhile, or a newer event said otherwise (and was handled then)
             _, digest, head = entry
             if self.seen.get(uid) == digest:
+                continue
+            if truth.usage.node in self.mirror.moving:  # no script runs there: again once the mirror reads it
+                self.deferred[uid] = (time.monotonic() + max(self.bound_grace, 0.05), digest, head)
                 continue
             if self._held(uid, truth.usage) == "bound":
                 self._skip(uid, digest)
@@ -626,6 +659,12 @@ class PodWatcher:
             out = await self.ledger.observe(uid, usage, ref, keep_bound=True)
         except LedgerError as e:
             log.error("cannot record %s: %s", ref, e)
+            return False
+        except RESEND as e:  # (as Ledger._retry raised it)
+            if not slot_moving(e):
+                raise
+            # the ledger told the mirror: the caller holds the record back until the node can be read
+            log.warning("cannot record %s yet: its node's Redis Cluster slot is moving", ref)
             return False
         if not out.get("ok"):
             log.error("cannot record %s on %s: %s; rebuilding", ref, usage.node, out.get("reason"))

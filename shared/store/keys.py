@@ -71,6 +71,10 @@ class Layout:
     def pods(self, node: str) -> str:
         return f"{self.base(node)}:pods"
 
+    def slot_probe(self, node: str) -> str:
+        """Never written: named beside the node's hash to ask whether its slot is being moved (Ledger.slot_open)."""
+        return f"{self.base(node)}:slot-probe"
+
     def card(self, node: str, index: int | str) -> str:
         return f"{self.base(node)}:card:{index}"
 

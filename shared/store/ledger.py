@@ -240,7 +240,8 @@ class Ledger:
             self._known[node] = Known(frozenset(map(str, snap.cards)), frozenset(snap.reservations))
 
     async def _call(self, name: str, node: str, payload: Mapping[str, Any] | None = None,
-                    keys: Callable[[Known], list[str]] | None = None) -> Any:
+                    keys: Callable[[Known], list[str]] | None = None,
+                    give_up: Callable[[BaseException], bool] | None = None) -> Any:
         """Run one script on one node. `keys` makes its KEYS from what is known of the node (default:
         every key of the node); after MOREKEYS it is called again with what the script asked for."""
         script = self._scripts[name]
@@ -263,7 +264,7 @@ class Ledger:
                     return await script(declared, args)
 
             try:
-                return await self._retry(name, send)
+                return await self._retry(name, send, give_up)
             except Exception as e:
                 if slot_moving(e):  # raised as it is (TRYAGAIN is a ResponseError too): Redis unavailable there
                     self._moving(node)
@@ -483,8 +484,8 @@ class Ledger:
 
     # -- reads ---------------------------------------------------------------------------------
 
-    async def snapshot(self, node: str) -> NodeSnapshot | None:
-        d = orjson.loads(await self._call("snapshot", node))
+    async def snapshot(self, node: str, give_up: Callable[[BaseException], bool] | None = None) -> NodeSnapshot | None:
+        d = orjson.loads(await self._call("snapshot", node, give_up=give_up))
         snap = NodeSnapshot.from_json(d) if d.get("exists") else None
         self._learn(node, snap)
         return snap
@@ -544,6 +545,9 @@ class Ledger:
         alone = [n for n in names if n in apart] if isolate else []
         if alone:
             for n in alone:
+                if await self.slot_open(n):  # (its read alone may go through while every booking fails)
+                    out.moving.add(n)
+                    continue
                 await self._snapshot_batch([n], previous, out, isolate)
             names = [n for n in names if n not in apart]
         for i in range(0, len(names), SNAPSHOT_BATCH):
@@ -553,21 +557,38 @@ class Ledger:
     async def _one_by_one(self, batch: list[tuple[str, list[str]]],
                           read: Callable[[list[tuple[str, list[str]]]], Awaitable[list[Any]]],
                           out: Reread, what: str = "snapshots") -> list[tuple[tuple[str, list[str]], Any]]:
-        """Each node of a batch whose read failed for a moving slot read alone, once (the batch's read was sent
-        again already): (node and keys, reply) of those read; the ones that fail for a move go to out.moving.
+        """Each node of a batch whose read failed for a moving slot read alone (sent again only for Redis
+        unavailable): (node and keys, reply) of those read; the ones that fail for a move go to out.moving.
         Any other failure is raised as the batch's would be."""
         got = []
         for item in batch:
-            self.round_trips += 1
-            REDIS_ROUND_TRIPS.labels(what).inc()
+            def one(item: tuple[str, list[str]] = item) -> Awaitable[list[Any]]:
+                return read([item])
+
             try:
-                got.append((item, (await read([item]))[0]))
-            except RESEND_OR_REDIRECT as raw:
-                e = resendable(raw, self.redis)
-                if e is None or not slot_moving(e):
+                got.append((item, (await self._retry(what, one, slot_moving))[0]))
+            except RESEND_OR_REDIRECT as e:  # as _retry raised it (resendable() applied)
+                if not slot_moving(e):
                     raise
                 out.moving.add(item[0])
         return got
+
+    async def slot_open(self, node: str) -> bool:
+        """Whether the node's slot is being moved between two shards of a Redis Cluster (a live reshard, or one left
+        half-done), wherever its keys are meanwhile: Redis then refuses a command naming one key of the slot that
+        exists and one that does not (TRYAGAIN, or ASK and then TRYAGAIN), as it refuses every booking (reserve
+        names the new pod's key) for the whole move. A read of the node's existing keys alone may go through then,
+        so a node known to be moving is asked this first (reread `apart`). False off a Cluster."""
+        if not isinstance(self.redis, RedisCluster):
+            return False
+        keys = (self.keys.node(node), self.keys.slot_probe(node))
+        try:
+            await self._retry("slot_probe", lambda: cast("Awaitable[int]", self.redis.exists(*keys)), slot_moving)
+        except RESEND_OR_REDIRECT as e:  # as _retry raised it (resendable() applied)
+            if not slot_moving(e):
+                raise
+            return True
+        return False
 
     def _slot_moving(self, raw: Any) -> bool:
         """A pipelined reply that failed for a slot being moved (slot_moving, redis-py's AttributeError read)."""

@@ -247,7 +247,8 @@ class Mirror:
             wanted = set(only)
             todo = [n for n in names if n in wanted]
         elif not full and self.resyncs % FULL_EVERY:
-            heads = await self.ledger.heads(names, isolate=True)
+            # (a moving node is read anyway: its version is not asked, which may fail mid-move)
+            heads = await self.ledger.heads([n for n in names if n not in self.moving], isolate=True)
             todo = [n for n in names if (cur := self.nodes.get(n)) is None or not cur.stamp or n in self.moving
                     or heads.get(n) != (cur.version, cur.stamp)]
         self._bases = {}
@@ -371,7 +372,7 @@ class Mirror:
 
     async def _refetch(self, node: str) -> None:
         self.refetches += 1
-        snap = await self.ledger.snapshot(node)
+        snap = await self.ledger.snapshot(node, give_up=slot_moving)  # a moving slot: redis-py retried it already
         if snap is None:
             self.nodes.pop(node, None)
         else:
@@ -478,6 +479,11 @@ class Mirror:
     async def _consume(self, raw: Any) -> None:
         """Apply one feed message; re-read its node when it cannot be applied."""
         stale = self._handle(raw)
+        if stale and stale in self.moving:
+            # a write there went through (the move may have ended): its slot asked and the node read soon, as
+            # every moving node is (resync `only`), not here, where a read may go through while bookings fail
+            self._moving_at = 0.0
+            return
         if stale:
             why = self._why  # before the await: a bind's own apply may set another meanwhile
             try:

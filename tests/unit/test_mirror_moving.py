@@ -46,7 +46,7 @@ class _Ledger:
         return Reread({n: self.snaps[n] for n in names if n not in self.moving}, set(), {},
                       moving=self.moving & set(names))
 
-    async def snapshot(self, node: str) -> NodeSnapshot | None:
+    async def snapshot(self, node: str, give_up: object = None) -> NodeSnapshot | None:
         if self.down:
             raise rexc.ConnectionError("Redis is down")
         if node in self.moving:  # as Ledger._call: its listeners told, then raised
@@ -149,7 +149,10 @@ async def test_a_re_read_alone_that_fails_for_the_move_marks_the_node_and_any_ot
     assert mirror._moving_at <= asyncio.get_running_loop().time() + mirror_module.MOVING_RETRY_SECONDS
     ledger.moving = set()
     ledger.snaps["b"] = snap("b", 3)
-    await mirror._consume(gap)  # read alone now: no longer moving
+    mirror._moving_at = asyncio.get_running_loop().time() + 30
+    await mirror._consume(gap)  # a message for a moving node: read soon, with the moving nodes (not alone here)
+    assert mirror.moving == {"b"} and mirror._moving_at == 0.0
+    await mirror.resync(only=mirror.moving)
     assert not mirror.moving and mirror.nodes["b"].version == 3
     ledger.down = True
     with pytest.raises(rexc.ConnectionError):  # Redis lost: the mirror's loop goes unready and re-reads all

@@ -121,6 +121,8 @@ async def test_with_no_pod_waiting_nothing_is_sent_and_a_pod_that_appears_gets_t
 
 
 class _NoOwner:
+    moving: frozenset[str] = frozenset()
+
     def owner_of(self, uid: str, hint: str | None = None) -> None:
         return None
 
