@@ -394,12 +394,15 @@ class Reconciler:
         """The same comparison, for these nodes only (those the ledger or the API knows)."""
         return await self._pass(nodes)
 
-    async def _read(self, names: list[str]) -> dict[str, NodeSnapshot]:
-        """Every node's snapshot as Redis holds it now. A reply that is the very text the watcher's mirror decoded
-        its snapshot of the node from is not decoded again: the mirror's snapshot is that value (at 5,000 nodes
-        decoding every node every pass was most of a pass's CPU). One the mirror changed since is read again."""
+    async def _read(self, names: list[str]) -> tuple[dict[str, NodeSnapshot], set[str]]:
+        """Every node's snapshot as Redis holds it now, and the nodes that cannot be read while their Redis Cluster
+        slot is moving between shards (left out of the pass: Redis runs no script there, and a pass that failed on
+        one of them repaired no node at all until the move ended). A reply that is the very text the watcher's
+        mirror decoded its snapshot of the node from is not decoded again: the mirror's snapshot is that value (at
+        5,000 nodes decoding every node every pass was most of a pass's CPU). One the mirror changed since is read
+        again."""
         mirror = self.pods.mirror
-        read = await self.ledger.reread(names, mirror.digests(names))
+        read = await self.ledger.reread(names, mirror.digests(names), isolate=True, apart=mirror.moving)
         snaps = dict(read.snaps)
         again = []
         for node in read.unchanged:
@@ -412,7 +415,9 @@ class Reconciler:
             snaps.update(await self.ledger.snapshots(again))
         for node, snap in read.snaps.items():
             mirror.learn_digest(node, read.digests[node], snap)  # the mirror's copy is this reply: the next pass
-        return snaps
+        for node in read.moving:
+            mirror.note_moving(node)
+        return snaps, read.moving
 
     async def _pass(self, only: set[str] | None) -> dict[str, int]:
         t0 = time.monotonic()
@@ -422,7 +427,11 @@ class Reconciler:
         if only is not None:
             names &= only
         now_ms = await self.ledger.redis_time_ms()  # before the read: what is newer than it, the read lacks
-        snaps = await self._read(sorted(names))
+        snaps, moving = await self._read(sorted(names))
+        if moving:  # compared again once the mirror reads them (a later pass)
+            log.info("reconcile: %d node(s) left out while their Redis Cluster slot moves: %s", len(moving),
+                     ", ".join(sorted(moving)[:5]))
+            names -= moving
         for node in sorted(snaps.keys() - listed):
             # its keys exist but `mt:nodes` lost it (an edit, or a remove racing a re-create): mirrors only
             # read listed nodes, so every replica would call it unregistered
