@@ -496,7 +496,7 @@ class PodWatcher:
             self.parked[uid] = (node, why, ref)
             return
         try:
-            released = await self.ledger.release(node, uid)
+            released = await self.ledger.release(node, uid, give_up=slot_moving)  # (redis-py retried a move)
         except RESEND as e:  # (as Ledger._retry raised it; the ledger told the mirror)
             if not slot_moving(e):
                 raise
@@ -596,7 +596,12 @@ class PodWatcher:
         sent = 0
         for uid, (node, why, ref) in list(self.parked.items()):
             if node not in self.mirror.moving and self.parked.get(uid) == (node, why, ref):
-                await self._release(uid, node, why, ref)
+                del self.parked[uid]  # (taken: confirm_due runs in two tasks; _release parks it again if refused)
+                try:
+                    await self._release(uid, node, why, ref)
+                except BaseException:
+                    self.parked.setdefault(uid, (node, why, ref))
+                    raise
         for uid in [u for u, (due, _, _) in self.deferred.items() if due <= now]:
             entry = self.deferred.pop(uid, None)
             truth = self.truth.get(uid)
@@ -656,7 +661,7 @@ class PodWatcher:
         RECORDS.labels("observed").inc()
         try:
             # keep_bound: once our bind's booking is bound, a record that says otherwise is not booked
-            out = await self.ledger.observe(uid, usage, ref, keep_bound=True)
+            out = await self.ledger.observe(uid, usage, ref, keep_bound=True, give_up=slot_moving)
         except LedgerError as e:
             log.error("cannot record %s: %s", ref, e)
             return False

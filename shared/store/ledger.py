@@ -431,9 +431,10 @@ class Ledger:
         missing = out.get("missing") or []  # Lua's cjson encodes an empty list as {}
         return [str(u) for u in missing] if isinstance(missing, list) else []
 
-    async def release(self, node: str, uid: str) -> bool:
-        """Give a pod's share back; True if something was held. Idempotent."""
-        return (await self.release_feed(node, uid))[0]
+    async def release(self, node: str, uid: str, give_up: Callable[[BaseException], bool] | None = None) -> bool:
+        """Give a pod's share back; True if something was held. Idempotent. `give_up`: as in _retry."""
+        fate, _ = await self.give_back(node, uid, give_up=give_up)
+        return fate == "released"
 
     async def release_feed(self, node: str, uid: str) -> tuple[bool, Mapping[str, Any] | None]:
         """As release, with the feed message the script published (None if nothing was held), for the
@@ -441,8 +442,8 @@ class Ledger:
         fate, feed = await self.give_back(node, uid)
         return fate == "released", feed
 
-    async def give_back(self, node: str, uid: str,
-                        bind_no: int | None = None) -> tuple[str, Mapping[str, Any] | None]:
+    async def give_back(self, node: str, uid: str, bind_no: int | None = None,
+                        give_up: Callable[[BaseException], bool] | None = None) -> tuple[str, Mapping[str, Any] | None]:
         """Release a pod's booking: "released" (with the feed message, as release_feed), "gone" (nothing
         held) or, with `bind_no` (a binder giving back its own booking: the `bind_no` its reserve answered),
         "kept" when a later bind attempt of the pod holds it (release.lua)."""
@@ -450,14 +451,15 @@ class Ledger:
         if bind_no is not None:
             body["if_bind_no"] = bind_no
         out = orjson.loads(await self._call("release", node, body,
-                                            lambda k: self.keys.release(node, uid, k)))
+                                            lambda k: self.keys.release(node, uid, k), give_up))
         if out.get("kept"):
             return "kept", None
         self._saw(node, gone=[uid])
         feed = out.get("feed")
         return ("released" if out["released"] else "gone"), feed if isinstance(feed, dict) else None
 
-    async def observe(self, uid: str, usage: PodUsage, pod: str = "", keep_bound: bool = False) -> dict[str, Any]:
+    async def observe(self, uid: str, usage: PodUsage, pod: str = "", keep_bound: bool = False,
+                      give_up: Callable[[BaseException], bool] | None = None) -> dict[str, Any]:
         """Record the allocation a bound pod carries (idempotent); reports over-commit instead of hiding it.
 
         A node missing from Redis is refused ({"ok": false, "reason": "node missing"}), never created.
@@ -467,7 +469,7 @@ class Ledger:
         out: dict[str, Any] = orjson.loads(await self._call("observe", usage.node, {
             "uid": uid, "cards": list(usage.cards), "mem": usage.memory, "cores": usage.cores,
             "slices": usage.slices, "pod": pod, "keep_bound": keep_bound},
-            lambda k: self.keys.observe(usage.node, uid, usage.cards, k)))
+            lambda k: self.keys.observe(usage.node, uid, usage.cards, k), give_up))
         return out
 
     async def expire(self, node: str, ttl_seconds: float, only: Iterable[str] | None = None) -> list[str]:

@@ -289,7 +289,12 @@ class Mirror:
                     valid.add(name)  # nothing changed it here since the text was read
         self.read += len(todo)
         self.decoded += len(read.snaps)
-        self._set_moving(((self.moving - set(todo)) | read.moving) & set(names), retried=set(todo) & self.moving)
+        listed = set(names)
+        # a node noted moving that the ledger does not list (a failed release of a pod on a node without cards) is
+        # asked alone: kept while its slot is open, so that the watchers hold its work back until then
+        unlisted = {n for n in self.moving - listed if await self.ledger.slot_open(n)}
+        self._set_moving(((self.moving - set(todo)) | read.moving) & listed | unlisted,
+                         retried=(set(todo) & self.moving) | unlisted)
         try:
             self.replace_all(snaps)
         finally:  # (also when a listener raised: every node was installed and announced all the same)

@@ -13,13 +13,15 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
 from controller.extender import Extender
 from controller.fit_memo import MOVING
-from controller.watchers import Janitor
+from controller.watchers import Janitor, PodWatcher, janitor_for
 from deploy.local.redis import ClusterSetup, RedisServer
+from shared.kube import Kube
 from shared.serving.supervise import Supervisor
 from shared.store import mirror as mirror_module
 from shared.store.ledger import Ledger, connect, connect_subscriber, slot_moving
@@ -383,5 +385,112 @@ async def test_a_reconcile_pass_repairs_the_other_nodes_while_one_slot_moves(set
         assert pods.mirror.moving == {"ra"}
     finally:
         if slot is not None and dest is not None:
+            await asyncio.to_thread(setup.end_move, slot, dest)
+        await led.redis.aclose()
+
+
+def plain_pod(uid: str, node: str) -> dict[str, Any]:
+    """A pod with no GPU (most pods of a cluster), bound to a node without GPUs (not in the ledger)."""
+    return {"metadata": {"name": uid, "namespace": "web", "uid": uid},
+            "spec": {"schedulerName": "default-scheduler", "nodeName": node,
+                     "containers": [{"name": "c"}]},
+            "status": {"phase": "Running"}}
+
+
+async def test_a_parked_release_on_a_node_the_ledger_does_not_list_waits_for_its_slot_to_close(
+        setup: ClusterSetup) -> None:
+    """Every pod deletion gives back on the pod's node, GPU node or not. A node the ledger does not list whose slot
+    is open refuses it; the release is parked and the node noted moving. Red team round 3: the mirror dropped the
+    node from `moving` at its next read (not listed), so every confirm_due (and the janitor's before_expire) sent
+    the release again, ~3.4 s each at the roles' retry, for as long as the move lasted. Now such a node stays noted
+    while its slot is open (asked alone), and nothing is sent to it until then."""
+    led = Ledger(connect(setup.url))  # roles' own retry: retry_seconds 3, connection_retries 2
+    mirror = Mirror(led)
+    cfg = dataclasses.replace(CFG, pending_ttl_seconds=2)
+    web = "web-1"  # no GPU: never in the ledger
+    source = setup.owner_of(led.node_key(web))
+    dest: RedisServer = next(n for n in setup.nodes if n is not source)
+    slot = None
+    try:
+        await led.load_scripts()
+        await led.upsert_node(inventory("g1", S4000))
+        assert (await led.reserve("g1", "dead", [0], 2, 1, 1, pod="ns/dead"))[0].ok  # binder died: to expire
+        await mirror.resync(full=True)
+        mirror.ready.set()
+        w = PodWatcher(Kube(None), led, mirror, cfg, asyncio.Event())  # type: ignore[arg-type]
+        janitor = janitor_for(led, mirror, cfg, w)
+        janitor.view_problem = lambda: ""
+        slot = await asyncio.to_thread(setup.begin_move, led.node_key(web), dest)
+        for i in range(3):
+            await w.on_event("DELETED", plain_pod(f"p{i}", web))
+        assert set(w.parked) == {"p0", "p1", "p2"} and web in mirror.moving
+        for _ in range(2):
+            await mirror.resync(only=mirror.moving)  # the mirror's re-read of moving nodes
+            assert web in mirror.moving
+            before = led.round_trips
+            await w.confirm_due()
+            assert led.round_trips == before and set(w.parked) == {"p0", "p1", "p2"}  # nothing sent meanwhile
+        await asyncio.sleep(2.2)  # "dead" past its (2 s) TTL
+        assert await janitor.sweep() == ["dead"]  # the janitor's before_expire sends nothing either
+        await asyncio.to_thread(setup.end_move, slot, dest)
+        slot = None
+        await mirror.resync(only=mirror.moving)
+        assert not mirror.moving
+        await w.confirm_due()
+        assert not w.parked  # given back (nothing was held there)
+    finally:
+        if slot is not None:
+            await asyncio.to_thread(setup.end_move, slot, dest)
+        await led.redis.aclose()
+
+
+async def test_a_record_whose_observe_fails_for_the_move_is_held_back_and_booked_after(
+        setup: ClusterSetup) -> None:
+    """(Red team round 3, what held) A bound pod's record on a node whose slot moves, with no booking in the mirror:
+    the observe fails for the move, the node is noted moving, the record is deferred (not dropped), the janitor
+    keeps nothing it should not, and confirm_due books it once the node can be read; a re-created pod (same name,
+    new uid) after a parked release is not affected."""
+    from tests.redis.test_watcher_records import pod as rec_pod
+
+    led = Ledger(connect(setup.url))
+    led.retry_seconds, led.connection_retries = 0.2, 0
+    mirror = Mirror(led)
+    node = "n4"
+    source = setup.owner_of(led.node_key(node))
+    dest: RedisServer = next(n for n in setup.nodes if n is not source)
+    slot = None
+    try:
+        await led.load_scripts()
+        await led.remove_node(node)
+        await led.upsert_node(inventory(node, S4000))
+        assert (await led.reserve(node, "old", [0], 2, 1, 1, pod="ns/r1"))[0].ok
+        assert await led.mark_bound(node, "old")
+        await mirror.resync(full=True)
+        w = PodWatcher(Kube(None), led, mirror, CFG, asyncio.Event())  # type: ignore[arg-type]
+        slot = await asyncio.to_thread(setup.begin_move, led.node_key(node), dest)
+        assert await asyncio.to_thread(setup.move_keys, slot, dest, 1) == 1
+        await w.on_event("MODIFIED", rec_pod("rec"))  # a record nobody booked: observe fails for the move
+        assert "rec" in w.deferred and node in mirror.moving, (w.deferred, mirror.moving)
+        old = rec_pod("old")
+        await w.on_event("DELETED", old)  # old pod r1 deleted: parked
+        assert set(w.parked) == {"old"}
+        new = rec_pod("new")  # the same name again, a new uid
+        new["metadata"]["name"] = "old"
+        await w.on_event("MODIFIED", new)
+        assert "new" in w.deferred and set(w.parked) == {"old"}
+        for _ in range(2):
+            await w.confirm_due(now=time.monotonic() + 60)
+            assert {"rec", "new"} <= set(w.deferred) and set(w.parked) == {"old"}
+        await asyncio.to_thread(setup.end_move, slot, dest)
+        slot = None
+        await mirror.resync(only=mirror.moving)
+        assert not mirror.moving
+        await w.confirm_due(now=time.monotonic() + 60)
+        snap = await led.snapshot(node)
+        assert snap is not None
+        assert not w.parked and "old" not in snap.reservations
+        assert {"rec", "new"} <= set(snap.reservations) and not ({"rec", "new"} & set(w.deferred))
+    finally:
+        if slot is not None:
             await asyncio.to_thread(setup.end_move, slot, dest)
         await led.redis.aclose()

@@ -46,6 +46,9 @@ class _Ledger:
         return Reread({n: self.snaps[n] for n in names if n not in self.moving}, set(), {},
                       moving=self.moving & set(names))
 
+    async def slot_open(self, node: str) -> bool:
+        return node in self.moving
+
     async def snapshot(self, node: str, give_up: object = None) -> NodeSnapshot | None:
         if self.down:
             raise rexc.ConnectionError("Redis is down")
@@ -123,9 +126,14 @@ async def test_a_moving_node_gone_from_the_ledger_is_no_longer_moving() -> None:
     await mirror.resync(full=True)
     assert mirror.moving == {"b"} and "b" not in mirror.nodes  # never read: nothing to keep, and not offered
     del ledger.snaps["b"]
+    await mirror.resync(only=mirror.moving)
+    assert mirror.moving == {"b"}  # unlisted, but its slot still open (asked alone): held back until it closes
     ledger.moving = set()
     await mirror.resync(only=mirror.moving)
     assert not mirror.moving
+    mirror.note_moving("plain")  # a failed release on a node without cards, which the ledger never listed
+    await mirror.resync(only=mirror.moving)
+    assert not mirror.moving  # its slot is closed
 
 
 async def test_a_script_failing_for_the_move_marks_its_node_through_the_ledger() -> None:
