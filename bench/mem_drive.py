@@ -61,7 +61,7 @@ class _Ledger:
     async def observe(self, *_: Any, **__: Any) -> dict[str, Any]:
         return {"ok": True}
 
-    async def release(self, *_: Any) -> bool:
+    async def release(self, *_: Any, **__: Any) -> bool:
         return True
 
     async def upsert_node(self, *_: Any, **__: Any) -> int:
