@@ -152,10 +152,11 @@ class Mirror:
         # while a resync reads: node -> the snapshots a message was applied onto here meanwhile (`apply`), so the
         # resync keeps such a node's newer snapshot only when it was built on what the read found
         self._bases: dict[str, list[NodeSnapshot]] | None = None
-        # nodes whose keys a live reshard has split between two Redis Cluster shards (Ledger.reread `isolate`):
-        # Redis runs no script on them until the move ends, so they cannot be read; their last snapshot is
-        # kept, the extender offers none of them, and they are read again every MOVING_RETRY_SECONDS. The
-        # mirror stays ready: every other node is served (before, one such node made the whole mirror unready)
+        # nodes whose Redis Cluster slot a live reshard is moving between shards (Ledger.reread `isolate`, a failed
+        # script: note_moving): Redis runs no booking on them until the move ends; their last snapshot is kept,
+        # the extender offers none of them, and their slot is asked again (Ledger.slot_open) with a backoff
+        # (MOVING_RETRY_SECONDS...). The mirror stays ready: every other node is served (before, one such node
+        # made the whole mirror unready)
         self.moving: frozenset[str] = frozenset()
         self._moving_at = 0.0  # loop time when the moving nodes are read again (`_run`)
         self._moving_wait = MOVING_RETRY_SECONDS  # the wait before that read, doubled while they stay moving
@@ -499,8 +500,7 @@ class Mirror:
                 # its snapshot stays, offered by none until read (Ledger.on_moving has told note_moving already)
                 self.note_moving(stale)
                 return
-            if stale in self.moving:
-                self._set_moving(self.moving - {stale})
+            # (a node noted moving meanwhile stays so: only its slot, asked by a resync, ends that)
             MIRROR_REREADS.labels(why).inc()  # made (a read lost with Redis is not counted)
 
     def _handle(self, raw: Any) -> str | None:

@@ -54,10 +54,11 @@ async def test_a_record_that_arrives_during_before_expire_is_kept(
     assert "u2" in w.deferred
     real = w.ledger.observe
 
-    async def observe(uid: str, usage: PodUsage, ref: str = "", keep_bound: bool = False) -> dict[str, Any]:
+    async def observe(uid: str, usage: PodUsage, ref: str = "", keep_bound: bool = False,
+                      give_up: Any = None) -> dict[str, Any]:
         if uid == "u2":
             await w.on_event("MODIFIED", pod("u1"))  # u1's record, handled while this round trip is awaited
-        return await real(uid, usage, ref, keep_bound)
+        return await real(uid, usage, ref, keep_bound, give_up)
 
     w.ledger.observe = observe  # type: ignore[method-assign,assignment]
     janitor = Janitor(led, mirror, CFG, before_expire=w.confirm_now)
@@ -126,12 +127,13 @@ async def test_a_failed_confirm_now_keeps_the_booking(
     calls = 0
     real = w.ledger.observe
 
-    async def observe(uid: str, usage: PodUsage, ref: str = "", keep_bound: bool = False) -> dict[str, Any]:
+    async def observe(uid: str, usage: PodUsage, ref: str = "", keep_bound: bool = False,
+                      give_up: Any = None) -> dict[str, Any]:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise LedgerError("observe on n4: BUSY Redis is busy running a script")
-        return await real(uid, usage, ref, keep_bound)
+        return await real(uid, usage, ref, keep_bound, give_up)
 
     w.ledger.observe = observe  # type: ignore[method-assign,assignment]
     janitor = Janitor(led, mirror, CFG, before_expire=w.confirm_now)
@@ -195,10 +197,11 @@ async def test_a_sweep_during_a_relist_keeps_held_back_records(
     real = w.ledger.observe
     gone: list[str] = []
 
-    async def observe(uid: str, usage: PodUsage, ref: str = "", keep_bound: bool = False) -> dict[str, Any]:
+    async def observe(uid: str, usage: PodUsage, ref: str = "", keep_bound: bool = False,
+                      give_up: Any = None) -> dict[str, Any]:
         if uid == "ux" and not gone:
             gone.extend(await janitor.sweep())  # the janitor's sweep runs while the re-list awaits this
-        return await real(uid, usage, ref, keep_bound)
+        return await real(uid, usage, ref, keep_bound, give_up)
 
     w.ledger.observe = observe  # type: ignore[method-assign,assignment]
     other = pod("ux", "n4-mthreads-1,Mthreads,1024,1:;")  # a pod the ledger lacks: booked by the re-list

@@ -91,12 +91,13 @@ async def test_a_failed_observe_leaves_the_record_due(watched: tuple[Ledger, Mir
     real = w.ledger.observe
     calls = 0
 
-    async def observe(uid: str, usage: PodUsage, pod: str = "", keep_bound: bool = False) -> dict[str, Any]:
+    async def observe(uid: str, usage: PodUsage, pod: str = "", keep_bound: bool = False,
+                      give_up: Any = None) -> dict[str, Any]:
         nonlocal calls
         calls += 1
         if calls == 1:  # Redis gone for longer than the ledger's own retries
             raise rexc.ConnectionError("Connection refused")
-        return await real(uid, usage, pod, keep_bound)
+        return await real(uid, usage, pod, keep_bound, give_up)
 
     w.ledger.observe = observe  # type: ignore[method-assign]
     due = time.monotonic() + w.bound_grace
@@ -114,7 +115,8 @@ async def test_a_pod_released_while_its_observe_failed_is_not_booked(
     p = pod("u1")
     await w.on_event("MODIFIED", p)
 
-    async def observe(uid: str, usage: PodUsage, pod: str = "", keep_bound: bool = False) -> dict[str, Any]:
+    async def observe(uid: str, usage: PodUsage, pod: str = "", keep_bound: bool = False,
+                      give_up: Any = None) -> dict[str, Any]:
         await w.on_event("DELETED", p)  # the pod went while the call hung
         raise rexc.ConnectionError("Connection refused")
 
