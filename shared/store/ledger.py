@@ -502,22 +502,14 @@ class Ledger:
         for i in range(0, len(names), HEADS_BATCH):
             batch = names[i:i + HEADS_BATCH]
 
-            async def read(batch: list[str] = batch) -> list[Any]:
+            async def read(items: list[tuple[str, list[str]]]) -> list[Any]:
                 pipe = self.redis.pipeline(transaction=False)
-                for n in batch:
+                for n, _ in items:
                     pipe.hmget(self.node_key(n), ["version", "stamp"])
                 return await pipe.execute()
 
-            try:
-                got = list(zip(batch, await self._retry("heads", read, slot_moving if isolate else None),
-                               strict=True))
-            except RESEND_OR_REDIRECT as e:  # as _retry raised it (resendable() applied)
-                if not isolate or not slot_moving(e):
-                    raise
-                moving = Reread({}, set(), {})
-                got = [(n, raw) for (n, _), raw in await self._one_by_one(
-                    [(n, []) for n in batch], lambda one: read([one[0][0]]), moving, "heads")]
-            for n, (version, stamp) in got:
+            got = await self._read_around("heads", [(n, []) for n in batch], read, isolate, Reread({}, set(), {}))
+            for (n, _), (version, stamp) in got:
                 if version is not None:
                     try:
                         out[n] = (int(version), str(stamp or ""))
@@ -555,6 +547,22 @@ class Ledger:
         for i in range(0, len(names), SNAPSHOT_BATCH):
             await self._snapshot_batch(names[i:i + SNAPSHOT_BATCH], previous, out, isolate)
         return out
+
+    async def _read_around(self, what: str, batch: list[tuple[str, list[str]]],
+                           read: Callable[[list[tuple[str, list[str]]]], Awaitable[list[Any]]], isolate: bool,
+                           out: Reread) -> list[tuple[tuple[str, list[str]], Any]]:
+        """(node and keys, reply) of one pipelined read of a batch. With `isolate`, a read that failed for a moving
+        slot is not sent again but read node by node (_one_by_one), the moving nodes left out, in out.moving."""
+        try:
+            return list(zip(batch, await self._retry(what, lambda: read(batch), slot_moving if isolate else None),
+                            strict=True))
+        except RESEND_OR_REDIRECT as e:  # as _retry raised it (resendable() applied)
+            if not isolate or not slot_moving(e):
+                raise
+            if len(batch) == 1:
+                out.moving.add(batch[0][0])
+                return []
+            return await self._one_by_one(batch, read, out, what)
 
     async def _one_by_one(self, batch: list[tuple[str, list[str]]],
                           read: Callable[[list[tuple[str, list[str]]]], Awaitable[list[Any]]],
@@ -639,17 +647,7 @@ class Ledger:
                     raise failed
                 return raws
 
-            try:
-                got = list(zip(batch, await self._retry("snapshots", read, slot_moving if isolate else None),
-                               strict=True))
-            except RESEND_OR_REDIRECT as e:  # as _retry raised it (resendable() applied)
-                if not isolate or not slot_moving(e):
-                    raise
-                if len(batch) > 1:
-                    got = await self._one_by_one(batch, read, out)
-                else:
-                    got = []
-                    out.moving.add(batch[0][0])
+            got = await self._read_around("snapshots", batch, read, isolate, out)
             todo, noscript = [], []  # noscript: the first key of each node answered NOSCRIPT
             for (n, keys), raw in got:
                 if isinstance(raw, rexc.NoScriptError):
