@@ -582,20 +582,29 @@ class Extender:
             await asyncio.wait(set(self._settling), timeout=left)
 
     async def _still_here(self, pod: str, uid: str, node: str) -> bool:
-        """Whether the pod still exists, bound to `node`. A booking found gone after its Binding may have been
-        released because the pod ended: booked again it would hold cards for nobody. Not knowing (the API
-        server unreachable) counts as here: holding a share too long is repaired, giving it away is not."""
+        """Whether the pod still exists, bound to `node`, and has not ended (Succeeded or Failed). A booking found
+        gone after its Binding may have been released because the pod ended: booked again it would hold cards
+        for nobody (a pod that ended within the confirmation's linger was booked again for ever: a CI run).
+        Not knowing (the API server unreachable) counts as here: holding a share too long is repaired, giving
+        it away is not."""
         if self.kube is None:
             return True
         ns, _, name = pod.partition("/")
         try:
-            return await self._bound_here(ns, name, uid, node) is not None
+            got = await self._pod_here(ns, name, uid, node)
         except Exception:  # unreachable, or an answer we cannot read: fail closed
             return True
+        return got is not None and (got.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
     async def _bound_here(self, ns: str, name: str, uid: str, node: str) -> Mapping[str, str] | None:
         """The annotations of the pod if it exists as this uid bound to `node`, else None (404 included);
         raises KubeError when the API server does not say."""
+        pod = await self._pod_here(ns, name, uid, node)
+        return None if pod is None else ((pod.get("metadata") or {}).get("annotations") or {})
+
+    async def _pod_here(self, ns: str, name: str, uid: str, node: str) -> Mapping[str, Any] | None:
+        """The pod if it exists as this uid bound to `node`, else None (404 included); raises KubeError when
+        the API server does not say."""
         assert self.kube is not None
         try:
             pod = await self.kube.get_pod(ns, name)
@@ -606,7 +615,7 @@ class Extender:
         meta = pod.get("metadata") or {}
         if meta.get("uid") != uid or (pod.get("spec") or {}).get("nodeName") != node:
             return None
-        return meta.get("annotations") or {}
+        return pod
 
     async def _rebook(self, node: str, uid: str, pod: str, req: SliceRequest, cards: tuple[int, ...],
                       capacity: int) -> None:

@@ -98,6 +98,40 @@ async def test_a_pod_deleted_and_released_after_the_answer_is_not_booked_again(
         f"(REBOOKED +{REBOOKED._value.get() - before}); cards used {[c.mem_used for c in snap.cards.values()]}")
 
 
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+async def test_a_pod_that_ended_and_was_released_after_the_answer_is_not_booked_again(
+        parts: tuple[Ledger, Mirror], monkeypatch: pytest.MonkeyPatch, phase: str) -> None:
+    """The same race with a pod that ends (its phase Succeeded or Failed) instead of being deleted: it still exists,
+    bound here, so the confirmation's check that it was "still here" passed and its booking was made again for
+    good, for a pod that holds nothing (a clean-clone CI run: test_deleted_and_completed_pods_release_their_share,
+    the pod set Succeeded within the confirmation's linger)."""
+    ledger, mirror = parts
+    kube = KeepingKube()
+    ext = Extender(CFG, ledger, mirror, kube)  # type: ignore[arg-type]
+    watcher = PodWatcher(kube, ledger, mirror, CFG, asyncio.Event())  # type: ignore[arg-type]
+    go = asyncio.Event()
+    real = ledger.mark_bound_many
+
+    async def late(node_name: str, uids: list[str]) -> list[str]:
+        await go.wait()
+        return await real(node_name, uids)
+
+    monkeypatch.setattr(ledger, "mark_bound_many", late)
+    ext.filter({"Pod": pod("e1", SLICE), "NodeNames": ["s5k"], "Nodes": None})
+    out = await asyncio.wait_for(ext.bind({"PodName": "p-e1", "PodNamespace": "ns", "PodUID": "e1",
+                                           "Node": "s5k"}), 5)
+    assert out == {"Error": ""}
+    ended = kube.pods[("ns", "p-e1")]
+    ended["status"] = {"phase": phase}  # the pod ends at once, still there; the watcher releases it
+    await watcher.on_event("MODIFIED", ended)
+    snap = await ledger.snapshot("s5k")
+    assert snap is not None and "e1" not in snap.reservations
+    go.set()
+    await ext.settled()
+    snap = await ledger.snapshot("s5k")
+    assert snap is not None and "e1" not in snap.reservations, snap.reservations.get("e1")
+
+
 async def test_a_release_right_after_the_answer_stands(parts: tuple[Ledger, Mirror]) -> None:
     """No artificial delay: the release is sent the moment bind has answered (in-process, before the
     loop runs the settle task). It failed every time on 0f4b722."""
