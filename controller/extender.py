@@ -54,6 +54,7 @@ from shared.domain.fit import (
 )
 from shared.domain.models import UNIT_MIB
 from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
+from shared.domain.quota import is_terminal
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError
 from shared.domain.state import plan_on
@@ -594,7 +595,7 @@ class Extender:
             got = await self._pod_here(ns, name, uid, node)
         except Exception:  # unreachable, or an answer we cannot read: fail closed
             return True
-        return got is not None and (got.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        return got is not None and not is_terminal(got)
 
     async def _bound_here(self, ns: str, name: str, uid: str, node: str) -> Mapping[str, str] | None:
         """The annotations of the pod if it exists as this uid bound to `node`, else None (404 included);

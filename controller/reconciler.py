@@ -22,10 +22,11 @@ from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
-from controller.watchers import NodeWatcher, PodWatcher, is_terminal, pod_ref, unaccounted
+from controller.watchers import NodeWatcher, PodWatcher, pod_ref, unaccounted
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED, AnnotationError, PodUsage, usage_from_annotations
 from shared.domain.node import Inventory, node_inventory
+from shared.domain.quota import is_terminal
 from shared.domain.reconcile import (
     NodeDiff,
     Unrecorded,

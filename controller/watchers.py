@@ -25,6 +25,7 @@ from controller.reflector import Reflector
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED, GPU_INDEX, AnnotationError, PodUsage, usage_from_annotations
 from shared.domain.node import Inventory, node_inventory
+from shared.domain.quota import is_terminal
 from shared.domain.reconcile import FUTURE_MS, Unrecorded, expires, offers_cards, quarantine_reason, recovered_usage
 from shared.domain.request import RequestError, pod_request
 from shared.domain.timing import KEEP_MS
@@ -63,10 +64,6 @@ def record_digest(raw: Any) -> bytes:
     """What the view keeps of an allocation record it has handled: 16 bytes, whatever the pod carries
     (an annotation can be 256 KiB); a changed record has another digest, so it is handled again."""
     return hashlib.blake2b(str(raw).encode(), digest_size=16).digest()
-
-
-def is_terminal(pod: dict[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
 Holders = Callable[[str], dict[str, tuple[PodUsage, str]]]

@@ -32,6 +32,11 @@ LIMITS_PREFIX = "limits."
 TERMINAL_PHASES = ("Succeeded", "Failed")  # the API server stops charging a pod once it is terminal
 
 
+def is_terminal(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod has ended (its phase Succeeded or Failed): it holds no card and no quota any more."""
+    return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+
+
 class QuotaError(ValueError):
     """A quota or a pod we cannot read: the webhook refuses (fail closed) with this message."""
 
@@ -105,7 +110,7 @@ def stuck_terminating(pod: Mapping[str, Any], now: float) -> bool:
 
 def pod_usage(pod: Mapping[str, Any], cfg: Config, now: float = 0.0) -> dict[str, int]:
     """What a pod already in the namespace holds (nothing once it is terminal or stuck terminating)."""
-    if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES or stuck_terminating(pod, now):
+    if is_terminal(pod) or stuck_terminating(pod, now):
         return {}
     try:
         return asks_usage(read_asks(pod, cfg), cfg)

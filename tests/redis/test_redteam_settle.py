@@ -54,6 +54,22 @@ class KeepingKube(FakeKube):
             await self.during(p)
 
 
+def held_confirmation(ledger: Ledger, kube: KeepingKube, mirror: Mirror,
+                      monkeypatch: pytest.MonkeyPatch) -> tuple[Extender, PodWatcher, asyncio.Event]:
+    """The extender and the pod watcher, with the bind's confirmation (mark_bound) held until the event is set:
+    the settle task, behind the loop's other work."""
+    go = asyncio.Event()
+    real = ledger.mark_bound_many
+
+    async def late(node_name: str, uids: list[str]) -> list[str]:
+        await go.wait()
+        return await real(node_name, uids)
+
+    monkeypatch.setattr(ledger, "mark_bound_many", late)
+    ext = Extender(CFG, ledger, mirror, kube)  # type: ignore[arg-type]
+    return ext, PodWatcher(kube, ledger, mirror, CFG, asyncio.Event()), go  # type: ignore[arg-type]
+
+
 @pytest.fixture
 async def parts(ledger: Ledger) -> AsyncIterator[tuple[Ledger, Mirror]]:
     await ledger.upsert_node(node_inventory(node("s5k", 160, 2), CFG))
@@ -68,16 +84,7 @@ async def test_a_pod_deleted_and_released_after_the_answer_is_not_booked_again(
         parts: tuple[Ledger, Mirror], monkeypatch: pytest.MonkeyPatch) -> None:
     ledger, mirror = parts
     kube = KeepingKube()
-    ext = Extender(CFG, ledger, mirror, kube)  # type: ignore[arg-type]
-    watcher = PodWatcher(kube, ledger, mirror, CFG, asyncio.Event())  # type: ignore[arg-type]
-    go = asyncio.Event()
-    real = ledger.mark_bound_many
-
-    async def late(node_name: str, uids: list[str]) -> list[str]:  # the settle task, behind the loop's other work
-        await go.wait()
-        return await real(node_name, uids)
-
-    monkeypatch.setattr(ledger, "mark_bound_many", late)
+    ext, watcher, go = held_confirmation(ledger, kube, mirror, monkeypatch)
     ext.filter({"Pod": pod("d1", SLICE), "NodeNames": ["s5k"], "Nodes": None})
     before = REBOOKED._value.get()
     out = await asyncio.wait_for(ext.bind({"PodName": "p-d1", "PodNamespace": "ns", "PodUID": "d1",
@@ -107,16 +114,7 @@ async def test_a_pod_that_ended_and_was_released_after_the_answer_is_not_booked_
     the pod set Succeeded within the confirmation's linger)."""
     ledger, mirror = parts
     kube = KeepingKube()
-    ext = Extender(CFG, ledger, mirror, kube)  # type: ignore[arg-type]
-    watcher = PodWatcher(kube, ledger, mirror, CFG, asyncio.Event())  # type: ignore[arg-type]
-    go = asyncio.Event()
-    real = ledger.mark_bound_many
-
-    async def late(node_name: str, uids: list[str]) -> list[str]:
-        await go.wait()
-        return await real(node_name, uids)
-
-    monkeypatch.setattr(ledger, "mark_bound_many", late)
+    ext, watcher, go = held_confirmation(ledger, kube, mirror, monkeypatch)
     ext.filter({"Pod": pod("e1", SLICE), "NodeNames": ["s5k"], "Nodes": None})
     out = await asyncio.wait_for(ext.bind({"PodName": "p-e1", "PodNamespace": "ns", "PodUID": "e1",
                                            "Node": "s5k"}), 5)
