@@ -12,6 +12,7 @@ from aiohttp import web
 
 from controller.extender import BODY_LIMIT as EXTENDER_BODY_LIMIT
 from controller.extender import Extender
+from controller.leadership import LeaderYield
 from controller.reconciler import Reconciler
 from controller.watchers import NodeWatcher, PodWatcher, janitor_for, wire
 from shared.config import Config
@@ -27,8 +28,19 @@ log = logging.getLogger("mtsched")
 
 async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
     sup = Supervisor()
-    health, ledger, mirror = await start_role(cfg, sup, stop)
-    kube = await Kube.create(cfg.kubeconfig)
+    kube: Kube | None = None
+    if LeaderYield.wanted(cfg):  # before the wait for Redis: an extender cut off from its start hands over too
+        kube = await Kube.create(cfg.kubeconfig)
+        sup.spawn("leader-yield", LeaderYield(cfg, kube, sup.problems).run)
+    try:
+        health, ledger, mirror = await start_role(cfg, sup, stop)
+    except BaseException:
+        await sup.cancel()
+        if kube is not None:
+            await kube.close()
+        raise
+    if kube is None:
+        kube = await Kube.create(cfg.kubeconfig)
     app = web.Application(client_max_size=EXTENDER_BODY_LIMIT)
     ext = Extender(cfg, ledger, mirror, kube)
     ext.routes(app)

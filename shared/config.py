@@ -83,6 +83,14 @@ class Config:
     card_knobs_path: str = "/proc/sgpu_km"
     card_knobs_seconds: int = 30
     log_level: str = "info"
+    # The extender beside the leader kube-scheduler hands the leadership over while it cannot do its job and
+    # another replica can (controller/leadership.py): unready this many seconds (0: never), the Lease
+    # (`<namespace>/<name>`, the scheduler's leaderElection resource), the replicas' pods (a label selector in
+    # that namespace) and its own pod's name (MTSCHED_POD_NAME, from the downward API). The chart sets them all.
+    leader_yield_seconds: int = 0
+    leader_lease: str = ""
+    leader_peers: str = ""
+    pod_name: str = ""
 
     @property
     def models(self) -> tuple[CardModel, ...]:
@@ -257,6 +265,16 @@ def _validate(cfg: Config, errors: list[str]) -> None:
                           "signed")
     if not re.match(r"^[A-Za-z0-9_.-]{1,32}$", cfg.key_prefix):
         errors.append(f"keyPrefix: {cfg.key_prefix!r} must be 1-32 characters of [A-Za-z0-9_.-]")
+    if cfg.leader_yield_seconds and not 10 <= cfg.leader_yield_seconds <= 3600:
+        errors.append(f"leaderYieldSeconds: {cfg.leader_yield_seconds} is outside 10..3600 (0: never)")
+    name = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"
+    if cfg.leader_lease and not re.match(rf"^{name}/{name}$", cfg.leader_lease):
+        errors.append(f"leaderLease: {cfg.leader_lease!r} is not <namespace>/<name>")
+    if cfg.pod_name and not re.match(rf"^{name}$", cfg.pod_name):
+        errors.append(f"podName: {cfg.pod_name!r} is not a valid pod name")
+    if cfg.leader_yield_seconds and cfg.leader_lease and not cfg.leader_peers:
+        errors.append("leaderPeers: empty; with leaderYieldSeconds and leaderLease it must select the scheduler "
+                      "replicas' pods (a label selector), or every pod of the namespace would count as a replica")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
         errors.append(f"logLevel: {cfg.log_level!r} is not one of debug, info, warning, error")
 

@@ -107,6 +107,10 @@ REDIS_PARTITION_RISK = Gauge("mtsched_redis_partition_risk",
                              "1 when a booking Redis acknowledged could be lost without a change of history the "
                              "fence sees: a Sentinel master with min-replicas-to-write 0 (checked by the watchers' "
                              "full reconcile passes; docs/install.md)")
+LEADER_YIELDS = Counter("mtsched_leader_yields_total",
+                        "Times the extender of the leader scheduler pod, unready for leaderYieldSeconds while another "
+                        "replica was Ready, wrote kube-scheduler's Lease over to hand the leadership on "
+                        "(controller/leadership.py)")
 PODS_UNTRIED = Gauge("mtsched_pods_untried_oldest_seconds",
                      "How long the oldest pod of our scheduler waiting to be placed has gone untried by any "
                      "scheduler (no PodScheduled condition; watchers, from first seen; 0: none): minutes mean no "

@@ -18,9 +18,10 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
+from controller.leadership import LeaderYield
 from deploy.local import identities
 from shared.config import _KEYS as CONFIG_KEYS
-from shared.config import SPELLED
+from shared.config import SPELLED, load_config
 from shared.domain.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
 from tests.deploy._chart import (
     CASES,
@@ -810,3 +811,29 @@ def test_filter_top_k_reaches_the_config(rendered: Rendered) -> None:
         cfg = embedded(rendered(case), config, "config.yaml")
         assert cfg["filterTopK"] == k
         assert load_config(env={}, flags={"filterTopK": str(cfg["filterTopK"])}).filter_top_k == k
+
+
+@pytest.mark.parametrize("case", ["defaults", "custom", "replicas-1"])
+def test_the_extender_is_told_the_lease_and_its_replicas_to_hand_the_leadership_over(
+        rendered: Rendered, case: str) -> None:
+    """The extender of the leader pod writes kube-scheduler's Lease over while it is unready and another replica
+    is Ready (controller/leadership.py): the chart tells it the Lease kube-scheduler elects on, a selector of
+    exactly the Deployment's pods and its own pod's name, and the whole is a configuration the role accepts.
+    One replica (or no leader election): nobody to hand over to, left off."""
+    objs = rendered(case)
+    deploy = next(o for o in find(objs, "Deployment") if o["metadata"]["name"].endswith("-scheduler"))
+    ext = container(deploy, "extender")
+    flags = dict(a[len("--set="):].split("=", 1) for a in ext["args"] if a.startswith("--set="))
+    env = {e["name"]: e for e in ext["env"]}
+    assert env["MTSCHED_POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    if case == "replicas-1":
+        assert not [k for k in flags if k.startswith("leader")]
+        return
+    ksc = embedded(objs, deploy["metadata"]["name"], "scheduler-config.yaml")["leaderElection"]
+    assert flags["leaderLease"] == f"{ksc['resourceNamespace']}/{ksc['resourceName']}"
+    assert ksc["leaderElect"] is True and deploy["metadata"]["namespace"] == ksc["resourceNamespace"]
+    selector = dict(p.split("=", 1) for p in flags["leaderPeers"].split(","))
+    assert selector == deploy["spec"]["selector"]["matchLabels"]
+    assert flags["leaderYieldSeconds"] == "60"
+    cfg = load_config(env={"MTSCHED_POD_NAME": "hami-scheduler-5d8f-x2x7q"}, flags=flags)
+    assert LeaderYield.wanted(cfg) and cfg.leader_yield_seconds == 60

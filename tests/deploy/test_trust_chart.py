@@ -32,7 +32,7 @@ def kubelet_env(c: Json, objs: list[Json]) -> dict[str, str]:
     for e in c.get("env", []):
         if "value" in e:
             out[e["name"]] = e["value"]
-        else:
+        elif "secretKeyRef" in e["valueFrom"]:  # (not the downward API's fieldRef)
             ref = e["valueFrom"]["secretKeyRef"]
             out[e["name"]] = base64.b64decode(one(objs, "Secret", ref["name"])["data"][ref["key"]]).decode()
     return out
@@ -44,7 +44,8 @@ def expand(arg: str, env: dict[str, str]) -> str:
 
 
 def secret_refs(c: Json) -> dict[str, dict[str, str]]:
-    return {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c.get("env", []) if "valueFrom" in e}
+    return {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c.get("env", [])
+            if "secretKeyRef" in e.get("valueFrom", {})}
 
 
 # ---------------------------------------------------------------------------------- bundled Redis
