@@ -12,6 +12,7 @@ import os
 import time
 import urllib.request
 from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -31,6 +32,30 @@ SERVER_DEADLINE_MIN_MS = 100  # less than this for the API server: the request i
 
 class NotSent(Exception):
     """A request with a deadline (raw's `until`) that was not sent: too little of it was left."""
+
+
+class ServerClock:
+    """The API server's clock, from the `Date` header of its last answer (1 s resolution) and the time since on
+    this host's monotonic clock: what a decision compares with the timestamps the API server writes
+    (`deletionTimestamp`) uses it, so that a step of this host's wall clock cannot move it. The header is
+    parsed only when asked."""
+
+    def __init__(self) -> None:
+        self._date: str | None = None
+        self._at = 0.0
+
+    def note(self, date: str | None) -> None:
+        if date:
+            self._date, self._at = date, time.monotonic()
+
+    def now(self) -> float | None:
+        """Seconds since the epoch on the API server's clock; None before any dated answer."""
+        if self._date is None:
+            return None
+        try:
+            return parsedate_to_datetime(self._date).timestamp() + (time.monotonic() - self._at)
+        except (TypeError, ValueError):
+            return None
 
 
 class KubeError(RuntimeError):
@@ -96,6 +121,7 @@ def _read_env_once(api: client.ApiClient) -> None:
 class Kube:
     def __init__(self, api: client.ApiClient):
         self.api = api
+        self.server_clock = ServerClock()
 
     @classmethod
     async def create(cls, kubeconfig: str = "") -> Kube:
@@ -171,6 +197,7 @@ class Kube:
         resp = await self.raw(method, path, body, query, timeout=timeout, content_type=content_type, until=until)
         async with resp:
             data = await resp.read()
+            self.server_clock.note(resp.headers.get("Date"))
             try:
                 decoded = orjson.loads(data) if data else {}
             except orjson.JSONDecodeError:

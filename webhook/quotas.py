@@ -22,6 +22,7 @@ from urllib.parse import quote
 from shared.config import Config
 from shared.domain.admission import Decision, deny
 from shared.domain.quota import QuotaError, enforced_keys, judge_quotas
+from shared.kube import ServerClock
 from shared.serving.bounded import ByteLRU
 from shared.serving.metrics import QUOTA_CHECKS
 from shared.serving.supervise import is_transient
@@ -149,7 +150,12 @@ class QuotaReader:
                 pods: Sequence[Mapping[str, Any]] = []
                 if quotas:
                     pods = await self.live_pods(namespace)
-            refusal = judge_quotas(pod, asked, quotas, pods, self.cfg, now=time.time())
+            # the API server's clock, which wrote the deletion timestamps it is compared with: a step of this
+            # host's wall clock must not stop charging pods still in their grace period (nor charge stuck ones
+            # longer). Not known yet (no dated answer): 0, every terminating pod charged, refusing the more.
+            clock = getattr(self.api, "server_clock", None)
+            now = (clock.now() if isinstance(clock, ServerClock) else None) or 0.0
+            refusal = judge_quotas(pod, asked, quotas, pods, self.cfg, now=now)
         except Exception as e:  # fail closed: a quota we cannot check is not a quota that holds
             QUOTA_CHECKS.labels("error").inc()
             if isinstance(e, TimeoutError) and not str(e):
