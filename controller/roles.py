@@ -18,6 +18,7 @@ from controller.watchers import NodeWatcher, PodWatcher, janitor_for, wire
 from shared.config import Config
 from shared.kube import Kube
 from shared.serving import gc_policy
+from shared.serving.access import watch_access
 from shared.serving.http import serve_api
 from shared.serving.metrics import PODS_UNTRIED
 from shared.serving.supervise import Backoff, Supervisor, unless_stopped
@@ -41,6 +42,7 @@ async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
         raise
     if kube is None:
         kube = await Kube.create(cfg.kubeconfig)
+    watch_access(sup, kube, "extender")
     app = web.Application(client_max_size=EXTENDER_BODY_LIMIT)
     ext = Extender(cfg, ledger, mirror, kube)
     ext.routes(app)
@@ -57,6 +59,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     sup = Supervisor()
     health, ledger, mirror = await start_role(cfg, sup, stop, card_metrics=True)
     kube = await Kube.create(cfg.kubeconfig)
+    watch_access(sup, kube, "watcher")
     nodes = NodeWatcher(kube, ledger, cfg)
     pods = PodWatcher(kube, ledger, mirror, cfg, nodes.lost)
     wire(nodes, pods)

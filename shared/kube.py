@@ -11,7 +11,7 @@ import logging
 import os
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -122,6 +122,7 @@ class Kube:
     def __init__(self, api: client.ApiClient):
         self.api = api
         self.server_clock = ServerClock()
+        self.on_denied: list[Callable[[], None]] = []  # told of every 401/403 answer (shared/serving/access.py)
 
     @classmethod
     async def create(cls, kubeconfig: str = "") -> Kube:
@@ -203,6 +204,9 @@ class Kube:
             except orjson.JSONDecodeError:
                 decoded = data.decode(errors="replace")
             if resp.status not in ok:
+                if resp.status in (401, 403):
+                    for told in self.on_denied:
+                        told()
                 raise KubeError(resp.status, decoded, f"{method} {path}")
             return decoded
 

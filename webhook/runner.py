@@ -8,6 +8,7 @@ from aiohttp import web
 
 from shared.config import Config
 from shared.kube import Kube
+from shared.serving.access import watch_access
 from shared.serving.http import serve_api
 from shared.serving.supervise import Supervisor
 from shared.store.session import start_role
@@ -21,6 +22,8 @@ async def run_webhook(cfg: Config, stop: asyncio.Event) -> bool:
     health, _, mirror = await start_role(cfg, sup, stop, shapes_only=True)
     # the quota check reads ResourceQuotas and pods (webhook/quotas.py); without it no API calls
     kube = await Kube.create(cfg.kubeconfig) if cfg.quota_check else None
+    if kube is not None:
+        watch_access(sup, kube, "webhook")
     app = web.Application(client_max_size=BODY_LIMIT)
     Webhook(cfg, mirror.capacities, QuotaReader(kube, cfg) if kube else None, mirror.mismatched).routes(app)
     # ready once the mirror knows the cards the cluster reports (the mixed-fleet default needs them)

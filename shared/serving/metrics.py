@@ -107,6 +107,10 @@ REDIS_PARTITION_RISK = Gauge("mtsched_redis_partition_risk",
                              "1 when a booking Redis acknowledged could be lost without a change of history the "
                              "fence sees: a Sentinel master with min-replicas-to-write 0 (checked by the watchers' "
                              "full reconcile passes; docs/install.md)")
+PERMISSION_DENIED = Gauge("mtsched_permission_denied",
+                          "1 while the API server denies this role a call it makes (SelfSubjectAccessReview every "
+                          "30 s, shared/domain/access.py; a denied call the role cannot do without also makes it "
+                          "unready)", ["verb", "resource"])
 LEADER_YIELDS = Counter("mtsched_leader_yields_total",
                         "Times the extender of the leader scheduler pod, unready for leaderYieldSeconds while another "
                         "replica was Ready, wrote kube-scheduler's Lease over to hand the leadership on "

@@ -24,7 +24,9 @@ from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
+from shared.domain.access import needs_of
 from shared.kube import Kube, KubeError
+from shared.serving.access import AccessProbe
 from shared.store.ledger import Ledger
 from tests.e2e._wait import until
 
@@ -129,6 +131,18 @@ async def test_each_identity_may_make_its_calls_and_no_others(clients: dict[str,
         {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
          "spec": {"resourceAttributes": attrs}})
     assert bool(review["status"].get("allowed")) is allowed, review["status"]
+
+
+@pytest.mark.parametrize("role", ["extender", "watcher", "webhook"])
+async def test_the_chart_grants_every_call_the_roles_check_they_may_make(clients: dict[str, Kube], role: str) -> None:
+    """The roles' own table of their calls (shared/domain/access.py), asked as the roles ask it at run time
+    (shared/serving/access.py): a need the chart does not grant would keep a role unready, or a call it makes
+    missing from the table would go unwatched (the ACCESS table above lists the calls; both must agree)."""
+    probe = AccessProbe(clients[role], needs_of(role))
+    await probe.check()
+    assert probe.denied == {}, probe.denied
+    listed = {(r, v, res) for r, v, res, _, allowed in ACCESS if allowed}
+    assert {(role, n.verb, n.resource) for n in needs_of(role)} <= listed
 
 
 async def test_forbidden_calls_are_refused_and_the_nudge_goes_through(stack: Stack,
