@@ -11,6 +11,7 @@ Sentinel and on Cluster. `mirror_factory` likewise makes mirrors subscribed thro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -38,6 +39,16 @@ def cluster_setup() -> Iterator[ClusterSetup]:
     setup = ClusterSetup(password=PASSWORD).start()
     yield setup
     setup.cleanup()
+
+
+@contextlib.contextmanager
+def own_cluster() -> Iterator[ClusterSetup]:
+    """A Cluster of a test module's own, for tests that move slots or kill processes."""
+    setup = ClusterSetup(password=PASSWORD).start()
+    try:
+        yield setup
+    finally:
+        setup.cleanup()
 
 
 @pytest.fixture(params=["sentinel", "cluster"])

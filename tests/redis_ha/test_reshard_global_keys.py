@@ -16,18 +16,15 @@ from deploy.local.redis import ClusterSetup
 from shared.store.ledger import Ledger, connect
 from shared.store.mirror import Mirror
 from tests.redis.helpers import S4000, inventory
-from tests.redis_ha.conftest import PASSWORD
+from tests.redis_ha.conftest import own_cluster
 
 pytestmark = pytest.mark.redis_ha
 
 
 @pytest.fixture(scope="module")
 def setup() -> Iterator[ClusterSetup]:
-    s = ClusterSetup(password=PASSWORD).start()
-    try:
+    with own_cluster() as s:
         yield s
-    finally:
-        s.cleanup()
 
 
 async def works_mid_move(led: Ledger, mirror: Mirror, added: str) -> None:

@@ -27,7 +27,7 @@ from shared.store import mirror as mirror_module
 from shared.store.ledger import Ledger, connect, connect_subscriber, slot_moving
 from shared.store.mirror import Mirror
 from tests.redis.helpers import S4000, eventually, inventory
-from tests.redis_ha.conftest import PASSWORD
+from tests.redis_ha.conftest import own_cluster
 from tests.unit._servers import CFG, pod
 
 pytestmark = pytest.mark.redis_ha
@@ -35,11 +35,8 @@ pytestmark = pytest.mark.redis_ha
 
 @pytest.fixture(scope="module")
 def setup() -> Iterator[ClusterSetup]:
-    s = ClusterSetup(password=PASSWORD).start()
-    try:
+    with own_cluster() as s:
         yield s
-    finally:
-        s.cleanup()
 
 
 @contextlib.asynccontextmanager
