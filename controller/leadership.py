@@ -35,6 +35,16 @@ def ready_peers(pods: Mapping[str, Any], me: str) -> int:
     return count
 
 
+def lapsed(spec: Mapping[str, Any], now: float) -> bool:
+    """Whether the Lease's last renewal is older than its duration at `now` (the API server's clock): every
+    candidate may take it; written over, it would wait a duration more. Unreadable: not lapsed."""
+    try:
+        renewed = datetime.fromisoformat(str(spec.get("renewTime"))).timestamp()
+        return renewed + int(spec.get("leaseDurationSeconds") or 15) < now
+    except (TypeError, ValueError):
+        return False
+
+
 def micro_time(at: float) -> str:
     """A Lease's MicroTime (RFC 3339 with microseconds, UTC)."""
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -81,17 +91,18 @@ class LeaderYield:
             return ""  # (no API call while it may still come back by itself)
         try:
             lease = await self.kube.request("GET", self.lease_path)
-            holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
-            if not holds(holder, self.pod):
-                return ""
+            spec = lease.setdefault("spec", {})
+            holder = str(spec.get("holderIdentity") or "")
+            server_now = self.kube.server_clock.now() or time.time()  # (the API server's, from this answer)
+            if not holds(holder, self.pod) or lapsed(spec, server_now):
+                return ""  # (lapsed: its kube-scheduler is gone already, a ready replica takes it as it is)
             pods = await self.kube.request("GET", f"/api/v1/namespaces/{self.namespace}/pods",
                                            query={"labelSelector": self.selector})
             view = YieldView(now, self.unready_since, holder, self.pod, ready_peers(pods, self.pod), self.last_yield)
             reason = yield_reason(view, self.after)
             if not reason:
                 return ""
-            spec = lease.setdefault("spec", {})
-            at = micro_time(time.time())
+            at = micro_time(server_now)
             spec.update(holderIdentity=yielded_holder(self.pod), acquireTime=at, renewTime=at,
                         leaseTransitions=int(spec.get("leaseTransitions") or 0) + 1,
                         leaseDurationSeconds=int(spec.get("leaseDurationSeconds") or 15))

@@ -198,6 +198,8 @@ class Reflector:
                     if resp.status == 410:
                         raise Gone()
                     if resp.status != 200:
+                        if resp.status in (401, 403):
+                            self.kube.denied()
                         raise KubeError(resp.status, (await resp.read()).decode(errors="replace"), "watch")
                     backoff.reset()
                     self._working()
@@ -228,6 +230,8 @@ class Reflector:
         if kind == "ERROR":
             if obj.get("code") == 410:
                 raise Gone()
+            if obj.get("code") in (401, 403):
+                self.kube.denied()
             raise KubeError(int(obj.get("code") or 500), obj, "watch event")
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if kind == "BOOKMARK":

@@ -42,7 +42,7 @@ async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
         raise
     if kube is None:
         kube = await Kube.create(cfg.kubeconfig)
-    watch_access(sup, kube, "extender")
+    watch_access(sup, kube, "extender", lease=cfg.leader_lease if LeaderYield.wanted(cfg) else "")
     app = web.Application(client_max_size=EXTENDER_BODY_LIMIT)
     ext = Extender(cfg, ledger, mirror, kube)
     ext.routes(app)

@@ -20,6 +20,11 @@ from shared.domain.models import CORES_PER_CARD, DEFAULT_MAX_INST, CardModel, Mo
 from shared.domain.shapes import MAX_NODES
 
 POLICIES = ("binpack", "spread")
+# The shortest wait before the leader's extender hands the Lease over (shared/domain/leadership.py): a fault every
+# replica shares (Redis, their one ServiceAccount's RBAC) reaches an idle replica's readiness only after its own
+# checks (the access review every 30 s) and the kubelet's readiness probe (2 x 5 s); before that its pod still
+# looks Ready, and a shorter wait could hand the Lease to a replica no better off.
+LEADER_YIELD_MIN = 60
 _RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _ADDR_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]*):\d{1,5}$")
 
@@ -265,8 +270,9 @@ def _validate(cfg: Config, errors: list[str]) -> None:
                           "signed")
     if not re.match(r"^[A-Za-z0-9_.-]{1,32}$", cfg.key_prefix):
         errors.append(f"keyPrefix: {cfg.key_prefix!r} must be 1-32 characters of [A-Za-z0-9_.-]")
-    if cfg.leader_yield_seconds and not 10 <= cfg.leader_yield_seconds <= 3600:
-        errors.append(f"leaderYieldSeconds: {cfg.leader_yield_seconds} is outside 10..3600 (0: never)")
+    if cfg.leader_yield_seconds and not LEADER_YIELD_MIN <= cfg.leader_yield_seconds <= 3600:
+        errors.append(f"leaderYieldSeconds: {cfg.leader_yield_seconds} is outside {LEADER_YIELD_MIN}..3600 (0: never; "
+                      "a fault every replica shares reaches an idle replica's readiness within about 50 s)")
     name = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"
     if cfg.leader_lease and not re.match(rf"^{name}/{name}$", cfg.leader_lease):
         errors.append(f"leaderLease: {cfg.leader_lease!r} is not <namespace>/<name>")

@@ -124,6 +124,11 @@ class Kube:
         self.server_clock = ServerClock()
         self.on_denied: list[Callable[[], None]] = []  # told of every 401/403 answer (shared/serving/access.py)
 
+    def denied(self) -> None:
+        """A call was answered 401 or 403 (also a watch, or an ERROR event in its stream): tell on_denied."""
+        for told in self.on_denied:
+            told()
+
     @classmethod
     async def create(cls, kubeconfig: str = "") -> Kube:
         cfg = client.Configuration()
@@ -205,8 +210,7 @@ class Kube:
                 decoded = data.decode(errors="replace")
             if resp.status not in ok:
                 if resp.status in (401, 403):
-                    for told in self.on_denied:
-                        told()
+                    self.denied()
                 raise KubeError(resp.status, decoded, f"{method} {path}")
             return decoded
 

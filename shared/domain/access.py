@@ -6,7 +6,8 @@ forbidden read of a pod leaves a booking it should confirm or free as it is, for
 what they may do (SelfSubjectAccessReview, shared/serving/access.py) and say so: a denied `fatal` need makes the
 role unready, naming it; any denied need is logged and counted (`mtsched_permission_denied`).
 
-The table lists every call the roles make (tests/e2e/test_identities.py checks the chart grants each)."""
+The table lists every call the extender, the watchers and the webhook make (tests/e2e/test_identities.py checks
+the chart grants each, and that each is in its table of the chart's grants)."""
 
 from __future__ import annotations
 
@@ -22,11 +23,13 @@ class Need:
     fatal: bool = True  # without it the role cannot do its job: unready
     namespace: str = ""  # "": every namespace (or a cluster-scoped resource)
     group: str = ""
+    object: str = ""  # one object by name (a rule with resourceNames grants no other)
 
     @property
     def name(self) -> str:
+        what = f"{self.resource} {self.object}" if self.object else self.resource
         where = f" in namespace {self.namespace}" if self.namespace else ""
-        return f"{self.verb} {self.resource}{where}"
+        return f"{self.verb} {what}{where}"
 
 
 EXTENDER = (
@@ -34,6 +37,7 @@ EXTENDER = (
     Need("get", "pods", "bind: read the pod again before and after its Binding"),
     Need("get", "nodes", "bind: read the node's labels"),
     Need("create", "events", "BindingFailed and FilteringFailed events on pods", fatal=False),
+    Need("list", "nodes", "/debug/explain: the nodes' labels", fatal=False),
 )
 WATCHER = (
     Need("list", "pods", "the pod stream: every booking's truth"),
@@ -52,9 +56,21 @@ WEBHOOK_QUOTAS = (
 )
 
 
-def needs_of(role: str, quota_check: bool = True) -> tuple[Need, ...]:
+def hand_over(lease: str) -> tuple[Need, ...]:
+    """The leader hand-over's calls (controller/leadership.py), for the Lease `<namespace>/<name>`."""
+    ns, _, name = lease.partition("/")
+    why = "the leader hand-over"
+    return (Need("get", "leases", f"{why}: read kube-scheduler's Lease", fatal=False, namespace=ns,
+                 group="coordination.k8s.io", object=name),
+            Need("update", "leases", f"{why}: write it over", fatal=False, namespace=ns, group="coordination.k8s.io",
+                 object=name),
+            Need("list", "pods", f"{why}: whether another replica is Ready", fatal=False, namespace=ns))
+
+
+def needs_of(role: str, quota_check: bool = True, lease: str = "") -> tuple[Need, ...]:
+    """`lease`: the extender's hand-over is on, for this Lease (its calls are needs too)."""
     if role == "extender":
-        return EXTENDER
+        return EXTENDER + (hand_over(lease) if lease else ())
     if role == "watcher":
         return WATCHER
     if role == "webhook":

@@ -32,6 +32,8 @@ def review(need: Need) -> dict[str, Any]:
         attrs["subresource"] = sub
     if need.namespace:
         attrs["namespace"] = need.namespace
+    if need.object:
+        attrs["name"] = need.object
     return {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
             "spec": {"resourceAttributes": attrs}}
 
@@ -85,9 +87,9 @@ class AccessProbe:
                 await asyncio.wait_for(self.wake.wait(), ACCESS_SECONDS - SOONEST_SECONDS)
 
 
-def watch_access(sup: Supervisor, kube: Kube, role: str, quota_check: bool = True) -> AccessProbe:
-    """The role's probe, supervised, and its readiness check."""
-    probe = AccessProbe(kube, needs_of(role, quota_check))
+def watch_access(sup: Supervisor, kube: Kube, role: str, quota_check: bool = True, lease: str = "") -> AccessProbe:
+    """The role's probe, supervised, and its readiness check (`lease`: shared/domain/access.py needs_of)."""
+    probe = AccessProbe(kube, needs_of(role, quota_check, lease))
     sup.spawn("access", probe.run)
     sup.check("access", probe.problem)
     return probe

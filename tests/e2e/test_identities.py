@@ -60,6 +60,7 @@ ACCESS: list[tuple[str, str, str, str, bool]] = [
     ("extender", "create", "events", "default", True),
     ("extender", "get", "nodes", "", True),  # the node's labels at bind (through system:kube-scheduler)
     ("extender", "list", "nodes", "", True),  # /debug/explain: the nodes' labels (through system:kube-scheduler)
+    ("extender", "list", "pods", "kube-system", True),  # the leader hand-over: are its replicas Ready
     ("extender", "patch", "nodes", "", False),
     ("extender", "get", "secrets", "kube-system", False),
     ("extender", "update", "pods", "default", False),
@@ -138,11 +139,13 @@ async def test_the_chart_grants_every_call_the_roles_check_they_may_make(clients
     """The roles' own table of their calls (shared/domain/access.py), asked as the roles ask it at run time
     (shared/serving/access.py): a need the chart does not grant would keep a role unready, or a call it makes
     missing from the table would go unwatched (the ACCESS table above lists the calls; both must agree)."""
-    probe = AccessProbe(clients[role], needs_of(role))
+    # (the extender's with the chart's leader hand-over on: its Lease, in the scheduler's namespace)
+    needs = needs_of(role, lease="kube-system/hami-scheduler" if role == "extender" else "")
+    probe = AccessProbe(clients[role], needs)
     await probe.check()
     assert probe.denied == {}, probe.denied
     listed = {(r, v, res) for r, v, res, _, allowed in ACCESS if allowed}
-    assert {(role, n.verb, n.resource) for n in needs_of(role)} <= listed
+    assert {(role, n.verb, n.resource) for n in needs if not n.group} <= listed  # (ACCESS: the core group's)
 
 
 async def test_forbidden_calls_are_refused_and_the_nudge_goes_through(stack: Stack,

@@ -113,7 +113,7 @@ def test_env_and_flag_spellings() -> None:
         ({"listen": "8443"}, "listen: '8443' is not host:port"),
         ({"redisUrl": "http://x"}, "redisUrl"),
         ({"nosuchSetting": 1}, "unknown setting 'nosuchSetting'"),
-        ({"leaderYieldSeconds": 5}, "leaderYieldSeconds: 5 is outside 10..3600 (0: never)"),
+        ({"leaderYieldSeconds": 59}, "leaderYieldSeconds: 59 is outside 60..3600 (0: never"),
         ({"leaderLease": "hami-scheduler"}, "leaderLease: 'hami-scheduler' is not <namespace>/<name>"),
         ({"podName": "Pod_1"}, "podName: 'Pod_1' is not a valid pod name"),
         ({"leaderYieldSeconds": 60, "leaderLease": "kube-system/hami-scheduler"}, "leaderPeers: empty"),

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from controller.leadership import LeaderYield, micro_time, ready_peers
+from controller.leadership import LeaderYield, lapsed, micro_time, ready_peers
 from shared.domain.leadership import YieldView, holds, yield_reason, yielded_holder
-from shared.kube import KubeError
+from shared.kube import KubeError, ServerClock
 from tests.unit._servers import CFG
 
 POD = "hami-scheduler-7d9-abcde"
@@ -59,6 +59,7 @@ class StandIn:
         self.lease, self.pods, self.put_status, self.fail = lease, pods, put_status, fail
         self.calls: list[tuple[str, str, Any]] = []
         self.events: list[tuple[str, str]] = []
+        self.server_clock = ServerClock()  # (no dated answer: the host's clock)
 
     async def request(self, method: str, path: str, body: Any = None, query: Any = None, **_: Any) -> Any:
         self.calls.append((method, path, body))
@@ -143,3 +144,24 @@ def test_off_unless_configured_and_the_time_format() -> None:
     assert not LeaderYield.wanted(dataclasses.replace(CFG_ON, leader_lease=""))
     assert LeaderYield.wanted(CFG_ON)
     assert micro_time(0) == "1970-01-01T00:00:00.000000Z"
+
+
+async def test_a_lapsed_lease_is_left_as_it_is() -> None:
+    """Its kube-scheduler is gone already (no renewal for longer than the duration): every candidate may take it
+    now, and written over it would wait a duration more (red team)."""
+    old = lease(MINE)
+    old["spec"]["renewTime"] = "2020-01-01T00:00:00.000000Z"
+    kube = StandIn(old, READY)
+    reason, _ = await look(kube, 30)
+    assert reason == "" and not [c for c in kube.calls if c[0] == "PUT"]
+    assert lapsed({"renewTime": "2026-12-05T15:20:00.000000Z", "leaseDurationSeconds": 15}, 1796484016.0)
+    assert not lapsed({"renewTime": "2026-12-05T15:20:00.000000Z", "leaseDurationSeconds": 15}, 1796484014.0)
+    assert not lapsed({"renewTime": "garbled"}, 1796484016.0) and not lapsed({}, 1796484016.0)
+
+
+async def test_the_lease_is_written_on_the_api_servers_clock() -> None:
+    kube = StandIn(lease(MINE), READY)
+    kube.server_clock.note("Sat, 05 Dec 2026 15:20:00 GMT")
+    await look(kube, 30)
+    spec = next(c for c in kube.calls if c[0] == "PUT")[2]["spec"]
+    assert spec["renewTime"].startswith("2026-12-05T15:20:0"), spec
