@@ -29,7 +29,7 @@ from shared.domain.quota import is_terminal
 from shared.domain.reconcile import FUTURE_MS, Unrecorded, expires, offers_cards, quarantine_reason, recovered_usage
 from shared.domain.request import RequestError, pod_request
 from shared.domain.timing import KEEP_MS
-from shared.domain.trust import foreign_record
+from shared.domain.trust import asks_slices, foreign_record
 from shared.kube import Kube, KubeError
 from shared.serving.metrics import (
     ANNOTATION_ERRORS,
@@ -328,6 +328,11 @@ class PodTruth:
 def unaccounted(pod: Mapping[str, Any], cfg: Config) -> Unrecorded | None:
     """A bound pod without a readable record that asks for slices (or whose request cannot be read, which
     counts as asking: fail closed); None if it asks for none."""
+    if not asks_slices(pod, cfg):
+        # names none of our resources: it holds no card, whatever else about it cannot be read. A red team closed
+        # any GPU node to every slice pod with a CPU pod carrying a bad card pin (mtsched.io/card-memory), which
+        # no admission sees on a CPU pod: its unreadable request counted as asking
+        return None
     try:
         req = pod_request(pod, cfg)
     except RequestError:

@@ -24,6 +24,20 @@ def _asks(container: object, names: tuple[str, ...]) -> bool:
                for part in (res.get("limits"), res.get("requests")))
 
 
+def asks_slices(pod: Mapping[str, Any], cfg: Config) -> bool:
+    """Whether any container or init container names one of our slice resources in its limits or requests: the
+    admission policy's own test. A pod that names none holds no card, whatever else about it cannot be read
+    (ephemeral containers and pod-level resources cannot name them: the API server refuses)."""
+    spec = pod.get("spec")
+    spec = spec if isinstance(spec, dict) else {}
+    names = tuple(cfg.slice_resources)
+    for key in ("initContainers", "containers"):
+        part = spec.get(key)
+        if isinstance(part, list) and any(_asks(c, names) for c in part):
+            return True
+    return False
+
+
 def foreign_record(pod: Mapping[str, Any], cfg: Config) -> str:
     """Why a record on `pod` cannot be our bind's ("" when it can): the same test as the admission policy's
     (any container or init container asking for one of our resources) plus our scheduler's name."""
@@ -32,12 +46,6 @@ def foreign_record(pod: Mapping[str, Any], cfg: Config) -> str:
     scheduler = spec.get("schedulerName") or "default-scheduler"
     if scheduler != cfg.scheduler_name:
         return f'its schedulerName is "{scheduler}", not "{cfg.scheduler_name}"'
-    names = tuple(cfg.slice_resources)
-    containers: list[object] = []
-    for key in ("initContainers", "containers"):
-        part = spec.get(key)
-        if isinstance(part, list):
-            containers.extend(part)
-    if not any(_asks(c, names) for c in containers):
-        return f"it asks for none of {', '.join(names)}"
+    if not asks_slices(pod, cfg):
+        return f"it asks for none of {', '.join(cfg.slice_resources)}"
     return ""
