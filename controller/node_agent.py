@@ -11,8 +11,10 @@ annotation someone removed comes back without a GET per round. It needs no Redis
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
+import stat
 from pathlib import Path
 
 from prometheus_client import Counter, Gauge
@@ -32,6 +34,18 @@ UNREADABLE = Gauge("mtsched_node_agent_unreadable_cards", "Card directories whos
 CARDS = Gauge("mtsched_node_agent_cards", "Cards whose knobs were read and published")
 
 Tree = dict[str, dict[str, str] | str]
+
+
+def read_knob(path: Path) -> str:
+    """A knob file's first 64 characters. Opened without blocking and read only when it is a regular file (procfs
+    entries are): a FIFO, a device or a socket in the tree blocked the agent's read for ever (red team)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return os.read(fd, 64).decode("ascii", errors="replace")
+    finally:
+        os.close(fd)
 
 
 def read_tree(root: Path) -> tuple[Tree, str]:
@@ -55,8 +69,7 @@ def read_tree(root: Path) -> tuple[Tree, str]:
         problem = ""
         for knob in KNOBS:
             try:
-                with open(Path(entry.path) / knob, encoding="ascii", errors="replace") as f:
-                    texts[knob] = f.read(64)
+                texts[knob] = read_knob(Path(entry.path) / knob)
             except FileNotFoundError:
                 continue  # parse_card names every missing knob at once
             except OSError as e:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,25 @@ def test_a_file_the_agent_cannot_read_makes_its_card_unreadable(tmp_path: Path) 
     (tmp_path / "0" / "max_inst").unlink()
     (tmp_path / "0" / "max_inst").mkdir()  # reading it fails with an OSError, whoever the reader is
     r = report_of(tmp_path)
-    assert set(r.cards) == {1} and "max_inst: cannot read: Is a directory" in r.unreadable["0"]
+    assert set(r.cards) == {1} and "max_inst: cannot read: not a regular file" in r.unreadable["0"]
+
+
+def test_a_fifo_in_the_tree_does_not_block_the_agent(tmp_path: Path) -> None:
+    """Red team: opening a FIFO blocked the agent's read for ever (each restart left one more stuck thread)."""
+    write_card(tmp_path, "0")
+    write_card(tmp_path, "1")
+    (tmp_path / "0" / "policy").unlink()
+    os.mkfifo(tmp_path / "0" / "policy")
+    out: list[Any] = []
+    reader = threading.Thread(target=lambda: out.append(report_of(tmp_path)), daemon=True)
+    reader.start()
+    reader.join(5.0)
+    if reader.is_alive():  # (let the stuck reader go: opening the FIFO for writing ends its open())
+        os.close(os.open(tmp_path / "0" / "policy", os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5.0)
+        raise AssertionError("reading the knob tree blocked on a FIFO")
+    (r,) = out
+    assert set(r.cards) == {1} and "policy: cannot read: not a regular file" in r.unreadable["0"]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
@@ -323,6 +342,7 @@ async def test_the_watcher_reports_a_change_on_a_held_card_once_per_node_version
     changed["metadata"]["resourceVersion"] = "42"
     out, raised = await watch.observe(changed, node_inventory(changed, Config()), holders)
     assert [(c.card, c.knob, c.old, c.new) for c in out] == [(1, "max_inst", 16, 4)] and not raised
+    await watch.flush()  # (sent beside the node stream)
     assert posted[0]["reason"] == "CardKnobsChangedWhileHeld" and posted[0]["type"] == "Warning"
     assert posted[0]["involvedObject"]["kind"] == "Node" and "ns/a" in posted[0]["message"]
     # two replicas name the same change alike, so the API server keeps one event

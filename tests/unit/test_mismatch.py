@@ -54,7 +54,7 @@ NODES: list[tuple[dict[str, Any], Any, str, str]] = [
     (node("inst-model", cores=16, memory=96, annotations={MAX_INST_ANNOTATION: " is no configured card model; "
                                                                                "memoryPerCard "}),
      C96, ANNOTATION_MISMATCH, "outside 1..16"),
-    (node("knobs-long", cores=16, memory=96, annotations={KNOBS: '{"v": 1, "cards": {}, "e": "' + "x" * 70000 + '"}'}),
+    (node("knobs-long", cores=16, memory=96, annotations={KNOBS: '{"v": 1, "cards": {}, "e": "' + "x" * 140000 + '"}'}),
      C96, ANNOTATION_MISMATCH, "longer than"),
 ]
 
