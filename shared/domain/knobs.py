@@ -169,7 +169,8 @@ def _shown(value: object) -> str:
 
 def decode_annotation(raw: str) -> KnobReport:
     """The annotation value as the agent wrote it; KnobError naming the field for anything else."""
-    if len(raw) > MAX_ANNOTATION_BYTES or len(raw.encode()) > MAX_ANNOTATION_BYTES:  # (characters, then bytes)
+    # characters first (cheap), then the bytes the API server counts
+    if len(raw) > MAX_ANNOTATION_BYTES or len(raw.encode("utf-8", "surrogatepass")) > MAX_ANNOTATION_BYTES:
         raise KnobError(f"annotation {ANNOTATION} is longer than {MAX_ANNOTATION_BYTES} bytes")
     try:  # the stdlib parser: it shows every key, so a repeated one is refused, not silently the last
         doc = json.loads(raw, object_pairs_hook=_object, parse_constant=_no_constant, parse_int=_parse_int)

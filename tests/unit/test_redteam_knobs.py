@@ -7,6 +7,8 @@ flipping its knobs posted an event per flip, knob and card."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -99,24 +101,58 @@ async def test_a_change_through_an_unreadable_state_is_reported() -> None:
     assert {(c.knob, c.old, c.new) for c in changes} == {("max_inst", 16, 1), ("policy", 0, 2), ("time_slice", 1, 5)}
 
 
-async def test_flapping_knobs_post_one_event_a_minute_per_node() -> None:
+async def test_flapping_knobs_log_and_post_once_a_minute_per_node(caplog: pytest.LogCaptureFixture) -> None:
+    """The changes within a minute after an event are reported together when it ends: one line, one event."""
     kube = Kube()
     now = [0.0]
-    watch = KnobWatch(kube, events=True, clock=lambda: now[0])  # type: ignore[arg-type]
+    slept: list[float] = []
+
+    async def sleep(d: float) -> None:
+        slept.append(d)
+        now[0] += d
+
+    watch = KnobWatch(kube, events=True, clock=lambda: now[0], sleep=sleep)  # type: ignore[arg-type]
     held = {f"u{c}": (PodUsage("gpu-1", (c,), 8, 1, 1), f"ns/p{c}") for c in range(3)}
     changes = 0
+    caplog.set_level(logging.WARNING, "mtsched.knobs")
     for i in range(100):  # 100 patches of its own annotation by a compromised node agent
         k = CardKnobs(16, 0, 1, 100) if i % 2 else CardKnobs(1, 2, 7, 100)
         n = node({ANNOTATION: ann({c: k for c in range(3)})}, rv=str(i))
         out, _ = await watch.observe(n, node_inventory(n, Config()), lambda: held)
         changes += len(out)
-        now[0] += 0.5
+        now[0] += 0.1
     await watch.flush()
-    assert changes == 99 * 3 * 3  # every change logged and counted ...
-    assert len(kube.posted) == 1  # ... one event in the 50 s, naming how many more
+    assert changes == 99 * 3 * 3  # every change counted ...
+    assert len(kube.posted) == 2 and len(caplog.records) == 2  # ... one line and one event, then the rest's
     assert "and 8 more change(s)" in kube.posted[0]["message"]
-    now[0] += 60
-    n = node({ANNOTATION: ann({c: CardKnobs(4, 0, 1, 100) for c in range(3)})}, rv="x")
-    await watch.observe(n, node_inventory(n, Config()), lambda: held)
+    assert f"and {99 * 9 - 9 - 1} more change(s)" in kube.posted[1]["message"]
+    assert len(slept) == 1
+
+
+async def test_a_change_inside_the_minute_gets_its_event_when_it_ends() -> None:
+    kube = Kube()
+    now = [0.0]
+    watch = KnobWatch(kube, events=True, clock=lambda: now[0], sleep=lambda d: asyncio.sleep(0))  # type: ignore[arg-type]
+    held = {"u0": (PodUsage("gpu-1", (0,), 8, 1, 1), "ns/p0"), "u1": (PodUsage("gpu-1", (1,), 8, 1, 1), "ns/p1")}
+    steps = [{0: CardKnobs(16, 0, 1, 100), 1: CardKnobs(16, 0, 1, 100)},
+             {0: CardKnobs(16, 2, 1, 100), 1: CardKnobs(16, 0, 1, 100)},  # t=0: card 0's policy
+             {0: CardKnobs(16, 2, 1, 100), 1: CardKnobs(1, 0, 1, 100)}]  # t=30: card 1's max_inst, within it
+    for i, cards in enumerate(steps):
+        n = node({ANNOTATION: ann(cards)}, rv=str(i))
+        await watch.observe(n, node_inventory(n, Config()), lambda: held)
+        now[0] = 30.0 * i
     await watch.flush()
-    assert len(kube.posted) == 2
+    assert [p["message"].split(":")[0] for p in kube.posted] == ["card gpu-1-mthreads-0", "card gpu-1-mthreads-1"]
+
+
+async def test_a_node_offering_cards_again_nudges() -> None:
+    watch = KnobWatch(Kube(), events=True)  # type: ignore[arg-type]
+    good = node({ANNOTATION: ann({0: CardKnobs(16, 0, 1, 100)})})
+    bad = node({ANNOTATION: "{not json"}, rv="2")
+    await watch.observe(good, node_inventory(good, Config()), lambda: HELD)
+    assert node_inventory(bad, Config()).error
+    assert await watch.observe(bad, node_inventory(bad, Config()), lambda: HELD) == ([], False)
+    _, raised = await watch.observe(good, node_inventory(good, Config()), lambda: HELD)
+    assert raised  # (its pods waited while it offered nothing)
+    _, raised = await watch.observe(good, node_inventory(good, Config()), lambda: HELD)
+    assert not raised
