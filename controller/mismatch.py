@@ -78,9 +78,11 @@ class MismatchReporter:
             NODE_MISMATCH.labels(kind).set(n)
 
     def observe(self, name: str, node: Mapping[str, Any] | None, inv: Inventory | None) -> None:
-        """One node as the API reports it (None: deleted). An event only when its problem changed."""
+        """One node as the API reports it (`inv` None: deleted). An event only when its problem changed."""
         now = (inv.problem, inv.error) if inv is not None and inv.problem else None
         before = self.problems.get(name)
+        if inv is None:  # deleted: nothing of it kept (a cluster whose nodes churn kept one entry per name ever)
+            self._event_at.pop(name, None)
         if now is None:
             if before is not None:
                 self.problems.pop(name)

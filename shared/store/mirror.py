@@ -291,6 +291,8 @@ class Mirror:
         self.read += len(todo)
         self.decoded += len(read.snaps)
         listed = set(names)
+        for gone in self.ledger.known_nodes() - listed:  # (removed while the feed was away, or never announced)
+            self.ledger.forget(gone)
         # a node noted moving that the ledger does not list (a failed release of a pod on a node without cards) is
         # asked alone: kept while its slot is open, so that the watchers hold its work back until then
         unlisted = {n for n in self.moving - listed if await self.ledger.slot_open(n)}
@@ -397,6 +399,7 @@ class Mirror:
         kind = msg.get("kind")
         if kind == "removed":
             self.nodes.pop(node, None)
+            self.ledger.forget(node)
             self._notify(node)
             return None
         cur = self.nodes.get(node)
@@ -457,6 +460,7 @@ class Mirror:
                 reservations[str(uid)] = new_res
             else:
                 reservations.pop(str(uid), None)
+                self.ledger.forget(node, str(uid))  # (released: no script of ours need declare its key again)
             reservations.update(also)
         if self._bases is not None:  # a resync is reading: it must know what this write was applied onto
             self._bases.setdefault(node, []).append(cur)

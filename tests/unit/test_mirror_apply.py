@@ -56,6 +56,12 @@ class _Ledger:
         self.on_moving: list[object] = []  # (Mirror registers itself)
         self.redis = Redis(port=1)  # the mirror's subscriber: never connected here
 
+    def forget(self, node: str, uid: str | None = None) -> None:  # (Ledger's hints of a node's keys: none here)
+        pass
+
+    def known_nodes(self) -> set[str]:
+        return set()
+
     async def nodes(self) -> list[str]:
         return list(self.snaps)
 

@@ -29,6 +29,12 @@ class _Ledger:
         self.apart: list[set[str]] = []  # and the ones it was asked to read alone
         self.redis = Redis(port=1)  # never connected here
 
+    def forget(self, node: str, uid: str | None = None) -> None:  # (Ledger's hints of a node's keys: none here)
+        pass
+
+    def known_nodes(self) -> set[str]:
+        return set()
+
     async def nodes(self) -> list[str]:
         return sorted(self.snaps)
 
