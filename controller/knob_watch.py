@@ -43,6 +43,11 @@ HELD_CHANGES = Counter("mtsched_card_knob_changes_held_total",
                        "(the vendor module refuses them; should stay 0)", ["knob"])
 
 
+def more_changes(more: int) -> str:
+    """What a log line or an event adds for the changes it stands for besides the one it names."""
+    return f" (and {more} more change(s) of knobs on held cards of this node)" if more else ""
+
+
 def event_body(node: Mapping[str, Any], change: KnobChange, component: str, more: int = 0) -> dict[str, Any]:
     meta = node.get("metadata") or {}
     name = str(meta.get("name", ""))
@@ -54,8 +59,7 @@ def event_body(node: Mapping[str, Any], change: KnobChange, component: str, more
                      "namespace": EVENT_NAMESPACE},
         "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": meta.get("uid")},
         "reason": REASON, "type": "Warning",
-        "message": (change.message(name)[:900] + (f" (and {more} more change(s) of knobs on held cards of this node: "
-                                                  "the watchers' log)" if more else "")),
+        "message": change.message(name)[:900] + more_changes(more),
         "source": {"component": component}, "reportingComponent": component,
         "firstTimestamp": now, "lastTimestamp": now, "count": 1,
     }
@@ -158,8 +162,7 @@ class KnobWatch:
             self._send(name, node, first, count - 1)
 
     def _send(self, name: str, node: Mapping[str, Any], first: KnobChange, more: int) -> None:
-        log.warning("node %s: %s%s", name, first.message(name),
-                    f" (and {more} more change(s) of knobs on held cards of this node)" if more else "")
+        log.warning("node %s: %s%s", name, first.message(name), more_changes(more))
         if self.events:
             self._spawn(self._event(node, first, more))
 

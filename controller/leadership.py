@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
 from shared.config import Config
-from shared.domain.leadership import YieldView, holds, yield_reason, yielded_holder
+from shared.domain.leadership import YieldView, holds, lapsed, ready_peers, yield_reason, yielded_holder
 from shared.kube import Kube
 from shared.serving.metrics import LEADER_YIELDS
 
@@ -20,29 +19,6 @@ log = logging.getLogger("mtsched")
 
 CHECK_SECONDS = 5.0
 REASON = "LeadershipYielded"
-
-
-def ready_peers(pods: Mapping[str, Any], me: str) -> int:
-    """The pods of a list other than `me` that are Ready and not being deleted."""
-    count = 0
-    for p in pods.get("items") or ():
-        meta = p.get("metadata") or {}
-        if meta.get("name") == me or meta.get("deletionTimestamp"):
-            continue
-        conditions = (p.get("status") or {}).get("conditions") or ()
-        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
-            count += 1
-    return count
-
-
-def lapsed(spec: Mapping[str, Any], now: float) -> bool:
-    """Whether the Lease's last renewal is older than its duration at `now` (the API server's clock): every
-    candidate may take it; written over, it would wait a duration more. Unreadable: not lapsed."""
-    try:
-        renewed = datetime.fromisoformat(str(spec.get("renewTime"))).timestamp()
-        return renewed + int(spec.get("leaseDurationSeconds") or 15) < now
-    except (TypeError, ValueError):
-        return False
 
 
 def micro_time(at: float) -> str:

@@ -26,6 +26,7 @@ POLICIES = ("binpack", "spread")
 # looks Ready, and a shorter wait could hand the Lease to a replica no better off.
 LEADER_YIELD_MIN = 60
 _RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_NAME = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"  # a DNS subdomain name: a node's, a pod's, a namespace's
 _ADDR_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]*):\d{1,5}$")
 
 
@@ -231,7 +232,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         errors.append(f"reconcileSeconds: {cfg.reconcile_seconds} is outside 2..3600")
     if not 1 <= cfg.card_knobs_seconds <= 3600:
         errors.append(f"cardKnobsSeconds: {cfg.card_knobs_seconds} is outside 1..3600")
-    if cfg.node_name and not re.match(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", cfg.node_name):
+    if cfg.node_name and not re.match(rf"^{_NAME}$", cfg.node_name):
         errors.append(f"nodeName: {cfg.node_name!r} is not a valid node name")
     if not cfg.card_knobs_path.startswith("/"):
         errors.append(f"cardKnobsPath: {cfg.card_knobs_path!r} must be an absolute path")
@@ -273,10 +274,9 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     if cfg.leader_yield_seconds and not LEADER_YIELD_MIN <= cfg.leader_yield_seconds <= 3600:
         errors.append(f"leaderYieldSeconds: {cfg.leader_yield_seconds} is outside {LEADER_YIELD_MIN}..3600 (0: never; "
                       "a fault every replica shares reaches an idle replica's readiness within about 50 s)")
-    name = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"
-    if cfg.leader_lease and not re.match(rf"^{name}/{name}$", cfg.leader_lease):
+    if cfg.leader_lease and not re.match(rf"^{_NAME}/{_NAME}$", cfg.leader_lease):
         errors.append(f"leaderLease: {cfg.leader_lease!r} is not <namespace>/<name>")
-    if cfg.pod_name and not re.match(rf"^{name}$", cfg.pod_name):
+    if cfg.pod_name and not re.match(rf"^{_NAME}$", cfg.pod_name):
         errors.append(f"podName: {cfg.pod_name!r} is not a valid pod name")
     if cfg.leader_yield_seconds and cfg.leader_lease and not cfg.leader_peers:
         errors.append("leaderPeers: empty; with leaderYieldSeconds and leaderLease it must select the scheduler "

@@ -11,7 +11,10 @@ loses the Lease), and a ready replica acquires it once the written record has la
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -46,3 +49,26 @@ def yield_reason(v: YieldView, after: float) -> str:
         return ""  # its kube-scheduler won the Lease back first: once more after `after`, not in a loop
     return (f"unready for {v.now - v.unready_since:.0f}s (at least {after:.0f}s) beside the leader kube-scheduler "
             f"while {v.peers_ready} other replica(s) are Ready")
+
+
+def ready_peers(pods: Mapping[str, Any], me: str) -> int:
+    """The pods of a list other than `me` that are Ready and not being deleted."""
+    count = 0
+    for p in pods.get("items") or ():
+        meta = p.get("metadata") or {}
+        if meta.get("name") == me or meta.get("deletionTimestamp"):
+            continue
+        conditions = (p.get("status") or {}).get("conditions") or ()
+        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+            count += 1
+    return count
+
+
+def lapsed(spec: Mapping[str, Any], now: float) -> bool:
+    """Whether the Lease's last renewal is older than its duration at `now` (the API server's clock): every
+    candidate may take it; written over, it would wait a duration more. Unreadable: not lapsed."""
+    try:
+        renewed = datetime.fromisoformat(str(spec.get("renewTime"))).timestamp()
+        return renewed + int(spec.get("leaseDurationSeconds") or 15) < now
+    except (TypeError, ValueError):
+        return False

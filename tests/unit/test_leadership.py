@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from controller.leadership import LeaderYield, lapsed, micro_time, ready_peers
-from shared.domain.leadership import YieldView, holds, yield_reason, yielded_holder
+from controller.leadership import LeaderYield, micro_time
+from shared.domain.leadership import YieldView, holds, lapsed, ready_peers, yield_reason, yielded_holder
 from shared.kube import KubeError, ServerClock
 from tests.unit._servers import CFG
 
