@@ -119,6 +119,19 @@ def _explain(args: argparse.Namespace, cfg: Config) -> int:
     return 0
 
 
+def release() -> tuple[str, str]:
+    """(version, scripts digest) of the code this process runs: `mtsched_build_info`'s labels."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from shared.store.ledger import scripts_digest
+
+    try:
+        v = version("mtsched")
+    except PackageNotFoundError:  # run from a source tree without installing it
+        v = "unknown"
+    return v, scripts_digest()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mtsched", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -206,12 +219,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from controller import roles
     from controller.node_agent import run_node_agent
-    from shared.serving.metrics import ROLE
+    from shared.serving.metrics import BUILD, ROLE
     from webhook.runner import run_webhook
 
     role = {"extender": roles.run_extender, "webhook": run_webhook, "watcher": roles.run_watcher,
             "node-agent": run_node_agent}[args.cmd]
     ROLE.labels(args.cmd).set(1)  # lets dashboards and alerts tell the roles apart
+    BUILD.labels(*release()).set(1)  # and the releases a roll runs side by side
     try:
         return _run_role(role, cfg)
     except ConfigError as e:  # found on the way up, e.g. an unreadable redisPasswordFile

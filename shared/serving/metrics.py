@@ -103,6 +103,10 @@ TASK_UP = Gauge("mtsched_task_up", "1 while a supervised task runs, 0 while it w
 READY = Gauge("mtsched_ready", "1 when the role's readiness checks pass (what /readyz answers), read at scrape time")
 ROLE = Gauge("mtsched_role_info", "1, labelled with the role this process runs (join on instance for a role)",
              ["role"])
+BUILD = Gauge("mtsched_build_info",
+              "1, labelled with the release this process runs: version (the package's) and scripts (a digest of its "
+              "ledger scripts, shared.store.ledger.scripts_digest). Two values at once for long: two releases book "
+              "side by side (MtschedReleasesMixed)", ["version", "scripts"])
 REDIS_PARTITION_RISK = Gauge("mtsched_redis_partition_risk",
                              "1 when a booking Redis acknowledged could be lost without a change of history the "
                              "fence sees: a Sentinel master with min-replicas-to-write 0 (checked by the watchers' "

@@ -11,6 +11,7 @@ Key layout: docs/redis-layout.md.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
@@ -34,7 +35,7 @@ from shared.store.redis_conn import NO_OPTIONS, RedisOptions, connect, connect_s
 
 # The connection helpers moved to shared/store/redis_conn.py; callers keep importing them from here.
 __all__ = ["LUA_DIR", "NO_OPTIONS", "SCRIPTS", "Ledger", "LedgerError", "RedisOptions", "ReserveOutcome", "connect",
-           "connect_subscriber", "explain", "now_ms"]
+           "connect_subscriber", "explain", "now_ms", "script_source", "scripts_digest"]
 
 log = logging.getLogger("mtsched.ledger")
 # A round trip Redis did not run for want of a reachable master: a lost connection, a demoted master, a
@@ -88,6 +89,24 @@ T = TypeVar("T")
 LUA_DIR = Path(__file__).with_name("lua")
 SCRIPTS = ("upsert_node", "reserve", "mark_bound", "release", "observe", "expire", "snapshot", "replace_node",
            "remove_node", "clock")
+
+
+def script_source(name: str) -> str:
+    """The text Redis runs for script `name`: _lib.lua, then the script's own file."""
+    return (LUA_DIR / "_lib.lua").read_text() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
+
+
+def scripts_digest(sources: Mapping[str, str] | None = None) -> str:
+    """12 hex digits naming this release's ledger scripts (`mtsched_build_info{scripts}`): replicas showing two
+    digests for long run two releases' booking rules side by side (a roll stuck half-way, docs/install.md
+    "While two releases run side by side"). Pure over `sources` (name -> text); the installed files by default."""
+    texts = sources if sources is not None else {n: script_source(n) for n in SCRIPTS}
+    h = hashlib.sha1()
+    for name in sorted(texts):
+        h.update(f"{name}\0{texts[name]}\0".encode())
+    return h.hexdigest()[:12]
+
+
 # Calls of one script while it answers MOREKEYS. One more is needed whenever the node gained a reservation
 # (or a card) since the keys were last seen; a node changing that fast is rare, but the stress test's three
 # replicas booking one node without pause made a snapshot ask up to 12 times.
@@ -175,7 +194,7 @@ class Ledger:
 
     @staticmethod
     def _source(name: str) -> str:
-        return (LUA_DIR / "_lib.lua").read_text() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
+        return script_source(name)
 
     async def load_scripts(self) -> None:
         """Load every script now (fails early when Redis cannot be reached); calls would load them too.

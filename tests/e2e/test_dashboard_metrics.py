@@ -24,6 +24,7 @@ from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
 from shared.kube import Kube
+from shared.store.ledger import scripts_digest
 from tests.deploy._chart import CASES, helm_binary, objects, template
 from tests.deploy._promql import (
     DASHBOARD,
@@ -135,6 +136,8 @@ async def test_every_queried_metric_is_in_a_real_scrape(stack: Stack, pytestconf
             lines = set(texts[r.name].splitlines())
             assert f'mtsched_role_info{{role="{r.kind}"}} 1.0' in lines, r.name
             assert "mtsched_ready 1.0" in lines and "mtsched_redis_up 1.0" in lines, r.name
+            # and its release (MtschedReleasesMixed): every role of one checkout reports the same scripts
+            assert f'scripts="{scripts_digest()}"' in next(s for s in lines if s.startswith("mtsched_build_info{"))
         ext = texts[extender.name]
         assert any(s.startswith('mtsched_extender_request_seconds_count{verb="bind"} ') and float(s.split()[1]) >= 2
                    for s in ext.splitlines())
