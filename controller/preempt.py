@@ -20,7 +20,7 @@ import orjson
 from aiohttp import web
 
 from shared.domain.extender_args import ArgsError
-from shared.domain.preempt import Choice, Holding, Victim, choose_victims
+from shared.domain.preempt import Budget, Choice, Holding, Victim, choose_victims
 from shared.domain.preempt_args import NodeVictims, PreemptionArgs, parse_preemption_args
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.state import NodeSnapshot
@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("mtsched.preempt")
 
 LOOKUPS = 8  # victims' pods read from the API server at once
+# all of one call's reads of victims' priorities: a victim not read by then counts as the ceiling (a read may
+# take the Kube client's 30 s, kube-scheduler's httpTimeout for the whole call)
+LOOKUP_SECONDS = 2.0
 UNKNOWN_NODE = "unknown_node"
 
 
@@ -76,18 +79,25 @@ class Preemption:
             if meta.get("uid") == uid and isinstance(prio, int) and not isinstance(prio, bool):
                 known[uid] = prio
 
-        await asyncio.gather(*(read(u, r) for u, r in lookups.items()))
+        try:
+            async with asyncio.timeout(LOOKUP_SECONDS):
+                await asyncio.gather(*(read(u, r) for u, r in lookups.items()))
+        except TimeoutError:
+            unread = sum(1 for u in lookups if u not in known)
+            log.info("preempt: %d of %d victims' priorities not read within %g s; they count as the highest a "
+                     "victim can have", unread, len(lookups), LOOKUP_SECONDS)
         return known
 
     def _node(self, a: PreemptionArgs, req: SliceRequest, victims: NodeVictims, snap: NodeSnapshot | None,
-              prios: Mapping[str, int]) -> Choice:
+              prios: Mapping[str, int], budget: Budget) -> Choice:
         if snap is None or snap.error:
             return Choice(UNKNOWN_NODE, reason="node unknown to the card ledger" if snap is None else snap.error)
         holdings = {uid: Holding(r.cards, r.mem, r.cores, r.slices) for uid, r in snap.reservations.items()}
         ceiling = max(a.priority - 1, -(2**31))
         proposed = [Victim(v.uid, prios.get(v.uid, ceiling)) for v in victims.pods]
         annotations = a.pod["metadata"].get("annotations") or {}
-        return choose_victims(snap.states(), holdings, proposed, req, annotations, self.ext.cfg.gpu_scheduler_policy)
+        return choose_victims(snap.states(), holdings, proposed, req, annotations, self.ext.cfg.gpu_scheduler_policy,
+                              budget)
 
     async def preempt(self, doc: object) -> dict[str, Any]:
         """ExtenderPreemptionResult for ExtenderPreemptionArgs; ArgsError (HTTP 400) when malformed."""
@@ -112,8 +122,11 @@ class Preemption:
         out: dict[str, tuple[tuple[str, ...], int]] = {}
         refused: list[str] = []
         chosen: list[str] = []
-        for node, victims in a.nodes.items():
-            choice = self._node(a, req, victims, self.ext.mirror.get(node), prios)
+        budget = Budget()  # one for the call: its searches are bounded however many nodes it carries
+        for i, (node, victims) in enumerate(a.nodes.items()):
+            if i:
+                await asyncio.sleep(0)  # filter and bind share the event loop: let them in between nodes
+            choice = self._node(a, req, victims, self.ext.mirror.get(node), prios, budget)
             PREEMPT_NODES.labels(choice.outcome).inc()
             if not choice.victims:
                 refused.append(f"{node}: {choice.reason}")

@@ -40,11 +40,15 @@ def full_node(name: str) -> NodeSnapshot:
     return NodeSnapshot(name, 1, cards=cards, reservations=res)
 
 
-def whole_card_preemptor() -> dict[str, Any]:
-    p = pod(ctr("a", limits={VGPU: 1}))
+def preemptor(limits: dict[str, Any]) -> dict[str, Any]:
+    p = pod(ctr("a", limits=limits))
     p["metadata"].update(name="hi", namespace="ns", uid="hi")
     p["spec"].update(schedulerName="hami-scheduler", priority=1000)
     return p
+
+
+def whole_card_preemptor() -> dict[str, Any]:
+    return preemptor({VGPU: 1})
 
 
 @pytest.fixture
@@ -60,20 +64,30 @@ def rule_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-async def test_one_call_over_kube_schedulers_candidates_is_bounded_work(rule_checks: list[int]) -> None:
+@pytest.mark.parametrize(("limits", "fewest"), [
+    ({VGPU: 1}, PER_CARD),  # a whole card: all 13 holders of one card (each of them is needed)
+    # 32 units where 5 are free: any 4 of a card's 13 slices (1,093 subsets of up to 4 on each card)
+    ({VGPU: 1, "mthreads.com/sgpu-memory": 32, "mthreads.com/sgpu-core": 1}, 4),
+], ids=["whole-card", "slice"])
+async def test_one_call_over_kube_schedulers_candidates_is_bounded_work(
+        rule_checks: list[int], limits: dict[str, Any], fewest: int) -> None:
     ext = extender(cfg=S4000)
     names = [f"n{i:03d}" for i in range(CANDIDATES)]
     for n in names:
         ext.mirror.put(full_node(n))
-    args = {"Pod": whole_card_preemptor(),
+    args = {"Pod": preemptor(limits),
             "NodeNameToMetaVictims": {n: {"Pods": [{"UID": u} for u in sorted(full_node(n).reservations)],
                                           "NumPDBViolations": 0} for n in names}}
     started = time.perf_counter()
     out = await Preemption(ext).preempt(args)
     took = time.perf_counter() - started
-    # every node still answered: one card's 13 holders (all of them are needed for an idle card)
-    assert len(out["NodeNameToMetaVictims"]) == CANDIDATES
-    assert all(len(v["Pods"]) == PER_CARD for v in out["NodeNameToMetaVictims"].values())
+    # every node still answered, with victims of one card that free it: the fewest while the budget lasts
+    answered = out["NodeNameToMetaVictims"]
+    assert len(answered) == CANDIDATES
+    for victims in answered.values():
+        uids = [v["UID"] for v in victims["Pods"]]
+        assert fewest <= len(uids) <= PER_CARD and len({u.rsplit("-", 1)[0] for u in uids}) == 1, uids
+    assert len(answered[names[0]]["Pods"]) == fewest
     assert rule_checks[0] <= CHECKS_PER_CALL, f"{rule_checks[0]} card-rule checks in one call ({took:.1f} s)"
 
 
