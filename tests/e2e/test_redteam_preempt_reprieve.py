@@ -3,7 +3,8 @@
 kube-scheduler's dry run keeps a lower-priority pod out only when putting it back makes the preemptor fail
 its own filters, so each of its victims is needed for something it counts. Here card 1 holds two low pods:
 `c` (32 units and most of the node's cpu) and `d` (64 units). The preemptor asks 64 units and 4 cpus:
-kube-scheduler proposes both (c for the cpu, d for the memory); the verb keeps only d ("reduced": d alone
+kube-scheduler proposes both (c for the cpu, d for the memory); the verb kept only d (the former
+"reduced": d alone
 frees 64 units of card 1). After d goes the preemptor still fails NodeResourcesFit (Insufficient cpu) on its
 nominated node, and a second round evicts c: two rounds of graceful deletions where one was due, and the
 first victims go for nothing if the second round picks another node.

@@ -6,7 +6,7 @@ filter plugins (the extender is not asked). Its resource filters are monotone in
 any one victim v left on the node the preemptor fails them: every victim is needed, for something kube-
 scheduler counts (sgpu-memory, sgpu-core, cpu, memory, pods). kube-scheduler does not check the extender's
 answer against its filters: it evicts what it is told and nominates the preemptor. An answer that keeps a
-strict subset of the proposal (outcome `reduced`) therefore evicts pods after which the preemptor still
+strict subset of the proposal (the former outcome `reduced`) therefore evicts pods after which the preemptor still
 does not fit the node: it stays Pending ("Insufficient cpu" on its nominated node), and a second preemption
 round evicts the rest there, or picks another node and the first victims went for nothing.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.domain.preempt import Victim, choose_victims
+from shared.domain.preempt import choose_victims
 from tests.unit.test_preempt import node, sl
 
 CPU = 64  # deploy/local/nodes.py: what a harness node offers
@@ -67,7 +67,7 @@ def test_the_victims_answered_let_the_preemptor_pass_kube_schedulers_filters() -
     assert [p.uid for p in proposal] == ["c", "d"]  # c for its cpu, d for its memory: both on card 1
 
     states, holdings = node([(p.uid, (p.card,), p.memory, p.cores, p.priority) for p in pods], cards=CARDS)
-    choice = choose_victims(states, holdings, [Victim(p.uid, p.priority) for p in proposal], sl(want_memory), {})
+    choice = choose_victims(states, holdings, [p.uid for p in proposal], sl(want_memory), {})
     evicted = set(choice.victims)
     left = [p for p in pods if p.uid not in evicted]
     assert fits_totals(left, want_memory, want_cores, want_cpu), (
