@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
+from controller.fit_memo import held_states
 from shared.domain.extender_args import ArgsError
 from shared.domain.preempt import KEPT, Choice, Holding, choose_victims
 from shared.domain.preempt_args import NodeVictims, PreemptionArgs, parse_preemption_args
@@ -43,13 +44,19 @@ class Preemption:
     def __init__(self, ext: Extender):
         self.ext = ext
 
-    def _node(self, a: PreemptionArgs, req: SliceRequest, victims: NodeVictims, snap: NodeSnapshot | None) -> Choice:
+    def _node(self, a: PreemptionArgs, req: SliceRequest, node: str, victims: NodeVictims,
+              snap: NodeSnapshot | None) -> Choice:
         if snap is None or snap.error:
             return Choice(UNKNOWN_NODE, reason="node unknown to the card ledger" if snap is None else snap.error)
         holdings = {uid: Holding(r.cards, r.mem, r.cores, r.slices) for uid, r in snap.reservations.items()}
         annotations = a.pod["metadata"].get("annotations") or {}
-        return choose_victims(snap.states(), holdings, [v.uid for v in victims.pods], req, annotations,
-                              self.ext.cfg.gpu_scheduler_policy)
+        proposed = [v.uid for v in victims.pods]
+        # as the filter: bookings in flight here count (binds under way, a filter's claim of the node), but
+        # the preemptor's own and its victims' (they are evicted, their binds end)
+        others = {u: b for u, b in self.ext.held.get(node, {}).items() if u != a.pod["metadata"]["uid"]
+                  and u not in proposed}
+        states = held_states(snap, others) if others else snap.states()
+        return choose_victims(states, holdings, proposed, req, annotations, self.ext.cfg.gpu_scheduler_policy)
 
     async def preempt(self, doc: object) -> dict[str, Any]:
         """ExtenderPreemptionResult for ExtenderPreemptionArgs; ArgsError (HTTP 400) when malformed."""
@@ -74,7 +81,7 @@ class Preemption:
         refused: list[str] = []
         chosen: list[str] = []
         for node, victims in a.nodes.items():
-            choice = self._node(a, req, victims, self.ext.mirror.get(node))
+            choice = self._node(a, req, node, victims, self.ext.mirror.get(node))
             PREEMPT_NODES.labels(choice.outcome).inc()
             if not choice.victims:
                 refused.append(f"{node}: {choice.reason}")
