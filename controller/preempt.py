@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from controller.fit_memo import held_states
+from controller.fit_memo import MOVING, held_states
 from shared.domain.extender_args import ArgsError
 from shared.domain.preempt import KEPT, Choice, Holding, choose_victims
 from shared.domain.preempt_args import NodeVictims, PreemptionArgs, parse_preemption_args
@@ -48,6 +48,8 @@ class Preemption:
               snap: NodeSnapshot | None) -> Choice:
         if snap is None or snap.error:
             return Choice(UNKNOWN_NODE, reason="node unknown to the card ledger" if snap is None else snap.error)
+        if node in self.ext.mirror.moving:  # as the filter: Redis books nothing there until the move ends
+            return Choice(UNKNOWN_NODE, reason=MOVING)
         holdings = {uid: Holding(r.cards, r.mem, r.cores, r.slices) for uid, r in snap.reservations.items()}
         annotations = a.pod["metadata"].get("annotations") or {}
         proposed = [v.uid for v in victims.pods]

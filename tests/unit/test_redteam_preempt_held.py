@@ -34,3 +34,13 @@ async def test_a_booking_in_flight_counts_when_the_victims_are_judged() -> None:
     out = await Preemption(ext).preempt({"Pod": preemptor(memory="96"), "NodeNameToMetaVictims": meta("s4k", "v")})
     assert out == {"NodeNameToMetaVictims": {}}, (
         f"answered {out}: with v gone and a's claimed 32 units on card 0, no card has 96 free")
+
+
+async def test_a_node_whose_slot_moves_gets_no_eviction() -> None:
+    # the filter calls it unresolvable (MOVING: Redis books nothing there until the move ends); an eviction
+    # there now frees a card nobody can book, and the preemptor is nominated to a node it cannot bind to
+    ext = extender(cfg=S4000, kube=FakeKube())
+    ext.mirror.put(snapshot([("v", (0,), 64, 4, 1), ("o", (1,), 64, 4, 9999)]))
+    ext.mirror.moving = frozenset({"s4k"})
+    out = await Preemption(ext).preempt({"Pod": preemptor(memory="64"), "NodeNameToMetaVictims": meta("s4k", "v")})
+    assert out == {"NodeNameToMetaVictims": {}}, out
