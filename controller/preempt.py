@@ -1,17 +1,15 @@
-"""The extender's preempt verb: kube-scheduler's victims, reduced to those that free the right card.
+"""The extender's preempt verb: kube-scheduler's victims on a node, kept whole if they free a card, else none.
 
-kube-scheduler calls it after its own dry run (which counts node totals only), with the victims it
-would evict per candidate node; what we answer is what it evicts (an empty answer: nothing). Per node
-the pure rule (shared/domain/preempt.py) reads the mirror's card states and reservations (which pod
-holds which card). With node-cache-capable arguments the victims come as UIDs: their priorities are
-read from the API server (the reservation names the pod); a victim we cannot read counts as the
-highest priority a victim can have (the preemptor's minus one), so known-cheaper sets win.
+kube-scheduler calls it after its own dry run (which counts node totals only), with the victims it would
+evict per candidate node; what we answer is what it evicts (an empty answer: nothing). Per node the pure
+rule (shared/domain/preempt.py) reads the mirror's card states and reservations (which pod holds which
+card): the proposal stands when, with its card holders gone, the preemptor fits the cards; else the node is
+dropped. Never a part of it: each of kube-scheduler's victims is needed for its own filters.
 Fail closed: a node the mirror does not know, or a state not loaded yet, gets no eviction.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -19,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
+from controller.fit_memo import MOVING, held_states
 from shared.domain.extender_args import ArgsError
-from shared.domain.preempt import Choice, Holding, Victim, choose_victims
+from shared.domain.preempt import KEPT, Choice, Holding, choose_victims
 from shared.domain.preempt_args import NodeVictims, PreemptionArgs, parse_preemption_args
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.state import NodeSnapshot
-from shared.kube import KubeError
 from shared.serving.http import BodyError, read_body
 from shared.serving.metrics import EXTENDER_SECONDS, PREEMPT_NODES
 
@@ -33,7 +31,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mtsched.preempt")
 
-LOOKUPS = 8  # victims' pods read from the API server at once
 UNKNOWN_NODE = "unknown_node"
 
 
@@ -47,47 +44,21 @@ class Preemption:
     def __init__(self, ext: Extender):
         self.ext = ext
 
-    async def _priorities(self, a: PreemptionArgs) -> dict[str, int]:
-        """uid -> priority of every victim that holds a card (full pods carry it; UIDs are looked up)."""
-        known: dict[str, int] = {}
-        lookups: dict[str, str] = {}  # uid -> namespace/name, from the reservation
-        for node, victims in a.nodes.items():
-            snap = self.ext.mirror.get(node)
-            for v in victims.pods:
-                if v.priority is not None:
-                    known[v.uid] = v.priority
-                elif snap is not None and v.uid in snap.reservations and "/" in snap.reservations[v.uid].pod:
-                    lookups[v.uid] = snap.reservations[v.uid].pod
-        kube = self.ext.kube
-        if not lookups or kube is None:
-            return known
-        gate = asyncio.Semaphore(LOOKUPS)
-
-        async def read(uid: str, ref: str) -> None:
-            ns, name = ref.split("/", 1)
-            async with gate:
-                try:
-                    pod = await kube.get_pod(ns, name)
-                except KubeError as e:
-                    log.debug("victim %s (%s) not read: %s", ref, uid, e)
-                    return
-            meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-            prio = spec.get("priority")
-            if meta.get("uid") == uid and isinstance(prio, int) and not isinstance(prio, bool):
-                known[uid] = prio
-
-        await asyncio.gather(*(read(u, r) for u, r in lookups.items()))
-        return known
-
-    def _node(self, a: PreemptionArgs, req: SliceRequest, victims: NodeVictims, snap: NodeSnapshot | None,
-              prios: Mapping[str, int]) -> Choice:
+    def _node(self, a: PreemptionArgs, req: SliceRequest, node: str, victims: NodeVictims,
+              snap: NodeSnapshot | None) -> Choice:
         if snap is None or snap.error:
             return Choice(UNKNOWN_NODE, reason="node unknown to the card ledger" if snap is None else snap.error)
+        if node in self.ext.mirror.moving:  # as the filter: Redis books nothing there until the move ends
+            return Choice(UNKNOWN_NODE, reason=MOVING)
         holdings = {uid: Holding(r.cards, r.mem, r.cores, r.slices) for uid, r in snap.reservations.items()}
-        ceiling = max(a.priority - 1, -(2**31))
-        proposed = [Victim(v.uid, prios.get(v.uid, ceiling)) for v in victims.pods]
         annotations = a.pod["metadata"].get("annotations") or {}
-        return choose_victims(snap.states(), holdings, proposed, req, annotations, self.ext.cfg.gpu_scheduler_policy)
+        proposed = [v.uid for v in victims.pods]
+        # as the filter: bookings in flight here count (binds under way, a filter's claim of the node), but
+        # the preemptor's own and its victims' (they are evicted, their binds end)
+        others = {u: b for u, b in self.ext.held.get(node, {}).items() if u != a.pod["metadata"]["uid"]
+                  and u not in proposed}
+        states = held_states(snap, others) if others else snap.states()
+        return choose_victims(states, holdings, proposed, req, annotations, self.ext.cfg.gpu_scheduler_policy)
 
     async def preempt(self, doc: object) -> dict[str, Any]:
         """ExtenderPreemptionResult for ExtenderPreemptionArgs; ArgsError (HTTP 400) when malformed."""
@@ -108,25 +79,23 @@ class Preemption:
             PREEMPT_NODES.labels("not_ready").inc(len(a.nodes))
             log.warning("preempt for %s: card state not loaded yet, no eviction", ref)
             return _answer({})
-        prios = await self._priorities(a)
         out: dict[str, tuple[tuple[str, ...], int]] = {}
         refused: list[str] = []
         chosen: list[str] = []
         for node, victims in a.nodes.items():
-            choice = self._node(a, req, victims, self.ext.mirror.get(node), prios)
+            choice = self._node(a, req, node, victims, self.ext.mirror.get(node))
             PREEMPT_NODES.labels(choice.outcome).inc()
             if not choice.victims:
                 refused.append(f"{node}: {choice.reason}")
                 continue
-            # kube-scheduler's count of PDB violations was for its whole set: an upper bound for ours
-            out[node] = (choice.victims, min(victims.pdb_violations, len(choice.victims)))
-            cards = ",".join(map(str, choice.cards)) or "as proposed"
-            chosen.append(f"{node} cards {cards}: {len(choice.victims)} of {len(victims.pods)} victims")
+            out[node] = (choice.victims, victims.pdb_violations)  # its proposal: kube-scheduler's own count
+            why = f"cards {','.join(map(str, choice.cards))} freed" if choice.outcome == KEPT else "cards fit already"
+            chosen.append(f"{node}: {why}, {len(choice.victims)} victims")
         log.info("preempt for %s: %d of %d nodes kept (%s); dropped: %s", ref, len(out), len(a.nodes),
                  "; ".join(chosen) or "none", "; ".join(refused) or "none")
         if out:
-            self.ext.event(event_pod, "PreemptionCardChosen", "evicting only victims that free a card: "
-                           + "; ".join(chosen))
+            self.ext.event(event_pod, "PreemptionCardChosen", "nodes where kube-scheduler's victims free a card "
+                           "(it evicts on one of them): " + "; ".join(chosen))
         else:
             self.ext.event(event_pod, "PreemptionNotHelpful", "no card would be freed by evicting the proposed "
                            "victims: " + "; ".join(refused), "Warning")

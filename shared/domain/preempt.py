@@ -1,37 +1,28 @@
-"""Card-aware preemption: which of the victims kube-scheduler proposes on a node free a card (pure).
+"""Card-aware preemption: whether kube-scheduler's victims on a node free a card for the preemptor (pure).
 
-kube-scheduler's dry run removes lower-priority pods until the preemptor fits the node's *totals*
-(its own filter plugins; the extender is not asked). Those victims may sit on several cards and free
-none of them enough. Here the proposal is reduced to the fewest victims (then the lowest priorities)
-that free `req.cards` cards the preemptor fits on under the same per-card rule the filter applies
-(`card_rejection`, i.e. `card_rule`), checked at the end by `fit` on the cards as they would be.
-Victims that hold no card on the node (no reservation there) are kept: kube-scheduler proposed them
-for a reason its own plugins judged (CPU, memory, pod count), which is not ours to overrule. Victims
-on other cards are dropped. No card freed: the node is dropped (`Choice.victims` empty).
+kube-scheduler's dry run (DefaultPreemption's SelectVictimsOnNode) removes the node's lower-priority pods,
+then puts them back, most important first, while the preemptor still passes its own filter plugins (the
+extender is not asked); what stays out are its victims. Those plugins are monotone in the pods present
+(sgpu-memory, sgpu-core, cpu, memory, pod count are node totals), so each victim is needed: with any one of
+them left on the node the preemptor fails them. kube-scheduler does not check the extender's answer against
+its filters, it evicts what it is told. So a node's answer is all or nothing: the whole proposal when, with
+its card holders gone, the preemptor fits `req.cards` cards under the filter's own rule (`fit`, i.e.
+`card_rule`); else nothing, the node is dropped (the victims may sit on several cards and free none of them
+enough). A strict subset would be evicted for a preemptor that still fails kube-scheduler's filters there,
+and a second round would evict the rest (tests/e2e/test_redteam_preempt_reprieve.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from itertools import combinations
 
 from shared.domain.fit import GPU_POLICY, CardState, card_rejection, fit, policy_of
 from shared.domain.request import SliceRequest
 
-SUBSETS_PER_CARD = 4096  # subsets tried on one card before settling for all its proposed victims
-CARD_SETS = 1024  # sets of req.cards cards tried, cheapest cards first (C(40, 10) is 8e8: never all of them)
-
-KEPT = "kept"  # the proposal frees a card as it is
-REDUCED = "reduced"  # some proposed victims freed nothing the preemptor can use and were dropped
+KEPT = "kept"  # with the proposal's card holders gone the preemptor fits the cards
 UNCHANGED = "unchanged"  # a card already fits: the cards do not block, kube-scheduler's choice stands
-NO_CARD = "no_card"  # no card is freed by the proposed victims: the node is dropped
-
-
-@dataclass(frozen=True)
-class Victim:
-    uid: str
-    priority: int
+NO_CARD = "no_card"  # the proposal frees no card the preemptor fits on: the node is dropped
 
 
 @dataclass(frozen=True)
@@ -47,8 +38,8 @@ class Holding:
 @dataclass(frozen=True)
 class Choice:
     outcome: str
-    victims: tuple[str, ...] = ()  # uids to evict, in the proposal's order; empty: drop the node
-    cards: tuple[int, ...] = ()  # the cards freed for the preemptor (empty when UNCHANGED or NO_CARD)
+    victims: tuple[str, ...] = ()  # uids to evict: the proposal, or empty (drop the node)
+    cards: tuple[int, ...] = ()  # where the preemptor fits once they go (KEPT)
     reason: str = ""  # NO_CARD: why, per card
 
 
@@ -67,79 +58,18 @@ def _without(states: Sequence[CardState], gone: Sequence[Holding]) -> list[CardS
     return out
 
 
-def _cost(victims: Sequence[Victim]) -> tuple[int, int, int]:
-    """Fewest victims, then the lowest highest priority, then the lowest sum (kube-scheduler's order too)."""
-    prios = [v.priority for v in victims]
-    return len(prios), max(prios, default=-(2**31)), sum(prios)
-
-
-def _free_one(state: CardState, on_card: Sequence[Victim], holdings: Mapping[str, Holding],
-              req: SliceRequest, annotations: Mapping[str, str], mutex: bool) -> tuple[Victim, ...] | str:
-    """The cheapest subset of `on_card` whose eviction lets the card take the request, or why none does."""
-    def frees(subset: Sequence[Victim]) -> str:
-        after = _without((state,), [holdings[v.uid] for v in subset])[0]
-        return card_rejection(after, req, annotations, mutex)
-
-    why = frees(on_card)
-    if why:  # the rule is monotone in what is removed: if all of them do not free it, no subset does
-        return why
-    tried = 0
-    for k in range(len(on_card) + 1):
-        best: tuple[Victim, ...] | None = None
-        for subset in combinations(on_card, k):
-            tried += 1
-            if tried > SUBSETS_PER_CARD:
-                return tuple(on_card)  # too many to search: all of them free it (checked above)
-            if not frees(subset) and (best is None or _cost(subset) < _cost(best)):
-                best = subset
-        if best is not None:
-            return best
-    return tuple(on_card)
-
-
-def choose_victims(states: Sequence[CardState], holdings: Mapping[str, Holding], proposed: Sequence[Victim],
+def choose_victims(states: Sequence[CardState], holdings: Mapping[str, Holding], proposed: Sequence[str],
                    req: SliceRequest, annotations: Mapping[str, str], default_gpu_policy: str = "spread") -> Choice:
-    """What to evict on one node so the preemptor gets `req.cards` cards; see the module docstring.
+    """The proposal, or nothing, for one node; see the module docstring. Two fits and a check per card.
 
-    `holdings`: the node's reservations by pod uid; `proposed`: kube-scheduler's victims on the node."""
+    `holdings`: the node's reservations by pod uid; `proposed`: kube-scheduler's victims (uids) on the node.
+    Victims that hold no card there are part of the proposal like the others (kube-scheduler's own reasons)."""
     if fit(states, req, annotations, default_gpu_policy).ok:
-        return Choice(UNCHANGED, tuple(v.uid for v in proposed))
+        return Choice(UNCHANGED, tuple(proposed))
+    after = _without(states, [holdings[u] for u in proposed if u in holdings])
+    freed = fit(after, req, annotations, default_gpu_policy)
+    if freed.ok:
+        return Choice(KEPT, tuple(proposed), freed.cards)
     mutex = "mutex" in policy_of(annotations, GPU_POLICY, default_gpu_policy)
-    holders = [v for v in proposed if v.uid in holdings]
-    per_card: dict[int, tuple[Victim, ...]] = {}
-    reasons: list[str] = []
-    for s in states:
-        on_card = [v for v in holders if s.card.index in holdings[v.uid].cards]
-        got = _free_one(s, on_card, holdings, req, annotations, mutex)
-        if isinstance(got, str):
-            reasons.append(f"card {s.card.index}: {got}")
-        else:
-            per_card[s.card.index] = got
-    capacity = {s.card.index: s.card.capacity for s in states}
-    best: tuple[tuple[int, int, int], tuple[int, ...], tuple[Victim, ...]] | None = None
-    # cheapest cards first, so the first sets tried are the likely best; bounded (the event loop waits)
-    by_cost = sorted(per_card, key=lambda i: (_cost(per_card[i]), i))
-    for tried, chosen_cards in enumerate(combinations(by_cost, req.cards)):
-        if tried >= CARD_SETS:
-            break
-        cards = tuple(sorted(chosen_cards))
-        if len({capacity[i] for i in cards}) > 1:
-            continue  # the cards of one pod are of one model (plan_booking)
-        chosen = {v.uid: v for i in cards for v in per_card[i]}  # a multi-card holder counts once
-        gone = tuple(v for v in holders if v.uid in chosen)
-        # the filter's own answer on the cards as they would be: the preemptor must fit there
-        after = fit(_without(states, [holdings[v.uid] for v in gone]), req, annotations, default_gpu_policy)
-        if not after.ok:
-            continue
-        key = (_cost(gone), cards, gone)
-        if best is None or key[:2] < best[:2]:
-            best = key
-    if best is None:
-        why = "; ".join(reasons) or f"fewer than {req.cards} cards could be freed"
-        return Choice(NO_CARD, reason=why)
-    _, cards, gone = best
-    keep = {v.uid for v in gone} | {v.uid for v in proposed if v.uid not in holdings}
-    victims = tuple(v.uid for v in proposed if v.uid in keep)
-    if not victims:  # nothing to evict frees a card (cannot happen: the preemptor did not fit as things are)
-        return Choice(NO_CARD, reason="no proposed victim holds a card")
-    return Choice(KEPT if len(victims) == len(proposed) else REDUCED, victims, cards)
+    why = [f"card {s.card.index}: {r}" for s in after if (r := card_rejection(s, req, annotations, mutex))]
+    return Choice(NO_CARD, reason="; ".join(why) or f"fewer than {req.cards} cards of one model would be free")

@@ -149,7 +149,7 @@ LEDGER_REBUILDS = Counter("mtsched_ledger_rebuilds_total", "Full rebuilds of the
                           ["why"])
 PREEMPT_NODES = Counter("mtsched_preempt_nodes_total",
                         "Candidate nodes of preempt calls by what the extender did with kube-scheduler's victims: "
-                        "kept, reduced (victims freeing no usable card dropped), unchanged (the cards do not block), "
+                        "kept (they free a card), unchanged (the cards do not block), "
                         "no_card (no card freed: node dropped), unknown_node, not_ready, bad_request, no_request, "
                         "error", ["outcome"])
 FILTER_FAILURES = Counter("mtsched_filter_failures_total",

@@ -119,7 +119,7 @@ async def test_preemption_frees_one_card_and_never_touches_the_other(
     assert preempt_outcomes(stack).get("kept", 0) > before
 
     async def chosen() -> bool:  # the extender sends it from a background task: it may come after the above
-        return any(e.startswith("PreemptionCardChosen") and f"{node} cards 0: 2 of 2 victims" in e
+        return any(e.startswith("PreemptionCardChosen") and f"{node}: cards 0 freed, 2 victims" in e
                    for e in await cluster.events("urgent"))
 
     await until("the PreemptionCardChosen event", chosen)

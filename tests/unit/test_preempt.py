@@ -13,7 +13,7 @@ from controller.preempt import Preemption
 from shared.domain.extender_args import ArgsError
 from shared.domain.fit import USE_UUID, CardState
 from shared.domain.node import Card
-from shared.domain.preempt import KEPT, NO_CARD, REDUCED, UNCHANGED, Holding, Victim, choose_victims
+from shared.domain.preempt import KEPT, NO_CARD, UNCHANGED, Holding, choose_victims
 from shared.domain.preempt_args import MAX_VICTIMS, parse_preemption_args
 from shared.domain.request import SliceRequest, pod_request
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation
@@ -54,37 +54,38 @@ CASES: list[tuple[str, list[Held], list[str], SliceRequest, str, tuple[str, ...]
     # name, pods on the node, kube-scheduler's victims, preemptor, outcome, victims kept, cards freed, node opts
     ("proposal on one card frees it", FULL, ["b", "c"], sl(64), KEPT, ("b", "c"), (0,), {}),
     ("proposal across cards frees none", HIGH_HELD, ["l0", "l1"], sl(64), NO_CARD, (), (), {}),
-    ("victim on another card dropped", [("a", (0,), 64, 4, 1), ("b", (0,), 32, 4, 5), ("c", (1,), 32, 4, 1),
-                                        ("d", (1,), 32, 4, 5), ("e", (1,), 32, 4, 5)],
-     ["a", "c"], sl(64), REDUCED, ("a",), (0,), {}),
-    ("fewest victims win", [("a", (0,), 32, 4, 1), ("b", (0,), 32, 4, 1), ("c", (0,), 32, 4, 1),
-                            ("d", (1,), 64, 4, 1), ("e", (1,), 32, 4, 1)],
-     ["a", "b", "d"], sl(64), REDUCED, ("d",), (1,), {}),
-    ("then the lowest priority", [("a", (0,), 64, 4, 5), ("b", (0,), 32, 4, 9), ("c", (1,), 64, 4, 3),
-                                  ("d", (1,), 32, 4, 9)],
-     ["a", "c"], sl(64), REDUCED, ("c",), (1,), {}),
-    ("minimal subset of one card", [("a", (0,), 16, 1, 1), ("b", (0,), 16, 1, 1), ("c", (0,), 64, 1, 1),
-                                    ("d", (1,), 96, 1, 9)],
-     ["a", "b", "c"], sl(64), REDUCED, ("c",), (0,), {}),
+    # kube-scheduler needs each of its victims (tests/unit/test_redteam_preempt_reprieve.py): never a part
+    ("a victim on another card stays in", [("a", (0,), 64, 4, 1), ("b", (0,), 32, 4, 5), ("c", (1,), 32, 4, 1),
+                                           ("d", (1,), 32, 4, 5), ("e", (1,), 32, 4, 5)],
+     ["a", "c"], sl(64), KEPT, ("a", "c"), (0,), {}),
+    ("more victims than one card needs", [("a", (0,), 32, 4, 1), ("b", (0,), 32, 4, 1), ("c", (0,), 32, 4, 1),
+                                          ("d", (1,), 64, 4, 1), ("e", (1,), 32, 4, 1)],
+     ["a", "b", "d"], sl(64), KEPT, ("a", "b", "d"), (1,), {}),
+    ("priorities do not split it", [("a", (0,), 64, 4, 5), ("b", (0,), 32, 4, 9), ("c", (1,), 64, 4, 3),
+                                    ("d", (1,), 32, 4, 9)],
+     ["a", "c"], sl(64), KEPT, ("a", "c"), (1,), {}),
+    ("more of one card than it needs", [("a", (0,), 16, 1, 1), ("b", (0,), 16, 1, 1), ("c", (0,), 64, 1, 1),
+                                        ("d", (1,), 96, 1, 9)],
+     ["a", "b", "c"], sl(64), KEPT, ("a", "b", "c"), (0,), {}),
     ("a victim holding no card is kept", FULL, ["cpu-hog", "b", "c"], sl(64), KEPT, ("cpu-hog", "b", "c"), (0,),
      {}),
     ("cards already fit: kube-scheduler's choice stands", [("a", (0,), 32, 4, 1)], ["a"], sl(32), UNCHANGED,
      ("a",), (), {}),
     ("slice limit: one victim frees one instance", [("a", (0,), 8, 1, 1), ("b", (0,), 8, 1, 1),
                                                     ("c", (1,), 8, 1, 1), ("d", (1,), 8, 1, 1)],
-     ["a", "c"], sl(8, 1), REDUCED, ("a",), (0,), {"max_slices": 2}),
+     ["a", "c"], sl(8, 1), KEPT, ("a", "c"), (1,), {"max_slices": 2}),
     ("exclusive needs an idle card", [("a", (0,), 32, 4, 1), ("b", (0,), 32, 4, 1), ("c", (1,), 96, 16, 1)],
-     ["a", "c"], whole(), REDUCED, ("c",), (1,), {}),
+     ["a", "c"], whole(), KEPT, ("a", "c"), (1,), {}),
     ("exclusive: a card left with a pod is not freed", [("a", (0,), 32, 4, 1), ("b", (0,), 32, 4, 1),
                                                         ("c", (1,), 96, 16, 1)],
      ["a"], whole(), NO_CARD, (), (), {}),
-    ("two whole cards: the cheapest pair", [("a", (0,), 96, 16, 1), ("b", (1,), 96, 16, 1), ("c", (2,), 32, 4, 1),
+    ("two whole cards", [("a", (0,), 96, 16, 1), ("b", (1,), 96, 16, 1), ("c", (2,), 32, 4, 1),
                                             ("d", (2,), 32, 4, 1)],
-     ["a", "b", "c"], whole(2), REDUCED, ("a", "b"), (0, 1), {"cards": 3}),
-    ("a two-card holder counts once", [("m", (0, 1), 96, 16, 1), ("c", (2,), 96, 16, 1)],
-     ["m", "c"], whole(2), REDUCED, ("m",), (0, 1), {"cards": 3}),
+     ["a", "b", "c"], whole(2), KEPT, ("a", "b", "c"), (0, 1), {"cards": 3}),
+    ("a two-card holder frees two", [("m", (0, 1), 96, 16, 1), ("c", (2,), 96, 16, 1)],
+     ["m", "c"], whole(2), KEPT, ("m", "c"), (1, 2), {"cards": 3}),
     ("the preemptor's card pin is honoured", FULL, ["b", "c", "e", "f"],
-     sl(64), REDUCED, ("e", "f"), (1,), {"annotations": {USE_UUID: "n1-mthreads-1"}}),
+     sl(64), KEPT, ("b", "c", "e", "f"), (1,), {"annotations": {USE_UUID: "n1-mthreads-1"}}),
 ]
 
 
@@ -94,8 +95,7 @@ def test_victim_choice(held: list[Held], proposed: list[str], req: SliceRequest,
                        kept: tuple[str, ...], cards: tuple[int, ...], opts: dict[str, Any]) -> None:
     annotations = opts.pop("annotations", {})
     states, holdings = node(held, **opts)
-    prio = {uid: p for uid, *_, p in held}
-    choice = choose_victims(states, holdings, [Victim(u, prio.get(u, 0)) for u in proposed], req, annotations)
+    choice = choose_victims(states, holdings, proposed, req, annotations)
     assert (choice.outcome, choice.victims, choice.cards) == (outcome, kept, cards), choice
     if outcome == NO_CARD:
         assert "card 0: " in choice.reason and "card 1: " in choice.reason
@@ -103,7 +103,7 @@ def test_victim_choice(held: list[Held], proposed: list[str], req: SliceRequest,
 
 def test_no_card_reason_names_the_rule() -> None:
     states, holdings = node(HIGH_HELD)
-    choice = choose_victims(states, holdings, [Victim("l0", 1), Victim("l1", 1)], sl(64), {})
+    choice = choose_victims(states, holdings, ["l0", "l1"], sl(64), {})
     assert choice.reason == "card 0: CardInsufficientMemory; card 1: CardInsufficientMemory"
 
 
@@ -192,18 +192,17 @@ def meta(node: str, *uids: str) -> dict[str, Any]:
     return {node: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 0}}
 
 
-async def test_verb_reads_victim_priorities_and_answers_meta_victims() -> None:
+async def test_verb_answers_the_whole_proposal_as_meta_victims() -> None:
     kube = FakeKube()
     ext = extender(kube=kube)
     held = [("a", (0,), 64, 4, 5), ("b", (0,), 32, 4, 9), ("c", (1,), 64, 4, 3), ("d", (1,), 32, 4, 9)]
     ext.mirror.put(snapshot(held))
-    for uid, *_, prio in held:
-        kube.pods[("ns", uid)] = {"metadata": {"uid": uid, "name": uid, "namespace": "ns"}, "spec": {"priority": prio}}
     out = await Preemption(ext).preempt({"Pod": preemptor(), "NodeNameToMetaVictims": meta("s4k", "a", "c")})
-    # one victim frees a card either way: "c" has the lower priority (3 < 5), read from the API server
-    assert out == {"NodeNameToMetaVictims": {"s4k": {"Pods": [{"UID": "c"}], "NumPDBViolations": 0}}}
+    # one victim would free a card either way, but kube-scheduler needs both: its answer stands whole
+    assert out == {"NodeNameToMetaVictims": {"s4k": {"Pods": [{"UID": "a"}, {"UID": "c"}], "NumPDBViolations": 0}}}
     await asyncio.sleep(0.01)
-    assert [r for r, _ in kube.events] == ["PreemptionCardChosen"]
+    ((reason, message),) = kube.events
+    assert reason == "PreemptionCardChosen" and "s4k: cards 1 freed, 2 victims" in message, message
 
 
 async def test_verb_drops_nodes_it_cannot_judge_or_where_no_card_is_freed() -> None:
