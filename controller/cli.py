@@ -20,6 +20,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import orjson
@@ -119,8 +120,34 @@ def _explain(args: argparse.Namespace, cfg: Config) -> int:
     return 0
 
 
-def release() -> tuple[str, str]:
-    """(version, scripts digest) of the code this process runs: `mtsched_build_info`'s labels."""
+CODE_PACKAGES = ("controller", "shared", "webhook")  # what a role runs (deploy/ and bench/ are tools)
+CODE_SUFFIXES = (".py", ".lua")
+
+
+def code_sources() -> dict[str, str]:
+    """Every source file the roles run (path under the packages' parent -> text): the installed tree."""
+    import importlib
+
+    out: dict[str, str] = {}
+    for name in CODE_PACKAGES:
+        root = Path(importlib.import_module(name).__file__ or "").parent
+        for f in root.rglob("*"):
+            if f.suffix in CODE_SUFFIXES and f.is_file():
+                out[f.relative_to(root.parent).as_posix()] = f.read_text(encoding="utf-8", errors="replace")
+    return out
+
+
+def code_digest(sources: Mapping[str, str] | None = None) -> str:
+    """12 hex digits naming the code a process runs (`mtsched_build_info{code}`). The package version stays
+    0.1.0 across releases and most fixes change no ledger script, so neither label alone tells two releases
+    apart; this one changes with any file. Pure over `sources` (path -> text); the installed files by default."""
+    from shared.store.ledger import scripts_digest
+
+    return scripts_digest(sources if sources is not None else code_sources())
+
+
+def release() -> tuple[str, str, str]:
+    """(version, scripts digest, code digest) of the code this process runs: `mtsched_build_info`'s labels."""
     from importlib.metadata import PackageNotFoundError, version
 
     from shared.store.ledger import scripts_digest
@@ -129,7 +156,7 @@ def release() -> tuple[str, str]:
         v = version("mtsched")
     except PackageNotFoundError:  # run from a source tree without installing it
         v = "unknown"
-    return v, scripts_digest()
+    return v, scripts_digest(), code_digest()
 
 
 def main(argv: list[str] | None = None) -> int:
