@@ -89,16 +89,17 @@ class Preemption:
                 refused.append(f"{node}: {choice.reason}")
                 continue
             out[node] = (choice.victims, victims.pdb_violations)  # its proposal: kube-scheduler's own count
-            why = f"cards {','.join(map(str, choice.cards))} freed" if choice.outcome == KEPT else "cards fit already"
+            why = (f"cards {','.join(map(str, choice.cards))} freed" if choice.outcome == KEPT
+                   else "its cards fit already, the victims free what kube-scheduler counts")  # UNCHANGED
             chosen.append(f"{node}: {why}, {len(choice.victims)} victims")
         log.info("preempt for %s: %d of %d nodes kept (%s); dropped: %s", ref, len(out), len(a.nodes),
                  "; ".join(chosen) or "none", "; ".join(refused) or "none")
         if out:
-            self.ext.event(event_pod, "PreemptionCardChosen", "nodes where kube-scheduler's victims free a card "
-                           "(it evicts on one of them): " + "; ".join(chosen))
-        else:
-            self.ext.event(event_pod, "PreemptionNotHelpful", "no card would be freed by evicting the proposed "
-                           "victims: " + "; ".join(refused), "Warning")
+            self.ext.event(event_pod, "PreemptionCardChosen", "nodes where kube-scheduler's victims leave the "
+                           "preemptor a card (it evicts on one of them): " + "; ".join(chosen))
+        else:  # a node's reason says which: no card freed, or a node the ledger cannot book on now
+            self.ext.event(event_pod, "PreemptionNotHelpful", "no eviction: on no candidate node would the "
+                           "proposed victims leave a card the preemptor fits on: " + "; ".join(refused), "Warning")
         return _answer(out)
 
     async def handle(self, request: web.Request) -> web.Response:

@@ -205,6 +205,21 @@ async def test_verb_answers_the_whole_proposal_as_meta_victims() -> None:
     assert reason == "PreemptionCardChosen" and "s4k: cards 1 freed, 2 victims" in message, message
 
 
+async def test_event_says_when_the_cards_fit_already() -> None:
+    """Red team: a node whose cards already fit (UNCHANGED: kube-scheduler evicts for its own resources) was
+    listed under "nodes where kube-scheduler's victims free a card" as "cards fit already": the event said its
+    victims free a card where they free none the preemptor needs."""
+    kube = FakeKube()
+    ext = extender(kube=kube)
+    ext.mirror.put(snapshot([("a", (0,), 32, 4, 1)]))
+    out = await Preemption(ext).preempt({"Pod": preemptor(memory="32"), "NodeNameToMetaVictims": meta("s4k", "a")})
+    assert out == {"NodeNameToMetaVictims": meta("s4k", "a")}
+    await asyncio.sleep(0.01)
+    ((reason, message),) = kube.events
+    assert reason == "PreemptionCardChosen" and "free a card" not in message, message
+    assert "s4k: its cards fit already, the victims free what kube-scheduler counts, 1 victims" in message, message
+
+
 async def test_verb_drops_nodes_it_cannot_judge_or_where_no_card_is_freed() -> None:
     kube = FakeKube()
     ext = extender(kube=kube)
