@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from controller.cli import code_digest
 from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
@@ -136,8 +137,9 @@ async def test_every_queried_metric_is_in_a_real_scrape(stack: Stack, pytestconf
             lines = set(texts[r.name].splitlines())
             assert f'mtsched_role_info{{role="{r.kind}"}} 1.0' in lines, r.name
             assert "mtsched_ready 1.0" in lines and "mtsched_redis_up 1.0" in lines, r.name
-            # and its release (MtschedReleasesMixed): every role of one checkout reports the same scripts
-            assert f'scripts="{scripts_digest()}"' in next(s for s in lines if s.startswith("mtsched_build_info{"))
+            # and its release (MtschedReleasesMixed): every role of one checkout reports the same scripts and code
+            build = next(s for s in lines if s.startswith("mtsched_build_info{"))
+            assert f'scripts="{scripts_digest()}"' in build and f'code="{code_digest()}"' in build, build
         ext = texts[extender.name]
         assert any(s.startswith('mtsched_extender_request_seconds_count{verb="bind"} ') and float(s.split()[1]) >= 2
                    for s in ext.splitlines())
