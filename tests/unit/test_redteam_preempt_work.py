@@ -1,6 +1,6 @@
 """Red team of the preempt verb: its work and its waits are bounded per call, not per node.
 
-kube-scheduler sends at least 100 candidate nodes (MinCandidateNodesAbsolute) to the preempt verb in any
+kube-scheduler sends up to max(100, 10% of the nodes) candidate nodes (MinCandidateNodesAbsolute) to the verb in a
 cluster of 100 nodes or more. On a full node (8 cards, 13 slices each: 104 pods, within the kubelet's 110)
 a whole-card preemptor made the old subset search try 4096 subsets per card (only all of a card's holders
 free it, so every smaller subset was tried first): ~33,000 card-rule checks and ~0.3 s per node, 36 s for one
