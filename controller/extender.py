@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,17 +36,16 @@ import orjson
 from aiohttp import web
 
 from controller.explain import explain_handler
-from controller.fit_memo import FitMemo, held_states, request_size
+from controller.fit_memo import FitMemo, Held, held_states, request_size
+from controller.nominations import Nominations
 from controller.preempt import Preemption
 from controller.ranking import Ranking
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED, CardGrant, PodUsage, binding_annotations, device_id
 from shared.domain.extender_args import ArgsError, ExtenderArgs, parse_binding_args, parse_extender_args
 from shared.domain.fit import (
-    GPU_POLICY,
+    FIT_ANNOTATIONS,
     NODE_POLICY,
-    NOUSE_UUID,
-    USE_UUID,
     FitResult,
     aggregate_failures,
     fit,
@@ -54,6 +53,7 @@ from shared.domain.fit import (
 )
 from shared.domain.models import UNIT_MIB
 from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
+from shared.domain.preempt import Holding, plan_ahead, pod_priority
 from shared.domain.quota import is_terminal
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError
@@ -95,7 +95,6 @@ CLAIM_SECONDS = 5.0  # how long filter's claim on its one returned node lasts wi
 # (_confirm): well inside the pod watcher's BOUND_GRACE, after which it would confirm the record itself
 CONFIRM_LINGER = 0.05
 EVENT_MESSAGE_CHARS = 1024  # what an event keeps of a message (Kube.create_event cuts there too)
-FIT_ANNOTATIONS = (USE_UUID, NOUSE_UUID, GPU_POLICY)  # all fit() reads of a pod's annotations
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -132,6 +131,7 @@ class Seen:
     request: SliceRequest | None
     annotations: Mapping[str, str]  # FIT_ANNOTATIONS only
     requirement: NodeRequirement
+    priority: int = 0  # spec.priority: the nominated pods it leaves room for (controller/nominations.py)
 
     @classmethod
     def of(cls, pod: Mapping[str, Any], req: SliceRequest | None, requirement: NodeRequirement) -> Seen:
@@ -139,7 +139,7 @@ class Seen:
         annotations = meta.get("annotations") or {}
         return cls(str(meta.get("uid") or ""), str(meta.get("name") or ""), str(meta.get("namespace") or ""),
                    str((pod.get("spec") or {}).get("schedulerName") or ""), req,
-                   {k: annotations[k] for k in FIT_ANNOTATIONS if k in annotations}, requirement)
+                   {k: annotations[k] for k in FIT_ANNOTATIONS if k in annotations}, requirement, pod_priority(pod))
 
     def size(self) -> int:
         """Bytes this entry keeps alive, an upper bound (strings plus the objects around them: measured in
@@ -179,6 +179,9 @@ class Extender:
         # prioritize count them, so pods filtered meanwhile are not sent to a card that is being taken
         self.held: dict[str, dict[str, tuple[SliceRequest, tuple[int, ...]]]] = {}
         self._claims: dict[str, tuple[str, float]] = {}  # uid -> (node, until) of filter's claims (_claim)
+        # pods nominated to a node by a preemption, not bound yet: pods of lower or equal priority leave them
+        # the cards they fit there (_held_for), as kube-scheduler's own filters leave them the node's totals
+        self.nominations = Nominations()
         # nodes where a filter placed a pod nowhere while bookings or claims were in flight here: when such a
         # claim ends without its bind, the pod turned away is woken (_unclaim)
         self._turned_away: set[str] = set()
@@ -269,32 +272,34 @@ class Extender:
             self._prune_claims()
             # a pod's own claim never counts against it; filtered again, its last attempt ended without a bind
             self._unclaim(seen.uid, lapsed=True)
+        nominated = (pod.get("status") or {}).get("nominatedNodeName")
+        if isinstance(nominated, str) and nominated:  # kube-scheduler chose this node for its preemption
+            self.nominate(seen.uid, seen.priority, req, seen.annotations, [nominated])
+        held = self._held_for(seen.uid, seen.priority)
         k, gpu_policy = self.cfg.filter_top_k, self.cfg.gpu_scheduler_policy
         if 0 < k < len(names):
             # best first by the node policy, fitted until k fit: the same nodes as top_k over every fitting
             # node (shared/domain/topk.py), without fitting the rest. Those are left out of both lists:
             # kube-scheduler drops them without a status.
             policy = policy_of(meta.get("annotations") or {}, NODE_POLICY, self.cfg.node_scheduler_policy)
-            best = self.ranking.best_first(a.candidates, policy, self.held)  # the nodes the mirror holds
-            ok, failed, unresolvable = self.memo.fit_nodes(best, req, seen.annotations, gpu_policy, self.held,
-                                                           limit=k)
+            best = self.ranking.best_first(a.candidates, policy, held)  # the nodes the mirror holds
+            ok, failed, unresolvable = self.memo.fit_nodes(best, req, seen.annotations, gpu_policy, held, limit=k)
             unlisted = [n for n in names if n not in self.mirror.nodes] if not ok else []
             if unlisted:  # none fits: every node is reported, unregistered too
                 # (next to the snapshots with an error the first pass found unresolvable, not in their place)
-                unresolvable.update(self.memo.fit_nodes(unlisted, req, seen.annotations, gpu_policy,
-                                                        self.held)[2])
+                unresolvable.update(self.memo.fit_nodes(unlisted, req, seen.annotations, gpu_policy, held)[2])
             TOPK_DROPPED.inc(len(names) - len(failed) - len(unresolvable) - len(ok))
         else:
-            ok, failed, unresolvable = self.memo.fit_nodes(names, req, seen.annotations, gpu_policy, self.held)
+            ok, failed, unresolvable = self.memo.fit_nodes(names, req, seen.annotations, gpu_policy, held)
         if len(ok) == 1:
-            self._claim(ok[0], seen)
+            self._claim(ok[0], seen, held)
         if k and ok:
             # kube-scheduler reads failed nodes' statuses only when no node is feasible (the "0/N nodes"
             # message, preemption): with a node returned they are not sent (no text made, none decoded)
             return {"NodeNames": ok, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
         if not ok:
-            if self.held:  # placed nowhere, perhaps for cards held here: woken if a claim ends unused
-                self._turned_away.update(n for n in self.held if n in failed or n in unresolvable)
+            if held:  # placed nowhere, perhaps for cards held here: woken if a claim or nomination ends unused
+                self._turned_away.update(n for n in held if n in failed or n in unresolvable)
             msgs = aggregate_failures({**failed, **unresolvable})
             count_filter_failures(failed, unresolvable)
             self.event(event_pod, "FilteringFailed",
@@ -371,7 +376,7 @@ class Extender:
         policy = self.cfg.gpu_scheduler_policy
         snap = self.mirror.get(node)
         plan = None
-        others = {u: b for u, b in self.held.get(node, {}).items() if u != uid}
+        others = {u: b for u, b in self._held_for(uid, seen.priority).get(node, {}).items() if u != uid}
         if snap is not None and not snap.error:  # filter's fit at the same seq, else a fresh one
             fitted: FitResult | None = None
             if others:  # cards other binds are booking right now: plan around them (when that fits)
@@ -394,6 +399,8 @@ class Extender:
             outcome, _ = await place(self.ledger, node, uid, req, seen.annotations, snap, policy,
                                      pod=f"{ns}/{name}", plan=plan, hold_ms=self._hold_ms)
             booked = outcome.ok
+            if booked and self.nominations:  # bound here: nominated no more (its booking holds the cards)
+                self._woken(self.nominations.forget(uid) - {node})
             held = self.held.setdefault(node, held)  # the same dict, unless emptied and dropped meanwhile
             if booked and (uid not in held or held[uid][1] != outcome.cards):
                 held[uid] = (req, outcome.cards)  # booked on other cards than planned: hold those
@@ -645,7 +652,7 @@ class Extender:
         log.error("bind: the booking of %s (%s) on %s went while its bind was in flight; booked again from its "
                   "record: %s", pod, uid, node, out)
 
-    def _claim(self, node: str, seen: Seen) -> None:
+    def _claim(self, node: str, seen: Seen, others: Held) -> None:
         """One node returned: kube-scheduler binds there (it has no other candidate), and schedules the next
         pod before that bind arrives. Hold the pod's fit on the node meanwhile (until bind, or CLAIM_SECONDS),
         so the next pod's filter does not count the same card as free."""
@@ -654,13 +661,45 @@ class Extender:
         req = seen.request
         if snap is None or req is None or seen.uid in snap.reservations:
             return
-        held, policy = self.held.get(node), self.cfg.gpu_scheduler_policy
+        held, policy = others.get(node), self.cfg.gpu_scheduler_policy
         # nothing else in flight there: the filter's own fit of this snapshot is the answer (memoized)
         result = (None if held else self.memo.fitted(node, snap, req, seen.annotations, policy)) or fit(
             held_states(snap, held or {}), req, seen.annotations, policy)
         if result.cards:
             self.held.setdefault(node, {})[seen.uid] = (req, result.cards)
             self._claims[seen.uid] = (node, now + CLAIM_SECONDS)
+
+    def nominate(self, uid: str, priority: int, req: SliceRequest, annotations: Mapping[str, str],
+                 nodes: Mapping[str, tuple[str, ...]] | Iterable[str]) -> None:
+        """The pod is nominated to one of `nodes` (controller/nominations.py); the nodes it left wake the pods
+        turned away there for it."""
+        self._woken(self.nominations.record(uid, priority, req, annotations, nodes))
+
+    def _woken(self, nodes: set[str]) -> None:
+        """Nodes a nomination left without its pod: a pod turned away there meanwhile is tried again."""
+        for node in nodes & self._turned_away:
+            self._turned_away.discard(node)
+            self._wake(node)
+
+    def _held_for(self, uid: str, priority: int) -> Held:
+        """`held` as the pod `uid` of `priority` sees it: with the pods nominated to a node ahead of it placed there
+        (shared/domain/preempt.py plan_ahead), as kube-scheduler counts them for it. `self.held` when none is."""
+        if not self.nominations:
+            return self.held
+        merged: dict[str, Mapping[str, tuple[SliceRequest, tuple[int, ...]]]] = dict(self.held)
+        for node in list(self.nominations.by_node):
+            snap = self.mirror.get(node)
+            ahead = self.nominations.ahead_of(node, uid, priority, snap.reservations) if snap else []
+            if not ahead or snap is None or snap.error:
+                continue
+            here = {u: b for u, b in self.held.get(node, {}).items() if u != uid}
+            holdings = {v: Holding(r.cards, r.mem, r.cores, r.slices) for a in ahead for v in a.victims
+                        if (r := snap.reservations.get(v)) is not None}
+            _, planned = plan_ahead(held_states(snap, here), holdings, ahead, self.cfg.gpu_scheduler_policy)
+            if planned:
+                by_uid = {a.uid: a.request for a in ahead}
+                merged[node] = {**here, **{u: (by_uid[u], cards) for u, cards in planned.items()}}
+        return merged
 
     def _prune_claims(self) -> None:
         """Drop claims that lapsed or whose booking the mirror now holds (few: pods between filter and bind)."""
@@ -677,6 +716,8 @@ class Extender:
         elsewhere) is woken within CLAIM_SECONDS + CLAIM_TICK_SECONDS, not at kube-scheduler's next event."""
         while True:
             await asyncio.sleep(CLAIM_TICK_SECONDS)
+            if self.nominations:
+                self._woken(self.nominations.lapse())
             if self._claims:
                 try:
                     self._prune_claims()

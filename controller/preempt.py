@@ -19,6 +19,7 @@ from aiohttp import web
 
 from controller.fit_memo import MOVING, held_states
 from shared.domain.extender_args import ArgsError
+from shared.domain.fit import FIT_ANNOTATIONS
 from shared.domain.preempt import KEPT, Choice, Holding, choose_victims
 from shared.domain.preempt_args import NodeVictims, PreemptionArgs, parse_preemption_args
 from shared.domain.request import RequestError, SliceRequest, pod_request
@@ -55,10 +56,14 @@ class Preemption:
         proposed = [v.uid for v in victims.pods]
         # as the filter: bookings in flight here count (binds under way, a filter's claim of the node), but
         # the preemptor's own and its victims' (they are evicted, their binds end)
-        others = {u: b for u, b in self.ext.held.get(node, {}).items() if u != a.pod["metadata"]["uid"]
-                  and u not in proposed}
+        uid = a.pod["metadata"]["uid"]
+        others = {u: b for u, b in self.ext.held.get(node, {}).items() if u != uid and u not in proposed}
         states = held_states(snap, others) if others else snap.states()
-        return choose_victims(states, holdings, proposed, req, annotations, self.ext.cfg.gpu_scheduler_policy)
+        # pods nominated here by earlier preemptions, of a priority at least this one's: kube-scheduler's dry
+        # run counted them on the node, so the victims must leave this pod a card besides theirs
+        ahead = self.ext.nominations.ahead_of(node, uid, a.priority, snap.reservations)
+        return choose_victims(states, holdings, proposed, req, annotations, self.ext.cfg.gpu_scheduler_policy,
+                              ahead)
 
     async def preempt(self, doc: object) -> dict[str, Any]:
         """ExtenderPreemptionResult for ExtenderPreemptionArgs; ArgsError (HTTP 400) when malformed."""
@@ -92,6 +97,9 @@ class Preemption:
             why = (f"cards {','.join(map(str, choice.cards))} freed" if choice.outcome == KEPT
                    else "its cards fit already, the victims free what kube-scheduler counts")  # UNCHANGED
             chosen.append(f"{node}: {why}, {len(choice.victims)} victims")
+        if out:  # kube-scheduler nominates it to one of them: pods after it leave it the room (_held_for)
+            fits = {k: v for k in FIT_ANNOTATIONS if isinstance(v := (meta.get("annotations") or {}).get(k), str)}
+            self.ext.nominate(meta["uid"], a.priority, req, fits, {n: v for n, (v, _) in out.items()})
         log.info("preempt for %s: %d of %d nodes kept (%s); dropped: %s", ref, len(out), len(a.nodes),
                  "; ".join(chosen) or "none", "; ".join(refused) or "none")
         if out:

@@ -20,6 +20,7 @@ from shared.domain.request import SliceRequest, card_accepts
 USE_UUID = "mthreads.ai/use-gpuuuid"
 NOUSE_UUID = "mthreads.ai/nouse-gpuuuid"
 GPU_POLICY = "hami.io/gpu-scheduler-policy"
+FIT_ANNOTATIONS = (USE_UUID, NOUSE_UUID, GPU_POLICY)  # all fit() reads of a pod's annotations
 NODE_POLICY = "hami.io/node-scheduler-policy"
 
 CARD_NOT_HEALTH = "CardNotHealth"

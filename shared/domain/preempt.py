@@ -14,10 +14,10 @@ and a second round would evict the rest (tests/e2e/test_redteam_preempt_reprieve
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from shared.domain.fit import GPU_POLICY, CardState, card_rejection, fit, policy_of
+from shared.domain.fit import GPU_POLICY, CardState, apply, card_rejection, fit, policy_of
 from shared.domain.request import SliceRequest
 
 KEPT = "kept"  # with the proposal's card holders gone the preemptor fits the cards
@@ -43,6 +43,46 @@ class Choice:
     reason: str = ""  # NO_CARD: why, per card
 
 
+@dataclass(frozen=True)
+class Ahead:
+    """A pod kube-scheduler nominated to this node after an earlier preemption, not bound yet, of a priority
+    at least the judged pod's: kube-scheduler's own filters count it on the node (with nominated pods), so the
+    cards leave it room first. Its victims' cards are what it was promised."""
+
+    uid: str
+    priority: int
+    request: SliceRequest
+    annotations: Mapping[str, str]  # what fit reads (use-/nouse-gpuuuid, gpu policy)
+    victims: tuple[str, ...] = ()  # its victims here (uids): evicted for it, they may still hold their cards
+
+
+def pod_priority(pod: Mapping[str, object]) -> int:
+    """A pod's spec.priority (set by the API server's Priority admission); 0 without one, as kube-scheduler."""
+    spec = pod.get("spec")
+    value = spec.get("priority") if isinstance(spec, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def plan_ahead(states: Sequence[CardState], holdings: Mapping[str, Holding], ahead: Sequence[Ahead],
+               default_gpu_policy: str = "spread", gone: Collection[str] = ()
+               ) -> tuple[list[CardState], dict[str, tuple[int, ...]]]:
+    """The cards with each nominated pod booked where the filter will place it once its victims are gone,
+    highest priority first (then by uid, so every caller plans alike), and uid -> the cards planned. Booked on
+    `states` as they are: a card its victims still hold is over-full meanwhile, so nobody else fits there
+    either. One that fits nowhere even then is left out. `holdings`: the node's reservations by uid; `gone`:
+    pods the caller already took out of `states` (not taken out twice)."""
+    victims = {v for a in ahead for v in a.victims if v in holdings and v not in gone}
+    future = _without(states, [holdings[v] for v in sorted(victims)])
+    out, planned = list(states), {}
+    for a in sorted(ahead, key=lambda a: (-a.priority, a.uid)):
+        got = fit(future, a.request, a.annotations, default_gpu_policy)
+        if got.ok:
+            future = apply(future, a.request, got.cards)
+            out = apply(out, a.request, got.cards)
+            planned[a.uid] = got.cards
+    return out, planned
+
+
 def _without(states: Sequence[CardState], gone: Sequence[Holding]) -> list[CardState]:
     """The node's cards once the pods holding `gone` are evicted."""
     out = []
@@ -59,14 +99,18 @@ def _without(states: Sequence[CardState], gone: Sequence[Holding]) -> list[CardS
 
 
 def choose_victims(states: Sequence[CardState], holdings: Mapping[str, Holding], proposed: Sequence[str],
-                   req: SliceRequest, annotations: Mapping[str, str], default_gpu_policy: str = "spread") -> Choice:
+                   req: SliceRequest, annotations: Mapping[str, str], default_gpu_policy: str = "spread",
+                   ahead: Sequence[Ahead] = ()) -> Choice:
     """The proposal, or nothing, for one node; see the module docstring. Two fits and a check per card.
 
     `holdings`: the node's reservations by pod uid; `proposed`: kube-scheduler's victims (uids) on the node.
-    Victims that hold no card there are part of the proposal like the others (kube-scheduler's own reasons)."""
-    if fit(states, req, annotations, default_gpu_policy).ok:
+    Victims that hold no card there are part of the proposal like the others (kube-scheduler's own reasons).
+    `ahead`: pods nominated here by earlier preemptions, placed first (plan_ahead), as kube-scheduler's dry run
+    counts them: the victims must leave the preemptor a card besides theirs, or they would go for nothing."""
+    if fit(plan_ahead(states, holdings, ahead, default_gpu_policy)[0], req, annotations, default_gpu_policy).ok:
         return Choice(UNCHANGED, tuple(proposed))
-    after = _without(states, [holdings[u] for u in proposed if u in holdings])
+    after = plan_ahead(_without(states, [holdings[u] for u in proposed if u in holdings]), holdings, ahead,
+                       default_gpu_policy, gone=set(proposed))[0]
     freed = fit(after, req, annotations, default_gpu_policy)
     if freed.ok:
         return Choice(KEPT, tuple(proposed), freed.cards)

@@ -1,0 +1,96 @@
+"""Pods kube-scheduler nominated to a node after a preemption, until they bind: the extender's memory of them.
+
+A preemptor is not bound when its victims go: kube-scheduler nominates it to one node
+(`status.nominatedNodeName`) and schedules it again once they are deleted. Meanwhile its own filters count
+it on that node for every pod of lower or equal priority, so those cannot take its room; the extender's cards
+must do the same, or a lower-priority pod takes the card freed for it (or the preempt verb counts that card
+for the next preemptor, whose victims then go for nothing: tests/e2e/test_redteam_preempt_nominated.py).
+
+Learnt where the extender sees it: the preempt verb's answer (every node answered, as kube-scheduler picks one
+of them), then each filter of a pod carrying `nominatedNodeName` (that node only). Forgotten at its bind (on
+whatever node), when it is filtered with another nomination or none, or NOMINATION_SECONDS after it was last
+seen (a preemptor deleted meanwhile). Bounded: at most MAX_NOMINATIONS pods, the oldest forgotten first.
+Per replica: kube-scheduler calls the extender beside it (the chart's sidecar), which sees both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Container, Iterable, Mapping
+from dataclasses import dataclass
+
+from shared.domain.preempt import Ahead
+from shared.domain.request import SliceRequest
+
+NOMINATION_SECONDS = 120.0  # a nomination not seen again for this long is forgotten (kube-scheduler retries
+# a nominated pod whenever one of its victims goes, and at least every podMaxBackoffSeconds, 10 s by default)
+MAX_NOMINATIONS = 4096
+
+
+@dataclass(frozen=True)
+class Nomination:
+    uid: str
+    priority: int
+    request: SliceRequest
+    annotations: Mapping[str, str]
+    victims: Mapping[str, tuple[str, ...]]  # node -> the victims answered there (its nodes: the keys)
+    until: float  # monotonic
+
+
+class Nominations:
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.by_uid: dict[str, Nomination] = {}  # in the order they were last recorded (oldest first)
+        self.by_node: dict[str, set[str]] = {}  # node -> uids nominated there
+
+    def __bool__(self) -> bool:
+        return bool(self.by_uid)
+
+    def record(self, uid: str, priority: int, req: SliceRequest, annotations: Mapping[str, str],
+               nodes: Mapping[str, tuple[str, ...]] | Iterable[str]) -> set[str]:
+        """`uid` is nominated to one of `nodes` now (node -> its victims there, as the preempt verb answered; or
+        node names, the victims known from before kept); the nodes it was nominated to before and is not now."""
+        before = self.by_uid.get(uid)
+        left = self.forget(uid)
+        victims = dict(nodes) if isinstance(nodes, Mapping) else {
+            n: before.victims.get(n, ()) if before is not None else () for n in nodes}
+        if not victims:
+            return left
+        self.by_uid[uid] = Nomination(uid, priority, req, dict(annotations), victims,
+                                      self.clock() + NOMINATION_SECONDS)
+        for node in victims:
+            self.by_node.setdefault(node, set()).add(uid)
+        while len(self.by_uid) > MAX_NOMINATIONS:
+            left |= self.forget(next(iter(self.by_uid)))
+        return left - victims.keys()
+
+    def forget(self, uid: str) -> set[str]:
+        """Drop `uid`'s nomination (bound, or nominated no more); the nodes it held."""
+        got = self.by_uid.pop(uid, None)
+        if got is None:
+            return set()
+        for node in got.victims:
+            uids = self.by_node.get(node)
+            if uids is not None:
+                uids.discard(uid)
+                if not uids:
+                    del self.by_node[node]
+        return set(got.victims)
+
+    def lapse(self) -> set[str]:
+        """Forget the nominations not seen for NOMINATION_SECONDS; the nodes they held."""
+        now = self.clock()
+        nodes: set[str] = set()
+        for uid in [u for u, n in self.by_uid.items() if n.until < now]:
+            nodes |= self.forget(uid)
+        return nodes
+
+    def ahead_of(self, node: str, uid: str, priority: int, booked: Container[str] = ()) -> list[Ahead]:
+        """The pods nominated to `node` that the pod `uid` of `priority` must leave room for: another pod, of a
+        priority at least its own, with no booking there yet (`booked`: the node's reservations)."""
+        uids = self.by_node.get(node)
+        if not uids:
+            return []
+        now = self.clock()
+        return [Ahead(n.uid, n.priority, n.request, n.annotations, n.victims.get(node, ())) for u in uids
+                if u != uid and u not in booked and (n := self.by_uid[u]).priority >= priority and n.until >= now]
