@@ -39,7 +39,7 @@ class HandlerError(Exception):
 # escaping can double that. aiohttp's line reader gives up at 128 KiB, so lines are split here.
 MAX_LINE = 16 * 1024 * 1024
 # A list whose continue token expired (410) starts over at once this many times (etcd compacted during a long
-# list); once more, the 410 is the list's failure, retried with the run loop's backoff, not in a tight loop.
+# list); after that it starts over with backoff, not in a tight loop.
 LIST_RESTARTS = 2
 # A watch stream that ends sooner than this without a line (no event, no bookmark) is a failure, waited for with
 # backoff like one: a server or proxy that closes every stream at once is not asked again thousands of times a
@@ -113,6 +113,7 @@ class Reflector:
         items: list[dict[str, Any]] = []
         cont = ""
         restarts = 0
+        backoff = Backoff()
         while True:
             query: dict[str, Any] = {"limit": self.page_size, **self.selectors}
             if cont:
@@ -120,10 +121,16 @@ class Reflector:
             try:
                 page = await self.kube.request("GET", self.path, query=query)
             except KubeError as e:
-                if e.status == 410 and cont and restarts < LIST_RESTARTS:  # the token expired mid-list: start over
-                    items, cont, restarts = [], "", restarts + 1
-                    continue
-                raise
+                if e.status != 410 or not cont:
+                    raise
+                # the token expired mid-list: start over (not raised: a 410 is no transient error to the supervisor
+                # of a rebuild, whose lists these are too), at once for the first LIST_RESTARTS times
+                if restarts >= LIST_RESTARTS:
+                    log.warning("%s: the list's continue token expired again (%s); starting over in %.1fs", self.name,
+                                e, backoff.delay)
+                    await backoff.sleep()
+                items, cont, restarts = [], "", restarts + 1
+                continue
             got = page.get("items") if isinstance(page, dict) else None
             if not isinstance(got, list | None):
                 raise BadAnswer(f"GET {self.path}: the answer has no list of items")
