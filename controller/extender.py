@@ -95,6 +95,11 @@ CLAIM_SECONDS = 5.0  # how long filter's claim on its one returned node lasts wi
 # (_confirm): well inside the pod watcher's BOUND_GRACE, after which it would confirm the record itself
 CONFIRM_LINGER = 0.05
 EVENT_MESSAGE_CHARS = 1024  # what an event keeps of a message (Kube.create_event cuts there too)
+# One read of a pod or node by bind (before the reservation, and after a Binding without a clear answer): a bind
+# makes at most three of them and its Binding (deadline + BIND_ANSWER_SLACK_S), 3 x 4 + 7 = 19 s, so a stalled API
+# server still gets kube-scheduler its answer within the extender's httpTimeout (30 s by default) rather than after
+# it (a read's own default is 30 s: one of them alone used it up).
+BIND_READ_S = 4.0
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -320,10 +325,11 @@ class Extender:
         if self.kube is None:
             return f"bind: pod {ns}/{name} was not seen by this replica's filter"
         try:
-            pod = await self.kube.get_pod(ns, name)  # filter ran on another replica
-        except KubeError as e:
+            async with asyncio.timeout(BIND_READ_S):
+                pod = await self.kube.get_pod(ns, name)  # filter ran on another replica
+        except (KubeError, TimeoutError, aiohttp.ClientError) as e:
             BINDINGS.labels("error").inc()
-            return f"bind: cannot read pod {ns}/{name}: {e}"
+            return f"bind: cannot read pod {ns}/{name}: {e if isinstance(e, KubeError) else f'{type(e).__name__}: {e}'}"
         got = (pod.get("metadata") or {}).get("uid") if isinstance(pod, dict) else None
         if got != uid:
             BINDINGS.labels("rejected").inc()
@@ -339,9 +345,10 @@ class Extender:
         if self.kube is None:
             return None, "no API client"
         try:
-            obj = await self.kube.get_node(node)
-        except KubeError as e:
-            return None, str(e)
+            async with asyncio.timeout(BIND_READ_S):
+                obj = await self.kube.get_node(node)
+        except (KubeError, TimeoutError, aiohttp.ClientError) as e:
+            return None, str(e) if isinstance(e, KubeError) else f"{type(e).__name__}: {e}"
         meta = obj.get("metadata") if isinstance(obj, dict) else None
         labels = meta.get("labels") if isinstance(meta, dict) else None
         if labels is not None and not isinstance(labels, dict):
@@ -615,7 +622,8 @@ class Extender:
         the API server does not say."""
         assert self.kube is not None
         try:
-            pod = await self.kube.get_pod(ns, name)
+            async with asyncio.timeout(BIND_READ_S):
+                pod = await self.kube.get_pod(ns, name)
         except KubeError as e:
             if e.status == 404:
                 return None

@@ -179,7 +179,7 @@ class KnobWatch:
     async def _event(self, node: Mapping[str, Any], change: KnobChange, more: int = 0) -> None:
         try:
             await self.kube.request("POST", f"/api/v1/namespaces/{EVENT_NAMESPACE}/events",
-                                    event_body(node, change, self.component, more))
+                                    event_body(node, change, self.component, more), best_effort=True)
         except KubeError as e:
             if e.status != 409:  # 409: another replica reported this very change
                 log.warning("could not record the %s event: %s", REASON, e)

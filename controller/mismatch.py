@@ -124,7 +124,7 @@ class MismatchReporter:
         assert self.kube is not None
         try:
             await self.kube.request("POST", f"/api/v1/namespaces/{EVENT_NAMESPACE}/events",
-                                    event_body(node, uid, kind, error, self.cfg.scheduler_name))
+                                    event_body(node, uid, kind, error, self.cfg.scheduler_name), best_effort=True)
             self.sent += 1
         except KubeError as e:
             if e.status != 409:  # 409: another replica (or this one before a restart) reported it already

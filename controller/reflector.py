@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from shared.kube import Kube, KubeError
+from shared.kube import BadAnswer, Kube, KubeError
 from shared.serving.metrics import WATCH_RELISTS, WATCH_RESUMES
 from shared.serving.supervise import Backoff, is_transient
 
@@ -38,6 +38,13 @@ class HandlerError(Exception):
 # A watch event is one JSON line holding a whole object; etcd allows objects of ~1.5 MB, and JSON
 # escaping can double that. aiohttp's line reader gives up at 128 KiB, so lines are split here.
 MAX_LINE = 16 * 1024 * 1024
+# A list whose continue token expired (410) starts over at once this many times (etcd compacted during a long
+# list); after that it starts over with backoff, not in a tight loop.
+LIST_RESTARTS = 2
+# A watch stream that ends sooner than this without a line (no event, no bookmark) is a failure, waited for with
+# backoff like one: a server or proxy that closes every stream at once is not asked again thousands of times a
+# second, and the stream counts as failing for readiness.
+SHORT_WATCH_S = 1.0
 
 
 async def lines(content: aiohttp.StreamReader, max_line: int = MAX_LINE) -> AsyncIterator[bytes]:
@@ -105,6 +112,8 @@ class Reflector:
         and the list's resourceVersion."""
         items: list[dict[str, Any]] = []
         cont = ""
+        restarts = 0
+        backoff = Backoff()
         while True:
             query: dict[str, Any] = {"limit": self.page_size, **self.selectors}
             if cont:
@@ -112,11 +121,20 @@ class Reflector:
             try:
                 page = await self.kube.request("GET", self.path, query=query)
             except KubeError as e:
-                if e.status == 410 and cont:  # the continue token expired mid-list: start over
-                    items, cont = [], ""
-                    continue
-                raise
-            items.extend(slim(item) for item in page.get("items") or [])
+                if e.status != 410 or not cont:
+                    raise
+                # the token expired mid-list: start over (not raised: a 410 is no transient error to the supervisor
+                # of a rebuild, whose lists these are too), at once for the first LIST_RESTARTS times
+                if restarts >= LIST_RESTARTS:
+                    log.warning("%s: the list's continue token expired again (%s); starting over in %.1fs", self.name,
+                                e, backoff.delay)
+                    await backoff.sleep()
+                items, cont, restarts = [], "", restarts + 1
+                continue
+            got = page.get("items") if isinstance(page, dict) else None
+            if not isinstance(got, list | None):
+                raise BadAnswer(f"GET {self.path}: the answer has no list of items")
+            items.extend(slim(item) for item in got or [])
             cont = (page.get("metadata") or {}).get("continue") or ""
             if not cont:
                 return items, str((page.get("metadata") or {}).get("resourceVersion") or "")
@@ -187,10 +205,15 @@ class Reflector:
     async def _watch(self) -> None:
         """Watch until Gone; resumes transparently after closed streams and network errors."""
         backoff = Backoff()
+        # the last stream ended (or failed, not in a handler) within SHORT_WATCH_S of opening, nothing handled: the
+        # next one counts as working once a line of it is handled, not when it opens, and the backoff grows
+        short = False
         while True:
             query = {"watch": "true", "allowWatchBookmarks": "true", "resourceVersion": self.resource_version,
                      # the server closes the stream after this; we resume from the last version
                      "timeoutSeconds": random.randint(240, 300), **self.selectors}
+            opened: float | None = None
+            handled = False
             try:
                 resp = await self.kube.raw("GET", self.path, query=query,
                                            timeout=aiohttp.ClientTimeout(total=None, sock_read=330, connect=10))
@@ -201,17 +224,28 @@ class Reflector:
                         if resp.status in (401, 403):
                             self.kube.denied()
                         raise KubeError(resp.status, (await resp.read()).decode(errors="replace"), "watch")
-                    backoff.reset()
-                    self._working()
+                    opened = time.monotonic()
+                    if not short:
+                        backoff.reset()
+                        self._working()
                     async for line in lines(resp.content):
                         if not line.strip():
                             continue
                         await self._handle(orjson.loads(line))
+                        if not handled:
+                            handled, short = True, False
+                            backoff.reset()
+                            self._working()
+                    if not handled and time.monotonic() - opened < SHORT_WATCH_S:
+                        raise BadAnswer(f"watch stream ended after {time.monotonic() - opened:.2f}s without an event")
                 WATCH_RESUMES.labels(self.name).inc()
             except (Gone, asyncio.CancelledError):
                 raise
             except (TimeoutError, KubeError, aiohttp.ClientError, OSError, orjson.JSONDecodeError, ValueError,
                     HandlerError) as e:
+                if (opened is not None and not handled and not isinstance(e, HandlerError)
+                        and time.monotonic() - opened < SHORT_WATCH_S):
+                    short = True
                 # A failed handler left resource_version at the event before it: resuming replays it.
                 self._failing(e)
                 if isinstance(e, HandlerError) and e.__cause__ is not None and not is_transient(e.__cause__):
@@ -224,7 +258,9 @@ class Reflector:
                             self.resource_version, backoff.delay)
                 await backoff.sleep()
 
-    async def _handle(self, event: dict[str, Any]) -> None:
+    async def _handle(self, event: Any) -> None:
+        if not isinstance(event, dict):
+            raise BadAnswer(f"{self.name}: a watch event that is not a JSON object: {str(event)[:120]!r}")
         kind = event.get("type")
         obj = event.get("object") or {}
         if kind == "ERROR":

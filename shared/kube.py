@@ -6,6 +6,7 @@ and skipping the generated models keeps watch streams of thousands of pods cheap
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import os
@@ -32,6 +33,23 @@ SERVER_DEADLINE_MIN_MS = 100  # less than this for the API server: the request i
 
 class NotSent(Exception):
     """A request with a deadline (raw's `until`) that was not sent: too little of it was left."""
+
+
+class BadAnswer(aiohttp.ClientPayloadError):
+    """A 2xx answer whose body is not the JSON object asked for (cut short, or not JSON at all: a proxy's page):
+    a fault on the way, retried like a dropped connection (an aiohttp.ClientError, transient), never handed on as
+    if it were the object."""
+
+
+class Shed(Exception):
+    """A best-effort request (an Event) not sent: too many of them wait already (Kube.request's `best_effort`)."""
+
+
+# Best-effort requests (Events) at once: they never take more than this many of the pool's connections
+# (connection_pool_maxsize, 64), so a slow events store cannot leave a Binding or a watch without one ...
+BEST_EFFORT_IN_FLIGHT = 8
+BEST_EFFORT_WAITING = 256  # ... more than this many waiting for their turn: the next is shed (Shed)
+BEST_EFFORT_TIMEOUT = 10.0  # one best-effort request, its wait for a turn not counted
 
 
 class ServerClock:
@@ -123,6 +141,8 @@ class Kube:
         self.api = api
         self.server_clock = ServerClock()
         self.on_denied: list[Callable[[], None]] = []  # told of every 401/403 answer (shared/serving/access.py)
+        self._best_effort = asyncio.Semaphore(BEST_EFFORT_IN_FLIGHT)
+        self._best_effort_waiting = 0
 
     def denied(self) -> None:
         """A call was answered 401 or 403 (also a watch, or an ERROR event in its stream): tell on_denied."""
@@ -199,7 +219,23 @@ class Kube:
 
     async def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
                       ok: tuple[int, ...] = (200, 201), content_type: str = "application/json",
-                      timeout: float = 30.0, until: float | None = None) -> Any:
+                      timeout: float = 30.0, until: float | None = None, best_effort: bool = False) -> Any:
+        """The decoded answer (a JSON object for a 2xx: BadAnswer otherwise); KubeError for a status not in `ok`.
+        `best_effort` (Events): sent when one of BEST_EFFORT_IN_FLIGHT turns is free, within BEST_EFFORT_TIMEOUT
+        (Shed when too many wait already)."""
+        if best_effort:
+            if self._best_effort_waiting >= BEST_EFFORT_WAITING:
+                raise Shed(f"{method} {path}: {BEST_EFFORT_WAITING} best-effort requests wait already: not sent")
+            self._best_effort_waiting += 1
+            try:
+                await self._best_effort.acquire()
+            finally:
+                self._best_effort_waiting -= 1
+            try:
+                return await self.request(method, path, body, query, ok, content_type,
+                                          min(timeout, BEST_EFFORT_TIMEOUT), until)
+            finally:
+                self._best_effort.release()
         resp = await self.raw(method, path, body, query, timeout=timeout, content_type=content_type, until=until)
         async with resp:
             data = await resp.read()
@@ -208,6 +244,9 @@ class Kube:
                 decoded = orjson.loads(data) if data else {}
             except orjson.JSONDecodeError:
                 decoded = data.decode(errors="replace")
+            if resp.status in ok and not isinstance(decoded, dict):
+                raise BadAnswer(f"{method} {path}: HTTP {resp.status} with no JSON object in its body: "
+                                f"{str(decoded)[:120]!r}")
             if resp.status not in ok:
                 if resp.status in (401, 403):
                     self.denied()
@@ -250,4 +289,4 @@ class Kube:
             "source": {"component": component}, "reportingComponent": component,
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
-        await self.request("POST", f"/api/v1/namespaces/{ns}/events", body)
+        await self.request("POST", f"/api/v1/namespaces/{ns}/events", body, best_effort=True)
