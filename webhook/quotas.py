@@ -1,11 +1,14 @@
 """Reads what the quota rule needs from the API server: the namespace's ResourceQuotas and, when one
 of them uses a form only we enforce (`limits.mthreads.com/...` or the bare name), its live pods.
 
-The quotas are a quorum read (a quota created a moment ago holds at once). The pods, listed on every
-pod create in such a namespace, are read cheaply and bounded: `resourceVersion=0` (the API server
-answers from its watch cache, never from etcd; it may lag etcd by moments, docs/rules.md), only the
-non-terminal pods (field selector), in pages of PAGE when the server pages (from etcd it does; its
-watch cache ignores `limit` with resourceVersion=0 and answers at once), and no more than MAX_PODS.
+The quotas are a quorum read (a quota created a moment ago holds at once). The pods, read for the pod
+creates in such a namespace, are read consistently (no resourceVersion: what the API server has committed;
+Kubernetes 1.31+ answers it from its watch cache, paged) and bounded: only the non-terminal pods (field
+selector), in pages of PAGE, no more than MAX_PODS, and of each only its quota view (shared/domain/quota.py
+quota_view: nothing of a pod without our resources). One read per namespace serves every review waiting for
+it: a review waits for a read that began after it arrived, so it sees every pod admitted before it, and a
+burst in one namespace costs two reads, not one per review (40 reviews at once over 3,000 pods took the webhook
+400 MiB and 11-70 s, each reading the namespace: red team). At most MAX_POD_READS namespaces are read at once.
 A failed or unbounded read refuses the pod (fail closed). The rule is shared/domain/quota.py.
 """
 
@@ -21,7 +24,7 @@ from urllib.parse import quote
 
 from shared.config import Config
 from shared.domain.admission import Decision, deny
-from shared.domain.quota import QuotaError, enforced_keys, judge_quotas
+from shared.domain.quota import QuotaError, enforced_keys, judge_quotas, quota_view
 from shared.kube import ServerClock
 from shared.serving.bounded import ByteLRU
 from shared.serving.metrics import QUOTA_CHECKS
@@ -50,6 +53,7 @@ QUOTA_CACHE_BYTES = 4 * 1024 * 1024
 # does not authenticate may send any) queue instead of fanning out at the API server. (The pods of a namespace
 # are read per review, bounded by the reviews in flight, and only where a quota of ours exists.)
 MAX_READS = 8
+MAX_POD_READS = 4  # namespaces whose pods are read at once (each read serves all its namespace's reviews)
 
 
 class Api(Protocol):
@@ -70,6 +74,9 @@ class QuotaReader:
         self._quotas: ByteLRU[str, tuple[float, list[Mapping[str, Any]]]] = ByteLRU(QUOTA_CACHE_BYTES)
         self._reading: dict[str, asyncio.Future[list[Mapping[str, Any]]]] = {}  # reads in flight, by namespace
         self._reads = asyncio.Semaphore(MAX_READS)
+        # namespace -> [the pod read in flight, the next one (its waiters arrived after the first began)]
+        self._pod_reads: dict[str, list[asyncio.Future[list[Mapping[str, Any]]] | None]] = {}
+        self._pod_sem = asyncio.Semaphore(MAX_POD_READS)
 
     async def quotas(self, namespace: str) -> list[Mapping[str, Any]]:
         """The namespace's ResourceQuotas that name a form we enforce (read at most every cache_seconds; a
@@ -124,20 +131,66 @@ class QuotaReader:
         return (await self._list(path))[0]
 
     async def live_pods(self, namespace: str) -> list[Mapping[str, Any]]:
-        """The namespace's non-terminal pods from the watch cache, page by page, at most max_pods."""
+        """The quota views of the namespace's non-terminal pods, from a read that began after this call (shared
+        with every call waiting for the same one); the read goes on if this caller stops waiting."""
+        st = self._pod_reads.get(namespace)
+        if st is None:
+            st = self._pod_reads[namespace] = [None, None]
+        if st[0] is None:  # none in flight: this call starts one
+            flight = st[0] = self._waiting()
+            self._begin(namespace, flight)
+        else:  # the read in flight began before this call: the next one, which begins when it lands
+            flight = st[1] = st[1] or self._waiting()
+        return await asyncio.shield(flight)
+
+    @staticmethod
+    def _waiting() -> asyncio.Future[list[Mapping[str, Any]]]:
+        fut: asyncio.Future[list[Mapping[str, Any]]] = asyncio.get_running_loop().create_future()
+        # retrieved even when every waiter gave up (a failure is logged by judge where one waits)
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return fut
+
+    def _begin(self, namespace: str, into: asyncio.Future[list[Mapping[str, Any]]]) -> None:
+        task = asyncio.ensure_future(self._read_pods(namespace))
+        task.add_done_callback(functools.partial(self._pods_landed, namespace, into))
+
+    def _pods_landed(self, namespace: str, into: asyncio.Future[list[Mapping[str, Any]]],
+                     task: asyncio.Future[list[Mapping[str, Any]]]) -> None:
+        if not into.done():
+            if task.cancelled():
+                into.cancel()
+            elif (e := task.exception()) is not None:
+                into.set_exception(e)
+            else:
+                into.set_result(task.result())
+        st = self._pod_reads.get(namespace)
+        if st is None or st[0] is not into:
+            return
+        st[0], st[1] = st[1], None
+        if st[0] is None:
+            del self._pod_reads[namespace]
+        else:
+            self._begin(namespace, st[0])
+
+    async def _read_pods(self, namespace: str) -> list[Mapping[str, Any]]:
+        """The namespace's non-terminal pods, page by page (at most max_pods), as quota views."""
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods"
-        query = {"fieldSelector": LIVE_PODS, "limit": str(self.page), "resourceVersion": "0"}
-        pods: list[Mapping[str, Any]] = []
-        while True:
-            items, token = await self._list(path, query)
-            pods += items
-            if len(pods) > self.max_pods:
-                raise QuotaError(f"namespace {namespace} has more than {self.max_pods} live pods; the quota check "
-                                 "reads no more")
-            if not token:
-                return pods
-            # the token carries the snapshot's resourceVersion: the next pages read the same one
-            query = {"fieldSelector": LIVE_PODS, "limit": str(self.page), "continue": token}
+        query = {"fieldSelector": LIVE_PODS, "limit": str(self.page)}
+        views: list[Mapping[str, Any]] = []
+        read = 0
+        async with self._pod_sem:
+            while True:
+                items, token = await self._list(path, query)
+                read += len(items)
+                if read > self.max_pods:
+                    raise QuotaError(f"namespace {namespace} has more than {self.max_pods} live pods; the quota "
+                                     "check reads no more")
+                views += [v for p in items if (v := quota_view(p, self.cfg)) is not None]
+                del items  # the page's pods go now, not with the next page
+                if not token:
+                    return views
+                # the token carries the snapshot's resourceVersion: the next pages read the same one
+                query = {"fieldSelector": LIVE_PODS, "limit": str(self.page), "continue": token}
 
     async def judge(self, namespace: str, pod: Mapping[str, Any], decision: Decision) -> Decision:
         """The decision, or a refusal when the pod exceeds a quota only we enforce (or we cannot tell)."""

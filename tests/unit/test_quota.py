@@ -207,7 +207,7 @@ def test_the_reader_lists_live_pods_only_when_a_quota_needs_them() -> None:
     assert not allowed
     assert msg == f"exceeded quota: gpu, requested: limits.{MEM}=96, left: limits.{MEM}=64 " \
                   "(used 32 by 1 pod, limited 96)"
-    assert api.calls[1] == (PODS, {"fieldSelector": LIVE_PODS, "resourceVersion": "0", "limit": str(PAGE)})
+    assert api.calls[1] == (PODS, {"fieldSelector": LIVE_PODS, "limit": str(PAGE)})  # consistent: no resourceVersion
 
 
 class PagedApi(Api):
@@ -230,7 +230,7 @@ class PagedApi(Api):
 
 
 @pytest.mark.parametrize("page", [2, 3, None])
-def test_the_reader_reads_every_page_of_live_pods_from_the_cache(page: int | None) -> None:
+def test_the_reader_reads_every_page_of_live_pods(page: int | None) -> None:
     held = [pod(f"h{i}", slice_(16), phase="Running") for i in range(5)]  # 80 of 96 held
     api = PagedApi({QUOTAS: {"items": [hq("gpu", **{f"limits.{MEM}": "96"})]}}, held, page)
     reader = QuotaReader(api, CFG, page=2)
@@ -238,7 +238,7 @@ def test_the_reader_reads_every_page_of_live_pods_from_the_cache(page: int | Non
     d = asyncio.run(reader.judge("team", p, decide(p, CFG, {96})))
     assert not d.allowed and "left: limits.mthreads.com/sgpu-memory=16 (used 80 by 5 pods" in d.message
     pages = [q for path, q in api.calls if path == PODS]
-    assert pages[0] == {"fieldSelector": LIVE_PODS, "limit": "2", "resourceVersion": "0"}
+    assert pages[0] == {"fieldSelector": LIVE_PODS, "limit": "2"}
     assert all(q == {"fieldSelector": LIVE_PODS, "limit": "2", "continue": q["continue"]} for q in pages[1:])
     assert len(pages) == (1 if page is None else -(-5 // page))
 
@@ -357,7 +357,9 @@ def test_reviews_that_miss_the_cache_together_share_one_quota_read() -> None:
 
     assert asyncio.run(burst()) == [True] * 31
     assert [path for path, _ in api.calls].count(QUOTAS) == 1
-    assert [path for path, _ in api.calls].count(PODS) == 31
+    # the pods: the first review's read, then one read for the 30 that asked while it was in flight (a read
+    # that began before a review asked may miss a pod admitted just before it: never shared with it)
+    assert [path for path, _ in api.calls].count(PODS) == 2
 
 
 def test_a_shared_quota_read_that_fails_refuses_every_review_and_is_not_kept() -> None:
@@ -410,3 +412,84 @@ def test_a_namespace_in_use_is_read_again_before_its_entry_lapses() -> None:
         assert api.quota_reads == 2  # the read in flight, shared
 
     asyncio.run(run())
+
+
+class PodGatedApi(Api):
+    """Holds each pod list until released; the pods listed are those in `live` when the list began."""
+
+    def __init__(self, answers: Mapping[str, Any], live: list[dict[str, Any]]):
+        super().__init__(answers)
+        self.live, self.gates = live, []  # type: list[asyncio.Event]
+        self.began = asyncio.Queue()  # type: asyncio.Queue[int]
+
+    async def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
+                      ok: tuple[int, ...] = (200, 201), content_type: str = "application/json",
+                      timeout: float = 30.0) -> Any:
+        if path != PODS:
+            return await super().request(method, path, body, query, ok, content_type, timeout)
+        self.calls.append((path, dict(query or {})))
+        snapshot = {"items": list(self.live)}
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        self.began.put_nowait(len(self.gates))
+        await gate.wait()
+        return snapshot
+
+
+def test_a_review_never_takes_a_pod_read_that_began_before_it() -> None:
+    live = [pod("a", slice_(64), phase="Running")]
+    api = PodGatedApi({QUOTAS: {"items": [hq("gpu", **{f"limits.{MEM}": "96"})]}}, live)
+    reader = QuotaReader(api, CFG)
+
+    async def run() -> tuple[bool, bool, bool, int]:
+        first = pod("first", slice_(32))
+        one = asyncio.ensure_future(reader.judge("team", first, decide(first, CFG, {96})))
+        await api.began.get()
+        live.append(pod("first", slice_(32), phase="Pending"))  # admitted meanwhile (another replica)
+        late = [pod(f"late{i}", slice_(32)) for i in range(2)]
+        later = [asyncio.ensure_future(reader.judge("team", p, decide(p, CFG, {96}))) for p in late]
+        await asyncio.sleep(0.01)
+        assert len(api.gates) == 1  # the next read waits for the one in flight
+        api.gates[0].set()
+        d1 = await one
+        assert await api.began.get() == 2
+        api.gates[1].set()
+        d2, d3 = await asyncio.gather(*later)
+        return d1.allowed, d2.allowed, d3.allowed, len(api.gates)
+
+    # the first saw 64 of 96 held; the later two share a read begun after they asked, which holds "first" too
+    assert asyncio.run(run()) == (True, False, False, 2)
+
+
+def test_pods_of_at_most_max_pod_reads_namespaces_are_read_at_once() -> None:
+    from webhook import quotas as Q
+
+    spaces = [f"ns{i}" for i in range(Q.MAX_POD_READS + 3)]
+    answers: dict[str, Any] = {}
+    for ns in spaces:
+        answers[f"/api/v1/namespaces/{ns}/resourcequotas"] = {"items": [hq("gpu", **{f"limits.{MEM}": "96"})]}
+    api = Api(answers)
+    inflight, peak = 0, 0
+
+    async def request(method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
+                      ok: tuple[int, ...] = (200, 201), content_type: str = "application/json",
+                      timeout: float = 30.0) -> Any:
+        nonlocal inflight, peak
+        if not path.endswith("/pods"):
+            return answers[path]
+        inflight += 1
+        peak = max(peak, inflight)
+        await asyncio.sleep(0.01)
+        inflight -= 1
+        return {"items": []}
+
+    api.request = request  # type: ignore[method-assign]
+    reader = QuotaReader(api, CFG)
+
+    async def run() -> list[bool]:
+        p = pod("n", slice_(2))
+        out = await asyncio.gather(*(reader.judge(ns, p, decide(p, CFG, {96})) for ns in spaces))
+        return [d.allowed for d in out]
+
+    assert asyncio.run(run()) == [True] * len(spaces)
+    assert peak == Q.MAX_POD_READS
