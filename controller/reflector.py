@@ -81,8 +81,11 @@ def slim(obj: Any) -> Any:
 
 class Reflector:
     def __init__(self, kube: Kube, path: str, on_event: Handler, on_sync: SyncHandler, name: str,
-                 page_size: int = 500, label_selector: str = "", field_selector: str = ""):
+                 page_size: int = 500, label_selector: str = "", field_selector: str = "",
+                 shape: Callable[[Any], Any] = slim):
         self.kube = kube
+        # what is kept of each object, page by page and event by event (a list holds every object until on_sync)
+        self.shape = shape
         self.path = path
         self.on_event = on_event
         self.on_sync = on_sync
@@ -134,7 +137,7 @@ class Reflector:
             got = page.get("items") if isinstance(page, dict) else None
             if not isinstance(got, list | None):
                 raise BadAnswer(f"GET {self.path}: the answer has no list of items")
-            items.extend(slim(item) for item in got or [])
+            items.extend(self.shape(item) for item in got or [])
             cont = (page.get("metadata") or {}).get("continue") or ""
             if not cont:
                 return items, str((page.get("metadata") or {}).get("resourceVersion") or "")
@@ -276,7 +279,7 @@ class Reflector:
             return
         self.events += 1
         try:
-            await self.on_event(str(kind), slim(obj))
+            await self.on_event(str(kind), self.shape(obj))
         except asyncio.CancelledError:
             raise
         except Exception as e:

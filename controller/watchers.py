@@ -386,7 +386,7 @@ class PodWatcher:
         # Redis's clock minus this host's (ms), as the janitor last read it: a booking's age in `record`
         self.clock_skew_ms = 0
         self.pending_ttl_ms = cfg.pending_ttl_seconds * 1000
-        self.reflector = Reflector(kube, "/api/v1/pods", self.on_event, self.on_sync, "pods")
+        self.reflector = Reflector(kube, "/api/v1/pods", self.on_event, self.on_sync, "pods", shape=watched_pod)
         self.inventories: Callable[[], Mapping[str, Inventory]] = dict  # the node watcher's view, set by the role
         # a quarantine may start or end on that node (the reconciler compares it soon)
         self.unaccounted_changed: Callable[[str], None] = lambda node: None
@@ -732,6 +732,47 @@ class PodWatcher:
                 await self.release(uid, pod, "ended")
                 continue
             await self.record(uid, pod, truths.get(uid))
+
+
+# What the watchers read of a pod (the pod watcher, the reconciler's lists, the rules they call: records, trust,
+# unaccounted pods, lifecycle). A re-list holds every pod until it is handled: whole pods (~16 KiB decoded, far
+# more with large annotations or env) made a list of 50,000 pods cost the watcher 827 MiB (red team).
+POD_META = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds")
+POD_SPEC = ("nodeName", "schedulerName", "schedulingGates", "priority", "priorityClassName", "resources")
+POD_CONTAINER = ("name", "resources", "restartPolicy")
+POD_STATUS = ("phase", "nominatedNodeName")
+# annotations of these prefixes only: HAMi's and the vendor's (records, pins, policies) and ours
+POD_ANNOTATION_PREFIXES = ("hami.io/", "mthreads.ai/", "mthreads.com/", "mtsched.io/")
+
+
+def watched_pod(pod: Any) -> Any:
+    """The part of a pod the watchers read (Reflector's shape for pods); anything but a dict as it is."""
+    if not isinstance(pod, dict):
+        return pod
+
+    def part(obj: object, keys: tuple[str, ...]) -> dict[str, Any]:
+        return {k: obj[k] for k in keys if k in obj} if isinstance(obj, dict) else {}
+
+    meta, spec, status = pod.get("metadata"), pod.get("spec"), pod.get("status")
+    view_meta = part(meta, POD_META)
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    if isinstance(annotations, dict):
+        view_meta["annotations"] = {k: v for k, v in annotations.items()
+                                    if isinstance(k, str) and k.startswith(POD_ANNOTATION_PREFIXES)}
+    elif annotations is not None:
+        view_meta["annotations"] = annotations  # malformed: the rules that read it say so
+    view_spec = part(spec, POD_SPEC)
+    for key in ("initContainers", "containers"):
+        got = spec.get(key) if isinstance(spec, dict) else None
+        if got is not None:
+            view_spec[key] = [part(c, POD_CONTAINER) if isinstance(c, dict) else c for c in got] \
+                if isinstance(got, list) else got
+    view_status = part(status, POD_STATUS)
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    if isinstance(conditions, list):  # tried(): kube-scheduler's PodScheduled condition
+        view_status["conditions"] = [{k: c[k] for k in ("type", "reason") if k in c} for c in conditions
+                                     if isinstance(c, dict) and c.get("type") == "PodScheduled"]
+    return {"metadata": view_meta, "spec": view_spec, "status": view_status}
 
 
 def tried(pod: Mapping[str, Any]) -> bool:
