@@ -72,10 +72,17 @@ async def lines(content: aiohttp.StreamReader, max_line: int = MAX_LINE) -> Asyn
 
 def slim(obj: Any) -> Any:
     """The object without what no handler reads and the API server sends with every object:
-    `metadata.managedFields` (server-side apply's field owners, often the largest part of a node or a pod)."""
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    `metadata.managedFields` (server-side apply's field owners, often the largest part of a node or a pod),
+    and a node's `status.images` and `status.volumesAttached` (every image on the node with its digests: tens of
+    KiB per node, held for every node while a list lasts)."""
+    if not isinstance(obj, dict):
+        return obj
+    meta, status = obj.get("metadata"), obj.get("status")
     if isinstance(meta, dict):
         meta.pop("managedFields", None)
+    if isinstance(status, dict):
+        status.pop("images", None)
+        status.pop("volumesAttached", None)
     return obj
 
 

@@ -90,3 +90,17 @@ def test_only_our_annotations_and_the_scheduling_condition_are_kept() -> None:
                                  {"metadata": {"annotations": ["a"]}, "spec": {"containers": "c"}}])
 def test_odd_objects_pass_without_raising(odd: Any) -> None:
     watched_pod(odd)
+
+
+def test_a_node_is_kept_without_its_images_and_field_owners() -> None:
+    from controller.reflector import slim
+
+    node = {"metadata": {"name": "n", "labels": {"a": "b"}, "annotations": {"mtsched.io/card-knobs": "{}"},
+                         "managedFields": [{"manager": "kubelet"}]},
+            "status": {"capacity": {"mthreads.com/vgpu": "8"}, "allocatable": {"mthreads.com/vgpu": "8"},
+                       "images": [{"names": ["img@sha256:" + "0" * 64], "sizeBytes": 1}] * 100,
+                       "volumesAttached": [{"name": "v", "devicePath": "/d"}], "conditions": []}}
+    kept = slim(copy.deepcopy(node))
+    assert kept["metadata"] == {k: v for k, v in node["metadata"].items() if k != "managedFields"}
+    assert kept["status"] == {k: v for k, v in node["status"].items() if k not in ("images", "volumesAttached")}
+    assert slim("odd") == "odd" and slim({"status": None}) == {"status": None}
