@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -68,6 +69,32 @@ async def lines(content: aiohttp.StreamReader, max_line: int = MAX_LINE) -> Asyn
             raise ValueError(f"watch line longer than {max_line} bytes")
     if buf:
         yield bytes(buf)
+
+
+# A watch stream is idle between events (bookmarks came 1-3 minutes apart on a quiet cluster): a connection whose
+# peer vanished without a reset (a node of the API server lost, a NAT or balancer that dropped it) would be seen
+# only at sock_read (330 s), with the view blind and nobody told. TCP keepalive probes it after KEEPALIVE_IDLE s
+# of silence, every KEEPALIVE_INTERVAL s, KEEPALIVE_COUNT times: a dead peer ends the stream within ~1 minute.
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 30, 10, 3
+
+
+def keep_alive(resp: aiohttp.ClientResponse) -> bool:
+    """Turn TCP keepalive on for the response's connection (what the platform offers); whether it was."""
+    conn = resp.connection
+    transport = conn.transport if conn is not None else None
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+                            ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    except OSError as e:  # a transport that is not TCP: nothing to probe
+        log.debug("no TCP keepalive on the watch connection: %s", e)
+        return False
+    return True
 
 
 def slim(obj: Any) -> Any:
@@ -228,6 +255,7 @@ class Reflector:
                 resp = await self.kube.raw("GET", self.path, query=query,
                                            timeout=aiohttp.ClientTimeout(total=None, sock_read=330, connect=10))
                 async with resp:
+                    keep_alive(resp)
                     if resp.status == 410:
                         raise Gone()
                     if resp.status != 200:
