@@ -10,7 +10,8 @@ runs `kill` as it comes (on loopback the replica is usually caught up: nothing l
 replica) while pods are booked, so the promoted replica lacks the last bookings and records (asserted: the bytes
 of the old master's history it never received, `lost_bytes`, are > 0); Sentinel also as `hang`, the master
 SIGSTOPped instead and left so (the roles must leave its connections: redis_conn.HA_SOCKET_TIMEOUT). A monitor
-reads the API, every role's /readyz and the ledger twice a second throughout. Then, each wait bounded and timed from the kill:
+reads the API, every role's /readyz and the ledger twice a second throughout. Then, each wait bounded and timed
+from the kill:
 
 * the sentinels (the cluster) promote the replica;
 * every pod is bound with its allocation record;
