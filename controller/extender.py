@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +58,7 @@ from shared.domain.quota import is_terminal
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError
 from shared.domain.state import plan_on
-from shared.domain.timing import BIND_MIN_LEFT_S, BIND_SETTLE_S, bind_deadline_s
+from shared.domain.timing import BIND_MIN_LEFT_S, BIND_SETTLE_S, KEEP_MS, bind_deadline_s
 from shared.kube import Kube, KubeError, NotSent
 from shared.serving.bounded import ByteLRU
 from shared.serving.http import BodyError, read_body
@@ -91,6 +91,9 @@ EVENT_MEMO_BYTES = 2 * 1024 * 1024  # (pod, reason, message) of recent events, t
 MEMO_BYTES = 32 * 1024 * 1024  # fit and score memos (checked before each call; one call adds at most its nodes)
 CLAIM_TICK_SECONDS = 1.0  # how often claims lapse while no filter comes (expire_claims)
 CLAIM_SECONDS = 5.0  # how long filter's claim on its one returned node lasts without a bind (_claim)
+# how long a node where a booking was refused `node unverified` (here, or by another replica: its verify notice)
+# is ranked last: the watchers verify it a keep window after their first comparison, which that refusal asks for
+UNVERIFIED_RANK_SECONDS = KEEP_MS / 1000
 # How long an answered bind waits for others on its node before their bookings are marked bound in one call
 # (_confirm): well inside the pod watcher's BOUND_GRACE, after which it would confirm the record itself
 CONFIRM_LINGER = 0.05
@@ -192,6 +195,9 @@ class Extender:
         self._turned_away: set[str] = set()
         self._notices: set[asyncio.Task[None]] = set()  # notices being sent (_notify)
         self._verify_asked: dict[str, float] = {}  # node -> when its last verify notice went (_notify)
+        # node -> until when it is ranked last (a booking there was refused `node unverified`: unverified_seen)
+        self._unverified: dict[str, float] = {}
+        mirror.on_notice["verify"].append(self.unverified_seen)  # another replica's refusal
         # from the start of a reservation to the API server's deadline for its Binding (shared/domain/timing.py)
         self.bind_deadline = bind_deadline_s(cfg.pending_ttl_seconds)
 
@@ -288,6 +294,8 @@ class Extender:
             # kube-scheduler drops them without a status.
             policy = policy_of(meta.get("annotations") or {}, NODE_POLICY, self.cfg.node_scheduler_policy)
             best = self.ranking.best_first(a.candidates, policy, held)  # the nodes the mirror holds
+            if self._unverified:
+                best = self._verified_first(best)
             ok, failed, unresolvable = self.memo.fit_nodes(best, req, seen.annotations, gpu_policy, held, limit=k)
             unlisted = [n for n in names if n not in self.mirror.nodes] if not ok else []
             if unlisted:  # none fits: every node is reported, unregistered too
@@ -296,6 +304,12 @@ class Extender:
             TOPK_DROPPED.inc(len(names) - len(failed) - len(unresolvable) - len(ok))
         else:
             ok, failed, unresolvable = self.memo.fit_nodes(names, req, seen.annotations, gpu_policy, held)
+        if self._unverified and len(ok) > 1:
+            # a node that books nothing now (unverified_seen) is left out, as top-k leaves nodes out (no status:
+            # another node fits, so kube-scheduler reads none), while another node fits
+            verified = [n for n in ok if not self._is_unverified(n)]
+            if verified:
+                ok = verified
         if len(ok) == 1:
             self._claim(ok[0], seen, held)
         if k and ok:
@@ -319,6 +333,37 @@ class Extender:
         annotations = a.pod["metadata"].get("annotations") or {}
         policy = policy_of(annotations, NODE_POLICY, self.cfg.node_scheduler_policy)
         return self.memo.scores(a.names, policy, self.held)
+
+    def unverified_seen(self, node: str) -> None:
+        """A booking on `node` was refused `node unverified` (Redis failed over or restarted with data, and the
+        watchers have not compared the node with the API since): every booking there is refused until they have,
+        a keep window after their first comparison. Until then the filter leaves it out when another node fits
+        (the top-k filter tries it last), so kube-scheduler's next attempt goes to a node that books; alone, it
+        is still returned (refused at bind, kube-scheduler retries after its backoff, as before). Without this
+        the packing policy sent the pod back to the same node, refused again, for as long as verifying took."""
+        now = time.monotonic()
+        if len(self._unverified) >= 4096:  # bounded: forget the lapsed ones
+            self._unverified = {n: t for n, t in self._unverified.items() if t > now}
+        self._unverified[node] = now + UNVERIFIED_RANK_SECONDS
+
+    def _is_unverified(self, node: str) -> bool:
+        until = self._unverified.get(node)
+        if until is None:
+            return False
+        if until > time.monotonic():
+            return True
+        del self._unverified[node]
+        return False
+
+    def _verified_first(self, nodes: Iterator[str]) -> Iterator[str]:
+        """`nodes` in their order, the ones ranked last (unverified_seen) after all others."""
+        later = []
+        for n in nodes:
+            if self._is_unverified(n):
+                later.append(n)
+            else:
+                yield n
+        yield from later
 
     async def _seen_from_api(self, ns: str, name: str, uid: str) -> Seen | str:
         """The pod as the API server has it (filter ran on another replica), or why bind must stop."""
@@ -429,6 +474,7 @@ class Extender:
             CONFLICTS.inc(outcome.attempts - 1)
         if not outcome.ok:
             if outcome.refused.startswith(UNVERIFIED):
+                self.unverified_seen(node)
                 self._notify("verify", node)  # the watchers compare the node now, not at their next pass
             RESERVATIONS.labels("refused").inc()
             BINDINGS.labels("failed").inc()

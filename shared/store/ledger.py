@@ -243,6 +243,11 @@ class Ledger:
                     pool = getattr(self.redis, "connection_pool", None)
                     if pool is not None:
                         await pool.disconnect()
+                elif isinstance(e, rexc.TimeoutError) and is_sentinel(self.redis):
+                    # the master stopped answering (hung, cut off: redis_conn.HA_SOCKET_TIMEOUT): the idle
+                    # connections to it go too, or each would hang one call more; new ones ask the sentinels
+                    # (redis-py's cluster client does the same for a node of its own)
+                    await self.redis.connection_pool.disconnect(inuse_connections=False)
                 await asyncio.sleep(min(0.5, 0.05 * (failures - 1)))
 
     def known(self, node: str) -> Known:
