@@ -36,7 +36,7 @@ import orjson
 from aiohttp import web
 
 from controller.explain import explain_handler
-from controller.fit_memo import FitMemo, Held, held_states, request_size
+from controller.fit_memo import FitMemo, Held, Planned, held_states, request_size
 from controller.nominations import Nominations
 from controller.preempt import Preemption
 from controller.ranking import Ranking
@@ -53,7 +53,7 @@ from shared.domain.fit import (
 )
 from shared.domain.models import UNIT_MIB
 from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
-from shared.domain.preempt import Holding, plan_ahead, pod_priority
+from shared.domain.preempt import Ahead, Holding, plan_ahead, pod_priority
 from shared.domain.quota import is_terminal
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError
@@ -187,6 +187,8 @@ class Extender:
         # pods nominated to a node by a preemption, not bound yet: pods of lower or equal priority leave them
         # the cards they fit there (_held_for), as kube-scheduler's own filters leave them the node's totals
         self.nominations = Nominations()
+        # node -> (key, plan, the nominations it places) of the last plan made there with nothing else in flight
+        self._planned: dict[str, tuple[tuple[Any, ...], Planned, tuple[Any, ...]]] = {}
         # nodes where a filter placed a pod nowhere while bookings or claims were in flight here: when such a
         # claim ends without its bind, the pod turned away is woken (_unclaim)
         self._turned_away: set[str] = set()
@@ -280,6 +282,8 @@ class Extender:
         nominated = (pod.get("status") or {}).get("nominatedNodeName")
         if isinstance(nominated, str) and nominated:  # kube-scheduler chose this node for its preemption
             self.nominate(seen.uid, seen.priority, req, seen.annotations, [nominated])
+        elif seen.uid in self.nominations.by_uid:  # nominated no more (kube-scheduler cleared it): it holds nothing
+            self._woken(self.nominations.forget(seen.uid))
         held = self._held_for(seen.uid, seen.priority)
         k, gpu_policy = self.cfg.filter_top_k, self.cfg.gpu_scheduler_policy
         if 0 < k < len(names):
@@ -383,7 +387,7 @@ class Extender:
         policy = self.cfg.gpu_scheduler_policy
         snap = self.mirror.get(node)
         plan = None
-        others = {u: b for u, b in self._held_for(uid, seen.priority).get(node, {}).items() if u != uid}
+        others = {u: b for u, b in self._held_for(uid, seen.priority, only=node).get(node, {}).items() if u != uid}
         if snap is not None and not snap.error:  # filter's fit at the same seq, else a fresh one
             fitted: FitResult | None = None
             if others:  # cards other binds are booking right now: plan around them (when that fits)
@@ -689,24 +693,48 @@ class Extender:
             self._turned_away.discard(node)
             self._wake(node)
 
-    def _held_for(self, uid: str, priority: int) -> Held:
+    def _held_for(self, uid: str, priority: int, only: str | None = None) -> Held:
         """`held` as the pod `uid` of `priority` sees it: with the pods nominated to a node ahead of it placed there
-        (shared/domain/preempt.py plan_ahead), as kube-scheduler counts them for it. `self.held` when none is."""
+        (shared/domain/preempt.py plan_ahead), as kube-scheduler counts them for it. `self.held` when none is.
+        `only`: that node alone (bind). A node's plan with nothing else in flight there is kept for its snapshot
+        and the nominations it places (Planned), with the fits made on it: a filter plans only what changed."""
         if not self.nominations:
             return self.held
         merged: dict[str, Mapping[str, tuple[SliceRequest, tuple[int, ...]]]] = dict(self.held)
-        for node in list(self.nominations.by_node):
-            snap = self.mirror.get(node)
-            ahead = self.nominations.ahead_of(node, uid, priority, snap.reservations) if snap else []
-            if not ahead or snap is None or snap.error:
+        now, by_uid, get = self.nominations.clock(), self.nominations.by_uid, self.mirror.get
+        nodes = self.nominations.by_node if only is None else (
+            {only: self.nominations.by_node[only]} if only in self.nominations.by_node else {})
+        for node, uids in nodes.items():
+            snap = get(node)
+            if snap is None or snap.error:
+                continue
+            booked = snap.reservations
+            ahead = tuple(sorted((u, n) for u in uids if u != uid and u not in booked
+                                 and (n := by_uid[u]).priority >= priority and n.until >= now))
+            if not ahead:
                 continue
             here = {u: b for u, b in self.held.get(node, {}).items() if u != uid}
-            holdings = {v: Holding(r.cards, r.mem, r.cores, r.slices) for a in ahead for v in a.victims
-                        if (r := snap.reservations.get(v)) is not None}
-            _, planned = plan_ahead(held_states(snap, here), holdings, ahead, self.cfg.gpu_scheduler_policy)
-            if planned:
-                by_uid = {a.uid: a.request for a in ahead}
-                merged[node] = {**here, **{u: (by_uid[u], cards) for u, cards in planned.items()}}
+            key = (snap.seq, tuple((u, id(n)) for u, n in ahead))
+            cached = self._planned.get(node) if not here else None
+            if cached is not None and cached[0] == key:
+                merged[node] = cached[1]
+                continue
+            first = [Ahead(n.uid, n.priority, n.request, n.annotations, n.victims.get(node, ())) for _, n in ahead]
+            holdings = {v: Holding(r.cards, r.mem, r.cores, r.slices) for a in first for v in a.victims
+                        if (r := booked.get(v)) is not None}
+            _, planned = plan_ahead(held_states(snap, here), holdings, first, self.cfg.gpu_scheduler_policy)
+            if not planned:
+                continue
+            requests = {a.uid: a.request for a in first}
+            plan = {**here, **{u: (requests[u], cards) for u, cards in planned.items()}}
+            if here:
+                merged[node] = plan
+                continue
+            merged[node] = got = Planned(snap.seq, plan)
+            if len(self._planned) > 2 * len(self.nominations.by_node) + 64:  # bounded: nodes nominated now
+                self._planned = {n: e for n, e in self._planned.items() if n in self.nominations.by_node}
+            # the nominations placed are kept with it: the ids in the key stay theirs while it lives
+            self._planned[node] = (key, got, tuple(n for _, n in ahead))
         return merged
 
     def _prune_claims(self) -> None:
