@@ -152,3 +152,29 @@ def test_a_kept_plan_answers_as_a_fresh_one() -> None:
             for node in names:
                 assert {n: dict(h) for n, h in ext._held_for(uid, prio, only=node).items() if n == node} == \
                     {n: h for n, h in _reference(ext, uid, prio).items() if n == node}
+
+
+def test_nominations_are_bounded_in_bytes_not_only_in_pods() -> None:
+    """1,000 preemptors answered on 500 nodes with 2 victims each kept 164 MiB (MAX_NOMINATIONS is 4,096 pods)."""
+    import tracemalloc
+
+    from controller.nominations import MAX_ENTRIES, Nominations
+
+    req = sl(64)
+    tracemalloc.start()
+    try:
+        n = Nominations()
+        for p in range(1000):
+            n.record(f"p{p:04d}-" + "u" * 30, 1000, req, {},
+                     {f"node-{j:05d}": (f"v{p}-{j}-a" + "x" * 26, f"v{p}-{j}-b" + "x" * 26) for j in range(500)})
+        used, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert n.entries <= MAX_ENTRIES and "p0999-" + "u" * 30 in n.by_uid
+    assert used < 48 * 2**20, used / 2**20
+    # one answer past the bound alone: its nodes are kept, not their victims
+    n.record("big", 1000, req, {}, {f"node-{j}": tuple(f"v{j}-{i}" for i in range(1024)) for j in range(300)})
+    assert all(v == () for v in n.by_uid["big"].victims.values()) and n.entries <= MAX_ENTRIES
+    for uid in list(n.by_uid):
+        n.forget(uid)
+    assert n.entries == 0 and not n.by_node
