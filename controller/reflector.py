@@ -80,7 +80,7 @@ KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 30, 10, 3
 
 def keep_alive(resp: aiohttp.ClientResponse) -> bool:
     """Turn TCP keepalive on for the response's connection (what the platform offers); whether it was."""
-    conn = resp.connection
+    conn = getattr(resp, "connection", None)  # best effort: never what ends a watch
     transport = conn.transport if conn is not None else None
     sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is None:
