@@ -320,9 +320,10 @@ class Extender:
     def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         """HostPriorityList for ExtenderArgs; ArgsError (HTTP 400) when they are malformed."""
         a = parse_extender_args(args, self.mirror.nodes.keys())
-        annotations = a.pod["metadata"].get("annotations") or {}
-        policy = policy_of(annotations, NODE_POLICY, self.cfg.node_scheduler_policy)
-        return self.memo.scores(a.names, policy, self.held)
+        meta = a.pod["metadata"]
+        policy = policy_of(meta.get("annotations") or {}, NODE_POLICY, self.cfg.node_scheduler_policy)
+        # as the filter ranked them: with the pods nominated ahead of this one placed (_held_for)
+        return self.memo.scores(a.names, policy, self._held_for(str(meta.get("uid") or ""), pod_priority(a.pod)))
 
     async def _seen_from_api(self, ns: str, name: str, uid: str) -> Seen | str:
         """The pod as the API server has it (filter ran on another replica), or why bind must stop."""
@@ -708,8 +709,9 @@ class Extender:
             snap = get(node)
             if snap is None or snap.error:
                 continue
-            booked = snap.reservations
-            ahead = tuple(sorted((u, n) for u in uids if u != uid and u not in booked
+            booked, inflight = snap.reservations, self.held.get(node, {})
+            # one booked there, or being booked or claimed there (in flight), holds its cards already
+            ahead = tuple(sorted((u, n) for u in uids if u != uid and u not in booked and u not in inflight
                                  and (n := by_uid[u]).priority >= priority and n.until >= now))
             if not ahead:
                 continue

@@ -221,7 +221,9 @@ class FitMemo:
             snap = get(name)
             score = 0
             if snap and held and name in held:
-                score = extender_priority(held_states(snap, held[name]), policy)
+                here = held[name]
+                states = here.states_on(snap) if isinstance(here, Planned) else held_states(snap, here)
+                score = extender_priority(states, policy)
             elif snap:
                 entry = fits.get(name)
                 memo = entry[1] if entry is not None and entry[0] == snap.seq else memo_of(name, snap)

@@ -99,7 +99,8 @@ def _reference(ext: Any, uid: str, priority: int) -> dict[str, dict[str, Any]]:
     merged = {n: dict(h) for n, h in ext.held.items()}
     for node in list(ext.nominations.by_node):
         snap = ext.mirror.get(node)
-        ahead = ext.nominations.ahead_of(node, uid, priority, snap.reservations) if snap else []
+        ahead = ext.nominations.ahead_of(node, uid, priority, {*snap.reservations, *ext.held.get(node, {})}) \
+            if snap else []
         if not ahead or snap is None or snap.error:
             continue
         here = {u: b for u, b in ext.held.get(node, {}).items() if u != uid}
@@ -142,7 +143,7 @@ def test_a_kept_plan_answers_as_a_fresh_one() -> None:
             if ext.held.get(node):
                 ext.held.pop(node)
             else:
-                ext.held[node] = {f"b{rng.randrange(9)}": (sl(16), (rng.randrange(2),))}
+                ext.held[node] = {f"{rng.choice('bp')}{rng.randrange(5)}": (sl(16), (rng.randrange(2),))}
         elif op == 4:
             at = time.monotonic() + rng.choice((0, 200))  # some nominations lapse (or not)
             ext.nominations.clock = lambda at=at: at  # type: ignore[misc]
@@ -178,3 +179,40 @@ def test_nominations_are_bounded_in_bytes_not_only_in_pods() -> None:
     for uid in list(n.by_uid):
         n.forget(uid)
     assert n.entries == 0 and not n.by_node
+
+
+async def test_prioritize_scores_the_nodes_as_the_filter_sees_them() -> None:
+    """A pod nominated to node a keeps a's idle card from pods below it (filter, bind, the top-k ranking). prioritize
+    scored a as if that card were free (a and b alike), unlike the filter's own top-k ranking of them."""
+    ext = extender(cfg=S4000, kube=FakeKube())
+    ext.mirror.replace_all({})
+    for name in ("a", "b"):  # alike: card 1 has 32 units used, card 0 idle
+        ext.mirror.put(dataclasses.replace(snapshot([(f"y-{name}", (1,), 32, 4, 9999)]), node=name))
+    args = {"Pod": slice_pod("q", 32, 10), "NodeNames": ["a", "b"]}
+    alike = {s["Host"]: s["Score"] for s in ext.prioritize(args)}
+    assert alike["a"] == alike["b"]
+    ext.nominate("p1", 1000, sl(96), {}, ["a"])  # a's idle card is p1's
+    got = {s["Host"]: s["Score"] for s in ext.prioritize(args)}
+    assert got["a"] > got["b"], got  # binpack (this config's): a is fuller for q now, as the filter ranks it
+    spread = slice_pod("q", 32, 10)
+    spread["metadata"]["annotations"] = {"hami.io/node-scheduler-policy": "spread"}
+    got = {s["Host"]: s["Score"] for s in ext.prioritize({**args, "Pod": spread})}
+    assert got["a"] < got["b"], got
+    # a pod above p1 sees a as it is
+    top = {s["Host"]: s["Score"] for s in ext.prioritize({**args, "Pod": slice_pod("t", 32, 5000)})}
+    assert top["a"] == top["b"]
+
+
+async def test_a_nominated_pods_claim_keeps_its_card() -> None:
+    """The nominated pod fits now on its node (card 0 idle; its victim v still holds card 1) and its filter claims
+    card 0 until its bind. A pod below it filtered meanwhile (the next in kube-scheduler's queue) saw the claim
+    replaced by the nomination's plan (card 1, once v is gone), so card 0 free: it was returned the node and claimed
+    card 0 too; p1's bind then planned around that claim, found nothing and took card 0 anyway, and q's bind failed."""
+    ext = extender(cfg=S4000, kube=FakeKube())
+    ext.mirror.put(snapshot([("v", (1,), 96, 16, 1)]))
+    ext.nominate("p1", 1000, sl(96), {}, {"s4k": ("v",)})  # the verb's answer: v is its victim
+    assert ext.filter({"Pod": slice_pod("p1", 96, 1000, nominated="s4k"), "NodeNames": ["s4k"]})["NodeNames"] \
+        == ["s4k"]
+    assert [c for _, c in ext.held["s4k"].values()] == [(0,)]  # its claim
+    got = ext.filter({"Pod": slice_pod("q", 96, 10), "NodeNames": ["s4k"]})
+    assert got["NodeNames"] == [], got  # card 0 is claimed by p1, card 1 is v's (then p1's plan's)
