@@ -100,6 +100,16 @@ EVENT_MESSAGE_CHARS = 1024  # what an event keeps of a message (Kube.create_even
 # server still gets kube-scheduler its answer within the extender's httpTimeout (30 s by default) rather than after
 # it (a read's own default is 30 s: one of them alone used it up).
 BIND_READ_S = 4.0
+# When the preempt verb's answer named several nodes, the preemptor is read this long after it, then after each
+# further delay, until it names the node kube-scheduler nominated it to (narrow_later); at most MAX_NARROWING at once
+NARROW_AFTER_S = (1.0, 3.0, 10.0)
+MAX_NARROWING = 64
+
+
+def _part(obj: object, key: str) -> Mapping[str, Any]:
+    """obj[key] when both are objects, else an empty one."""
+    got = obj.get(key) if isinstance(obj, dict) else None
+    return got if isinstance(got, dict) else {}
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -193,6 +203,7 @@ class Extender:
         # claim ends without its bind, the pod turned away is woken (_unclaim)
         self._turned_away: set[str] = set()
         self._notices: set[asyncio.Task[None]] = set()  # notices being sent (_notify)
+        self._narrowing: set[asyncio.Task[None]] = set()  # preemptors read for their nominated node (_narrow)
         self._verify_asked: dict[str, float] = {}  # node -> when its last verify notice went (_notify)
         # from the start of a reservation to the API server's deadline for its Binding (shared/domain/timing.py)
         self.bind_deadline = bind_deadline_s(cfg.pending_ttl_seconds)
@@ -687,6 +698,50 @@ class Extender:
         """The pod is nominated to one of `nodes` (controller/nominations.py); the nodes it left wake the pods
         turned away there for it."""
         self._woken(self.nominations.record(uid, priority, req, annotations, nodes))
+
+    def narrow_later(self, ns: str, name: str, uid: str) -> None:
+        """The preempt verb answered several nodes: kube-scheduler nominates the pod to one of them and its filters
+        count it there only. Its next filter (which says which) may come only once its victims are gone (their
+        grace period, 30 s by default); until then every other node answered would hold a card for it. Read the
+        pod's nominatedNodeName soon instead (_narrow; at most MAX_NARROWING preemptors at once)."""
+        if self.kube is None or len(self._narrowing) >= MAX_NARROWING:
+            return
+        task = asyncio.create_task(self._narrow(ns, name, uid))
+        self._narrowing.add(task)
+        task.add_done_callback(self._narrowing.discard)
+
+    async def _narrow(self, ns: str, name: str, uid: str) -> None:
+        """Nominated to the node its pod names, once kube-scheduler has written it (NARROW_AFTER_S); forgotten when
+        the pod is gone, bound, or still names no node at the last read (kube-scheduler did not nominate it)."""
+        assert self.kube is not None
+        for i, delay in enumerate(NARROW_AFTER_S):
+            await asyncio.sleep(delay)
+            got = self.nominations.by_uid.get(uid)
+            if got is None or len(got.victims) <= 1:
+                return  # forgotten, or narrowed by a filter of the pod already
+            try:
+                async with asyncio.timeout(BIND_READ_S):
+                    pod = await self.kube.get_pod(ns, name)
+            except KubeError as e:
+                if e.status == 404:
+                    self._woken(self.nominations.forget(uid))  # deleted
+                    return
+                continue
+            except Exception:  # unreachable, a timeout, an answer we cannot read: as it was
+                continue
+            if self.nominations.by_uid.get(uid) is not got:
+                return  # recorded again meanwhile (a filter, another answer): that is newer
+            meta, spec, status = (_part(pod, k) for k in ("metadata", "spec", "status"))
+            node = status.get("nominatedNodeName")
+            if meta.get("uid") != uid or spec.get("nodeName"):
+                self._woken(self.nominations.forget(uid))  # deleted (and made again), or bound
+            elif isinstance(node, str) and node:
+                self.nominate(uid, got.priority, got.request, got.annotations, [node])
+            elif i == len(NARROW_AFTER_S) - 1:
+                self._woken(self.nominations.forget(uid))  # nominated nowhere
+            else:
+                continue
+            return
 
     def _woken(self, nodes: set[str]) -> None:
         """Nodes a nomination left without its pod: a pod turned away there meanwhile is tried again."""

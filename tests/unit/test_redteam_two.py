@@ -3,6 +3,7 @@ kube-scheduler cleared, the filter's cost with nominations, and the verb's answe
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from typing import Any
@@ -72,23 +73,52 @@ def test_the_filters_cost_with_nominations_stays_bounded() -> None:
     assert with_ < 0.080  # was 0.225-0.247 s on the same machine
 
 
-@pytest.mark.xfail(strict=True, reason="rt-two finding: the verb's answer nominates on every node answered")
-async def test_the_verbs_answer_holds_cards_on_every_node_it_named_not_the_one_kube_scheduler_chose() -> None:
-    """The preempt verb records its preemptor on every node it answered; kube-scheduler nominates it to one. Until
-    the preemptor's next filter (after its victims are gone: their grace period, 30 s by default), a lower-priority
-    pod is turned away from every other node answered, which kube-scheduler's own filters leave to it."""
+async def _answered(ext: Any, kube: FakeKube) -> None:
     from controller.preempt import Preemption
     from tests.unit.test_preempt import meta
 
-    ext = extender(cfg=S4000, kube=FakeKube())
     for name in ("a", "b", "c"):  # card 0 held by a low-priority victim, card 1 idle (whole-card preemptor: UNCHANGED)
         ext.mirror.put(dataclasses.replace(snapshot([(f"v-{name}", (0,), 64, 4, 1)]), node=name))
     victims = {**meta("a", "v-a"), **meta("b", "v-b"), **meta("c", "v-c")}
-    out = await Preemption(ext).preempt({"Pod": slice_pod("p1", 96, 1000), "NodeNameToMetaVictims": victims})
+    p1 = slice_pod("p1", 96, 1000)
+    kube.pods[("ns", "p-p1")] = p1
+    out = await Preemption(ext).preempt({"Pod": p1, "NodeNameToMetaVictims": victims})
     assert set(out["NodeNameToMetaVictims"]) == {"a", "b", "c"}
-    # kube-scheduler nominated p1 to a; b and c are free for a pod below it (its own filters say so)
-    got = ext.filter({"Pod": slice_pod("q", 96, 10), "NodeNames": ["b", "c"]})
-    assert got["NodeNames"] == ["b", "c"], got
+    assert ext.filter({"Pod": slice_pod("q", 96, 10), "NodeNames": ["a", "b", "c"]})["NodeNames"] == []
+
+
+@pytest.mark.parametrize(("then", "held"), [
+    ({"status": {"nominatedNodeName": "a"}}, ["a"]),  # kube-scheduler's choice: that node alone
+    ({}, []),  # it names none at the last read: kube-scheduler did not nominate it
+    ({"spec": {"nodeName": "b"}}, []),  # bound meanwhile (by another replica)
+    (None, []),  # deleted
+])
+async def test_the_verbs_answer_holds_cards_only_where_kube_scheduler_nominated_it(
+        monkeypatch: pytest.MonkeyPatch, then: Any, held: list[str]) -> None:
+    """The preempt verb records its preemptor on every node it answered; kube-scheduler nominates it to one. Until
+    the preemptor's next filter (after its victims are gone: their grace period, 30 s by default), a lower-priority
+    pod was turned away from every other node answered, which kube-scheduler's own filters leave to it (and each
+    filter planned them all). Now the extender reads the pod's nominatedNodeName soon after its answer."""
+    import controller.extender as extender_module
+
+    monkeypatch.setattr(extender_module, "NARROW_AFTER_S", (0.01, 0.01, 0.01))
+    kube = FakeKube()
+    ext = extender(cfg=S4000, kube=kube)
+    await _answered(ext, kube)
+    woken: list[str] = []
+    ext._turned_away.update("abc")
+    ext._wake = woken.append  # type: ignore[method-assign]
+    if then is None:
+        del kube.pods[("ns", "p-p1")]
+    else:
+        p1 = kube.pods[("ns", "p-p1")]
+        for k, v in then.items():
+            p1.setdefault(k, {}).update(v)
+    await asyncio.wait_for(asyncio.gather(*ext._narrowing), 5)
+    assert sorted(ext.nominations.by_node) == held
+    assert sorted(woken) == sorted({"a", "b", "c"} - set(held))
+    fits = ext.filter({"Pod": slice_pod("q", 96, 10), "NodeNames": ["a", "b", "c"]})["NodeNames"]
+    assert fits == [n for n in "abc" if n not in held]
 
 
 def _reference(ext: Any, uid: str, priority: int) -> dict[str, dict[str, Any]]:
