@@ -36,7 +36,7 @@ import orjson
 from aiohttp import web
 
 from controller.explain import explain_handler
-from controller.fit_memo import FitMemo, Held, held_states, request_size
+from controller.fit_memo import FitMemo, Held, Planned, held_states, request_size
 from controller.nominations import Nominations
 from controller.preempt import Preemption
 from controller.ranking import Ranking
@@ -53,7 +53,7 @@ from shared.domain.fit import (
 )
 from shared.domain.models import UNIT_MIB
 from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
-from shared.domain.preempt import Holding, plan_ahead, pod_priority
+from shared.domain.preempt import Ahead, Holding, plan_ahead, pod_priority
 from shared.domain.quota import is_terminal
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError
@@ -103,6 +103,16 @@ EVENT_MESSAGE_CHARS = 1024  # what an event keeps of a message (Kube.create_even
 # server still gets kube-scheduler its answer within the extender's httpTimeout (30 s by default) rather than after
 # it (a read's own default is 30 s: one of them alone used it up).
 BIND_READ_S = 4.0
+# When the preempt verb's answer named several nodes, the preemptor is read this long after it, then after each
+# further delay, until it names the node kube-scheduler nominated it to (narrow_later); at most MAX_NARROWING at once
+NARROW_AFTER_S = (1.0, 3.0, 10.0)
+MAX_NARROWING = 64
+
+
+def _part(obj: object, key: str) -> Mapping[str, Any]:
+    """obj[key] when both are objects, else an empty one."""
+    got = obj.get(key) if isinstance(obj, dict) else None
+    return got if isinstance(got, dict) else {}
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -190,10 +200,13 @@ class Extender:
         # pods nominated to a node by a preemption, not bound yet: pods of lower or equal priority leave them
         # the cards they fit there (_held_for), as kube-scheduler's own filters leave them the node's totals
         self.nominations = Nominations()
+        # node -> (key, plan, the nominations it places) of the last plan made there with nothing else in flight
+        self._planned: dict[str, tuple[tuple[Any, ...], Planned, tuple[Any, ...]]] = {}
         # nodes where a filter placed a pod nowhere while bookings or claims were in flight here: when such a
         # claim ends without its bind, the pod turned away is woken (_unclaim)
         self._turned_away: set[str] = set()
         self._notices: set[asyncio.Task[None]] = set()  # notices being sent (_notify)
+        self._narrowing: set[asyncio.Task[None]] = set()  # preemptors read for their nominated node (_narrow)
         self._verify_asked: dict[str, float] = {}  # node -> when its last verify notice went (_notify)
         # node -> until when it is ranked last (a booking there was refused `node unverified`: unverified_seen)
         self._unverified: dict[str, float] = {}
@@ -286,6 +299,8 @@ class Extender:
         nominated = (pod.get("status") or {}).get("nominatedNodeName")
         if isinstance(nominated, str) and nominated:  # kube-scheduler chose this node for its preemption
             self.nominate(seen.uid, seen.priority, req, seen.annotations, [nominated])
+        elif seen.uid in self.nominations.by_uid:  # nominated no more (kube-scheduler cleared it): it holds nothing
+            self._woken(self.nominations.forget(seen.uid))
         held = self._held_for(seen.uid, seen.priority)
         k, gpu_policy = self.cfg.filter_top_k, self.cfg.gpu_scheduler_policy
         if 0 < k < len(names):
@@ -330,9 +345,10 @@ class Extender:
     def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         """HostPriorityList for ExtenderArgs; ArgsError (HTTP 400) when they are malformed."""
         a = parse_extender_args(args, self.mirror.nodes.keys())
-        annotations = a.pod["metadata"].get("annotations") or {}
-        policy = policy_of(annotations, NODE_POLICY, self.cfg.node_scheduler_policy)
-        return self.memo.scores(a.names, policy, self.held)
+        meta = a.pod["metadata"]
+        policy = policy_of(meta.get("annotations") or {}, NODE_POLICY, self.cfg.node_scheduler_policy)
+        # as the filter ranked them: with the pods nominated ahead of this one placed (_held_for)
+        return self.memo.scores(a.names, policy, self._held_for(str(meta.get("uid") or ""), pod_priority(a.pod)))
 
     def unverified_seen(self, node: str) -> None:
         """A booking on `node` was refused `node unverified` (Redis failed over or restarted with data, and the
@@ -428,7 +444,7 @@ class Extender:
         policy = self.cfg.gpu_scheduler_policy
         snap = self.mirror.get(node)
         plan = None
-        others = {u: b for u, b in self._held_for(uid, seen.priority).get(node, {}).items() if u != uid}
+        others = {u: b for u, b in self._held_for(uid, seen.priority, only=node).get(node, {}).items() if u != uid}
         if snap is not None and not snap.error:  # filter's fit at the same seq, else a fresh one
             fitted: FitResult | None = None
             if others:  # cards other binds are booking right now: plan around them (when that fits)
@@ -729,30 +745,99 @@ class Extender:
         turned away there for it."""
         self._woken(self.nominations.record(uid, priority, req, annotations, nodes))
 
+    def narrow_later(self, ns: str, name: str, uid: str) -> None:
+        """The preempt verb answered several nodes: kube-scheduler nominates the pod to one of them and its filters
+        count it there only. Its next filter (which says which) may come only once its victims are gone (their
+        grace period, 30 s by default); until then every other node answered would hold a card for it. Read the
+        pod's nominatedNodeName soon instead (_narrow; at most MAX_NARROWING preemptors at once)."""
+        if self.kube is None or len(self._narrowing) >= MAX_NARROWING:
+            return
+        task = asyncio.create_task(self._narrow(ns, name, uid))
+        self._narrowing.add(task)
+        task.add_done_callback(self._narrowing.discard)
+
+    async def _narrow(self, ns: str, name: str, uid: str) -> None:
+        """Nominated to the node its pod names, once kube-scheduler has written it (NARROW_AFTER_S); forgotten when
+        the pod is gone, bound, or still names no node at the last read (kube-scheduler did not nominate it)."""
+        assert self.kube is not None
+        for i, delay in enumerate(NARROW_AFTER_S):
+            await asyncio.sleep(delay)
+            got = self.nominations.by_uid.get(uid)
+            if got is None or len(got.victims) <= 1:
+                return  # forgotten, or narrowed by a filter of the pod already
+            try:
+                async with asyncio.timeout(BIND_READ_S):
+                    pod = await self.kube.get_pod(ns, name)
+            except KubeError as e:
+                if e.status == 404:
+                    self._woken(self.nominations.forget(uid))  # deleted
+                    return
+                continue
+            except Exception:  # unreachable, a timeout, an answer we cannot read: as it was
+                continue
+            if self.nominations.by_uid.get(uid) is not got:
+                return  # recorded again meanwhile (a filter, another answer): that is newer
+            meta, spec, status = (_part(pod, k) for k in ("metadata", "spec", "status"))
+            node = status.get("nominatedNodeName")
+            if meta.get("uid") != uid or spec.get("nodeName"):
+                self._woken(self.nominations.forget(uid))  # deleted (and made again), or bound
+            elif isinstance(node, str) and node:
+                self.nominate(uid, got.priority, got.request, got.annotations, [node])
+            elif i == len(NARROW_AFTER_S) - 1:
+                self._woken(self.nominations.forget(uid))  # nominated nowhere
+            else:
+                continue
+            return
+
     def _woken(self, nodes: set[str]) -> None:
         """Nodes a nomination left without its pod: a pod turned away there meanwhile is tried again."""
         for node in nodes & self._turned_away:
             self._turned_away.discard(node)
             self._wake(node)
 
-    def _held_for(self, uid: str, priority: int) -> Held:
+    def _held_for(self, uid: str, priority: int, only: str | None = None) -> Held:
         """`held` as the pod `uid` of `priority` sees it: with the pods nominated to a node ahead of it placed there
-        (shared/domain/preempt.py plan_ahead), as kube-scheduler counts them for it. `self.held` when none is."""
+        (shared/domain/preempt.py plan_ahead), as kube-scheduler counts them for it. `self.held` when none is.
+        `only`: that node alone (bind). A node's plan with nothing else in flight there is kept for its snapshot
+        and the nominations it places (Planned), with the fits made on it: a filter plans only what changed."""
         if not self.nominations:
             return self.held
         merged: dict[str, Mapping[str, tuple[SliceRequest, tuple[int, ...]]]] = dict(self.held)
-        for node in list(self.nominations.by_node):
-            snap = self.mirror.get(node)
-            ahead = self.nominations.ahead_of(node, uid, priority, snap.reservations) if snap else []
-            if not ahead or snap is None or snap.error:
+        now, by_uid, get = self.nominations.clock(), self.nominations.by_uid, self.mirror.get
+        nodes = self.nominations.by_node if only is None else (
+            {only: self.nominations.by_node[only]} if only in self.nominations.by_node else {})
+        for node, uids in nodes.items():
+            snap = get(node)
+            if snap is None or snap.error:
+                continue
+            booked, inflight = snap.reservations, self.held.get(node, {})
+            # one booked there, or being booked or claimed there (in flight), holds its cards already
+            ahead = tuple(sorted((u, n) for u in uids if u != uid and u not in booked and u not in inflight
+                                 and (n := by_uid[u]).priority >= priority and n.until >= now))
+            if not ahead:
                 continue
             here = {u: b for u, b in self.held.get(node, {}).items() if u != uid}
-            holdings = {v: Holding(r.cards, r.mem, r.cores, r.slices) for a in ahead for v in a.victims
-                        if (r := snap.reservations.get(v)) is not None}
-            _, planned = plan_ahead(held_states(snap, here), holdings, ahead, self.cfg.gpu_scheduler_policy)
-            if planned:
-                by_uid = {a.uid: a.request for a in ahead}
-                merged[node] = {**here, **{u: (by_uid[u], cards) for u, cards in planned.items()}}
+            key = (snap.seq, tuple((u, id(n)) for u, n in ahead))
+            cached = self._planned.get(node) if not here else None
+            if cached is not None and cached[0] == key:
+                merged[node] = cached[1]
+                continue
+            first = [Ahead(n.uid, n.priority, n.request, n.annotations, n.victims.get(node, ())) for _, n in ahead]
+            holdings = {v: Holding(r.cards, r.mem, r.cores, r.slices) for a in first for v in a.victims
+                        if (r := booked.get(v)) is not None}
+            _, planned = plan_ahead(held_states(snap, here), holdings, first, self.cfg.gpu_scheduler_policy)
+            if not planned:
+                continue
+            requests = {a.uid: a.request for a in first}
+            plan = {**here, **{u: (requests[u], cards) for u, cards in planned.items()}}
+            if here:
+                merged[node] = plan
+                continue
+            merged[node] = got = Planned(snap.seq, plan)
+            if len(self._planned) > 2 * len(self.nominations.by_node) + 64:  # bounded: nodes nominated now
+                self._planned = {n: e for n, e in self._planned.items() if n in self.nominations.by_node}
+            # the nominations placed are kept with it: the ids in the key stay theirs while it lives
+            self._planned[node] = (key, got, tuple(n for _, n in ahead))
         return merged
 
     def _prune_claims(self) -> None:

@@ -28,6 +28,7 @@ from shared.domain.fit import (
     apply,
     extender_priority,
     fit,
+    node_score,
 )
 from shared.domain.request import SliceRequest
 from shared.domain.state import NodeSnapshot
@@ -38,6 +39,46 @@ MOVING = "card state unreadable while its Redis Cluster slot moves between shard
 NODE_ANSWERS = 64  # answers kept per node (a node's memo is emptied when full)
 Held = Mapping[str, Mapping[str, tuple[SliceRequest, tuple[int, ...]]]]  # node -> uid -> (request, cards)
 NO_HELD: Held = {}
+
+
+class Planned(dict[str, tuple[SliceRequest, tuple[int, ...]]]):
+    """A node's bookings as planned for the pods nominated there (controller/extender.py _held_for), made for
+    one snapshot (`seq`) and never changed after: the card states, their fill and the fit answers on them are
+    kept with it, so the filters that see the same plan compute them once (a plan per nominated node per
+    filter cost 45 us a node: 10 preemptors answered on 500 nodes each made a filter of 5,000 nodes 80 times
+    slower, red team)."""
+
+    def __init__(self, seq: int, items: Mapping[str, tuple[SliceRequest, tuple[int, ...]]]):
+        super().__init__(items)
+        self.seq = seq
+        self._states: list[CardState] | None = None
+        self._fill: float | None = None
+        self.fits: dict[int, FitResult] = {}
+
+    def states_on(self, snap: NodeSnapshot) -> list[CardState]:
+        if self.seq != snap.seq:
+            return held_states(snap, self)
+        if self._states is None:
+            self._states = held_states(snap, self)
+        return self._states
+
+    def fill_on(self, snap: NodeSnapshot) -> float:
+        if self.seq != snap.seq:
+            return node_score(held_states(snap, self))
+        if self._fill is None:
+            self._fill = node_score(self.states_on(snap))
+        return self._fill
+
+    def fit_on(self, snap: NodeSnapshot, key: int, req: SliceRequest, annotations: Mapping[str, str],
+               gpu_policy: str) -> FitResult:
+        if self.seq != snap.seq:
+            return fit(held_states(snap, self), req, annotations, gpu_policy)
+        got = self.fits.get(key)
+        if got is None:
+            if len(self.fits) >= NODE_ANSWERS:
+                self.fits.clear()
+            got = self.fits[key] = fit(self.states_on(snap), req, annotations, gpu_policy)
+        return got
 
 
 def held_states(snap: NodeSnapshot, held: Mapping[str, tuple[SliceRequest, tuple[int, ...]]]) -> list[CardState]:
@@ -140,7 +181,9 @@ class FitMemo:
             elif snap.error:
                 unresolvable[name] = f"node unregistered: {snap.error}"
             elif held and name in held:
-                now = fit(held_states(snap, held[name]), req, annotations, gpu_policy)
+                here = held[name]
+                now = here.fit_on(snap, key, req, annotations, gpu_policy) if isinstance(here, Planned) else fit(
+                    held_states(snap, here), req, annotations, gpu_policy)
                 if now.cards:
                     ok.append(name)
                 else:
@@ -178,7 +221,9 @@ class FitMemo:
             snap = get(name)
             score = 0
             if snap and held and name in held:
-                score = extender_priority(held_states(snap, held[name]), policy)
+                here = held[name]
+                states = here.states_on(snap) if isinstance(here, Planned) else held_states(snap, here)
+                score = extender_priority(states, policy)
             elif snap:
                 entry = fits.get(name)
                 memo = entry[1] if entry is not None and entry[0] == snap.seq else memo_of(name, snap)

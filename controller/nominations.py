@@ -25,6 +25,12 @@ from shared.domain.request import SliceRequest
 NOMINATION_SECONDS = 120.0  # a nomination not seen again for this long is forgotten (kube-scheduler retries
 # a nominated pod whenever one of its victims goes, and at least every podMaxBackoffSeconds, 10 s by default)
 MAX_NOMINATIONS = 4096
+# (node, pod) pairs and victims' uids kept in all: one preempt answer names up to every node, each with up to 1,024
+# victims, so MAX_NOMINATIONS alone bounded nothing in bytes (1,000 preemptors answered on 500 nodes with 2
+# victims each kept 164 MiB: red team). ~100 bytes each: ~26 MiB at most. Past it the oldest nominations are
+# forgotten; a nomination that alone is past it keeps its nodes without their victims (its plan then leaves it
+# any card there, so the next preemptor's victims must leave it one: fewer evictions, never more)
+MAX_ENTRIES = 262_144
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ class Nominations:
         self.clock = clock
         self.by_uid: dict[str, Nomination] = {}  # in the order they were last recorded (oldest first)
         self.by_node: dict[str, set[str]] = {}  # node -> uids nominated there
+        self.entries = 0  # sum of size(): bounded by MAX_ENTRIES
 
     def __bool__(self) -> bool:
         return bool(self.by_uid)
@@ -56,11 +63,14 @@ class Nominations:
             n: before.victims.get(n, ()) if before is not None else () for n in nodes}
         if not victims:
             return left
-        self.by_uid[uid] = Nomination(uid, priority, req, dict(annotations), victims,
-                                      self.clock() + NOMINATION_SECONDS)
+        if _size(victims) > MAX_ENTRIES:
+            victims = dict.fromkeys(victims, ())
+        got = self.by_uid[uid] = Nomination(uid, priority, req, dict(annotations), victims,
+                                            self.clock() + NOMINATION_SECONDS)
+        self.entries += _size(got.victims)
         for node in victims:
             self.by_node.setdefault(node, set()).add(uid)
-        while len(self.by_uid) > MAX_NOMINATIONS:
+        while len(self.by_uid) > MAX_NOMINATIONS or (self.entries > MAX_ENTRIES and len(self.by_uid) > 1):
             left |= self.forget(next(iter(self.by_uid)))
         return left - victims.keys()
 
@@ -69,6 +79,7 @@ class Nominations:
         got = self.by_uid.pop(uid, None)
         if got is None:
             return set()
+        self.entries -= _size(got.victims)
         for node in got.victims:
             uids = self.by_node.get(node)
             if uids is not None:
@@ -94,3 +105,8 @@ class Nominations:
         now = self.clock()
         return [Ahead(n.uid, n.priority, n.request, n.annotations, n.victims.get(node, ())) for u in uids
                 if u != uid and u not in booked and (n := self.by_uid[u]).priority >= priority and n.until >= now]
+
+
+def _size(victims: Mapping[str, tuple[str, ...]]) -> int:
+    """A nomination's entries: its nodes and their victims."""
+    return len(victims) + sum(len(v) for v in victims.values())

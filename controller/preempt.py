@@ -61,7 +61,9 @@ class Preemption:
         states = held_states(snap, others) if others else snap.states()
         # pods nominated here by earlier preemptions, of a priority at least this one's: kube-scheduler's dry
         # run counted them on the node, so the victims must leave this pod a card besides theirs
-        ahead = self.ext.nominations.ahead_of(node, uid, a.priority, snap.reservations)
+        # (one booked there, or with a booking or claim in flight there, holds its cards already)
+        ahead = self.ext.nominations.ahead_of(node, uid, a.priority,
+                                              snap.reservations.keys() | self.ext.held.get(node, {}).keys())
         return choose_victims(states, holdings, proposed, req, annotations, self.ext.cfg.gpu_scheduler_policy,
                               ahead)
 
@@ -100,6 +102,8 @@ class Preemption:
         if out:  # kube-scheduler nominates it to one of them: pods after it leave it the room (_held_for)
             fits = {k: v for k in FIT_ANNOTATIONS if isinstance(v := (meta.get("annotations") or {}).get(k), str)}
             self.ext.nominate(meta["uid"], a.priority, req, fits, {n: v for n, (v, _) in out.items()})
+            if len(out) > 1:  # kube-scheduler picks one: read which, soon (not at its next filter only)
+                self.ext.narrow_later(meta["namespace"], meta["name"], meta["uid"])
         log.info("preempt for %s: %d of %d nodes kept (%s); dropped: %s", ref, len(out), len(a.nodes),
                  "; ".join(chosen) or "none", "; ".join(refused) or "none")
         if out:

@@ -15,7 +15,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator
 from collections.abc import Set as AbstractSet
 
-from controller.fit_memo import Held, held_states
+from controller.fit_memo import Held, Planned, held_states
 from shared.domain.fit import node_score
 from shared.domain.topk import order_key
 from shared.store.mirror import Mirror
@@ -51,7 +51,8 @@ class Ranking:
         be a set already (the filter's ExtenderArgs.candidates): then it is not copied."""
         want = names if isinstance(names, AbstractSet) else set(names)
         nodes = self.mirror.nodes
-        moved = sorted(order_key(node_score(held_states(nodes[n], held[n])), n, policy)
+        moved = sorted(order_key(h.fill_on(nodes[n]) if isinstance(h := held[n], Planned)
+                                 else node_score(held_states(nodes[n], h)), n, policy)
                        for n in held if n in want and n in nodes)
         keys = self._order["spread" if policy == "spread" else "binpack"]
         rest = (k for k in keys if k[1] in want and k[1] not in held)

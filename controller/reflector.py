@@ -80,7 +80,7 @@ KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 30, 10, 3
 
 def keep_alive(resp: aiohttp.ClientResponse) -> bool:
     """Turn TCP keepalive on for the response's connection (what the platform offers); whether it was."""
-    conn = resp.connection
+    conn = getattr(resp, "connection", None)  # best effort: never what ends a watch
     transport = conn.transport if conn is not None else None
     sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is None:
@@ -251,6 +251,7 @@ class Reflector:
                      "timeoutSeconds": random.randint(240, 300), **self.selectors}
             opened: float | None = None
             handled = False
+            held: asyncio.TimerHandle | None = None
             try:
                 resp = await self.kube.raw("GET", self.path, query=query,
                                            timeout=aiohttp.ClientTimeout(total=None, sock_read=330, connect=10))
@@ -266,6 +267,9 @@ class Reflector:
                     if not short:
                         backoff.reset()
                         self._working()
+                    else:  # open SHORT_WATCH_S without failing: working, quiet as it may be (events come
+                        # minutes apart on a quiet cluster, bookmarks a minute or more apart)
+                        held = asyncio.get_running_loop().call_later(SHORT_WATCH_S, self._held_open, backoff)
                     async for line in lines(resp.content):
                         if not line.strip():
                             continue
@@ -276,14 +280,14 @@ class Reflector:
                             self._working()
                     if not handled and time.monotonic() - opened < SHORT_WATCH_S:
                         raise BadAnswer(f"watch stream ended after {time.monotonic() - opened:.2f}s without an event")
+                short = False  # ended after SHORT_WATCH_S or more, or said something: not short
                 WATCH_RESUMES.labels(self.name).inc()
             except (Gone, asyncio.CancelledError):
                 raise
             except (TimeoutError, KubeError, aiohttp.ClientError, OSError, orjson.JSONDecodeError, ValueError,
                     HandlerError) as e:
-                if (opened is not None and not handled and not isinstance(e, HandlerError)
-                        and time.monotonic() - opened < SHORT_WATCH_S):
-                    short = True
+                if opened is not None and not isinstance(e, HandlerError):  # short, or not (open long enough)
+                    short = not handled and time.monotonic() - opened < SHORT_WATCH_S
                 # A failed handler left resource_version at the event before it: resuming replays it.
                 self._failing(e)
                 if isinstance(e, HandlerError) and e.__cause__ is not None and not is_transient(e.__cause__):
@@ -295,6 +299,14 @@ class Reflector:
                 log.warning("%s: watch interrupted (%s); resuming from %s in %.1fs", self.name, e,
                             self.resource_version, backoff.delay)
                 await backoff.sleep()
+            finally:
+                if held is not None:
+                    held.cancel()
+
+    def _held_open(self, backoff: Backoff) -> None:
+        """A stream opened after a short one has stayed open SHORT_WATCH_S: it works."""
+        backoff.reset()
+        self._working()
 
     async def _handle(self, event: Any) -> None:
         if not isinstance(event, dict):
