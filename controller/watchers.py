@@ -31,6 +31,7 @@ from shared.domain.reconcile import FUTURE_MS, Unrecorded, expires, offers_cards
 from shared.domain.request import RequestError, pod_request
 from shared.domain.timing import KEEP_MS
 from shared.domain.trust import asks_slices, foreign_record
+from shared.domain.views import picked, spec_view
 from shared.kube import Kube, KubeError
 from shared.serving.metrics import (
     ANNOTATION_ERRORS,
@@ -750,24 +751,16 @@ def watched_pod(pod: Any) -> Any:
     if not isinstance(pod, dict):
         return pod
 
-    def part(obj: object, keys: tuple[str, ...]) -> dict[str, Any]:
-        return {k: obj[k] for k in keys if k in obj} if isinstance(obj, dict) else {}
-
-    meta, spec, status = pod.get("metadata"), pod.get("spec"), pod.get("status")
-    view_meta = part(meta, POD_META)
+    meta, status = pod.get("metadata"), pod.get("status")
+    view_meta = picked(meta, POD_META)
     annotations = meta.get("annotations") if isinstance(meta, dict) else None
     if isinstance(annotations, dict):
         view_meta["annotations"] = {k: v for k, v in annotations.items()
                                     if isinstance(k, str) and k.startswith(POD_ANNOTATION_PREFIXES)}
     elif annotations is not None:
         view_meta["annotations"] = annotations  # malformed: the rules that read it say so
-    view_spec = part(spec, POD_SPEC)
-    for key in ("initContainers", "containers"):
-        got = spec.get(key) if isinstance(spec, dict) else None
-        if got is not None:
-            view_spec[key] = [part(c, POD_CONTAINER) if isinstance(c, dict) else c for c in got] \
-                if isinstance(got, list) else got
-    view_status = part(status, POD_STATUS)
+    view_spec = spec_view(pod.get("spec"), POD_SPEC, POD_CONTAINER)
+    view_status = picked(status, POD_STATUS)
     conditions = status.get("conditions") if isinstance(status, dict) else None
     if isinstance(conditions, list):  # tried(): kube-scheduler's PodScheduled condition
         view_status["conditions"] = [{k: c[k] for k in ("type", "reason") if k in c} for c in conditions

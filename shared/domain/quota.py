@@ -28,6 +28,7 @@ from shared.domain.lifecycle import peak
 from shared.domain.quantity import exact
 from shared.domain.request import ContainerAsk, RequestError, read_asks
 from shared.domain.trust import asks_slices
+from shared.domain.views import picked, spec_view
 
 LIMITS_PREFIX = "limits."
 TERMINAL_PHASES = ("Succeeded", "Failed")  # the API server stops charging a pod once it is terminal
@@ -123,17 +124,9 @@ def quota_view(pod: Mapping[str, Any], cfg: Config) -> dict[str, Any] | None:
     if not asks_slices(pod, cfg):
         return None
 
-    def part(obj: object, keys: Sequence[str]) -> dict[str, Any]:
-        return {k: obj[k] for k in keys if k in obj} if isinstance(obj, dict) else {}
-
-    meta, spec, status = pod.get("metadata"), pod.get("spec"), pod.get("status")
-    view_spec = part(spec, VIEW_SPEC)
-    for key in ("initContainers", "containers"):
-        got = spec.get(key) if isinstance(spec, dict) else None
-        if got is not None:
-            view_spec[key] = [part(c, VIEW_CONTAINER) if isinstance(c, dict) else c for c in got] \
-                if isinstance(got, list) else got
-    return {"metadata": part(meta, VIEW_META), "spec": view_spec, "status": part(status, ("phase",))}
+    return {"metadata": picked(pod.get("metadata"), VIEW_META),
+            "spec": spec_view(pod.get("spec"), VIEW_SPEC, VIEW_CONTAINER),
+            "status": picked(pod.get("status"), ("phase",))}
 
 
 def pod_usage(pod: Mapping[str, Any], cfg: Config, now: float = 0.0) -> dict[str, int]:

@@ -45,6 +45,14 @@ def freeze(server: RedisServer, frozen: list[RedisServer]) -> None:
     frozen.append(server)
 
 
+def thaw_and_clean(frozen: list[RedisServer], setup: SentinelSetup | ClusterSetup) -> None:
+    """Thaw what the test froze, then stop the setup's servers."""
+    for r in frozen:
+        assert r.proc is not None
+        os.kill(r.proc.pid, signal.SIGCONT)
+    setup.cleanup()
+
+
 async def answered_twice(led: Ledger) -> tuple[float, float]:
     """How long the next two calls took (each bounded: a hang fails the test instead of hanging it)."""
     took = []
@@ -75,10 +83,7 @@ async def test_sentinel_clients_leave_a_hung_master(frozen: list[RedisServer]) -
         assert first <= HA_SOCKET_TIMEOUT + 2 and second < 1.0, (first, second)
         await led.redis.aclose()
     finally:
-        for r in frozen:
-            assert r.proc is not None
-            os.kill(r.proc.pid, signal.SIGCONT)
-        setup.cleanup()
+        thaw_and_clean(frozen, setup)
 
 
 async def test_cluster_clients_leave_a_hung_primary(frozen: list[RedisServer]) -> None:
@@ -107,7 +112,4 @@ async def test_cluster_clients_leave_a_hung_primary(frozen: list[RedisServer]) -
         assert took[0] <= 2 * HA_SOCKET_TIMEOUT + 2 and took[1] < 1.0, took
         await led.redis.aclose()
     finally:
-        for r in frozen:
-            assert r.proc is not None
-            os.kill(r.proc.pid, signal.SIGCONT)
-        setup.cleanup()
+        thaw_and_clean(frozen, setup)

@@ -210,12 +210,8 @@ def test_the_reader_lists_live_pods_only_when_a_quota_needs_them() -> None:
     assert api.calls[1] == (PODS, {"fieldSelector": LIVE_PODS, "limit": str(PAGE)})  # consistent: no resourceVersion
 
 
-class PagedApi(Api):
-    """Answers the pod list in pages of `page` (as etcd does), with opaque continue tokens."""
-
-    def __init__(self, answers: Mapping[str, Any], pods: list[dict[str, Any]], page: int | None):
-        super().__init__(answers)
-        self.pods, self.page = pods, page
+class PodsApi(Api):
+    """Answers the pod list with `pods(query)`, the rest as Api."""
 
     async def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
                       ok: tuple[int, ...] = (200, 201), content_type: str = "application/json",
@@ -223,7 +219,21 @@ class PagedApi(Api):
         if path != PODS:
             return await super().request(method, path, body, query, ok, content_type, timeout)
         self.calls.append((path, dict(query or {})))
-        start = int(str((query or {}).get("continue", "tok-0"))[4:])
+        return await self.pods_answer(query or {})
+
+    async def pods_answer(self, query: Mapping[str, Any]) -> Any:
+        raise NotImplementedError
+
+
+class PagedApi(PodsApi):
+    """Answers the pod list in pages of `page` (as etcd does), with opaque continue tokens."""
+
+    def __init__(self, answers: Mapping[str, Any], pods: list[dict[str, Any]], page: int | None):
+        super().__init__(answers)
+        self.pods, self.page = pods, page
+
+    async def pods_answer(self, query: Mapping[str, Any]) -> Any:
+        start = int(str(query.get("continue", "tok-0"))[4:])
         end = len(self.pods) if self.page is None else start + self.page  # None: ignores limit, as the cache
         more = end < len(self.pods)
         return {"metadata": {"continue": f"tok-{end}"} if more else {}, "items": self.pods[start:end]}
@@ -414,7 +424,7 @@ def test_a_namespace_in_use_is_read_again_before_its_entry_lapses() -> None:
     asyncio.run(run())
 
 
-class PodGatedApi(Api):
+class PodGatedApi(PodsApi):
     """Holds each pod list until released; the pods listed are those in `live` when the list began."""
 
     def __init__(self, answers: Mapping[str, Any], live: list[dict[str, Any]]):
@@ -422,12 +432,7 @@ class PodGatedApi(Api):
         self.live, self.gates = live, []  # type: list[asyncio.Event]
         self.began = asyncio.Queue()  # type: asyncio.Queue[int]
 
-    async def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
-                      ok: tuple[int, ...] = (200, 201), content_type: str = "application/json",
-                      timeout: float = 30.0) -> Any:
-        if path != PODS:
-            return await super().request(method, path, body, query, ok, content_type, timeout)
-        self.calls.append((path, dict(query or {})))
+    async def pods_answer(self, query: Mapping[str, Any]) -> Any:
         snapshot = {"items": list(self.live)}
         gate = asyncio.Event()
         self.gates.append(gate)
