@@ -55,16 +55,28 @@ class UnknownRedirect(rexc.ClusterError):
     end (the slot given to that shard, MOVED) cures it."""
 
 
+class ClosedUnderCommand(rexc.ConnectionError):
+    """redis-py's cluster client closed a connection (its slot map refreshed during a live reshard or a failover,
+    the node's connections dropped) while another command was on it, which then fails with an AttributeError of
+    redis-py's own (`None.writelines`): a lost connection like any other, sent again on a new one (a script is
+    idempotent by pod uid). A CI run saw it fail a booking on a node that was not moving."""
+
+
 RESEND_OR_REDIRECT: tuple[type[BaseException], ...] = (*RESEND, AttributeError)  # what resendable() sorts
 
 
 def resendable(e: BaseException, client: object) -> BaseException | None:
-    """`e` as a RESEND error (UnknownRedirect for redis-py's failure above), or None when sending again cannot
-    cure it. Only an AttributeError raised inside redis-py's cluster client counts: ours are bugs."""
+    """`e` as a RESEND error (UnknownRedirect or ClosedUnderCommand for redis-py's failures above), or None when
+    sending again cannot cure it. Only an AttributeError raised inside redis-py's cluster client counts: ours are
+    bugs."""
     if isinstance(e, RESEND):
         return e
-    if isinstance(e, AttributeError) and isinstance(client, RedisCluster) and _raised_in_redis_cluster(e):
-        return UnknownRedirect(f"a redirect to a Redis node the cluster client does not know yet ({e})")
+    if isinstance(e, AttributeError) and isinstance(client, RedisCluster):
+        where = _raised_in_redis(e)
+        if where == "cluster.py":
+            return UnknownRedirect(f"a redirect to a Redis node the cluster client does not know yet ({e})")
+        if where == "connection.py":
+            return ClosedUnderCommand(f"a connection closed under the command by redis-py's cluster client ({e})")
     return None
 
 
@@ -76,15 +88,18 @@ def slot_moving(e: BaseException) -> bool:
     return type(e) is rexc.ClusterError or isinstance(e, (rexc.TryAgainError, UnknownRedirect))
 
 
-def _raised_in_redis_cluster(e: BaseException) -> bool:
+def _raised_in_redis(e: BaseException) -> str:
+    """The module of redis-py's asyncio client (cluster.py, connection.py) whose `None.<attribute>` raised `e`: its
+    cluster client on a node it does not know, or on a connection it closed meanwhile; "" for anything else."""
     tb = e.__traceback__
     if tb is None:
-        return False
+        return ""
     while tb.tb_next is not None:
         tb = tb.tb_next
-    # redis-py's asyncio cluster client on a node it does not know: `None.<attribute>` (and no other of its bugs)
-    return Path(tb.tb_frame.f_code.co_filename).parts[-3:] == ("redis", "asyncio", "cluster.py") \
-        and "'NoneType' object has no attribute" in str(e)
+    parts = Path(tb.tb_frame.f_code.co_filename).parts[-3:]
+    if parts[:2] != ("redis", "asyncio") or "'NoneType' object has no attribute" not in str(e):
+        return ""
+    return parts[2] if parts[2] in ("cluster.py", "connection.py") else ""
 T = TypeVar("T")
 LUA_DIR = Path(__file__).with_name("lua")
 SCRIPTS = ("upsert_node", "reserve", "mark_bound", "release", "observe", "expire", "snapshot", "replace_node",

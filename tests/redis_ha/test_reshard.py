@@ -195,3 +195,24 @@ def test_only_redis_pys_own_attribute_errors_are_sent_again() -> None:
     except AttributeError as e:
         assert resendable(e, client) is None
     assert resendable(LedgerError("x"), client) is None
+
+
+@pytest.mark.parametrize(("module", "sent_again"), [
+    ("cluster.py", "UnknownRedirect"), ("connection.py", "ClosedUnderCommand"), ("client.py", None)])
+def test_redis_pys_none_attribute_errors_are_sorted_by_where_they_arose(module: str, sent_again: str | None) -> None:
+    """A CI run saw `'NoneType' object has no attribute 'writelines'` from redis-py's asyncio connection.py fail a
+    booking on a node that was not moving: a connection its cluster client closed under the command (sent again,
+    not a slot move); one from its cluster.py is the redirect to an unknown node (a slot move)."""
+    from redis.asyncio.cluster import RedisCluster
+
+    from shared.store.ledger import resendable, slot_moving
+
+    client = RedisCluster.__new__(RedisCluster)
+    code = compile("None.writelines([b''])", f"/site-packages/redis/asyncio/{module}", "exec")
+    try:
+        exec(code)
+    except AttributeError as e:
+        got = resendable(e, client)
+    assert (type(got).__name__ if got is not None else None) == sent_again
+    if got is not None:
+        assert is_transient(got) and slot_moving(got) is (sent_again == "UnknownRedirect")
