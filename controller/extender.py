@@ -53,12 +53,13 @@ from shared.domain.fit import (
 )
 from shared.domain.models import UNIT_MIB
 from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
-from shared.domain.preempt import Ahead, Holding, plan_ahead, pod_priority
+from shared.domain.preempt import Holding, plan_ahead, pod_priority
 from shared.domain.quota import is_terminal
 from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError
 from shared.domain.state import plan_on
 from shared.domain.timing import BIND_MIN_LEFT_S, BIND_SETTLE_S, KEEP_MS, bind_deadline_s
+from shared.domain.views import part
 from shared.kube import Kube, KubeError, NotSent
 from shared.serving.bounded import ByteLRU
 from shared.serving.http import BodyError, read_body
@@ -107,12 +108,6 @@ BIND_READ_S = 4.0
 # further delay, until it names the node kube-scheduler nominated it to (narrow_later); at most MAX_NARROWING at once
 NARROW_AFTER_S = (1.0, 3.0, 10.0)
 MAX_NARROWING = 64
-
-
-def _part(obj: object, key: str) -> Mapping[str, Any]:
-    """obj[key] when both are objects, else an empty one."""
-    got = obj.get(key) if isinstance(obj, dict) else None
-    return got if isinstance(got, dict) else {}
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -777,7 +772,7 @@ class Extender:
                 continue
             if self.nominations.by_uid.get(uid) is not got:
                 return  # recorded again meanwhile (a filter, another answer): that is newer
-            meta, spec, status = (_part(pod, k) for k in ("metadata", "spec", "status"))
+            meta, spec, status = (part(pod, k) for k in ("metadata", "spec", "status"))
             node = status.get("nominatedNodeName")
             if meta.get("uid") != uid or spec.get("nodeName"):
                 self._woken(self.nominations.forget(uid))  # deleted (and made again), or bound
@@ -803,26 +798,23 @@ class Extender:
         if not self.nominations:
             return self.held
         merged: dict[str, Mapping[str, tuple[SliceRequest, tuple[int, ...]]]] = dict(self.held)
-        now, by_uid, get = self.nominations.clock(), self.nominations.by_uid, self.mirror.get
-        nodes = self.nominations.by_node if only is None else (
-            {only: self.nominations.by_node[only]} if only in self.nominations.by_node else {})
-        for node, uids in nodes.items():
+        get = self.mirror.get
+        for node in self.nominations.by_node if only is None else [only]:
             snap = get(node)
             if snap is None or snap.error:
                 continue
             booked, inflight = snap.reservations, self.held.get(node, {})
             # one booked there, or being booked or claimed there (in flight), holds its cards already
-            ahead = tuple(sorted((u, n) for u in uids if u != uid and u not in booked and u not in inflight
-                                 and (n := by_uid[u]).priority >= priority and n.until >= now))
+            ahead = self.nominations.ahead_of(node, uid, priority, booked.keys() | inflight.keys())
             if not ahead:
                 continue
             here = {u: b for u, b in self.held.get(node, {}).items() if u != uid}
-            key = (snap.seq, tuple((u, id(n)) for u, n in ahead))
+            key = (snap.seq, tuple((n.uid, id(n)) for n in ahead))
             cached = self._planned.get(node) if not here else None
             if cached is not None and cached[0] == key:
                 merged[node] = cached[1]
                 continue
-            first = [Ahead(n.uid, n.priority, n.request, n.annotations, n.victims.get(node, ())) for _, n in ahead]
+            first = [n.at(node) for n in ahead]
             holdings = {v: Holding(r.cards, r.mem, r.cores, r.slices) for a in first for v in a.victims
                         if (r := booked.get(v)) is not None}
             _, planned = plan_ahead(held_states(snap, here), holdings, first, self.cfg.gpu_scheduler_policy)
@@ -837,7 +829,7 @@ class Extender:
             if len(self._planned) > 2 * len(self.nominations.by_node) + 64:  # bounded: nodes nominated now
                 self._planned = {n: e for n, e in self._planned.items() if n in self.nominations.by_node}
             # the nominations placed are kept with it: the ids in the key stay theirs while it lives
-            self._planned[node] = (key, got, tuple(n for _, n in ahead))
+            self._planned[node] = (key, got, tuple(ahead))
         return merged
 
     def _prune_claims(self) -> None:
@@ -876,9 +868,8 @@ class Extender:
             held.pop(uid, None)
             if not held:
                 del self.held[node]
-        if lapsed and node in self._turned_away:
-            self._turned_away.discard(node)
-            self._wake(node)
+        if lapsed:
+            self._woken({node})
         elif node not in self.held:
             self._turned_away.discard(node)  # nothing held there any more: nobody was turned away for it
 

@@ -42,6 +42,10 @@ class Nomination:
     victims: Mapping[str, tuple[str, ...]]  # node -> the victims answered there (its nodes: the keys)
     until: float  # monotonic
 
+    def at(self, node: str) -> Ahead:
+        """What a pod judged on `node` must leave room for: this pod, with its victims there."""
+        return Ahead(self.uid, self.priority, self.request, self.annotations, self.victims.get(node, ()))
+
 
 class Nominations:
     def __init__(self, clock: Callable[[], float] = time.monotonic):
@@ -96,16 +100,16 @@ class Nominations:
             nodes |= self.forget(uid)
         return nodes
 
-    def ahead_of(self, node: str, uid: str, priority: int, booked: Container[str] = ()) -> list[Ahead]:
-        """The pods nominated to `node` that the pod `uid` of `priority` must leave room for: another pod, of a
-        priority at least its own, with no booking there yet (`booked`: the node's reservations)."""
+    def ahead_of(self, node: str, uid: str, priority: int, booked: Container[str] = ()) -> list[Nomination]:
+        """The pods nominated to `node` that the pod `uid` of `priority` must leave room for, by uid: another pod,
+        of a priority at least its own, with no booking there yet (`booked`: the node's reservations, and what is
+        in flight there) and not lapsed. The one rule for the preempt verb, the filter, prioritize and bind."""
         uids = self.by_node.get(node)
         if not uids:
             return []
         now = self.clock()
-        return [Ahead(n.uid, n.priority, n.request, n.annotations, n.victims.get(node, ())) for u in uids
+        return [n for u in sorted(uids)
                 if u != uid and u not in booked and (n := self.by_uid[u]).priority >= priority and n.until >= now]
-
 
 def _size(victims: Mapping[str, tuple[str, ...]]) -> int:
     """A nomination's entries: its nodes and their victims."""

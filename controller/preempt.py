@@ -62,8 +62,8 @@ class Preemption:
         # pods nominated here by earlier preemptions, of a priority at least this one's: kube-scheduler's dry
         # run counted them on the node, so the victims must leave this pod a card besides theirs
         # (one booked there, or with a booking or claim in flight there, holds its cards already)
-        ahead = self.ext.nominations.ahead_of(node, uid, a.priority,
-                                              snap.reservations.keys() | self.ext.held.get(node, {}).keys())
+        ahead = [n.at(node) for n in self.ext.nominations.ahead_of(
+            node, uid, a.priority, snap.reservations.keys() | self.ext.held.get(node, {}).keys())]
         return choose_victims(states, holdings, proposed, req, annotations, self.ext.cfg.gpu_scheduler_policy,
                               ahead)
 

@@ -14,6 +14,12 @@ def picked(obj: object, keys: Sequence[str]) -> dict[str, Any]:
     return {k: obj[k] for k in keys if k in obj} if isinstance(obj, dict) else {}
 
 
+def part(obj: object, key: str) -> dict[str, Any]:
+    """obj[key] when both are objects, else an empty one."""
+    got = obj.get(key) if isinstance(obj, dict) else None
+    return got if isinstance(got, dict) else {}
+
+
 def spec_view(spec: object, keys: Sequence[str], container_keys: Sequence[str]) -> dict[str, Any]:
     """`keys` of a pod spec, with its init containers and containers each cut to `container_keys` (anything of
     another type kept as it is: the rules that read it say it is malformed)."""

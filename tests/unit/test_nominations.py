@@ -153,7 +153,7 @@ async def test_the_verb_records_its_preemptor_and_the_next_preemptor_leaves_it_t
     verb = Preemption(ext)
     out = await verb.preempt({"Pod": slice_pod("p1", 64, 1000), "NodeNameToMetaVictims": meta("s4k", "w")})
     assert out["NodeNameToMetaVictims"], out
-    assert [(x.uid, x.victims) for x in ext.nominations.ahead_of("s4k", "p2", 500)] == [("p1", ("w",))]
+    assert [(x.uid, x.at("s4k").victims) for x in ext.nominations.ahead_of("s4k", "p2", 500)] == [("p1", ("w",))]
     # w terminating: p2 (64, lower) proposes v; p1 will have card 1, v's card 0 is p2's
     out = await verb.preempt({"Pod": slice_pod("p2", 64, 500), "NodeNameToMetaVictims": meta("s4k", "v")})
     assert out["NodeNameToMetaVictims"], out

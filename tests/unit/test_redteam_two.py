@@ -129,8 +129,8 @@ def _reference(ext: Any, uid: str, priority: int) -> dict[str, dict[str, Any]]:
     merged = {n: dict(h) for n, h in ext.held.items()}
     for node in list(ext.nominations.by_node):
         snap = ext.mirror.get(node)
-        ahead = ext.nominations.ahead_of(node, uid, priority, {*snap.reservations, *ext.held.get(node, {})}) \
-            if snap else []
+        ahead = [n.at(node) for n in ext.nominations.ahead_of(
+            node, uid, priority, {*snap.reservations, *ext.held.get(node, {})})] if snap else []
         if not ahead or snap is None or snap.error:
             continue
         here = {u: b for u, b in ext.held.get(node, {}).items() if u != uid}
