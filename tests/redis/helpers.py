@@ -6,8 +6,7 @@ it only depends on shared/ and redis.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from redis.asyncio import Redis
@@ -17,6 +16,7 @@ from shared.domain.node import Card, Inventory
 from shared.domain.state import NodeSnapshot
 from shared.store.ledger import Ledger
 from shared.store.mirror import FULL_EVERY, Mirror
+from tests._wait import eventually as eventually  # re-exported: the redis tests import it from here
 
 S4000 = 96
 S5000 = 160
@@ -111,21 +111,6 @@ def actual_usage(snaps: Mapping[str, NodeSnapshot]) -> dict[tuple[str, int], tup
     """Per (node, card) with anything booked: memory, cores and slices used."""
     return {(n, i): (c.mem_used, c.cores_used, c.slices) for n, s in snaps.items() for i, c in s.cards.items()
             if c.mem_used or c.cores_used or c.slices}
-
-
-async def eventually(check: Callable[[], Awaitable[bool] | bool], within: float = 10.0,
-                     what: str = "") -> None:
-    """Poll `check` until it holds (no timing assertions: the limit only bounds a hang)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while True:
-        res = check()
-        ok = await res if not isinstance(res, bool) else res
-        if ok:
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"condition never held within {within}s: {what}")
-        await asyncio.sleep(0.02)
 
 
 # -- pods as the scheduler sees them (admitted: memory and cores explicit) -------------------------------

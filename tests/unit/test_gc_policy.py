@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 from controller import cli
 from shared.config import Config, load_config
 from shared.serving import gc_policy
+from tests._wait import eventually
 
 
 def pauses(generation: int) -> float:
@@ -70,12 +71,8 @@ async def test_state_that_grows_after_the_start_is_frozen_once_it_is_large(thawe
         grown = [[i] for i in range(10_000)]  # long-lived state that arrives later (a growing fleet)
         gc.collect()  # survived a full collection: it is in the oldest generation now
         assert len(gc.get_objects(generation=2)) > 5_000
-        for _ in range(200):  # bounded wait on the condition
-            if (REGISTRY.get_sample_value("mtsched_gc_freezes_total") or 0.0) > freezes:
-                break
-            await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("the grown state was not frozen")
+        await eventually(lambda: (REGISTRY.get_sample_value("mtsched_gc_freezes_total") or 0.0) > freezes,
+                         within=30, what="the grown state frozen")
         assert not any(o is grown[0] for o in gc.get_objects())  # frozen: no collection walks it
         assert len(gc.get_objects(generation=2)) < 5_000
     finally:

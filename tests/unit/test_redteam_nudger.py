@@ -14,6 +14,7 @@ import asyncio
 from typing import Any
 
 from controller.watchers import Nudger
+from tests._wait import eventually
 
 
 class Patches:
@@ -27,24 +28,26 @@ class Patches:
 
 async def test_redteam_churn_on_one_node_keeps_one_follow_up_and_few_tasks() -> None:
     kube = Patches()
-    n = Nudger(kube, interval=0.01, follow_up=1.0)  # type: ignore[arg-type]
+    n = Nudger(kube, interval=0.01, follow_up=2.0)  # type: ignore[arg-type]
     nudges, most = 20, 0
-    for _ in range(nudges):  # one release every 50 ms (> interval): each one's first patch goes
+    for i in range(nudges):  # each release once the one before has had its first patch (> interval apart)
         n.nudge("a")
-        await asyncio.sleep(0.05)
+        await eventually(lambda i=i: len(kube.sent) > i, within=30, what=f"release {i}'s first patch")
+        for _ in range(20):  # loop turns (not time) for a superseded task to end
+            await asyncio.sleep(0)
         most = max(most, len(n._tasks))
     while n._tasks:
         await asyncio.gather(*list(n._tasks))
     firsts = kube.sent.count("a")
     assert most <= 2, f"{most} tasks alive at once for one node"
-    assert firsts <= nudges + 1, f"{firsts} patches for {nudges} releases spaced over {nudges * 0.05:.1f} s"
+    assert firsts <= nudges + 1, f"{firsts} patches for {nudges} releases"
 
 
 async def test_redteam_a_follow_up_still_follows_the_last_release() -> None:
     kube = Patches()
-    n = Nudger(kube, interval=0.01, follow_up=0.05)  # type: ignore[arg-type]
+    n = Nudger(kube, interval=0.01, follow_up=1.0)  # type: ignore[arg-type]
     n.nudge("a")
-    await asyncio.sleep(0.03)  # the first went, the follow-up waits
+    await eventually(lambda: kube.sent == ["a"], within=30, what="the first patch")  # its follow-up waits 1 s
     n.nudge("a")  # a newer release: its own pair; the older follow-up is not needed
     while n._tasks:
         await asyncio.gather(*list(n._tasks))

@@ -10,10 +10,12 @@ after Redis came back, while the reconciler was repairing nodes).
 from __future__ import annotations
 
 import asyncio
+import time
 
 from redis import exceptions as rexc
 
 from shared.serving.supervise import Supervisor
+from tests._wait import eventually
 
 
 async def test_a_task_that_recovered_does_not_count_as_failing() -> None:
@@ -31,8 +33,12 @@ async def test_a_task_that_recovered_does_not_count_as_failing() -> None:
 
     sup.spawn("reconciler", body)
     try:
-        await asyncio.wait_for(running.wait(), 5)
-        await asyncio.sleep(2.5)  # past unready_after, and running fine for longer than healthy_after
+        await asyncio.wait_for(running.wait(), 30)
+        failed_at = sup.tasks["reconciler"].failing_since
+        assert failed_at is not None  # it failed once
+        # running fine for longer than healthy_after: not failing any more (for ever, before the fix)
+        await eventually(lambda: sup.tasks["reconciler"].failing_since is None, within=30, what="failing cleared")
+        await asyncio.sleep(max(0.0, failed_at + sup.unready_after + 0.1 - time.monotonic()))  # past unready_after
         assert started == 2
         assert sup.problems() == [], sup.problems()
     finally:
@@ -57,16 +63,9 @@ async def test_a_task_that_always_fails_after_running_a_while_makes_the_role_unr
 
     sup.spawn("reconciler", body)
     try:
-        for _ in range(500):
-            if sup.problems():
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: bool(sup.problems()), within=30, what="the role unready")
         assert runs >= 3 and any("reconciler failed" in p and "did not answer" in p for p in sup.problems())
         healthy.set()  # the API server answers again: the next run keeps going
-        for _ in range(500):
-            if not sup.problems():
-                break
-            await asyncio.sleep(0.01)
-        assert sup.problems() == []
+        await eventually(lambda: not sup.problems(), within=30, what="the role ready again")
     finally:
         await sup.cancel()
