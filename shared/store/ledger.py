@@ -258,10 +258,10 @@ class Ledger:
                     pool = getattr(self.redis, "connection_pool", None)
                     if pool is not None:
                         await pool.disconnect()
-                elif isinstance(e, rexc.TimeoutError) and is_sentinel(self.redis):
-                    # the master stopped answering (hung, cut off: redis_conn.HA_SOCKET_TIMEOUT): the idle
-                    # connections to it go too, or each would hang one call more; new ones ask the sentinels
-                    # (redis-py's cluster client does the same for a node of its own)
+                elif isinstance(e, rexc.TimeoutError) and not isinstance(self.redis, RedisCluster):
+                    # the server stopped answering (hung, cut off: redis_conn.SOCKET_TIMEOUT): the idle
+                    # connections to it go too, or each would hang one call more; new ones ask the sentinels, or
+                    # reach what the address names now (redis-py's cluster client does the same for its nodes)
                     await self.redis.connection_pool.disconnect(inuse_connections=False)
                 await asyncio.sleep(min(0.5, 0.05 * (failures - 1)))
 

@@ -49,14 +49,16 @@ class RedisOptions:
 
 NO_OPTIONS = RedisOptions()
 
-# Sentinel and Cluster: how long a data node may leave a command unanswered, or a connection unopened, before the
-# client gives up on that connection (TimeoutError: the ledger sends again, on a new connection to the node the
-# sentinels or the cluster name now). Without it, a master that hangs rather than dies (a paused VM, a partition that
-# drops packets: no reset ever comes) kept every pooled connection to it waiting after the failover, for as long as
-# TCP takes to give up (~15 min; forever on a frozen process of this machine): the watchers' pass stuck in one such
-# call verified no node again, and the Sentinel stack bound nothing (tests/redis_ha/test_hung_master.py). Longer
-# than any one reply takes (a pipelined read of thousands of nodes is answered in well under a second).
-HA_SOCKET_TIMEOUT = 5.0
+# How long a Redis server may leave a command unanswered, or a connection unopened, before the client gives up on
+# that connection (TimeoutError: the ledger sends again, on a new connection, to whatever the address, the sentinels
+# or the cluster name now). Without it, a server that hangs rather than dies (a paused VM, a partition that drops
+# packets: no reset ever comes) kept every pooled connection to it waiting, for as long as TCP takes to give up
+# (~15 min; forever on a frozen process of this machine): on Sentinel the watchers' pass stuck in one such call
+# verified no node again after the failover, and the stack bound nothing (tests/redis_ha/test_hung_master.py); a
+# standalone Redis behind a Service address that moved to a new pod (its node cut off) did the same
+# (tests/redis/test_address_moves.py). Longer than any one reply takes (a pipelined read of thousands of nodes is
+# answered in well under a second). A standalone URL's own `?socket_timeout=` wins.
+SOCKET_TIMEOUT = 5.0
 
 
 def connect(url: str, options: RedisOptions = NO_OPTIONS) -> Redis:
@@ -83,11 +85,12 @@ def connect(url: str, options: RedisOptions = NO_OPTIONS) -> Redis:
         hosts, username, password, _path, _query = _split_ha_url(url, 6379)
         return _Cluster(startup_nodes=[ClusterNode(h, p) for h, p in hosts],  # type: ignore[return-value]
                         username=username, password=password or options.password, decode_responses=True,
-                        socket_timeout=HA_SOCKET_TIMEOUT, socket_connect_timeout=HA_SOCKET_TIMEOUT)
+                        socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT)
     # redis-py lets the URL's own password (and ssl_* query options) win over these arguments
     extra: dict[str, Any] = {"password": options.password} if options.password else {}
     extra.update(options.tls)
-    return Redis.from_url(url, decode_responses=True, **extra)
+    return Redis.from_url(url, decode_responses=True, socket_timeout=SOCKET_TIMEOUT,
+                          socket_connect_timeout=SOCKET_TIMEOUT, **extra)
 
 
 def connect_subscriber(url: str, options: RedisOptions = NO_OPTIONS) -> Redis:
@@ -164,8 +167,8 @@ def _connect_sentinel(url: str, default_password: str | None) -> Redis:
     sentinel_kwargs = {"username": sentinel_user, "password": sentinel_password, "socket_timeout": 2.0,
                        "socket_connect_timeout": 2.0, "retry": Retry(NoBackoff(), 0)}
     sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, username=username, password=password,
-                        decode_responses=True, socket_timeout=HA_SOCKET_TIMEOUT,
-                        socket_connect_timeout=HA_SOCKET_TIMEOUT)  # type: ignore[no-untyped-call]
+                        decode_responses=True, socket_timeout=SOCKET_TIMEOUT,
+                        socket_connect_timeout=SOCKET_TIMEOUT)  # type: ignore[no-untyped-call]
     return sentinel.master_for(parts[0], redis_class=_SentinelMaster,  # type: ignore[no-any-return]
                                db=int(parts[1]) if len(parts) > 1 else 0)
 

@@ -9,7 +9,7 @@ runs `kill` as it comes (on loopback the replica is usually caught up: nothing l
 `kill-with-lost-writes`, where the replica(s) are frozen (SIGSTOP) and cut off by the master (CLIENT KILL TYPE
 replica) while pods are booked, so the promoted replica lacks the last bookings and records (asserted: the bytes
 of the old master's history it never received, `lost_bytes`, are > 0); Sentinel also as `hang`, the master
-SIGSTOPped instead and left so (the roles must leave its connections: redis_conn.HA_SOCKET_TIMEOUT). A monitor
+SIGSTOPped instead and left so (the roles must leave its connections: redis_conn.SOCKET_TIMEOUT). A monitor
 reads the API, every role's /readyz and the ledger twice a second throughout. Then, each wait bounded and timed
 from the kill:
 
@@ -287,7 +287,7 @@ async def test_sentinel_master_killed_mid_burst(own_control_plane: ControlPlane,
     SIGKILLed and the replica thawed and promoted without them: bound pods hold cards the new master shows as
     free until the watchers repair it. `hang`: the master is SIGSTOPped instead of killed (a paused VM, a
     partition that drops packets) and stays so: the roles' connections to it must time out and find the new one
-    (before redis_conn.HA_SOCKET_TIMEOUT they waited for ever, and no pod was bound in the 2 minutes waited)."""
+    (before redis_conn.SOCKET_TIMEOUT they waited for ever, and no pod was bound in the 2 minutes waited)."""
     lose_writes = mode == "lost"
     label = "sentinel" + {"kill": "", "lost": "+lost", "hang": "+hang"}[mode]
     async with scene_on(own_control_plane, sentinel.url, sentinel.data[0], label) as sc:

@@ -6,7 +6,7 @@ socket timeout on the data nodes' connections, every pooled connection to the fr
 watchers' pass stuck in one such call verified no node again, and for the 2 minutes the test waited after the
 failover kube-scheduler's every bind was refused `node unverified`. Here: a ledger with idle pooled connections,
 the master SIGSTOPped, the failover, and then calls that must be answered by the new master, the first after one
-socket timeout at most (redis_conn.HA_SOCKET_TIMEOUT; two on Cluster, 10.3 s measured), the next ones at once (the
+socket timeout at most (redis_conn.SOCKET_TIMEOUT; two on Cluster, 10.3 s measured), the next ones at once (the
 idle connections were dropped). Before the fix both tests' first call hung for good.
 """
 
@@ -23,7 +23,7 @@ import pytest
 from deploy.local.redis import ClusterSetup, RedisServer, SentinelSetup, wait_until
 from deploy.local.redis_server import cmd
 from shared.store.ledger import Ledger, connect
-from shared.store.redis_conn import HA_SOCKET_TIMEOUT
+from shared.store.redis_conn import SOCKET_TIMEOUT
 from tests.redis_ha.conftest import PASSWORD
 
 pytestmark = pytest.mark.redis_ha
@@ -58,7 +58,7 @@ async def answered_twice(led: Ledger) -> tuple[float, float]:
     took = []
     for _ in range(2):
         t = time.monotonic()
-        await asyncio.wait_for(led.redis_time_ms(), 3 * HA_SOCKET_TIMEOUT)
+        await asyncio.wait_for(led.redis_time_ms(), 3 * SOCKET_TIMEOUT)
         took.append(time.monotonic() - t)
     return took[0], took[1]
 
@@ -80,7 +80,7 @@ async def test_sentinel_clients_leave_a_hung_master(frozen: list[RedisServer]) -
 
         await asyncio.to_thread(wait_until, switched, 30, "failover away from the hung master")
         first, second = await answered_twice(led)
-        assert first <= HA_SOCKET_TIMEOUT + 2 and second < 1.0, (first, second)
+        assert first <= SOCKET_TIMEOUT + 2 and second < 1.0, (first, second)
         await led.redis.aclose()
     finally:
         thaw_and_clean(frozen, setup)
@@ -106,10 +106,10 @@ async def test_cluster_clients_leave_a_hung_primary(frozen: list[RedisServer]) -
         took = []
         for _ in range(2):
             t = time.monotonic()
-            await asyncio.wait_for(led.snapshots([node]), 3 * HA_SOCKET_TIMEOUT)  # a script on the key's shard
+            await asyncio.wait_for(led.snapshots([node]), 3 * SOCKET_TIMEOUT)  # a script on the key's shard
             took.append(time.monotonic() - t)
         # the read, then redis-py's re-read of the slots from the nodes it knows, may each meet the hung one once
-        assert took[0] <= 2 * HA_SOCKET_TIMEOUT + 2 and took[1] < 1.0, took
+        assert took[0] <= 2 * SOCKET_TIMEOUT + 2 and took[1] < 1.0, took
         await led.redis.aclose()
     finally:
         thaw_and_clean(frozen, setup)
