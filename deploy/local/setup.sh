@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine lacks for the quick start and the tests: redis-server and
 # redis-tools and faketime (Debian), this package with its test extras (PyPI), and the control-plane binaries
-# built from pinned Go modules (cached in ~/.cache/mthreads-harness). Idempotent.
+# built from pinned Go modules, and hami-decode (HAMi's own allocation-record decoder, built against the
+# HAMi module pinned in deploy/local/gomod/hamicompat) (cached in ~/.cache/mthreads-harness). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
