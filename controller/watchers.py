@@ -27,7 +27,15 @@ from shared.config import Config
 from shared.domain.annotations import ALLOCATED, GPU_INDEX, AnnotationError, PodUsage, usage_from_annotations
 from shared.domain.node import Inventory, node_inventory
 from shared.domain.quota import is_terminal
-from shared.domain.reconcile import FUTURE_MS, Unrecorded, expires, offers_cards, quarantine_reason, recovered_usage
+from shared.domain.reconcile import (
+    FUTURE_MS,
+    Unrecorded,
+    expires,
+    offers_cards,
+    quarantine_reason,
+    recovered_usage,
+    restamps,
+)
 from shared.domain.request import RequestError, pod_request
 from shared.domain.timing import KEEP_MS
 from shared.domain.trust import asks_slices, foreign_record
@@ -834,7 +842,8 @@ class Janitor:
         for node, snap in list(self.mirror.nodes.items()):
             if node in self.mirror.moving:  # Redis runs no script there until its slot's move ends: next sweep
                 continue
-            old = [r.uid for r in snap.reservations.values() if expires(r, now, self.ttl * 1000)]
+            # (and those stamped ahead of Redis's clock, which expire.lua stamps anew: restamps)
+            old = [r.uid for r in snap.reservations.values() if expires(r, now, self.ttl * 1000) or restamps(r, now)]
             if old:
                 if self.before_expire is not None:
                     keep = await self.before_expire(old)

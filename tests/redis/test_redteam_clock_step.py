@@ -1,0 +1,74 @@
+"""Red team, clocks: Redis's clock steps back (an NTP step, a VM restored, a host clock corrected) while a bind is
+in flight, on a server that stays the master (no failover: the node stays verified, nothing is fenced).
+
+Every stamp of a booking is Redis's clock. A booking made just before the step carries `created` and `settle_by`
+(its Binding's deadline plus the settle time, reserve's hold_ms) more than FUTURE_MS (60 s) after the stepped
+clock's "now". `expires` and `settles` (and their Lua twins) took such a stamp for "a clock that jumped: its age
+cannot be told" and judged the booking at once: the janitor expired it at its next sweep (in_flight counts no
+settle_by that far ahead), and replace_node dropped it as settled when the pass's view lacked its pod. Its
+Binding was still in flight: the card went to the next pod, and the Binding then committed the first one on it,
+two pods over the card. Simulated by moving the booking's stamps ahead by the step (what a step back of the
+clock does to them); the scripts read the real TIME. Now a pending booking whose stamp is from the future is
+restamped at the script's now by the janitor's expire (expired a TTL later, when its Binding is committed or
+never) and settles meanwhile."""
+
+from __future__ import annotations
+
+import pytest
+from redis.asyncio import Redis
+
+from controller.watchers import Janitor
+from shared.store.ledger import Ledger
+from shared.store.mirror import Mirror
+from tests.redis.helpers import S4000, inventory
+from tests.redis.test_redteam_inflight_nodes import CFG, KEEP_MS
+
+pytestmark = pytest.mark.redis
+
+STEP_MS = 5 * 60_000  # Redis's clock steps back 5 minutes
+HOLD_MS = 6_000  # the extender's hold: a 5 s Binding deadline and 1 s to settle
+
+
+async def step_back(redis: Redis, ledger: Ledger, node: str, uid: str, ms: int) -> None:
+    """What a step back of `ms` of Redis's clock does to a booking made before it: its stamps lie `ms` ahead."""
+    key = ledger.keys.res(node, uid)
+    created, settle_by = await redis.hmget(key, ["created", "settle_by"])  # type: ignore[misc]
+    await redis.hset(key, mapping={"created": int(created) + ms, "settle_by": int(settle_by) + ms})  # type: ignore[misc]
+
+
+async def booked_in_flight(ledger: Ledger, redis: Redis, node: str) -> None:
+    """A node of one S4000 card, and a bind's booking of all of it whose Binding is in flight (hold_ms)."""
+    await ledger.upsert_node(inventory(node, S4000, n=1))
+    out, _ = await ledger.reserve(node, "p1", [0], S4000, 16, 1, pod="ns/p1", hold_ms=HOLD_MS)
+    assert out.ok and out.settle_by
+    await step_back(redis, ledger, node, "p1", STEP_MS)
+
+
+async def test_the_janitor_keeps_a_booking_in_flight_when_redis_clock_steps_back(
+        ledger: Ledger, redis_client: Redis) -> None:
+    await booked_in_flight(ledger, redis_client, "cs1")
+    mirror = Mirror(ledger)
+    await mirror.resync(full=True)
+    assert "p1" in mirror.nodes["cs1"].reservations
+    janitor = Janitor(ledger, mirror, CFG)
+    assert await janitor.sweep() == [], "the janitor expired a booking whose Binding is in flight"
+    taken, _ = await ledger.reserve("cs1", "p2", [0], S4000, 16, 1, pod="ns/p2", hold_ms=HOLD_MS)
+    assert not taken.ok, "a second pod booked the card p1's Binding is about to take: two pods over one card"
+    # it still ends, a TTL after the janitor first found it stamped ahead (its binder may have died)
+    key = ledger.keys.res("cs1", "p1")
+    created = int(await redis_client.hget(key, "created"))  # type: ignore[misc]
+    assert created <= await ledger.redis_time_ms(), "restamped at the script's now"
+    await redis_client.hset(key, "created", created - CFG.pending_ttl_seconds * 1000 - 1000)  # type: ignore[misc]
+    assert await janitor.sweep() == ["p1"]  # (offered as the mirror's copy, stamped ahead: the script judges)
+
+
+async def test_a_repair_keeps_a_booking_in_flight_when_redis_clock_steps_back(
+        ledger: Ledger, redis_client: Redis) -> None:
+    """The reconciler writes the node from a view that lacks the pod (not bound yet): the booking settles."""
+    await booked_in_flight(ledger, redis_client, "cs2")
+    now = await ledger.redis_time_ms()
+    out = await ledger.replace_node(inventory("cs2", S4000, n=1), {}, KEEP_MS, keep_bound=True,
+                                    keep_from=now - KEEP_MS)
+    snap = await ledger.snapshot("cs2")
+    assert snap is not None and "p1" in snap.reservations, f"the repair dropped the booking in flight: {out}"
+    assert await ledger.remove_node("cs2", KEEP_MS) is None, "a node with a booking in flight was forgotten"
