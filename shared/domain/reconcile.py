@@ -184,8 +184,10 @@ def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holde
     for uid, r in sorted(snap.reservations.items()):
         if uid in holders:
             continue
-        if not settling(r) or (r.state == "pending" and uid in elsewhere
-                               and max(r.created, r.bound_at) < now_ms - keep_ms):
+        # a pending one stamped ahead of Redis's clock (restamps) settles, as any pending one, but its age cannot
+        # be told: asked about too (its pod gone, it is freed now, not a TTL after the janitor stamps it anew)
+        if not settling(r) or (r.state == "pending" and (restamps(r, now_ms) or (
+                uid in elsewhere and max(r.created, r.bound_at) < now_ms - keep_ms))):
             suspects.append(uid)
     return NodeDiff(node, tuple(diffs), tuple(suspects), kept=tuple(kept))
 

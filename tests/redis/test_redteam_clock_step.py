@@ -14,10 +14,14 @@ never) and settles meanwhile."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from redis.asyncio import Redis
 
-from controller.watchers import Janitor
+from controller.reconciler import Reconciler
+from controller.watchers import Janitor, NodeWatcher, PodWatcher, wire
+from shared.kube import KubeError
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
 from tests.redis.helpers import S4000, inventory
@@ -72,3 +76,44 @@ async def test_a_repair_keeps_a_booking_in_flight_when_redis_clock_steps_back(
     snap = await ledger.snapshot("cs2")
     assert snap is not None and "p1" in snap.reservations, f"the repair dropped the booking in flight: {out}"
     assert await ledger.remove_node("cs2", KEEP_MS) is None, "a node with a booking in flight was forgotten"
+
+
+class OnePod:
+    """The API as the reconciler asks it about a booking no holder explains: pod ns/p1, unbound (its Binding in
+    flight), or gone (404)."""
+
+    def __init__(self, exists: bool) -> None:
+        self.exists = exists
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+        raise AssertionError(f"unexpected {method} {path}")
+
+    async def get_pod(self, ns: str, name: str) -> Any:
+        assert (ns, name) == ("ns", "p1")
+        if not self.exists:
+            raise KubeError(404, {"message": "not found"}, f"GET pod {ns}/{name}")
+        return {"metadata": {"name": "p1", "namespace": "ns", "uid": "p1"}, "spec": {"schedulerName": "x"},
+                "status": {"phase": "Pending"}}
+
+
+@pytest.mark.parametrize("exists", [True, False], ids=["its pod unbound: a Binding in flight", "its pod gone"])
+async def test_the_reconciler_asks_before_freeing_a_booking_stamped_ahead(ledger: Ledger, redis_client: Redis,
+                                                                         exists: bool) -> None:
+    """A pass whose view lacks the pod: a booking stamped ahead is kept while its pod is there unbound (the
+    janitor's: it expires a TTL after it is stamped anew), and freed at once once its pod is gone (an edit, or
+    a failover to a server behind: tests/e2e/test_redteam_drift.py)."""
+    kube = OnePod(exists)
+    nodes = NodeWatcher(kube, ledger, CFG, keep_ms=KEEP_MS)  # type: ignore[arg-type]
+    cap = {"mthreads.com/sgpu-core": "16", "mthreads.com/sgpu-memory": str(S4000)}
+    await nodes.on_event("ADDED", {"metadata": {"name": "cs3"}, "status": {"capacity": cap, "allocatable": cap}})
+    out, _ = await ledger.reserve("cs3", "p1", [0], S4000, 16, 1, pod="ns/p1", hold_ms=HOLD_MS)
+    assert out.ok
+    await step_back(redis_client, ledger, "cs3", "p1", STEP_MS)
+    pods = PodWatcher(kube, ledger, Mirror(ledger), CFG, nodes.lost)  # type: ignore[arg-type]
+    wire(nodes, pods)
+    await Reconciler(kube, ledger, CFG, nodes, pods).reconcile_all()  # type: ignore[arg-type]
+    snap = await ledger.snapshot("cs3")
+    assert snap is not None
+    assert ("p1" in snap.reservations) is exists, snap.reservations
+    taken, _ = await ledger.reserve("cs3", "p2", [0], S4000, 16, 1, pod="ns/p2")
+    assert taken.ok is not exists, "two pods over one card" if exists else "the card of no pod stayed booked"
