@@ -117,3 +117,29 @@ async def test_the_reconciler_asks_before_freeing_a_booking_stamped_ahead(ledger
     assert ("p1" in snap.reservations) is exists, snap.reservations
     taken, _ = await ledger.reserve("cs3", "p2", [0], S4000, 16, 1, pod="ns/p2")
     assert taken.ok is not exists, "two pods over one card" if exists else "the card of no pod stayed booked"
+
+
+async def test_a_node_fenced_when_redis_clock_steps_back_is_verified_a_keep_window_later(
+        ledger: Ledger, redis_client: Redis) -> None:
+    """Redis restarts with its data (a new history: every node unverified, no booking until the watchers have
+    compared it a keep window after their first comparison), and its clock steps back an hour just after (a host
+    that booted with its clock ahead, NTP stepping it once Redis ran). The window's start, stamped before the
+    step, lay an hour ahead: no read could be `keep window` after it for an hour, and the node booked nothing
+    meanwhile. Now a start later than the script's clock is a clock that stepped back: the window starts again
+    at now (later in real time than the first comparison, so as safe)."""
+    await ledger.upsert_node(inventory("cs4", S4000, n=1))
+    key = ledger.keys.node("cs4")
+    await redis_client.hset(key, "run", "0:0")  # another history's: unverified, as after a restart with data
+    inv = inventory("cs4", S4000, n=1)
+    first = await ledger.replace_node(inv, {}, KEEP_MS, verify_after_ms=KEEP_MS)  # the view's: starts the window
+    assert not first["verified"] and 0 < first["verify_in_ms"] <= KEEP_MS
+    token, at = str(await redis_client.hget(key, "unverified_since")).rsplit(":", 1)  # type: ignore[misc]
+    await redis_client.hset(key, "unverified_since", f"{token}:{int(at) + STEP_MS * 12}")  # type: ignore[misc]
+    again = await ledger.replace_node(inv, {}, KEEP_MS, verify_after_ms=KEEP_MS,
+                                      truth_at=await ledger.redis_time_ms())
+    assert not again["verified"] and again["verify_in_ms"] <= KEEP_MS, f"fenced for the step's hour: {again}"
+    token, at = str(await redis_client.hget(key, "unverified_since")).rsplit(":", 1)  # type: ignore[misc]
+    await redis_client.hset(key, "unverified_since", f"{token}:{int(at) - KEEP_MS}")  # type: ignore[misc]
+    done = await ledger.replace_node(inv, {}, KEEP_MS, verify_after_ms=KEEP_MS, truth_at=await ledger.redis_time_ms())
+    assert done["verified"], done
+    assert (await ledger.reserve("cs4", "p9", [0], 8, 2, 1, pod="ns/p9"))[0].ok

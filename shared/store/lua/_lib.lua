@@ -127,6 +127,9 @@ local function verify_after(existed, after_ms, now, lost, truth_at)
   local token = server_info()
   if token == "" then return false, after_ms end
   local start = window_start()
+  -- a start later than now was stamped before Redis's clock stepped back: it starts again now (later in real
+  -- time than that first comparison, so as safe), else no read could verify the node for the step's length
+  if start ~= nil and start > now then start = nil end
   if start == nil then
     if not existed and not lost and new_and_whole() then mark_verified(now) return true, 0 end
     start = now
