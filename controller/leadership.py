@@ -70,7 +70,10 @@ class LeaderYield:
             spec = lease.setdefault("spec", {})
             holder = str(spec.get("holderIdentity") or "")
             server_now = self.kube.server_clock.now() or time.time()  # (the API server's, from this answer)
-            if not holds(holder, self.pod) or lapsed(spec, server_now):
+            # lapsed on this host's wall clock, the one the holder stamped renewTime with: it is this pod's
+            # kube-scheduler (holds), on this host. On the API server's, a host clock behind it by more than the
+            # duration made every fresh renewal look lapsed, and the leader never handed over (red team, clocks)
+            if not holds(holder, self.pod) or lapsed(spec, time.time()):
                 return ""  # (lapsed: its kube-scheduler is gone already, a ready replica takes it as it is)
             pods = await self.kube.request("GET", f"/api/v1/namespaces/{self.namespace}/pods",
                                            query={"labelSelector": self.selector})

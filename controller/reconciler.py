@@ -217,8 +217,10 @@ class Reconciler:
 
     async def _confirm(self, node: str, snap: NodeSnapshot, uid: str) -> tuple[str, PodUsage | None]:
         """Asks the API server about a reservation no live holder explains: ("stale", None) when its pod
-        is gone, ended, elsewhere or unbound; ("held", usage) when the pod holds it after all (our view
-        lagged, or its record is unreadable: then the ledger's booking is kept as it is)."""
+        is gone, ended, elsewhere, or unbound while the booking is bound; ("unbound", None) for a pending booking
+        whose pod is not bound yet (its Binding may be in flight: left to the janitor's TTL); ("held", usage)
+        when the pod holds it after all (our view lagged, or its record is unreadable: then the ledger's booking
+        is kept as it is)."""
         res = snap.reservations[uid]
         ns, _, name = res.pod.partition("/")
         kept = PodUsage(node, res.cards, res.mem, res.cores, res.slices)
@@ -237,6 +239,9 @@ class Reconciler:
                       res.pod, e, node)
             return "held", kept
         meta = pod.get("metadata") or {}
+        if str(meta.get("uid")) == uid and not is_terminal(pod) and not (pod.get("spec") or {}).get("nodeName") \
+                and res.state == "pending":
+            return "unbound", None  # its Binding may be in flight: the janitor's (expired after the TTL)
         if str(meta.get("uid")) != uid or is_terminal(pod) or (pod.get("spec") or {}).get("nodeName") != node:
             return "stale", None  # another pod of that name, ended, or not bound here
         foreign = foreign_record(pod, self.cfg)
@@ -299,7 +304,7 @@ class Reconciler:
                 if verdict == "held" and usage is not None:
                     truth[uid] = usage
                     refs.setdefault(uid, snap.reservations[uid].pod)
-                else:
+                elif verdict != "unbound":  # (unbound: kept, pending: replace_node keeps it, the janitor ends it)
                     stale.append(uid)
             # the API may have answered that every suspect is held after all, as booked: then only the
             # other differences (if any) need a repair

@@ -27,7 +27,15 @@ from shared.config import Config
 from shared.domain.annotations import ALLOCATED, GPU_INDEX, AnnotationError, PodUsage, usage_from_annotations
 from shared.domain.node import Inventory, node_inventory
 from shared.domain.quota import is_terminal
-from shared.domain.reconcile import FUTURE_MS, Unrecorded, expires, offers_cards, quarantine_reason, recovered_usage
+from shared.domain.reconcile import (
+    FUTURE_MS,
+    Unrecorded,
+    expires,
+    offers_cards,
+    quarantine_reason,
+    recovered_usage,
+    restamps,
+)
 from shared.domain.request import RequestError, pod_request
 from shared.domain.timing import KEEP_MS
 from shared.domain.trust import asks_slices, foreign_record
@@ -384,8 +392,11 @@ class PodWatcher:
         # mirror can read the node again. Held here so that the pod stream goes on: the event's replay would
         # hold every later pod event of every node for as long as the move lasts (a red team's finding)
         self.parked: dict[str, tuple[str, str, str]] = {}
-        # Redis's clock minus this host's (ms), as the janitor last read it: a booking's age in `record`
+        # Redis's clock minus this host's (ms), as the janitor last read it (before its first read: 0)
         self.clock_skew_ms = 0
+        # (Redis's clock in ms, time.monotonic()) at the janitor's last read: a booking's age in `record` is
+        # counted from it on the monotonic clock, which a step of this host's wall clock does not move
+        self.redis_clock: tuple[int, float] | None = None
         self.pending_ttl_ms = cfg.pending_ttl_seconds * 1000
         self.reflector = Reflector(kube, "/api/v1/pods", self.on_event, self.on_sync, "pods", shape=watched_pod)
         self.inventories: Callable[[], Mapping[str, Inventory]] = dict  # the node watcher's view, set by the role
@@ -587,12 +598,22 @@ class PodWatcher:
         r = snap.reservations.get(uid) if snap is not None else None
         if r is None:
             return True
-        age = time.time() * 1000 + self.clock_skew_ms - r.created
+        age = self.redis_now_ms() - r.created
         return age > self.pending_ttl_ms / 2 or age < -FUTURE_MS
 
+    def redis_now_ms(self) -> float:
+        """Redis's clock now, as this host estimates it: its last reading plus the monotonic time since (a step
+        of this host's wall clock between two sweeps moved a wall-clock estimate by the step: red team, clocks).
+        Before the janitor's first reading: this host's wall clock."""
+        if self.redis_clock is None:
+            return time.time() * 1000 + self.clock_skew_ms
+        redis_ms, at = self.redis_clock
+        return redis_ms + (time.monotonic() - at) * 1000
+
     def saw_redis_time(self, redis_ms: int) -> None:
-        """The janitor read Redis's clock: how far this host's is from it."""
+        """The janitor read Redis's clock: how far this host's is from it, and when on the monotonic clock."""
         self.clock_skew_ms = int(redis_ms - time.time() * 1000)
+        self.redis_clock = (redis_ms, time.monotonic())
 
     def _skip(self, uid: str, digest: bytes) -> None:
         self.deferred.pop(uid, None)
@@ -834,7 +855,8 @@ class Janitor:
         for node, snap in list(self.mirror.nodes.items()):
             if node in self.mirror.moving:  # Redis runs no script there until its slot's move ends: next sweep
                 continue
-            old = [r.uid for r in snap.reservations.values() if expires(r, now, self.ttl * 1000)]
+            # (and those stamped ahead of Redis's clock, which expire.lua stamps anew: restamps)
+            old = [r.uid for r in snap.reservations.values() if expires(r, now, self.ttl * 1000) or restamps(r, now)]
             if old:
                 if self.before_expire is not None:
                     keep = await self.before_expire(old)

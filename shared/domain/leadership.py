@@ -65,8 +65,9 @@ def ready_peers(pods: Mapping[str, Any], me: str) -> int:
 
 
 def lapsed(spec: Mapping[str, Any], now: float) -> bool:
-    """Whether the Lease's last renewal is older than its duration at `now` (the API server's clock): every
-    candidate may take it; written over, it would wait a duration more. Unreadable: not lapsed."""
+    """Whether the Lease's last renewal is older than its duration at `now` (on the renewer's clock: the wall
+    clock of the host of the kube-scheduler that stamped renewTime, client-go's `Now()`, not the API server's):
+    every candidate may take it; written over, it would wait a duration more. Unreadable: not lapsed."""
     try:
         renewed = datetime.fromisoformat(str(spec.get("renewTime"))).timestamp()
         return renewed + int(spec.get("leaseDurationSeconds") or 15) < now

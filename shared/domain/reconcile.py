@@ -66,14 +66,17 @@ class _Totals:
 
 def settles(r: Reservation, now_ms: int, keep_from: int) -> bool:
     """Whether a reservation is still settling at `now_ms` (Redis's clock), so no view may judge it yet:
-    pending (its binder may be mid-flight; the janitor expires it by TTL), or made or bound at or after
-    `keep_from` (newer than the caller's truth). A stamp later than now + FUTURE_MS comes from a clock that
+    pending (its binder may be mid-flight; the janitor expires it by TTL, whatever its stamps say: one stamped by
+    a clock that stepped back since may hold a Binding in flight, `restamps`), or made or bound at or after
+    `keep_from` (newer than the caller's truth). A bound stamp later than now + FUTURE_MS comes from a clock that
     jumped (a failover to a server behind) and settles nothing: it is judged now. The twin of `settles` in
     shared/store/lua/_lib.lua (tests/redis/test_settles_twin.py runs one table through both)."""
+    if r.state == "pending":
+        return True
     stamp = max(r.created, r.bound_at)
     if stamp > now_ms + FUTURE_MS:
         return False
-    return r.state == "pending" or stamp >= keep_from
+    return stamp >= keep_from
 
 
 def in_flight(r: Reservation, now_ms: int) -> bool:
@@ -82,13 +85,22 @@ def in_flight(r: Reservation, now_ms: int) -> bool:
     return r.settle_by >= now_ms and r.settle_by - now_ms <= FUTURE_MS
 
 
+def restamps(r: Reservation, now_ms: int) -> bool:
+    """Whether a pending reservation carries a stamp later than now + FUTURE_MS (`created`, or a bind attempt's
+    `settle_by`): Redis's clock stepped back since (or a failover went to a server behind), its age cannot be
+    told, and its Binding may be in flight. The janitor's expire stamps it anew at its `now` instead of releasing
+    it, so it expires a TTL later (released at once, a step back of a minute freed a card a Binding in flight
+    was about to take: red team, clocks). The twin of _lib.lua's."""
+    return r.state == "pending" and (r.created - now_ms > FUTURE_MS or r.settle_by - now_ms > FUTURE_MS)
+
+
 def expires(r: Reservation, now_ms: int, ttl_ms: int) -> bool:
     """Whether the janitor releases a reservation at `now_ms` (Redis's clock): pending past its TTL (its binder
-    died or gave up), or stamped later than now + FUTURE_MS (a clock that jumped: its age cannot be told), and
+    died or gave up), no stamp from a clock that stepped back since (`restamps`: its age cannot be told), and
     no bind attempt's Binding may still come (in_flight). The twin of expire.lua's test
     (tests/redis/test_expires_twin.py runs one table through both)."""
-    return (r.state == "pending" and not in_flight(r, now_ms)
-            and (now_ms - r.created > ttl_ms or r.created - now_ms > FUTURE_MS))
+    return (r.state == "pending" and not restamps(r, now_ms) and not in_flight(r, now_ms)
+            and now_ms - r.created > ttl_ms)
 
 
 def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holders: Mapping[str, PodUsage],
@@ -172,8 +184,10 @@ def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holde
     for uid, r in sorted(snap.reservations.items()):
         if uid in holders:
             continue
-        if not settling(r) or (r.state == "pending" and uid in elsewhere
-                               and max(r.created, r.bound_at) < now_ms - keep_ms):
+        # a pending one stamped ahead of Redis's clock (restamps) settles, as any pending one, but its age cannot
+        # be told: asked about too (its pod gone, it is freed now, not a TTL after the janitor stamps it anew)
+        if not settling(r) or (r.state == "pending" and (restamps(r, now_ms) or (
+                uid in elsewhere and max(r.created, r.bound_at) < now_ms - keep_ms))):
             suspects.append(uid)
     return NodeDiff(node, tuple(diffs), tuple(suspects), kept=tuple(kept))
 

@@ -81,9 +81,9 @@ async def test_every_script_declares_every_key_it_touches(warm: StrictLedger) ->
     assert (await cold(led).snapshot("n4")).cards[1].health == "removed"  # type: ignore[union-attr]
     assert await cold(led).release("n4", "u5") and not await cold(led).release("n4", "u5")
     assert 1 not in (await cold(led).snapshot("n4")).cards  # type: ignore[union-attr]
-    # expire: a pending booking stamped from a clock far ahead
+    # expire: a pending booking past its TTL (one stamped from a clock far ahead is stamped anew, not released)
     assert (await led.reserve("n5", "u6", [1], 8, 1, 1))[0].ok
-    await led.redis.hset(led.keys.res("n5", "u6"), "created", str(await led.redis_time_ms() + 3_600_000))
+    await led.redis.hset(led.keys.res("n5", "u6"), "created", str(await led.redis_time_ms() - 3_600_000))
     assert await cold(led).expire("n5", 60) == ["u6"]
     # rebuild: bound pods, a pending booking kept, a bound booking kept (keep_bound), unknown nodes removed
     assert (await led.reserve("n4", "u7", [0], 2, 1, 1))[0].ok

@@ -127,6 +127,9 @@ local function verify_after(existed, after_ms, now, lost, truth_at)
   local token = server_info()
   if token == "" then return false, after_ms end
   local start = window_start()
+  -- a start later than now was stamped before Redis's clock stepped back: it starts again now (later in real
+  -- time than that first comparison, so as safe), else no read could verify the node for the step's length
+  if start ~= nil and start > now then start = nil end
   if start == nil then
     if not existed and not lost and new_and_whole() then mark_verified(now) return true, 0 end
     start = now
@@ -255,14 +258,25 @@ local function in_flight(r, now)
 end
 
 -- Whether reservation view `r` is still settling at `now` (Redis's clock), so no caller's truth may judge
--- it yet: pending (its binder may be mid-flight; expire.lua ends it after the TTL), or made or bound at or
--- after `keep_from` (newer than the caller's truth). A stamp later than now + FUTURE_MS comes from a clock
--- that jumped and settles nothing. The twin of settles in shared/domain/reconcile.py
+-- it yet: pending (its binder may be mid-flight; expire.lua ends it after the TTL, whatever its stamps say: one
+-- stamped by a clock that stepped back since may hold a Binding in flight, `restamps`), or made or bound at or
+-- after `keep_from` (newer than the caller's truth). A bound stamp later than now + FUTURE_MS comes from a
+-- clock that jumped and settles nothing. The twin of settles in shared/domain/reconcile.py
 -- (tests/redis/test_settles_twin.py runs one table through both).
 local function settles(r, now, keep_from)
+  if r.state == "pending" then return true end
   local stamp = math.max(r.created, r.bound_at)
   if stamp > now + FUTURE_MS then return false end
-  return r.state == "pending" or stamp >= keep_from
+  return stamp >= keep_from
+end
+
+-- Whether pending reservation view `r` carries a stamp later than now + FUTURE_MS (`created`, or a bind
+-- attempt's `settle_by`): Redis's clock stepped back since it was made (or a failover went to a server behind),
+-- so its age cannot be told, and its Binding may be in flight. expire.lua stamps it anew at `now` instead of
+-- releasing it: it expires a TTL later, when that Binding is committed or never (red team, clocks). The twin
+-- of restamps in shared/domain/reconcile.py (tests/redis/test_expires_twin.py).
+local function restamps(r, now)
+  return r.state == "pending" and (r.created - now > FUTURE_MS or r.settle_by - now > FUTURE_MS)
 end
 
 local function node_view()
