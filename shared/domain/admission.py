@@ -209,6 +209,10 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = (),
                 fills[i] = {kr: cfg.default_cores}
     if problems:
         return deny("; ".join(problems))
+    try:  # the sharing rules on what the user wrote, before our fills: a refusal names the user's own values
+        shape_request(asks, cfg, pin.memory if pin else None)
+    except RequestError as e:
+        return deny("; ".join(e.problems))
     completed = [
         ContainerAsk(a.name, a.init, a.count, fills.get(i, {}).get(mr, a.memory),
                      fills.get(i, {}).get(kr, a.cores), a.whole_gpu, sidecar=a.sidecar)
