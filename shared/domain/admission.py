@@ -18,6 +18,7 @@ from typing import Any
 
 from shared.config import Config
 from shared.domain.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
+from shared.domain.fit import GPU_POLICY, NODE_POLICY
 from shared.domain.models import CORES_PER_CARD, CardModel, describe_models, union_memory_values
 from shared.domain.node import mismatch_causes
 from shared.domain.quota import asks_usage
@@ -31,7 +32,7 @@ from shared.domain.request import (
     read_asks,
     shape_request,
 )
-from shared.domain.shapes import pod_problems
+from shared.domain.shapes import describe, pod_problems
 
 REQUEST_GPU_NUM = "mthreads.com/request-gpu-num"  # HAMi writes it for vgpu > 1; kept for compatibility
 
@@ -53,6 +54,28 @@ def deny(message: str, code: int = 403) -> Decision:
 
 def _esc(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
+
+
+# What the extender reads of the placement annotations (shared/domain/fit.py policy_of, card_order; topk.py): HAMi's
+# card policies may be chained with commas, and its numa and topology-aware do nothing for mthreads cards there too.
+POLICY_VALUES = {GPU_POLICY: ("binpack", "spread", "mutex"), NODE_POLICY: ("binpack", "spread")}
+HAMI_NO_OP_POLICIES = {GPU_POLICY: ("numa", "topology-aware"), NODE_POLICY: ()}
+
+
+def policy_problems(annotations: Mapping[str, Any]) -> list[str]:
+    """A placement policy annotation naming no policy (a typo would fall back to the default without a word)."""
+    out: list[str] = []
+    for key, allowed in POLICY_VALUES.items():
+        raw = annotations.get(key)
+        if not isinstance(raw, str) or not raw.strip():
+            continue  # unset or empty: the default (pod_problems has checked the type)
+        known = (*allowed, *HAMI_NO_OP_POLICIES[key])
+        items = [p.strip().lower() for p in raw.split(",")] if key == GPU_POLICY else [raw.strip().lower()]
+        if not all(p in known for p in items):
+            extra = (" (or a comma list of them; HAMi's " + " and ".join(HAMI_NO_OP_POLICIES[key])
+                     + " are accepted and do nothing for mthreads cards)") if key == GPU_POLICY else ""
+            out.append(f"annotation {key}={describe(raw)} names no policy; allowed: {', '.join(allowed)}{extra}")
+    return out
 
 
 def whole_card_model(pod: Mapping[str, Any], cfg: Config, reported: Collection[int]) -> CardModel:
@@ -162,6 +185,7 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = (),
     except RequestError as e:
         problems.extend(e.problems)
         pin = None
+    problems.extend(policy_problems(annotations))
     if problems:
         return deny("; ".join(problems))
 

@@ -74,3 +74,37 @@ def test_what_the_rules_allow_is_still_admitted(p: dict[str, Any]) -> None:
 def test_valid_values_still_reported_before_the_sharing_rules() -> None:
     msg = denied(pod(ctr("a", limits={VGPU: 2, MEM: 256})))
     assert "(192 for MTT S4000, 320 for MTT S5000)" in msg, msg
+
+
+# --- placement annotations a user misspells ----------------------------------------------------------------------
+# `hami.io/gpu-scheduler-policy: binpak` (or `node-scheduler-policy: Binpacking`) fell back to the default policy
+# without a word: the pod was placed by the policy its creator tried to turn off. HAMi reads them the same lax way,
+# so only values naming none of HAMi's policies are refused, on pods asking for our slices.
+
+GPU_POLICY, NODE_POLICY = "hami.io/gpu-scheduler-policy", "hami.io/node-scheduler-policy"
+
+
+@pytest.mark.parametrize(("key", "value", "allowed"), [
+    (GPU_POLICY, "binpak", "allowed: binpack, spread, mutex"),
+    (GPU_POLICY, "binpack,spreed", "allowed: binpack, spread, mutex"),
+    (NODE_POLICY, "Binpacking", "allowed: binpack, spread"),
+    (NODE_POLICY, "mutex", "allowed: binpack, spread"),
+])
+def test_a_misspelt_policy_is_refused_naming_it(key: str, value: str, allowed: str) -> None:
+    msg = denied(pod(slice_ctr(), annotations={key: value}))
+    assert f"annotation {key}={value!r}" in msg and allowed in msg, msg
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    (GPU_POLICY, "binpack"), (GPU_POLICY, "Spread"), (GPU_POLICY, " mutex "), (GPU_POLICY, "binpack,numa"),
+    (GPU_POLICY, "spread, topology-aware"), (NODE_POLICY, "spread"), (NODE_POLICY, "BINPACK"),
+    (GPU_POLICY, ""), (NODE_POLICY, " "),  # empty: the default, as when unset
+])
+def test_hami_policy_values_pass(key: str, value: str) -> None:
+    d = decide(pod(slice_ctr(), annotations={key: value}), MIXED, (96, 160))
+    assert d.allowed, d.message
+
+
+def test_policies_on_pods_of_other_vendors_are_theirs() -> None:
+    d = decide(pod(ctr(limits={"nvidia.com/gpu": 1}), annotations={GPU_POLICY: "whatever"}), MIXED, (96, 160))
+    assert d.allowed and d.patch == ()
