@@ -47,3 +47,17 @@ def test_values_that_would_misbehave_are_refused(helm: Path, sets: tuple[str, ..
 ])
 def test_distinct_names_still_render(helm: Path, sets: tuple[str, ...]) -> None:
     template(helm, Case(sets=sets, namespace="hami-system"))
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    # the seeds give each card's memory in GiB beside its units (S5000: "80 GiB per card = 160 x 512 MiB units"):
+    # [80] rendered, and every S5000 node then offered no card (80-unit model) and every slice pod stayed Pending
+    (("devices.mthreads.memoryPerCard={80}",), "devices.mthreads.memoryPerCard entry 80 is MTT S5000's memory in GiB; "
+                                               "the unit is 512 MiB: use 160"),
+    (("devices.mthreads.memoryPerCard={96,48}",), "entry 48 is MTT S4000's memory in GiB; the unit is 512 MiB: use 96"),
+    (("devices.mthreads.memoryPerCard=80",), "use 160"),  # the legacy scalar
+])
+def test_memory_per_card_in_gib_is_refused(helm: Path, sets: tuple[str, ...], message: str) -> None:
+    proc = template(helm, Case(sets=sets), check=False)
+    assert proc.returncode != 0, f"{sets} rendered"
+    assert message in proc.stderr, proc.stderr
