@@ -172,10 +172,14 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = (),
         problems.append(f'spec.nodeName "{spec["nodeName"]}" is set: pods asking for {cr} are placed on a '
                         f"card by {cfg.scheduler_name}; use a nodeSelector instead")
     # asks are in container order (init first), so each container is paired with its own ask: one pass
-    for c, a in zip((spec.get("initContainers") or []) + spec["containers"], asks, strict=True):
+    count_in_requests_only: set[int] = set()
+    for i, (c, a) in enumerate(zip((spec.get("initContainers") or []) + spec["containers"], asks, strict=True)):
         if a.asks_slices and (c.get("securityContext") or {}).get("privileged"):
             problems.append(f'container "{a.name}" is privileged: a privileged container sees every '
                             "card, so it cannot hold a slice")
+        res = c.get("resources") or {}
+        if a.count is not None and cr not in (res.get("limits") or {}):
+            count_in_requests_only.add(i)
     for a in mine:
         if a.memory_in_requests_only or a.cores_in_requests_only:
             which = mr if a.memory_in_requests_only else kr
@@ -231,6 +235,10 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = (),
                                 f"{PIN_ANNOTATION}; allowed: {', '.join(map(str, pin.valid_memory))}")
             if a.cores is None:
                 fills[i] = {kr: cfg.default_cores}
+    for i in count_in_requests_only:
+        # the API server refuses an extended resource under requests without the same limit ("Limit must be set
+        # for non overcommitable resources", naming no resource): HAMi's "count requested without limits" works
+        fills.setdefault(i, {})[cr] = asks[i].count or 0
     if problems:
         return deny("; ".join(problems))
     try:  # the sharing rules on what the user wrote, before our fills: a refusal names the user's own values
