@@ -18,6 +18,7 @@ from typing import Any
 
 from shared.config import Config
 from shared.domain.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
+from shared.domain.fit import GPU_POLICY, NODE_POLICY
 from shared.domain.models import CORES_PER_CARD, CardModel, describe_models, union_memory_values
 from shared.domain.node import mismatch_causes
 from shared.domain.quota import asks_usage
@@ -31,7 +32,7 @@ from shared.domain.request import (
     read_asks,
     shape_request,
 )
-from shared.domain.shapes import pod_problems
+from shared.domain.shapes import describe, pod_problems
 
 REQUEST_GPU_NUM = "mthreads.com/request-gpu-num"  # HAMi writes it for vgpu > 1; kept for compatibility
 
@@ -53,6 +54,28 @@ def deny(message: str, code: int = 403) -> Decision:
 
 def _esc(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
+
+
+# What the extender reads of the placement annotations (shared/domain/fit.py policy_of, card_order; topk.py): HAMi's
+# card policies may be chained with commas, and its numa and topology-aware do nothing for mthreads cards there too.
+POLICY_VALUES = {GPU_POLICY: ("binpack", "spread", "mutex"), NODE_POLICY: ("binpack", "spread")}
+HAMI_NO_OP_POLICIES = {GPU_POLICY: ("numa", "topology-aware"), NODE_POLICY: ()}
+
+
+def policy_problems(annotations: Mapping[str, Any]) -> list[str]:
+    """A placement policy annotation naming no policy (a typo would fall back to the default without a word)."""
+    out: list[str] = []
+    for key, allowed in POLICY_VALUES.items():
+        raw = annotations.get(key)
+        if not isinstance(raw, str) or not raw.strip():
+            continue  # unset or empty: the default (pod_problems has checked the type)
+        known = (*allowed, *HAMI_NO_OP_POLICIES[key])
+        items = [p.strip().lower() for p in raw.split(",")] if key == GPU_POLICY else [raw.strip().lower()]
+        if not all(p in known for p in items):
+            extra = (" (or a comma list of them; HAMi's " + " and ".join(HAMI_NO_OP_POLICIES[key])
+                     + " are accepted and do nothing for mthreads cards)") if key == GPU_POLICY else ""
+            out.append(f"annotation {key}={describe(raw)} names no policy; allowed: {', '.join(allowed)}{extra}")
+    return out
 
 
 def whole_card_model(pod: Mapping[str, Any], cfg: Config, reported: Collection[int]) -> CardModel:
@@ -149,10 +172,14 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = (),
         problems.append(f'spec.nodeName "{spec["nodeName"]}" is set: pods asking for {cr} are placed on a '
                         f"card by {cfg.scheduler_name}; use a nodeSelector instead")
     # asks are in container order (init first), so each container is paired with its own ask: one pass
-    for c, a in zip((spec.get("initContainers") or []) + spec["containers"], asks, strict=True):
+    count_in_requests_only: set[int] = set()
+    for i, (c, a) in enumerate(zip((spec.get("initContainers") or []) + spec["containers"], asks, strict=True)):
         if a.asks_slices and (c.get("securityContext") or {}).get("privileged"):
             problems.append(f'container "{a.name}" is privileged: a privileged container sees every '
                             "card, so it cannot hold a slice")
+        res = c.get("resources") or {}
+        if a.count is not None and cr not in (res.get("limits") or {}):
+            count_in_requests_only.add(i)
     for a in mine:
         if a.memory_in_requests_only or a.cores_in_requests_only:
             which = mr if a.memory_in_requests_only else kr
@@ -162,6 +189,7 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = (),
     except RequestError as e:
         problems.extend(e.problems)
         pin = None
+    problems.extend(policy_problems(annotations))
     if problems:
         return deny("; ".join(problems))
 
@@ -207,8 +235,16 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = (),
                                 f"{PIN_ANNOTATION}; allowed: {', '.join(map(str, pin.valid_memory))}")
             if a.cores is None:
                 fills[i] = {kr: cfg.default_cores}
+    for i in count_in_requests_only:
+        # the API server refuses an extended resource under requests without the same limit ("Limit must be set
+        # for non overcommitable resources", naming no resource): HAMi's "count requested without limits" works
+        fills.setdefault(i, {})[cr] = asks[i].count or 0
     if problems:
         return deny("; ".join(problems))
+    try:  # the sharing rules on what the user wrote, before our fills: a refusal names the user's own values
+        shape_request(asks, cfg, pin.memory if pin else None)
+    except RequestError as e:
+        return deny("; ".join(e.problems))
     completed = [
         ContainerAsk(a.name, a.init, a.count, fills.get(i, {}).get(mr, a.memory),
                      fills.get(i, {}).get(kr, a.cores), a.whole_gpu, sidecar=a.sidecar)

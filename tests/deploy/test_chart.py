@@ -578,12 +578,15 @@ def test_admission_policy_only_our_bind_writes_records(rendered: Rendered) -> No
     assert who["expression"] == ("!(request.userInfo.username in ['system:serviceaccount:kube-system:hami-scheduler', "
                                  "'system:serviceaccount:kube-system:hami-watcher'])")
     # judged whenever a validation could refuse: every scheduler-owned key (the widest list the validations
-    # use), looked for in the object and in the old object, and a create that names a node
+    # use), looked for in the object and in the old object, a create that names a node, and a create of a pod
+    # asking for slices that names another scheduler (in containers and init containers)
     assert could["name"] == "could-be-refused"
-    [keys] = _cel_list(could["expression"])
+    keys, *resources = _cel_list(could["expression"])
     assert keys == set(SCHEDULER_OWNED_KEYS)
+    assert resources == [{"mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core"}] * 4
     for part in ("k in object.metadata.annotations", "k in oldObject.metadata.annotations",
-                 "request.operation == 'CREATE'", "object.spec.nodeName != ''"):
+                 "request.operation == 'CREATE'", "object.spec.nodeName != ''",
+                 "object.spec.schedulerName != 'hami-scheduler'", "object.spec.initContainers.exists"):
         assert part in could["expression"]
     variables = {v["name"]: v["expression"] for v in spec["variables"]}
     everywhere, on_slices = _cel_list(variables["owned"])[1], _cel_list(variables["owned"])[0]
@@ -595,7 +598,8 @@ def test_admission_policy_only_our_bind_writes_records(rendered: Rendered) -> No
     messages = " ".join(v["messageExpression"] for v in spec["validations"])
     assert all(v["reason"] == "Forbidden" for v in spec["validations"])
     for what in ("remove them from the pod you create", "may not set, change or remove them",
-                 "may only be made by hami-scheduler", "use a nodeSelector instead"):
+                 "may only be made by hami-scheduler", "use a nodeSelector instead",
+                 'must name schedulerName "hami-scheduler"'):
         assert what in messages
 
 
@@ -605,7 +609,11 @@ def test_admission_policy_follows_release_and_resource_names(rendered: Rendered)
     assert "'system:serviceaccount:hami-system:gpu-hami-watcher'" in spec["matchConditions"][0]["expression"]
     variables = {v["name"]: v["expression"] for v in spec["variables"]}
     assert "'example.com/vgpu'" in variables["asksForSlices"]
-    assert "example.com/vgpu are placed on a card by gpu-scheduler" in spec["validations"][-1]["messageExpression"]
+    assert "example.com/vgpu are placed on a card by gpu-scheduler" in spec["validations"][-2]["messageExpression"]
+    last = spec["validations"][-1]
+    assert 'example.com/vgpu must name schedulerName "gpu-scheduler"' in last["messageExpression"]
+    assert "object.spec.schedulerName == 'gpu-scheduler'" in last["expression"]
+    assert "object.spec.schedulerName != 'gpu-scheduler'" in spec["matchConditions"][1]["expression"]
     # the scheduler and watcher ServiceAccounts it exempts are the ones the Deployments run as
     accounts = {d["spec"]["template"]["spec"]["serviceAccountName"] for d in find(rendered("custom"), "Deployment")}
     assert {"gpu-hami-scheduler", "gpu-hami-watcher"} <= accounts

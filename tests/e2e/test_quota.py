@@ -253,6 +253,16 @@ async def test_without_the_controllers_status_the_api_server_enforces_nothing(en
     await env.quota("unsynced", {f"requests.{MEM}": "2"}, status=False)
     await env.create("exclusive", EXCLUSIVE)  # 96 units against a limit of 2: admitted
     await env.sync_status("unsynced")  # now the controller's numbers: used 96 of 2
+
+    async def in_effect() -> bool | None:  # the quota admission reads quotas from an informer: it may lag the write
+        try:
+            await env.user.request("POST", f"/api/v1/namespaces/{env.ns}/pods", env.pod("frac", slice_(2)),
+                                   query={"dryRun": "All"})
+        except KubeError as e:
+            return True if e.status == 403 else None
+        return None
+
+    await until(in_effect, "the written quota status in the API server's quota admission")
     msg = await env.refused("frac", slice_(2))
     assert msg == (f'pods "frac" is forbidden: exceeded quota: unsynced, requested: requests.{MEM}=2, '
                    f"used: requests.{MEM}=96, limited: requests.{MEM}=2")

@@ -346,7 +346,8 @@ async def test_the_policy_judges_only_requests_it_could_refuse(env: Env) -> None
 
             let_out = {
                 "a CPU pod": ("POST", dry, env.pod("c2", {"cpu": "1"})),
-                "a pod asking for slices": ("POST", dry, env.pod("s", SLICE)),
+                "a pod asking for slices, routed to our scheduler": (
+                    "POST", dry, env.pod("s", SLICE, schedulerName="hami-scheduler")),
                 "a pod with other annotations": ("POST", dry, env.pod("o", {"cpu": "1"}, annotations={"a/b": "c"})),
                 "a label change": ("PATCH", f"{pods}/cpu", {"metadata": {"labels": {"x": "y"}}}),
                 "a status change": ("PATCH", f"{pods}/cpu/status", {"status": {"message": "m"}}),
@@ -355,6 +356,9 @@ async def test_the_policy_judges_only_requests_it_could_refuse(env: Env) -> None
             }
             judged_ones = {
                 "a create naming a node": ("POST", dry, named),
+                # where no webhook looks (this namespace), another scheduler would place it
+                # (tests/e2e/test_redteam_user_ignored_namespace.py)
+                "a pod asking for slices, not routed to our scheduler": ("POST", dry, env.pod("s", SLICE)),
                 **{f"a create carrying {k}": ("POST", dry, env.pod("k", {"cpu": "1"}, annotations={k: "x"}))
                    for k in SCHEDULER_OWNED_KEYS},
                 "an update adding a record": ("PATCH", f"{pods}/cpu", {"metadata": {"annotations": {ALLOCATED: "x"}}}),

@@ -321,19 +321,21 @@ def test_init_and_app_fills_use_their_own_paths() -> None:
 
 
 def test_requests_only_count_gets_limits() -> None:
-    # HAMi "count one requested without limits": R{vgpu 1}, L nil -> L gets core 16, mem 96.
+    # HAMi "count one requested without limits": R{vgpu 1}, L nil -> L gets core 16, mem 96, and the count
+    # itself: the API server refuses an extended resource requested without its limit
+    # (tests/e2e/test_redteam_user_requests_only.py)
     p = pod(ctr("a", requests={VGPU: 1}))
     d = allowed(p, C96)
     assert d.patch[1] == {"op": "add", "path": "/spec/containers/0/resources/limits", "value": {}}
     res = apply_patch(p, d.patch)["spec"]["containers"][0]["resources"]
-    assert res == {"requests": {VGPU: "1"}, "limits": {MEM: "96", CORE: "16"}}
+    assert res == {"requests": {VGPU: "1"}, "limits": {VGPU: "1", MEM: "96", CORE: "16"}}
 
 
 def test_requests_count_over_one_gets_limits() -> None:
     # HAMi "count over one requested without limits".
     p = pod(ctr("a", requests={VGPU: 2}))
     res = apply_patch(p, allowed(p, C96).patch)["spec"]["containers"][0]["resources"]
-    assert res["limits"] == {MEM: "192", CORE: "32"}
+    assert res["limits"] == {VGPU: "2", MEM: "192", CORE: "32"}
 
 
 def test_requests_patched_only_where_present() -> None:

@@ -163,7 +163,14 @@ once per render and cached, so the Secret and the webhook's caBundle always agre
 {{- if not (regexMatch "^[0-9]+(\\.0+)?$" $s) -}}
 {{- fail (printf "devices.mthreads.memoryPerCard entry %q is not a whole number of 512 MiB units (96 = MTT S4000, 160 = MTT S5000)" $s) -}}
 {{- end -}}
-{{- $out = append $out (int (float64 $s)) -}}
+{{- $v := int (float64 $s) -}}
+{{- /* the seeds give each card's memory in GiB beside its units: 48 GiB = 96 units (S4000), 80 GiB = 160 (S5000) */ -}}
+{{- range $model := list (list 48 "MTT S4000" 96) (list 80 "MTT S5000" 160) -}}
+{{- if eq $v (index $model 0) -}}
+{{- fail (printf "devices.mthreads.memoryPerCard entry %d is %s's memory in GiB; the unit is 512 MiB: use %d (no Moore Threads card with sGPU has %d units)" $v (index $model 1) (index $model 2) $v) -}}
+{{- end -}}
+{{- end -}}
+{{- $out = append $out $v -}}
 {{- end -}}
 {{- toJson $out -}}
 {{- end -}}
