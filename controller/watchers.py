@@ -79,9 +79,11 @@ class NodeWatcher:
 
     A node new to the ledger is written with the usage of the pods that hold cards there (`holders`,
     from the pod watcher's view), so a node deleted and re-created under running pods is never
-    offered empty. A node that stops reporting cards (deleted, or its capacity dropped to 0) keeps
-    its holders' usage, and the bookings still settling there (binds in flight, bindings this view has
-    not seen yet), on placeholder cards until they are gone. While the pod view cannot be trusted
+    offered empty; so is a node that opens again after an error or a quarantine (the holders whose usage
+    is recovered from their cards are none of a closed node's). A node that stops reporting cards
+    (deleted, or its capacity dropped to 0) keeps its holders' usage, and the bookings still settling
+    there (binds in flight, bindings this view has not seen yet), on placeholder cards until they are
+    gone. While the pod view cannot be trusted
     (`view_problem`: its stream is down or not listed yet) it judges no booking: every one is kept, and
     the reconciler, which confirms with the API server, judges them once the view is live again.
     """
@@ -103,6 +105,10 @@ class NodeWatcher:
         # again later (the reconciler's verify_later, set by the role)
         self.verify_later: Callable[[str, Mapping[str, Any]], None] = lambda node, written: None
         self.vanished: set[str] = set()  # known nodes found missing from Redis when removed (apply, _replace)
+        # nodes this watcher last wrote closed (an error, or a quarantine): the view's holders of such a node lack the
+        # pods whose usage is recovered from their cards (no record, shared.domain.reconcile.recovered_usage), so
+        # one that opens again is written whole with its holders (_replace), not upserted over what it kept
+        self.closed: set[str] = set()
         self.mismatch = MismatchReporter(kube, cfg)  # events, gauge and log line (controller/mismatch.py)
         # Held by each event and re-list, and by the reconciler's rebuild from its own lists: a Node change
         # handled while a rebuild runs would be overwritten by the rebuild's older copy (in Redis and in
@@ -121,6 +127,8 @@ class NodeWatcher:
             # the view may lack pods bound long ago (a stream down for longer than the keep window): a
             # booking no holder explains is not judged by it (as the reconciler waits for live views)
             keep_ms = KEEP_ALL_MS
+        if inv is None:
+            self.closed.discard(name)
         if not offers_cards(inv):
             self.last.pop(name, None)
             holders = self.holders(name)
@@ -149,7 +157,11 @@ class NodeWatcher:
         assert inv is not None
         self.last[name] = inv
         inv = self.effective(inv)
-        if name in self.known:
+        # open again after an error (or a quarantine): a watcher that started while it was closed wrote it without
+        # the holders recovered from their cards; while closed, it is upserted, keeping whatever the ledger holds
+        reopened = name in self.closed and not inv.error
+        (self.closed.add if inv.error else self.closed.discard)(name)
+        if name in self.known and not reopened:
             if await self.ledger.upsert_node(inv, create=False) < 0:
                 # A node we knew is missing from Redis: the state was lost, or another replica forgot the
                 # node (it went and nothing was held there any more). Only a rebuild from fresh lists may
@@ -159,9 +171,9 @@ class NodeWatcher:
                 self.lost.set()
                 return
         else:
-            # New to us: written whole, with its holders' usage, before any replica can offer it.
+            # New to us (or open again): written whole, with its holders' usage, before any replica can offer it.
             await self.ledger.list_node(name)
-            await self._replace(inv, self.holders(name), keep_ms, stale)
+            await self._replace(inv, self.holders(name), keep_ms, stale, lost=name in self.known)
         self.known.add(name)
 
     async def _replace(self, inv: Inventory, holders: Mapping[str, tuple[PodUsage, str]], keep_ms: int,
