@@ -157,18 +157,6 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
     if CardModel(per_card) not in cfg.models:
         return _bad(name, MODEL_MISMATCH, f"{per_card} units per card ({mem}/{n}) is no configured card model; "
                                      f"memoryPerCard {describe_models(cfg.models)}")
-    # The device plugin says a device is sick the one way Kubernetes has: the kubelet counts only healthy devices
-    # in allocatable (every one, while the plugin is not registered). Which card they are on it does not say
-    allocatable = (node.get("status") or {}).get("allocatable")
-    if isinstance(allocatable, Mapping):
-        for resource, total in ((cfg.resource_core_name, cores), (cfg.resource_memory_name, mem)):
-            raw = allocatable.get(resource)
-            healthy = None if raw is None else _int_quantity(raw)
-            if raw is not None and (healthy is None or healthy < total):
-                shown = repr(raw) if len(str(raw)) <= 64 else describe(str(raw))
-                return _bad(name, "", f"{resource} allocatable {shown} is below its capacity {total}: the device "
-                                      "plugin reports devices unhealthy (or is not registered) and not on which "
-                                      "card; no card is offered until they are healthy again")
     label = labels.get(SGPU_CORES_LABEL)
     if label is None or str(label).strip() == "":
         indices = list(range(n))
@@ -208,6 +196,19 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
             if not text.startswith(f"annotation {KNOBS_ANNOTATION}"):  # one kind, readable from the text alone
                 text = f"annotation {KNOBS_ANNOTATION}: {text}"
             return _bad(name, ANNOTATION_MISMATCH, text)
+    # The device plugin says a device is sick the one way Kubernetes has: the kubelet counts only healthy devices in
+    # allocatable (none while the plugin is not registered); on which card they are it does not say. Checked after
+    # every mismatch: those need the operator, and are louder (their event, gauge and admission warning)
+    allocatable = (node.get("status") or {}).get("allocatable")
+    if isinstance(allocatable, Mapping):
+        for resource, total in ((cfg.resource_core_name, cores), (cfg.resource_memory_name, mem)):
+            raw = allocatable.get(resource)
+            healthy = None if raw is None else _int_quantity(raw)
+            if raw is not None and (healthy is None or healthy < total):
+                shown = repr(raw) if len(str(raw)) <= 64 else describe(str(raw))
+                return _bad(name, "", f"{resource} allocatable {shown} is below its capacity {total}: the device "
+                                      "plugin reports devices unhealthy (or is not registered) and not on which "
+                                      "card; no card is offered until they are healthy again")
     cordoned = {p.strip() for p in str(annotations.get(CORDON_ANNOTATION, "")).split(",") if p.strip()}
     cards = []
     for i in sorted(indices):

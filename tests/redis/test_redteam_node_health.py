@@ -88,3 +88,10 @@ async def test_unhealthy_then_healthy_keeps_what_running_pods_hold(ledger: Ledge
     assert snap.error == "" and len(snap.card_states()) == 8
     assert (snap.cards[5].mem_used, snap.cards[5].mem_free, snap.cards[5].health) == (96, 0, "ok")
     assert nudged == ["h"]  # pods turned away meanwhile are tried again
+
+
+def test_a_mismatch_is_said_before_unhealthy_devices() -> None:
+    """A node both mismatched and short of healthy devices: the mismatch, which needs the operator, is reported."""
+    n = gpu_node("n", cards=2, sick_cards=1)
+    n["metadata"]["labels"] = {"mthreads.com/sgpu.cores": "0-1-2"}
+    assert node_inventory(n, CFG).problem == "label"
