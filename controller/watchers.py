@@ -161,8 +161,12 @@ class NodeWatcher:
         # the holders recovered from their cards; while closed, it is upserted, keeping whatever the ledger holds
         reopened = name in self.closed and not inv.error
         (self.closed.add if inv.error else self.closed.discard)(name)
-        if name in self.known and not reopened:
-            if await self.ledger.upsert_node(inv, create=False) < 0:
+        if name in self.known:
+            if reopened:  # written whole with its holders below, if Redis still has it (a read, on a rare change)
+                missing = await self.ledger.snapshot(name) is None
+            else:
+                missing = await self.ledger.upsert_node(inv, create=False) < 0
+            if missing:
                 # A node we knew is missing from Redis: the state was lost, or another replica forgot the
                 # node (it went and nothing was held there any more). Only a rebuild from fresh lists may
                 # recreate it: this event may be older than the node's DELETE, and a lost shard loses others.
@@ -170,10 +174,12 @@ class NodeWatcher:
                 self.last.pop(name, None)
                 self.lost.set()
                 return
+            if reopened:
+                await self._replace(inv, self.holders(name), keep_ms, stale, lost=True)
         else:
-            # New to us (or open again): written whole, with its holders' usage, before any replica can offer it.
+            # New to us: written whole, with its holders' usage, before any replica can offer it.
             await self.ledger.list_node(name)
-            await self._replace(inv, self.holders(name), keep_ms, stale, lost=name in self.known)
+            await self._replace(inv, self.holders(name), keep_ms, stale)
         self.known.add(name)
 
     async def _replace(self, inv: Inventory, holders: Mapping[str, tuple[PodUsage, str]], keep_ms: int,
@@ -218,6 +224,7 @@ class NodeWatcher:
     async def _on_sync(self, nodes: list[dict[str, Any]]) -> None:
         invs = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in nodes)}
         self.knobs.keep_only(set(invs))  # nodes gone while the watch was down: no baseline kept for them
+        self.closed &= set(invs)  # (nor their closing)
         raised: list[str] = []
         for n in nodes:  # a re-list may carry a change the lost stream did not deliver
             name = str((n.get("metadata") or {}).get("name"))
