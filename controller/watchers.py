@@ -83,9 +83,9 @@ class NodeWatcher:
     is recovered from their cards are none of a closed node's). A node that stops reporting cards
     (deleted, or its capacity dropped to 0) keeps its holders' usage, and the bookings still settling
     there (binds in flight, bindings this view has not seen yet), on placeholder cards until they are
-    gone. While the pod view cannot be trusted
-    (`view_problem`: its stream is down or not listed yet) it judges no booking: every one is kept, and
-    the reconciler, which confirms with the API server, judges them once the view is live again.
+    gone. While the pod view cannot be trusted (`view_problem`: its stream is down or not listed yet) it
+    judges no booking: every one is kept, and the reconciler, which confirms with the API server, judges
+    them once the view is live again.
     """
 
     def __init__(self, kube: Kube, ledger: Ledger, cfg: Config, keep_ms: int = KEEP_MS):

@@ -206,7 +206,8 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
             healthy = None if raw is None else _int_quantity(raw)
             if raw is not None and (healthy is None or healthy < total):
                 shown = repr(raw) if len(str(raw)) <= 64 else describe(str(raw))
-                return _bad(name, "", f"{resource} allocatable {shown} is below its capacity {total}: the device "
+                how = "is not a whole number" if healthy is None else "is below"
+                return _bad(name, "", f"{resource} allocatable {shown} {how} (capacity {total}): the device "
                                       "plugin reports devices unhealthy (or is not registered) and not on which "
                                       "card; no card is offered until they are healthy again")
     cordoned = {p.strip() for p in str(annotations.get(CORDON_ANNOTATION, "")).split(",") if p.strip()}

@@ -23,7 +23,7 @@ NODE = "walk"
 
 def random_inventory(rng: random.Random) -> Inventory:
     if rng.random() < 0.1:
-        return Inventory(NODE, error="mthreads.com/sgpu-core allocatable '16' is below its capacity 32: ...")
+        return Inventory(NODE, error="mthreads.com/sgpu-core allocatable '16' is below (capacity 32): ...")
     model = rng.choice((96, 160))
     ids = sorted(rng.sample(range(8), rng.randint(1, 8)))
     limit = rng.choice((1, 2, 4, 16))
