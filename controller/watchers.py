@@ -105,9 +105,10 @@ class NodeWatcher:
         # again later (the reconciler's verify_later, set by the role)
         self.verify_later: Callable[[str, Mapping[str, Any]], None] = lambda node, written: None
         self.vanished: set[str] = set()  # known nodes found missing from Redis when removed (apply, _replace)
-        # nodes this watcher last wrote closed (an error, or a quarantine): the view's holders of such a node lack the
-        # pods whose usage is recovered from their cards (no record, shared.domain.reconcile.recovered_usage), so
-        # one that opens again is written whole with its holders (_replace), not upserted over what it kept
+        # nodes this watcher last wrote closed (an error, a quarantine, no card reported: deleted, capacity 0): the
+        # view's holders of such a node lack the pods whose usage is recovered from their cards (no record,
+        # shared.domain.reconcile.recovered_usage), so one that opens again is written whole with its holders
+        # (_replace), not upserted over what it kept
         self.closed: set[str] = set()
         self.mismatch = MismatchReporter(kube, cfg)  # events, gauge and log line (controller/mismatch.py)
         # Held by each event and re-list, and by the reconciler's rebuild from its own lists: a Node change
@@ -127,8 +128,6 @@ class NodeWatcher:
             # the view may lack pods bound long ago (a stream down for longer than the keep window): a
             # booking no holder explains is not judged by it (as the reconciler waits for live views)
             keep_ms = KEEP_ALL_MS
-        if inv is None:
-            self.closed.discard(name)
         if not offers_cards(inv):
             self.last.pop(name, None)
             holders = self.holders(name)
@@ -144,6 +143,7 @@ class NodeWatcher:
                     elif inv is None:
                         self.vanished.discard(name)  # gone from the API: nothing comes back to wait for
                     self.known.discard(name)
+                    self.closed.discard(name)
                     return
             elif not holders:
                 return
@@ -153,12 +153,14 @@ class NodeWatcher:
             await self.ledger.list_node(name)
             await self._replace(Inventory(name), holders, keep_ms, stale, lost=name in self.known)
             self.known.add(name)
+            self.closed.add(name)  # (written without the holders whose usage is recovered from its cards)
             return
         assert inv is not None
         self.last[name] = inv
         inv = self.effective(inv)
-        # open again after an error (or a quarantine): a watcher that started while it was closed wrote it without
-        # the holders recovered from their cards; while closed, it is upserted, keeping whatever the ledger holds
+        # open again after an error, a quarantine or no card (deleted, capacity 0): written closed without the
+        # holders recovered from their cards (by this watcher, or one that started while it was closed); while
+        # closed by an error it is upserted, keeping whatever the ledger holds
         reopened = name in self.closed and not inv.error
         (self.closed.add if inv.error else self.closed.discard)(name)
         if name in self.known:
@@ -224,7 +226,6 @@ class NodeWatcher:
     async def _on_sync(self, nodes: list[dict[str, Any]]) -> None:
         invs = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in nodes)}
         self.knobs.keep_only(set(invs))  # nodes gone while the watch was down: no baseline kept for them
-        self.closed &= set(invs)  # (nor their closing)
         raised: list[str] = []
         for n in nodes:  # a re-list may carry a change the lost stream did not deliver
             name = str((n.get("metadata") or {}).get("name"))
@@ -238,6 +239,7 @@ class NodeWatcher:
             await self.apply(inv.node, inv)
         for name in set(await self.ledger.nodes()) - {n for n, i in invs.items() if offers_cards(i)}:
             await self.apply(name, None)
+        self.closed &= self.known  # (nodes gone from the ledger meanwhile: nothing of theirs to write again)
         for name in raised:  # as on_event: once the ledger has the higher limit, kube-scheduler retries
             self.nudge(name)
 

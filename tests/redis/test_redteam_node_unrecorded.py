@@ -7,8 +7,12 @@ and a closed node has none), which is harmless while the node stays as the ledge
 booking. But a watcher that starts (a rollout, a crash) while the node is closed writes it whole from that view,
 dropping the pod's booking; before, when the node then opened again, the same watcher only upserted it, and the
 card was offered free under the running pod until the reconciler's next pass (reconcileSeconds, 30 s by default)
-found the holder missing: any burst meanwhile could book the card over it. A node that opens again is now
-written whole with its holders, as a node new to the watcher is."""
+found the holder missing: any burst meanwhile could book the card over it. The same without any restart when
+the node stops reporting cards for a while (deleted and created again under its running pods; its device
+plugin's resources at 0, as a kubelet restart shows them until the plugin registers again) while a pod with a
+record holds a card there too: the node was kept on placeholder cards with the view's holders, without the
+recovered pod, and upserted when it came back. A node that opens again is now written whole with its holders,
+as a node new to the watcher is."""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from redis.asyncio import Redis
 
 from controller.watchers import NodeWatcher, PodWatcher, wire
 from shared.config import load_config
-from shared.domain.annotations import GPU_INDEX
+from shared.domain.annotations import GPU_INDEX, CardGrant, binding_annotations, device_id
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
 from tests.redis.test_redteam_inflight_nodes import age
@@ -40,6 +44,15 @@ def gpu_node(name: str, closed: str = "") -> dict[str, Any]:
     alloc = {CORE: "16", MEM: "96"} if closed == "sick" else cap
     labels = {"mthreads.com/sgpu.cores": "0-1-2"} if closed == "label" else {}
     return {"metadata": {"name": name, "labels": labels}, "status": {"capacity": cap, "allocatable": alloc}}
+
+
+def recorded_pod(node: str) -> dict[str, Any]:
+    """A pod our bind placed on card 0 (8 units, 2 cores), its record intact."""
+    ann = binding_annotations(node, [[CardGrant(device_id(node, 0), 8 * 512, 2)]], 0)
+    return {"metadata": {"name": "a", "namespace": "ns", "uid": "u-a", "annotations": ann},
+            "spec": {"nodeName": node, "schedulerName": CFG.scheduler_name,
+                     "containers": [{"name": "c", "resources": {"limits": {VGPU: "1", MEM: "8", CORE: "2"}}}]},
+            "status": {"phase": "Running"}}
 
 
 def unrecorded_pod(node: str) -> dict[str, Any]:
@@ -75,3 +88,33 @@ async def test_a_recovered_holder_survives_a_watcher_start_while_its_node_is_clo
     await nodes.on_event("MODIFIED", gpu_node("q"))  # open again
     snap = (await ledger.snapshots(["q"]))["q"]
     assert snap.error == "" and snap.cards[1].mem_used == 64, snap
+
+
+def no_cards(name: str) -> dict[str, Any]:
+    """The node as the kubelet shows it for a moment after a restart: its device plugin's resources at 0."""
+    return {"metadata": {"name": name}, "status": {"capacity": {CORE: "0", MEM: "0"}, "allocatable": {}}}
+
+
+@pytest.mark.parametrize("gone", ["capacity-0", "deleted"])
+async def test_a_recovered_holder_survives_its_node_reporting_no_card_for_a_while(ledger: Ledger, redis_client: Redis,
+                                                                                  gone: str) -> None:
+    """The node stops reporting cards (a kubelet restart zeroes the device plugin's resources until it registers
+    again; or the Node is deleted and created again) while a pod with a record and a recovered one hold cards:
+    the node is kept on placeholder cards with the holders the view has, which lack the recovered pod (its usage
+    is read against the node's cards). When the node reports its cards again, the recovered pod's card must not
+    be offered free."""
+    nodes, pods = await roles(ledger)
+    await pods.on_sync([recorded_pod("q"), unrecorded_pod("q")])
+    await nodes.on_sync([gpu_node("q")])
+    snap = (await ledger.snapshots(["q"]))["q"]
+    assert (snap.cards[0].mem_used, snap.cards[1].mem_used) == (8, 64)
+    for uid in ("u-a", "u-p"):
+        await age(redis_client, ledger, "q", uid, 60_000)
+    if gone == "deleted":
+        await nodes.on_event("DELETED", gpu_node("q"))
+        await nodes.on_event("ADDED", gpu_node("q"))
+    else:
+        await nodes.on_event("MODIFIED", no_cards("q"))
+        await nodes.on_event("MODIFIED", gpu_node("q"))
+    snap = (await ledger.snapshots(["q"]))["q"]
+    assert snap.error == "" and (snap.cards[0].mem_used, snap.cards[1].mem_used) == (8, 64), snap
