@@ -22,7 +22,7 @@ def render_table(snaps: Mapping[str, NodeSnapshot]) -> str:
         snap = snaps[node]
         if snap.error:
             rows.append((node, "-", "-", "-", "-", "-", "-", "-", "invalid", snap.error))
-            continue
+        # (a node in error offers none, but holds the cards its running pods hold, as `removed`: they are shown)
         for idx in sorted(snap.cards):
             c = snap.cards[idx]
             knobs = c.knobs

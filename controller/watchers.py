@@ -87,11 +87,13 @@ class NodeWatcher:
 
     A node new to the ledger is written with the usage of the pods that hold cards there (`holders`,
     from the pod watcher's view), so a node deleted and re-created under running pods is never
-    offered empty. A node that stops reporting cards (deleted, or its capacity dropped to 0) keeps
-    its holders' usage, and the bookings still settling there (binds in flight, bindings this view has
-    not seen yet), on placeholder cards until they are gone. While the pod view cannot be trusted
-    (`view_problem`: its stream is down or not listed yet) it judges no booking: every one is kept, and
-    the reconciler, which confirms with the API server, judges them once the view is live again.
+    offered empty; so is a node that opens again after an error or a quarantine (the holders whose usage
+    is recovered from their cards are none of a closed node's). A node that stops reporting cards
+    (deleted, or its capacity dropped to 0) keeps its holders' usage, and the bookings still settling
+    there (binds in flight, bindings this view has not seen yet), on placeholder cards until they are
+    gone. While the pod view cannot be trusted (`view_problem`: its stream is down or not listed yet) it
+    judges no booking: every one is kept, and the reconciler, which confirms with the API server, judges
+    them once the view is live again.
     """
 
     def __init__(self, kube: Kube, ledger: Ledger, cfg: Config, keep_ms: int = KEEP_MS):
@@ -111,6 +113,11 @@ class NodeWatcher:
         # again later (the reconciler's verify_later, set by the role)
         self.verify_later: Callable[[str, Mapping[str, Any]], None] = lambda node, written: None
         self.vanished: set[str] = set()  # known nodes found missing from Redis when removed (apply, _replace)
+        # nodes this watcher last wrote closed (an error, a quarantine, no card reported: deleted, capacity 0): the
+        # view's holders of such a node lack the pods whose usage is recovered from their cards (no record,
+        # shared.domain.reconcile.recovered_usage), so one that opens again is written whole with its holders
+        # (_replace), not upserted over what it kept
+        self.closed: set[str] = set()
         self.mismatch = MismatchReporter(kube, cfg)  # events, gauge and log line (controller/mismatch.py)
         # Held by each event and re-list, and by the reconciler's rebuild from its own lists: a Node change
         # handled while a rebuild runs would be overwritten by the rebuild's older copy (in Redis and in
@@ -144,6 +151,7 @@ class NodeWatcher:
                     elif inv is None:
                         self.vanished.discard(name)  # gone from the API: nothing comes back to wait for
                     self.known.discard(name)
+                    self.closed.discard(name)
                     return
             elif not holders:
                 return
@@ -153,12 +161,22 @@ class NodeWatcher:
             await self.ledger.list_node(name)
             await self._replace(Inventory(name), holders, keep_ms, stale, lost=name in self.known)
             self.known.add(name)
+            self.closed.add(name)  # (written without the holders whose usage is recovered from its cards)
             return
         assert inv is not None
         self.last[name] = inv
         inv = self.effective(inv)
+        # open again after an error, a quarantine or no card (deleted, capacity 0): written closed without the
+        # holders recovered from their cards (by this watcher, or one that started while it was closed); while
+        # closed by an error it is upserted, keeping whatever the ledger holds
+        reopened = name in self.closed and not inv.error
+        (self.closed.add if inv.error else self.closed.discard)(name)
         if name in self.known:
-            if await self.ledger.upsert_node(inv, create=False) < 0:
+            if reopened:  # written whole with its holders below, if Redis still has it (a read, on a rare change)
+                missing = await self.ledger.snapshot(name) is None
+            else:
+                missing = await self.ledger.upsert_node(inv, create=False) < 0
+            if missing:
                 # A node we knew is missing from Redis: the state was lost, or another replica forgot the
                 # node (it went and nothing was held there any more). Only a rebuild from fresh lists may
                 # recreate it: this event may be older than the node's DELETE, and a lost shard loses others.
@@ -166,6 +184,8 @@ class NodeWatcher:
                 self.last.pop(name, None)
                 self.lost.set()
                 return
+            if reopened:
+                await self._replace(inv, self.holders(name), keep_ms, stale, lost=True)
         else:
             # New to us: written whole, with its holders' usage, before any replica can offer it.
             await self.ledger.list_node(name)
@@ -227,6 +247,7 @@ class NodeWatcher:
             await self.apply(inv.node, inv)
         for name in set(await self.ledger.nodes()) - {n for n, i in invs.items() if offers_cards(i)}:
             await self.apply(name, None)
+        self.closed &= self.known  # (nodes gone from the ledger meanwhile: nothing of theirs to write again)
         for name in raised:  # as on_event: once the ledger has the higher limit, kube-scheduler retries
             self.nudge(name)
 

@@ -16,7 +16,7 @@ from typing import Any
 from shared.config import Config
 from shared.domain.annotations import device_id
 from shared.domain.knobs import ANNOTATION as KNOBS_ANNOTATION
-from shared.domain.knobs import CardKnobs, KnobError, KnobReport, decode_annotation
+from shared.domain.knobs import MAX_CARD_INDEX, CardKnobs, KnobError, KnobReport, decode_annotation
 from shared.domain.models import CORES_PER_CARD, DEFAULT_MAX_INST, CardModel, describe_models
 from shared.domain.shapes import describe
 
@@ -141,6 +141,11 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
         return _bad(name, CAPACITY_MISMATCH, f"{cfg.resource_core_name} capacity {cores} is not a multiple of "
                                      f"{CORES_PER_CARD} (cores per card)")
     n = cores // CORES_PER_CARD
+    if n > MAX_CARD_INDEX + 1:  # checked before any list of them is made (10**16 cards: a MemoryError)
+        # the ledger holds at most 1024 cards a node (its scripts refuse more): a node written with more failed
+        # the node watcher's every re-list on it, and no node listed after it was ever written again
+        return _bad(name, CAPACITY_MISMATCH, f"{cfg.resource_core_name} capacity {cores} means {n} sliced cards; "
+                                     f"a node has at most {MAX_CARD_INDEX + 1}")
     if mem is None or mem == 0:
         return _bad(name, CAPACITY_MISMATCH, f"{cfg.resource_memory_name} capacity "
                                      f"{capacity.get(cfg.resource_memory_name)!r} is missing or not a whole "
@@ -161,6 +166,9 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
             return _bad(name, LABEL_MISMATCH, f"label {SGPU_CORES_LABEL}={label!r} is not a list of card ids "
                                          "like 0-2-3")
         indices = [int(p) for p in parts]
+        if any(i > MAX_CARD_INDEX for i in indices):  # (the ledger's scripts refuse them, as the knobs' decoder)
+            return _bad(name, LABEL_MISMATCH, f"label {SGPU_CORES_LABEL}={label!r} names a card id above "
+                                         f"{MAX_CARD_INDEX}")
         if len(set(indices)) != len(indices):
             return _bad(name, LABEL_MISMATCH, f"label {SGPU_CORES_LABEL}={label!r} repeats a card id")
         if len(indices) != n:
@@ -188,6 +196,20 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
             if not text.startswith(f"annotation {KNOBS_ANNOTATION}"):  # one kind, readable from the text alone
                 text = f"annotation {KNOBS_ANNOTATION}: {text}"
             return _bad(name, ANNOTATION_MISMATCH, text)
+    # The device plugin says a device is sick the one way Kubernetes has: the kubelet counts only healthy devices in
+    # allocatable (none while the plugin is not registered); on which card they are it does not say. Checked after
+    # every mismatch: those need the operator, and are louder (their event, gauge and admission warning)
+    allocatable = (node.get("status") or {}).get("allocatable")
+    if isinstance(allocatable, Mapping):
+        for resource, total in ((cfg.resource_core_name, cores), (cfg.resource_memory_name, mem)):
+            raw = allocatable.get(resource)
+            healthy = None if raw is None else _int_quantity(raw)
+            if raw is not None and (healthy is None or healthy < total):
+                shown = repr(raw) if len(str(raw)) <= 64 else describe(str(raw))
+                how = "is not a whole number" if healthy is None else "is below"
+                return _bad(name, "", f"{resource} allocatable {shown} {how} (capacity {total}): the device "
+                                      "plugin reports devices unhealthy (or is not registered) and not on which "
+                                      "card; no card is offered until they are healthy again")
     cordoned = {p.strip() for p in str(annotations.get(CORDON_ANNOTATION, "")).split(",") if p.strip()}
     cards = []
     for i in sorted(indices):
