@@ -196,21 +196,26 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
             if not text.startswith(f"annotation {KNOBS_ANNOTATION}"):  # one kind, readable from the text alone
                 text = f"annotation {KNOBS_ANNOTATION}: {text}"
             return _bad(name, ANNOTATION_MISMATCH, text)
+    cordoned = {p.strip() for p in str(annotations.get(CORDON_ANNOTATION, "")).split(",") if p.strip()}
     # The device plugin says a device is sick the one way Kubernetes has: the kubelet counts only healthy devices in
-    # allocatable (none while the plugin is not registered); on which card they are it does not say. Checked after
-    # every mismatch: those need the operator, and are louder (their event, gauge and admission warning)
+    # allocatable (none while the plugin is not registered); on which card they are it does not say. So the node
+    # offers no card, unless the operator cordoned cards (hami.io/device-cordon) that cover every device missing:
+    # the others are offered (a card that stays sick would otherwise close its node's healthy cards for good).
+    # Checked after every mismatch: those need the operator, and are louder (their event, gauge and admission warning)
     allocatable = (node.get("status") or {}).get("allocatable")
     if isinstance(allocatable, Mapping):
-        for resource, total in ((cfg.resource_core_name, cores), (cfg.resource_memory_name, mem)):
+        out = sum(device_id(name, i) in cordoned for i in indices)
+        for resource, total, per in ((cfg.resource_core_name, cores, CORES_PER_CARD),
+                                     (cfg.resource_memory_name, mem, per_card)):
             raw = allocatable.get(resource)
             healthy = None if raw is None else _int_quantity(raw)
-            if raw is not None and (healthy is None or healthy < total):
+            if raw is not None and (healthy is None or total - healthy > out * per):
                 shown = repr(raw) if len(str(raw)) <= 64 else describe(str(raw))
                 how = "is not a whole number" if healthy is None else "is below"
                 return _bad(name, "", f"{resource} allocatable {shown} {how} (capacity {total}): the device "
                                       "plugin reports devices unhealthy (or is not registered) and not on which "
-                                      "card; no card is offered until they are healthy again")
-    cordoned = {p.strip() for p in str(annotations.get(CORDON_ANNOTATION, "")).split(",") if p.strip()}
+                                      "card; no card is offered until they are healthy again, or cards that "
+                                      f"cover them are cordoned (annotation {CORDON_ANNOTATION})")
     cards = []
     for i in sorted(indices):
         k = knobs.cards.get(i)

@@ -95,3 +95,24 @@ def test_a_mismatch_is_said_before_unhealthy_devices() -> None:
     n = gpu_node("n", cards=2, sick_cards=1)
     n["metadata"]["labels"] = {"mthreads.com/sgpu.cores": "0-1-2"}
     assert node_inventory(n, CFG).problem == "label"
+
+
+@pytest.mark.parametrize(("sick", "cordon", "offered"), [
+    (1, [], 0),  # which card is sick nothing says: none offered
+    (1, [3], 7),  # the operator cordoned one card: the shortfall is covered, the other seven are offered
+    (2, [3], 0),  # two cards' devices missing, one cordoned: not covered
+    (2, [3, 6], 6),
+    (0, [3], 7),  # cordoned while healthy: as before
+    (1, [3, 99], 7),  # a cordoned id that is no card of the node covers nothing (the other one does)
+    (2, [3, 99], 0),
+])
+def test_cordoning_cards_that_cover_the_unhealthy_devices_offers_the_others(
+        sick: int, cordon: list[int], offered: int) -> None:
+    n = gpu_node("n", sick_cards=sick)
+    n["metadata"]["annotations"] = {"hami.io/device-cordon": ",".join(f"n-mthreads-{i}" for i in cordon)}
+    inv = node_inventory(n, CFG)
+    assert sum(c.health == "ok" for c in inv.cards) == offered, inv.error
+    if offered == 0:
+        assert "unhealthy" in inv.error and "hami.io/device-cordon" in inv.error
+    else:
+        assert inv.error == "" and {c.index for c in inv.cards if c.cordoned} == {i for i in cordon if i < 8}
