@@ -158,19 +158,23 @@ class NodeWatcher:
             log.warning("node %s reports no sliced card while %d pod(s) hold cards there or bookings are in "
                         "flight: their usage is kept until they end%s", name, len(holders),
                         f" (every booking is kept: the pod view is not live, {stale})" if stale else "")
+            # (written without the holders whose usage is recovered from its cards): remembered before the write,
+            # which may take effect though its reply is lost
+            self.closed.add(name)
             await self.ledger.list_node(name)
             await self._replace(Inventory(name), holders, keep_ms, stale, lost=name in self.known)
             self.known.add(name)
-            self.closed.add(name)  # (written without the holders whose usage is recovered from its cards)
             return
         assert inv is not None
         self.last[name] = inv
         inv = self.effective(inv)
         # open again after an error, a quarantine or no card (deleted, capacity 0): written closed without the
         # holders recovered from their cards (by this watcher, or one that started while it was closed); while
-        # closed by an error it is upserted, keeping whatever the ledger holds
+        # closed by an error it is upserted, keeping whatever the ledger holds. Forgotten as closed only once it is
+        # written open: a write that failed (the handler fails, the reflector lists again) is made whole again
         reopened = name in self.closed and not inv.error
-        (self.closed.add if inv.error else self.closed.discard)(name)
+        if inv.error:
+            self.closed.add(name)
         if name in self.known:
             if reopened:  # written whole with its holders below, if Redis still has it (a read, on a rare change)
                 missing = await self.ledger.snapshot(name) is None
@@ -191,6 +195,8 @@ class NodeWatcher:
             await self.ledger.list_node(name)
             await self._replace(inv, self.holders(name), keep_ms, stale)
         self.known.add(name)
+        if not inv.error:
+            self.closed.discard(name)
 
     async def _replace(self, inv: Inventory, holders: Mapping[str, tuple[PodUsage, str]], keep_ms: int,
                        stale: str, lost: bool = False) -> None:

@@ -225,13 +225,16 @@ class Ledger:
             assert sha == script.sha, f"script {name}: Redis returned {sha}"
 
     async def _retry(self, what: str, op: Callable[[], Awaitable[T]],
-                     give_up: Callable[[BaseException], bool] | None = None) -> T:
+                     give_up: Callable[[BaseException], bool] | None = None,
+                     resent: list[BaseException] | None = None) -> T:
         """One round trip, sent again on a RESEND error (`connection_retries` times, and until `retry_seconds`);
         one that `give_up` accepts is raised at once (a reader that can do without the node: slot_moving).
 
         A pooled connection that died with a Redis restart fails once and then reconnects. Sending
         again is safe: every script is idempotent by pod uid (a reserve whose reply was lost answers
         the second time with the cards it booked), and so are SADD/SREM/SMEMBERS/EXISTS/SET.
+        `resent` (a caller's list) is told each error a send was repeated after: one that may have run, its reply
+        lost (a timeout, a connection cut), is answered again as by a second run (a release: nothing held).
         """
         failures = 0
         deadline = time.monotonic() + self.retry_seconds
@@ -252,6 +255,8 @@ class Ledger:
                         raise
                     raise e from raw
                 log.warning("%s: %s; sending again (%d)", what, e, failures)
+                if resent is not None:
+                    resent.append(e)
                 if isinstance(e, rexc.ReadOnlyError):
                     # the server we reach was demoted to a replica (a VIP or DNS name that moved on): new
                     # connections find the new master
@@ -293,7 +298,8 @@ class Ledger:
 
     async def _call(self, name: str, node: str, payload: Mapping[str, Any] | None = None,
                     keys: Callable[[Known], list[str]] | None = None,
-                    give_up: Callable[[BaseException], bool] | None = None) -> Any:
+                    give_up: Callable[[BaseException], bool] | None = None,
+                    resent: list[BaseException] | None = None) -> Any:
         """Run one script on one node. `keys` makes its KEYS from what is known of the node (default:
         every key of the node); after MOREKEYS it is called again with what the script asked for."""
         script = self._scripts[name]
@@ -320,7 +326,7 @@ class Ledger:
                     return await script(declared, args)
 
             try:
-                return await self._retry(name, send, give_up)
+                return await self._retry(name, send, give_up, resent)
             except Exception as e:
                 if slot_moving(e):  # raised as it is (TRYAGAIN is a ResponseError too): Redis unavailable there
                     self._moving(node)
@@ -506,12 +512,18 @@ class Ledger:
         body: dict[str, Any] = {"uid": uid}
         if bind_no is not None:
             body["if_bind_no"] = bind_no
+        resent: list[BaseException] = []
         out = orjson.loads(await self._call("release", node, body,
-                                            lambda k: self.keys.release(node, uid, k), give_up))
+                                            lambda k: self.keys.release(node, uid, k), give_up, resent=resent))
         if out.get("kept"):
             return "kept", None
         self._saw(node, gone=[uid])
         feed = out.get("feed")
+        if not out["released"] and _may_have_run(resent):
+            # a send before may have released it, its reply lost: told "released" (without its feed message), so
+            # the caller nudges the node (a nudge too many costs a node PATCH; one missing leaves the pods
+            # kube-scheduler turned away for the card waiting for its next unschedulable flush, minutes)
+            return "released", None
         return ("released" if out["released"] else "gone"), feed if isinstance(feed, dict) else None
 
     async def observe(self, uid: str, usage: PodUsage, pod: str = "", keep_bound: bool = False,
@@ -536,7 +548,14 @@ class Ledger:
             payload["uids"] = sorted(set(only))
             if not payload["uids"]:
                 return []
-        gone = [str(u) for u in orjson.loads(await self._call("expire", node, payload))]
+        resent: list[BaseException] = []
+        gone = [str(u) for u in orjson.loads(await self._call("expire", node, payload, resent=resent))]
+        if only is not None and _may_have_run(resent):
+            # a send before may have released some, its reply lost: those of `only` the node no longer holds are
+            # answered too (released by it, or by another caller meanwhile), so the janitor nudges the node
+            snap = await self.snapshot(node)
+            held = snap.reservations if snap is not None else {}
+            gone = sorted(set(gone) | {u for u in payload["uids"] if u not in held})
         self._saw(node, gone=gone)
         return gone
 
@@ -962,6 +981,12 @@ def _failed(raw: Any) -> bool:
     """A pipelined command that failed for want of Redis (connection, cluster down), not by its script."""
     return isinstance(raw, Exception) and (not isinstance(raw, rexc.ResponseError)
                                            or isinstance(raw, rexc.ClusterError | rexc.TryAgainError))
+
+
+def _may_have_run(resent: Iterable[BaseException]) -> bool:
+    """Whether a command sent again after these errors may have run before (its reply lost): a timeout or a lost
+    connection, not a refusal (READONLY, a slot being moved) that ran nothing."""
+    return any(isinstance(e, (rexc.TimeoutError, rexc.ConnectionError)) for e in resent)
 
 
 def now_ms() -> int:

@@ -35,9 +35,9 @@ class StrictLedger(Ledger):
         return STRICT + "\n" + Ledger._source(name)
 
     async def _call(self, name: str, node: str, payload: Mapping[str, Any] | None = None,
-                    keys: Any = None, give_up: Any = None) -> Any:
+                    keys: Any = None, give_up: Any = None, resent: Any = None) -> Any:
         StrictLedger.ran.add(name)
-        return await super()._call(name, node, payload, keys, give_up)
+        return await super()._call(name, node, payload, keys, give_up, resent)
 
 
 @pytest.fixture
