@@ -61,3 +61,18 @@ def test_memory_per_card_in_gib_is_refused(helm: Path, sets: tuple[str, ...], me
     proc = template(helm, Case(sets=sets), check=False)
     assert proc.returncode != 0, f"{sets} rendered"
     assert message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("key", [
+    "scheduler.filterTopK", "scheduler.forceOverwriteDefaultScheduler", "mtsched.defaultCores",
+    "mtsched.maxSlicesPerCard", "mtsched.pendingTTLSeconds", "mtsched.reconcileSeconds", "mtsched.keyPrefix",
+    "mtsched.eventsEnabled", "mtsched.successEvents", "mtsched.quotaCheck", "mtsched.logLevel", "mtsched.logFormat",
+    "mtsched.metricsPort",
+])
+def test_a_value_set_to_null_is_refused_naming_it(helm: Path, key: str) -> None:
+    """`--set key=null` (or `key: null` in a values file) deletes the chart's default: the templates then rendered
+    `int nil`, 0 (filterTopK 0 is "every node", not the chart's 1; maxSlicesPerCard 0 a role refusing to start)."""
+    proc = template(helm, Case(sets=(f"{key}=null",), namespace="hami-system"), check=False)
+    section, name = key.split(".")
+    assert proc.returncode != 0, f"{key}=null rendered"
+    assert f"at '/{section}': missing property '{name}'" in proc.stderr, proc.stderr
