@@ -234,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 await client.aclose()
 
-        print(asyncio.run(show()))
+        try:
+            print(asyncio.run(show()))
+        except Exception as e:  # Redis refusing or hanging (its socket timeout): one line, as explain says it
+            print(f"mtsched cards: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
         return 0
     if args.cmd == "explain":
         return _explain(args, cfg)

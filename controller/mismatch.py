@@ -86,7 +86,11 @@ class MismatchReporter:
         if now is None:
             if before is not None:
                 self.problems.pop(name)
-                log.info("node %s: its mismatch is resolved (%s)", name, before[1])
+                if inv is not None and inv.error:  # another reason closes it (devices reported unhealthy)
+                    log.info("node %s: its mismatch is resolved (%s), but it still offers no card: %s", name,
+                             before[1], inv.error)
+                else:
+                    log.info("node %s: its mismatch is resolved (%s)", name, before[1])
                 self._gauge()
             return
         if before == now:

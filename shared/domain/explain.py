@@ -148,7 +148,9 @@ def _advice(reason: str, view: CardView, req: SliceRequest, memory: int, cores: 
         return "the card is unhealthy" + held, "repair the card (the device plugin reports it healthy again)"
     if reason == CARD_CORDONED:
         return f"cordoned in the node annotation {CORDON_ANNOTATION}" + held, \
-            f"remove {device} from {CORDON_ANNOTATION}"
+            f"remove {device} from {CORDON_ANNOTATION} once the card is healthy (a cordon that covers devices " \
+            "the node's allocatable lacks is what keeps its other cards offered: removed before, the node offers " \
+            "none)"
     if reason == CARD_TYPE_MISMATCH:
         model = CardModel(view.capacity)
         if req.model and req.model != view.capacity:
