@@ -123,19 +123,26 @@ def _go_available() -> bool:
     return shutil.which("go") is not None
 
 
-def helm_binary(pytestconfig: pytest.Config) -> Path:
-    """Build (first run) or reuse helm; skip if it cannot be built for lack of Go, fail otherwise."""
+def built_tool(pytestconfig: pytest.Config, script: Path) -> tuple[int, Path | None]:
+    """Run a build script that prints the built binary's path last (deploy/helm-tools/build-helm.sh,
+    deploy/local/build-hamicompat.sh): its exit status and that path when it is a file."""
     capman = pytestconfig.pluginmanager.getplugin("capturemanager")
     uncaptured = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
     with uncaptured:  # a cold build takes minutes: show its progress lines
-        proc = subprocess.run([str(BUILD_HELM)], stdout=subprocess.PIPE, stderr=None, text=True, check=False)
+        proc = subprocess.run([str(script)], stdout=subprocess.PIPE, stderr=None, text=True, check=False)
     path = Path(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else None
-    if proc.returncode == 0 and path and path.is_file():
+    return proc.returncode, path if path is not None and path.is_file() else None
+
+
+def helm_binary(pytestconfig: pytest.Config) -> Path:
+    """Build (first run) or reuse helm; skip if it cannot be built for lack of Go, fail otherwise."""
+    rc, path = built_tool(pytestconfig, BUILD_HELM)
+    if rc == 0 and path:
         return path
     if not _go_available():
         pytest.skip("helm is not built and Go (1.26+) is not installed: install Go and run "
                     "deploy/helm-tools/build-helm.sh")
-    pytest.fail(f"building helm with {BUILD_HELM} failed (exit {proc.returncode})", pytrace=False)
+    pytest.fail(f"building helm with {BUILD_HELM} failed (exit {rc})", pytrace=False)
 
 
 def helm_env(home: Path) -> dict[str, str]:

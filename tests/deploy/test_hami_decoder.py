@@ -18,7 +18,6 @@ hami-decode built elsewhere; MTSCHED_HAMI_RECORD=1 rewrites the record from the 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -43,6 +42,7 @@ from shared.domain.annotations import (
 )
 from shared.domain.models import UNIT_MIB
 from shared.domain.request import pod_request
+from tests.deploy._chart import built_tool
 from tests.unit._k8s import S4000, S5000, VGPU, cfg, ctr, pod, slice_ctr
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,19 +193,15 @@ def hami_decoder(pytestconfig: pytest.Config) -> Path:
         if in_ci:
             pytest.fail("Go is not installed: CI must check against HAMi's decoder", pytrace=False)
         pytest.skip("hami-decode is not built and Go (1.26+) is not installed: run deploy/local/build-hamicompat.sh")
-    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
-    uncaptured = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
-    with uncaptured:  # a cold build takes minutes: show its progress lines
-        proc = subprocess.run([str(BUILD)], stdout=subprocess.PIPE, stderr=None, text=True, check=False)
-    path = Path(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else None
-    if proc.returncode == 0 and path and path.is_file():
+    rc, path = built_tool(pytestconfig, BUILD)
+    if rc == 0 and path:
         return path
-    if proc.returncode == PROXY_REFUSES:
+    if rc == PROXY_REFUSES:
         pytest.skip(f"the Go module proxy does not serve github.com/Project-HAMi/HAMi {pinned_hami()}: "
                     "only the recorded answers (test_recorded) were checked")
     if in_ci:
-        pytest.fail(f"building hami-decode with {BUILD} failed (exit {proc.returncode})", pytrace=False)
-    pytest.skip(f"building hami-decode with {BUILD} failed (exit {proc.returncode}; offline?): fails in CI")
+        pytest.fail(f"building hami-decode with {BUILD} failed (exit {rc})", pytrace=False)
+    pytest.skip(f"building hami-decode with {BUILD} failed (exit {rc}; offline?): fails in CI")
 
 
 def test_live(pytestconfig: pytest.Config) -> None:

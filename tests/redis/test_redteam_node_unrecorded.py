@@ -70,6 +70,18 @@ async def roles(ledger: Ledger) -> tuple[NodeWatcher, PodWatcher]:
     return nodes, pods
 
 
+async def held_with_recovered(ledger: Ledger, redis_client: Redis) -> tuple[NodeWatcher, PodWatcher]:
+    """Node q with a recorded pod (card 0) and a recovered one (card 1), both booked a minute ago."""
+    nodes, pods = await roles(ledger)
+    await pods.on_sync([recorded_pod("q"), unrecorded_pod("q")])
+    await nodes.on_sync([gpu_node("q")])
+    snap = (await ledger.snapshots(["q"]))["q"]
+    assert (snap.cards[0].mem_used, snap.cards[1].mem_used) == (8, 64)
+    for uid in ("u-a", "u-p"):
+        await age(redis_client, ledger, "q", uid, 60_000)
+    return nodes, pods
+
+
 @pytest.mark.parametrize("closed", ["label", "sick"])
 async def test_a_recovered_holder_survives_a_watcher_start_while_its_node_is_closed(ledger: Ledger, redis_client: Redis,
                                                                                    closed: str) -> None:
@@ -103,13 +115,7 @@ async def test_a_recovered_holder_survives_its_node_reporting_no_card_for_a_whil
     the node is kept on placeholder cards with the holders the view has, which lack the recovered pod (its usage
     is read against the node's cards). When the node reports its cards again, the recovered pod's card must not
     be offered free."""
-    nodes, pods = await roles(ledger)
-    await pods.on_sync([recorded_pod("q"), unrecorded_pod("q")])
-    await nodes.on_sync([gpu_node("q")])
-    snap = (await ledger.snapshots(["q"]))["q"]
-    assert (snap.cards[0].mem_used, snap.cards[1].mem_used) == (8, 64)
-    for uid in ("u-a", "u-p"):
-        await age(redis_client, ledger, "q", uid, 60_000)
+    nodes, _ = await held_with_recovered(ledger, redis_client)
     if gone == "deleted":
         await nodes.on_event("DELETED", gpu_node("q"))
         await nodes.on_event("ADDED", gpu_node("q"))

@@ -16,7 +16,14 @@ from redis.asyncio import Redis
 
 from shared.store.ledger import Ledger
 from tests.redis.test_redteam_inflight_nodes import age
-from tests.redis.test_redteam_node_unrecorded import gpu_node, no_cards, recorded_pod, roles, unrecorded_pod
+from tests.redis.test_redteam_node_unrecorded import (
+    gpu_node,
+    held_with_recovered,
+    no_cards,
+    recorded_pod,
+    roles,
+    unrecorded_pod,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -24,13 +31,7 @@ pytestmark = pytest.mark.redis
 @pytest.mark.parametrize("closed", ["sick", "capacity-0"])
 async def test_a_failed_reopen_is_written_whole_by_the_re_list(ledger: Ledger, redis_client: Redis,
                                                                closed: str) -> None:
-    nodes, pods = await roles(ledger)
-    await pods.on_sync([recorded_pod("q"), unrecorded_pod("q")])
-    await nodes.on_sync([gpu_node("q")])
-    snap = (await ledger.snapshots(["q"]))["q"]
-    assert (snap.cards[0].mem_used, snap.cards[1].mem_used) == (8, 64)
-    for uid in ("u-a", "u-p"):
-        await age(redis_client, ledger, "q", uid, 60_000)
+    nodes, pods = await held_with_recovered(ledger, redis_client)
     if closed == "sick":
         # a watcher that starts while the node is closed writes it whole without the recovered pod
         await nodes.on_event("MODIFIED", gpu_node("q", "sick"))
