@@ -8,6 +8,11 @@ warning is shared/domain/admission.py's; `mtsched explain` shows the node's prob
 The event's name is derived from the node's uid and the problem, so several watcher replicas, or a
 restarted one, report a problem once: the API server refuses the same name twice (409) until the
 event expires (the API server's event TTL, one hour by default).
+
+A node the device plugin reports unhealthy devices on (allocatable below capacity, not covered by cordoned cards)
+also offers no card. That is no configuration mismatch, but an operator must see it the same ways: the gauge
+`mtsched_nodes_devices_unhealthy`, a `NodeDevicesUnhealthy` Warning event (the same limits), and the alert
+MtschedNodeDevicesUnhealthy.
 """
 
 from __future__ import annotations
@@ -32,7 +37,11 @@ NODE_MISMATCH = Gauge("mtsched_node_mismatch",
                       "Nodes that report sliced cards but offer none: capacity, sgpu.cores label or card model "
                       "disagree with the configuration, or a card annotation cannot be read (should stay 0)",
                       ["reason"])
+NODES_UNHEALTHY = Gauge("mtsched_nodes_devices_unhealthy",
+                        "Nodes that offer no sliced card because the device plugin reports devices unhealthy "
+                        "(allocatable below capacity) on cards not cordoned")
 EVENT_REASON = "NodeCardMismatch"
+UNHEALTHY_REASON = "NodeDevicesUnhealthy"
 EVENT_NAMESPACE = "default"  # where events about cluster-scoped objects go (as the kubelet's node events)
 # At most one event per node this often: an annotation's writer (the node agent's identity) may change its value
 # as often as it likes, each value a problem of its own; the gauge and the log follow every change.
@@ -40,30 +49,34 @@ EVENT_EVERY_SECONDS = 60.0
 
 
 def event_name(node: str, uid: str, kind: str, error: str) -> str:
+    """`kind` "" (not a mismatch): the node's devices are unhealthy."""
     digest = hashlib.sha256(f"{uid}\0{kind}\0{error}".encode()).hexdigest()[:12]
-    return f"{node[:200]}.mtsched-mismatch.{digest}"
+    return f"{node[:200]}.mtsched-{'mismatch' if kind else 'unhealthy'}.{digest}"
 
 
 def event_body(node: str, uid: str, kind: str, error: str, component: str) -> dict[str, Any]:
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    what = f"{kind} mismatch" if kind else "devices unhealthy"
     return {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"name": event_name(node, uid, kind, error), "namespace": EVENT_NAMESPACE},
         "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid},
-        "reason": EVENT_REASON, "type": "Warning",
-        "message": f"node offers no sliced card ({kind} mismatch): {error}"[:1024],
+        "reason": EVENT_REASON if kind else UNHEALTHY_REASON, "type": "Warning",
+        "message": f"node offers no sliced card ({what}): {error}"[:1024],
         "source": {"component": component}, "reportingComponent": component,
         "firstTimestamp": now, "lastTimestamp": now, "count": 1,
     }
 
 
 class MismatchReporter:
-    """The node watcher's view of mismatched nodes: node -> (kind, error), with the gauge and events."""
+    """The node watcher's view of mismatched nodes: node -> (kind, error), and of nodes closed by unhealthy
+    devices: node -> error, with the gauges and events."""
 
     def __init__(self, kube: Kube | None, cfg: Config):
         self.kube = kube
         self.cfg = cfg
         self.problems: dict[str, tuple[str, str]] = {}
+        self.unhealthy: dict[str, str] = {}
         self.listed = False
         self.sent = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -76,6 +89,7 @@ class MismatchReporter:
             counts[kind] = counts.get(kind, 0) + 1
         for kind, n in counts.items():
             NODE_MISMATCH.labels(kind).set(n)
+        NODES_UNHEALTHY.set(len(self.unhealthy))
 
     def observe(self, name: str, node: Mapping[str, Any] | None, inv: Inventory | None) -> None:
         """One node as the API reports it (`inv` None: deleted). An event only when its problem changed."""
@@ -83,6 +97,18 @@ class MismatchReporter:
         before = self.problems.get(name)
         if inv is None:  # deleted: nothing of it kept (a cluster whose nodes churn kept one entry per name ever)
             self._event_at.pop(name, None)
+        sick = inv.error if inv is not None and inv.error and not inv.problem else ""
+        if sick != self.unhealthy.get(name, ""):
+            if sick:
+                self.unhealthy[name] = sick
+                if self.listed:  # (the first list's nodes: one summary line, synced)
+                    log.warning("node %s offers no card: %s", name, sick)
+                self._event(name, node, "", sick)
+            else:
+                self.unhealthy.pop(name)
+                log.info("node %s: its devices are healthy again (or their cards cordoned)%s", name,
+                         "" if inv is not None else ": deleted")
+            self._gauge()
         if now is None:
             if before is not None:
                 self.problems.pop(name)
@@ -97,22 +123,29 @@ class MismatchReporter:
             return
         self.problems[name] = now
         self._gauge()
+        self._event(name, node, *now)
+
+    def _event(self, name: str, node: Mapping[str, Any] | None, kind: str, error: str) -> None:
+        """A Warning event on the node, at most one per EVENT_EVERY_SECONDS per node (mismatch or not)."""
+        if self.kube is None or not self.cfg.events_enabled:
+            return
+        clock = time.monotonic()
+        if clock - self._event_at.get(name, -EVENT_EVERY_SECONDS) < EVENT_EVERY_SECONDS:
+            log.info("node %s: its problem changed again within %gs: no new event (%s: %s)", name,
+                     EVENT_EVERY_SECONDS, kind or "unhealthy", error)
+            return
+        self._event_at[name] = clock
         uid = str(((node or {}).get("metadata") or {}).get("uid") or "")
-        if self.kube is not None and self.cfg.events_enabled:
-            clock = time.monotonic()
-            if clock - self._event_at.get(name, -EVENT_EVERY_SECONDS) < EVENT_EVERY_SECONDS:
-                log.info("node %s: its mismatch changed again within %gs: no new event (%s: %s)", name,
-                         EVENT_EVERY_SECONDS, *now)
-                return
-            self._event_at[name] = clock
-            task = asyncio.create_task(self._send(name, uid, *now))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        task = asyncio.create_task(self._send(name, uid, kind, error))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def synced(self, names: set[str]) -> None:
         """After a (re-)list of `names`: forget nodes that are gone; after the first, one summary line."""
         for gone in set(self.problems) - names:
             self.problems.pop(gone)
+        for gone in set(self.unhealthy) - names:
+            self.unhealthy.pop(gone)
         for gone in set(self._event_at) - names:
             self._event_at.pop(gone)
         self._gauge()
@@ -123,6 +156,10 @@ class MismatchReporter:
                             len(self.problems), mismatch_causes(e for _, e in self.problems.values()),
                             [m.memory for m in self.cfg.models],
                             "; ".join(f"{n} ({k}: {e})" for n, (k, e) in sorted(self.problems.items())))
+            if self.unhealthy:
+                log.warning("%d node(s) offer no card, their device plugin reporting devices unhealthy: %s",
+                            len(self.unhealthy), ", ".join(sorted(self.unhealthy)[:20])
+                            + (f" and {len(self.unhealthy) - 20} more" if len(self.unhealthy) > 20 else ""))
 
     async def _send(self, node: str, uid: str, kind: str, error: str) -> None:
         assert self.kube is not None
@@ -133,6 +170,6 @@ class MismatchReporter:
         except KubeError as e:
             if e.status != 409:  # 409: another replica (or this one before a restart) reported it already
                 (log.warning if e.status in (401, 403) else log.debug)(
-                    "could not record the mismatch event of node %s: %s", node, e)
+                    "could not record the event of node %s: %s", node, e)
         except Exception as e:
-            log.debug("could not record the mismatch event of node %s: %s", node, e)
+            log.debug("could not record the event of node %s: %s", node, e)
