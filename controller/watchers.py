@@ -32,6 +32,7 @@ from shared.domain.reconcile import (
     Unrecorded,
     expires,
     offers_cards,
+    pending_since,
     quarantine_reason,
     recovered_usage,
     restamps,
@@ -872,6 +873,7 @@ class Janitor:
         # stream down, or just back and replaying), expiring it could free a running pod's cards.
         self.view_problem = view_problem or (lambda: "")
         self._held = ""  # the problem that holds expiry back, logged once per episode
+        self._since: dict[str, float] | None = None  # pending uid -> first seen, monotonic (pending_since)
 
     async def sweep(self) -> list[str]:
         # Reservations are stamped with Redis's clock, so age is measured on it: this host's may be off.
@@ -879,11 +881,17 @@ class Janitor:
         if self.redis_time is not None:
             self.redis_time(now)
         gone: list[str] = []
+        clock = time.monotonic()
+        ages = {r.uid: now - r.created for snap in self.mirror.nodes.values()
+                for r in snap.reservations.values() if r.state == "pending"}
+        since = self._since = pending_since(ages, self._since or {}, clock, first=self._since is None)
         for node, snap in list(self.mirror.nodes.items()):
             if node in self.mirror.moving:  # Redis runs no script there until its slot's move ends: next sweep
                 continue
-            # (and those stamped ahead of Redis's clock, which expire.lua stamps anew: restamps)
-            old = [r.uid for r in snap.reservations.values() if expires(r, now, self.ttl * 1000) or restamps(r, now)]
+            # past the TTL on Redis's clock and on ours (pending_since); and those stamped ahead of Redis's clock,
+            # which expire.lua stamps anew (restamps)
+            old = [r.uid for r in snap.reservations.values()
+                   if (expires(r, now, self.ttl * 1000) and clock - since[r.uid] >= self.ttl) or restamps(r, now)]
             if old:
                 if self.before_expire is not None:
                     keep = await self.before_expire(old)

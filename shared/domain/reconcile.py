@@ -103,6 +103,17 @@ def expires(r: Reservation, now_ms: int, ttl_ms: int) -> bool:
             and now_ms - r.created > ttl_ms)
 
 
+def pending_since(ages: Mapping[str, int], before: Mapping[str, float], clock: float,
+                  first: bool) -> dict[str, float]:
+    """When the janitor's own monotonic `clock` dates each pending booking (`ages`: uid -> its age on Redis's
+    clock, ms): as `before` if seen before, else now; at the janitor's first sweep, now minus that age (it has
+    nothing else to date them by). A booking is expired only once both clocks say it is past the TTL: a step
+    forward of Redis's clock (an NTP step, a failover to a server ahead) ages every booking on Redis's clock at
+    once, bookings whose Binding is in flight too (red team, clocks); the host's monotonic clock does not step."""
+    return {u: before[u] if u in before else clock - (max(0, age) / 1000 if first else 0.0)
+            for u, age in ages.items()}
+
+
 def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holders: Mapping[str, PodUsage],
               now_ms: int, keep_ms: int, elsewhere: Collection[str] = ()) -> NodeDiff:
     """Every way `snap` (the ledger) differs from the truth (`inv`, `holders`), on Redis's clock `now_ms`.
