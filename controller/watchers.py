@@ -884,7 +884,9 @@ class Janitor:
         clock = time.monotonic()
         ages = {r.uid: now - r.created for snap in self.mirror.nodes.values()
                 for r in snap.reservations.values() if r.state == "pending"}
-        since = self._since = pending_since(ages, self._since or {}, clock, first=self._since is None)
+        since = pending_since(ages, self._since or {}, clock, first=self._since is None)
+        if self.mirror.nodes:  # (a mirror not read yet, at the start, dates nothing: its whole read comes at once)
+            self._since = since
         for node, snap in list(self.mirror.nodes.items()):
             if node in self.mirror.moving:  # Redis runs no script there until its slot's move ends: next sweep
                 continue

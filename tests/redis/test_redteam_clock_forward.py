@@ -75,3 +75,18 @@ async def test_a_repair_keeps_a_booking_in_flight_when_redis_clock_steps_forward
     await ledger.replace_node(inventory("cf2", S4000, n=1), {}, KEEP_MS, keep_bound=True, keep_from=now - KEEP_MS)
     snap = await ledger.snapshot("cf2")
     assert snap is not None and "p1" in snap.reservations, "the repair dropped the booking in flight"
+
+
+async def test_a_janitor_sweeping_before_its_mirror_is_read_dates_the_bookings_by_redis(
+        ledger: Ledger, redis_client: Redis) -> None:
+    """At a watcher's start the janitor may sweep before its mirror's first whole read: the bookings that read
+    brings are dated by Redis's clock, not made to wait a TTL from then."""
+    await ledger.upsert_node(inventory("cf3", S4000, n=1))
+    out, _ = await ledger.reserve("cf3", "p1", [0], S4000, 16, 1, pod="ns/p1", hold_ms=HOLD_MS)
+    assert out.ok
+    await step_forward(redis_client, ledger, "cf3", "p1", STEP_MS)  # (its binder died long ago)
+    mirror = Mirror(ledger)
+    janitor = Janitor(ledger, mirror, CFG)
+    assert await janitor.sweep() == []  # nothing read yet
+    await mirror.resync(full=True)
+    assert await janitor.sweep() == ["p1"]
