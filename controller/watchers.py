@@ -420,8 +420,6 @@ class PodWatcher:
         # mirror can read the node again. Held here so that the pod stream goes on: the event's replay would
         # hold every later pod event of every node for as long as the move lasts (a red team's finding)
         self.parked: dict[str, tuple[str, str, str]] = {}
-        # Redis's clock minus this host's (ms), as the janitor last read it (before its first read: 0)
-        self.clock_skew_ms = 0
         # (Redis's clock in ms, time.monotonic()) at the janitor's last read: a booking's age in `record` is
         # counted from it on the monotonic clock, which a step of this host's wall clock does not move
         self.redis_clock: tuple[int, float] | None = None
@@ -634,13 +632,12 @@ class PodWatcher:
         of this host's wall clock between two sweeps moved a wall-clock estimate by the step: red team, clocks).
         Before the janitor's first reading: this host's wall clock."""
         if self.redis_clock is None:
-            return time.time() * 1000 + self.clock_skew_ms
+            return time.time() * 1000
         redis_ms, at = self.redis_clock
         return redis_ms + (time.monotonic() - at) * 1000
 
     def saw_redis_time(self, redis_ms: int) -> None:
-        """The janitor read Redis's clock: how far this host's is from it, and when on the monotonic clock."""
-        self.clock_skew_ms = int(redis_ms - time.time() * 1000)
+        """The janitor read Redis's clock: what it said, and when on the monotonic clock."""
         self.redis_clock = (redis_ms, time.monotonic())
 
     def _skip(self, uid: str, digest: bytes) -> None:

@@ -219,6 +219,6 @@ async def test_the_watcher_roles_janitor_is_wired_to_its_pod_watcher(
     w.reflector._failing(OSError("connection reset"))  # the pod view it waits for (test_redteam_janitor_blind.py)
     assert "connection reset" in j.view_problem()
     w.reflector._working()
-    w.clock_skew_ms = 10**9  # a stale skew: the sweep must replace it with its reading of Redis's clock
+    w.redis_clock = (10**15, 0.0)  # a stale reading: the sweep must replace it with its own of Redis's clock
     await j.sweep()
-    assert abs(w.clock_skew_ms) < 60_000
+    assert w.redis_clock is not None and abs(w.redis_now_ms() - await led.redis_time_ms()) < 60_000
