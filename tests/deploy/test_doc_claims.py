@@ -371,3 +371,19 @@ def test_placement_policies_listed_are_accepted(page: Path) -> None:
                     problems.append(f"{_where(page, text, m.start())}: {key}: {value} is refused")
     assert found >= 5
     assert not problems, "\n".join(problems)
+
+
+def test_the_cordon_example_cordons_the_card() -> None:
+    """docs/rules.md's `kubectl annotate ... hami.io/device-cordon=...` takes that card out (shared/domain/node.py)."""
+    from shared.config import load_config
+    from shared.domain.node import node_inventory
+
+    text = _text(ROOT / "docs" / "rules.md")
+    m = re.search(r"kubectl annotate node (\S+) --overwrite hami\.io/device-cordon=([\w-]+)", text)
+    assert m is not None
+    node, value = m.group(1), m.group(2)
+    index = int(value.rsplit("-", 1)[1])
+    inv = node_inventory({"metadata": {"name": node, "annotations": {"hami.io/device-cordon": value}},
+                          "status": {"capacity": {"mthreads.com/sgpu-core": "64", "mthreads.com/sgpu-memory": "640"}}},
+                         load_config(None, env={}, flags={"memoryPerCard": [160]}))
+    assert [c.index for c in inv.cards if c.cordoned] == [index]
