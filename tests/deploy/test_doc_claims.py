@@ -387,3 +387,42 @@ def test_the_cordon_example_cordons_the_card() -> None:
                           "status": {"capacity": {"mthreads.com/sgpu-core": "64", "mthreads.com/sgpu-memory": "640"}}},
                          load_config(None, env={}, flags={"memoryPerCard": [160]}))
     assert [c.index for c in inv.cards if c.cordoned] == [index]
+
+
+def test_objects_the_operator_commands_name_are_rendered(helm: Path) -> None:
+    """The kubectl commands and object names of README.md and docs/ (runbooks above all) name objects the chart
+    renders with every optional part on: Deployments and DaemonSets, their containers, the label selectors, the
+    Lease, the admission policies and the NetworkPolicies (docs/install.md alone: tests/deploy/test_docs.py)."""
+    from tests.deploy._chart import Case, find, objects, template
+
+    objs = objects(template(helm, Case(
+        {"nodeAgent": {"enabled": True}, "networkPolicy": {"enabled": True},
+         "monitoring": {"dashboard": {"enabled": True}, "prometheusRule": {"enabled": True}}})).stdout)
+    workloads = {o["metadata"]["name"]: o for o in find(objs, "Deployment") + find(objs, "DaemonSet")}
+    names = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    components = {o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component")
+                  for o in workloads.values()}
+    sched_cfg = yaml.safe_load(next(o for o in find(objs, "ConfigMap") if o["metadata"]["name"] == "hami-scheduler")
+                               ["data"]["scheduler-config.yaml"])
+    problems = []
+    for page in PAGES:
+        text = _text(page)
+        for m in re.finditer(r"\b(?:deploy|daemonset|ds)/(hami-[a-z-]*[a-z])(?: -c ([a-z-]+))?", text):
+            w = workloads.get(m.group(1))
+            if w is None:
+                problems.append(f"{_where(page, text, m.start())}: no Deployment or DaemonSet {m.group(1)}")
+            elif m.group(2) and m.group(2) not in [c["name"] for c in w["spec"]["template"]["spec"]["containers"]]:
+                problems.append(f"{_where(page, text, m.start())}: {m.group(1)} has no container {m.group(2)}")
+        for m in re.finditer(r"-l app\.kubernetes\.io/component=([a-z-]+)", text):
+            if m.group(1) not in components:
+                problems.append(f"{_where(page, text, m.start())}: no pods of component {m.group(1)}")
+        for m in re.finditer(r"get lease ([a-z-]+)", text):
+            if m.group(1) != sched_cfg["leaderElection"]["resourceName"]:
+                problems.append(f"{_where(page, text, m.start())}: kube-scheduler's Lease is not {m.group(1)}")
+        for m in re.finditer(r"(?:validatingadmissionpolicybinding |(?<!Network)[Pp]olicy `)(hami-[a-z-]*[a-z])", text):
+            if ("ValidatingAdmissionPolicy", m.group(1)) not in names:
+                problems.append(f"{_where(page, text, m.start())}: no ValidatingAdmissionPolicy {m.group(1)}")
+        for m in re.finditer(r"NetworkPolicy `(hami-[a-z-]*[a-z])`", text):
+            if ("NetworkPolicy", m.group(1)) not in names:
+                problems.append(f"{_where(page, text, m.start())}: no NetworkPolicy {m.group(1)}")
+    assert not problems, "\n".join(problems)
