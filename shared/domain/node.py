@@ -212,10 +212,16 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
             if raw is not None and (healthy is None or total - healthy > out * per):
                 shown = repr(raw) if len(str(raw)) <= 64 else describe(str(raw))
                 how = "is not a whole number" if healthy is None else "is below"
+                # a cordon entry naming no card of this node (a bare index, another node's id) cordons nothing:
+                # said here, where the operator who wrote it looks (event, filter reason, explain)
+                stray = ", ".join(sorted(cordoned - {device_id(name, i) for i in indices}))
+                hint = (f"; {CORDON_ANNOTATION} entries naming no card of this node: "
+                        f"{stray if len(stray) <= 64 else describe(stray)} (its cards are named like "
+                        f"{device_id(name, min(indices))})") if stray and indices else ""
                 return _bad(name, "", f"{resource} allocatable {shown} {how} (capacity {total}): the device "
                                       "plugin reports devices unhealthy (or is not registered) and not on which "
                                       "card; no card is offered until they are healthy again, or cards that "
-                                      f"cover them are cordoned (annotation {CORDON_ANNOTATION})")
+                                      f"cover them are cordoned (annotation {CORDON_ANNOTATION}){hint}")
     cards = []
     for i in sorted(indices):
         k = knobs.cards.get(i)

@@ -116,3 +116,21 @@ def test_cordoning_cards_that_cover_the_unhealthy_devices_offers_the_others(
         assert "unhealthy" in inv.error and "hami.io/device-cordon" in inv.error
     else:
         assert inv.error == "" and {c.index for c in inv.cards if c.cordoned} == {i for i in cordon if i < 8}
+
+
+@pytest.mark.parametrize(("cordon", "said"), [
+    ("2", "entries naming no card of this node: 2 (its cards are named like n-mthreads-0)"),
+    ("other-mthreads-1, n-mthreads-9", "naming no card of this node: n-mthreads-9, other-mthreads-1"),
+    ("n-mthreads-1", ""),  # a card of the node, yet not covering two sick ones: no hint
+])
+def test_a_cordon_naming_no_card_is_said_where_the_node_stays_closed(cordon: str, said: str) -> None:
+    """An operator who cordons the sick card by its bare index (or a typo) cordons nothing: the node stays
+    closed, and its reason now says which entries named no card (docs: red team, truthfulness)."""
+    n = gpu_node("n", sick_cards=2)
+    n["metadata"]["annotations"] = {"hami.io/device-cordon": cordon}
+    inv = node_inventory(n, CFG)
+    assert inv.cards == () and "unhealthy" in inv.error
+    if said:
+        assert said in inv.error, inv.error
+    else:
+        assert "naming no card" not in inv.error
