@@ -46,6 +46,10 @@ LIST_RESTARTS = 2
 # backoff like one: a server or proxy that closes every stream at once is not asked again thousands of times a
 # second, and the stream counts as failing for readiness.
 SHORT_WATCH_S = 1.0
+# A watch answered 410 within SHORT_WATCH_S of its list, nothing handled (a replica behind a balancer whose watch
+# cache no longer holds the list's version), is listed again at once this many times in a row; after that with
+# backoff, the stream failing until a watch works: each re-list is a full list and a reconcile.
+GONE_RELISTS = 2
 
 
 async def lines(content: aiohttp.StreamReader, max_line: int = MAX_LINE) -> AsyncIterator[bytes]:
@@ -143,6 +147,7 @@ class Reflector:
         # its on_sync is done (a 410 after an outage, or a failed stream listed again)
         self.listing_since: float | None = None
         self.on_resync: list[Callable[[], None]] = []  # called after every (re-)list: reconcile soon
+        self._gone_quick = 0  # watches in a row answered 410 at once after their list (GONE_RELISTS)
 
     async def list(self) -> tuple[list[dict[str, Any]], str]:
         """Every object, page by page (slimmed as each page comes: the whole set is held until on_sync),
@@ -225,13 +230,28 @@ class Reflector:
                 self.resource_version = rv
                 self.synced.set()
                 self.listing_since = None
-                self._working()
+                looping = self._gone_quick > GONE_RELISTS
+                if not looping:  # (else failing until a watch works: _held_open, or a line handled)
+                    self._working()
                 for cb in self.on_resync:
                     cb()
-                backoff.reset()
-                await self._watch()
+                if not looping:
+                    backoff.reset()
+                watched = time.monotonic()
+                try:
+                    await self._watch()
+                except Gone:
+                    quick = self.resource_version == rv and time.monotonic() - watched < SHORT_WATCH_S
+                    self._gone_quick = self._gone_quick + 1 if quick else 0
+                    raise
             except Gone:
-                log.info("%s: resourceVersion %s expired (410): re-listing", self.name, self.resource_version)
+                if self._gone_quick > GONE_RELISTS:
+                    self._failing(Gone(f"every watch answered 410 at once, {self._gone_quick} in a row"))
+                    log.warning("%s: the watch from a fresh list was answered 410 (Gone) %d times in a row; "
+                                "listing again in %.1fs", self.name, self._gone_quick, backoff.delay)
+                    await backoff.sleep()
+                else:
+                    log.info("%s: resourceVersion %s expired (410): re-listing", self.name, self.resource_version)
             except asyncio.CancelledError:
                 raise
             except (TimeoutError, KubeError, aiohttp.ClientError, OSError, HandlerError, ValueError) as e:
@@ -243,8 +263,9 @@ class Reflector:
         """Watch until Gone; resumes transparently after closed streams and network errors."""
         backoff = Backoff()
         # the last stream ended (or failed, not in a handler) within SHORT_WATCH_S of opening, nothing handled: the
-        # next one counts as working once a line of it is handled, not when it opens, and the backoff grows
-        short = False
+        # next one counts as working once a line of it is handled, not when it opens, and the backoff grows (so does
+        # the first after watches answered 410 at once again and again)
+        short = self._gone_quick > GONE_RELISTS
         while True:
             query = {"watch": "true", "allowWatchBookmarks": "true", "resourceVersion": self.resource_version,
                      # the server closes the stream after this; we resume from the last version
@@ -275,7 +296,7 @@ class Reflector:
                             continue
                         await self._handle(orjson.loads(line))
                         if not handled:
-                            handled, short = True, False
+                            handled, short, self._gone_quick = True, False, 0
                             backoff.reset()
                             self._working()
                     if not handled and time.monotonic() - opened < SHORT_WATCH_S:
@@ -305,6 +326,7 @@ class Reflector:
 
     def _held_open(self, backoff: Backoff) -> None:
         """A stream opened after a short one has stayed open SHORT_WATCH_S: it works."""
+        self._gone_quick = 0
         backoff.reset()
         self._working()
 
