@@ -18,9 +18,10 @@ from typing import Any
 import aiohttp
 import orjson
 
+from shared.domain.throttle import retry_after_s
 from shared.kube import BadAnswer, Kube, KubeError
 from shared.serving.metrics import WATCH_RELISTS, WATCH_RESUMES
-from shared.serving.supervise import Backoff, is_transient
+from shared.serving.supervise import Backoff, asked_wait, is_transient
 
 log = logging.getLogger("mtsched.reflector")
 
@@ -256,8 +257,8 @@ class Reflector:
                 raise
             except (TimeoutError, KubeError, aiohttp.ClientError, OSError, HandlerError, ValueError) as e:
                 self._failing(e)
-                log.warning("%s: list failed (%s); retrying in %.1fs", self.name, e, backoff.delay)
-                await backoff.sleep()
+                log.warning("%s: list failed (%s); retrying in %.1fs", self.name, e, max(backoff.delay, asked_wait(e)))
+                await backoff.sleep(after=e)
 
     async def _watch(self) -> None:
         """Watch until Gone; resumes transparently after closed streams and network errors."""
@@ -283,7 +284,8 @@ class Reflector:
                     if resp.status != 200:
                         if resp.status in (401, 403):
                             self.kube.denied()
-                        raise KubeError(resp.status, (await resp.read()).decode(errors="replace"), "watch")
+                        raise KubeError(resp.status, (await resp.read()).decode(errors="replace"), "watch",
+                                        retry_after_s(resp.headers.get("Retry-After")))
                     opened = time.monotonic()
                     if not short:
                         backoff.reset()
@@ -318,8 +320,8 @@ class Reflector:
                         raise e.__cause__ from e
                 WATCH_RESUMES.labels(self.name).inc()
                 log.warning("%s: watch interrupted (%s); resuming from %s in %.1fs", self.name, e,
-                            self.resource_version, backoff.delay)
-                await backoff.sleep()
+                            self.resource_version, max(backoff.delay, asked_wait(e)))
+                await backoff.sleep(after=e)
             finally:
                 if held is not None:
                     held.cancel()
