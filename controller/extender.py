@@ -103,9 +103,7 @@ EVENT_MESSAGE_CHARS = 1024  # what an event keeps of a message (Kube.create_even
 # makes at most three of them and its Binding (deadline + BIND_ANSWER_SLACK_S), 3 x 4 + 7 = 19 s, so a stalled API
 # server still gets kube-scheduler its answer within the extender's httpTimeout (30 s by default) rather than after
 # it (a read's own default is 30 s: one of them alone used it up).
-BIND_READ_S = 4.0
-# ... of which a read answered 429 may wait this long for its Retry-After, to be sent again within BIND_READ_S
-BIND_READ_PATIENCE_S = 2.0
+BIND_READ_S = 4.0  # (a read answered 429 waits its Retry-After in it, up to READ_PATIENCE_S: shared/kube.py)
 # When the preempt verb's answer named several nodes, the preemptor is read this long after it, then after each
 # further delay, until it names the node kube-scheduler nominated it to (narrow_later); at most MAX_NARROWING at once
 NARROW_AFTER_S = (1.0, 3.0, 10.0)
@@ -384,7 +382,7 @@ class Extender:
             return f"bind: pod {ns}/{name} was not seen by this replica's filter"
         try:
             async with asyncio.timeout(BIND_READ_S):
-                pod = await self.kube.get_pod(ns, name, patience=BIND_READ_PATIENCE_S)  # filter ran elsewhere
+                pod = await self.kube.get_pod(ns, name)  # filter ran on another replica
         except (KubeError, TimeoutError, aiohttp.ClientError) as e:
             BINDINGS.labels("error").inc()
             return f"bind: cannot read pod {ns}/{name}: {e if isinstance(e, KubeError) else f'{type(e).__name__}: {e}'}"
@@ -404,7 +402,7 @@ class Extender:
             return None, "no API client"
         try:
             async with asyncio.timeout(BIND_READ_S):
-                obj = await self.kube.get_node(node, patience=BIND_READ_PATIENCE_S)
+                obj = await self.kube.get_node(node)
         except (KubeError, TimeoutError, aiohttp.ClientError) as e:
             return None, str(e) if isinstance(e, KubeError) else f"{type(e).__name__}: {e}"
         meta = obj.get("metadata") if isinstance(obj, dict) else None
@@ -682,7 +680,7 @@ class Extender:
         assert self.kube is not None
         try:
             async with asyncio.timeout(BIND_READ_S):
-                pod = await self.kube.get_pod(ns, name, patience=BIND_READ_PATIENCE_S)
+                pod = await self.kube.get_pod(ns, name)
         except KubeError as e:
             if e.status == 404:
                 return None

@@ -51,6 +51,9 @@ class Shed(Exception):
 BEST_EFFORT_IN_FLIGHT = 8
 BEST_EFFORT_WAITING = 256  # ... more than this many waiting for their turn: the next is shed (Shed)
 BEST_EFFORT_TIMEOUT = 10.0  # one best-effort request, its wait for a turn not counted
+# A read of one pod or node answered 429 is sent again after its Retry-After when the waits add up to no more than
+# this: within the 4 s bind gives such a read (controller/extender.py BIND_READ_S), with time left for the answer.
+READ_PATIENCE_S = 2.0
 
 
 class ServerClock:
@@ -286,13 +289,13 @@ class Kube:
 
     # -- the few calls the roles make ----------------------------------------------------------
 
-    async def get_pod(self, namespace: str, name: str, patience: float = 0.0) -> dict[str, Any]:
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         pod: dict[str, Any] = await self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}",
-                                                 patience=patience)
+                                                 patience=READ_PATIENCE_S)
         return pod
 
-    async def get_node(self, name: str, patience: float = 0.0) -> dict[str, Any]:
-        node: dict[str, Any] = await self.request("GET", f"/api/v1/nodes/{name}", patience=patience)
+    async def get_node(self, name: str) -> dict[str, Any]:
+        node: dict[str, Any] = await self.request("GET", f"/api/v1/nodes/{name}", patience=READ_PATIENCE_S)
         return node
 
     async def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str],

@@ -154,3 +154,28 @@ async def test_events_answered_429_are_shed_while_its_retry_after_lasts(serve: A
     assert len(posted) == 1
     await kube.request("GET", "/api/v1/nodes", ok=(429,))  # only best-effort requests are held back
     assert len(posted) == 2
+
+
+async def test_the_webhooks_quota_read_answered_429_is_sent_again(serve: Any) -> None:
+    """A pod asking for slices in a namespace with a quota of ours was refused (503 `cannot check the ResourceQuotas`)
+    when the quota read was answered 429 `Retry-After: 1`, with 4 of the review's 5 s left."""
+    from shared.domain.admission import decide
+    from tests.unit.test_quota import CFG, MEM, hq, slice_
+    from tests.unit.test_quota import pod as quota_pod
+    from webhook.quotas import QuotaReader
+
+    reads: list[float] = []
+
+    async def handler(req: web.Request) -> web.Response:
+        if req.path.endswith("/resourcequotas"):
+            reads.append(time.monotonic())
+            if len(reads) == 1:
+                return too_many("1")
+            return web.json_response({"items": [hq("gpu", **{f"limits.{MEM}": "96"})]})
+        return web.json_response({"items": []})  # the namespace's pods
+
+    kube, _ = await serve(handler)
+    p = quota_pod("new", slice_(64))
+    d = await QuotaReader(kube, CFG).judge("team", p, decide(p, CFG, {96}))
+    assert d.allowed, d.message  # (was: "cannot check the ResourceQuotas of namespace team: ... HTTP 429")
+    assert len(reads) == 2 and reads[1] - reads[0] >= 1.0 - 0.05
