@@ -47,6 +47,13 @@ LIST_RESTARTS = 2
 # backoff like one: a server or proxy that closes every stream at once is not asked again thousands of times a
 # second, and the stream counts as failing for readiness.
 SHORT_WATCH_S = 1.0
+# A watch request whose answer has not begun after this long is abandoned and asked again (a failure, with backoff).
+# kube-apiserver answers a watch at once (a resourceVersion its cache has not reached yet: within 3 s, API Priority
+# and Fairness's queue: within a quarter of its request timeout, 15 s); without this bound the wait was the stream's
+# read timeout, 330 s: an API server replica that accepts connections but does not answer (a frozen process: the
+# kernel still accepts) left the view stale for 5.5 minutes with readiness fine. Unanswered for 10 s, the stream
+# counts as failing (problem()).
+WATCH_OPEN_S = 30.0
 # A watch answered 410 within SHORT_WATCH_S of its list, nothing handled (a replica behind a balancer whose watch
 # cache no longer holds the list's version), is listed again at once this many times in a row; after that with
 # backoff, the stream failing until a watch works: each re-list is a full list and a reconcile.
@@ -147,6 +154,7 @@ class Reflector:
         # since when a re-list (after the first) has been running: the view is the one from before it until
         # its on_sync is done (a 410 after an outage, or a failed stream listed again)
         self.listing_since: float | None = None
+        self.opening_since: float | None = None  # since when a watch request has waited for its answer to begin
         self.on_resync: list[Callable[[], None]] = []  # called after every (re-)list: reconcile soon
         self._gone_quick = 0  # watches in a row answered 410 at once after their list (GONE_RELISTS)
 
@@ -189,7 +197,7 @@ class Reflector:
         self.last_error = ""
 
     def _failing(self, e: BaseException) -> None:
-        self.failing_since = self.failing_since or time.monotonic()
+        self.failing_since = self.failing_since or self.opening_since or time.monotonic()
         self.live_since = None
         self.last_error = f"{type(e).__name__}: {e}"[:300]
 
@@ -201,6 +209,10 @@ class Reflector:
             return f"{self.name}: stream failing for {time.monotonic() - self.failing_since:.0f}s ({self.last_error})"
         if self.listing_since is not None and time.monotonic() - self.listing_since >= max_failing:
             return f"{self.name}: re-listing for {time.monotonic() - self.listing_since:.0f}s (the view predates it)"
+        # (at least 1 s: every resume waits a moment for its answer)
+        if self.opening_since is not None and time.monotonic() - self.opening_since >= max(max_failing, 1.0):
+            return (f"{self.name}: watch request not answered for {time.monotonic() - self.opening_since:.0f}s "
+                    "(the view may be stale)")
         return ""
 
     def unsettled(self, settle: float) -> str:
@@ -275,8 +287,14 @@ class Reflector:
             handled = False
             held: asyncio.TimerHandle | None = None
             try:
-                resp = await self.kube.raw("GET", self.path, query=query,
-                                           timeout=aiohttp.ClientTimeout(total=None, sock_read=330, connect=10))
+                self.opening_since = time.monotonic()
+                try:
+                    async with asyncio.timeout(WATCH_OPEN_S):
+                        resp = await self.kube.raw("GET", self.path, query=query,
+                                                   timeout=aiohttp.ClientTimeout(total=None, sock_read=330, connect=10))
+                except TimeoutError as e:
+                    raise TimeoutError(f"watch request not answered within {WATCH_OPEN_S:g}s") from e
+                self.opening_since = None
                 async with resp:
                     keep_alive(resp)
                     if resp.status == 410:
@@ -323,6 +341,7 @@ class Reflector:
                             self.resource_version, max(backoff.delay, asked_wait(e)))
                 await backoff.sleep(after=e)
             finally:
+                self.opening_since = None
                 if held is not None:
                     held.cancel()
 
