@@ -47,6 +47,10 @@ LIST_RESTARTS = 2
 # backoff like one: a server or proxy that closes every stream at once is not asked again thousands of times a
 # second, and the stream counts as failing for readiness.
 SHORT_WATCH_S = 1.0
+# A page of a list answered 429 is asked again after its Retry-After while the waits add up to no more than this,
+# rather than the whole list starting over (of a list of many pages under API Priority and Fairness, one page in
+# ten turned down made the list start over nine times in ten, each time adding its pages to the load)
+PAGE_PATIENCE_S = 10.0
 # A watch request whose answer has not begun after this long is abandoned and asked again (a failure, with backoff).
 # kube-apiserver answers a watch at once (a resourceVersion its cache has not reached yet: within 3 s, API Priority
 # and Fairness's queue: within a quarter of its request timeout, 15 s); without this bound the wait was the stream's
@@ -170,7 +174,7 @@ class Reflector:
             if cont:
                 query["continue"] = cont
             try:
-                page = await self.kube.request("GET", self.path, query=query)
+                page = await self.kube.request("GET", self.path, query=query, patience=PAGE_PATIENCE_S)
             except KubeError as e:
                 if e.status != 410 or not cont:
                     raise
