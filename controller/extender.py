@@ -103,7 +103,7 @@ EVENT_MESSAGE_CHARS = 1024  # what an event keeps of a message (Kube.create_even
 # makes at most three of them and its Binding (deadline + BIND_ANSWER_SLACK_S), 3 x 4 + 7 = 19 s, so a stalled API
 # server still gets kube-scheduler its answer within the extender's httpTimeout (30 s by default) rather than after
 # it (a read's own default is 30 s: one of them alone used it up).
-BIND_READ_S = 4.0
+BIND_READ_S = 4.0  # (a read answered 429 waits its Retry-After in it, up to READ_PATIENCE_S: shared/kube.py)
 # When the preempt verb's answer named several nodes, the preemptor is read this long after it, then after each
 # further delay, until it names the node kube-scheduler nominated it to (narrow_later); at most MAX_NARROWING at once
 NARROW_AFTER_S = (1.0, 3.0, 10.0)

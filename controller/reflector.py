@@ -18,9 +18,10 @@ from typing import Any
 import aiohttp
 import orjson
 
+from shared.domain.throttle import retry_after_s
 from shared.kube import BadAnswer, Kube, KubeError
 from shared.serving.metrics import WATCH_RELISTS, WATCH_RESUMES
-from shared.serving.supervise import Backoff, is_transient
+from shared.serving.supervise import Backoff, asked_wait, is_transient
 
 log = logging.getLogger("mtsched.reflector")
 
@@ -46,6 +47,21 @@ LIST_RESTARTS = 2
 # backoff like one: a server or proxy that closes every stream at once is not asked again thousands of times a
 # second, and the stream counts as failing for readiness.
 SHORT_WATCH_S = 1.0
+# A page of a list answered 429 is asked again after its Retry-After while the waits add up to no more than this,
+# rather than the whole list starting over (of a list of many pages under API Priority and Fairness, one page in
+# ten turned down made the list start over nine times in ten, each time adding its pages to the load)
+PAGE_PATIENCE_S = 10.0
+# A watch request whose answer has not begun after this long is abandoned and asked again (a failure, with backoff).
+# kube-apiserver answers a watch at once (a resourceVersion its cache has not reached yet: within 3 s, API Priority
+# and Fairness's queue: within a quarter of its request timeout, 15 s); without this bound the wait was the stream's
+# read timeout, 330 s: an API server replica that accepts connections but does not answer (a frozen process: the
+# kernel still accepts) left the view stale for 5.5 minutes with readiness fine. Unanswered for 10 s, the stream
+# counts as failing (problem()).
+WATCH_OPEN_S = 30.0
+# A watch answered 410 within SHORT_WATCH_S of its list, nothing handled (a replica behind a balancer whose watch
+# cache no longer holds the list's version), is listed again at once this many times in a row; after that with
+# backoff, the stream failing until a watch works: each re-list is a full list and a reconcile.
+GONE_RELISTS = 2
 
 
 async def lines(content: aiohttp.StreamReader, max_line: int = MAX_LINE) -> AsyncIterator[bytes]:
@@ -142,7 +158,9 @@ class Reflector:
         # since when a re-list (after the first) has been running: the view is the one from before it until
         # its on_sync is done (a 410 after an outage, or a failed stream listed again)
         self.listing_since: float | None = None
+        self.opening_since: float | None = None  # since when a watch request has waited for its answer to begin
         self.on_resync: list[Callable[[], None]] = []  # called after every (re-)list: reconcile soon
+        self._gone_quick = 0  # watches in a row answered 410 at once after their list (GONE_RELISTS)
 
     async def list(self) -> tuple[list[dict[str, Any]], str]:
         """Every object, page by page (slimmed as each page comes: the whole set is held until on_sync),
@@ -156,7 +174,7 @@ class Reflector:
             if cont:
                 query["continue"] = cont
             try:
-                page = await self.kube.request("GET", self.path, query=query)
+                page = await self.kube.request("GET", self.path, query=query, patience=PAGE_PATIENCE_S)
             except KubeError as e:
                 if e.status != 410 or not cont:
                     raise
@@ -183,7 +201,7 @@ class Reflector:
         self.last_error = ""
 
     def _failing(self, e: BaseException) -> None:
-        self.failing_since = self.failing_since or time.monotonic()
+        self.failing_since = self.failing_since or self.opening_since or time.monotonic()
         self.live_since = None
         self.last_error = f"{type(e).__name__}: {e}"[:300]
 
@@ -195,6 +213,10 @@ class Reflector:
             return f"{self.name}: stream failing for {time.monotonic() - self.failing_since:.0f}s ({self.last_error})"
         if self.listing_since is not None and time.monotonic() - self.listing_since >= max_failing:
             return f"{self.name}: re-listing for {time.monotonic() - self.listing_since:.0f}s (the view predates it)"
+        # (at least 1 s: every resume waits a moment for its answer)
+        if self.opening_since is not None and time.monotonic() - self.opening_since >= max(max_failing, 1.0):
+            return (f"{self.name}: watch request not answered for {time.monotonic() - self.opening_since:.0f}s "
+                    "(the view may be stale)")
         return ""
 
     def unsettled(self, settle: float) -> str:
@@ -225,26 +247,42 @@ class Reflector:
                 self.resource_version = rv
                 self.synced.set()
                 self.listing_since = None
-                self._working()
+                looping = self._gone_quick > GONE_RELISTS
+                if not looping:  # (else failing until a watch works: _held_open, or a line handled)
+                    self._working()
                 for cb in self.on_resync:
                     cb()
-                backoff.reset()
-                await self._watch()
+                if not looping:
+                    backoff.reset()
+                watched = time.monotonic()
+                try:
+                    await self._watch()
+                except Gone:
+                    quick = self.resource_version == rv and time.monotonic() - watched < SHORT_WATCH_S
+                    self._gone_quick = self._gone_quick + 1 if quick else 0
+                    raise
             except Gone:
-                log.info("%s: resourceVersion %s expired (410): re-listing", self.name, self.resource_version)
+                if self._gone_quick > GONE_RELISTS:
+                    self._failing(Gone(f"every watch answered 410 at once, {self._gone_quick} in a row"))
+                    log.warning("%s: the watch from a fresh list was answered 410 (Gone) %d times in a row; "
+                                "listing again in %.1fs", self.name, self._gone_quick, backoff.delay)
+                    await backoff.sleep()
+                else:
+                    log.info("%s: resourceVersion %s expired (410): re-listing", self.name, self.resource_version)
             except asyncio.CancelledError:
                 raise
             except (TimeoutError, KubeError, aiohttp.ClientError, OSError, HandlerError, ValueError) as e:
                 self._failing(e)
-                log.warning("%s: list failed (%s); retrying in %.1fs", self.name, e, backoff.delay)
-                await backoff.sleep()
+                log.warning("%s: list failed (%s); retrying in %.1fs", self.name, e, max(backoff.delay, asked_wait(e)))
+                await backoff.sleep(after=e)
 
     async def _watch(self) -> None:
         """Watch until Gone; resumes transparently after closed streams and network errors."""
         backoff = Backoff()
         # the last stream ended (or failed, not in a handler) within SHORT_WATCH_S of opening, nothing handled: the
-        # next one counts as working once a line of it is handled, not when it opens, and the backoff grows
-        short = False
+        # next one counts as working once a line of it is handled, not when it opens, and the backoff grows (so does
+        # the first after watches answered 410 at once again and again)
+        short = self._gone_quick > GONE_RELISTS
         while True:
             query = {"watch": "true", "allowWatchBookmarks": "true", "resourceVersion": self.resource_version,
                      # the server closes the stream after this; we resume from the last version
@@ -253,8 +291,14 @@ class Reflector:
             handled = False
             held: asyncio.TimerHandle | None = None
             try:
-                resp = await self.kube.raw("GET", self.path, query=query,
-                                           timeout=aiohttp.ClientTimeout(total=None, sock_read=330, connect=10))
+                self.opening_since = time.monotonic()
+                try:
+                    async with asyncio.timeout(WATCH_OPEN_S):
+                        resp = await self.kube.raw("GET", self.path, query=query,
+                                                   timeout=aiohttp.ClientTimeout(total=None, sock_read=330, connect=10))
+                except TimeoutError as e:
+                    raise TimeoutError(f"watch request not answered within {WATCH_OPEN_S:g}s") from e
+                self.opening_since = None
                 async with resp:
                     keep_alive(resp)
                     if resp.status == 410:
@@ -262,7 +306,8 @@ class Reflector:
                     if resp.status != 200:
                         if resp.status in (401, 403):
                             self.kube.denied()
-                        raise KubeError(resp.status, (await resp.read()).decode(errors="replace"), "watch")
+                        raise KubeError(resp.status, (await resp.read()).decode(errors="replace"), "watch",
+                                        retry_after_s(resp.headers.get("Retry-After")))
                     opened = time.monotonic()
                     if not short:
                         backoff.reset()
@@ -275,7 +320,7 @@ class Reflector:
                             continue
                         await self._handle(orjson.loads(line))
                         if not handled:
-                            handled, short = True, False
+                            handled, short, self._gone_quick = True, False, 0
                             backoff.reset()
                             self._working()
                     if not handled and time.monotonic() - opened < SHORT_WATCH_S:
@@ -297,14 +342,16 @@ class Reflector:
                         raise e.__cause__ from e
                 WATCH_RESUMES.labels(self.name).inc()
                 log.warning("%s: watch interrupted (%s); resuming from %s in %.1fs", self.name, e,
-                            self.resource_version, backoff.delay)
-                await backoff.sleep()
+                            self.resource_version, max(backoff.delay, asked_wait(e)))
+                await backoff.sleep(after=e)
             finally:
+                self.opening_since = None
                 if held is not None:
                     held.cancel()
 
     def _held_open(self, backoff: Backoff) -> None:
         """A stream opened after a short one has stayed open SHORT_WATCH_S: it works."""
+        self._gone_quick = 0
         backoff.reset()
         self._working()
 

@@ -21,7 +21,7 @@ from shared.serving import gc_policy
 from shared.serving.access import watch_access
 from shared.serving.http import serve_api
 from shared.serving.metrics import PODS_UNTRIED
-from shared.serving.supervise import Backoff, Supervisor, unless_stopped
+from shared.serving.supervise import Backoff, Supervisor, asked_wait, unless_stopped
 from shared.store.session import start_role
 
 log = logging.getLogger("mtsched")
@@ -86,8 +86,8 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
                 return
             except Exception as e:
                 rebuild_error = f"failed ({e}); retrying"
-                log.warning("initial rebuild failed (%s); retrying in %.1fs", e, backoff.delay)
-                await backoff.sleep()
+                log.warning("initial rebuild failed (%s); retrying in %.1fs", e, max(backoff.delay, asked_wait(e)))
+                await backoff.sleep(after=e)  # (an API server's 429: no sooner than its Retry-After)
 
     try:
         # SIGTERM meanwhile, in a retry's wait or while an API call hangs: Stopped, exit 0 (controller/cli.py)

@@ -23,7 +23,8 @@ from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client, config
 from yarl import URL
 
-from shared.domain.timing import BIND_ANSWER_SLACK_S, BIND_CONNECT_S
+from shared.domain.throttle import retry_after_s, wait_to_resend
+from shared.domain.timing import BIND_ANSWER_SLACK_S, BIND_CONNECT_S, BIND_MIN_LEFT_S
 
 log = logging.getLogger("mtsched.kube")
 
@@ -50,6 +51,9 @@ class Shed(Exception):
 BEST_EFFORT_IN_FLIGHT = 8
 BEST_EFFORT_WAITING = 256  # ... more than this many waiting for their turn: the next is shed (Shed)
 BEST_EFFORT_TIMEOUT = 10.0  # one best-effort request, its wait for a turn not counted
+# A read of one pod or node answered 429 is sent again after its Retry-After when the waits add up to no more than
+# this: within the 4 s bind gives such a read (controller/extender.py BIND_READ_S), with time left for the answer.
+READ_PATIENCE_S = 2.0
 
 
 class ServerClock:
@@ -77,9 +81,11 @@ class ServerClock:
 
 
 class KubeError(RuntimeError):
-    def __init__(self, status: int, body: Any, what: str):
+    def __init__(self, status: int, body: Any, what: str, retry_after: float | None = None):
         self.status = status
         self.body = body
+        # the wait the answer's Retry-After asks for (shared/domain/throttle.py), which every retry loop honours
+        self.retry_after = retry_after
         msg = body.get("message") if isinstance(body, dict) else str(body)[:300]
         super().__init__(f"{what}: HTTP {status}: {msg}")
 
@@ -143,6 +149,7 @@ class Kube:
         self.on_denied: list[Callable[[], None]] = []  # told of every 401/403 answer (shared/serving/access.py)
         self._best_effort = asyncio.Semaphore(BEST_EFFORT_IN_FLIGHT)
         self._best_effort_waiting = 0
+        self._best_effort_after = 0.0  # (monotonic) a best-effort request answered 429 asked for none before this
 
     def denied(self) -> None:
         """A call was answered 401 or 403 (also a watch, or an ERROR event in its stream): tell on_denied."""
@@ -219,11 +226,16 @@ class Kube:
 
     async def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
                       ok: tuple[int, ...] = (200, 201), content_type: str = "application/json",
-                      timeout: float = 30.0, until: float | None = None, best_effort: bool = False) -> Any:
+                      timeout: float = 30.0, until: float | None = None, best_effort: bool = False,
+                      patience: float = 0.0) -> Any:
         """The decoded answer (a JSON object for a 2xx: BadAnswer otherwise); KubeError for a status not in `ok`.
         `best_effort` (Events): sent when one of BEST_EFFORT_IN_FLIGHT turns is free, within BEST_EFFORT_TIMEOUT
-        (Shed when too many wait already)."""
+        (Shed when too many wait already, or while a 429's Retry-After lasts: none is sent again).
+        A 429 with Retry-After is sent again after that wait when it fits before `until`, or within `patience`
+        seconds of waiting in all (a request without either is not: its caller's own retry honours it)."""
         if best_effort:
+            if time.monotonic() < self._best_effort_after:  # the API server asked for none until then
+                raise Shed(f"{method} {path}: the API server is throttling (429, Retry-After): not sent")
             if self._best_effort_waiting >= BEST_EFFORT_WAITING:
                 raise Shed(f"{method} {path}: {BEST_EFFORT_WAITING} best-effort requests wait already: not sent")
             self._best_effort_waiting += 1
@@ -232,10 +244,31 @@ class Kube:
             finally:
                 self._best_effort_waiting -= 1
             try:
-                return await self.request(method, path, body, query, ok, content_type,
-                                          min(timeout, BEST_EFFORT_TIMEOUT), until)
+                return await self._once(method, path, body, query, ok, content_type, min(timeout, BEST_EFFORT_TIMEOUT),
+                                        until)
+            except KubeError as e:
+                if e.status == 429 and e.retry_after is not None:  # then not sent again, nor any other: shed
+                    self._best_effort_after = max(self._best_effort_after, time.monotonic() + e.retry_after)
+                raise
             finally:
                 self._best_effort.release()
+        # a 429 that says when is sent again then, if that fits: before `until` (with BIND_MIN_LEFT_S left to
+        # send it in), or within `patience` seconds of waiting
+        waited = 0.0
+        while True:
+            try:
+                return await self._once(method, path, body, query, ok, content_type, timeout, until)
+            except KubeError as e:
+                left = (until - time.monotonic() - BIND_MIN_LEFT_S) if until is not None else patience - waited
+                wait = wait_to_resend(e.status, e.retry_after, left)
+                if wait is None:
+                    raise
+                log.debug("%s %s answered 429; sending it again in %.1fs as asked", method, path, wait)
+                await asyncio.sleep(wait)
+                waited += wait
+
+    async def _once(self, method: str, path: str, body: Any, query: Mapping[str, Any] | None, ok: tuple[int, ...],
+                    content_type: str, timeout: float, until: float | None) -> Any:
         resp = await self.raw(method, path, body, query, timeout=timeout, content_type=content_type, until=until)
         async with resp:
             data = await resp.read()
@@ -250,17 +283,19 @@ class Kube:
             if resp.status not in ok:
                 if resp.status in (401, 403):
                     self.denied()
-                raise KubeError(resp.status, decoded, f"{method} {path}")
+                raise KubeError(resp.status, decoded, f"{method} {path}",
+                                retry_after_s(resp.headers.get("Retry-After")))
             return decoded
 
     # -- the few calls the roles make ----------------------------------------------------------
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        pod: dict[str, Any] = await self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        pod: dict[str, Any] = await self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}",
+                                                 patience=READ_PATIENCE_S)
         return pod
 
     async def get_node(self, name: str) -> dict[str, Any]:
-        node: dict[str, Any] = await self.request("GET", f"/api/v1/nodes/{name}")
+        node: dict[str, Any] = await self.request("GET", f"/api/v1/nodes/{name}", patience=READ_PATIENCE_S)
         return node
 
     async def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str],

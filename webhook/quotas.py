@@ -25,7 +25,8 @@ from urllib.parse import quote
 from shared.config import Config
 from shared.domain.admission import Decision, deny
 from shared.domain.quota import QuotaError, enforced_keys, judge_quotas, quota_view
-from shared.kube import ServerClock
+from shared.domain.throttle import wait_to_resend
+from shared.kube import KubeError, ServerClock
 from shared.serving.bounded import ByteLRU
 from shared.serving.metrics import QUOTA_CHECKS
 from shared.serving.supervise import is_transient
@@ -35,6 +36,9 @@ log = logging.getLogger("mtsched.webhook")
 # The namespace's pods the API server still charges (terminal pods hold nothing).
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 READ_TIMEOUT = 5.0  # one API read
+# A read answered 429 (API Priority and Fairness) is sent again after its Retry-After when the waits add up to no
+# more than this: the review is admitted a moment later rather than refused (CHECK_SECONDS bounds it all)
+READ_PATIENCE = 2.0
 # the whole check of one review (the namespace's quotas, then its pods, page by page): well inside the
 # webhook's timeout at the API server (chart default 10 s, at least 6: templates/validate.yaml)
 CHECK_SECONDS = 5.0
@@ -118,7 +122,17 @@ class QuotaReader:
 
     async def _list(self, path: str, query: Mapping[str, str] | None = None) -> tuple[list[Mapping[str, Any]], str]:
         """(items, continue token or "")."""
-        out = await self.api.request("GET", path, query=query, timeout=READ_TIMEOUT)
+        waited = 0.0
+        while True:
+            try:
+                out = await self.api.request("GET", path, query=query, timeout=READ_TIMEOUT)
+                break
+            except KubeError as e:  # a 429 is sent again after the wait it asks for, if that fits READ_PATIENCE
+                wait = wait_to_resend(e.status, e.retry_after, READ_PATIENCE - waited)
+                if wait is None:
+                    raise
+                await asyncio.sleep(wait)
+                waited += wait
         items = out.get("items") if isinstance(out, dict) else None
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise QuotaError(f"GET {path}: the answer has no list of items")

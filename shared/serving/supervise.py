@@ -49,6 +49,18 @@ def is_transient(e: BaseException) -> bool:
         isinstance(e.__cause__, Exception) and e.__cause__ is not e and is_transient(e.__cause__))
 
 
+def asked_wait(e: BaseException | None) -> float:
+    """The wait the API server asked for with the answer that made `e` (or what it wraps): its Retry-After
+    (shared/kube.py KubeError.retry_after, within shared/domain/throttle.py's bounds); 0 when none."""
+    seen = 0
+    while e is not None and seen < 8:
+        asked = getattr(e, "retry_after", None)
+        if isinstance(asked, int | float):
+            return float(asked)
+        e, seen = e.__cause__, seen + 1
+    return 0.0
+
+
 def backoff_delay(attempt: int, first: float = 0.2, most: float = 10.0) -> float:
     """The wait before retry `attempt` (0 = the first retry): `first`, doubling each time, at most `most`."""
     return min(most, first * (1 << min(max(attempt, 0), 30)))
@@ -69,9 +81,11 @@ class Backoff:
     def reset(self) -> None:
         self.attempt = 0
 
-    async def sleep(self, stop: asyncio.Event | None = None) -> None:
-        """Wait the next delay; with `stop`, raise Stopped as soon as it is set (SIGTERM during a retry loop)."""
-        delay = self.delay
+    async def sleep(self, stop: asyncio.Event | None = None, after: BaseException | None = None) -> None:
+        """Wait the next delay, or what the API server asked for when `after` (the failure) was answered with a
+        Retry-After (`asked_wait`) if that is longer; with `stop`, raise Stopped as soon as it is set (SIGTERM
+        during a retry loop)."""
+        delay = max(self.delay, asked_wait(after))
         self.attempt += 1
         if stop is None:
             await asyncio.sleep(delay)
@@ -182,7 +196,7 @@ class Supervisor:
                 TASK_UP.labels(name).set(0)
                 self.failed.set()
                 return
-            delay = backoff_delay(st.failures - 1, most=self.max_backoff)
+            delay = max(backoff_delay(st.failures - 1, most=self.max_backoff), asked_wait(error))
             log.warning("task %s stopped (%s, %s); restarting in %.1fs", name, st.last_error,
                         "transient" if transient else f"{st.failures}/{self.max_failures}", delay,
                         exc_info=error if not transient else None)

@@ -22,7 +22,7 @@ class Pages:
     def __init__(self) -> None:
         self.queries: list[dict[str, Any]] = []
 
-    async def request(self, method: str, path: str, query: dict[str, Any]) -> dict[str, Any]:
+    async def request(self, method: str, path: str, query: dict[str, Any], **_: Any) -> dict[str, Any]:
         self.queries.append(dict(query))
         if "continue" not in query:
             return {"metadata": {"continue": "t1"}, "items": [node("a"), node("b")]}
