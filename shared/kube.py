@@ -14,7 +14,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlencode
 
 import aiohttp
@@ -88,6 +88,17 @@ class KubeError(RuntimeError):
         self.retry_after = retry_after
         msg = body.get("message") if isinstance(body, dict) else str(body)[:300]
         super().__init__(f"{what}: HTTP {status}: {msg}")
+
+
+def _the_object(answer: Any, kind: str, name: str, namespace: str | None, what: str) -> dict[str, Any]:
+    """The object a read asked for, or a 502: a success answer that is something else (`{}` or another object
+    from a misbehaving proxy) read as the pod would say "no such pod here", and the reconciler would free the
+    cards of a running one. Taken as the API server unreachable (transient: retried, nothing decided on it)."""
+    meta = answer.get("metadata") if isinstance(answer, dict) else None
+    if (isinstance(meta, dict) and meta.get("name") == name and answer.get("kind", kind) == kind
+            and (namespace is None or meta.get("namespace") == namespace)):
+        return cast("dict[str, Any]", answer)
+    raise KubeError(502, {"message": f"the answer is not the {kind} asked for: {str(answer)[:200]}"}, what)
 
 
 def _bypassed_by_cidr(host: str | None) -> bool:
@@ -290,13 +301,13 @@ class Kube:
     # -- the few calls the roles make ----------------------------------------------------------
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        pod: dict[str, Any] = await self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}",
-                                                 patience=READ_PATIENCE_S)
-        return pod
+        what = f"GET pod {namespace}/{name}"
+        return _the_object(await self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}",
+                                              patience=READ_PATIENCE_S), "Pod", name, namespace, what)
 
     async def get_node(self, name: str) -> dict[str, Any]:
-        node: dict[str, Any] = await self.request("GET", f"/api/v1/nodes/{name}", patience=READ_PATIENCE_S)
-        return node
+        return _the_object(await self.request("GET", f"/api/v1/nodes/{name}", patience=READ_PATIENCE_S),
+                           "Node", name, None, f"GET node {name}")
 
     async def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
                    until: float | None = None) -> None:

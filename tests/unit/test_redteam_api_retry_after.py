@@ -83,10 +83,9 @@ async def test_a_binding_answered_429_is_sent_again_after_its_retry_after(serve:
 
 
 async def test_a_binding_whose_retry_after_outlasts_its_deadline_fails_at_once(serve: Any) -> None:
-    t0 = time.monotonic()
     out, seen = await _bind_against(serve, [too_many("20")], [])
     assert "failed, reservation released" in out["Error"] and "429" in out["Error"]
-    assert sum(what.endswith("/binding") for what, _ in seen) == 1 and time.monotonic() - t0 < 4.0
+    assert sum(what.endswith("/binding") for what, _ in seen) == 1  # not sent again 20 s later
 
 
 async def test_binds_read_of_the_pod_answered_429_is_sent_again(serve: Any) -> None:
