@@ -39,7 +39,7 @@ from shared.domain.reconcile import (
 )
 from shared.domain.request import RequestError, pod_request
 from shared.domain.timing import KEEP_MS
-from shared.domain.trust import asks_slices, foreign_record
+from shared.domain.trust import asks_slices, foreign_fate, foreign_record
 from shared.domain.views import picked, spec_view
 from shared.kube import Kube, KubeError
 from shared.serving.metrics import (
@@ -570,8 +570,8 @@ class PodWatcher:
             foreign = foreign_record(pod, self.cfg)
             if foreign:
                 RECORD_MISMATCH.labels("foreign").inc()
-                log.error("pod %s carries an allocation record although %s: our bind never wrote it, nothing is "
-                          "booked for it (record %r)", pod_ref(pod), foreign, str(raw)[:300])
+                log.error("pod %s carries an allocation record although %s: our bind never wrote it, %s (record %r)",
+                          pod_ref(pod), foreign, foreign_fate(unaccounted(pod, self.cfg) is not None), str(raw)[:300])
                 self.seen[uid] = digest
                 return
             try:
