@@ -165,8 +165,11 @@ def usage_from_annotations(pod: Mapping[str, object]) -> PodUsage | None:
         fp = footprint((k, sum(g.memory_mib for g in gs) // UNIT_MIB, sum(g.cores for g in gs), len(gs))
                        for k, gs in zip(kinds, mine, strict=True))
         per_card[ident] = (fp.memory, fp.cores, fp.slices)
-    if len(set(per_card.values())) != 1:
-        raise AnnotationError(f"{ALLOCATED}: cards of one pod hold different amounts {per_card}")
-    mem, cores, slices = next(iter(per_card.values()))
+    # Our bind puts every container of a pod on the same cards, so their amounts agree. HAMi v2.10 places init
+    # containers and app containers in separate passes, each with its one-card rule: an init container (a sidecar
+    # too, held for the pod's life) may hold another card than the apps, with other amounts. A booking holds one
+    # amount on each of its cards: the largest, never less than any card holds (refused, the record's usage was
+    # recovered from gpu-index, the last container's cards only, and the sidecar's card was offered free).
+    mem, cores, slices = (max(v[i] for v in per_card.values()) for i in range(3))
     indices = tuple(sorted(CardGrant(i, UNIT_MIB, 0).index for i in ids))
     return PodUsage(node, indices, mem, cores, slices)

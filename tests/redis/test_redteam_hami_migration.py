@@ -136,3 +136,23 @@ async def test_a_hami_record_our_decoder_refuses_closes_its_node(ledger: Ledger)
     await start(ledger, load_config(env={}), [p], s4000_node("g1"))
     snap = (await ledger.snapshots(["g1"]))["g1"]
     assert snap.error.startswith("quarantined: ns/o"), snap.error
+
+
+async def test_a_hami_pod_whose_init_container_holds_another_card_books_both(ledger: Ledger) -> None:
+    """HAMi v2.10 places a pod's init containers and its app containers in two separate passes (scoreNode:
+    allocateInitContainers, then allocateAppContainers on a fresh copy of the node), and its one-card rule
+    (customFilterRule) only compares containers of the same pass: an init container may hold another card than
+    the app containers, e.g. when the least loaded card lacks room for the larger of them. A sidecar (restartPolicy
+    Always) holds it for the pod's life. Its record names both cards with different amounts; the decoder refused
+    it, and the usage recovered from `mthreads.com/gpu-index` (the last container's card only) left the sidecar's
+    card free under it: a new pod could be placed over the 32 units it holds."""
+    sidecar = {"name": "proxy", "restartPolicy": "Always",
+               "resources": {"limits": {VGPU: "1", MEM: "32", CORE: "4"}}}
+    p = hami_pod("sc", {VGPU: "1", MEM: "16", CORE: "2"},
+                 "g1-mthreads-0,Mthreads,16384,4:;g1-mthreads-1,Mthreads,8192,2:;", "1")
+    p["spec"]["initContainers"] = [sidecar]
+    await start(ledger, load_config(env={}), [p], s4000_node("g1", cards=2))
+    snap = (await ledger.snapshots(["g1"]))["g1"]
+    got = used(snap)
+    assert got[0][0] >= 32 and got[0][1] >= 4, got  # the sidecar's card: what it holds is booked
+    assert got[1][0] >= 16 and got[1][1] >= 2, got  # the app's card
