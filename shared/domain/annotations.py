@@ -97,6 +97,14 @@ def decode_allocation(value: str) -> list[list[CardGrant]]:
     return out
 
 
+def record_cards(value: object) -> frozenset[int] | None:
+    """The card indices an allocation record names, whoever wrote it; None when it cannot be decoded."""
+    try:
+        return frozenset(g.index for grants in decode_allocation(str(value)) for g in grants)
+    except AnnotationError:
+        return None
+
+
 def gpu_index(containers: Sequence[Sequence[CardGrant]]) -> str:
     """`mthreads.com/gpu-index`: card indices of the last container that holds cards (HAMi's rule)."""
     for grants in reversed(containers):

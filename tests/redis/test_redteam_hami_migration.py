@@ -156,3 +156,19 @@ async def test_a_hami_pod_whose_init_container_holds_another_card_books_both(led
     got = used(snap)
     assert got[0][0] >= 32 and got[0][1] >= 4, got  # the sidecar's card: what it holds is booked
     assert got[1][0] >= 16 and got[1][1] >= 2, got  # the app's card
+
+
+async def test_under_another_name_a_hami_record_naming_cards_gpu_index_lacks_closes_its_node(ledger: Ledger) -> None:
+    """The same HAMi pod (sidecar on card 0, app on card 1) under another schedulerName: its record is foreign and
+    its usage is recovered from `mthreads.com/gpu-index`, which names the app's card only. What the sidecar holds
+    cannot be told from that: the node must offer no card (it offered card 0 free under the sidecar's 32 units)."""
+    sidecar = {"name": "proxy", "restartPolicy": "Always",
+               "resources": {"limits": {VGPU: "1", MEM: "32", CORE: "4"}}}
+    p = hami_pod("sc", {VGPU: "1", MEM: "16", CORE: "2"},
+                 "g1-mthreads-0,Mthreads,16384,4:;g1-mthreads-1,Mthreads,8192,2:;", "1")
+    p["spec"]["initContainers"] = [sidecar]
+    pw = await start(ledger, load_config(env={}, flags={"schedulerName": "mtsched"}), [p],
+                     s4000_node("g1", cards=2))
+    snap = (await ledger.snapshots(["g1"]))["g1"]
+    assert snap.error.startswith("quarantined: ns/sc"), (snap.error, used(snap))
+    assert pw.quarantine("g1")

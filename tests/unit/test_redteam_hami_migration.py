@@ -38,3 +38,25 @@ def test_hamis_device_scoring_weights_are_said_to_be_unread() -> None:
     # a pod that asks for no slice is not ours to comment on
     cpu = decide(pod(ctr(limits={"cpu": "1"}), annotations={SCORING_WEIGHTS: "slot=1,core=1,memory=3"}), CFG)
     assert cpu.allowed and not cpu.warnings
+
+
+def test_a_record_naming_cards_gpu_index_lacks_makes_the_pod_unrecoverable() -> None:
+    """gpu-index lists the last container's cards; HAMi v2.10 may put an init container on another card. A record
+    our trust or our decoder sets aside but that names such a card makes the pod's usage unrecoverable from
+    gpu-index (its node stays closed) rather than recovered on the app's card alone."""
+    from controller.watchers import unaccounted
+
+    def hami(gpu_index: str) -> dict[str, object]:
+        p = pod(ctr(limits={VGPU: 1, MEM: 16, CORE: 2}), init=[ctr("proxy", limits={VGPU: 1, MEM: 32, CORE: 4},
+                                                                    restartPolicy="Always")],
+                annotations={"hami.io/mthreads-vgpu-devices-allocated":
+                             "g1-mthreads-0,Mthreads,16384,4:;g1-mthreads-1,Mthreads,8192,2:;",
+                             "mthreads.com/gpu-index": gpu_index},
+                schedulerName="hami-scheduler", nodeName="g1")
+        return p
+
+    other = cfg(scheduler_name="mtsched")
+    u = unaccounted(hami("1"), other)
+    assert u is not None and u.gpu_index == "unreadable"
+    u = unaccounted(hami("1,0"), other)  # every card the record names is listed: recovered as before
+    assert u is not None and u.gpu_index == "1,0"
