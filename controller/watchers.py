@@ -390,15 +390,16 @@ def unaccounted(pod: Mapping[str, Any], cfg: Config) -> Unrecorded | None:
     gpu_index = str(ann.get(GPU_INDEX) or "")
     if len(gpu_index) > MAX_GPU_INDEX_CHARS:  # not kept (bounded view): unreadable, so the node stays closed
         gpu_index = "unreadable"
-    elif gpu_index and (named := record_cards(ann[ALLOCATED]) if ALLOCATED in ann else None) is not None:
+    elif gpu_index and ALLOCATED in ann:
         # gpu-index lists the last container's cards only. A record (foreign, or one the decoder refused) naming
         # other cards too means some container holds a card it does not name (HAMi v2.10 may put an init
         # container, a sidecar too, on another card): what the pod holds cannot be told, the node stays closed
+        named = record_cards(ann[ALLOCATED])
         try:
             listed = {int(x) for x in gpu_index.split(",")}  # as recovered_usage reads it
         except ValueError:
             listed = set()  # unreadable already: recovered_usage tells nothing from it
-        if not named <= listed:
+        if named is not None and not named <= listed:
             gpu_index = "unreadable"
     return Unrecorded(pod_ref(pod), str((pod.get("spec") or {}).get("nodeName") or ""), req, gpu_index)
 
