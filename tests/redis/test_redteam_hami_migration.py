@@ -48,10 +48,8 @@ def hami_pod(uid: str, limits: dict[str, str], record: str | None, index: str, *
             "spec": spec, "status": {"phase": "Running" if bound else "Pending"}}
 
 
-# what HAMi v2.10 writes (EncodePodSingleDevice) for its three documented pod shapes and a slice its webhook
-# left without sgpu-core (HAMi fills cores only for exclusive and multi-card pods)
+# what HAMi v2.10 writes (EncodePodSingleDevice) for its three documented pod shapes (examples/mthreads)
 SLICE = ({VGPU: "1", MEM: "32", CORE: "8"}, "g1-mthreads-3,Mthreads,16384,8:;", "3")
-NO_CORES = ({VGPU: "1", MEM: "16"}, "g1-mthreads-3,Mthreads,8192,0:;", "3")
 EXCLUSIVE = ({VGPU: "1", MEM: "96", CORE: "16"}, "g1-mthreads-2,Mthreads,49152,16:;", "2")
 MULTI = ({VGPU: "2", MEM: "192", CORE: "32"}, "g1-mthreads-1,Mthreads,49152,16:g1-mthreads-0,Mthreads,49152,16:;",
          "1,0")
