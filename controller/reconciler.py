@@ -38,7 +38,7 @@ from shared.domain.reconcile import (
 )
 from shared.domain.state import NodeSnapshot
 from shared.domain.timing import KEEP_MS
-from shared.domain.trust import foreign_record
+from shared.domain.trust import foreign_fate, foreign_record
 from shared.kube import Kube, KubeError
 from shared.serving.metrics import (
     ANNOTATION_ERRORS,
@@ -111,8 +111,8 @@ class Reconciler:
                 log.error("rebuild: pod %s has an undecodable allocation record: %s", pod_ref(pod), e)
             else:
                 if foreign:
-                    log.error("rebuild: pod %s carries an allocation record although %s: not booked", pod_ref(pod),
-                              foreign)
+                    log.error("rebuild: pod %s carries an allocation record although %s: %s", pod_ref(pod),
+                              foreign, foreign_fate(unaccounted(pod, self.cfg) is not None))
             if usage is None and (u := unaccounted(pod, self.cfg)) is not None:
                 # no readable record: what survives on the pod, or the node stays closed (fail closed)
                 usage = recovered_usage(u, by_name.get(u.node))

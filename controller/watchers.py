@@ -24,7 +24,14 @@ from controller.knob_watch import KnobWatch
 from controller.mismatch import MismatchReporter
 from controller.reflector import Reflector
 from shared.config import Config
-from shared.domain.annotations import ALLOCATED, GPU_INDEX, AnnotationError, PodUsage, usage_from_annotations
+from shared.domain.annotations import (
+    ALLOCATED,
+    GPU_INDEX,
+    AnnotationError,
+    PodUsage,
+    record_cards,
+    usage_from_annotations,
+)
 from shared.domain.node import Inventory, node_inventory
 from shared.domain.quota import is_terminal
 from shared.domain.reconcile import (
@@ -39,7 +46,7 @@ from shared.domain.reconcile import (
 )
 from shared.domain.request import RequestError, pod_request
 from shared.domain.timing import KEEP_MS
-from shared.domain.trust import asks_slices, foreign_record
+from shared.domain.trust import asks_slices, foreign_fate, foreign_record
 from shared.domain.views import picked, spec_view
 from shared.kube import Kube, KubeError
 from shared.serving.metrics import (
@@ -383,6 +390,17 @@ def unaccounted(pod: Mapping[str, Any], cfg: Config) -> Unrecorded | None:
     gpu_index = str(ann.get(GPU_INDEX) or "")
     if len(gpu_index) > MAX_GPU_INDEX_CHARS:  # not kept (bounded view): unreadable, so the node stays closed
         gpu_index = "unreadable"
+    elif gpu_index and ALLOCATED in ann:
+        # gpu-index lists the last container's cards only. A record (foreign, or one the decoder refused) naming
+        # other cards too means some container holds a card it does not name (HAMi v2.10 may put an init
+        # container, a sidecar too, on another card): what the pod holds cannot be told, the node stays closed
+        named = record_cards(ann[ALLOCATED])
+        try:
+            listed = {int(x) for x in gpu_index.split(",")}  # as recovered_usage reads it
+        except ValueError:
+            listed = set()  # unreadable already: recovered_usage tells nothing from it
+        if named is not None and not named <= listed:
+            gpu_index = "unreadable"
     return Unrecorded(pod_ref(pod), str((pod.get("spec") or {}).get("nodeName") or ""), req, gpu_index)
 
 
@@ -570,8 +588,8 @@ class PodWatcher:
             foreign = foreign_record(pod, self.cfg)
             if foreign:
                 RECORD_MISMATCH.labels("foreign").inc()
-                log.error("pod %s carries an allocation record although %s: our bind never wrote it, nothing is "
-                          "booked for it (record %r)", pod_ref(pod), foreign, str(raw)[:300])
+                log.error("pod %s carries an allocation record although %s: our bind never wrote it, %s (record %r)",
+                          pod_ref(pod), foreign, foreign_fate(unaccounted(pod, self.cfg) is not None), str(raw)[:300])
                 self.seen[uid] = digest
                 return
             try:

@@ -18,7 +18,7 @@ from typing import Any
 
 from shared.config import Config
 from shared.domain.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
-from shared.domain.fit import GPU_POLICY, NODE_POLICY
+from shared.domain.fit import GPU_POLICY, NODE_POLICY, SCORING_WEIGHTS
 from shared.domain.models import CORES_PER_CARD, CardModel, describe_models, union_memory_values
 from shared.domain.node import mismatch_causes
 from shared.domain.quota import asks_usage
@@ -264,6 +264,11 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = (),
                         f"no configured card model holds that: memoryPerCard {describe_models(cfg.models)}")
 
     warnings.extend(mismatch_warnings(req, reported, mismatched or {}))
+    if SCORING_WEIGHTS in annotations:
+        # HAMi reads it (and fails the pod's filter when it is malformed); ignored without a word, a pod moved
+        # over from HAMi would be placed by other weights than its owner chose
+        warnings.append(f"annotation {SCORING_WEIGHTS} is HAMi's and is not read by {cfg.scheduler_name}: "
+                        "cards are scored with equal slot, core and memory weights (HAMi's default)")
     patch: list[dict[str, Any]] = []
     if spec.get("schedulerName") != cfg.scheduler_name:
         patch.append({"op": "add" if "schedulerName" not in spec else "replace",

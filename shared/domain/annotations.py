@@ -97,6 +97,14 @@ def decode_allocation(value: str) -> list[list[CardGrant]]:
     return out
 
 
+def record_cards(value: object) -> frozenset[int] | None:
+    """The card indices an allocation record names, whoever wrote it; None when it cannot be decoded."""
+    try:
+        return frozenset(g.index for grants in decode_allocation(str(value)) for g in grants)
+    except AnnotationError:
+        return None
+
+
 def gpu_index(containers: Sequence[Sequence[CardGrant]]) -> str:
     """`mthreads.com/gpu-index`: card indices of the last container that holds cards (HAMi's rule)."""
     for grants in reversed(containers):
@@ -165,8 +173,11 @@ def usage_from_annotations(pod: Mapping[str, object]) -> PodUsage | None:
         fp = footprint((k, sum(g.memory_mib for g in gs) // UNIT_MIB, sum(g.cores for g in gs), len(gs))
                        for k, gs in zip(kinds, mine, strict=True))
         per_card[ident] = (fp.memory, fp.cores, fp.slices)
-    if len(set(per_card.values())) != 1:
-        raise AnnotationError(f"{ALLOCATED}: cards of one pod hold different amounts {per_card}")
-    mem, cores, slices = next(iter(per_card.values()))
+    # Our bind puts every container of a pod on the same cards, so their amounts agree. HAMi v2.10 places init
+    # containers and app containers in separate passes, each with its one-card rule: an init container (a sidecar
+    # too, held for the pod's life) may hold another card than the apps, with other amounts. A booking holds one
+    # amount on each of its cards: the largest, never less than any card holds (refused, the record's usage was
+    # recovered from gpu-index, the last container's cards only, and the sidecar's card was offered free).
+    mem, cores, slices = (max(v[i] for v in per_card.values()) for i in range(3))
     indices = tuple(sorted(CardGrant(i, UNIT_MIB, 0).index for i in ids))
     return PodUsage(node, indices, mem, cores, slices)

@@ -22,6 +22,8 @@ NOUSE_UUID = "mthreads.ai/nouse-gpuuuid"
 GPU_POLICY = "hami.io/gpu-scheduler-policy"
 FIT_ANNOTATIONS = (USE_UUID, NOUSE_UUID, GPU_POLICY)  # all fit() reads of a pod's annotations
 NODE_POLICY = "hami.io/node-scheduler-policy"
+# HAMi's per-pod card score weights (slot, core, memory): not read here, cards are scored with equal weights
+SCORING_WEIGHTS = "hami.io/device-scoring-weights"
 
 CARD_NOT_HEALTH = "CardNotHealth"
 CARD_CORDONED = "CardCordoned"

@@ -49,3 +49,15 @@ def foreign_record(pod: Mapping[str, Any], cfg: Config) -> str:
     if not asks_slices(pod, cfg):
         return f"it asks for none of {', '.join(cfg.slice_resources)}"
     return ""
+
+
+
+def foreign_fate(asks_cards: bool) -> str:
+    """What the watchers do for a bound pod whose record is foreign (foreign_record says why). `asks_cards`: the
+    pod asks for slices (controller/watchers.py unaccounted): it holds cards whoever placed it (HAMi's pods after
+    a migration under another schedulerName), so, like a pod whose record is gone, it is booked from what survives
+    on it or its node is closed (shared/domain/reconcile.py recovered_usage); "nothing is booked" was false."""
+    if not asks_cards:
+        return "nothing is booked for it"
+    return ("its record is not booked as written: the cards its mthreads.com/gpu-index names are booked with the "
+            "amounts its request implies, or, when those do not tell, its node offers no card until it ends")
