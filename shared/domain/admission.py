@@ -18,7 +18,7 @@ from typing import Any
 
 from shared.config import Config
 from shared.domain.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
-from shared.domain.fit import GPU_POLICY, NODE_POLICY, SCORING_WEIGHTS
+from shared.domain.fit import GPU_POLICY, NODE_POLICY, SCORING_WEIGHTS, selection_problems
 from shared.domain.models import CORES_PER_CARD, CardModel, describe_models, union_memory_values
 from shared.domain.node import mismatch_causes
 from shared.domain.quota import asks_usage
@@ -190,6 +190,7 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = (),
         problems.extend(e.problems)
         pin = None
     problems.extend(policy_problems(annotations))
+    problems.extend(selection_problems(annotations))
     if problems:
         return deny("; ".join(problems))
 

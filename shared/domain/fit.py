@@ -205,8 +205,22 @@ def accepted_capacities(req: SliceRequest, capacities: Iterable[int]) -> frozens
 
 def denied_cards(states: Sequence[CardState], annotations: Mapping[str, str]) -> frozenset[int]:
     """Cards the pod's use-/nouse-gpuuuid annotations keep it off."""
-    use, nouse = _id_list(annotations.get(USE_UUID)), _id_list(annotations.get(NOUSE_UUID))
-    return frozenset(s.card.index for s in states if (use and s.card.id not in use) or s.card.id in nouse)
+    raw_use = annotations.get(USE_UUID)
+    use, nouse = _id_list(raw_use), _id_list(annotations.get(NOUSE_UUID))
+    # a use- list that is not blank but names no id (",,") selects no card, as HAMi reads it (an empty one: no
+    # constraint); admission refuses it on new pods (selection_problems), an edit after is read the same way
+    picky = bool(use) or bool((raw_use or "").strip())
+    return frozenset(s.card.index for s in states if (picky and s.card.id not in use) or s.card.id in nouse)
+
+
+def selection_problems(annotations: Mapping[str, object]) -> list[str]:
+    """A use-gpuuuid list that names no card id (only commas and blanks): it selects no card, so the pod
+    could never be placed."""
+    raw = annotations.get(USE_UUID)
+    if isinstance(raw, str) and raw.strip() and not _id_list(raw):
+        return [f"annotation {USE_UUID}={raw[:64]!r} names no card id, so no card may take the pod; allowed: a "
+                "comma list of device ids (<node>-mthreads-<index>), or no annotation for any card"]
+    return []
 
 
 def need_for(req: SliceRequest, capacity: int, mutex: bool, accepts: frozenset[int] | None = None,

@@ -108,3 +108,35 @@ def test_hami_policy_values_pass(key: str, value: str) -> None:
 def test_policies_on_pods_of_other_vendors_are_theirs() -> None:
     d = decide(pod(ctr(limits={"nvidia.com/gpu": 1}), annotations={GPU_POLICY: "whatever"}), MIXED, (96, 160))
     assert d.allowed and d.patch == ()
+
+
+# `mthreads.ai/use-gpuuuid: ","` (only commas and blanks) names no card: HAMi reads it as "no card matches" (its
+# pod never placed), mtsched read it as no constraint (any card): now refused at admission naming it, and read
+# as HAMi reads it on a pod whose annotation is edited after (migration red team's observation).
+USE, NOUSE = "mthreads.ai/use-gpuuuid", "mthreads.ai/nouse-gpuuuid"
+
+
+@pytest.mark.parametrize("value", [",", " , ,", ",,,"])
+def test_a_card_list_naming_no_card_is_refused(value: str) -> None:
+    msg = denied(pod(slice_ctr(), annotations={USE: value}))
+    assert f"annotation {USE}={value!r} names no card id" in msg and "<node>-mthreads-<index>" in msg, msg
+
+
+@pytest.mark.parametrize(("key", "value"), [(USE, ""), (USE, "  "), (USE, "n1-mthreads-0,"), (NOUSE, ",")])
+def test_card_lists_hami_reads_as_a_constraint_or_none_pass(key: str, value: str) -> None:
+    d = decide(pod(slice_ctr(), annotations={key: value}), MIXED, (96, 160))
+    assert d.allowed, d.message
+
+
+@pytest.mark.parametrize(("annotations", "denied_cards"), [
+    ({USE: ","}, {0, 1}),  # names no id: no card (HAMi's CheckUUID)
+    ({USE: " "}, set()),  # blank: no constraint
+    ({USE: "n1-mthreads-1,,"}, {0}),
+    ({NOUSE: ","}, set()),  # names no id: denies nothing
+    ({NOUSE: "n1-mthreads-0"}, {0}),
+])
+def test_card_selection_reads_as_hami(annotations: dict[str, str], denied_cards: set[int]) -> None:
+    from shared.domain.fit import denied_cards as deny
+    from tests.unit._k8s import cards
+
+    assert deny(cards(96, 2), annotations) == denied_cards
