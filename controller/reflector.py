@@ -211,6 +211,7 @@ class Reflector:
     async def run(self) -> None:
         backoff = Backoff()
         while True:
+            mark: tuple[int, str] | None = None  # (events, resourceVersion) when the watch began
             try:
                 # the view stays the one from before this list until on_sync is done: not live meanwhile
                 self.live_since = None
@@ -228,10 +229,19 @@ class Reflector:
                 self._working()
                 for cb in self.on_resync:
                     cb()
-                backoff.reset()
+                mark = (self.events, self.resource_version)
                 await self._watch()
             except Gone:
-                log.info("%s: resourceVersion %s expired (410): re-listing", self.name, self.resource_version)
+                if mark is not None and mark != (self.events, self.resource_version):
+                    backoff.reset()  # the watch moved on from the list, then its version expired: re-list at once
+                    log.info("%s: resourceVersion %s expired (410): re-listing", self.name, self.resource_version)
+                else:
+                    # 410 before any event or bookmark since the list (a watch cache that stays behind, a proxy):
+                    # re-listed with backoff, as client-go paces its list-and-watch; at once, every pod of the
+                    # cluster was listed ~1,000 times a second (tests/unit/test_redteam_flood_relist.py)
+                    log.warning("%s: the watch answered 410 Gone before any event since the list; re-listing in "
+                                "%.1fs", self.name, backoff.delay)
+                    await backoff.sleep()
             except asyncio.CancelledError:
                 raise
             except (TimeoutError, KubeError, aiohttp.ClientError, OSError, HandlerError, ValueError) as e:
