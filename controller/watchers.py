@@ -118,6 +118,10 @@ class NodeWatcher:
         # shared.domain.reconcile.recovered_usage), so one that opens again is written whole with its holders
         # (_replace), not upserted over what it kept
         self.closed: set[str] = set()
+        # node -> what the last write of a node that offers no card under held pods was made from (its Inventory or
+        # None, the holders, whether the view was stale): each later event of the Node (status updates, anyone's
+        # label) wrote it whole again and every mirror re-read it, for as long as the pods ran (red team)
+        self.kept: dict[str, tuple[Inventory | None, dict[str, tuple[PodUsage, str]], bool]] = {}
         self.mismatch = MismatchReporter(kube, cfg)  # events, gauge and log line (controller/mismatch.py)
         # Held by each event and re-list, and by the reconciler's rebuild from its own lists: a Node change
         # handled while a rebuild runs would be overwritten by the rebuild's older copy (in Redis and in
@@ -152,9 +156,13 @@ class NodeWatcher:
                         self.vanished.discard(name)  # gone from the API: nothing comes back to wait for
                     self.known.discard(name)
                     self.closed.discard(name)
+                    self.kept.pop(name, None)
                     return
             elif not holders:
                 return
+            written = (inv, holders, bool(stale))
+            if name in self.known and self.kept.get(name) == written:
+                return  # written so already: nothing this event says changes it (the reconciler compares it)
             log.warning("node %s reports no sliced card while %d pod(s) hold cards there or bookings are in "
                         "flight: their usage is kept until they end%s", name, len(holders),
                         f" (every booking is kept: the pod view is not live, {stale})" if stale else "")
@@ -164,7 +172,10 @@ class NodeWatcher:
             await self.ledger.list_node(name)
             await self._replace(Inventory(name), holders, keep_ms, stale, lost=name in self.known)
             self.known.add(name)
+            self.kept = {n: w for n, w in self.kept.items() if n in self.known}  # (nodes removed since: forgotten)
+            self.kept[name] = written
             return
+        self.kept.pop(name, None)
         assert inv is not None
         self.last[name] = inv
         inv = self.effective(inv)
@@ -249,6 +260,7 @@ class NodeWatcher:
             self.mismatch.observe(name, n, invs.get(name))
         self.mismatch.synced(set(invs))
         self.last = {}  # force a write: the ledger may have been flushed or edited meanwhile
+        self.kept = {}
         for inv in invs.values():
             await self.apply(inv.node, inv)
         for name in set(await self.ledger.nodes()) - {n for n, i in invs.items() if offers_cards(i)}:
