@@ -70,3 +70,44 @@ async def test_a_410_after_the_watch_moved_on_relists_at_once(serve: Any, caplog
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert "expired (410): re-listing" in caplog.text and "before any event" not in caplog.text
+
+
+async def test_a_handler_that_keeps_failing_does_not_reopen_the_watch_in_a_tight_loop(serve: Any) -> None:
+    """Redis down: the first event of each resumed stream cannot be handled (replayed on the next). Each stream
+    opened 200 reset the backoff, so the watch was opened again every 0.2 s, each time sent every event since
+    the last handled version, for as long as Redis was away."""
+    event = b'{"type":"ADDED","object":{"metadata":{"name":"p","uid":"u","resourceVersion":"6"}}}\n'
+
+    async def handler(req: web.Request) -> web.Response:
+        if req.query.get("watch") == "true":
+            return web.Response(body=event, content_type="application/json")
+        return _empty_list(req)
+
+    async def redis_down(kind: str, obj: dict[str, Any]) -> None:
+        raise ConnectionError("Redis is away")
+
+    kube, api = await serve(handler)
+    r = Reflector(kube, "/api/v1/pods", redis_down, _nothing, "pods")
+    task = await _run_for(r, 3.0)
+    assert task.cancelled()  # still running
+    assert api.watches <= 6, api.watches  # 0.2 + 0.4 + 0.8 + 1.6 s of backoff (was: one every 0.2 s)
+    assert r.resource_version == "5" and "Redis is away" in r.problem(0)  # replayed, not skipped
+
+
+async def test_the_backoff_of_streams_that_end_at_once_keeps_growing(serve: Any, caplog: Any) -> None:
+    """A stream opened after a short one counts as working once held open 1 s; its timer was left running through
+    the backoff slept after it ended, so from the 1.6 s wait on the backoff started over at 0.2 s (and the stream
+    was said to work) instead of growing to its 10 s."""
+    caplog.set_level(logging.WARNING, "mtsched.reflector")
+
+    async def handler(req: web.Request) -> web.Response:
+        if req.query.get("watch") == "true":
+            return web.Response(body=b"", content_type="application/json")  # 200, ends at once
+        return _empty_list(req)
+
+    kube, _ = await serve(handler)
+    r = Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes")
+    await _run_for(r, 4.5)
+    waits = [float(m.rsplit(" in ", 1)[1].rstrip("s")) for m in caplog.messages if "resuming from" in m]
+    assert len(waits) >= 5 and waits == sorted(waits), waits
+    assert "stream failing" in r.problem(1.5)
