@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from controller.extender import EVENT_BURST
 from deploy.local.controlplane import ControlPlane
 from deploy.local.identities import Identities, provision
 from shared.kube import Kube
@@ -62,3 +63,20 @@ async def test_a_pod_that_never_fits_keeps_one_event_however_often_it_is_filtere
     got = events()
     assert len(got) == 1, [(e["metadata"]["name"], e["message"]) for e in got]
     assert CFG.scheduler_name in got[0]["source"]["component"]
+
+
+async def test_a_pod_whose_filter_message_keeps_changing_gets_a_bounded_number_of_events(
+        control_plane: ControlPlane, namespace: str, extender_kube: Kube) -> None:
+    """Under churn the text of a pending pod's FilteringFailed changes from one filter to the next (which nodes lack
+    memory, which cores): each text was a new event, one per filter (kube-scheduler retries such a pod every few
+    seconds, and sooner after each of our nudges), where kube-scheduler's own events on a pod are rate-limited."""
+    ext = extender(kube=extender_kube)  # type: ignore[arg-type]
+    uid = str(uuid.uuid4())
+    waiting = pod(uid)
+    waiting["metadata"]["namespace"] = namespace
+    for i in range(12):  # each filter's failures name other nodes: another message each time
+        assert ext.filter({"Pod": waiting, "NodeNames": [f"gone-{i}"]})["NodeNames"] == []
+    await asyncio.gather(*ext._events)
+    got = control_plane.api("GET", f"/api/v1/namespaces/{namespace}/events")["items"]
+    mine = [e for e in got if e["involvedObject"].get("uid") == uid and e["reason"] == "FilteringFailed"]
+    assert 1 <= len(mine) <= EVENT_BURST, [e["message"] for e in mine]
