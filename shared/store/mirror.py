@@ -582,8 +582,10 @@ class Mirror:
                         log.warning("mirror's feed connection was re-established: re-reading everything%s",
                                     f" in {backoff.delay:.1f}s" if up_since is not None else "")
                         if up_since is not None:  # lost again soon after the last time: paced as a loss
+                            self.ready.clear()  # (what was published meanwhile is lost: not in sync until read)
                             await backoff.sleep()
                         await self.resync(full=True)
+                        self.ready.set()
                         up_since = loop.time()
                         for cb in self.on_reconnect:
                             cb()
