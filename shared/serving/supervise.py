@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -54,6 +55,12 @@ def backoff_delay(attempt: int, first: float = 0.2, most: float = 10.0) -> float
     return min(most, first * (1 << min(max(attempt, 0), 30)))
 
 
+def jittered(delay: float) -> float:
+    """A wait between half and all of `delay`: processes that lost a server at the same moment (every watcher,
+    mirror and node agent of a cluster) do not all ask it again at the same instants when it is back."""
+    return delay * (0.5 + 0.5 * random.random())
+
+
 class Backoff:
     """The waits of one retry loop (backoff_delay); `reset()` once a try worked, so the next failure
     waits `first` again."""
@@ -63,7 +70,7 @@ class Backoff:
 
     @property
     def delay(self) -> float:
-        """What the next `sleep()` waits (for the log line before it)."""
+        """What the next `sleep()` waits at most (for the log line before it; jittered: half of it at least)."""
         return backoff_delay(self.attempt, self.first, self.most)
 
     def reset(self) -> None:
@@ -71,7 +78,7 @@ class Backoff:
 
     async def sleep(self, stop: asyncio.Event | None = None) -> None:
         """Wait the next delay; with `stop`, raise Stopped as soon as it is set (SIGTERM during a retry loop)."""
-        delay = self.delay
+        delay = jittered(self.delay)
         self.attempt += 1
         if stop is None:
             await asyncio.sleep(delay)
@@ -187,7 +194,7 @@ class Supervisor:
                         "transient" if transient else f"{st.failures}/{self.max_failures}", delay,
                         exc_info=error if not transient else None)
             TASK_UP.labels(name).set(0)
-            await asyncio.sleep(delay)
+            await asyncio.sleep(jittered(delay))
             TASK_UP.labels(name).set(1)
 
     def note_ok(self, name: str) -> None:
