@@ -89,6 +89,11 @@ BODY_LIMIT = 32 * 1024 * 1024  # client_max_size: ExtenderArgs with a whole Node
 POD_CACHE_BYTES = 16 * 1024 * 1024  # pods seen in filter, kept for bind
 POD_ENTRY_BYTES = 256 * 1024  # a larger entry is not kept: bind reads that pod from the API server
 EVENT_MEMO_BYTES = 2 * 1024 * 1024  # (pod, reason, message) of recent events, to send each once a minute
+# At most EVENT_BURST events of one reason on one pod a minute, whatever their messages: under churn a pending pod's
+# FilteringFailed text changes from one filter to the next (which nodes lack what), and each text was an event per
+# filter, where kube-scheduler rate-limits its own events per object (tests/e2e/test_redteam_flood_events.py)
+EVENT_BURST = 5
+EVENT_SECONDS = 60.0
 MEMO_BYTES = 32 * 1024 * 1024  # fit and score memos (checked before each call; one call adds at most its nodes)
 CLAIM_TICK_SECONDS = 1.0  # how often claims lapse while no filter comes (expire_claims)
 CLAIM_SECONDS = 5.0  # how long filter's claim on its one returned node lasts without a bind (_claim)
@@ -186,6 +191,7 @@ class Extender:
         self._sending = 0  # bookings in mark_bound calls under way (_confirm)
         self._rebooking = 0  # bookings found gone, being booked again (_rebook)
         self._recent: ByteLRU[tuple[str, str, str], float] = ByteLRU(EVENT_MEMO_BYTES)  # -> last sent
+        self._bursts: ByteLRU[tuple[str, str], tuple[float, int]] = ByteLRU(EVENT_MEMO_BYTES // 4)  # -> minute, sent
         self.memo = FitMemo(mirror, MEMO_BYTES)  # fit() answers and node scores (controller/fit_memo.py)
         self.ranking = Ranking(mirror)  # every node in the node policy's order (controller/ranking.py)
         # node -> uid -> (request, cards) of bookings in flight here (sent, not yet in the mirror): filter and
@@ -223,8 +229,14 @@ class Extender:
         key = (str((pod.get("metadata") or {}).get("uid")), reason, message)
         now = time.monotonic()
         last = self._recent.get(key)
-        if last is not None and now - last < 60:
+        if last is not None and now - last < EVENT_SECONDS:
             return
+        since, sent = self._bursts.get(key[:2]) or (now, 0)
+        if now - since >= EVENT_SECONDS:
+            since, sent = now, 0
+        if sent >= EVENT_BURST:
+            return
+        self._bursts.put(key[:2], (since, sent + 1), 200 + len(key[0]) + len(reason))
         self._recent.put(key, now, 160 + len(key[0]) + len(reason) + len(message))
 
         async def send() -> None:

@@ -331,8 +331,15 @@ class Reflector:
                 raise
             except (TimeoutError, KubeError, aiohttp.ClientError, OSError, orjson.JSONDecodeError, ValueError,
                     HandlerError) as e:
+                if held is not None:  # ended: not taken for one held open while the backoff below is slept
+                    held.cancel()
                 if opened is not None and not isinstance(e, HandlerError):  # short, or not (open long enough)
                     short = not handled and time.monotonic() - opened < SHORT_WATCH_S
+                elif isinstance(e, HandlerError) and not handled:
+                    # its first event failed (Redis away): the next stream, which replays it, is no success when it
+                    # opens either. It reset the backoff, and the watch was opened again every 0.2 s for as long as
+                    # Redis was away (tests/unit/test_redteam_flood_relist.py)
+                    short = True
                 # A failed handler left resource_version at the event before it: resuming replays it.
                 self._failing(e)
                 if isinstance(e, HandlerError) and e.__cause__ is not None and not is_transient(e.__cause__):

@@ -126,6 +126,10 @@ class NodeWatcher:
         # shared.domain.reconcile.recovered_usage), so one that opens again is written whole with its holders
         # (_replace), not upserted over what it kept
         self.closed: set[str] = set()
+        # node -> what the last write of a node that offers no card under held pods was made from (its Inventory or
+        # None, the holders, whether the view was stale): each later event of the Node (status updates, anyone's
+        # label) wrote it whole again and every mirror re-read it, for as long as the pods ran (red team)
+        self.kept: dict[str, tuple[Inventory | None, dict[str, tuple[PodUsage, str]], bool]] = {}
         self.mismatch = MismatchReporter(kube, cfg)  # events, gauge and log line (controller/mismatch.py)
         # Held by each event and re-list, and by the reconciler's rebuild from its own lists: a Node change
         # handled while a rebuild runs would be overwritten by the rebuild's older copy (in Redis and in
@@ -160,9 +164,13 @@ class NodeWatcher:
                         self.vanished.discard(name)  # gone from the API: nothing comes back to wait for
                     self.known.discard(name)
                     self.closed.discard(name)
+                    self.kept.pop(name, None)
                     return
             elif not holders:
                 return
+            written = (inv, holders, bool(stale))
+            if name in self.known and self.kept.get(name) == written:
+                return  # written so already: nothing this event says changes it (the reconciler compares it)
             log.warning("node %s reports no sliced card while %d pod(s) hold cards there or bookings are in "
                         "flight: their usage is kept until they end%s", name, len(holders),
                         f" (every booking is kept: the pod view is not live, {stale})" if stale else "")
@@ -172,7 +180,10 @@ class NodeWatcher:
             await self.ledger.list_node(name)
             await self._replace(Inventory(name), holders, keep_ms, stale, lost=name in self.known)
             self.known.add(name)
+            self.kept = {n: w for n, w in self.kept.items() if n in self.known}  # (nodes removed since: forgotten)
+            self.kept[name] = written
             return
+        self.kept.pop(name, None)
         assert inv is not None
         self.last[name] = inv
         inv = self.effective(inv)
@@ -257,6 +268,7 @@ class NodeWatcher:
             self.mismatch.observe(name, n, invs.get(name))
         self.mismatch.synced(set(invs))
         self.last = {}  # force a write: the ledger may have been flushed or edited meanwhile
+        self.kept = {}
         for inv in invs.values():
             await self.apply(inv.node, inv)
         for name in set(await self.ledger.nodes()) - {n for n, i in invs.items() if offers_cards(i)}:
@@ -423,6 +435,10 @@ class PodWatcher:
         self.seen: dict[str, bytes] = {}  # uid -> digest of the allocation annotation already handled
         self.truth: dict[str, PodTruth] = {}  # uid -> live pod that is bound or carries a record
         self.unrecorded: dict[str, Unrecorded] = {}  # the few of them without a readable record
+        # node -> uids of `truth` naming it (nodeName or record), made on first use and kept up to date (None: to
+        # be made): holders() of a node reads its own pods, not the whole view (a re-list of Nodes asked it of
+        # every node: O(nodes x pods) on the event loop; a CPU node's status update, O(pods): red team)
+        self._by_node: dict[str, dict[str, None]] | None = None
         # unrecorded by node, made again after any change of it (None): quarantine() is asked per node,
         # for every node of a pass, and a scan of every unrecorded pod per node was O(nodes x pods)
         self._lost_by_node: dict[str, list[Unrecorded]] | None = None
@@ -456,13 +472,40 @@ class PodWatcher:
         """holders() of every node (or of `only`), in one pass over the view."""
         out: dict[str, dict[str, tuple[PodUsage, str]]] = {}
         invs = self.inventories()
-        for uid, t in self.truth.items():
+        view: Iterable[tuple[str, PodTruth]] = self.truth.items()
+        if only is not None:
+            index = self._index()
+            view = [(uid, self.truth[uid]) for node in only for uid in index.get(node, ())]
+        for uid, t in view:
             usage = t.usage
             if usage is None and t.unrecorded is not None:
                 usage = recovered_usage(t.unrecorded, invs.get(t.node))
             if usage is not None and (only is None or usage.node in only):
                 out.setdefault(usage.node, {})[uid] = (usage, t.ref)
         return out
+
+    def _index(self) -> dict[str, dict[str, None]]:
+        if self._by_node is None:
+            self._by_node = {}
+            for uid, t in self.truth.items():
+                self._indexed(uid, None, t)
+        return self._by_node
+
+    def _indexed(self, uid: str, old: PodTruth | None, new: PodTruth | None) -> None:
+        """`uid`'s entry in `truth` goes from `old` to `new` (None: none): the index follows, if made."""
+        index = self._by_node
+        if index is None or old == new:
+            return
+        for t, add in ((old, False), (new, True)):
+            if t is None:
+                continue
+            for node in {t.node, t.usage.node if t.usage is not None else t.node}:
+                if add:
+                    index.setdefault(node, {})[uid] = None
+                elif (uids := index.get(node)) is not None:
+                    uids.pop(uid, None)
+                    if not uids:
+                        del index[node]
 
     def quarantine(self, node: str) -> str:
         """Why `node` must offer no card: pods hold cards there that nobody can account for."""
@@ -499,7 +542,7 @@ class PodWatcher:
             self.untried.pop(uid, None)
         raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATED)
         if not node and raw is None:
-            self.truth.pop(uid, None)
+            self._indexed(uid, self.truth.pop(uid, None), None)
             if self.unrecorded.pop(uid, None) is not None:
                 self._lost_by_node = None
             return None
@@ -514,6 +557,7 @@ class PodWatcher:
         if node and usage is None:
             unrecorded = unaccounted(pod, self.cfg)
         truth = PodTruth(pod_ref(pod), node, usage, opaque, unrecorded)
+        self._indexed(uid, self.truth.get(uid), truth)
         self.truth[uid] = truth
         if (uid in self.unrecorded) != (unrecorded is not None):
             self.unaccounted_changed(node)
@@ -535,7 +579,7 @@ class PodWatcher:
         self.waiting.discard(uid)
         self.untried.pop(uid, None)
         self.seen.pop(uid, None)
-        self.truth.pop(uid, None)
+        self._indexed(uid, self.truth.pop(uid, None), None)
         self.deferred.pop(uid, None)
         bound_to = (pod.get("spec") or {}).get("nodeName")
         hint = bound_to if isinstance(bound_to, str) else None
@@ -779,6 +823,7 @@ class PodWatcher:
         Reservations of pods that vanished unseen are the reconciler's (woken by the reflector)."""
         self.seen = {}
         self.truth = {}
+        self._by_node = None
         self.unrecorded = {}
         # `deferred` is kept: each listed pod is judged again below (a record keeps its due), and an entry of
         # a pod the list lacks finds no truth when due and is dropped

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -66,6 +67,12 @@ def backoff_delay(attempt: int, first: float = 0.2, most: float = 10.0) -> float
     return min(most, first * (1 << min(max(attempt, 0), 30)))
 
 
+def jittered(delay: float) -> float:
+    """A wait between half and all of `delay`: processes that lost a server at the same moment (every watcher,
+    mirror and node agent of a cluster) do not all ask it again at the same instants when it is back."""
+    return delay * (0.5 + 0.5 * random.random())
+
+
 class Backoff:
     """The waits of one retry loop (backoff_delay); `reset()` once a try worked, so the next failure
     waits `first` again."""
@@ -75,17 +82,17 @@ class Backoff:
 
     @property
     def delay(self) -> float:
-        """What the next `sleep()` waits (for the log line before it)."""
+        """What the next `sleep()` waits at most (for the log line before it; jittered: half of it at least)."""
         return backoff_delay(self.attempt, self.first, self.most)
 
     def reset(self) -> None:
         self.attempt = 0
 
     async def sleep(self, stop: asyncio.Event | None = None, after: BaseException | None = None) -> None:
-        """Wait the next delay, or what the API server asked for when `after` (the failure) was answered with a
-        Retry-After (`asked_wait`) if that is longer; with `stop`, raise Stopped as soon as it is set (SIGTERM
-        during a retry loop)."""
-        delay = max(self.delay, asked_wait(after))
+        """Wait the next delay (drawn by `jittered`), or what the API server asked for when `after` (the failure)
+        was answered with a Retry-After (`asked_wait`) if that is longer; with `stop`, raise Stopped as soon as it
+        is set (SIGTERM during a retry loop)."""
+        delay = max(jittered(self.delay), asked_wait(after))
         self.attempt += 1
         if stop is None:
             await asyncio.sleep(delay)
@@ -196,7 +203,8 @@ class Supervisor:
                 TASK_UP.labels(name).set(0)
                 self.failed.set()
                 return
-            delay = max(backoff_delay(st.failures - 1, most=self.max_backoff), asked_wait(error))
+            # the backoff jittered, a Retry-After not (the server asked for that much)
+            delay = max(jittered(backoff_delay(st.failures - 1, most=self.max_backoff)), asked_wait(error))
             log.warning("task %s stopped (%s, %s); restarting in %.1fs", name, st.last_error,
                         "transient" if transient else f"{st.failures}/{self.max_failures}", delay,
                         exc_info=error if not transient else None)

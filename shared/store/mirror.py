@@ -70,6 +70,11 @@ FULL_EVERY = 10
 # NAT's entry dropped) reads nothing and raises nothing, so without this the mirror would stay "ready" on a feed
 # that no longer comes, current only through its periodic resyncs. Reconnecting re-reads everything.
 FEED_SILENCE_SECONDS = 10.0
+# A feed connection counts as working (the backoff of the next loss starts over) once it has stayed up this long
+# after the re-read that followed its (re)subscribe: one that Redis drops again at once (its pubsub output buffer
+# limit, a proxy) was re-read whole 0.2 s after each loss, on every replica
+# (tests/redis/test_redteam_flood_feed_reconnect.py)
+FEED_WORKS_SECONDS = 5.0
 
 
 class FeedSilent(rexc.ConnectionError):
@@ -548,9 +553,9 @@ class Mirror:
                     for cb in self.on_first_sync:
                         cb()
                 self._subscribed_once = True
-                backoff.reset()
                 loop = asyncio.get_running_loop()
                 next_resync = loop.time() + self.resync_seconds
+                up_since: float | None = loop.time()  # None once it has worked FEED_WORKS_SECONDS
                 self._hear()
                 while True:
                     # every reply counts as a sign of life, so none is ignored here (a RESP3 pong, "PONG" as
@@ -569,10 +574,19 @@ class Mirror:
                         await pubsub.ping()  # only sent: its reply comes back like a message
                         self.pings += 1
                         self._pinged = loop.time()
+                    if up_since is not None and loop.time() - up_since >= FEED_WORKS_SECONDS:
+                        backoff.reset()
+                        up_since = None
                     if self._reconnected:
                         self._reconnected = False
-                        log.warning("mirror's feed connection was re-established: re-reading everything")
+                        log.warning("mirror's feed connection was re-established: re-reading everything%s",
+                                    f" in {backoff.delay:.1f}s" if up_since is not None else "")
+                        if up_since is not None:  # lost again soon after the last time: paced as a loss
+                            self.ready.clear()  # (what was published meanwhile is lost: not in sync until read)
+                            await backoff.sleep()
                         await self.resync(full=True)
+                        self.ready.set()
+                        up_since = loop.time()
                         for cb in self.on_reconnect:
                             cb()
                         self._hear()  # a PING sent on the connection that was replaced is not waited for

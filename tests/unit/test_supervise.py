@@ -210,6 +210,7 @@ async def test_backoff_doubles_until_reset(monkeypatch: pytest.MonkeyPatch) -> N
         slept.append(d)
 
     monkeypatch.setattr("shared.serving.supervise.asyncio.sleep", sleep)
+    monkeypatch.setattr("shared.serving.supervise.random.random", lambda: 1.0)  # (no jitter: the whole delays)
     b = Backoff(0.5, 3.0)
     for _ in range(4):
         await b.sleep()
