@@ -37,6 +37,7 @@ from shared.domain.quota import is_terminal
 from shared.domain.reconcile import (
     FUTURE_MS,
     Unrecorded,
+    booking_key,
     expires,
     offers_cards,
     pending_since,
@@ -888,7 +889,8 @@ class Janitor:
         # stream down, or just back and replaying), expiring it could free a running pod's cards.
         self.view_problem = view_problem or (lambda: "")
         self._held = ""  # the problem that holds expiry back, logged once per episode
-        self._since: dict[str, float] | None = None  # pending uid -> first seen, monotonic (pending_since)
+        # pending booking (booking_key) -> first seen, monotonic (pending_since)
+        self._since: dict[tuple[str, str, int], float] | None = None
 
     async def sweep(self) -> list[str]:
         # Reservations are stamped with Redis's clock, so age is measured on it: this host's may be off.
@@ -897,7 +899,7 @@ class Janitor:
             self.redis_time(now)
         gone: list[str] = []
         clock = time.monotonic()
-        ages = {r.uid: now - r.created for snap in self.mirror.nodes.values()
+        ages = {booking_key(node, r): now - r.created for node, snap in self.mirror.nodes.items()
                 for r in snap.reservations.values() if r.state == "pending"}
         since = pending_since(ages, self._since or {}, clock, first=self._since is None)
         if self.mirror.nodes:  # (a mirror not read yet, at the start, dates nothing: its whole read comes at once)
@@ -908,7 +910,8 @@ class Janitor:
             # past the TTL on Redis's clock and on ours (pending_since); and those stamped ahead of Redis's clock,
             # which expire.lua stamps anew (restamps)
             old = [r.uid for r in snap.reservations.values()
-                   if (expires(r, now, self.ttl * 1000) and clock - since[r.uid] >= self.ttl) or restamps(r, now)]
+                   if (expires(r, now, self.ttl * 1000) and clock - since[booking_key(node, r)] >= self.ttl)
+                   or restamps(r, now)]
             if old:
                 if self.before_expire is not None:
                     keep = await self.before_expire(old)
