@@ -119,9 +119,10 @@ def pending_since(ages: Mapping[K, int], before: Mapping[K, float], clock: float
             for u, age in ages.items()}
 
 
-def booking_key(node: str, r: Reservation) -> tuple[str, str, int]:
-    """What `pending_since` dates: one booking (a pod's on another node, or booked anew, is another one)."""
-    return node, r.uid, r.created
+def booking_key(node: str, r: Reservation) -> tuple[str, str, int, int]:
+    """What `pending_since` dates: one booking as Redis last stamped it (a pod's on another node, one booked anew,
+    or one a later bind attempt took over, with its settle_by, is another one)."""
+    return node, r.uid, r.created, r.settle_by
 
 
 def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holders: Mapping[str, PodUsage],

@@ -60,3 +60,42 @@ async def test_a_pods_new_booking_on_another_node_is_dated_on_its_own(
     # and the new one ends too, a TTL after the janitor first saw it, if its binder died as well
     clock[0] += CFG.pending_ttl_seconds
     assert await janitor.sweep() == ["p1"]
+
+
+async def test_a_booking_a_later_bind_attempt_took_over_is_dated_from_that_attempt(
+        ledger: Ledger, redis_client: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on one node: a later attempt of the pod takes over its pending booking (reserve's `existing`),
+    stamping only its settle_by, which no feed message brings; the janitor dated the booking from the first."""
+    clock = [5000.0]
+    monkeypatch.setattr(watchers.time, "monotonic", lambda: clock[0])
+    await ledger.upsert_node(inventory("tj-c", S4000, n=1))
+    mirror = Mirror(ledger)
+    await mirror.resync(full=True)
+    janitor = Janitor(ledger, mirror, CFG)
+    assert await janitor.sweep() == []
+    first, _ = await ledger.reserve("tj-c", "p1", [0], S4000, 16, 1, pod="ns/p1", hold_ms=HOLD_MS)
+    assert first.ok
+    await step_forward(redis_client, ledger, "tj-c", "p1", STEP_MS)  # (Redis's clock ahead, as above)
+    await mirror.resync(full=True)
+    assert await janitor.sweep() == []
+    clock[0] += CFG.pending_ttl_seconds - 5.0
+    assert await janitor.sweep() == []
+    # the first attempt's outcome was unknown, so the booking stayed; a later attempt takes it over, its Binding
+    # in flight (its settle_by moved back by the step as well: only settle_by, which the mirror does not learn)
+    again, _ = await ledger.reserve("tj-c", "p1", [0], S4000, 16, 1, pod="ns/p1", hold_ms=HOLD_MS)
+    assert again.ok and again.existing
+    key = ledger.keys.res("tj-c", "p1")
+    settle_by = int(await redis_client.hget(key, "settle_by"))  # type: ignore[misc]
+    await redis_client.hset(key, "settle_by", settle_by - STEP_MS)  # type: ignore[misc]
+    clock[0] += 5.0
+    assert await janitor.sweep() == [], "the janitor released a booking whose later attempt's Binding is in flight"
+    taken, _ = await ledger.reserve("tj-c", "p2", [0], S4000, 16, 1, pod="ns/p2", hold_ms=HOLD_MS)
+    assert not taken.ok, "a second pod booked the card p1's Binding is about to take: two pods over one card"
+    # its binder died too: it ends a TTL after the janitor first saw that attempt, and the mirror's copy, still the
+    # first attempt's, does not hold it for ever
+    for _ in range(3):
+        clock[0] += CFG.pending_ttl_seconds / 2
+        if await janitor.sweep() == ["p1"]:
+            break
+    else:
+        raise AssertionError("the booking was never expired")
