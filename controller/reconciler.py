@@ -39,7 +39,7 @@ from shared.domain.reconcile import (
 from shared.domain.state import NodeSnapshot
 from shared.domain.timing import KEEP_MS
 from shared.domain.trust import foreign_fate, foreign_record
-from shared.kube import Kube, KubeError
+from shared.kube import Kube, KubeError, the_list
 from shared.serving.metrics import (
     ANNOTATION_ERRORS,
     LEDGER_REBUILDS,
@@ -182,7 +182,7 @@ class Reconciler:
             pods: list[dict[str, Any]] = []
             for node in nodes:
                 got = await self.kube.request("GET", "/api/v1/pods", query={"fieldSelector": f"spec.nodeName={node}"})
-                pods.extend(got.get("items") or [])
+                pods.extend(the_list(got, f"GET pods on {node}"))  # (else 502, never "no pods")
         else:  # one list of every pod rather than thousands of small ones
             pods, _ = await self.pods.reflector.list()
         wanted = set(nodes)

@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 
 from shared.domain.throttle import retry_after_s
-from shared.kube import BadAnswer, Kube, KubeError
+from shared.kube import BadAnswer, Kube, KubeError, the_list
 from shared.serving.metrics import WATCH_RELISTS, WATCH_RESUMES
 from shared.serving.supervise import Backoff, asked_wait, is_transient
 
@@ -186,10 +186,7 @@ class Reflector:
                     await backoff.sleep()
                 items, cont, restarts = [], "", restarts + 1
                 continue
-            got = page.get("items") if isinstance(page, dict) else None
-            if not isinstance(got, list | None):
-                raise BadAnswer(f"GET {self.path}: the answer has no list of items")
-            items.extend(self.shape(item) for item in got or [])
+            items.extend(self.shape(item) for item in the_list(page, f"GET {self.path}"))  # (else 502: no list)
             cont = (page.get("metadata") or {}).get("continue") or ""
             if not cont:
                 return items, str((page.get("metadata") or {}).get("resourceVersion") or "")

@@ -37,6 +37,7 @@ from shared.domain.quota import is_terminal
 from shared.domain.reconcile import (
     FUTURE_MS,
     Unrecorded,
+    booking_key,
     expires,
     offers_cards,
     pending_since,
@@ -933,7 +934,8 @@ class Janitor:
         # stream down, or just back and replaying), expiring it could free a running pod's cards.
         self.view_problem = view_problem or (lambda: "")
         self._held = ""  # the problem that holds expiry back, logged once per episode
-        self._since: dict[str, float] | None = None  # pending uid -> first seen, monotonic (pending_since)
+        # pending booking (booking_key) -> first seen, monotonic (pending_since)
+        self._since: dict[tuple[str, str, int, int], float] | None = None
 
     async def sweep(self) -> list[str]:
         # Reservations are stamped with Redis's clock, so age is measured on it: this host's may be off.
@@ -942,9 +944,12 @@ class Janitor:
             self.redis_time(now)
         gone: list[str] = []
         clock = time.monotonic()
-        ages = {r.uid: now - r.created for snap in self.mirror.nodes.values()
+        ages = {booking_key(node, r): now - r.created for node, snap in self.mirror.nodes.items()
                 for r in snap.reservations.values() if r.state == "pending"}
         since = pending_since(ages, self._since or {}, clock, first=self._since is None)
+        # and the dates of stamps only a fresh read showed (below), while their booking is pending in the mirror
+        live = {k[:2] for k in ages}
+        since.update((k, at) for k, at in (self._since or {}).items() if k not in since and k[:2] in live)
         if self.mirror.nodes:  # (a mirror not read yet, at the start, dates nothing: its whole read comes at once)
             self._since = since
         for node, snap in list(self.mirror.nodes.items()):
@@ -952,8 +957,25 @@ class Janitor:
                 continue
             # past the TTL on Redis's clock and on ours (pending_since); and those stamped ahead of Redis's clock,
             # which expire.lua stamps anew (restamps)
-            old = [r.uid for r in snap.reservations.values()
-                   if (expires(r, now, self.ttl * 1000) and clock - since[r.uid] >= self.ttl) or restamps(r, now)]
+            due = [r.uid for r in snap.reservations.values()
+                   if expires(r, now, self.ttl * 1000) and clock - since[booking_key(node, r)] >= self.ttl]
+            if due:
+                # A later bind attempt that takes over the booking (reserve's `existing`) stamps a new settle_by
+                # and sends no feed message: the mirror's copy still bears the first attempt's, dated long ago.
+                # Asked of Redis itself, a stamp not dated yet is dated now (a step of Redis's clock forward would
+                # otherwise free the card that attempt's Binding is about to take)
+                try:
+                    fresh = await self.ledger.snapshot(node, give_up=slot_moving)
+                except RESEND as e:  # (as Ledger._retry raised it)
+                    if not slot_moving(e):
+                        raise
+                    continue  # its slot is moving: the other nodes are swept
+                held = fresh.reservations if fresh is not None else {}
+                for uid in due:
+                    if uid in held:
+                        since.setdefault(booking_key(node, held[uid]), clock)
+                due = [u for u in due if u in held and clock - since[booking_key(node, held[u])] >= self.ttl]
+            old = due + [r.uid for r in snap.reservations.values() if restamps(r, now) and r.uid not in due]
             if old:
                 if self.before_expire is not None:
                     keep = await self.before_expire(old)

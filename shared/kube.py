@@ -102,6 +102,22 @@ def _the_object(answer: Any, kind: str, name: str, namespace: str | None, what: 
     raise KubeError(502, {"message": f"the answer is not the {kind} asked for: {str(answer)[:200]}"}, what)
 
 
+def the_list(answer: Any, what: str) -> list[Any]:
+    """The items of a list's page, or a 502 as `_the_object`'s: a success answer that is no list (`{}`, a Status,
+    an object, from a misbehaving proxy) read as an empty list said "no pods": the watchers' re-list emptied their
+    view (its quarantines lifted) and went on watching from no version, the reconciler's consistent read of a node
+    (what verifies it after a Redis failover) missed the Bindings it exists to catch. Every list page the API
+    server sends is a *List with its metadata and its items (null: none)."""
+    if not isinstance(answer, dict) or "items" not in answer:
+        raise KubeError(502, {"message": f"the answer is not a list: {str(answer)[:200]}"}, what)
+    items, kind = answer["items"], answer.get("kind", "List")
+    if not isinstance(items, list | None):
+        raise BadAnswer(f"{what}: the answer has no list of items")
+    if isinstance(answer.get("metadata"), dict) and isinstance(kind, str) and kind.endswith("List"):
+        return items or []
+    raise KubeError(502, {"message": f"the answer is not a list: {str(answer)[:200]}"}, what)
+
+
 def _bypassed_by_cidr(host: str | None) -> bool:
     """Whether NO_PROXY names the API server's address by a CIDR (`10.96.0.0/12`, the usual way to exempt a
     cluster's service network): Go's clients match those, Python's proxy lookup only host names and

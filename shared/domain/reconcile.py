@@ -13,13 +13,16 @@ the record changed since and the ledger's booking wins (`NodeDiff.kept`).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from shared.domain.annotations import PodUsage
 from shared.domain.node import Inventory
 from shared.domain.request import SliceRequest
 from shared.domain.state import NodeSnapshot, Reservation
+
+K = TypeVar("K", bound=Hashable)
 
 FUTURE_MS = 60_000  # as shared/store/lua/_lib.lua: a stamp later than now + this comes from a clock that jumped
 
@@ -103,15 +106,23 @@ def expires(r: Reservation, now_ms: int, ttl_ms: int) -> bool:
             and now_ms - r.created > ttl_ms)
 
 
-def pending_since(ages: Mapping[str, int], before: Mapping[str, float], clock: float,
-                  first: bool) -> dict[str, float]:
-    """When the janitor's own monotonic `clock` dates each pending booking (`ages`: uid -> its age on Redis's
+def pending_since(ages: Mapping[K, int], before: Mapping[K, float], clock: float, first: bool) -> dict[K, float]:
+    """When the janitor's own monotonic `clock` dates each pending booking (`ages`: booking -> its age on Redis's
     clock, ms): as `before` if seen before, else now; at the janitor's first sweep, now minus that age (it has
     nothing else to date them by). A booking is expired only once both clocks say it is past the TTL: a step
     forward of Redis's clock (an NTP step, a failover to a server ahead) ages every booking on Redis's clock at
-    once, bookings whose Binding is in flight too (red team, clocks); the host's monotonic clock does not step."""
+    once, bookings whose Binding is in flight too (red team, clocks); the host's monotonic clock does not step.
+    The janitor keys a booking by its node, uid and Redis stamp (`booking_key`), never by uid alone: a pod's new
+    booking (on another node, after its binder left the first) inherited the old one's date, and a step freed
+    the card its Binding was about to take (red team, today's changes)."""
     return {u: before[u] if u in before else clock - (max(0, age) / 1000 if first else 0.0)
             for u, age in ages.items()}
+
+
+def booking_key(node: str, r: Reservation) -> tuple[str, str, int, int]:
+    """What `pending_since` dates: one booking as Redis last stamped it (a pod's on another node, one booked anew,
+    or one a later bind attempt took over, with its settle_by, is another one)."""
+    return node, r.uid, r.created, r.settle_by
 
 
 def diff_node(node: str, snap: NodeSnapshot | None, inv: Inventory | None, holders: Mapping[str, PodUsage],
