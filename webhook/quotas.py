@@ -25,8 +25,7 @@ from urllib.parse import quote
 from shared.config import Config
 from shared.domain.admission import Decision, deny
 from shared.domain.quota import QuotaError, enforced_keys, judge_quotas, quota_view
-from shared.domain.throttle import wait_to_resend
-from shared.kube import KubeError, ServerClock
+from shared.kube import ServerClock
 from shared.serving.bounded import ByteLRU
 from shared.serving.metrics import QUOTA_CHECKS
 from shared.serving.supervise import is_transient
@@ -63,7 +62,7 @@ MAX_POD_READS = 4  # namespaces whose pods are read at once (each read serves al
 class Api(Protocol):
     async def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
                       ok: tuple[int, ...] = (200, 201), content_type: str = "application/json",
-                      timeout: float = 30.0) -> Any: ...
+                      timeout: float = 30.0, *, patience: float = 0.0) -> Any: ...
 
 
 class QuotaReader:
@@ -122,17 +121,8 @@ class QuotaReader:
 
     async def _list(self, path: str, query: Mapping[str, str] | None = None) -> tuple[list[Mapping[str, Any]], str]:
         """(items, continue token or "")."""
-        waited = 0.0
-        while True:
-            try:
-                out = await self.api.request("GET", path, query=query, timeout=READ_TIMEOUT)
-                break
-            except KubeError as e:  # a 429 is sent again after the wait it asks for, if that fits READ_PATIENCE
-                wait = wait_to_resend(e.status, e.retry_after, READ_PATIENCE - waited)
-                if wait is None:
-                    raise
-                await asyncio.sleep(wait)
-                waited += wait
+        # a 429 is sent again after the wait it asks for, if that fits READ_PATIENCE (Kube.request)
+        out = await self.api.request("GET", path, query=query, timeout=READ_TIMEOUT, patience=READ_PATIENCE)
         items = out.get("items") if isinstance(out, dict) else None
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise QuotaError(f"GET {path}: the answer has no list of items")

@@ -181,7 +181,7 @@ class Api:
 
     async def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
                       ok: tuple[int, ...] = (200, 201), content_type: str = "application/json",
-                      timeout: float = 30.0) -> Any:
+                      timeout: float = 30.0, patience: float = 0.0) -> Any:
         self.calls.append((path, dict(query or {})))
         out = self.answers[path]
         if isinstance(out, Exception):
@@ -215,7 +215,7 @@ class PodsApi(Api):
 
     async def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
                       ok: tuple[int, ...] = (200, 201), content_type: str = "application/json",
-                      timeout: float = 30.0) -> Any:
+                      timeout: float = 30.0, patience: float = 0.0) -> Any:
         if path != PODS:
             return await super().request(method, path, body, query, ok, content_type, timeout)
         self.calls.append((path, dict(query or {})))
@@ -345,7 +345,7 @@ class GatedApi(Api):
 
     async def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
                       ok: tuple[int, ...] = (200, 201), content_type: str = "application/json",
-                      timeout: float = 30.0) -> Any:
+                      timeout: float = 30.0, patience: float = 0.0) -> Any:
         if path == QUOTAS:
             self.quota_reads += 1
             await self.gate.wait()
@@ -478,7 +478,7 @@ def test_pods_of_at_most_max_pod_reads_namespaces_are_read_at_once() -> None:
 
     async def request(method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
                       ok: tuple[int, ...] = (200, 201), content_type: str = "application/json",
-                      timeout: float = 30.0) -> Any:
+                      timeout: float = 30.0, patience: float = 0.0) -> Any:
         nonlocal inflight, peak
         if not path.endswith("/pods"):
             return answers[path]

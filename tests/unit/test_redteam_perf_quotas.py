@@ -37,7 +37,7 @@ class Api:
 
     async def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
                       ok: tuple[int, ...] = (200, 201), content_type: str = "application/json",
-                      timeout: float = 30.0) -> Any:
+                      timeout: float = 30.0, patience: float = 0.0) -> Any:
         ns = path.split("/")[4]
         if path.endswith("/pods"):
             return {"items": []}
