@@ -72,6 +72,9 @@ ANNOTATION_ERRORS = Counter("mtsched_annotation_errors_total",
 REDIS_ROUND_TRIPS = Counter("mtsched_redis_round_trips_total",
                             "Calls to Redis by the ledger, one per round trip (a pipeline counts once), by operation",
                             ["op"])
+REDIS_RESENDS = Counter("mtsched_redis_resends_total",
+                        "Round trips to Redis sent again after a connection error, a timeout or a failover, by "
+                        "operation (the log names them at most once a second per operation)", ["op"])
 OVERCOMMIT = Counter("mtsched_overcommit_observed_total",
                      "Allocations observed on the API server that over-commit a card (should stay 0)")
 BIND_DEADLINE_MISSED = Counter("mtsched_bind_deadline_total",

@@ -28,7 +28,7 @@ from shared.domain.annotations import PodUsage
 from shared.domain.fit import CardNeed, Plan, Reasons
 from shared.domain.node import Inventory
 from shared.domain.state import NodeSnapshot
-from shared.serving.metrics import REDIS_EVICTED_KEYS, REDIS_ROUND_TRIPS
+from shared.serving.metrics import REDIS_EVICTED_KEYS, REDIS_RESENDS, REDIS_ROUND_TRIPS
 from shared.store.eviction import eviction_refusal, evicts_ledger
 from shared.store.keys import MOREKEYS, NOTHING, Known, Layout
 from shared.store.redis_conn import NO_OPTIONS, RedisOptions, connect, connect_subscriber, explain, is_sentinel
@@ -38,6 +38,10 @@ __all__ = ["LUA_DIR", "NO_OPTIONS", "SCRIPTS", "Ledger", "LedgerError", "RedisOp
            "connect_subscriber", "explain", "now_ms", "script_source", "scripts_digest"]
 
 log = logging.getLogger("mtsched.ledger")
+# A Redis outage makes every call in flight resend about ten times in its retry_seconds: a line each was hundreds
+# of lines a second on a busy extender. One line per operation this often (with how many it stands for); the
+# counter mtsched_redis_resends_total has them all.
+RESEND_LOG_EVERY_S = 1.0
 # A round trip Redis did not run for want of a reachable master: a lost connection, a demoted master, a
 # cluster that lost a primary or is re-forming its slot map (redis-py 7's cluster client retries these
 # 3 times in 0.75 s, 8's 10 times, so a restarted shard outlasts 7's own retries). Sending again cures them.
@@ -200,6 +204,7 @@ class Ledger:
         self.round_trips = 0  # counted for benchmarks: every call to Redis adds one
         self.connection_retries = 2  # sends again after a connection error (see _retry) ...
         self.retry_seconds = 3.0  # ... and keeps trying this long (a Sentinel failover takes seconds)
+        self._resend_said: dict[str, tuple[float, int]] = {}  # op -> (when a resend was last logged, not since)
         # told the node whenever a script on it fails because a live reshard has its keys split between two
         # shards (slot_moving): the mirror then offers it to no filter until it can read it again
         self.on_moving: list[Callable[[str], None]] = []
@@ -223,6 +228,16 @@ class Ledger:
         for name, script in self._scripts.items():
             sha = await self.redis.script_load(script.script)
             assert sha == script.sha, f"script {name}: Redis returned {sha}"
+
+    def _say_resend(self, what: str, e: BaseException, failures: int) -> None:
+        now = time.monotonic()
+        said, quiet = self._resend_said.get(what, (now - RESEND_LOG_EVERY_S, 0))
+        if now - said < RESEND_LOG_EVERY_S:
+            self._resend_said[what] = (said, quiet + 1)
+            return
+        self._resend_said[what] = (now, 0)
+        log.warning("%s: %s; sending again (%d)%s", what, e, failures,
+                    f"; {quiet} more resends of {what} in the last {now - said:.1f}s not logged" if quiet else "")
 
     async def _retry(self, what: str, op: Callable[[], Awaitable[T]],
                      give_up: Callable[[BaseException], bool] | None = None,
@@ -254,7 +269,8 @@ class Ledger:
                     if e is raw:
                         raise
                     raise e from raw
-                log.warning("%s: %s; sending again (%d)", what, e, failures)
+                REDIS_RESENDS.labels(what).inc()
+                self._say_resend(what, e, failures)
                 if resent is not None:
                     resent.append(e)
                 if isinstance(e, rexc.ReadOnlyError):
