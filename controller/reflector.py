@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from shared.domain.throttle import retry_after_s
+from shared.domain.throttle import retry_after_s, status_retry_after
 from shared.kube import BadAnswer, Kube, KubeError, the_list
 from shared.serving.metrics import WATCH_RELISTS, WATCH_RESUMES
 from shared.serving.supervise import Backoff, asked_wait, is_transient
@@ -369,7 +369,8 @@ class Reflector:
                 raise Gone()
             if obj.get("code") in (401, 403):
                 self.kube.denied()
-            raise KubeError(int(obj.get("code") or 500), obj, "watch event")
+            # a stream's error has no headers: its Status says when to come back (the watch is resumed after it)
+            raise KubeError(int(obj.get("code") or 500), obj, "watch event", status_retry_after(obj))
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if kind == "BOOKMARK":
             if rv:

@@ -24,7 +24,7 @@ from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client, config
 from yarl import URL
 
-from shared.domain.throttle import retry_after_s, wait_to_resend
+from shared.domain.throttle import retry_after_s, status_retry_after, wait_to_resend
 from shared.domain.timing import BIND_ANSWER_SLACK_S, BIND_CONNECT_S, BIND_MIN_LEFT_S
 
 log = logging.getLogger("mtsched.kube")
@@ -311,8 +311,9 @@ class Kube:
             if resp.status not in ok:
                 if resp.status in (401, 403):
                     self.denied()
+                asked = retry_after_s(resp.headers.get("Retry-After"))
                 raise KubeError(resp.status, decoded, f"{method} {path}",
-                                retry_after_s(resp.headers.get("Retry-After")))
+                                status_retry_after(decoded) if asked is None else asked)
             return decoded
 
     # -- the few calls the roles make ----------------------------------------------------------

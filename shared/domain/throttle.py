@@ -24,6 +24,17 @@ def retry_after_s(value: str | None) -> float | None:
     return min(max(seconds, RETRY_AFTER_MIN_S), RETRY_AFTER_MAX_S)
 
 
+def status_retry_after(status: object) -> float | None:
+    """The wait a Status object asks for in `details.retryAfterSeconds` (as retry_after_s bounds it): all a watch
+    stream's ERROR event can say (it has no headers), and the body's copy of a Retry-After a proxy dropped. The API
+    server sets it on its 429s and on its 504 "Too large resource version" (a replica behind the version asked)."""
+    details = status.get("details") if isinstance(status, dict) else None
+    asked = details.get("retryAfterSeconds") if isinstance(details, dict) else None
+    if isinstance(asked, bool) or not isinstance(asked, int | float):
+        return None
+    return retry_after_s(str(asked))
+
+
 def wait_to_resend(status: int, retry_after: float | None, left: float) -> float | None:
     """How long to wait before sending again a request answered `status`, with `left` seconds for it; None: do
     not send it again. Only a 429 that says when (the request was not handled) and only when the wait fits."""

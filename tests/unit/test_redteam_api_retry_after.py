@@ -18,11 +18,18 @@ import asyncio
 import time
 from typing import Any
 
+import orjson
 import pytest
 from aiohttp import web
 
 from controller.reflector import Reflector
-from shared.domain.throttle import RETRY_AFTER_MAX_S, RETRY_AFTER_MIN_S, retry_after_s, wait_to_resend
+from shared.domain.throttle import (
+    RETRY_AFTER_MAX_S,
+    RETRY_AFTER_MIN_S,
+    retry_after_s,
+    status_retry_after,
+    wait_to_resend,
+)
 from shared.kube import KubeError, Shed
 from shared.serving.supervise import Supervisor
 from tests._wait import eventually
@@ -198,3 +205,50 @@ async def test_a_page_answered_429_is_asked_again_not_the_whole_list(serve: Any)
     items, rv = await Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes", page_size=1).list()
     assert [i["metadata"]["name"] for i in items] == ["n1", "n2", "n3"] and rv == "7"
     assert asked == ["first", "2", "2", "3"], asked  # (was: a KubeError, and run() listed again from the first page)
+
+
+def test_a_status_says_when_in_its_details() -> None:
+    assert status_retry_after({"details": {"retryAfterSeconds": 2}}) == 2.0
+    assert status_retry_after({"details": {"retryAfterSeconds": 0}}) == RETRY_AFTER_MIN_S
+    assert status_retry_after({"details": {"retryAfterSeconds": 10**9}}) == RETRY_AFTER_MAX_S
+    for junk in (None, "x", {}, {"details": None}, {"details": {"retryAfterSeconds": "2"}},
+                 {"details": {"retryAfterSeconds": True}}, {"details": {"retryAfterSeconds": -1}}, []):
+        assert status_retry_after(junk) is None, junk
+
+
+@pytest.mark.parametrize("code", [429, 504])
+async def test_a_watch_streams_error_event_says_when_to_resume(serve: Any, code: int) -> None:
+    """A stream's ERROR event has no headers; its Status's details.retryAfterSeconds is all it says (the API server's
+    504 "Too large resource version" asks for 1 s). Was: the watch was resumed after the backoff's 0.2 s."""
+    asked: list[float] = []
+    status = {**TOO_MANY, "code": code, "details": {"retryAfterSeconds": 2}}
+
+    async def handler(req: web.Request) -> web.Response:
+        if req.query.get("watch") != "true":
+            return _empty_list(req)
+        asked.append(time.monotonic())
+        if len(asked) == 1:
+            return web.Response(body=orjson.dumps({"type": "ERROR", "object": status}) + b"\n",
+                                content_type="application/json")
+        await asyncio.sleep(30)  # then open and quiet
+        return _empty_list(req)
+
+    kube, _ = await serve(handler)
+    r = Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes")
+    task = asyncio.create_task(r.run())
+    try:
+        await eventually(lambda: len(asked) >= 2, within=10, what="the watch resumed")
+        assert asked[1] - asked[0] >= 2.0 - 0.05, asked[1] - asked[0]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_429_whose_retry_after_only_its_body_carries_is_sent_again(serve: Any) -> None:
+    """A proxy that drops the Retry-After header leaves the Status's details.retryAfterSeconds: a Binding is sent
+    again after it (was: failed at once, as a 429 that says nothing of when)."""
+    body_only = web.json_response({**TOO_MANY, "details": {"retryAfterSeconds": 1}}, status=429)
+    out, seen = await _bind_against(serve, [body_only], [])
+    assert out == {"Error": ""}, out
+    sent = [t for what, t in seen if what.endswith("/binding")]
+    assert len(sent) == 2 and sent[1] - sent[0] >= 1.0 - 0.05, seen
