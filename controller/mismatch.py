@@ -1,7 +1,8 @@
 """Mismatches are loud: a node that reports sliced cards but offers none because its capacity, its
 `mthreads.com/sgpu.cores` label or its card model disagrees with the configuration (an S5000 under
 `memoryPerCard: [96]`) stays closed (fail closed, shared/domain/node.py), and is made visible where an
-operator looks: a Warning event on the Node once per distinct problem (at most one a minute per node), the gauge
+operator looks: a Warning event on the Node once per distinct problem (at most one a minute per node; a problem
+held back by that limit is reported when the minute ends, if it still holds), the gauge
 `mtsched_node_mismatch{reason}`, and one summary line in the log after the first list. (The admission
 warning is shared/domain/admission.py's; `mtsched explain` shows the node's problem too.)
 
@@ -11,7 +12,8 @@ event expires (the API server's event TTL, one hour by default).
 
 A node the device plugin reports unhealthy devices on (allocatable below capacity, not covered by cordoned cards)
 also offers no card. That is no configuration mismatch, but an operator must see it the same ways: the gauge
-`mtsched_nodes_devices_unhealthy`, a `NodeDevicesUnhealthy` Warning event (the same limits), and the alert
+`mtsched_nodes_devices_unhealthy`, a `NodeDevicesUnhealthy` Warning event (the same limits, counted apart from the
+mismatch events: a node whose mismatch turns into unhealthy devices within the minute reports both), and the alert
 MtschedNodeDevicesUnhealthy.
 """
 
@@ -80,7 +82,10 @@ class MismatchReporter:
         self.listed = False
         self.sent = 0
         self._tasks: set[asyncio.Task[None]] = set()
-        self._event_at: dict[str, float] = {}  # node -> when its last event was sent (monotonic)
+        # (node, mismatch or not) -> when its last event was sent (monotonic)
+        self._event_at: dict[tuple[str, bool], float] = {}
+        # an event the limit held back: the timer that sends the node's problem then (if it still holds), its uid
+        self._owed: dict[tuple[str, bool], tuple[asyncio.TimerHandle, str]] = {}
         self._gauge()
 
     def _gauge(self) -> None:
@@ -96,7 +101,7 @@ class MismatchReporter:
         now = (inv.problem, inv.error) if inv is not None and inv.problem else None
         before = self.problems.get(name)
         if inv is None:  # deleted: nothing of it kept (a cluster whose nodes churn kept one entry per name ever)
-            self._event_at.pop(name, None)
+            self._forget(name)
         sick = inv.error if inv is not None and inv.error and not inv.problem else ""
         if sick != self.unhealthy.get(name, ""):
             if sick:
@@ -126,19 +131,46 @@ class MismatchReporter:
         self._event(name, node, *now)
 
     def _event(self, name: str, node: Mapping[str, Any] | None, kind: str, error: str) -> None:
-        """A Warning event on the node, at most one per EVENT_EVERY_SECONDS per node (mismatch or not)."""
+        """A Warning event on the node, at most one per EVENT_EVERY_SECONDS per node and sort (mismatch or not).
+        One held back is owed: sent when the limit allows, if the node still has that sort of problem (was: lost
+        for good, the problem reported by no event however long it lasted)."""
         if self.kube is None or not self.cfg.events_enabled:
             return
-        clock = time.monotonic()
-        if clock - self._event_at.get(name, -EVENT_EVERY_SECONDS) < EVENT_EVERY_SECONDS:
-            log.info("node %s: its problem changed again within %gs: no new event (%s: %s)", name,
-                     EVENT_EVERY_SECONDS, kind or "unhealthy", error)
-            return
-        self._event_at[name] = clock
+        key = (name, bool(kind))
         uid = str(((node or {}).get("metadata") or {}).get("uid") or "")
+        clock = time.monotonic()
+        wait = self._event_at.get(key, clock - EVENT_EVERY_SECONDS) + EVENT_EVERY_SECONDS - clock
+        owed = self._owed.pop(key, None)
+        if owed is not None:
+            owed[0].cancel()
+        if wait > 0:
+            self._owed[key] = (asyncio.get_running_loop().call_later(wait, self._due, key), uid)
+            log.info("node %s: its problem changed again within %gs: its event follows in %.0fs if it lasts "
+                     "(%s: %s)", name, EVENT_EVERY_SECONDS, wait, kind or "unhealthy", error)
+            return
+        self._event_at[key] = clock
         task = asyncio.create_task(self._send(name, uid, kind, error))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _due(self, key: tuple[str, bool]) -> None:
+        """An owed event: the node's problem of that sort now, if it still has one."""
+        owed = self._owed.pop(key, None)
+        name, mismatch = key
+        if owed is None:
+            return
+        if mismatch:
+            if name in self.problems:
+                self._event(name, {"metadata": {"uid": owed[1]}}, *self.problems[name])
+        elif self.unhealthy.get(name):
+            self._event(name, {"metadata": {"uid": owed[1]}}, "", self.unhealthy[name])
+
+    def _forget(self, name: str) -> None:
+        for key in ((name, True), (name, False)):
+            self._event_at.pop(key, None)
+            owed = self._owed.pop(key, None)
+            if owed is not None:
+                owed[0].cancel()
 
     def synced(self, names: set[str]) -> None:
         """After a (re-)list of `names`: forget nodes that are gone; after the first, one summary line."""
@@ -146,8 +178,8 @@ class MismatchReporter:
             self.problems.pop(gone)
         for gone in set(self.unhealthy) - names:
             self.unhealthy.pop(gone)
-        for gone in set(self._event_at) - names:
-            self._event_at.pop(gone)
+        for gone in {name for name, _ in (*self._event_at, *self._owed)} - names:
+            self._forget(gone)
         self._gauge()
         if not self.listed:
             self.listed = True

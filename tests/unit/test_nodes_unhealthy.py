@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 
 from controller.mismatch import UNHEALTHY_REASON, MismatchReporter, event_body, event_name
 from shared.domain.node import CORDON_ANNOTATION, node_inventory
+from tests._wait import eventually
 from tests.unit._k8s import cfg, node
 
 C96 = cfg((96,))
@@ -94,3 +95,61 @@ async def test_a_mismatch_and_unhealthy_devices_are_told_apart(healthy_again: bo
     after = node("n", cores=32, memory=192) if healthy_again else sick("n")
     r.observe("n", after, node_inventory(after, C96))
     assert r.problems == {} and bool(r.unhealthy) is (not healthy_again) and gauge() == (0 if healthy_again else 1)
+
+
+async def test_a_mismatch_and_unhealthy_devices_each_get_their_event_within_the_minute() -> None:
+    """One node: its mismatch mended, its devices reported unhealthy a moment later. The two sorts of problem are
+    limited apart (was: one limit per node, the second event held back and never sent)."""
+    api = _Events()
+    r = MismatchReporter(api, C96)  # type: ignore[arg-type]
+    wrong = node("gpu-1", cores=32, memory=320)  # an S5000 under memoryPerCard [96]
+    wrong["metadata"]["uid"] = "uid-gpu-1"
+    r.observe("gpu-1", wrong, node_inventory(wrong, C96))
+    bad = sick("gpu-1")
+    r.observe("gpu-1", bad, node_inventory(bad, C96))
+    await asyncio.gather(*r._tasks)
+    assert sorted(e["reason"] for e in api.posted) == sorted(["NodeCardMismatch", UNHEALTHY_REASON]), api.posted
+
+
+@pytest.mark.parametrize("heals", [False, True])
+async def test_an_event_held_back_by_the_limit_is_sent_when_due_if_the_problem_lasts(
+        monkeypatch: pytest.MonkeyPatch, heals: bool) -> None:
+    """A second problem within the minute was logged and never reported by an event, however long it lasted. Now
+    it is owed: sent when the limit allows, unless the node healed meanwhile."""
+    import controller.mismatch as mismatch
+
+    monkeypatch.setattr(mismatch, "EVENT_EVERY_SECONDS", 0.3)
+    api = _Events()
+    r = MismatchReporter(api, C96)  # type: ignore[arg-type]
+    r.observe("gpu-1", sick("gpu-1"), node_inventory(sick("gpu-1"), C96))
+    worse = sick("gpu-1", cards=2, sick_cards=2)  # another problem: both cards sick
+    r.observe("gpu-1", worse, node_inventory(worse, C96))
+    await asyncio.gather(*r._tasks)
+    assert len(api.posted) == 1 and ("gpu-1", False) in r._owed  # held back
+    if heals:
+        well = node("gpu-1", cores=32, memory=192)
+        r.observe("gpu-1", well, node_inventory(well, C96))
+        await eventually(lambda: ("gpu-1", False) not in r._owed, within=5, what="the owed event dropped")
+        await asyncio.gather(*r._tasks)
+        assert len(api.posted) == 1, api.posted  # nothing to tell any more
+        return
+    await eventually(lambda: len(api.posted) == 2, within=5, what="the owed event sent")
+    assert api.posted[1]["reason"] == UNHEALTHY_REASON and api.posted[1]["involvedObject"]["uid"] == "uid-gpu-1"
+    assert api.posted[1]["message"] != api.posted[0]["message"]  # the problem as it is now
+
+
+async def test_a_deleted_node_owes_no_event() -> None:
+    api = _Events()
+    r = MismatchReporter(api, C96)  # type: ignore[arg-type]
+    r.observe("gpu-1", sick("gpu-1"), node_inventory(sick("gpu-1"), C96))
+    worse = sick("gpu-1", cards=2, sick_cards=2)
+    r.observe("gpu-1", worse, node_inventory(worse, C96))
+    assert r._owed
+    r.observe("gpu-1", None, None)
+    assert r._owed == {} and r._event_at == {}
+    r.observe("gpu-2", sick("gpu-2"), node_inventory(sick("gpu-2"), C96))
+    worse2 = sick("gpu-2", cards=2, sick_cards=2)
+    r.observe("gpu-2", worse2, node_inventory(worse2, C96))
+    r.synced(set())  # re-listed: gone
+    assert r._owed == {} and r._event_at == {}
+    await asyncio.gather(*r._tasks)
