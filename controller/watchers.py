@@ -32,7 +32,7 @@ from shared.domain.annotations import (
     record_cards,
     usage_from_annotations,
 )
-from shared.domain.node import Inventory, node_inventory
+from shared.domain.node import Inventory, node_inventory, offers_more
 from shared.domain.quota import is_terminal
 from shared.domain.reconcile import (
     FUTURE_MS,
@@ -110,6 +110,7 @@ class NodeWatcher:
         self.cfg = cfg
         self.keep_ms = keep_ms
         self.last: dict[str, Inventory] = {}  # what this watcher last wrote, per node (the API's view)
+        self.listed = False  # whether a list of the nodes was applied (on_sync)
         self.known: set[str] = set()  # nodes this watcher has seen in the ledger
         self.lost = asyncio.Event()  # set when Redis turned out to have lost a known node
         self.holders: Holders = lambda node: {}
@@ -243,6 +244,7 @@ class NodeWatcher:
     async def _on_event(self, kind: str, node: dict[str, Any]) -> None:
         name = str((node.get("metadata") or {}).get("name"))
         inv = None if kind == "DELETED" else node_inventory(node, self.cfg)
+        before = self.last.get(name)
         raised = False
         if inv is None:
             self.knobs.forget(name)
@@ -250,7 +252,11 @@ class NodeWatcher:
             _, raised = await self.knobs.observe(node, inv, lambda: self.holders(name))
         self.mismatch.observe(name, node, inv)
         await self.apply(name, inv)
-        if raised:  # a card takes more slices now: kube-scheduler retries once the ledger says so
+        # a card takes more slices now, or the node offers room it did not (new, open again, a card healthy or
+        # uncordoned, more cards): kube-scheduler retries once the ledger says so. It retried at the Node's own
+        # event too, perhaps before an extender's mirror had our write: a pod turned away then ("node
+        # unregistered") waited for an unrelated event, up to its 5-minute flush
+        if raised or offers_more(before, inv):
             self.nudge(name)
 
     async def on_sync(self, nodes: list[dict[str, Any]]) -> None:
@@ -259,6 +265,7 @@ class NodeWatcher:
 
     async def _on_sync(self, nodes: list[dict[str, Any]]) -> None:
         invs = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in nodes)}
+        before = self.last
         self.knobs.keep_only(set(invs))  # nodes gone while the watch was down: no baseline kept for them
         raised: list[str] = []
         for n in nodes:  # a re-list may carry a change the lost stream did not deliver
@@ -275,7 +282,10 @@ class NodeWatcher:
         for name in set(await self.ledger.nodes()) - {n for n, i in invs.items() if offers_cards(i)}:
             await self.apply(name, None)
         self.closed &= self.known  # (nodes gone from the ledger meanwhile: nothing of theirs to write again)
-        for name in raised:  # as on_event: once the ledger has the higher limit, kube-scheduler retries
+        if self.listed:  # (not at start: every node would be new to this watcher, and no filter saw it lag)
+            raised += [name for name, inv in invs.items() if name not in raised and offers_more(before.get(name), inv)]
+        self.listed = True
+        for name in raised:  # as on_event: once the ledger has the higher limit or the room, kube-scheduler retries
             self.nudge(name)
 
 

@@ -228,3 +228,20 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
         cards.append(Card(name, i, per_card, k.max_inst if k else max_slices,
                           cordoned=device_id(name, i) in cordoned, knobs=k))
     return Inventory(name, tuple(cards))
+
+
+def offers_more(before: Inventory | None, after: Inventory | None) -> bool:
+    """Whether `after` offers a pod room `before` did not: a bookable card (healthy, not cordoned) that was not
+    bookable or not there, or one with more memory, cores or slices. After such a change a pod our filter turned
+    away may fit, and kube-scheduler retries it only on a cluster event (controller/watchers.py nudges it)."""
+    if after is None or after.error:
+        return False
+    was = {} if before is None or before.error else {c.index: c for c in before.cards}
+    for card in after.cards:
+        if not card.healthy or card.cordoned:
+            continue
+        old = was.get(card.index)
+        if (old is None or not old.healthy or old.cordoned or card.capacity > old.capacity or card.cores > old.cores
+                or card.max_slices > old.max_slices):
+            return True
+    return False

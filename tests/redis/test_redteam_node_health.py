@@ -78,6 +78,8 @@ async def test_unhealthy_then_healthy_keeps_what_running_pods_hold(ledger: Ledge
     nudged: list[str] = []
     w.nudge = nudged.append
     await w.on_event("ADDED", gpu_node("h"))
+    assert nudged == ["h"]  # a new node's room (offers_more)
+    nudged.clear()
     assert await ledger.observe("u5", held["u5"][0], "ns/p5")
     await w.on_event("MODIFIED", gpu_node("h", sick_cards=1))
     snap = (await ledger.snapshots(["h"]))["h"]
