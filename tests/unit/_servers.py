@@ -125,10 +125,11 @@ def webhook_app(cfg: Config = CFG) -> web.Application:
     return app
 
 
-def pod(uid: str = "u1", limits: Mapping[str, object] | None = None, **spec: Any) -> dict[str, Any]:
+def pod(uid: str = "u1", limits: Mapping[str, object] | None = None, annotations: Mapping[str, Any] | None = None,
+        **spec: Any) -> dict[str, Any]:
     """An admitted slice pod (our scheduler) unless told otherwise."""
     limits = {VGPU: "1", MEM: "32", CORE: "8"} if limits is None else limits
-    return {"metadata": {"name": f"p-{uid}", "namespace": "ns", "uid": uid, "annotations": {}},
+    return {"metadata": {"name": f"p-{uid}", "namespace": "ns", "uid": uid, "annotations": dict(annotations or {})},
             "spec": {"schedulerName": "hami-scheduler",
                      "containers": [{"name": "c", "resources": {"limits": dict(limits)}}], **spec}}
 
