@@ -18,9 +18,11 @@ from controller.reflector import Reflector
 from shared.kube import Kube
 from tests.kubeconfigs import token_kubeconfig
 
-__all__ = ["Api", "Handler", "empty_list", "nothing", "run_for", "running", "serve"]
+__all__ = ["BOOKMARK", "Api", "Handler", "empty_list", "nothing", "run_for", "running", "serve", "watches_answered"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+BOOKMARK = b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}\n'  # a watch line: now at version 9
 
 
 class Api:
@@ -74,6 +76,15 @@ async def nothing(*_: Any) -> None:
 def empty_list(_: web.Request) -> web.Response:
     """A list with no items, at resourceVersion 5."""
     return web.json_response({"metadata": {"resourceVersion": "5"}, "items": []})
+
+
+def watches_answered(body: bytes) -> Handler:
+    """An API server that answers every watch 200 with `body` (then ends the stream) and every list `empty_list`."""
+    async def handler(req: web.Request) -> web.StreamResponse:
+        if req.query.get("watch") == "true":
+            return web.Response(body=body, content_type="application/json")
+        return empty_list(req)
+    return handler
 
 
 @contextlib.asynccontextmanager

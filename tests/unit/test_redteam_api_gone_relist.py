@@ -18,7 +18,7 @@ from aiohttp import web
 
 from controller.reflector import GONE_RELISTS, Reflector
 from tests._wait import eventually
-from tests.unit._api_standin import empty_list, nothing, running, serve
+from tests.unit._api_standin import BOOKMARK, empty_list, nothing, running, serve
 
 __all__ = ["serve"]  # the loopback stand-in API server (a fixture): the tests ask for it by name
 
@@ -57,8 +57,7 @@ async def test_a_watch_that_works_again_after_410s_is_live(serve: Any) -> None:
         if req.query.get("watch") == "true":
             if gone[0]:
                 return web.json_response(GONE, status=410)
-            return web.Response(body=b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}\n',
-                                content_type="application/json")
+            return web.Response(body=BOOKMARK, content_type="application/json")
         return empty_list(req)
 
     kube, _ = await serve(handler)

@@ -30,19 +30,14 @@ from controller.reflector import LIST_RESTARTS, Reflector
 from shared.domain.timing import BIND_ANSWER_SLACK_S, BIND_DEADLINE_S
 from shared.kube import BEST_EFFORT_IN_FLIGHT, BadAnswer, Shed
 from shared.serving.supervise import is_transient
-from tests.unit._api_standin import empty_list, nothing, run_for, running, serve
+from tests.unit._api_standin import BOOKMARK, empty_list, nothing, run_for, running, serve, watches_answered
 from tests.unit._servers import FakeLedger, bind_args, extender, pod
 
 __all__ = ["serve"]  # the loopback stand-in API server (a fixture): the tests ask for it by name
 
 
 async def test_a_watch_stream_that_ends_at_once_is_asked_again_with_backoff_and_is_failing(serve: Any) -> None:
-    async def handler(req: web.Request) -> web.Response:
-        if req.query.get("watch") == "true":
-            return web.Response(body=b"", content_type="application/json")  # 200, ends at once
-        return empty_list(req)
-
-    kube, api = await serve(handler)
+    kube, api = await serve(watches_answered(b""))  # 200, ends at once
     r = Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes")
     task = await run_for(r, 2.0)
     assert task.cancelled()  # still running
@@ -60,8 +55,7 @@ async def test_a_stream_that_says_something_resets_the_backoff_and_works(serve: 
             streams += 1
             if streams > 20:
                 many.set()
-            return web.Response(body=b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}\n',
-                                content_type="application/json")
+            return web.Response(body=BOOKMARK, content_type="application/json")
         return empty_list(req)
 
     kube, _ = await serve(handler)
@@ -126,12 +120,7 @@ async def test_a_list_answered_200_without_its_object_is_a_transient_failure(ser
 
 
 async def test_a_watch_line_that_is_not_an_object_is_a_resumable_failure(serve: Any) -> None:
-    async def handler(req: web.Request) -> web.Response:
-        if req.query.get("watch") == "true":
-            return web.Response(body=b'[1]\n', content_type="application/json")
-        return empty_list(req)
-
-    kube, api = await serve(handler)
+    kube, api = await serve(watches_answered(b"[1]\n"))
     r = Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes")
     task = await run_for(r, 1.0)
     assert task.cancelled() and "not a JSON object" in r.problem(0) and api.watches <= 5

@@ -18,12 +18,9 @@ from aiohttp import web
 import controller.reflector as reflector_module
 from controller.reflector import Reflector
 from tests._wait import eventually
-from tests.unit._api_standin import empty_list, nothing, running, serve
+from tests.unit._api_standin import BOOKMARK, empty_list, nothing, running, serve
 
 __all__ = ["serve"]  # the loopback stand-in API server (a fixture): the tests ask for it by name
-
-BOOKMARK = b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}\n'
-
 
 def frozen_after_first_watch(watches: list[int]) -> Any:
     async def handler(req: web.Request) -> web.StreamResponse:

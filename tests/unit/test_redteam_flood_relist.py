@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from controller.reflector import Reflector
-from tests.unit._api_standin import empty_list, nothing, run_for, running, serve
+from tests.unit._api_standin import BOOKMARK, empty_list, nothing, run_for, running, serve, watches_answered
 
 __all__ = ["serve"]  # the loopback stand-in API server (a fixture): the tests ask for it by name
 
@@ -34,13 +34,7 @@ async def test_a_watch_answered_410_every_time_is_not_a_tight_relist_loop(serve:
 
 async def test_a_watch_whose_first_event_is_410_every_time_is_not_a_tight_relist_loop(serve: Any) -> None:
     gone = b'{"type":"ERROR","object":{"kind":"Status","code":410,"reason":"Expired"}}\n'
-
-    async def handler(req: web.Request) -> web.Response:
-        if req.query.get("watch") == "true":
-            return web.Response(body=gone, content_type="application/json")
-        return empty_list(req)
-
-    kube, api = await serve(handler)
+    kube, api = await serve(watches_answered(gone))
     r = Reflector(kube, "/api/v1/pods", nothing, nothing, "pods")
     await run_for(r, 2.0)
     assert api.lists <= 8, api.lists
@@ -54,8 +48,7 @@ async def test_a_410_after_the_watch_moved_on_relists_at_once(serve: Any, caplog
     async def handler(req: web.Request) -> web.Response:
         if req.query.get("watch") == "true":
             if req.query.get("resourceVersion") == "5":  # a bookmark moves the stream on, then it ends
-                return web.Response(body=b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}\n',
-                                    content_type="application/json")
+                return web.Response(body=BOOKMARK, content_type="application/json")
             return web.json_response({"kind": "Status", "code": 410}, status=410)
         if api.lists >= 2:
             relisted.set()
@@ -74,15 +67,10 @@ async def test_a_handler_that_keeps_failing_does_not_reopen_the_watch_in_a_tight
     the last handled version, for as long as Redis was away."""
     event = b'{"type":"ADDED","object":{"metadata":{"name":"p","uid":"u","resourceVersion":"6"}}}\n'
 
-    async def handler(req: web.Request) -> web.Response:
-        if req.query.get("watch") == "true":
-            return web.Response(body=event, content_type="application/json")
-        return empty_list(req)
-
     async def redis_down(kind: str, obj: dict[str, Any]) -> None:
         raise ConnectionError("Redis is away")
 
-    kube, api = await serve(handler)
+    kube, api = await serve(watches_answered(event))
     r = Reflector(kube, "/api/v1/pods", redis_down, nothing, "pods")
     task = await run_for(r, 3.0)
     assert task.cancelled()  # still running
@@ -96,12 +84,7 @@ async def test_the_backoff_of_streams_that_end_at_once_keeps_growing(serve: Any,
     was said to work) instead of growing to its 10 s."""
     caplog.set_level(logging.WARNING, "mtsched.reflector")
 
-    async def handler(req: web.Request) -> web.Response:
-        if req.query.get("watch") == "true":
-            return web.Response(body=b"", content_type="application/json")  # 200, ends at once
-        return empty_list(req)
-
-    kube, _ = await serve(handler)
+    kube, _ = await serve(watches_answered(b""))  # 200, ends at once
     r = Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes")
     await run_for(r, 4.5)
     waits = [float(m.rsplit(" in ", 1)[1].rstrip("s")) for m in caplog.messages if "resuming from" in m]
