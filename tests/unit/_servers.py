@@ -108,6 +108,17 @@ class FakeKube:
         self.events.append((reason, message))
 
 
+class PostingKube:
+    """An API client that records the body of every request (the events a reporter posts) and answers {}."""
+
+    def __init__(self) -> None:
+        self.posted: list[dict[str, Any]] = []
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+        self.posted.append(body)
+        return {}
+
+
 def extender(cfg: Config = CFG, kube: FakeKube | None = None, ledger: FakeLedger | None = None,
              nodes: Mapping[str, int] | None = None) -> Extender:
     return Extender(cfg, cast(Ledger, ledger or FakeLedger()), mirror(nodes), cast(Kube | None, kube))
