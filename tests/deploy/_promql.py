@@ -132,6 +132,18 @@ def rule_queries(objs: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     return out
 
 
+def queried_names(dashboard: Mapping[str, Any], objs: Sequence[Mapping[str, Any]]) -> dict[str, set[str]]:
+    """metric name -> where it is queried (every panel, variable and rule)."""
+    out: dict[str, set[str]] = {}
+    for where, expr in [*dashboard_queries(dashboard), *rule_queries(objs)]:
+        for n in metric_names(expr):
+            out.setdefault(n, set()).add(where)
+    for where, query in dashboard_variable_queries(dashboard):
+        for n in variable_metric_names(query):
+            out.setdefault(n, set()).add(where)
+    return out
+
+
 # --------------------------------------------------------------------------------------- scrapes
 @dataclass(frozen=True)
 class Scrape:

@@ -22,10 +22,10 @@ from tests.deploy._promql import (
     Scrape,
     concrete,
     dashboard_queries,
-    dashboard_variable_queries,
     metric_names,
     parse_errors,
     promql_checker,
+    queried_names,
     rule_queries,
     variable_metric_names,
 )
@@ -97,18 +97,6 @@ def dashboard() -> Json:
 
 def monitoring_objects(rendered: Rendered) -> list[Json]:
     return rendered("monitoring")
-
-
-def queried_names(dash: Json, objs: list[Json]) -> dict[str, set[str]]:
-    """metric name -> where it is queried (every panel, variable and rule)."""
-    out: dict[str, set[str]] = {}
-    for where, expr in [*dashboard_queries(dash), *rule_queries(objs)]:
-        for n in metric_names(expr):
-            out.setdefault(n, set()).add(where)
-    for where, query in dashboard_variable_queries(dash):
-        for n in variable_metric_names(query):
-            out.setdefault(n, set()).add(where)
-    return out
 
 
 def _our_registry() -> str:

@@ -12,8 +12,20 @@ async def until(check: Callable[[], Awaitable[Any]], what: str, details: Callabl
                 timeout: float = 30.0) -> Any:
     """`check()`'s first answer that is not None; AssertionError naming `what` (and `details()`, e.g. the
     stack's logs) when none comes within `timeout` seconds."""
+    return await _poll(check, lambda got: got is not None, what, details, timeout)
+
+
+async def until_true(check: Callable[[], Awaitable[Any]], what: str, details: Callable[[], str] | None = None,
+                     timeout: float = 30.0) -> Any:
+    """As `until`, for a `check()` that answers something false (False, None, an empty list) until it holds:
+    its first true answer."""
+    return await _poll(check, bool, what, details, timeout)
+
+
+async def _poll(check: Callable[[], Awaitable[Any]], done: Callable[[Any], bool], what: str,
+                details: Callable[[], str] | None, timeout: float) -> Any:
     deadline = time.monotonic() + timeout
-    while (got := await check()) is None:
+    while not done(got := await check()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{details() if details else ''}")
         await asyncio.sleep(0.2)

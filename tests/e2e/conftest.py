@@ -37,7 +37,9 @@ from deploy.local.controlplane import (
     ensure_binaries,
     go_available,
 )
+from deploy.local.identities import Identities, provision
 from deploy.local.nodes import LABEL_GPU_COUNT, LABEL_GPU_NODE, LABEL_SLICED_CORES
+from shared.kube import Kube
 
 # Set on namespaces made by the fixtures; webhook tests may select on it.
 E2E_LABEL = "mtsched.io/e2e"
@@ -102,6 +104,22 @@ async def cluster(stack: Any, redis_server: Any) -> AsyncIterator[Any]:
 
     async with Cluster.opened(stack, redis_server.url) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def ids(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Identities:
+    """The chart's identities on the session's plane (deploy/local/identities.py), provisioned once per module."""
+    return provision(control_plane, directory=tmp_path_factory.mktemp("ids"))
+
+
+@pytest_asyncio.fixture
+async def extender_kube(ids: Identities) -> AsyncIterator[Kube]:
+    """An API client as the extender's identity (the chart's RBAC)."""
+    k = await Kube.create(str(ids["extender"].kubeconfig))
+    try:
+        yield k
+    finally:
+        await k.close()
 
 
 @pytest.fixture(scope="module")

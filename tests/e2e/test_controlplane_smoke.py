@@ -23,6 +23,7 @@ from deploy.local.nodes import (
     gpu_node,
     set_capacity,
 )
+from tests.e2e._wait import until_true
 
 pytestmark = pytest.mark.e2e
 
@@ -37,16 +38,6 @@ def _pod(name: str, scheduler: str = "default-scheduler", **extra: Any) -> Any:
     spec: Json = {"schedulerName": scheduler, "containers": [container], **extra.pop("spec", {})}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, **extra}, "spec": spec}
 
-
-async def _wait_for(pred: Callable[[], Any], within: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        value = await pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 # --------------------------------------------------------------------------------------- (a) nodes
@@ -167,9 +158,9 @@ async def test_scheduler_binds_through_extender(
             node: str | None = (await core.read_namespaced_pod(name, namespace)).spec.node_name
             return node
 
-        assert await _wait_for(lambda: bound("gpu"), what="gpu pod bound") == n2
-        assert await _wait_for(lambda: bound("gpu-default"), what="gpu-default pod bound") == n2
-        assert await _wait_for(lambda: bound("plain"), what="plain pod bound") in (n1, n2)
+        assert await until_true(lambda: bound("gpu"), "gpu pod bound") == n2
+        assert await until_true(lambda: bound("gpu-default"), "gpu-default pod bound") == n2
+        assert await until_true(lambda: bound("plain"), "plain pod bound") in (n1, n2)
 
         # (pods of other tests on the shared control plane that still wait are asked about too: this namespace's)
         assert sorted(b["PodName"] for b in calls["bind"] if b["PodNamespace"] == namespace) == ["gpu", "gpu-default"]

@@ -31,11 +31,10 @@ from tests.deploy._promql import (
     DASHBOARD,
     Scrape,
     dashboard_queries,
-    dashboard_variable_queries,
-    metric_names,
+    queried_names,
     rule_queries,
-    variable_metric_names,
 )
+from tests.e2e._wait import until_true
 
 pytestmark = pytest.mark.e2e
 
@@ -58,15 +57,8 @@ def queried(pytestconfig: pytest.Config) -> dict[str, set[str]]:
     """metric name -> where the dashboard or a rule queries it (the chart rendered with both enabled)."""
     dash = json.loads(DASHBOARD.read_text())
     objs = objects(template(helm_binary(pytestconfig), CASES["monitoring"]).stdout)
-    out: dict[str, set[str]] = {}
-    for where, expr in [*dashboard_queries(dash), *rule_queries(objs)]:
-        for n in metric_names(expr):
-            out.setdefault(n, set()).add(where)
-    for where, query in dashboard_variable_queries(dash):
-        for n in variable_metric_names(query):
-            out.setdefault(n, set()).add(where)
     assert len(rule_queries(objs)) >= 10 and len(dashboard_queries(dash)) >= 20
-    return out
+    return queried_names(dash, objs)
 
 
 def scrapes(stack: Stack) -> dict[str, str]:
@@ -74,13 +66,8 @@ def scrapes(stack: Stack) -> dict[str, str]:
 
 
 async def wait_for(what: str, ok: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await asyncio.to_thread(ok)
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"never: {what}"
-        await asyncio.sleep(0.3)
+    """`ok()`'s first true answer, `ok` run in a thread (it scrapes; tests/e2e/_wait.py until_true)."""
+    return await until_true(lambda: asyncio.to_thread(ok), what, timeout=timeout)
 
 
 def pod(name: str, run: str, cores: int) -> dict[str, Any]:

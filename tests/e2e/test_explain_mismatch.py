@@ -15,11 +15,10 @@ import re
 import ssl
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import orjson
@@ -31,6 +30,7 @@ from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
 from shared.kube import Kube
+from tests.e2e._wait import until_true
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +38,6 @@ LABEL = "mtsched.io/e2e-explain"
 POOL = "mtsched.io/e2e-explain-pool"
 VGPU, MEM, CORE = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core"
 S5000_ERROR = "160 units per card (320/2) is no configured card model; memoryPerCard [96]"
-T = TypeVar("T")
 
 
 @dataclass
@@ -74,16 +73,6 @@ def world(own_control_plane: ControlPlane, redis_server: RedisServer) -> Iterato
         for n in (s5000, badlabel):
             cp.api("DELETE", f"/api/v1/nodes/{n}", ok=(200, 202, 404))
 
-
-async def until(what: str, probe: Callable[[], Awaitable[T | None]], timeout: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        await asyncio.sleep(0.2)
 
 
 async def gauges(stack: Stack, index: int, **want: float) -> bool:
@@ -136,7 +125,7 @@ async def test_mismatched_nodes_are_loud(world: World, kube: Kube) -> None:
     st = world.stack
     # the gauge, on every watcher replica
     for i in (0, 1):
-        await until(f"watcher-{i} gauge", lambda i=i: gauges(st, i, model=1, label=1))  # type: ignore[misc]
+        await until_true(lambda i=i: gauges(st, i, model=1, label=1), f"watcher-{i} gauge")  # type: ignore[misc]
         assert await gauges(st, i, capacity=0, annotation=0)
     # the line at the first list
     for i in (0, 1):
@@ -145,10 +134,10 @@ async def test_mismatched_nodes_are_loud(world: World, kube: Kube) -> None:
         print(f"\n--- watcher-{i} log ---\n{line}")
         assert "2 node(s)" in line and world.s5000 in line and world.badlabel in line and S5000_ERROR in line
     # a Warning event on each node
-    ev = await until("event on the S5000 node", lambda: node_events(kube, world.s5000))
+    ev = await until_true(lambda: node_events(kube, world.s5000), "event on the S5000 node")
     print(f"\n--- node event ---\n{ev[0]['type']} {ev[0]['reason']} {ev[0]['message']}")
     assert ev[0]["type"] == "Warning" and S5000_ERROR in ev[0]["message"] and "model mismatch" in ev[0]["message"]
-    ev = await until("event on the mislabelled node", lambda: node_events(kube, world.badlabel))
+    ev = await until_true(lambda: node_events(kube, world.badlabel), "event on the mislabelled node")
     assert "label mismatch" in ev[0]["message"] and "lists 3 cards" in ev[0]["message"]
 
     # a slice pod that only these nodes could take: admitted, with a warning naming them
@@ -166,7 +155,7 @@ async def test_mismatched_nodes_are_loud(world: World, kube: Kube) -> None:
                        {"metadata": {"labels": {simulated.LABEL_SLICED_CORES: "0-1"}}},
                        content_type="application/merge-patch+json")
     for i in (0, 1):
-        await until(f"watcher-{i} sees the fix", lambda i=i: gauges(st, i, label=0))  # type: ignore[misc]
+        await until_true(lambda i=i: gauges(st, i, label=0), f"watcher-{i} sees the fix")  # type: ignore[misc]
         assert await gauges(st, i, model=1)
     # both replicas handled the touch before the fix: still one event per node, not one per replica or change
     assert len(await node_events(kube, world.s5000)) == 1
@@ -176,7 +165,7 @@ async def test_mismatched_nodes_are_loud(world: World, kube: Kube) -> None:
     async def quiet() -> bool:
         got = await create_with_warnings(kube, ns, slice_pod("dry", world.run, 32), dry_run=True)
         return not any("stays Pending" in w for w in got)
-    await until("the warning goes once a usable card exists", quiet)
+    await until_true(quiet, "the warning goes once a usable card exists")
     await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods", ok=(200, 202, 404), query={"gracePeriodSeconds": "0"})
 
 
@@ -212,14 +201,14 @@ async def test_explain_a_pod_pending_on_full_cards(world: World, kube: Kube) -> 
             async def bound(batch: tuple[str, ...] = batch) -> bool:
                 pods = [await kube.get_pod(ns, n) for n in batch]
                 return all(p["spec"].get("nodeName") == full for p in pods)
-            await until(f"{batch} bound to the pool's node", bound)
+            await until_true(bound, f"{batch} bound to the pool's node")
         await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", slice_pod("c", pool, 64, key=POOL))
 
         async def filtered() -> list[str]:
             listed = await kube.request("GET", f"/api/v1/namespaces/{ns}/events")
             return [e["message"] for e in listed["items"] if e["involvedObject"]["name"] == "c"
                     and e["reason"] == "FilteringFailed" and f"CardInsufficientMemory({full})" in e["message"]]
-        msgs = await until("c rejected by the filter, with HAMi's reason text", filtered)
+        msgs = await until_true(filtered, "c rejected by the filter, with HAMi's reason text")
         assert f"node unregistered: {S5000_ERROR}({world.s5000})" in msgs[0], msgs
         print(f"\n--- FilteringFailed ---\n{msgs[0]}")
         # the CLI: the pod from the API server, the cards from Redis
@@ -254,7 +243,7 @@ async def test_explain_a_pod_pending_on_full_cards(world: World, kube: Kube) -> 
                     assert resp.status == 200, await resp.text()
                     got: dict[str, Any] = orjson.loads(await resp.read())
                 return got if got["nodes"] == doc["nodes"] else None
-            got = await until("the endpoint answers what the CLI answers", same)
+            got = await until_true(same, "the endpoint answers what the CLI answers")
             assert got["summary"] == doc["summary"] and got["request"] == doc["request"]
             async with http.get(url, params={"pod": f"{ns}/c", "output": "text"}, ssl=client_ctx(cp)) as resp:
                 assert resp.status == 200 and (await resp.text()).strip() == text.strip()

@@ -21,7 +21,7 @@ import yaml
 
 from controller.leadership import LeaderYield
 from deploy.local.controlplane import ControlPlane, free_port
-from deploy.local.identities import Identities, provision
+from deploy.local.identities import Identities
 from deploy.local.scheduler_config import SchedulerSetup, scheduler_argv
 from shared.domain.leadership import yielded_holder
 from shared.kube import Kube
@@ -34,23 +34,9 @@ LEASE = "hami-scheduler"  # the chart's schedulerName: the only Lease its identi
 HOST = socket.gethostname()  # kube-scheduler names itself <hostname>_<uuid>; in a pod the hostname is its name
 
 
-@pytest.fixture(scope="module")
-def ids(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Identities:
-    return provision(control_plane, directory=tmp_path_factory.mktemp("ids"))
-
-
 @pytest.fixture
 async def admin(control_plane: ControlPlane) -> AsyncIterator[Kube]:
     k = await Kube.create(str(control_plane.kubeconfig_path))
-    try:
-        yield k
-    finally:
-        await k.close()
-
-
-@pytest.fixture
-async def extender_kube(ids: Identities) -> AsyncIterator[Kube]:
-    k = await Kube.create(str(ids["extender"].kubeconfig))
     try:
         yield k
     finally:

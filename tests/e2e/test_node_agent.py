@@ -6,11 +6,9 @@ each card's max_inst, and a knob change under held slices is a Warning event on 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,6 +23,7 @@ from deploy.local.stack import Stack
 from shared.domain.knobs import ANNOTATION, CardKnobs, decode_annotation
 from shared.kube import Kube, KubeError
 from tests.e2e._chart import rendered
+from tests.e2e._wait import until_true
 from tests.e2e.test_product import CORE, MEM, SCENARIO_LABEL, VGPU, Cluster, grants
 
 pytestmark = pytest.mark.e2e
@@ -32,16 +31,6 @@ pytestmark = pytest.mark.e2e
 T = TypeVar("T")
 MERGE = "application/merge-patch+json"
 
-
-async def until(what: str, probe: Callable[[], Awaitable[T | None]], timeout: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +88,8 @@ async def test_the_agent_publishes_and_the_scheduler_honours_each_cards_max_inst
     # What the chart enforces: a token bound to no node, or to another node, may not write this Node; the
     # node's own may change only the card-knobs annotation.
     knobs_only = {"metadata": {"annotations": {ANNOTATION: '{"v":1,"cards":{}}'}}}
-    refused = await until("the node-agent policy refuses an unbound token",
-                          lambda: patch_as(ids["node-agent"].kubeconfig, node, knobs_only))
+    refused = await until_true(lambda: patch_as(ids["node-agent"].kubeconfig, node, knobs_only),
+                               "the node-agent policy refuses an unbound token")
     assert refused.status == 403 and "only the Node its pod runs on" in str(refused), refused
     refused = await patch_as(agent_id.kubeconfig, other, knobs_only)
     assert refused is not None and refused.status == 403 and "only the Node its pod runs on" in str(refused)
@@ -129,7 +118,7 @@ async def test_the_agent_publishes_and_the_scheduler_honours_each_cards_max_inst
             raw = got["metadata"].get("annotations", {}).get(ANNOTATION)
             return dict(decode_annotation(raw).cards) if raw else None
 
-        cards = await until("the agent publishes the card knobs", published)
+        cards = await until_true(published, "the agent publishes the card knobs")
         assert cards == {0: CardKnobs(16, 0, 1, 100), 1: CardKnobs(1, 2, 3, 110)}, (tmp_path / "agent.log").read_text()
         await cluster.wait_ledger(lambda s: s[node].cards[1].slice_limit == 1 and s[node].cards[1].knobs is not None)
         table = await card_table(cluster.ledger)
@@ -152,8 +141,9 @@ async def test_the_agent_publishes_and_the_scheduler_honours_each_cards_max_inst
         assert second["spec"]["nodeName"] == node and grants(second)[0][0].device_id == f"{node}-mthreads-0"
         # a slice that may use card 1 only waits, with the reason
         await cluster.create(on_node("c", {"mthreads.ai/use-gpuuuid": f"{node}-mthreads-1"}))
-        await until("c is refused for the slice limit",
-                    lambda: _with(cluster.events("c"), lambda ev: any("CardTimeSlicingExhausted" in e for e in ev)))
+        await until_true(
+            lambda: _with(cluster.events("c"), lambda ev: any("CardTimeSlicingExhausted" in e for e in ev)),
+            "c is refused for the slice limit")
         assert not (await cluster.get("c"))["spec"].get("nodeName")
 
         # max_inst changed on card 1 while pod a holds it: a Warning event on the Node and a metric
@@ -164,7 +154,7 @@ async def test_the_agent_publishes_and_the_scheduler_honours_each_cards_max_inst
             return [e for e in listed["items"] if e["involvedObject"].get("name") == node
                     and e["reason"] == "CardKnobsChangedWhileHeld"] or None
 
-        [event] = await until("the watcher reports the knob change under held slices", warned)
+        [event] = await until_true(warned, "the watcher reports the knob change under held slices")
         assert event["type"] == "Warning" and event["involvedObject"]["kind"] == "Node"
         assert f"card {node}-mthreads-1: max_inst changed 1 -> 4" in event["message"]
         assert f"{cluster.ns}/a" in event["message"] and "drain the card first" in event["message"]
@@ -175,8 +165,8 @@ async def test_the_agent_publishes_and_the_scheduler_honours_each_cards_max_inst
         assert grants(bound)[0][0].device_id == f"{node}-mthreads-1"
         # overcommit_ratio may change under held slices (the vendor does not freeze it): no warning
         write_card(root, 1, max_inst=4, policy=2, time_slice=3, overcommit=150)
-        await until("card 1's new overcommit_ratio reaches the ledger",
-                    lambda: _with(cluster.snapshots(), lambda s: s[node].cards[1].overcommit_ratio == 150))
+        await until_true(lambda: _with(cluster.snapshots(), lambda s: s[node].cards[1].overcommit_ratio == 150),
+                         "card 1's new overcommit_ratio reaches the ledger")
         assert len(await warned() or []) == 1
         assert f"published {ANNOTATION} on node {node}" in (tmp_path / "agent.log").read_text()
     finally:
@@ -195,8 +185,8 @@ async def test_the_agent_cannot_add_finalizers_or_owners_to_its_node(
     ids = stack.provision()
     agent = node_identity(stack.cp, ids, "node-agent", node, tmp_path)
     knobs_only = {"metadata": {"annotations": {ANNOTATION: '{"v":1,"cards":{}}'}}}
-    assert await until("the policy admits the agent's own annotation",
-                       lambda: _admitted(agent.kubeconfig, node, knobs_only)) is True
+    assert await until_true(lambda: _admitted(agent.kubeconfig, node, knobs_only),
+                            "the policy admits the agent's own annotation") is True
     uid = (await cluster.kube.request("GET", f"/api/v1/nodes/{node}"))["metadata"]["uid"]
     owner = {"apiVersion": "v1", "kind": "Node", "name": f"{node}-gone", "uid": uid[:-4] + "0000"}
     for body in ({"metadata": {"finalizers": ["example.com/never"]}},

@@ -13,8 +13,6 @@ kube-scheduler, and the preemptor binds through the extender's normal filter and
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -26,6 +24,7 @@ from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
 from shared.domain.fit import USE_UUID
+from tests.e2e._wait import until_true
 from tests.e2e.test_product import CORE, MEM, VGPU, Cluster, grants
 
 pytestmark = pytest.mark.e2e
@@ -54,15 +53,8 @@ async def priorities(cluster: Cluster) -> AsyncIterator[dict[str, str]]:
 
 
 async def until(what: str, check: Callable[[], Awaitable[Any]], timeout: float = DEADLINE) -> Any:
-    """Poll `check` until it returns something truthy (a condition, never a fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
+    """`check()`'s first truthy answer (tests/e2e/_wait.py until_true), within the preemption tests' deadline."""
+    return await until_true(check, what, timeout=timeout)
 
 
 async def slice_pod(cluster: Cluster, name: str, memory: int, priority: str, card: str | None = None) -> None:

@@ -23,8 +23,6 @@ one more Go build of the pinned module for CI, when all the test needs from it i
 
 from __future__ import annotations
 
-import asyncio
-import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,12 +30,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
-from deploy.local.identities import tenant
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
 from shared.kube import Kube, KubeError
+from tests.e2e._tenant import tenancy
+from tests.e2e._wait import until
 
 pytestmark = pytest.mark.e2e
 
@@ -149,35 +147,10 @@ class Env:
         await until(lambda: self._cached(lambda items: not items), "the namespace's pods deleted")
 
 
-async def until(check: Any, what: str, timeout: float = 30.0) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while (got := await check()) is None:
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.2)
-    return got
-
-
 @pytest_asyncio.fixture
 async def env(stack: Stack) -> AsyncIterator[Env]:
-    cp = stack.cp
-    run = uuid.uuid4().hex[:6]
-    ns, node = f"e2e-quota-{run}", f"s4000-quota-{run}"
-    admin = await Kube.create(str(cp.kubeconfig_path))
-    await admin.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
-    await admin.request("POST", "/api/v1/nodes", simulated.gpu_node(node, 96, 4, labels={LABEL: run}))
-    ident = await asyncio.to_thread(tenant, cp, ns, stack.dir / "identities")
-    user = await Kube.create(str(ident.kubeconfig))
-    e = Env(stack, admin, user, ns, run)
-    try:
-        yield e
-    finally:
-        await admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods", query={"gracePeriodSeconds": "0"},
-                            ok=(200, 202, 404))
-        await admin.request("DELETE", f"/api/v1/nodes/{node}", ok=(200, 202, 404))
-        await user.close()
-        await admin.close()
+    async with tenancy(stack, "quota", LABEL) as t:
+        yield Env(stack, t.admin, t.user, t.ns, t.run)
 
 
 async def test_requests_form_is_enforced_by_the_api_server_on_the_amounts_the_webhook_fills_in(env: Env) -> None:

@@ -14,33 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from controller.extender import EVENT_BURST
 from deploy.local.controlplane import ControlPlane
-from deploy.local.identities import Identities, provision
 from shared.kube import Kube
 from shared.serving.bounded import ByteLRU
 from tests.unit._servers import CFG, extender, pod
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def ids(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Identities:
-    return provision(control_plane, directory=tmp_path_factory.mktemp("ids"))
-
-
-@pytest.fixture
-async def extender_kube(ids: Identities) -> AsyncIterator[Kube]:
-    k = await Kube.create(str(ids["extender"].kubeconfig))
-    try:
-        yield k
-    finally:
-        await k.close()
 
 
 async def test_a_pod_that_never_fits_keeps_one_event_however_often_it_is_filtered(

@@ -21,6 +21,8 @@ from tests.e2e.test_product import CORE, MEM, VGPU, Cluster
 
 pytestmark = pytest.mark.e2e
 
+SLICE = {VGPU: 1, MEM: 32, CORE: 4}  # a third of a card
+
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest, control_plane: ControlPlane, redis_server: RedisServer) -> Iterator[Stack]:
@@ -46,31 +48,33 @@ async def place(cluster: Cluster, p: dict[str, Any]) -> str:
     return node
 
 
+async def three_nodes_the_last_fullest(cluster: Cluster) -> tuple[str, str, str]:
+    """Three empty two-card nodes, then a slice pinned to the third's card 0: binpack's first choice is the third."""
+    n0, n1, n2 = [await cluster.add_node(96, cards=2) for _ in range(3)]
+    assert await place(cluster, cluster.pod("pinned", SLICE, annotations={USE_UUID: f"{n2}-mthreads-0"})) == n2
+    return n0, n1, n2
+
+
 @pytest.mark.parametrize("stack", [1], indirect=True)
 async def test_k1_places_on_our_policys_choice_against_a_preferred_node(cluster: Cluster) -> None:
-    n0, _, n2 = [await cluster.add_node(96, cards=2) for _ in range(3)]
-    # n2 becomes the fullest node: binpack's first choice
-    assert await place(cluster, cluster.pod("pinned", {VGPU: 1, MEM: 32, CORE: 4},
-                                            annotations={USE_UUID: f"{n2}-mthreads-0"})) == n2
+    n0, _, n2 = await three_nodes_the_last_fullest(cluster)
     # the pod prefers n0 (weight 100), but only n2 is returned by the filter: kube-scheduler does not score
-    assert await place(cluster, prefer(cluster.pod("wants-n0", {VGPU: 1, MEM: 32, CORE: 4}), n0)) == n2
+    assert await place(cluster, prefer(cluster.pod("wants-n0", SLICE), n0)) == n2
 
 
 @pytest.mark.parametrize("stack", [1], indirect=True)
 async def test_k1_binpack_fills_nodes_in_order(cluster: Cluster) -> None:
     nodes = [await cluster.add_node(96, cards=2) for _ in range(3)]
     # 32 units each: three per card, six per node; ties between equally full nodes go by name
-    got = [await place(cluster, cluster.pod(f"p{i}", {VGPU: 1, MEM: 32, CORE: 4})) for i in range(8)]
+    got = [await place(cluster, cluster.pod(f"p{i}", SLICE)) for i in range(8)]
     assert got == [nodes[0]] * 6 + [nodes[1]] * 2
 
 
 @pytest.mark.parametrize("stack", [2], indirect=True)
 async def test_k2_a_score_plugin_decides_among_the_best_two(cluster: Cluster) -> None:
-    n0, n1, n2 = [await cluster.add_node(96, cards=2) for _ in range(3)]
-    assert await place(cluster, cluster.pod("pinned", {VGPU: 1, MEM: 32, CORE: 4},
-                                            annotations={USE_UUID: f"{n2}-mthreads-0"})) == n2
+    n0, n1, n2 = await three_nodes_the_last_fullest(cluster)
     # the best two by binpack: n2 (fullest), then n0 (empty, first by name). NodeAffinity's score
     # (2 x 100 for the preferred node) outweighs our prioritize (weight 1 x 10 x fill) inside the two:
-    assert await place(cluster, prefer(cluster.pod("wants-n0", {VGPU: 1, MEM: 32, CORE: 4}), n0)) == n0
+    assert await place(cluster, prefer(cluster.pod("wants-n0", SLICE), n0)) == n0
     # n1 (empty) is now the emptiest, outside the best two (n0 and n2 hold one slice each): not a candidate
-    assert await place(cluster, prefer(cluster.pod("wants-n1", {VGPU: 1, MEM: 32, CORE: 4}), n1)) in (n0, n2)
+    assert await place(cluster, prefer(cluster.pod("wants-n1", SLICE), n1)) in (n0, n2)

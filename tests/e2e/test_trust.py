@@ -22,7 +22,6 @@ import json
 import re
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,15 +30,15 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
-from deploy.local.identities import ADMISSION, load_manifest, tenant
+from deploy.local.identities import ADMISSION, load_manifest
 from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
 from shared.domain.annotations import ALLOCATED, BIND_PHASE, GPU_INDEX, PREDICATE_TIME, SCHEDULER_OWNED_KEYS
 from shared.domain.state import NodeSnapshot
 from shared.kube import Kube, KubeError
 from shared.store.ledger import Ledger
+from tests.e2e._tenant import tenancy
 from tests.e2e._wait import until
 
 pytestmark = pytest.mark.e2e
@@ -116,28 +115,16 @@ class Env:
 
 @pytest_asyncio.fixture
 async def env(stack: Stack) -> AsyncIterator[Env]:
-    cp = stack.cp
-    run = uuid.uuid4().hex[:6]
-    ns, node = f"e2e-trust-{run}", f"s4000-trust-{run}"
-    admin = await Kube.create(str(cp.kubeconfig_path))
-    await admin.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
-    await admin.request("POST", "/api/v1/nodes", simulated.gpu_node(node, 96, 4, labels={LABEL: run}))
-    ident = await asyncio.to_thread(tenant, cp, ns, stack.dir / "identities")
-    user = await Kube.create(str(ident.kubeconfig))
-    ledger = Ledger(Redis.from_url(stack.redis_url, decode_responses=True))
-    e = Env(stack, admin, user, ledger, ns, node, run)
-    try:
-        async def listed() -> bool | None:
-            return True if node in await ledger.snapshots([node]) else None
+    async with tenancy(stack, "trust", LABEL) as t:
+        ledger = Ledger(Redis.from_url(stack.redis_url, decode_responses=True))
+        try:
+            async def listed() -> bool | None:
+                return True if t.node in await ledger.snapshots([t.node]) else None
 
-        await until(listed, f"{node} in the ledger", stack.logs)  # else the extender turns pods away
-        yield e
-    finally:
-        await admin.request("DELETE", e.path(), query={"gracePeriodSeconds": "0"}, ok=(200, 202, 404))
-        await admin.request("DELETE", f"/api/v1/nodes/{node}", ok=(200, 202, 404))
-        await ledger.redis.aclose()
-        await user.close()
-        await admin.close()
+            await until(listed, f"{t.node} in the ledger", stack.logs)  # else the extender turns pods away
+            yield Env(stack, t.admin, t.user, ledger, t.ns, t.node, t.run)
+        finally:
+            await ledger.redis.aclose()
 
 
 def metric(stack: Stack, name: str, labels: str = "") -> float:

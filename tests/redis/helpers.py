@@ -6,8 +6,9 @@ it only depends on shared/ and redis.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 
@@ -17,6 +18,9 @@ from shared.domain.state import NodeSnapshot
 from shared.store.ledger import Ledger
 from shared.store.mirror import FULL_EVERY, Mirror
 from tests._wait import eventually as eventually  # re-exported: the redis tests import it from here
+
+if TYPE_CHECKING:
+    import pytest
 
 S4000 = 96
 S5000 = 160
@@ -190,3 +194,16 @@ async def evict_exactly(client: Redis, victims: set[str], ballast: int = 400, si
     kept = [k for k in ours if k not in victims and not await client.exists(k)]
     assert not kept, f"the eviction took more of ours than asked: {kept}"
     return int((await client.info("stats"))["evicted_keys"]) - before
+
+
+def hold_confirmations(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """Holds every `ledger.mark_bound_many` (a bind's confirmation) until the event returned is set."""
+    go = asyncio.Event()
+    real = ledger.mark_bound_many
+
+    async def held(node_name: str, uids: list[str]) -> list[str]:
+        await go.wait()
+        return await real(node_name, uids)
+
+    monkeypatch.setattr(ledger, "mark_bound_many", held)
+    return go

@@ -18,6 +18,7 @@ from shared.domain.node import node_inventory
 from shared.kube import KubeError
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
+from tests.redis.helpers import hold_confirmations
 
 pytestmark = pytest.mark.redis
 CFG = load_config(env={}, flags={"memoryPerCard": "96,160"})
@@ -226,14 +227,7 @@ async def test_a_successful_bind_sends_its_event_only_when_asked(redis_client: R
 async def test_bind_answers_once_the_binding_exists_and_marks_the_booking_bound_after(
         setup: tuple[Extender, FakeKube, Ledger], monkeypatch: pytest.MonkeyPatch) -> None:
     ext, kube, ledger = setup
-    go = asyncio.Event()
-    real = ledger.mark_bound_many
-
-    async def held_back(node_name: str, uids: list[str]) -> list[str]:
-        await go.wait()
-        return await real(node_name, uids)
-
-    monkeypatch.setattr(ledger, "mark_bound_many", held_back)
+    go = hold_confirmations(ledger, monkeypatch)
     p = pod("s1", {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 32, "mthreads.com/sgpu-core": 4})
     ext.filter({"Pod": p, "NodeNames": ["s5k"], "Nodes": None})
     out = await asyncio.wait_for(ext.bind({"PodName": "p-s1", "PodNamespace": "ns", "PodUID": "s1",

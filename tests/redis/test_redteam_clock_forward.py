@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-import controller.watchers as watchers
 from controller.watchers import Janitor
 from shared.domain.reconcile import pending_since
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
+from tests.redis._janitor import clocked_janitor
 from tests.redis.helpers import S4000, inventory
 from tests.redis.test_redteam_clock_step import HOLD_MS
 from tests.redis.test_redteam_inflight_nodes import CFG, KEEP_MS
@@ -33,13 +33,7 @@ async def step_forward(redis: Redis, ledger: Ledger, node: str, uid: str, ms: in
 
 async def test_the_janitor_keeps_a_booking_in_flight_when_redis_clock_steps_forward(
         ledger: Ledger, redis_client: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = [5000.0]
-    monkeypatch.setattr(watchers.time, "monotonic", lambda: clock[0])
-    await ledger.upsert_node(inventory("cf1", S4000, n=1))
-    mirror = Mirror(ledger)
-    await mirror.resync(full=True)
-    janitor = Janitor(ledger, mirror, CFG)
-    assert await janitor.sweep() == []  # the janitor runs before the bind, as it does
+    janitor, mirror, clock = await clocked_janitor(ledger, monkeypatch, CFG, "cf1")
     out, _ = await ledger.reserve("cf1", "p1", [0], S4000, 16, 1, pod="ns/p1", hold_ms=HOLD_MS)
     assert out.ok
     await step_forward(redis_client, ledger, "cf1", "p1", STEP_MS)

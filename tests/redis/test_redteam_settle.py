@@ -29,6 +29,7 @@ from shared.domain.node import node_inventory
 from shared.serving.metrics import REBOOKED
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
+from tests.redis.helpers import hold_confirmations
 from tests.redis.test_extender_bind import CFG, FakeKube, node, pod
 
 pytestmark = pytest.mark.redis
@@ -58,14 +59,7 @@ def held_confirmation(ledger: Ledger, kube: KeepingKube, mirror: Mirror,
                       monkeypatch: pytest.MonkeyPatch) -> tuple[Extender, PodWatcher, asyncio.Event]:
     """The extender and the pod watcher, with the bind's confirmation (mark_bound) held until the event is set:
     the settle task, behind the loop's other work."""
-    go = asyncio.Event()
-    real = ledger.mark_bound_many
-
-    async def late(node_name: str, uids: list[str]) -> list[str]:
-        await go.wait()
-        return await real(node_name, uids)
-
-    monkeypatch.setattr(ledger, "mark_bound_many", late)
+    go = hold_confirmations(ledger, monkeypatch)
     ext = Extender(CFG, ledger, mirror, kube)  # type: ignore[arg-type]
     return ext, PodWatcher(kube, ledger, mirror, CFG, asyncio.Event()), go  # type: ignore[arg-type]
 

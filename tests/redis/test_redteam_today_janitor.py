@@ -11,11 +11,9 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-import controller.watchers as watchers
-from controller.watchers import Janitor
 from shared.store.ledger import Ledger
-from shared.store.mirror import Mirror
-from tests.redis.helpers import S4000, inventory
+from tests.redis._janitor import clocked_janitor
+from tests.redis.helpers import S4000
 from tests.redis.test_redteam_clock_forward import STEP_MS, step_forward
 from tests.redis.test_redteam_clock_step import HOLD_MS
 from tests.redis.test_redteam_inflight_nodes import CFG
@@ -25,14 +23,7 @@ pytestmark = pytest.mark.redis
 
 async def test_a_pods_new_booking_on_another_node_is_dated_on_its_own(
         ledger: Ledger, redis_client: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = [5000.0]
-    monkeypatch.setattr(watchers.time, "monotonic", lambda: clock[0])
-    await ledger.upsert_node(inventory("tj-a", S4000, n=1))
-    await ledger.upsert_node(inventory("tj-b", S4000, n=1))
-    mirror = Mirror(ledger)
-    await mirror.resync(full=True)
-    janitor = Janitor(ledger, mirror, CFG)
-    assert await janitor.sweep() == []
+    janitor, mirror, clock = await clocked_janitor(ledger, monkeypatch, CFG, "tj-a", "tj-b")
     # the first attempt booked p1 on tj-a; its binder died before the Binding: the booking stays pending
     first, _ = await ledger.reserve("tj-a", "p1", [0], S4000, 16, 1, pod="ns/p1", hold_ms=HOLD_MS)
     assert first.ok
@@ -66,13 +57,7 @@ async def test_a_booking_a_later_bind_attempt_took_over_is_dated_from_that_attem
         ledger: Ledger, redis_client: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same on one node: a later attempt of the pod takes over its pending booking (reserve's `existing`),
     stamping only its settle_by, which no feed message brings; the janitor dated the booking from the first."""
-    clock = [5000.0]
-    monkeypatch.setattr(watchers.time, "monotonic", lambda: clock[0])
-    await ledger.upsert_node(inventory("tj-c", S4000, n=1))
-    mirror = Mirror(ledger)
-    await mirror.resync(full=True)
-    janitor = Janitor(ledger, mirror, CFG)
-    assert await janitor.sweep() == []
+    janitor, mirror, clock = await clocked_janitor(ledger, monkeypatch, CFG, "tj-c")
     first, _ = await ledger.reserve("tj-c", "p1", [0], S4000, 16, 1, pod="ns/p1", hold_ms=HOLD_MS)
     assert first.ok
     await step_forward(redis_client, ledger, "tj-c", "p1", STEP_MS)  # (Redis's clock ahead, as above)

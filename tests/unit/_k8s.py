@@ -13,6 +13,7 @@ from shared.domain.fit import CardState
 from shared.domain.models import parse_memory_per_card
 from shared.domain.node import Card
 from shared.domain.patch import apply_patch as apply_patch  # the tests apply the webhook's patches with it
+from shared.domain.request import SliceRequest, pod_request
 
 VGPU = "mthreads.com/vgpu"
 MEM = "mthreads.com/sgpu-memory"
@@ -108,3 +109,15 @@ def cards(capacity: int, n: int, node_name: str = "n1", **kw: Any) -> list[CardS
     return [CardState(Card(node_name, i, capacity, **kw)) for i in range(n)]
 
 
+def slice_request(config: Config, memory: int, cores: int) -> SliceRequest:
+    """The request of a pod of one slice container (memory units, cores) under `config`."""
+    req = pod_request(pod(slice_ctr("a", memory, cores)), config)
+    assert req is not None
+    return req
+
+
+def whole_request(config: Config, n: int = 1) -> SliceRequest:
+    """The request of a pod of one container asking for `n` whole cards under `config`."""
+    req = pod_request(pod(ctr("a", limits={VGPU: n})), config)
+    assert req is not None and req.whole_cards
+    return req

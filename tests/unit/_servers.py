@@ -108,6 +108,17 @@ class FakeKube:
         self.events.append((reason, message))
 
 
+class PostingKube:
+    """An API client that records the body of every request (the events a reporter posts) and answers {}."""
+
+    def __init__(self) -> None:
+        self.posted: list[dict[str, Any]] = []
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+        self.posted.append(body)
+        return {}
+
+
 def extender(cfg: Config = CFG, kube: FakeKube | None = None, ledger: FakeLedger | None = None,
              nodes: Mapping[str, int] | None = None) -> Extender:
     return Extender(cfg, cast(Ledger, ledger or FakeLedger()), mirror(nodes), cast(Kube | None, kube))
@@ -125,10 +136,11 @@ def webhook_app(cfg: Config = CFG) -> web.Application:
     return app
 
 
-def pod(uid: str = "u1", limits: Mapping[str, object] | None = None, **spec: Any) -> dict[str, Any]:
+def pod(uid: str = "u1", limits: Mapping[str, object] | None = None, annotations: Mapping[str, Any] | None = None,
+        **spec: Any) -> dict[str, Any]:
     """An admitted slice pod (our scheduler) unless told otherwise."""
     limits = {VGPU: "1", MEM: "32", CORE: "8"} if limits is None else limits
-    return {"metadata": {"name": f"p-{uid}", "namespace": "ns", "uid": uid, "annotations": {}},
+    return {"metadata": {"name": f"p-{uid}", "namespace": "ns", "uid": uid, "annotations": dict(annotations or {})},
             "spec": {"schedulerName": "hami-scheduler",
                      "containers": [{"name": "c", "resources": {"limits": dict(limits)}}], **spec}}
 

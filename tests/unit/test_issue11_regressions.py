@@ -1,94 +1,28 @@
 """Issue 11 (items 2 and 3): every reported failure of the HTTP servers, as a test.
 
 Each test here failed before the fix (500s, AttributeError denials, unjudged reviews, a
-quadratic loop, binds of pods and nodes that were not ours to bind). The module uses only names
-that existed before the fix (handle_review, decide, Extender, Webhook), so it can be run against
-the previous code to see it fail.
+quadratic loop, binds of pods and nodes that were not ours to bind). Of the servers the module uses
+only names that existed before the fix (handle_review, decide, Extender, Webhook; the mirror and the
+recording stand-ins around the extender are tests/unit/_servers.py's), so it can be run against the
+previous code to see it fail.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from typing import Any, cast
+from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from redis.asyncio import Redis
 
-from controller.extender import Extender
-from shared.config import load_config
 from shared.domain.admission import decide
-from shared.domain.state import CardRecord, NodeSnapshot
-from shared.kube import Kube, KubeError
-from shared.store.ledger import Ledger, ReserveOutcome
-from shared.store.mirror import Mirror
-from tests.unit._servers import FIELD
+from tests.unit._servers import CFG, CORE, FIELD, MEM, VGPU, FakeKube, FakeLedger, extender, pod
 from webhook.server import Webhook, handle_review
 
-CFG = load_config(env={}, flags={"memoryPerCard": "96,160"})
-VGPU, MEM, CORE = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core"
 SLICE = {VGPU: "1", MEM: "32", CORE: "8"}
 # a problem line starts with the field it is about: `Pod.spec.containers[0].resources: got 5; ...`
-
-
-class FakeLedger:
-    def __init__(self) -> None:
-        self.placed: list[tuple[str, str]] = []
-
-    async def place(self, node: str, uid: str, *_: Any, **__: Any) -> tuple[ReserveOutcome, None]:
-        self.placed.append((node, uid))
-        return ReserveOutcome(True, cards=(0,)), None
-
-    async def mark_bound(self, node: str, uid: str) -> bool:
-        return True  # as Ledger.mark_bound: the booking place made is there
-
-    async def mark_bound_many(self, node: str, uids: list[str]) -> list[str]:
-        return []  # as Ledger.mark_bound_many: every booking place made is there
-
-    async def release(self, node: str, uid: str) -> None:
-        pass
-
-    async def give_back(self, node: str, uid: str, bind_no: int | None = None) -> tuple[str, None]:
-        await self.release(node, uid)  # as Ledger.give_back, without a mirror to feed
-        return "released", None
-
-
-class FakeKube:
-    def __init__(self) -> None:
-        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
-        self.nodes: dict[str, dict[str, Any]] = {}
-        self.bound: list[tuple[str, str]] = []
-
-    async def get_pod(self, ns: str, name: str) -> dict[str, Any]:
-        if (ns, name) not in self.pods:
-            raise KubeError(404, {"message": "not found"}, "get")
-        return self.pods[(ns, name)]
-
-    async def get_node(self, name: str) -> dict[str, Any]:
-        if name not in self.nodes:
-            raise KubeError(404, {"message": "not found"}, "get")
-        return self.nodes[name]
-
-    async def bind(self, ns: str, name: str, uid: str, node: str, annotations: Mapping[str, str],
-                   until: float | None = None) -> None:
-        self.bound.append((f"{ns}/{name}", node))
-
-    async def create_event(self, *_: Any) -> None:
-        pass
-
-
-def card(index: int, capacity: int) -> CardRecord:
-    return CardRecord(index, capacity, 0, capacity, 16, 0, 16, 0, 16, "ok")
-
-
-def pod(uid: str = "u1", limits: Mapping[str, object] | None = None, annotations: Any = None,
-        **spec: Any) -> dict[str, Any]:
-    return {"metadata": {"name": f"p-{uid}", "namespace": "ns", "uid": uid, "annotations": annotations or {}},
-            "spec": {"schedulerName": "hami-scheduler",
-                     "containers": [{"name": "c", "resources": {"limits": dict(SLICE if limits is None else limits)}}],
-                     **spec}}
 
 
 class Servers:
@@ -106,13 +40,9 @@ class Servers:
 
 @pytest.fixture
 async def servers() -> AsyncIterator[Servers]:
-    m = Mirror(Ledger(Redis(port=1)))  # never connects: the nodes are set here
-    for name, units in (("s4k", 96), ("s5k", 160)):
-        m.nodes[name] = NodeSnapshot(name, 1, cards={0: card(0, units), 1: card(1, units)})
-    m.ready.set()
     kube, ledger = FakeKube(), FakeLedger()
     app = web.Application(client_max_size=32 * 1024 * 1024)
-    Extender(CFG, cast(Ledger, ledger), m, cast(Kube, kube)).routes(app)
+    extender(kube=kube, ledger=ledger).routes(app)  # two-card nodes s4k (S4000) and s5k (S5000)
     Webhook(CFG, lambda: {96, 160}).routes(app)
     async with TestClient(TestServer(app)) as client:
         yield Servers(client, kube, ledger)

@@ -16,6 +16,7 @@ from controller.mismatch import UNHEALTHY_REASON, MismatchReporter, event_body, 
 from shared.domain.node import CORDON_ANNOTATION, node_inventory
 from tests._wait import eventually
 from tests.unit._k8s import cfg, node
+from tests.unit._servers import PostingKube
 
 C96 = cfg((96,))
 
@@ -34,17 +35,8 @@ def gauge() -> float:
     return v
 
 
-class _Events:
-    def __init__(self) -> None:
-        self.posted: list[dict[str, Any]] = []
-
-    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
-        self.posted.append(body)
-        return {}
-
-
 async def test_an_unhealthy_node_is_counted_and_gets_one_event_until_it_heals() -> None:
-    api = _Events()
+    api = PostingKube()
     r = MismatchReporter(api, C96)  # type: ignore[arg-type]
     bad = sick("gpu-1")
     inv = node_inventory(bad, C96)

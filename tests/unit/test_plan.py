@@ -14,28 +14,24 @@ from controller.extender import Extender
 from shared.domain import fit as F
 from shared.domain.fit import CardNeed, CardState, FitResult, Plan, Reasons, fit, plan_booking
 from shared.domain.node import Card
-from shared.domain.request import SliceRequest, pod_request
+from shared.domain.request import SliceRequest
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation, plan_on
 from shared.kube import Kube
 from shared.store.ledger import Ledger, ReserveOutcome
 from shared.store.mirror import Mirror
-from tests.unit._k8s import VGPU, cfg, ctr, pod, slice_ctr
-from tests.unit._servers import CFG, FakeKube, bind_args, mirror
+from tests.unit._k8s import cfg, slice_request, whole_request
+from tests.unit._servers import CFG, FakeKube, FakeLedger, bind_args, mirror
 from tests.unit._servers import pod as admitted
 
 MIXED = cfg((96, 160))
 
 
 def sl(memory: int, cores: int) -> SliceRequest:
-    req = pod_request(pod(slice_ctr("a", memory, cores)), MIXED)
-    assert req is not None
-    return req
+    return slice_request(MIXED, memory, cores)
 
 
 def whole(n: int = 1) -> SliceRequest:
-    req = pod_request(pod(ctr("a", limits={VGPU: n})), MIXED)
-    assert req is not None and req.whole_cards
-    return req
+    return whole_request(MIXED, n)
 
 
 def state(index: int, capacity: int = 96, memory: int = 0, cores: int = 0, slices: int = 0,
@@ -170,29 +166,18 @@ def test_the_mirror_replaces_a_changed_node_whole_with_a_newer_seq() -> None:
 
 # -- bind reuses filter's fit ------------------------------------------------------------------------
 
-class PlanLedger:
+class PlanLedger(FakeLedger):
     """Records the plans bind sends; books them as planned (capacity from the plan)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.plans: list[tuple[str, str, Plan]] = []
 
     async def place(self, node: str, uid: str, plan: Plan, pod: str = "",
                     hold_ms: int = 0) -> tuple[ReserveOutcome, None]:
+        await super().place(node, uid)
         self.plans.append((node, uid, plan))
         return ReserveOutcome(True, plan.cards, capacity=plan.capacity), None
-
-    async def mark_bound(self, node: str, uid: str) -> bool:
-        return True  # as Ledger.mark_bound: the booking place made is there
-
-    async def mark_bound_many(self, node: str, uids: list[str]) -> list[str]:
-        return []  # as Ledger.mark_bound_many: every booking place made is there
-
-    async def release(self, node: str, uid: str) -> None:
-        pass
-
-    async def give_back(self, node: str, uid: str, bind_no: int | None = None) -> tuple[str, None]:
-        await self.release(node, uid)  # as Ledger.give_back, without a mirror to feed
-        return "released", None
 
 
 class AnnotatingKube(FakeKube):
@@ -206,14 +191,8 @@ class AnnotatingKube(FakeKube):
         await super().bind(ns, name, uid, node, annotations)
 
 
-def bind_setup() -> tuple[Extender, PlanLedger, AnnotatingKube]:
-    ledger, kube = PlanLedger(), AnnotatingKube()
-    return Extender(CFG, cast(Ledger, ledger), mirror(), cast(Kube, kube)), ledger, kube
-
-
-async def test_bind_sends_filters_fit_without_fitting_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    ext, ledger, kube = bind_setup()
-    assert ext.filter({"Pod": admitted("u1"), "NodeNames": ["s4k", "s5k"]})["NodeNames"] == ["s4k", "s5k"]
+def count_fits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one at each call of shared.domain.fit.fit from then on (which still fits)."""
     calls: list[int] = []
     real_fit = F.fit
 
@@ -222,6 +201,18 @@ async def test_bind_sends_filters_fit_without_fitting_again(monkeypatch: pytest.
         return real_fit(*args, **kwargs)
 
     monkeypatch.setattr(F, "fit", counting_fit)
+    return calls
+
+
+def bind_setup() -> tuple[Extender, PlanLedger, AnnotatingKube]:
+    ledger, kube = PlanLedger(), AnnotatingKube()
+    return Extender(CFG, cast(Ledger, ledger), mirror(), cast(Kube, kube)), ledger, kube
+
+
+async def test_bind_sends_filters_fit_without_fitting_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    ext, ledger, kube = bind_setup()
+    assert ext.filter({"Pod": admitted("u1"), "NodeNames": ["s4k", "s5k"]})["NodeNames"] == ["s4k", "s5k"]
+    calls = count_fits(monkeypatch)
     assert await ext.bind(bind_args("u1", node="s5k")) == {"Error": ""}
     assert calls == []  # the memoized fit of the node at the same seq was reused
     ((node, uid, plan),) = ledger.plans
@@ -235,14 +226,7 @@ async def test_bind_plans_afresh_when_the_node_changed_since_filter(monkeypatch:
     ext.filter({"Pod": admitted("u1"), "NodeNames": ["s5k"]})
     # another pod took card 1 meanwhile (a new snapshot, a new seq; the version number happens to be the same)
     ext.mirror.put(NodeSnapshot("s5k", 1, cards={0: record(0, 160), 1: record(1, 160, 150)}))
-    calls: list[int] = []
-    real_fit = F.fit
-
-    def counting_fit(*args: Any, **kwargs: Any) -> FitResult:
-        calls.append(1)
-        return real_fit(*args, **kwargs)
-
-    monkeypatch.setattr(F, "fit", counting_fit)
+    calls = count_fits(monkeypatch)
     assert await ext.bind(bind_args("u1", node="s5k")) == {"Error": ""}
     assert calls == [1]
     assert [p.cards for _, _, p in ledger.plans] == [(0,)]

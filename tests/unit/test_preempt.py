@@ -15,9 +15,9 @@ from shared.domain.fit import USE_UUID, CardState
 from shared.domain.node import Card
 from shared.domain.preempt import KEPT, NO_CARD, UNCHANGED, Holding, choose_victims
 from shared.domain.preempt_args import MAX_VICTIMS, parse_preemption_args
-from shared.domain.request import SliceRequest, pod_request
+from shared.domain.request import SliceRequest
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation
-from tests.unit._k8s import VGPU, cfg, ctr, pod, slice_ctr
+from tests.unit._k8s import VGPU, cfg, slice_request, whole_request
 from tests.unit._servers import FakeKube, extender
 
 S4000 = cfg((96,))
@@ -26,15 +26,11 @@ Held = tuple[str, tuple[int, ...], int, int, int]
 
 
 def sl(memory: int, cores: int = 4) -> SliceRequest:
-    req = pod_request(pod(slice_ctr("a", memory, cores)), S4000)
-    assert req is not None
-    return req
+    return slice_request(S4000, memory, cores)
 
 
 def whole(n: int = 1) -> SliceRequest:
-    req = pod_request(pod(ctr("a", limits={VGPU: n})), S4000)
-    assert req is not None and req.whole_cards
-    return req
+    return whole_request(S4000, n)
 
 
 def node(held: list[Held], cards: int = 2, max_slices: int = 16) -> tuple[list[CardState], dict[str, Holding]]:

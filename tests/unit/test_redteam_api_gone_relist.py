@@ -18,10 +18,9 @@ from aiohttp import web
 
 from controller.reflector import GONE_RELISTS, Reflector
 from tests._wait import eventually
-from tests.unit import test_redteam_api_pressure as pressure
-from tests.unit.test_redteam_api_pressure import _empty_list, _nothing
+from tests.unit._api_standin import BOOKMARK, empty_list, nothing, running, serve
 
-serve = pressure.serve  # the loopback stand-in API server (a fixture)
+__all__ = ["serve"]  # the loopback stand-in API server (a fixture): the tests ask for it by name
 
 GONE = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
         "message": "too old resource version: 5 (7)"}
@@ -35,7 +34,7 @@ async def test_a_watch_answered_410_at_once_every_time_is_not_a_tight_list_loop(
                 return web.json_response(GONE, status=410)
             return web.Response(body=orjson.dumps({"type": "ERROR", "object": GONE}) + b"\n",
                                 content_type="application/json")
-        return _empty_list(req)
+        return empty_list(req)
 
     kube, api = await serve(handler)
     syncs = [0]
@@ -43,16 +42,12 @@ async def test_a_watch_answered_410_at_once_every_time_is_not_a_tight_list_loop(
     async def on_sync(_: Any) -> None:
         syncs[0] += 1
 
-    r = Reflector(kube, "/api/v1/nodes", _nothing, on_sync, "nodes")
-    task = asyncio.create_task(r.run())
-    try:
+    r = Reflector(kube, "/api/v1/nodes", nothing, on_sync, "nodes")
+    async with running(r):
         await eventually(lambda: "410" in r.problem(0.5), within=10, what="the stream failing after 410s")
         # GONE_RELISTS + 1 lists at once, then one per backoff (0.2, 0.4 s ...) (was: thousands a second)
         assert api.lists <= GONE_RELISTS + 6, api.lists
         assert syncs[0] == api.lists
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_a_watch_that_works_again_after_410s_is_live(serve: Any) -> None:
@@ -62,20 +57,15 @@ async def test_a_watch_that_works_again_after_410s_is_live(serve: Any) -> None:
         if req.query.get("watch") == "true":
             if gone[0]:
                 return web.json_response(GONE, status=410)
-            return web.Response(body=b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}\n',
-                                content_type="application/json")
-        return _empty_list(req)
+            return web.Response(body=BOOKMARK, content_type="application/json")
+        return empty_list(req)
 
     kube, _ = await serve(handler)
-    r = Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes")
-    task = asyncio.create_task(r.run())
-    try:
+    r = Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes")
+    async with running(r):
         await eventually(lambda: "410" in r.problem(0), within=10, what="failing after 410s")
         gone[0] = False
         await eventually(lambda: r.problem(0) == "" and r.resource_version == "9", within=15, what="live again")
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_one_410_relists_at_once_and_is_no_failure(serve: Any) -> None:
@@ -87,14 +77,10 @@ async def test_one_410_relists_at_once_and_is_no_failure(serve: Any) -> None:
             if watches[0] == 1:
                 return web.json_response(GONE, status=410)
             await asyncio.sleep(30)  # open and quiet
-        return _empty_list(req)
+        return empty_list(req)
 
     kube, api = await serve(handler)
-    r = Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes")
-    task = asyncio.create_task(r.run())
-    try:
+    r = Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes")
+    async with running(r):
         await eventually(lambda: watches[0] >= 2, within=10, what="the second watch")
         assert api.lists == 2 and r.problem(0) == "" and r.failing_since is None
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)

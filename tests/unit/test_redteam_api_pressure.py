@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,83 +28,18 @@ from aiohttp import web
 import controller.extender as extender_module
 from controller.reflector import LIST_RESTARTS, Reflector
 from shared.domain.timing import BIND_ANSWER_SLACK_S, BIND_DEADLINE_S
-from shared.kube import BEST_EFFORT_IN_FLIGHT, BadAnswer, Kube, Shed
+from shared.kube import BEST_EFFORT_IN_FLIGHT, BadAnswer, Shed
 from shared.serving.supervise import is_transient
-from tests.kubeconfigs import token_kubeconfig
+from tests.unit._api_standin import BOOKMARK, empty_list, nothing, run_for, running, serve, watches_answered
 from tests.unit._servers import FakeLedger, bind_args, extender, pod
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class Api:
-    """A stand-in API server on loopback counting lists and watches; `handler` answers."""
-
-    def __init__(self, handler: Handler) -> None:
-        self.handler = handler
-        self.lists = self.watches = self.continues = 0
-
-    async def __call__(self, req: web.Request) -> web.StreamResponse:
-        if req.query.get("watch") == "true":
-            self.watches += 1
-        elif req.method == "GET":
-            self.lists += 1
-            self.continues += "continue" in req.query
-        return await self.handler(req)
-
-
-@pytest.fixture
-async def serve(tmp_path: Path) -> AsyncIterator[Callable[[Handler], Awaitable[tuple[Kube, Api]]]]:
-    made: list[tuple[Kube, web.AppRunner]] = []
-
-    async def start(handler: Handler) -> tuple[Kube, Api]:
-        api = Api(handler)
-        async def route(req: web.Request) -> web.StreamResponse:
-            return await api(req)
-
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", route)
-        runner = web.AppRunner(app, shutdown_timeout=0.1)  # (stalled handlers are not waited for)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        kube = await Kube.create(str(token_kubeconfig(tmp_path / f"kc{len(made)}", f"http://127.0.0.1:{port}")))
-        made.append((kube, runner))
-        return kube, api
-
-    yield start
-    for kube, runner in made:
-        await kube.close()
-        await runner.shutdown()
-        await runner.cleanup()
-
-
-async def _nothing(*_: Any) -> None:
-    return None
-
-
-async def _run_for(r: Reflector, seconds: float) -> asyncio.Task[None]:
-    task = asyncio.create_task(r.run())
-    await asyncio.sleep(seconds)
-    if not task.done():
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-    return task
-
-
-def _empty_list(_: web.Request) -> web.Response:
-    return web.json_response({"metadata": {"resourceVersion": "5"}, "items": []})
+__all__ = ["serve"]  # the loopback stand-in API server (a fixture): the tests ask for it by name
 
 
 async def test_a_watch_stream_that_ends_at_once_is_asked_again_with_backoff_and_is_failing(serve: Any) -> None:
-    async def handler(req: web.Request) -> web.Response:
-        if req.query.get("watch") == "true":
-            return web.Response(body=b"", content_type="application/json")  # 200, ends at once
-        return _empty_list(req)
-
-    kube, api = await serve(handler)
-    r = Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes")
-    task = await _run_for(r, 2.0)
+    kube, api = await serve(watches_answered(b""))  # 200, ends at once
+    r = Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes")
+    task = await run_for(r, 2.0)
     assert task.cancelled()  # still running
     assert api.watches <= 6, api.watches  # 0.2 + 0.4 + 0.8 s of backoff (was: thousands)
     assert "stream failing" in r.problem(1.5) and "without an event" in r.problem(1.5)
@@ -122,21 +55,16 @@ async def test_a_stream_that_says_something_resets_the_backoff_and_works(serve: 
             streams += 1
             if streams > 20:
                 many.set()
-            return web.Response(body=b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}\n',
-                                content_type="application/json")
-        return _empty_list(req)
+            return web.Response(body=BOOKMARK, content_type="application/json")
+        return empty_list(req)
 
     kube, _ = await serve(handler)
-    r = Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes")
-    task = asyncio.create_task(r.run())
-    try:
+    r = Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes")
+    async with running(r):
         # each stream made progress, so none waits a backoff: 20 of them come long before backoffs would add up
         # to 8 s (0.2 + 0.4 + ... 10 s); a condition with a bound, not a count in a fixed time (a busy machine)
         await asyncio.wait_for(many.wait(), 8.0)
         assert r.resource_version == "9" and r.problem(0) == ""
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_a_continue_token_answered_410_every_time_is_not_a_tight_loop(serve: Any) -> None:
@@ -148,7 +76,7 @@ async def test_a_continue_token_answered_410_every_time_is_not_a_tight_loop(serv
                                   "items": [{"metadata": {"name": "n"}}]})
 
     kube, api = await serve(handler)
-    r = Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes", page_size=1)
+    r = Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes", page_size=1)
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(2.0):
             await r.list()
@@ -156,7 +84,7 @@ async def test_a_continue_token_answered_410_every_time_is_not_a_tight_loop(serv
     # in 2 s)
     assert LIST_RESTARTS + 1 <= api.continues <= LIST_RESTARTS + 5, api.continues
     api.lists = 0
-    await _run_for(r, 2.0)
+    await run_for(r, 2.0)
     assert api.lists <= 2 * (LIST_RESTARTS + 5), api.lists
     assert "not listed yet" in r.problem()  # (a re-list: "re-listing for Ns" after 10 s)
 
@@ -173,7 +101,7 @@ async def test_a_continue_token_that_expired_once_starts_the_list_over(serve: An
         return web.json_response({"metadata": {"continue": "t"}, "items": [{"metadata": {"name": "a"}}]})
 
     kube, _ = await serve(handler)
-    items, rv = await Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes").list()
+    items, rv = await Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes").list()
     assert [i["metadata"]["name"] for i in items] == ["a", "b"] and rv == "6"
 
 
@@ -183,23 +111,18 @@ async def test_a_list_answered_200_without_its_object_is_a_transient_failure(ser
         return web.Response(body=body, content_type="application/json")
 
     kube, _ = await serve(handler)
-    r = Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes")
+    r = Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes")
     with pytest.raises(BadAnswer) as e:
         await r.list()
     assert is_transient(e.value)
-    task = await _run_for(r, 0.5)
+    task = await run_for(r, 0.5)
     assert task.cancelled() and "BadAnswer" in r.problem()  # retried, not ended (the supervisor's fatal path)
 
 
 async def test_a_watch_line_that_is_not_an_object_is_a_resumable_failure(serve: Any) -> None:
-    async def handler(req: web.Request) -> web.Response:
-        if req.query.get("watch") == "true":
-            return web.Response(body=b'[1]\n', content_type="application/json")
-        return _empty_list(req)
-
-    kube, api = await serve(handler)
-    r = Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes")
-    task = await _run_for(r, 1.0)
+    kube, api = await serve(watches_answered(b"[1]\n"))
+    r = Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes")
+    task = await run_for(r, 1.0)
     assert task.cancelled() and "not a JSON object" in r.problem(0) and api.watches <= 5
 
 

@@ -33,11 +33,10 @@ from shared.domain.throttle import (
 from shared.kube import KubeError, Shed
 from shared.serving.supervise import Supervisor
 from tests._wait import eventually
-from tests.unit import test_redteam_api_pressure as pressure
+from tests.unit._api_standin import empty_list, nothing, running, serve
 from tests.unit._servers import FakeLedger, bind_args, extender, pod
-from tests.unit.test_redteam_api_pressure import _empty_list, _nothing
 
-serve = pressure.serve  # the loopback stand-in API server (a fixture)
+__all__ = ["serve"]  # the loopback stand-in API server (a fixture): the tests ask for it by name
 
 TOO_MANY = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "TooManyRequests", "code": 429,
             "message": "too many requests, please try again later"}
@@ -113,17 +112,13 @@ async def test_the_watchers_honour_retry_after(serve: Any, which: str) -> None:
                 return too_many("2")
         if req.query.get("watch") == "true":
             await asyncio.sleep(30)  # then open and quiet
-        return _empty_list(req)
+        return empty_list(req)
 
     kube, _ = await serve(handler)
-    r = Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes")
-    task = asyncio.create_task(r.run())
-    try:
+    r = Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes")
+    async with running(r):
         await eventually(lambda: len(asked) >= 2, within=10, what=f"the {which} asked again")
         assert asked[1] - asked[0] >= 2.0 - 0.05, asked[1] - asked[0]  # (was: 0.2 s)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_a_supervised_task_answered_429_restarts_after_its_retry_after() -> None:
@@ -202,7 +197,7 @@ async def test_a_page_answered_429_is_asked_again_not_the_whole_list(serve: Any)
                                   "items": [{"metadata": {"name": f"n{token or 1}"}}]})
 
     kube, _ = await serve(handler)
-    items, rv = await Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes", page_size=1).list()
+    items, rv = await Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes", page_size=1).list()
     assert [i["metadata"]["name"] for i in items] == ["n1", "n2", "n3"] and rv == "7"
     assert asked == ["first", "2", "2", "3"], asked  # (was: a KubeError, and run() listed again from the first page)
 

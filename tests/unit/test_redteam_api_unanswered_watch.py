@@ -18,13 +18,9 @@ from aiohttp import web
 import controller.reflector as reflector_module
 from controller.reflector import Reflector
 from tests._wait import eventually
-from tests.unit import test_redteam_api_pressure as pressure
-from tests.unit.test_redteam_api_pressure import _empty_list, _nothing
+from tests.unit._api_standin import BOOKMARK, empty_list, nothing, running, serve
 
-serve = pressure.serve  # the loopback stand-in API server (a fixture)
-
-BOOKMARK = b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}\n'
-
+__all__ = ["serve"]  # the loopback stand-in API server (a fixture): the tests ask for it by name
 
 def frozen_after_first_watch(watches: list[int]) -> Any:
     async def handler(req: web.Request) -> web.StreamResponse:
@@ -33,23 +29,19 @@ def frozen_after_first_watch(watches: list[int]) -> Any:
             if watches[0] > 1:
                 await asyncio.sleep(60)  # accepted, never answered
             return web.Response(body=BOOKMARK, content_type="application/json")  # a stream that ends: resumed
-        return _empty_list(req)
+        return empty_list(req)
     return handler
 
 
 async def test_a_watch_never_answered_makes_the_stream_failing(serve: Any) -> None:
     watches = [0]
     kube, _ = await serve(frozen_after_first_watch(watches))
-    r = Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes")
-    task = asyncio.create_task(r.run())
-    try:
+    r = Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes")
+    async with running(r):
         await eventually(lambda: watches[0] >= 2, within=10, what="the resumed watch")
         # (was: "" for the read timeout's 330 s, the view counted live)
         await eventually(lambda: "not answered" in r.problem(1.0), within=10, what="the stream failing")
         assert "not answered" in r.unsettled(10.0)  # the janitor does not trust the view meanwhile
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_a_watch_never_answered_is_abandoned_and_asked_again(serve: Any,
@@ -57,12 +49,8 @@ async def test_a_watch_never_answered_is_abandoned_and_asked_again(serve: Any,
     monkeypatch.setattr(reflector_module, "WATCH_OPEN_S", 0.5)
     watches = [0]
     kube, _ = await serve(frozen_after_first_watch(watches))
-    r = Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes")
-    task = asyncio.create_task(r.run())
-    try:
+    r = Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes")
+    async with running(r):
         await eventually(lambda: watches[0] >= 4, within=15, what="unanswered watches asked again")
         assert r.failing_since is not None and "not answered within" in r.last_error
         assert "stream failing" in r.problem(0.5) or "not answered" in r.problem(0.5)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)

@@ -13,9 +13,9 @@ from aiohttp import web
 
 from shared.kube import KubeError
 from shared.serving.supervise import is_transient
-from tests.unit import test_redteam_api_pressure as pressure
+from tests.unit._api_standin import serve
 
-serve = pressure.serve  # the loopback stand-in API server (a fixture)
+__all__ = ["serve"]  # the loopback stand-in API server (a fixture): the tests ask for it by name
 
 POD = {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "p1", "namespace": "ns", "uid": "u1"}}
 NODE = {"kind": "Node", "apiVersion": "v1", "metadata": {"name": "n1"}}

@@ -14,35 +14,29 @@ from typing import Any
 from aiohttp import web
 
 from controller.reflector import Reflector
-from tests.unit.test_redteam_api_pressure import _empty_list, _nothing, _run_for, serve
+from tests.unit._api_standin import BOOKMARK, empty_list, nothing, run_for, running, serve, watches_answered
 
-__all__ = ["serve"]
+__all__ = ["serve"]  # the loopback stand-in API server (a fixture): the tests ask for it by name
 
 
 async def test_a_watch_answered_410_every_time_is_not_a_tight_relist_loop(serve: Any) -> None:
     async def handler(req: web.Request) -> web.Response:
         if req.query.get("watch") == "true":
             return web.json_response({"kind": "Status", "code": 410, "reason": "Expired"}, status=410)
-        return _empty_list(req)
+        return empty_list(req)
 
     kube, api = await serve(handler)
-    r = Reflector(kube, "/api/v1/pods", _nothing, _nothing, "pods")
-    task = await _run_for(r, 2.0)
+    r = Reflector(kube, "/api/v1/pods", nothing, nothing, "pods")
+    task = await run_for(r, 2.0)
     assert task.cancelled()  # still running
     assert api.lists <= 8, api.lists  # 0.2 + 0.4 + 0.8 s of backoff, a first re-list at once
 
 
 async def test_a_watch_whose_first_event_is_410_every_time_is_not_a_tight_relist_loop(serve: Any) -> None:
     gone = b'{"type":"ERROR","object":{"kind":"Status","code":410,"reason":"Expired"}}\n'
-
-    async def handler(req: web.Request) -> web.Response:
-        if req.query.get("watch") == "true":
-            return web.Response(body=gone, content_type="application/json")
-        return _empty_list(req)
-
-    kube, api = await serve(handler)
-    r = Reflector(kube, "/api/v1/pods", _nothing, _nothing, "pods")
-    await _run_for(r, 2.0)
+    kube, api = await serve(watches_answered(gone))
+    r = Reflector(kube, "/api/v1/pods", nothing, nothing, "pods")
+    await run_for(r, 2.0)
     assert api.lists <= 8, api.lists
 
 
@@ -54,21 +48,16 @@ async def test_a_410_after_the_watch_moved_on_relists_at_once(serve: Any, caplog
     async def handler(req: web.Request) -> web.Response:
         if req.query.get("watch") == "true":
             if req.query.get("resourceVersion") == "5":  # a bookmark moves the stream on, then it ends
-                return web.Response(body=b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}\n',
-                                    content_type="application/json")
+                return web.Response(body=BOOKMARK, content_type="application/json")
             return web.json_response({"kind": "Status", "code": 410}, status=410)
         if api.lists >= 2:
             relisted.set()
-        return _empty_list(req)
+        return empty_list(req)
 
     kube, api = await serve(handler)
-    r = Reflector(kube, "/api/v1/pods", _nothing, _nothing, "pods")
-    task = asyncio.create_task(r.run())
-    try:
+    r = Reflector(kube, "/api/v1/pods", nothing, nothing, "pods")
+    async with running(r):
         await asyncio.wait_for(relisted.wait(), 10)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
     assert "expired (410): re-listing" in caplog.text and "before any event" not in caplog.text
 
 
@@ -78,17 +67,12 @@ async def test_a_handler_that_keeps_failing_does_not_reopen_the_watch_in_a_tight
     the last handled version, for as long as Redis was away."""
     event = b'{"type":"ADDED","object":{"metadata":{"name":"p","uid":"u","resourceVersion":"6"}}}\n'
 
-    async def handler(req: web.Request) -> web.Response:
-        if req.query.get("watch") == "true":
-            return web.Response(body=event, content_type="application/json")
-        return _empty_list(req)
-
     async def redis_down(kind: str, obj: dict[str, Any]) -> None:
         raise ConnectionError("Redis is away")
 
-    kube, api = await serve(handler)
-    r = Reflector(kube, "/api/v1/pods", redis_down, _nothing, "pods")
-    task = await _run_for(r, 3.0)
+    kube, api = await serve(watches_answered(event))
+    r = Reflector(kube, "/api/v1/pods", redis_down, nothing, "pods")
+    task = await run_for(r, 3.0)
     assert task.cancelled()  # still running
     assert api.watches <= 6, api.watches  # 0.2 + 0.4 + 0.8 + 1.6 s of backoff (was: one every 0.2 s)
     assert r.resource_version == "5" and "Redis is away" in r.problem(0)  # replayed, not skipped
@@ -100,14 +84,9 @@ async def test_the_backoff_of_streams_that_end_at_once_keeps_growing(serve: Any,
     was said to work) instead of growing to its 10 s."""
     caplog.set_level(logging.WARNING, "mtsched.reflector")
 
-    async def handler(req: web.Request) -> web.Response:
-        if req.query.get("watch") == "true":
-            return web.Response(body=b"", content_type="application/json")  # 200, ends at once
-        return _empty_list(req)
-
-    kube, _ = await serve(handler)
-    r = Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes")
-    await _run_for(r, 4.5)
+    kube, _ = await serve(watches_answered(b""))  # 200, ends at once
+    r = Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes")
+    await run_for(r, 4.5)
     waits = [float(m.rsplit(" in ", 1)[1].rstrip("s")) for m in caplog.messages if "resuming from" in m]
     assert len(waits) >= 5 and waits == sorted(waits), waits
     assert "stream failing" in r.problem(1.5)

@@ -27,6 +27,7 @@ from shared.domain.knobs import (
     encode_annotation,
 )
 from shared.domain.node import node_inventory
+from tests.unit._servers import PostingKube
 
 DEFAULT = {"max_inst": "16\n", "policy": "0\n", "time_slice": "1\n", "overcommit_ratio": "100\n"}
 HELD = {"u1": (PodUsage("gpu-1", (0,), 8, 1, 1), "ns/a")}
@@ -41,15 +42,6 @@ def node(annotations: dict[str, str], cards: int = 3, label: str = "0-1-2", rv: 
 
 def ann(cards: dict[int, CardKnobs]) -> str:
     return encode_annotation(KnobReport(cards, {}))
-
-
-class Kube:
-    def __init__(self) -> None:
-        self.posted: list[dict[str, Any]] = []
-
-    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
-        self.posted.append(body)
-        return {}
 
 
 def test_a_repeated_key_among_many_is_refused_naming_it() -> None:
@@ -77,7 +69,7 @@ def test_1024_cards_fit_the_annotation() -> None:
     ({"mtsched.io/max-inst": "2"}, {"mtsched.io/max-inst": "2", ANNOTATION: ann({0: CardKnobs(16, 0, 1, 100)})}),
 ])
 async def test_any_rise_of_a_cards_slice_limit_nudges(before: dict[str, str], after: dict[str, str]) -> None:
-    watch = KnobWatch(Kube(), events=True)  # type: ignore[arg-type]
+    watch = KnobWatch(PostingKube(), events=True)  # type: ignore[arg-type]
     first, second = node(before), node(after, rv="2")
     inv1, inv2 = node_inventory(first, Config()), node_inventory(second, Config())
     assert inv1.cards[0].max_slices < inv2.cards[0].max_slices
@@ -89,7 +81,7 @@ async def test_any_rise_of_a_cards_slice_limit_nudges(before: dict[str, str], af
 
 
 async def test_a_change_through_an_unreadable_state_is_reported() -> None:
-    watch = KnobWatch(Kube(), events=True)  # type: ignore[arg-type]
+    watch = KnobWatch(PostingKube(), events=True)  # type: ignore[arg-type]
     steps = [ann({0: CardKnobs(16, 0, 1, 100)}),
              encode_annotation(KnobReport({}, {"0": "/proc/sgpu_km/0: missing policy"})),
              ann({0: CardKnobs(1, 2, 5, 100)})]
@@ -103,7 +95,7 @@ async def test_a_change_through_an_unreadable_state_is_reported() -> None:
 
 async def test_flapping_knobs_log_and_post_once_a_minute_per_node(caplog: pytest.LogCaptureFixture) -> None:
     """The changes within a minute after an event are reported together when it ends: one line, one event."""
-    kube = Kube()
+    kube = PostingKube()
     now = [0.0]
     slept: list[float] = []
 
@@ -130,7 +122,7 @@ async def test_flapping_knobs_log_and_post_once_a_minute_per_node(caplog: pytest
 
 
 async def test_a_change_inside_the_minute_gets_its_event_when_it_ends() -> None:
-    kube = Kube()
+    kube = PostingKube()
     now = [0.0]
     watch = KnobWatch(kube, events=True, clock=lambda: now[0], sleep=lambda d: asyncio.sleep(0))  # type: ignore[arg-type]
     held = {"u0": (PodUsage("gpu-1", (0,), 8, 1, 1), "ns/p0"), "u1": (PodUsage("gpu-1", (1,), 8, 1, 1), "ns/p1")}
@@ -146,7 +138,7 @@ async def test_a_change_inside_the_minute_gets_its_event_when_it_ends() -> None:
 
 
 async def test_a_node_offering_cards_again_nudges() -> None:
-    watch = KnobWatch(Kube(), events=True)  # type: ignore[arg-type]
+    watch = KnobWatch(PostingKube(), events=True)  # type: ignore[arg-type]
     good = node({ANNOTATION: ann({0: CardKnobs(16, 0, 1, 100)})})
     bad = node({ANNOTATION: "{not json"}, rv="2")
     await watch.observe(good, node_inventory(good, Config()), lambda: HELD)

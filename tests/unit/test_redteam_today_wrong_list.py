@@ -17,9 +17,9 @@ from aiohttp import web
 from controller.reflector import Reflector
 from shared.kube import KubeError, the_list
 from shared.serving.supervise import is_transient
-from tests.unit import test_redteam_api_pressure as pressure
+from tests.unit._api_standin import nothing, serve
 
-serve = pressure.serve  # the loopback stand-in API server (a fixture)
+__all__ = ["serve"]  # the loopback stand-in API server (a fixture): the tests ask for it by name
 
 NOT_LISTS = [
     {},
@@ -29,9 +29,6 @@ NOT_LISTS = [
 ]
 
 
-async def _nothing(*_: Any) -> None:
-    return None
-
 
 @pytest.mark.parametrize("answer", NOT_LISTS)
 async def test_a_list_answered_with_something_else_fails_as_unreachable(serve: Any, answer: Any) -> None:
@@ -39,7 +36,7 @@ async def test_a_list_answered_with_something_else_fails_as_unreachable(serve: A
         return web.json_response(answer)
 
     kube, _ = await serve(handler)
-    r = Reflector(kube, "/api/v1/pods", _nothing, _nothing, "pods")
+    r = Reflector(kube, "/api/v1/pods", nothing, nothing, "pods")
     with pytest.raises(KubeError) as e:
         await r.list()
     assert e.value.status == 502 and is_transient(e.value) and "not a list" in str(e.value)
@@ -54,7 +51,7 @@ async def test_real_lists_are_read(serve: Any) -> None:
         return web.json_response(pages[req.query.get("continue", "")])
 
     kube, _ = await serve(handler)
-    items, rv = await Reflector(kube, "/api/v1/pods", _nothing, _nothing, "pods").list()
+    items, rv = await Reflector(kube, "/api/v1/pods", nothing, nothing, "pods").list()
     assert rv == "7" and [i["metadata"]["uid"] for i in items] == ["u1"]
 
 

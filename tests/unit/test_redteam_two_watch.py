@@ -10,10 +10,12 @@ from typing import Any
 from aiohttp import web
 
 from controller.reflector import SHORT_WATCH_S, Reflector
-from tests.unit.test_redteam_api_pressure import _empty_list, _nothing, serve  # noqa: F401 (fixture)
+from tests.unit._api_standin import empty_list, nothing, running, serve
+
+__all__ = ["serve"]  # the loopback stand-in API server (a fixture): the tests ask for it by name
 
 
-async def test_a_quiet_stream_after_a_short_one_is_not_failing(serve: Any) -> None:  # noqa: F811
+async def test_a_quiet_stream_after_a_short_one_is_not_failing(serve: Any) -> None:
     """One stream ends at once (an API server restarting); the next is healthy and quiet (no event, no bookmark
     yet: they come a minute or more apart). It must count as working once it has stayed open SHORT_WATCH_S."""
     watches = 0
@@ -29,15 +31,11 @@ async def test_a_quiet_stream_after_a_short_one_is_not_failing(serve: Any) -> No
             await resp.prepare(req)
             await asyncio.sleep(3600)  # open and quiet
             return resp
-        return _empty_list(req)
+        return empty_list(req)
 
     kube, _ = await serve(handler)
-    r = Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes")
-    task = asyncio.create_task(r.run())
-    try:
+    r = Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes")
+    async with running(r):
         await asyncio.sleep(0.2 + SHORT_WATCH_S + 1.5)  # the backoff after the short stream, then > 1 s open
         assert watches == 2
         assert r.problem(0) == "", r.problem(0)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
