@@ -92,7 +92,7 @@ async def test_a_mismatch_and_unhealthy_devices_are_told_apart(healthy_again: bo
 async def test_a_mismatch_and_unhealthy_devices_each_get_their_event_within_the_minute() -> None:
     """One node: its mismatch mended, its devices reported unhealthy a moment later. The two sorts of problem are
     limited apart (was: one limit per node, the second event held back and never sent)."""
-    api = _Events()
+    api = PostingKube()
     r = MismatchReporter(api, C96)  # type: ignore[arg-type]
     wrong = node("gpu-1", cores=32, memory=320)  # an S5000 under memoryPerCard [96]
     wrong["metadata"]["uid"] = "uid-gpu-1"
@@ -111,7 +111,7 @@ async def test_an_event_held_back_by_the_limit_is_sent_when_due_if_the_problem_l
     import controller.mismatch as mismatch
 
     monkeypatch.setattr(mismatch, "EVENT_EVERY_SECONDS", 0.3)
-    api = _Events()
+    api = PostingKube()
     r = MismatchReporter(api, C96)  # type: ignore[arg-type]
     r.observe("gpu-1", sick("gpu-1"), node_inventory(sick("gpu-1"), C96))
     worse = sick("gpu-1", cards=2, sick_cards=2)  # another problem: both cards sick
@@ -131,7 +131,7 @@ async def test_an_event_held_back_by_the_limit_is_sent_when_due_if_the_problem_l
 
 
 async def test_a_deleted_node_owes_no_event() -> None:
-    api = _Events()
+    api = PostingKube()
     r = MismatchReporter(api, C96)  # type: ignore[arg-type]
     r.observe("gpu-1", sick("gpu-1"), node_inventory(sick("gpu-1"), C96))
     worse = sick("gpu-1", cards=2, sick_cards=2)

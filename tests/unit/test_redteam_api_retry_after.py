@@ -220,23 +220,19 @@ async def test_a_watch_streams_error_event_says_when_to_resume(serve: Any, code:
 
     async def handler(req: web.Request) -> web.Response:
         if req.query.get("watch") != "true":
-            return _empty_list(req)
+            return empty_list(req)
         asked.append(time.monotonic())
         if len(asked) == 1:
             return web.Response(body=orjson.dumps({"type": "ERROR", "object": status}) + b"\n",
                                 content_type="application/json")
         await asyncio.sleep(30)  # then open and quiet
-        return _empty_list(req)
+        return empty_list(req)
 
     kube, _ = await serve(handler)
-    r = Reflector(kube, "/api/v1/nodes", _nothing, _nothing, "nodes")
-    task = asyncio.create_task(r.run())
-    try:
+    r = Reflector(kube, "/api/v1/nodes", nothing, nothing, "nodes")
+    async with running(r):
         await eventually(lambda: len(asked) >= 2, within=10, what="the watch resumed")
         assert asked[1] - asked[0] >= 2.0 - 0.05, asked[1] - asked[0]
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_a_429_whose_retry_after_only_its_body_carries_is_sent_again(serve: Any) -> None:
