@@ -786,7 +786,8 @@ class Ledger:
         writes its Binding anyway); those on a card they leave over-full are counted in
         "pending_overfull". `keep_bound`: a pod of `bound` whose
         reservation is bound keeps that booking where its record differs; their uids come back as
-        "kept_bound" (a list). "dropped": how many reservations it freed (of pods neither bound nor settling).
+        "kept_bound" (a list). "dropped": how many reservations it freed (of pods neither bound nor settling);
+        "maybe_dropped": whether it freed some, or may have (a send whose reply was lost, then sent again).
         `verify_after_ms` (every writer in the roles; its truth is the API's): a node not verified under the
         history this Redis holds (its `run`, docs/redis-layout.md "Losing Redis") is verified by a truth read
         consistently from the API server at `truth_at` (Redis time, read before the read began), once that is
@@ -813,9 +814,14 @@ class Ledger:
              "pod": pod}
             for uid, (u, pod) in sorted(bound.items())]
         named = [(uid, u.cards) for uid, (u, _pod) in bound.items()]
+        resent: list[BaseException] = []
         out: dict[str, Any] = orjson.loads(await self._call("replace_node", inv.node, payload, lambda k: (
-            self.keys.replace_node(inv.node, (c.index for c in inv.cards), named, k))))
+            self.keys.replace_node(inv.node, (c.index for c in inv.cards), named, k)), resent=resent))
         out["kept_bound"] = list(out.get("kept_bound") or [])  # cjson sends an empty list as {}
+        # a first run whose reply was lost may have dropped reservations; the second finds nothing to drop. Its
+        # caller must still tell kube-scheduler the cards may be free (rebuild's `freed`), or pods turned away
+        # wait for an unrelated event
+        out["maybe_dropped"] = bool(out.get("dropped")) or _may_have_run(resent)
         return out
 
     async def rebuild(self, inventories: Iterable[Inventory],
@@ -849,7 +855,7 @@ class Ledger:
                                           verify_after_ms=verify_after_ms, lost=lost, truth_at=at.get(inv.node))
             stats["unverified"] += 0 if out.get("verified") else 1
             stats["dropped"] += int(out.get("dropped") or 0)
-            if freed is not None and out.get("dropped"):
+            if freed is not None and out["maybe_dropped"]:
                 freed(inv.node)
             stats["nodes"] += 1
             stats["kept_bound"] += len(out["kept_bound"])
