@@ -146,6 +146,31 @@ def code_digest(sources: Mapping[str, str] | None = None) -> str:
     return scripts_digest(sources if sources is not None else code_sources())
 
 
+# The settings every role reads from the one configuration the chart renders, that decide what the ledger holds and
+# what is admitted, placed or booked: two values of them at once are two configurations running side by side (a roll
+# of a configuration change stuck half-way; docs/install.md, "Changing settings on a live cluster"). Not the ones set
+# per role or pod (listen, nodeName, podName, the leader hand-over), nor secrets.
+SHARED_SETTINGS = ("memory_per_card", "resource_count_name", "resource_memory_name", "resource_core_name",
+                   "whole_card_resource_name", "scheduler_name", "node_scheduler_policy", "gpu_scheduler_policy",
+                   "filter_top_k", "default_cores", "max_slices_per_card", "force_overwrite_default_scheduler",
+                   "redis_url", "key_prefix", "pending_ttl_seconds", "reconcile_seconds", "events_enabled",
+                   "quota_check")
+
+
+def config_digest(cfg: Config) -> str:
+    """12 hex digits naming the shared settings a process runs with (`mtsched_build_info{config}`); the Redis URL
+    without its password."""
+    import hashlib
+    import json
+
+    from shared.config import without_password
+
+    values = {k: getattr(cfg, k) for k in SHARED_SETTINGS}
+    values["memory_per_card"] = [m.memory for m in cfg.memory_per_card]
+    values["redis_url"] = without_password(cfg.redis_url)
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def release() -> tuple[str, str, str]:
     """(version, scripts digest, code digest) of the code this process runs: `mtsched_build_info`'s labels."""
     from importlib.metadata import PackageNotFoundError, version
@@ -256,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     role = {"extender": roles.run_extender, "webhook": run_webhook, "watcher": roles.run_watcher,
             "node-agent": run_node_agent}[args.cmd]
     ROLE.labels(args.cmd).set(1)  # lets dashboards and alerts tell the roles apart
-    BUILD.labels(*release()).set(1)  # and the releases a roll runs side by side
+    BUILD.labels(*release(), config_digest(cfg)).set(1)  # and the releases (configurations) a roll runs side by side
     try:
         return _run_role(role, cfg)
     except ConfigError as e:  # found on the way up, e.g. an unreadable redisPasswordFile

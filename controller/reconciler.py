@@ -32,6 +32,7 @@ from shared.domain.reconcile import (
     Unrecorded,
     diff_node,
     offers_cards,
+    opens_up,
     quarantine_reason,
     recovered_usage,
     summarize,
@@ -137,9 +138,16 @@ class Reconciler:
         ours = any(not is_terminal(p) and (p.get("spec") or {}).get("schedulerName") == self.cfg.scheduler_name
                    for p in pod_objs)
         gone = why != "start" or ours
+        # the ledger as it was: a node this rebuild opens up (a new configuration's card model or higher slice limit,
+        # written by the new release's first rebuild) is nudged, as a rise the node watcher sees is: kube-scheduler
+        # parked its pods against the old one, and no Node event follows a configuration change
+        before = (await self.ledger.reread([i.node for i in invs], {}, isolate=True)).snaps
         stats = await self.ledger.rebuild(invs, bound, keep_ms=keep_ms, keep_bound=True,
                                           freed=self.pods.nudger.nudge, verify_after_ms=self.keep_ms, lost=gone,
                                           truth_at=began)
+        for inv in invs:
+            if opens_up(before.get(inv.node), inv):
+                self.pods.nudger.nudge(inv.node)
         self.nodes.known = {i.node for i in invs} | {u.node for u, _ in bound.values()}
         self.nodes.last = by_name  # the API's view; a quarantine is applied on top (NodeWatcher.effective)
         self.pods.seen = {}

@@ -311,9 +311,10 @@ def node_score(states: Sequence[CardState]) -> float:
     """HAMi's ComputeDefaultScore: 10 x (slot + core + memory fill over the node's cards), 0..30."""
     if not states:
         return 0.0
-    return fill_of(sum(s.slices_used for s in states), sum(s.card.max_slices for s in states),
-                   sum(s.cores_used for s in states), sum(s.card.cores for s in states),
-                   sum(s.memory_used for s in states), sum(s.card.capacity for s in states))
+    # each card counts at most full (share): an over-full one must not make the node look fuller than it is
+    return fill_of(sum(min(s.slices_used, s.card.max_slices) for s in states), sum(s.card.max_slices for s in states),
+                   sum(min(s.cores_used, s.card.cores) for s in states), sum(s.card.cores for s in states),
+                   sum(min(s.memory_used, s.card.capacity) for s in states), sum(s.card.capacity for s in states))
 
 
 def fill_of(slices_used: int, slots: int, cores_used: int, cores: int, memory_used: int, memory: int) -> float:
@@ -323,10 +324,12 @@ def fill_of(slices_used: int, slots: int, cores_used: int, cores: int, memory_us
 
 
 def share(used: int, total: int) -> float:
-    """used / total; 1 (full) when there is no total: a card the ledger reads as damaged (_lib.lua `num` reads a
-    damaged field as 0, so the scripts go on and refuse it) has no room, and must not stop a mirror's listener
-    or a fit with a division by zero."""
-    return used / total if total > 0 else 1.0
+    """used / total, at most 1 (full); 1 when there is no total: a card the ledger reads as damaged (_lib.lua `num`
+    reads a damaged field as 0, so the scripts go on and refuse it) has no room, and must not stop a mirror's
+    listener or a fit with a division by zero. A card over-full (its slice limit lowered below the slices it holds:
+    maxSlicesPerCard, mtsched.io/max-inst, max_inst; a record the API server holds over its capacity) counts as
+    full: more took the prioritize verb outside the extender API's 0..10 (16, or -6 under spread)."""
+    return min(1.0, used / total) if total > 0 else 1.0
 
 
 def extender_priority(states: Sequence[CardState], policy: str) -> int:

@@ -54,6 +54,23 @@ def offers_cards(inv: Inventory | None) -> bool:
     return inv is not None and bool(inv.cards or inv.error)
 
 
+def opens_up(before: NodeSnapshot | None, inv: Inventory) -> bool:
+    """Whether writing `inv` over the ledger's `before` offers what `before` did not: the node open again (it had an
+    error: a card model the configuration lacked, a quarantine), a card it lacked or held unusable, or a card's slice
+    limit raised (a changed maxSlicesPerCard). Pods kube-scheduler parked against `before` may fit now, and no
+    Node event says so (a configuration change is none). A node new to the ledger is not one: nothing was offered
+    there to refuse against but `node unregistered`, which a lost ledger's rebuild answers for every node."""
+    if before is None or inv.error or not inv.cards:
+        return False
+    if before.error:
+        return True
+    for c in inv.cards:
+        was = before.cards.get(c.index)
+        if was is None or (was.health not in ("ok", "cordoned") and c.health == "ok") or was.slice_limit < c.max_slices:
+            return True
+    return False
+
+
 def _same(res: Reservation, usage: PodUsage) -> bool:
     return (res.cards == tuple(usage.cards) and res.mem == usage.memory and res.cores == usage.cores
             and res.slices == usage.slices)

@@ -140,9 +140,9 @@ class NodeSnapshot:
         usable = [c for c in self.cards.values() if c.health != "removed"]
         if not usable:
             return 0.0
-        return fill_of(sum(c.slices for c in usable), sum(c.slice_limit for c in usable),
-                       sum(c.cores_used for c in usable), sum(c.cores for c in usable),
-                       sum(c.mem_used for c in usable), sum(c.capacity for c in usable))
+        return fill_of(sum(min(c.slices, c.slice_limit) for c in usable), sum(c.slice_limit for c in usable),
+                       sum(min(c.cores_used, c.cores) for c in usable), sum(c.cores for c in usable),
+                       sum(min(c.mem_used, c.capacity) for c in usable), sum(c.capacity for c in usable))
 
     @cached_property
     def _states(self) -> tuple[CardState, ...]:

@@ -109,9 +109,10 @@ ROLE = Gauge("mtsched_role_info", "1, labelled with the role this process runs (
 BUILD = Gauge("mtsched_build_info",
               "1, labelled with the release this process runs: version (the package's), scripts (a digest of its "
               "ledger scripts, shared.store.ledger.scripts_digest) and code (a digest of every source file it runs, "
-              "controller.cli.code_digest: the version is not bumped per release and most fixes change no script). "
-              "Two values at once for long: two releases run side by side (MtschedReleasesMixed)",
-              ["version", "scripts", "code"])
+              "controller.cli.code_digest: the version is not bumped per release and most fixes change no script) "
+              "and config (a digest of the settings every role shares, controller.cli.config_digest). Two values at "
+              "once for long: two releases or configurations run side by side (MtschedReleasesMixed)",
+              ["version", "scripts", "code", "config"])
 REDIS_PARTITION_RISK = Gauge("mtsched_redis_partition_risk",
                              "1 when a booking Redis acknowledged could be lost without a change of history the "
                              "fence sees: a Sentinel master with min-replicas-to-write 0 (checked by the watchers' "
