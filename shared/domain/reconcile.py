@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from shared.domain.annotations import PodUsage
-from shared.domain.node import Inventory
+from shared.domain.node import Card, Inventory, offers_more
 from shared.domain.request import SliceRequest
 from shared.domain.state import NodeSnapshot, Reservation
 
@@ -55,20 +55,16 @@ def offers_cards(inv: Inventory | None) -> bool:
 
 
 def opens_up(before: NodeSnapshot | None, inv: Inventory) -> bool:
-    """Whether writing `inv` over the ledger's `before` offers what `before` did not: the node open again (it had an
-    error: a card model the configuration lacked, a quarantine), a card it lacked or held unusable, or a card's slice
-    limit raised (a changed maxSlicesPerCard). Pods kube-scheduler parked against `before` may fit now, and no
-    Node event says so (a configuration change is none). A node new to the ledger is not one: nothing was offered
-    there to refuse against but `node unregistered`, which a lost ledger's rebuild answers for every node."""
-    if before is None or inv.error or not inv.cards:
+    """Whether writing `inv` over the ledger's `before` offers room `before` did not (node.py's offers_more, the one
+    rule: open again after an error, a card new, healthy or uncordoned, more memory, cores or slices, e.g. a raised
+    maxSlicesPerCard). Pods kube-scheduler parked against `before` may fit now, and no Node event says so (a
+    configuration change is none). A node new to the ledger is not one: nothing was offered there to refuse against
+    but `node unregistered`, which a lost ledger's rebuild answers for every node."""
+    if before is None:
         return False
-    if before.error:
-        return True
-    for c in inv.cards:
-        was = before.cards.get(c.index)
-        if was is None or (was.health not in ("ok", "cordoned") and c.health == "ok") or was.slice_limit < c.max_slices:
-            return True
-    return False
+    was = tuple(Card(before.node, r.index, r.capacity, max_slices=r.slice_limit, cores=r.cores,
+                     healthy=r.health in ("ok", "cordoned"), cordoned=r.health != "ok") for r in before.cards.values())
+    return offers_more(Inventory(before.node, was, error=before.error), inv)
 
 
 def _same(res: Reservation, usage: PodUsage) -> bool:
