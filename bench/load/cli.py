@@ -137,9 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if doc.get("run_id"):
             save(doc, out_dir)
-    bad = [r for r in doc.get("summary", []) if r["overcommitted_cards_ledger"]
-           or r["overcommitted_cards_annotations"] or r["unannotated_bound"] or r["leaked_reservations"]]
-    return 1 if bad else 0
+    return 1 if failed(doc.get("summary", [])) else 0
+
+
+def failed(rows: list[dict[str, Any]]) -> bool:
+    """The run's verdict (its exit code): a correctness counter above 0, or a measured phase, ours or plain,
+    that did not bind every pod it was given (its pods/s, and any ratio from it, describe other work)."""
+    return any(r["overcommitted_cards_ledger"] or r["overcommitted_cards_annotations"] or r["unannotated_bound"]
+               or r["leaked_reservations"] or r.get("unbound_pods") or r.get("unbound_pods_plain") for r in rows)
 
 
 def run_config(args: argparse.Namespace) -> dict[str, Any]:
