@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="local, one extender replica: how kube-scheduler calls it. chart (default): as the chart "
                         "deploys it by default, today http; http: plain HTTP on loopback (the chart's sidecar on its "
                         "pod's loopback); https: the chart with scheduler.extender.scheme=https, HTTPS without a "
-                        "client certificate (the default before 2026-12-03); mutual: the harness's mutual TLS "
-                        "(kube-scheduler's client certificate) (bench/stack.py)")
+                        "client certificate (the default before 2026-12-03 19:10 UTC); mutual: the harness's mutual "
+                        "TLS (kube-scheduler's client certificate) (bench/stack.py)")
     p.add_argument("--extender-http", dest="extender_tls", action="store_const", const="http",
                    help="the same as --extender-tls http")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -149,7 +149,8 @@ def failed(rows: list[dict[str, Any]]) -> bool:
 
 def run_config(args: argparse.Namespace) -> dict[str, Any]:
     """The options as given, and `extender_tls_mode`: the mode `--extender-tls` measured with one extender replica
-    (`chart` meant https before 2026-12-03 and means http since; several replicas: mutual TLS, the balancer)."""
+    (`chart` meant https before 2026-12-03 19:10 UTC, `4c2a096`, and means http since; several replicas: mutual
+    TLS, the balancer)."""
     return {**vars(args), "extender_tls_mode": concrete(args.extender_tls)}
 
 
