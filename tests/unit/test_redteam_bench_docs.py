@@ -117,3 +117,19 @@ def test_the_day_chart_meant_https_ends_with_the_charts_change() -> None:
     assert "ab-20261203-extender-http/https-*" in text  # named among the files where chart means https
     for path in (DOCS, ROOT / "bench" / "stack.py", ROOT / "bench" / "load" / "cli.py"):
         assert not re.search(r"before 2026-12-03(?! \d| ?19:10|,? 19:10|,)", path.read_text()), path
+
+
+def test_the_readmes_every_run_is_every_kept_run() -> None:
+    """README said "Correctness in every run: ... 0 scheduling attempts that erred": two kept runs had some."""
+    text = " ".join(README.read_text().split())
+    claim = text[text.index("Correctness in every run"):][:700]
+    for f in sorted(glob.glob(str(RESULTS / "**" / "run-*.json"), recursive=True)):
+        d = json.loads(Path(f).read_text())
+        for r in d.get("summary", []):
+            for k in ("overcommitted_cards_ledger", "overcommitted_cards_annotations", "unannotated_bound",
+                      "leaked_reservations", "pending_after_timeout"):
+                assert not r.get(k), (f, k)
+            erred = (r.get("schedule_attempts_error") or 0) + (r.get("schedule_attempts_error_plain") or 0)
+            if erred:
+                name = Path(f).stem
+                assert f"`{name}`: {erred}" in claim, f"{name}: {erred} attempts erred, README says 0"
