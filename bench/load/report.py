@@ -60,6 +60,21 @@ def pair_ratios(ours: list[Phase], plain: list[Phase]) -> list[float]:
             if by_rep.get(o.rep) and not unbound(o)]
 
 
+def mean_of(values: list[float], nd: int = 2) -> float | None:
+    """The mean, or None when nothing was measured (no kube-scheduler scrape, no filter call): not 0."""
+    return round(statistics.fmean(values), nd) if values else None
+
+
+def algorithm_ms(ps: list[Phase]) -> float | None:
+    """kube-scheduler's algorithm time per pod, mean over the phases where its /metrics were read."""
+    return mean_of([p.result["scheduling_cycle"]["mean_ms"] for p in ps if p.result.get("scheduling_cycle")])
+
+
+def cpu_total(per_process: dict[str, float]) -> float | None:
+    """CPU ms per pod over every process; None without CPU accounting (--kubeconfig)."""
+    return sum(per_process.values()) if per_process else None
+
+
 def checked_sum(values: list[Any]) -> int | None:
     """The sum of a counter over the phases that checked it; None when none did (no ledger, kube-scheduler's
     /metrics not read): a counter nobody looked at is not 0."""
@@ -109,19 +124,16 @@ def summarize(phases: list[Phase], fine: bool, node_memory: list[dict[str, Any]]
             # the machine's drift leaves in one cell
             "ratio_pairs": pair_ratios(ours, plain),
             "latency_ms": latency(merged, fine),
-            "filter_nodes_mean": round(statistics.fmean([p.result["filter_nodes_mean"] for p in checked
-                                                         if p.result.get("filter_nodes_mean")] or [0]), 1),
+            "filter_nodes_mean": mean_of([p.result["filter_nodes_mean"] for p in checked
+                                          if p.result.get("filter_nodes_mean")], 1),
             "redis_per_pod_extender": round(sum(rt.get("extender", {}).values()) / bound, 3) if bound else None,
             "redis_per_pod_watcher": round(sum(rt.get("watcher", {}).values()) / bound, 3) if bound else None,
             "cpu_ms_per_pod_ours": _mean_dicts([p.result.get("cpu_ms_per_pod", {}) for p in ours]),
             "cpu_ms_per_pod_plain": _mean_dicts([p.result.get("cpu_ms_per_pod", {}) for p in plain]),
             "api_requests_per_pod_ours": _mean_dicts([p.result.get("api_requests_per_pod", {}) for p in ours]),
             "api_requests_per_pod_plain": _mean_dicts([p.result.get("api_requests_per_pod", {}) for p in plain]),
-            "scheduler_algorithm_ms_ours": round(statistics.fmean(
-                [p.result["scheduling_cycle"]["mean_ms"] for p in ours if p.result.get("scheduling_cycle")] or [0]), 2),
-            "scheduler_algorithm_ms_plain": round(statistics.fmean(
-                [p.result["scheduling_cycle"]["mean_ms"] for p in plain if p.result.get("scheduling_cycle")] or [0]),
-                2),
+            "scheduler_algorithm_ms_ours": algorithm_ms(ours),
+            "scheduler_algorithm_ms_plain": algorithm_ms(plain),
             # None: not checked in any phase (no ledger: --kubeconfig without --redis-url)
             "overcommitted_cards_ledger": checked_sum([c.get("overcommitted_cards_ledger") for c in corr]),
             "overcommitted_cards_annotations": sum(c.get("overcommitted_cards_annotations", 0) for c in corr),
@@ -143,9 +155,7 @@ def summarize(phases: list[Phase], fine: bool, node_memory: list[dict[str, Any]]
             row.update({"plain2_pods_s": round(m2, 1), "plain2_pods_s_all": p2,
                         "ratio_plain2": round(statistics.fmean(o) / m2, 3) if o and m2 else None,
                         "cpu_ms_per_pod_plain2": _mean_dicts([p.result.get("cpu_ms_per_pod", {}) for p in plain2]),
-                        "scheduler_algorithm_ms_plain2": round(statistics.fmean(
-                            [p.result["scheduling_cycle"]["mean_ms"] for p in plain2
-                             if p.result.get("scheduling_cycle")] or [0]), 2)})
+                        "scheduler_algorithm_ms_plain2": algorithm_ms(plain2)})
         rec = next((m for m in node_memory or [] if m["nodes"] == nodes and str(m["replicas"]) == replicas
                     and m["percentage"] == pct), None)
         row.update(memory_fields(ours, large, ours + paced + large, rec))
@@ -158,9 +168,7 @@ def summarize(phases: list[Phase], fine: bool, node_memory: list[dict[str, Any]]
                 external_ratio=round(statistics.fmean(e) / statistics.fmean(pl), 3)
                 if pl and statistics.fmean(pl) and not any(unbound(p) for p in ext + plain) else None,
                 external_unbound_pods=sum(unbound(p) for p in ext),
-                scheduler_algorithm_ms_external=round(statistics.fmean(
-                    [p.result["scheduling_cycle"]["mean_ms"] for p in ext if p.result.get("scheduling_cycle")]
-                    or [0]), 2),
+                scheduler_algorithm_ms_external=algorithm_ms(ext),
                 cpu_ms_per_pod_external=_mean_dicts([p.result.get("cpu_ms_per_pod", {}) for p in ext]),
                 external_overcommitted_cards_annotations=sum(c.get("overcommitted_cards_annotations", 0)
                                                              for c in ecorr),
@@ -206,7 +214,7 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
                   [[str(r["nodes"]), r["replicas"], pct(r), f(r["ours_pods_s"]), f(r["plain_pods_s"]), f(r["ratio"], 2),
                     ", ".join(f(x, 2) for x in r.get("ratio_pairs") or []) or "-",
                     f"{f(r['scheduler_algorithm_ms_ours'])}/{f(r['scheduler_algorithm_ms_plain'])}",
-                    f"{f(sum(r['cpu_ms_per_pod_ours'].values()))}/{f(sum(r['cpu_ms_per_pod_plain'].values()))}",
+                    f"{f(cpu_total(r['cpu_ms_per_pod_ours']))}/{f(cpu_total(r['cpu_ms_per_pod_plain']))}",
                     f(r["redis_per_pod_extender"], 2),
                     f"{f(r['overcommitted_cards_ledger'])}+{f(r['overcommitted_cards_annotations'])}",
                     f(r["unannotated_bound"]), f(r["leaked_reservations"]), f(r["pending_after_timeout"]),
@@ -222,7 +230,7 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
                       [[str(r["nodes"]), r["replicas"], pct(r), f(r["plain_pods_s"]), f(r["plain2_pods_s"]),
                         f(r["ratio"], 2), f(r["ratio_plain2"], 2),
                         f"{f(r['scheduler_algorithm_ms_plain'])}/{f(r['scheduler_algorithm_ms_plain2'])}",
-                        f"{f(sum(r['cpu_ms_per_pod_plain'].values()))}/{f(sum(r['cpu_ms_per_pod_plain2'].values()))}"]
+                        f"{f(cpu_total(r['cpu_ms_per_pod_plain']))}/{f(cpu_total(r['cpu_ms_per_pod_plain2']))}"]
                        for r in p2_rows])
     ext_rows = [r for r in rows if r.get("external")]
     if ext_rows:
@@ -232,7 +240,7 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
                       [[str(r["nodes"]), pct(r), r["external"], f(r["external_pods_s"]),
                         ", ".join(f(x) for x in r["external_pods_s_all"]), f(r["external_ratio"], 2),
                         f(r["external_pods_s"] / r["ours_pods_s"], 2) if r["ours_pods_s"] else "-",
-                        f(r["scheduler_algorithm_ms_external"]), f(sum(r["cpu_ms_per_pod_external"].values())),
+                        f(r["scheduler_algorithm_ms_external"]), f(cpu_total(r["cpu_ms_per_pod_external"])),
                         str(r["external_overcommitted_cards_annotations"]), str(r["external_unannotated_bound"]),
                         str(r["external_pending"])]
                        for r in ext_rows if r["replicas"] == ext_rows[0]["replicas"]])

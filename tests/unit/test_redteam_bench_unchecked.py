@@ -75,3 +75,17 @@ def test_a_window_holds_only_what_was_scraped_at_both_ends() -> None:
     after = {"extender": {k: 900.0}, "kube-scheduler": {k: 5.0}}
     before = {"kube-scheduler": {k: 2.0}}  # the extender's scrape failed before the phase
     assert window(after, before) == {"kube-scheduler": {k: 3.0}}
+
+
+def test_figures_not_measured_print_as_not_measured() -> None:
+    """With --kubeconfig there is no CPU accounting and no kube-scheduler scrape: the phases record no CPU and
+    no scheduling cycle, and the table printed "0.0/0.0" for both, kube-scheduler's time and CPU per pod."""
+    ours = _ours(correctness=NO_LEDGER, cpu_ms_per_pod={}, scheduling_cycle={})
+    plain = Phase("plain", 20, "installed", 0)
+    plain.result = {"throughput_pods_s": 80.0, "pods": 40, "created": 40, "bound": 40, "cpu_ms_per_pod": {},
+                    "scheduling_cycle": {}}
+    r = summarize([ours, plain], fine=False)[0]
+    assert r["scheduler_algorithm_ms_ours"] is None and r["scheduler_algorithm_ms_plain"] is None
+    assert r["filter_nodes_mean"] is None
+    row = next(line for line in table([r], []).splitlines() if line.startswith("20 | installed"))
+    assert "| -/- | -/- |" in row  # sched algo ms ours/plain, CPU ms/pod ours/plain
