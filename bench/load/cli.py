@@ -55,7 +55,7 @@ from bench.load.cluster import LedgerView, Local, Target, delete_nodes, ensure_n
 from bench.load.phase import Phase, run_phase
 from bench.load.report import save, summarize
 from bench.stack import EXTENDER_TLS, concrete
-from bench.workload import shapes
+from bench.workload import Shape, shapes
 from shared.serving.logs import Progress
 
 # What deploy/helm/hami/values.yaml sets that the library's defaults (shared/config.py) do not: the benchmark
@@ -166,8 +166,8 @@ async def amain(args: argparse.Namespace, doc: dict[str, Any], ext: external.Ext
                            "micro": [], "phases": [], "warmups": [], "node_memory": [], "summary": []})
     say(f"machine: {doc['machine']['cpus']} cpus, {doc['machine']['memory_gib']} GiB, load average "
         f"{' '.join(f'{x:.2f}' for x in doc['machine']['load_avg'])}")
-    mix = shapes(args.pods, args.seed)
-    doc["config"]["mix"] = dict(Counter(s.kind for s in mix))
+    mix = workload(args)
+    doc["config"]["mix"] = dict(Counter(s.kind for s in mix[:args.pods]))
     if args.micro_iterations:
         for n, top in itertools.product(sorted(set(args.nodes)), (0, 1)):  # every feasible node; the chart's k
             r = micro.run(n, min(500, n), args.micro_iterations, top_k=top)
@@ -229,7 +229,7 @@ async def amain(args: argparse.Namespace, doc: dict[str, Any], ext: external.Ext
                             for ph in warmup(n, replicas, pct, args):  # kept apart: never summarized
                                 await run_phase(kube, target, ledger, names, mix[:args.warmup_pods], ph, args, say)
                                 doc["warmups"].append(ph.result)
-                            for ph, pods in plan(n, replicas, pct, args, len(mix)):
+                            for ph, pods in plan(n, replicas, pct, args, args.pods):
                                 await run_phase(kube, target, ledger, names, mix[:pods], ph, args, say)
                                 phases.append(ph)
                                 doc["phases"].append(ph.result)
@@ -247,7 +247,7 @@ async def amain(args: argparse.Namespace, doc: dict[str, Any], ext: external.Ext
                             doc["warmups"].append(ph.result)
                         for rep in range(args.repeat):
                             ph = Phase("external", n, ext.name, rep, percentage=pct)
-                            await run_phase(kube, target, None, names, mix, ph, args, say)
+                            await run_phase(kube, target, None, names, mix[:args.pods], ph, args, say)
                             phases.append(ph)
                             doc["phases"].append(ph.result)
             if not args.keep_nodes:
@@ -261,6 +261,13 @@ async def amain(args: argparse.Namespace, doc: dict[str, Any], ext: external.Ext
         doc["machine"]["load_avg_end"] = os.getloadavg()
         doc["finished"] = datetime.now(UTC).isoformat()
         doc["summary"] = summarize(phases, fine=local is not None, node_memory=doc["node_memory"])
+
+
+def workload(args: argparse.Namespace) -> list[Shape]:
+    """The pods of every phase, fixed seed: the bursts take the first --pods, the paced run the first
+    --paced-pods, a warm-up the first --warmup-pods. One sequence, long enough for the largest (a mix of
+    --pods alone cut the paced run and the warm-up down to --pods, whatever they asked for)."""
+    return shapes(max(args.pods, args.paced_pods if args.paced_rate else 0, args.warmup_pods), args.seed)
 
 
 def role_settings(given: list[str]) -> dict[str, str]:
