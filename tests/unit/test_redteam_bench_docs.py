@@ -133,3 +133,24 @@ def test_the_readmes_every_run_is_every_kept_run() -> None:
             if erred:
                 name = Path(f).stem
                 assert f"`{name}`: {erred}" in claim, f"{name}: {erred} attempts erred, README says 0"
+
+
+def test_the_2026_12_01_memory_ranges_hold_every_cell() -> None:
+    """The figures of run-20261201-205119 said 7.2-7.6 MiB per 1000 nodes and "8-12 MiB per 1000 pods (25 at
+    5,000 nodes)": its cells are 7.2-7.3, 7.4-11.9 at 500 and 1000 nodes, and 24.8 and 17.7 at 5,000."""
+    text = " ".join(DOCS.read_text().split())
+    section = text[text.index("### Figures of 2026-12-01"):]
+    m = re.search(r"Extender RSS: ([\d.]+)-([\d.]+) MiB per 1000 nodes, ([\d.]+)-([\d.]+) MiB per 1000 pods at 500 "
+                  r"and 1000 nodes \(([\d.]+) and ([\d.]+) at 5,000 nodes\)", section)
+    assert m, section[:300]
+    lo_n, hi_n, lo_p, hi_p, p5a, p5b = (float(x) for x in m.groups())
+    d = json.loads((RESULTS / "run-20261201-205119.json").read_text())
+    for r in d["summary"]:
+        per_node = (r.get("rss_mib_per_1000_nodes") or {}).get("extender")
+        if per_node is not None:
+            assert lo_n - 0.05 <= per_node <= hi_n + 0.05
+        per_pod = r["rss_mib_per_1000_pods"]["extender"]
+        if r["nodes"] < 5000:
+            assert lo_p - 0.05 <= per_pod <= hi_p + 0.05, per_pod
+        else:
+            assert any(abs(per_pod - x) < 0.051 for x in (p5a, p5b)), per_pod
