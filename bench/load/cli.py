@@ -144,7 +144,8 @@ def failed(rows: list[dict[str, Any]]) -> bool:
     """The run's verdict (its exit code): a correctness counter above 0, or a measured phase, ours or plain,
     that did not bind every pod it was given (its pods/s, and any ratio from it, describe other work)."""
     return any(r["overcommitted_cards_ledger"] or r["overcommitted_cards_annotations"] or r["unannotated_bound"]
-               or r["leaked_reservations"] or r.get("unbound_pods") or r.get("unbound_pods_plain") for r in rows)
+               or r.get("undecodable_records") or r.get("ledger_annotation_mismatches") or r["leaked_reservations"]
+               or r.get("unbound_pods") or r.get("unbound_pods_plain") for r in rows)
 
 
 def run_config(args: argparse.Namespace) -> dict[str, Any]:

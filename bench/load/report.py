@@ -139,6 +139,8 @@ def summarize(phases: list[Phase], fine: bool, node_memory: list[dict[str, Any]]
             "overcommitted_cards_annotations": sum(c.get("overcommitted_cards_annotations", 0) for c in corr),
             "ledger_annotation_mismatches": checked_sum([c.get("ledger_annotation_mismatches") for c in corr]),
             "unannotated_bound": sum(c.get("unannotated_bound", 0) for c in corr),
+            # bound pods whose allocation record did not decode: out of the over-commit recomputed from annotations
+            "undecodable_records": sum(c.get("undecodable", 0) for c in corr),
             "leaked_reservations": checked_sum([p.result.get("leaked_reservations") for p in checked]),
             "pending_after_timeout": sum(c.get("pending", 0) for c in corr),
             "pods_checked": sum(p.result["pods"] for p in checked),
@@ -209,7 +211,8 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
 
     lines = ["Throughput (pods created all at once; pods/s from first create to last bind)"]
     lines += grid(("nodes", "ext", "pct", "ours/s", "plain/s", "ratio", "per pair", "sched algo ms ours/plain",
-                   "CPU ms/pod ours/plain", "RT/pod", "overcommit", "unannot", "leaks", "pending",
+                   "CPU ms/pod ours/plain", "RT/pod", "overcommit", "unannot+undecodable", "ledger!=annot", "leaks",
+                   "pending",
                    "unbound ours/plain", "attempts error ours/plain"),
                   [[str(r["nodes"]), r["replicas"], pct(r), f(r["ours_pods_s"]), f(r["plain_pods_s"]), f(r["ratio"], 2),
                     ", ".join(f(x, 2) for x in r.get("ratio_pairs") or []) or "-",
@@ -217,7 +220,8 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
                     f"{f(cpu_total(r['cpu_ms_per_pod_ours']))}/{f(cpu_total(r['cpu_ms_per_pod_plain']))}",
                     f(r["redis_per_pod_extender"], 2),
                     f"{f(r['overcommitted_cards_ledger'])}+{f(r['overcommitted_cards_annotations'])}",
-                    f(r["unannotated_bound"]), f(r["leaked_reservations"]), f(r["pending_after_timeout"]),
+                    f"{f(r['unannotated_bound'])}+{f(r.get('undecodable_records'))}",
+                    f(r["ledger_annotation_mismatches"]), f(r["leaked_reservations"]), f(r["pending_after_timeout"]),
                     f"{f(r.get('unbound_pods'))}/{f(r.get('unbound_pods_plain'))}",
                     f"{f(r.get('schedule_attempts_error'))}/{f(r.get('schedule_attempts_error_plain'))}"]
                    for r in rows])

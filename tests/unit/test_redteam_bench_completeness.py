@@ -59,3 +59,17 @@ def test_complete_phases_still_give_their_ratio_and_pass() -> None:
     from bench.load.cli import failed
 
     assert not failed(rows)
+
+
+def test_a_bound_pod_whose_record_does_not_decode_is_counted() -> None:
+    """`check` skipped a bound pod whose allocation record raised AnnotationError (`undecodable`): it was left out
+    of the over-commit recomputed from annotations, was not `unannotated`, and the summary, the table and the
+    exit code never mentioned it: a run with every record garbled read 0 over-committed, 0 unannotated."""
+    garbled = {"overcommitted_cards_annotations": 0, "unannotated_bound": 0, "undecodable": 40, "pending": 0,
+               "overcommitted_cards_ledger": 0, "ledger_annotation_mismatches": 40}
+    rows = summarize([_phase("ours", 50.0, correctness=garbled, leaked_reservations=0), _phase("plain", 100.0)],
+                     fine=True)
+    assert rows[0]["undecodable_records"] == 40
+    from bench.load.cli import failed
+
+    assert failed(rows)
