@@ -81,6 +81,16 @@ def server_stats(r: redis.Redis) -> dict[str, float]:
             "cpu": float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])}
 
 
+def aggregate_rate(outs: list[dict[str, Any]]) -> float:
+    """The ledger's pods/s over all clients: their pods over the time they took together. The clients start
+    together (one start event; in place mode a barrier before every round), and a round lasts until its
+    slowest client is done, so the window is the sum over rounds of the slowest client's time (one round in
+    cycle mode: the measured window every client shares)."""
+    count = sum(o["count"] for o in outs)
+    window = sum(max(ts) for ts in zip(*(o.get("round_elapsed") or [o["elapsed"]] for o in outs), strict=True))
+    return count / window if window > 0 else 0.0
+
+
 def run_clients(mode: str, url: str, n: int, coroutines: int, seconds: float, warmup: float, quota: int,
                 rounds: int, seed: int, profile: bool) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
@@ -111,7 +121,7 @@ def run_clients(mode: str, url: str, n: int, coroutines: int, seconds: float, wa
         p.join(30)
     r.close()
     count = sum(o["count"] for o in outs)
-    rate = sum(o["count"] / o["elapsed"] for o in outs if o["elapsed"] > 0)
+    rate = aggregate_rate(outs)
     calls = after["evalsha_calls"] - before["evalsha_calls"]
     sched = count
     place_trips = sum(o["place_round_trips"] for o in outs)
@@ -121,6 +131,9 @@ def run_clients(mode: str, url: str, n: int, coroutines: int, seconds: float, wa
     return {
         "mode": mode, "clients": n, "coroutines_per_client": coroutines, "pods": count,
         "rate_per_s": rate, "wall_s": wall,
+        # what rate_per_s was before 2026-12-06 (bench/results/ledger.json of 2026-11-29): each client's own
+        # rate added up, which overstates the whole when the clients finish a round apart
+        "sum_of_client_rates_per_s": sum(o["count"] / o["elapsed"] for o in outs if o["elapsed"] > 0),
         "round_trips_per_scheduled_pod": per_pod,
         "round_trips_total_per_pod": (sum(o["round_trips"] for o in outs) / count) if count else 0.0,
         "conflicts": sum(o["conflicts"] for o in outs), "refused": sum(o["refused"] for o in outs),

@@ -118,6 +118,7 @@ async def client(mode: str, url: str, worker: int, coroutines: int, seconds: flo
         measuring = True
 
     totals = {"t": 0.0, "cpu": 0.0, "trips": 0.0, "refetches": 0.0, "applied": 0.0}
+    round_elapsed: list[float] = []  # place: each round's timed fill (the parent takes the slowest client's)
     if mode == "cycle":
         clock_task = asyncio.create_task(clock())
         await asyncio.gather(*(cycler(i) for i in range(coroutines)))
@@ -135,6 +136,7 @@ async def client(mode: str, url: str, worker: int, coroutines: int, seconds: flo
             await asyncio.gather(*(placer(i, rs[i]) for i in range(coroutines)))
             measuring = False
             end = mark()
+            round_elapsed.append(end["t"] - base["t"])
             for k in totals:
                 totals[k] += end[k] - base[k]
             await asyncio.to_thread(barrier.wait)
@@ -154,7 +156,8 @@ async def client(mode: str, url: str, worker: int, coroutines: int, seconds: flo
     await conn.aclose()
     await sub.aclose()
     latencies.sort()
-    return {"worker": worker, "count": count, "elapsed": elapsed, "refused": refused, "conflicts": conflicts,
+    return {"worker": worker, "count": count, "elapsed": elapsed, "round_elapsed": round_elapsed or [elapsed],
+            "refused": refused, "conflicts": conflicts,
             "round_trips": trips, "place_round_trips": place_trips, "mirror_refetches": refetches,
             "mirror_applied": applied, "cpu_seconds": cpu,
             "place_p50_ms": 1000 * latencies[len(latencies) // 2] if latencies else 0.0,

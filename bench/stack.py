@@ -5,8 +5,8 @@ histograms), and kube-scheduler calling one extender the way a deployment does (
 - `http`: plain HTTP on loopback: the chart's sidecar, listening on its pod's own loopback, which only that
   pod's containers reach (deploy/helm/hami/templates/scheduler/configmap.yaml);
 - `https`: the chart with scheduler.extender.scheme=https: kube-scheduler checks the extender's certificate
-  and presents none (`tlsConfig` has a `caFile` only). This was `chart` before 2026-12-03 (results in
-  bench/results/ from before then that say `chart` are this mode);
+  and presents none (`tlsConfig` has a `caFile` only). This was `chart` before `4c2a096` (2026-12-03,
+  19:10 UTC; results in bench/results/ from before then that say `chart` are this mode, docs/benchmarks.md);
 - `mutual`: the local harness's mutual TLS (kube-scheduler's client certificate, extenderClientCAFile),
   which the extender needs on any address other than loopback, and the webhook asking the API server for its
   client certificate (webhookClientCAFile), which the other modes leave off as the chart does by default.

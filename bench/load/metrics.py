@@ -13,6 +13,9 @@ SCRAPE_TIMEOUT = 60.0  # a role's /metrics is ~45 MB at 5,000 nodes (per-card ga
 
 
 def scrape_all(target: Target) -> dict[str, prom.Scrape]:
+    """Every role's /metrics (replicas summed), kube-scheduler's and the API server's. A role of which one URL
+    could not be read is left out, not kept partial or empty: subtracted from a whole scrape at the phase's
+    other end, it would turn the counters since the role started into the phase's (`window`)."""
     out: dict[str, prom.Scrape] = {}
     for kind, urls in target.metrics.items():
         parts = []
@@ -20,8 +23,9 @@ def scrape_all(target: Target) -> dict[str, prom.Scrape]:
             try:
                 parts.append(prom.scrape(u, timeout=SCRAPE_TIMEOUT))
             except OSError as e:
-                print(f"  (could not scrape {u}: {e})", flush=True)
-        out[kind] = prom.merge(parts)
+                print(f"  (could not scrape {u}: {e}; {kind} left out of this window)", flush=True)
+        if len(parts) == len(urls):
+            out[kind] = prom.merge(parts)
     if target.scheduler_metrics:
         try:
             out["kube-scheduler"] = prom.scrape(target.scheduler_metrics[0], token=target.scheduler_metrics[1])
@@ -35,6 +39,11 @@ def scrape_all(target: Target) -> dict[str, prom.Scrape]:
         except OSError as e:
             print(f"  (could not scrape kube-apiserver: {e})", flush=True)
     return out
+
+
+def window(after: dict[str, prom.Scrape], before: dict[str, prom.Scrape]) -> dict[str, prom.Scrape]:
+    """What each source counted between two scrapes, for the sources read at both ends only."""
+    return {k: prom.diff(v, before[k]) for k, v in after.items() if k in before}
 
 
 def scheduling_cycle(d: dict[str, prom.Scrape]) -> dict[str, Any]:

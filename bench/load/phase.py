@@ -25,6 +25,7 @@ from bench.load.metrics import (
     schedule_attempts,
     scheduling_cycle,
     scrape_all,
+    window,
 )
 from bench.workload import CHART_IGNORE_LABEL, IGNORE_LABEL, RUN_LABEL, Shape, our_pod, plain_pod
 from shared.serving.logs import Progress
@@ -141,7 +142,7 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
     await asyncio.sleep(1.0)  # let the last binds' metrics land
     mem_bound = memory.sample(target.pids)  # the pods still exist: every cache holds them
     after = scrape_all(target)
-    d = {k: prom.diff(after.get(k, {}), before.get(k, {})) for k in after}
+    d = window(after, before)
     bound = len(bound_at)
     first_bind = min(bound_at.values()) if bound_at else t_end
     res: dict[str, Any] = {
@@ -161,7 +162,8 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
     res["cpu_ms_per_pod"] = {k: round(1000 * v / bound, 2) for k, v in res["cpu_seconds"].items()} if bound else {}
     res["cpu_busy_share"] = round(sum(cpu.values()) / ((os.cpu_count() or 1) * (t_end - t_start)), 3)
     res["scheduling_cycle"] = scheduling_cycle(d)
-    res["schedule_attempts"] = schedule_attempts(d)
+    # None: kube-scheduler's /metrics not read at both ends (--kubeconfig, a failed scrape): not checked, not 0
+    res["schedule_attempts"] = schedule_attempts(d) if "kube-scheduler" in d else None
     res["batch_attempts"] = batch_attempts(d)
     res["api_requests_per_pod"] = api_requests(d, bound)
     res["percentage_of_nodes_to_score"] = ph.percentage
@@ -231,7 +233,7 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
         res["release_seconds"] = round(time.monotonic() - t, 2)
     after_del = scrape_all(target)
     if ours:
-        dd = {k: prom.diff(after_del.get(k, {}), before_del.get(k, {})) for k in after_del}
+        dd = window(after_del, before_del)
         res["redis_round_trips_delete"] = round_trips(dd)
     watch_task.cancel()
     with contextlib.suppress(BaseException):

@@ -46,11 +46,46 @@ def memory_fields(ours: list[Phase], large: list[Phase], every: list[Phase], nod
     }
 
 
+def unbound(p: Phase) -> int:
+    """Pods of the phase that were not bound: refused at create, or still pending when it timed out. Its
+    pods/s counts the bound ones only, so a phase with any is not the same work as a complete one."""
+    return max(0, int(p.result.get("pods", 0)) - int(p.result.get("bound", 0)))
+
+
 def pair_ratios(ours: list[Phase], plain: list[Phase]) -> list[float]:
-    """ours/plain pods/s per --repeat round that has both, in round order."""
-    by_rep = {p.rep: p.result["throughput_pods_s"] for p in plain}
+    """ours/plain pods/s per --repeat round that has both, each of them complete (every pod bound), in round
+    order."""
+    by_rep = {p.rep: p.result["throughput_pods_s"] for p in plain if not unbound(p)}
     return [round(o.result["throughput_pods_s"] / by_rep[o.rep], 3) for o in sorted(ours, key=lambda p: p.rep)
-            if by_rep.get(o.rep)]
+            if by_rep.get(o.rep) and not unbound(o)]
+
+
+def mean_of(values: list[float], nd: int = 2) -> float | None:
+    """The mean, or None when nothing was measured (no kube-scheduler scrape, no filter call): not 0."""
+    return round(statistics.fmean(values), nd) if values else None
+
+
+def algorithm_ms(ps: list[Phase]) -> float | None:
+    """kube-scheduler's algorithm time per pod, mean over the phases where its /metrics were read."""
+    return mean_of([p.result["scheduling_cycle"]["mean_ms"] for p in ps if p.result.get("scheduling_cycle")])
+
+
+def cpu_total(per_process: dict[str, float]) -> float | None:
+    """CPU ms per pod over every process; None without CPU accounting (--kubeconfig)."""
+    return sum(per_process.values()) if per_process else None
+
+
+def checked_sum(values: list[Any]) -> int | None:
+    """The sum of a counter over the phases that checked it; None when none did (no ledger, kube-scheduler's
+    /metrics not read): a counter nobody looked at is not 0."""
+    seen = [int(v) for v in values if v is not None]
+    return sum(seen) if seen else None
+
+
+def attempts_error(ps: list[Phase]) -> int | None:
+    """kube-scheduler's attempts that erred in these phases; None when its /metrics were read in none of them."""
+    return checked_sum([None if p.result.get("schedule_attempts") is None
+                        else p.result["schedule_attempts"].get("error", 0) for p in ps])
 
 
 def summarize(phases: list[Phase], fine: bool, node_memory: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -79,36 +114,40 @@ def summarize(phases: list[Phase], fine: bool, node_memory: list[dict[str, Any]]
             "nodes": nodes, "replicas": replicas, "percentage_of_nodes_to_score": pct, "runs": len(ours),
             "ours_pods_s": round(statistics.fmean(o), 1) if o else None, "ours_pods_s_all": o,
             "plain_pods_s": round(statistics.fmean(pl), 1) if pl else None, "plain_pods_s_all": pl,
-            "ratio": round(statistics.fmean(o) / statistics.fmean(pl), 3) if o and pl and statistics.fmean(pl)
-            else None,
+            # only when every ours and plain phase bound all its pods: otherwise the two did not place the same work
+            "ratio": round(statistics.fmean(o) / statistics.fmean(pl), 3)
+            if o and pl and statistics.fmean(pl) and not any(unbound(p) for p in ours + plain) else None,
+            # pods refused at create or left pending at --timeout, in ours (+ paced, large) and in plain (+ plain2)
+            "unbound_pods": sum(unbound(p) for p in ours + paced + large),
+            "unbound_pods_plain": sum(unbound(p) for p in plain + plain2),
             # each pair's own ratio (ours and plain of the same --repeat round, run back to back): the spread
             # the machine's drift leaves in one cell
             "ratio_pairs": pair_ratios(ours, plain),
             "latency_ms": latency(merged, fine),
-            "filter_nodes_mean": round(statistics.fmean([p.result["filter_nodes_mean"] for p in checked
-                                                         if p.result.get("filter_nodes_mean")] or [0]), 1),
+            "filter_nodes_mean": mean_of([p.result["filter_nodes_mean"] for p in checked
+                                          if p.result.get("filter_nodes_mean")], 1),
             "redis_per_pod_extender": round(sum(rt.get("extender", {}).values()) / bound, 3) if bound else None,
             "redis_per_pod_watcher": round(sum(rt.get("watcher", {}).values()) / bound, 3) if bound else None,
             "cpu_ms_per_pod_ours": _mean_dicts([p.result.get("cpu_ms_per_pod", {}) for p in ours]),
             "cpu_ms_per_pod_plain": _mean_dicts([p.result.get("cpu_ms_per_pod", {}) for p in plain]),
             "api_requests_per_pod_ours": _mean_dicts([p.result.get("api_requests_per_pod", {}) for p in ours]),
             "api_requests_per_pod_plain": _mean_dicts([p.result.get("api_requests_per_pod", {}) for p in plain]),
-            "scheduler_algorithm_ms_ours": round(statistics.fmean(
-                [p.result["scheduling_cycle"]["mean_ms"] for p in ours if p.result.get("scheduling_cycle")] or [0]), 2),
-            "scheduler_algorithm_ms_plain": round(statistics.fmean(
-                [p.result["scheduling_cycle"]["mean_ms"] for p in plain if p.result.get("scheduling_cycle")] or [0]),
-                2),
-            "overcommitted_cards_ledger": sum(c.get("overcommitted_cards_ledger", 0) for c in corr),
+            "scheduler_algorithm_ms_ours": algorithm_ms(ours),
+            "scheduler_algorithm_ms_plain": algorithm_ms(plain),
+            # None: not checked in any phase (no ledger: --kubeconfig without --redis-url)
+            "overcommitted_cards_ledger": checked_sum([c.get("overcommitted_cards_ledger") for c in corr]),
             "overcommitted_cards_annotations": sum(c.get("overcommitted_cards_annotations", 0) for c in corr),
-            "ledger_annotation_mismatches": sum(c.get("ledger_annotation_mismatches", 0) for c in corr),
+            "ledger_annotation_mismatches": checked_sum([c.get("ledger_annotation_mismatches") for c in corr]),
             "unannotated_bound": sum(c.get("unannotated_bound", 0) for c in corr),
-            "leaked_reservations": sum(p.result.get("leaked_reservations", 0) for p in checked),
+            # bound pods whose allocation record did not decode: out of the over-commit recomputed from annotations
+            "undecodable_records": sum(c.get("undecodable", 0) for c in corr),
+            "leaked_reservations": checked_sum([p.result.get("leaked_reservations") for p in checked]),
             "pending_after_timeout": sum(c.get("pending", 0) for c in corr),
             "pods_checked": sum(p.result["pods"] for p in checked),
-            # kube-scheduler's attempts that failed for another reason than "does not fit" (target: 0)
-            "schedule_attempts_error": sum(p.result.get("schedule_attempts", {}).get("error", 0) for p in checked),
-            "schedule_attempts_error_plain": sum(p.result.get("schedule_attempts", {}).get("error", 0)
-                                                 for p in plain),
+            # kube-scheduler's attempts that failed for another reason than "does not fit" (target: 0); None:
+            # its /metrics were not read (--kubeconfig, or a failed scrape)
+            "schedule_attempts_error": attempts_error(checked),
+            "schedule_attempts_error_plain": attempts_error(plain),
             # per phase (burst phases, then paced): the policy's packing, nodes and cards holding a slice
             "nodes_used": [c.get("nodes_used") for c in corr], "cards_used": [c.get("cards_used") for c in corr],
         }
@@ -118,9 +157,7 @@ def summarize(phases: list[Phase], fine: bool, node_memory: list[dict[str, Any]]
             row.update({"plain2_pods_s": round(m2, 1), "plain2_pods_s_all": p2,
                         "ratio_plain2": round(statistics.fmean(o) / m2, 3) if o and m2 else None,
                         "cpu_ms_per_pod_plain2": _mean_dicts([p.result.get("cpu_ms_per_pod", {}) for p in plain2]),
-                        "scheduler_algorithm_ms_plain2": round(statistics.fmean(
-                            [p.result["scheduling_cycle"]["mean_ms"] for p in plain2
-                             if p.result.get("scheduling_cycle")] or [0]), 2)})
+                        "scheduler_algorithm_ms_plain2": algorithm_ms(plain2)})
         rec = next((m for m in node_memory or [] if m["nodes"] == nodes and str(m["replicas"]) == replicas
                     and m["percentage"] == pct), None)
         row.update(memory_fields(ours, large, ours + paced + large, rec))
@@ -130,11 +167,10 @@ def summarize(phases: list[Phase], fine: bool, node_memory: list[dict[str, Any]]
             name = str(ext[0].replicas)
             row.update(
                 external=name, external_pods_s=round(statistics.fmean(e), 1), external_pods_s_all=e,
-                external_ratio=round(statistics.fmean(e) / statistics.fmean(pl), 3) if pl and statistics.fmean(pl)
-                else None,
-                scheduler_algorithm_ms_external=round(statistics.fmean(
-                    [p.result["scheduling_cycle"]["mean_ms"] for p in ext if p.result.get("scheduling_cycle")]
-                    or [0]), 2),
+                external_ratio=round(statistics.fmean(e) / statistics.fmean(pl), 3)
+                if pl and statistics.fmean(pl) and not any(unbound(p) for p in ext + plain) else None,
+                external_unbound_pods=sum(unbound(p) for p in ext),
+                scheduler_algorithm_ms_external=algorithm_ms(ext),
                 cpu_ms_per_pod_external=_mean_dicts([p.result.get("cpu_ms_per_pod", {}) for p in ext]),
                 external_overcommitted_cards_annotations=sum(c.get("overcommitted_cards_annotations", 0)
                                                              for c in ecorr),
@@ -175,16 +211,19 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
 
     lines = ["Throughput (pods created all at once; pods/s from first create to last bind)"]
     lines += grid(("nodes", "ext", "pct", "ours/s", "plain/s", "ratio", "per pair", "sched algo ms ours/plain",
-                   "CPU ms/pod ours/plain", "RT/pod", "overcommit", "unannot", "leaks", "pending",
-                   "attempts error ours/plain"),
+                   "CPU ms/pod ours/plain", "RT/pod", "overcommit", "unannot+undecodable", "ledger!=annot", "leaks",
+                   "pending",
+                   "unbound ours/plain", "attempts error ours/plain"),
                   [[str(r["nodes"]), r["replicas"], pct(r), f(r["ours_pods_s"]), f(r["plain_pods_s"]), f(r["ratio"], 2),
                     ", ".join(f(x, 2) for x in r.get("ratio_pairs") or []) or "-",
                     f"{f(r['scheduler_algorithm_ms_ours'])}/{f(r['scheduler_algorithm_ms_plain'])}",
-                    f"{f(sum(r['cpu_ms_per_pod_ours'].values()))}/{f(sum(r['cpu_ms_per_pod_plain'].values()))}",
+                    f"{f(cpu_total(r['cpu_ms_per_pod_ours']))}/{f(cpu_total(r['cpu_ms_per_pod_plain']))}",
                     f(r["redis_per_pod_extender"], 2),
-                    f"{r['overcommitted_cards_ledger']}+{r['overcommitted_cards_annotations']}",
-                    str(r["unannotated_bound"]), str(r["leaked_reservations"]), str(r["pending_after_timeout"]),
-                    f"{r.get('schedule_attempts_error', '-')}/{r.get('schedule_attempts_error_plain', '-')}"]
+                    f"{f(r['overcommitted_cards_ledger'])}+{f(r['overcommitted_cards_annotations'])}",
+                    f"{f(r['unannotated_bound'])}+{f(r.get('undecodable_records'))}",
+                    f(r["ledger_annotation_mismatches"]), f(r["leaked_reservations"]), f(r["pending_after_timeout"]),
+                    f"{f(r.get('unbound_pods'))}/{f(r.get('unbound_pods_plain'))}",
+                    f"{f(r.get('schedule_attempts_error'))}/{f(r.get('schedule_attempts_error_plain'))}"]
                    for r in rows])
     p2_rows = [r for r in rows if r.get("plain2_pods_s") is not None]
     if p2_rows:
@@ -195,7 +234,7 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
                       [[str(r["nodes"]), r["replicas"], pct(r), f(r["plain_pods_s"]), f(r["plain2_pods_s"]),
                         f(r["ratio"], 2), f(r["ratio_plain2"], 2),
                         f"{f(r['scheduler_algorithm_ms_plain'])}/{f(r['scheduler_algorithm_ms_plain2'])}",
-                        f"{f(sum(r['cpu_ms_per_pod_plain'].values()))}/{f(sum(r['cpu_ms_per_pod_plain2'].values()))}"]
+                        f"{f(cpu_total(r['cpu_ms_per_pod_plain']))}/{f(cpu_total(r['cpu_ms_per_pod_plain2']))}"]
                        for r in p2_rows])
     ext_rows = [r for r in rows if r.get("external")]
     if ext_rows:
@@ -205,7 +244,7 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
                       [[str(r["nodes"]), pct(r), r["external"], f(r["external_pods_s"]),
                         ", ".join(f(x) for x in r["external_pods_s_all"]), f(r["external_ratio"], 2),
                         f(r["external_pods_s"] / r["ours_pods_s"], 2) if r["ours_pods_s"] else "-",
-                        f(r["scheduler_algorithm_ms_external"]), f(sum(r["cpu_ms_per_pod_external"].values())),
+                        f(r["scheduler_algorithm_ms_external"]), f(cpu_total(r["cpu_ms_per_pod_external"])),
                         str(r["external_overcommitted_cards_annotations"]), str(r["external_unannotated_bound"]),
                         str(r["external_pending"])]
                        for r in ext_rows if r["replicas"] == ext_rows[0]["replicas"]])
@@ -248,7 +287,9 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
             f" (prioritize p99 {m['prioritize_p99_ms']:.2f} ms; first call per request shape "
             f"{m['filter_cold_mean_ms']:.2f} ms)" for m in micro))
     lines.append("RT/pod = the extender's Redis round trips per bound pod; overcommit = cards over-committed in the "
-                 "ledger + recomputed from annotations; p99 from 8 %-wide buckets; pct = kube-scheduler's "
+                 "ledger + recomputed from annotations; unbound = pods refused at create or pending at --timeout "
+                 "(any: no ratio); '-' = not checked (no ledger, kube-scheduler's /metrics not read); p99 from "
+                 "8 %-wide buckets (the product's coarse buckets with --kubeconfig); pct = kube-scheduler's "
                  "percentageOfNodesToScore (default: its adaptive default)")
     return "\n".join(lines)
 
