@@ -159,15 +159,16 @@ SHARED_SETTINGS = ("memory_per_card", "resource_count_name", "resource_memory_na
 
 def config_digest(cfg: Config) -> str:
     """12 hex digits naming the shared settings a process runs with (`mtsched_build_info{config}`); the Redis URL
-    without its password."""
+    without its passwords (the userinfo's, and the query's `password=`/`sentinel_password=`, masked: a label anyone
+    who scrapes reads must be no hash over a secret)."""
     import hashlib
     import json
 
-    from shared.config import without_password
+    from shared.config import redact_url, without_password
 
     values = {k: getattr(cfg, k) for k in SHARED_SETTINGS}
     values["memory_per_card"] = [m.memory for m in cfg.memory_per_card]
-    values["redis_url"] = without_password(cfg.redis_url)
+    values["redis_url"] = redact_url(without_password(cfg.redis_url))
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -79,6 +79,9 @@ class MismatchReporter:
         self.cfg = cfg
         self.problems: dict[str, tuple[str, str]] = {}
         self.unhealthy: dict[str, str] = {}
+        # the uid of each node this reporter keeps something of (a problem, an event sent or owed): a Node of another
+        # uid under that name (deleted and created again while the watch was down) is a new node
+        self.uids: dict[str, str] = {}
         self.listed = False
         self.sent = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -98,6 +101,25 @@ class MismatchReporter:
 
     def observe(self, name: str, node: Mapping[str, Any] | None, inv: Inventory | None) -> None:
         """One node as the API reports it (`inv` None: deleted). An event only when its problem changed."""
+        uid = str(((node or {}).get("metadata") or {}).get("uid") or "")
+        if inv is not None and uid and self.uids.get(name, uid) != uid:
+            # another Node under that name: what was kept (and an event owed) was the old one's; its problem is
+            # reported anew, for this one (was: the owed event named a uid that no longer exists, and the new Node
+            # with the same problem got none)
+            self._forget(name)
+            self.problems.pop(name, None)
+            self.unhealthy.pop(name, None)
+        try:
+            self._observe(name, node, inv)
+        finally:
+            if (name in self.problems or name in self.unhealthy or (name, True) in self._event_at
+                    or (name, False) in self._event_at):
+                if uid:
+                    self.uids[name] = uid
+            else:
+                self.uids.pop(name, None)
+
+    def _observe(self, name: str, node: Mapping[str, Any] | None, inv: Inventory | None) -> None:
         now = (inv.problem, inv.error) if inv is not None and inv.problem else None
         before = self.problems.get(name)
         if inv is None:  # deleted: nothing of it kept (a cluster whose nodes churn kept one entry per name ever)
@@ -166,6 +188,7 @@ class MismatchReporter:
             self._event(name, {"metadata": {"uid": owed[1]}}, "", self.unhealthy[name])
 
     def _forget(self, name: str) -> None:
+        self.uids.pop(name, None)
         for key in ((name, True), (name, False)):
             self._event_at.pop(key, None)
             owed = self._owed.pop(key, None)
@@ -178,6 +201,8 @@ class MismatchReporter:
             self.problems.pop(gone)
         for gone in set(self.unhealthy) - names:
             self.unhealthy.pop(gone)
+        for gone in set(self.uids) - names:
+            self.uids.pop(gone)
         for gone in {name for name, _ in (*self._event_at, *self._owed)} - names:
             self._forget(gone)
         self._gauge()

@@ -111,6 +111,9 @@ class NodeWatcher:
         self.keep_ms = keep_ms
         self.last: dict[str, Inventory] = {}  # what this watcher last wrote, per node (the API's view)
         self.listed = False  # whether a list of the nodes was applied (on_sync)
+        # `last` as it was before a re-list that failed part-way (Redis away): the baseline the next re-list compares
+        # with, its nodes' room (the failed one emptied `last` and wrote only some of them); None once one succeeded
+        self.unlisted: dict[str, Inventory] | None = None
         self.known: set[str] = set()  # nodes this watcher has seen in the ledger
         self.lost = asyncio.Event()  # set when Redis turned out to have lost a known node
         self.holders: Holders = lambda node: {}
@@ -187,8 +190,21 @@ class NodeWatcher:
             return
         self.kept.pop(name, None)
         assert inv is not None
+        was = self.last.get(name)
         self.last[name] = inv
-        inv = self.effective(inv)
+        try:
+            await self._write_open(name, self.effective(inv), keep_ms, stale)
+        except BaseException:
+            # not written (Redis away): the reflector replays the event, or lists again, and that must write it, and
+            # see the room it offers (taken as written, the replay wrote nothing and nudged nobody)
+            if was is None:
+                self.last.pop(name, None)
+            else:
+                self.last[name] = was
+            raise
+
+    async def _write_open(self, name: str, inv: Inventory, keep_ms: int, stale: str) -> None:
+        """apply's write of a node that offers cards (or is closed by an error), `inv` as the ledger must hold it."""
         # open again after an error, a quarantine or no card (deleted, capacity 0): written closed without the
         # holders recovered from their cards (by this watcher, or one that started while it was closed); while
         # closed by an error it is upserted, keeping whatever the ledger holds. Forgotten as closed only once it is
@@ -265,7 +281,9 @@ class NodeWatcher:
 
     async def _on_sync(self, nodes: list[dict[str, Any]]) -> None:
         invs = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in nodes)}
-        before = self.last
+        # (after a re-list that failed, `last` holds only the nodes it wrote: every other node would look new)
+        before = self.last if self.unlisted is None else self.unlisted
+        self.unlisted = before
         self.knobs.keep_only(set(invs))  # nodes gone while the watch was down: no baseline kept for them
         raised: list[str] = []
         for n in nodes:  # a re-list may carry a change the lost stream did not deliver
@@ -285,6 +303,7 @@ class NodeWatcher:
         if self.listed:  # (not at start: every node would be new to this watcher, and no filter saw it lag)
             raised += [name for name, inv in invs.items() if name not in raised and offers_more(before.get(name), inv)]
         self.listed = True
+        self.unlisted = None
         for name in raised:  # as on_event: once the ledger has the higher limit or the room, kube-scheduler retries
             self.nudge(name)
 

@@ -205,6 +205,9 @@ class Ledger:
         self.connection_retries = 2  # sends again after a connection error (see _retry) ...
         self.retry_seconds = 3.0  # ... and keeps trying this long (a Sentinel failover takes seconds)
         self._resend_said: dict[str, tuple[float, int]] = {}  # op -> (when a resend was last logged, not since)
+        # op -> the line due when its second ends, for the resends held back since the last (an outage's last ones
+        # were told by no line: no later resend came to say how many)
+        self._resend_due: dict[str, asyncio.TimerHandle] = {}
         # told the node whenever a script on it fails because a live reshard has its keys split between two
         # shards (slot_moving): the mirror then offers it to no filter until it can read it again
         self.on_moving: list[Callable[[str], None]] = []
@@ -234,10 +237,28 @@ class Ledger:
         said, quiet = self._resend_said.get(what, (now - RESEND_LOG_EVERY_S, 0))
         if now - said < RESEND_LOG_EVERY_S:
             self._resend_said[what] = (said, quiet + 1)
+            due = self._resend_due.get(what)
+            if due is None or due.cancelled():
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:  # (called outside a loop: no line owed)
+                    return
+                self._resend_due[what] = loop.call_later(said + RESEND_LOG_EVERY_S - now, self._say_held, what, e)
             return
         self._resend_said[what] = (now, 0)
         log.warning("%s: %s; sending again (%d)%s", what, e, failures,
                     f"; {quiet} more resends of {what} in the last {now - said:.1f}s not logged" if quiet else "")
+
+    def _say_held(self, what: str, e: BaseException) -> None:
+        """The line owed at the end of a second: how many resends of `what` no line has told yet (none, once a later
+        resend's line told them)."""
+        self._resend_due.pop(what, None)
+        said, quiet = self._resend_said.get(what, (0.0, 0))
+        if not quiet:
+            return
+        now = time.monotonic()
+        self._resend_said[what] = (now, 0)
+        log.warning("%s: %d more resends in the last %.1fs not logged (the first: %s)", what, quiet, now - said, e)
 
     async def _retry(self, what: str, op: Callable[[], Awaitable[T]],
                      give_up: Callable[[BaseException], bool] | None = None,

@@ -36,7 +36,7 @@ async def test_a_deleted_nodes_event_time_is_forgotten() -> None:
         assert (f"spot-{i}", True) in m._event_at
         m.observe(f"spot-{i}", n, None)  # deleted
     await asyncio.sleep(0)
-    assert m._event_at == {} and m._owed == {} and m.problems == {}
+    assert m._event_at == {} and m._owed == {} and m.problems == {} and m.uids == {}
 
 
 async def test_pods_seen_ending_are_dropped_oldest_first_a_few_per_release(monkeypatch: pytest.MonkeyPatch) -> None:
