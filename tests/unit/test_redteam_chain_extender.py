@@ -1,0 +1,70 @@
+"""Red team (the admission chain): the pod the API server stores is what the last mutating webhook left, so the
+extender judges the final pod by the webhook's rules as well, not only by the sharing rules `pod_request` reads
+(tests/e2e/test_redteam_chain_webhooks.py runs a later webhook against a real API server).
+
+Before, a slice container a later webhook made privileged (it then sees every card) was placed like any slice, and
+an `sgpu-memory` no card model accepts was held with `CardTypeMismatch` on every card, naming no value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from shared.domain.request import RequestError, placement_request, pod_request
+from tests.unit._servers import CFG, CORE, MEM, VGPU, FakeKube, FakeLedger, bind_args, extender, pod
+
+PRIVILEGED = 'container "c" is privileged: a privileged container sees every card, so it cannot hold a slice'
+BAD_MEMORY = ('container "c": mthreads.com/sgpu-memory=3 is not a valid slice size; allowed: 2, 4, 8, 16, 32, 64, '
+              "96, 128, 160 (memoryPerCard [96, 160])")
+BAD_MULTI = ("mthreads.com/sgpu-memory=200 with mthreads.com/vgpu=2: multi-card pods take whole cards; "
+             "mthreads.com/sgpu-memory must be mthreads.com/vgpu x a card's memory "
+             "(192 for MTT S4000, 320 for MTT S5000)")
+
+
+def privileged(p: dict[str, Any]) -> dict[str, Any]:
+    p["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    return p
+
+
+CASES = {
+    "privileged": (privileged(pod("u1")), PRIVILEGED),
+    "bad memory": (pod("u1", {VGPU: "1", MEM: "3", CORE: "4"}), BAD_MEMORY),
+    "multi not a model": (pod("u1", {VGPU: "2", MEM: "200", CORE: "32"}), BAD_MULTI),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_filter_holds_a_final_pod_the_webhook_would_refuse(case: str) -> None:
+    p, said = CASES[case]
+    pod_request(p, CFG)  # the sharing rules alone let it through (the watchers book bound pods by them)
+    ext = extender()
+    out = ext.filter({"Pod": p, "NodeNames": ["s4k", "s5k"]})
+    assert out["NodeNames"] == [] and out["FailedAndUnresolvableNodes"] == {"s4k": said, "s5k": said}, out
+
+
+@pytest.mark.parametrize("case", CASES)
+async def test_bind_of_an_unfiltered_pod_refuses_it_and_books_nothing(case: str) -> None:
+    p, said = CASES[case]
+    kube, ledger = FakeKube(), FakeLedger()
+    kube.pods[("ns", "p-u1")] = p
+    ext = extender(kube=kube, ledger=ledger)
+    out = await ext.bind(bind_args("u1"))
+    assert out == {"Error": said} and ledger.placed == [] and kube.bound == []
+    await asyncio.sleep(0)
+
+
+def test_a_valid_final_pod_is_unchanged() -> None:
+    for p in (pod("u1"), pod("u1", {VGPU: "1", MEM: "160", CORE: "16"}), pod("u1", {VGPU: "2", MEM: "192", CORE: "32"}),
+              pod("u1", {VGPU: "1"})):
+        assert placement_request(p, CFG) == pod_request(p, CFG)
+    unprivileged = pod("u1")
+    unprivileged["spec"]["containers"][0]["securityContext"] = {"privileged": False}
+    assert placement_request(unprivileged, CFG) is not None
+    cpu = pod("u1", {"cpu": "1"})
+    cpu["spec"]["containers"][0]["securityContext"] = {"privileged": True}  # holds no slice: not ours to judge
+    assert placement_request(cpu, CFG) is None
+    with pytest.raises(RequestError):
+        placement_request(pod("u1", {MEM: "4"}), CFG)
