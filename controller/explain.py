@@ -15,9 +15,10 @@ import orjson
 from aiohttp import web
 
 from shared.config import Config
+from shared.domain.admission import placement_request
 from shared.domain.explain import CardWhy, Explanation, NodeWhy, explain
 from shared.domain.placement import NodeRequirement, node_requirement
-from shared.domain.request import RequestError, SliceRequest, placement_request, pod_request
+from shared.domain.request import RequestError, SliceRequest, pod_request
 from shared.domain.shapes import ShapeError, describe, is_dns_label, is_dns_subdomain
 from shared.domain.state import NodeSnapshot
 from shared.kube import Kube, KubeError

@@ -41,6 +41,7 @@ from controller.nominations import Nominations
 from controller.preempt import Preemption
 from controller.ranking import Ranking
 from shared.config import Config
+from shared.domain.admission import placement_request
 from shared.domain.annotations import ALLOCATED, CardGrant, PodUsage, binding_annotations, device_id
 from shared.domain.extender_args import ArgsError, ExtenderArgs, parse_binding_args, parse_extender_args
 from shared.domain.fit import (
@@ -55,7 +56,7 @@ from shared.domain.models import UNIT_MIB
 from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
 from shared.domain.preempt import Holding, plan_ahead, pod_priority
 from shared.domain.quota import is_terminal
-from shared.domain.request import RequestError, SliceRequest, placement_request
+from shared.domain.request import RequestError, SliceRequest
 from shared.domain.shapes import ShapeError
 from shared.domain.state import plan_on
 from shared.domain.timing import BIND_MIN_LEFT_S, BIND_SETTLE_S, KEEP_MS, bind_deadline_s

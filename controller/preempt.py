@@ -18,11 +18,12 @@ import orjson
 from aiohttp import web
 
 from controller.fit_memo import MOVING, held_states
+from shared.domain.admission import placement_request
 from shared.domain.extender_args import ArgsError
 from shared.domain.fit import FIT_ANNOTATIONS
 from shared.domain.preempt import KEPT, Choice, Holding, choose_victims
 from shared.domain.preempt_args import NodeVictims, PreemptionArgs, parse_preemption_args
-from shared.domain.request import RequestError, SliceRequest, placement_request
+from shared.domain.request import RequestError, SliceRequest
 from shared.domain.state import NodeSnapshot
 from shared.serving.http import BodyError, read_body
 from shared.serving.metrics import EXTENDER_SECONDS, PREEMPT_NODES

@@ -16,7 +16,7 @@ from typing import Any
 
 from shared.config import Config
 from shared.domain.lifecycle import APP, INIT, SIDECAR, footprint, kind_of
-from shared.domain.models import CORES_PER_CARD, MAX_MODEL_UNITS, CardModel, describe_models, union_memory_values
+from shared.domain.models import CORES_PER_CARD, MAX_MODEL_UNITS, CardModel, describe_models
 from shared.domain.quantity import exact
 from shared.domain.shapes import MAX_QUANTITY_CHARS, describe, pod_problems
 
@@ -325,38 +325,6 @@ def pod_request(pod: Mapping[str, Any], cfg: Config) -> SliceRequest | None:
             raise RequestError([f'container "{s.name}": {cfg.resource_memory_name}={s.memory} is not valid '
                                 f"on the pinned {pin.name}; allowed: {', '.join(map(str, pin.valid_memory))}"
                                 for s in bad])
-    return req
-
-
-def placement_request(pod: Mapping[str, Any], cfg: Config) -> SliceRequest | None:
-    """`pod_request` for a pod about to be placed (the extender's filter, bind, preempt and `mtsched explain`):
-    also the webhook's rules on the final pod that `pod_request` leaves to admission, since the pod the API
-    server stores is what the last mutating webhook left (another webhook may run after ours, and none runs in
-    the namespaces ours is not sent): a privileged container holding a slice, an `sgpu-memory` no configured card
-    model accepts, a multi-card pod whose per-card memory is no model. Not applied to pods already placed (the
-    watchers book what a bound pod holds, `pod_request`): a rule changed since does not unbook them."""
-    req = pod_request(pod, cfg)
-    if req is None:
-        return None
-    cr, mr, _ = cfg.slice_resources
-    problems: list[str] = []
-    asks = read_asks(pod, cfg)
-    spec = pod.get("spec") or {}
-    for c, a in zip([*(spec.get("initContainers") or []), *(spec.get("containers") or [])], asks, strict=True):
-        if a.asks_slices and (c.get("securityContext") or {}).get("privileged"):
-            problems.append(f'container "{a.name}" is privileged: a privileged container sees every '
-                            "card, so it cannot hold a slice")
-    union = union_memory_values(cfg.models)
-    if req.mode is Mode.SLICE:
-        problems.extend(f'container "{s.name}": {mr}={s.memory} is not a valid slice size; allowed: '
-                        f"{', '.join(map(str, union))} (memoryPerCard {describe_models(cfg.models)})"
-                        for s in req.shares if not s.empty and s.memory not in union)
-    elif req.mode is Mode.MULTI and req.model is not None and CardModel(req.model) not in cfg.models:
-        problems.append(f"{mr}={req.cards * req.model} with {cr}={req.cards}: multi-card pods take whole cards; "
-                        f"{mr} must be {cr} x a card's memory ("
-                        + ", ".join(f"{req.cards * m.memory} for {m.name}" for m in cfg.models) + ")")
-    if problems:
-        raise RequestError(problems)
     return req
 
 

@@ -2,8 +2,9 @@
 extender judges the final pod by the webhook's rules as well, not only by the sharing rules `pod_request` reads
 (tests/e2e/test_redteam_chain_webhooks.py runs a later webhook against a real API server).
 
-Before, a slice container a later webhook made privileged (it then sees every card) was placed like any slice, and
-an `sgpu-memory` no card model accepts was held with `CardTypeMismatch` on every card, naming no value.
+Before, a slice container a later webhook made privileged (it then sees every card) was placed like any slice, a
+placement policy naming none (`binpak`) was placed by spread without a word, and an `sgpu-memory` no card model
+accepts was held with `CardTypeMismatch` on every card, naming no value.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from shared.domain.request import RequestError, placement_request, pod_request
+from shared.domain.admission import placement_request
+from shared.domain.request import RequestError, pod_request
 from tests.unit._servers import CFG, CORE, MEM, VGPU, FakeKube, FakeLedger, bind_args, extender, pod
 
 PRIVILEGED = 'container "c" is privileged: a privileged container sees every card, so it cannot hold a slice'
@@ -29,8 +31,15 @@ def privileged(p: dict[str, Any]) -> dict[str, Any]:
     return p
 
 
+POLICY = ("annotation hami.io/gpu-scheduler-policy='binpak' names no policy; allowed: binpack, spread, mutex (or a "
+          "comma list of them; HAMi's numa and topology-aware are accepted and do nothing for mthreads cards)")
+SELECTION = ("annotation mthreads.ai/use-gpuuuid=' , ' names no card id, so no card may take the pod; allowed: a comma "
+             "list of device ids (<node>-mthreads-<index>), or no annotation for any card")
+
 CASES = {
     "privileged": (privileged(pod("u1")), PRIVILEGED),
+    "policy typo": (pod("u1", annotations={"hami.io/gpu-scheduler-policy": "binpak"}), POLICY),
+    "selects no card": (pod("u1", annotations={"mthreads.ai/use-gpuuuid": " , "}), SELECTION),
     "bad memory": (pod("u1", {VGPU: "1", MEM: "3", CORE: "4"}), BAD_MEMORY),
     "multi not a model": (pod("u1", {VGPU: "2", MEM: "200", CORE: "32"}), BAD_MULTI),
 }

@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 
 from shared.config import load_config
-from shared.domain.admission import decide
+from shared.domain.admission import decide, placement_request
 from shared.domain.patch import apply_patch
-from shared.domain.request import placement_request
 
 CFG = load_config(env={}, flags={"memoryPerCard": "96,160"})
 VGPU, MEM, CORE = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core"
