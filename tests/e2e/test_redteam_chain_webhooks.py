@@ -14,8 +14,9 @@ Found:
 - a later webhook writing an `sgpu-memory` no card model accepts: Pending with `1/1 CardTypeMismatch` only. Now
   the reason names the value and what is allowed.
 
-Held: schedulerName, nodeName and scheduler-owned annotations set by a later webhook are refused by the admission
-policy; cores above 16 and a second exclusive container stay Pending with the extender's reason.
+Held: schedulerName, nodeName and scheduler-owned annotations set by a later webhook, and a slice it gives a pod our
+webhook never judged, are refused by the admission policy; cores above 16 and a second exclusive container stay
+Pending with the extender's reason.
 """
 
 from __future__ import annotations
@@ -117,6 +118,12 @@ async def test_a_later_webhook_cannot_get_a_pod_past_our_rules(
             with pytest.raises(KubeError) as info:
                 await admin.request("POST", pods, pod(f"policy-{what.replace(' ', '-').lower()}", run, ops))
             assert info.value.status == 403 and POLICY in str(info.value) and said in str(info.value), (what, info)
+
+        # a pod our webhook never judged (it asked for no card: not sent, matchConditions), given a slice later
+        with pytest.raises(KubeError) as info:
+            await admin.request("POST", pods, pod("cpu-made-gpu", run, [{"op": "add", "path": LIM, "value": SLICE}],
+                                                  {"cpu": "100m"}))
+        assert info.value.status == 403 and 'must name schedulerName "hami-scheduler"' in str(info.value), info.value
 
         # held Pending by the extender, with the rule the final pod breaks
         pending = {
