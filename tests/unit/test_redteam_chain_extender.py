@@ -77,3 +77,16 @@ def test_a_valid_final_pod_is_unchanged() -> None:
     assert placement_request(cpu, CFG) is None
     with pytest.raises(RequestError):
         placement_request(pod("u1", {MEM: "4"}), CFG)
+
+
+def test_fills_a_later_webhook_took_away_are_booked_as_ours_would_have_filled_them() -> None:
+    """Our webhook's fills (cores of a slice, the amounts of an exclusive or multi-card pod) removed after it: the
+    extender books what the webhook would have filled, never less."""
+    cores_gone = placement_request(pod("u1", {VGPU: "1", MEM: "8"}), CFG)
+    assert cores_gone is not None and cores_gone.booking_for(96) == (8, CFG.default_cores, 1)
+    exclusive = placement_request(pod("u1", {VGPU: "1"}), CFG)
+    assert exclusive is not None and [exclusive.booking_for(c) for c in (96, 160)] == [(96, 16, 1), (160, 16, 1)]
+    multi = placement_request(pod("u1", {VGPU: "2"}), CFG)
+    assert multi is not None and multi.cards == 2 and multi.booking_for(160) == (160, 16, 1)
+    ext = extender()  # and it is placed: the fills are what the webhook would add, not a rule
+    assert ext.filter({"Pod": pod("u1", {VGPU: "1"}), "NodeNames": ["s4k", "s5k"]})["NodeNames"] == ["s4k", "s5k"]
