@@ -15,6 +15,7 @@ import orjson
 from aiohttp import web
 
 from shared.config import Config
+from shared.domain.admission import placement_request
 from shared.domain.explain import CardWhy, Explanation, NodeWhy, explain
 from shared.domain.placement import NodeRequirement, node_requirement
 from shared.domain.request import RequestError, SliceRequest, pod_request
@@ -72,7 +73,8 @@ async def gather(kube: Kube, ref: str, snapshots: Snapshots, cfg: Config) -> Exp
     req: SliceRequest | None = None
     requirement: NodeRequirement | None = None
     try:
-        req = pod_request(pod, cfg)
+        # a bound pod is judged as the watchers book it; a pending one as the extender would place it
+        req = (pod_request if bound else placement_request)(pod, cfg)
         requirement = node_requirement(pod)
     except RequestError as e:
         problems.extend(e.problems)

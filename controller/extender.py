@@ -41,6 +41,7 @@ from controller.nominations import Nominations
 from controller.preempt import Preemption
 from controller.ranking import Ranking
 from shared.config import Config
+from shared.domain.admission import placement_request
 from shared.domain.annotations import ALLOCATED, CardGrant, PodUsage, binding_annotations, device_id
 from shared.domain.extender_args import ArgsError, ExtenderArgs, parse_binding_args, parse_extender_args
 from shared.domain.fit import (
@@ -55,7 +56,7 @@ from shared.domain.models import UNIT_MIB
 from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
 from shared.domain.preempt import Holding, plan_ahead, pod_priority
 from shared.domain.quota import is_terminal
-from shared.domain.request import RequestError, SliceRequest, pod_request
+from shared.domain.request import RequestError, SliceRequest
 from shared.domain.shapes import ShapeError
 from shared.domain.state import plan_on
 from shared.domain.timing import BIND_MIN_LEFT_S, BIND_SETTLE_S, KEEP_MS, bind_deadline_s
@@ -283,7 +284,7 @@ class Extender:
         meta = pod["metadata"]
         event_pod = {"metadata": {k: meta[k] for k in ("name", "namespace", "uid")}}  # not the pod: events wait
         try:
-            req = pod_request(pod, self.cfg)
+            req = placement_request(pod, self.cfg)
         except RequestError as e:
             # Fail closed: a pod that asks for cards but asks wrongly is placed nowhere.
             msg = "; ".join(e.problems)
@@ -402,8 +403,8 @@ class Extender:
         if got != uid:
             BINDINGS.labels("rejected").inc()
             return f"bind: pod {ns}/{name} has uid {got!r}, not {uid!r} (deleted and created again?)"
-        try:  # pod_request checks the pod's shape first
-            return Seen.of(pod, pod_request(pod, self.cfg), node_requirement(pod))
+        try:  # placement_request checks the pod's shape first
+            return Seen.of(pod, placement_request(pod, self.cfg), node_requirement(pod))
         except (RequestError, ShapeError) as e:
             BINDINGS.labels("rejected").inc()
             return "; ".join(e.problems) if isinstance(e, RequestError) else str(e)

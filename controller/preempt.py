@@ -18,11 +18,12 @@ import orjson
 from aiohttp import web
 
 from controller.fit_memo import MOVING, held_states
+from shared.domain.admission import placement_request
 from shared.domain.extender_args import ArgsError
 from shared.domain.fit import FIT_ANNOTATIONS
 from shared.domain.preempt import KEPT, Choice, Holding, choose_victims
 from shared.domain.preempt_args import NodeVictims, PreemptionArgs, parse_preemption_args
-from shared.domain.request import RequestError, SliceRequest, pod_request
+from shared.domain.request import RequestError, SliceRequest
 from shared.domain.state import NodeSnapshot
 from shared.serving.http import BodyError, read_body
 from shared.serving.metrics import EXTENDER_SECONDS, PREEMPT_NODES
@@ -74,7 +75,7 @@ class Preemption:
         ref = f"{meta['namespace']}/{meta['name']}"
         event_pod = {"metadata": {k: meta[k] for k in ("name", "namespace", "uid")}}
         try:
-            req = pod_request(a.pod, self.ext.cfg)
+            req = placement_request(a.pod, self.ext.cfg)
         except RequestError as e:  # the filter placed it nowhere; nothing is evicted for it either
             PREEMPT_NODES.labels("bad_request").inc(len(a.nodes))
             log.info("preempt for %s: no eviction, its request is invalid: %s", ref, "; ".join(e.problems))

@@ -4,7 +4,8 @@ pods as ours, and kube-scheduler's configuration for it (and percentageOfNodesTo
 The external extender's pods are created already admitted: the bench runs our pure
 `shared.domain.admission.decide` on each pod and creates the patched pod, in a namespace the
 webhook ignores, so that phase needs no webhook. kube-scheduler is restarted with only that
-extender (managedResources as ours: it is called for pods asking for mthreads.com/vgpu).
+extender (managedResources as ours: it is called for pods asking for mthreads.com/vgpu, sgpu-memory or
+sgpu-core).
 """
 
 from __future__ import annotations

@@ -32,8 +32,10 @@ class ExtenderSpec:
     http_timeout: str = "30s"
     ignorable: bool = False
     # (resource name, ignoredByScheduler). Non-empty => the extender is only called for pods that
-    # request one of these in requests/limits of containers or initContainers.
-    managed_resources: tuple[tuple[str, bool], ...] = (("mthreads.com/vgpu", True),)
+    # request one of these in requests/limits of containers or initContainers: the chart's, card units too
+    # (a pod asking them without vgpu is the extender's to refuse, not kube-scheduler's to bind).
+    managed_resources: tuple[tuple[str, bool], ...] = (("mthreads.com/vgpu", True), ("mthreads.com/sgpu-memory", False),
+                                                       ("mthreads.com/sgpu-core", False))
     # A client certificate kube-scheduler presents to the extender (mTLS), PEM; None: none.
     client_cert_pem: bytes | None = None
     client_key_pem: bytes | None = None

@@ -25,10 +25,12 @@ from shared.domain.quota import asks_usage
 from shared.domain.request import (
     PIN_ANNOTATION,
     ContainerAsk,
+    Mode,
     RequestError,
     SliceRequest,
     card_accepts,
     pinned_model,
+    pod_request,
     read_asks,
     shape_request,
 )
@@ -317,3 +319,39 @@ def judge_update(old: Mapping[str, Any], new: Mapping[str, Any], user: str, cfg:
             return deny(f'container "{name}": {", ".join(cfg.slice_resources)} and {cfg.whole_card_resource_name} '
                         "cannot change after the pod is created (they were admitted and booked as they were)")
     return Decision(True)
+
+
+def placement_request(pod: Mapping[str, Any], cfg: Config) -> SliceRequest | None:
+    """`pod_request` for a pod about to be placed (the extender's filter, bind, preempt and `mtsched explain`):
+    also the webhook's rules on the final pod that `pod_request` leaves to admission, since the pod the API
+    server stores is what the last mutating webhook left (another webhook may run after ours, and none runs in
+    the namespaces ours is not sent): a privileged container holding a slice, an `sgpu-memory` no configured card
+    model accepts, a multi-card pod whose per-card memory is no model, a placement policy or `use-gpuuuid` that
+    names none. Not applied to pods already placed (the watchers book what a bound pod holds, `pod_request`): a
+    rule changed since does not unbook them."""
+    req = pod_request(pod, cfg)
+    if req is None:
+        return None
+    cr, mr, _ = cfg.slice_resources
+    problems: list[str] = []
+    asks = read_asks(pod, cfg)
+    spec = pod.get("spec") or {}
+    for c, a in zip([*(spec.get("initContainers") or []), *(spec.get("containers") or [])], asks, strict=True):
+        if a.asks_slices and (c.get("securityContext") or {}).get("privileged"):
+            problems.append(f'container "{a.name}" is privileged: a privileged container sees every '
+                            "card, so it cannot hold a slice")
+    union = union_memory_values(cfg.models)
+    if req.mode is Mode.SLICE:
+        problems.extend(f'container "{s.name}": {mr}={s.memory} is not a valid slice size; allowed: '
+                        f"{', '.join(map(str, union))} (memoryPerCard {describe_models(cfg.models)})"
+                        for s in req.shares if not s.empty and s.memory not in union)
+    elif req.mode is Mode.MULTI and req.model is not None and CardModel(req.model) not in cfg.models:
+        problems.append(f"{mr}={req.cards * req.model} with {cr}={req.cards}: multi-card pods take whole cards; "
+                        f"{mr} must be {cr} x a card's memory ("
+                        + ", ".join(f"{req.cards * m.memory} for {m.name}" for m in cfg.models) + ")")
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    problems.extend(policy_problems(annotations))
+    problems.extend(selection_problems(annotations))
+    if problems:
+        raise RequestError(problems)
+    return req

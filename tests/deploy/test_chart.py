@@ -210,7 +210,9 @@ def test_kube_scheduler_configuration(rendered: Rendered) -> None:
         "filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind", "preemptVerb": "preempt",
         "weight": 1, "enableHTTPS": False,
         "nodeCacheCapable": True, "ignorable": False, "httpTimeout": "30s",
-        "managedResources": [{"name": "mthreads.com/vgpu", "ignoredByScheduler": True}],
+        "managedResources": [{"name": "mthreads.com/vgpu", "ignoredByScheduler": True},
+                             {"name": "mthreads.com/sgpu-memory", "ignoredByScheduler": False},
+                             {"name": "mthreads.com/sgpu-core", "ignoredByScheduler": False}],
     }]
 
 
@@ -273,6 +275,8 @@ def test_local_harness_calls_the_same_verbs_as_the_chart(rendered: Rendered) -> 
     verbs = ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb")
     assert {k: local.get(k) for k in verbs} == {k: chart.get(k) for k in verbs}
     assert local["preemptVerb"] == "preempt" and local["nodeCacheCapable"] is chart["nodeCacheCapable"] is True
+    # and is asked about the same pods (card units without vgpu included: tests/e2e/test_redteam_chain_webhooks.py)
+    assert local["managedResources"] == chart["managedResources"]
 
 
 def test_disabled_leaves_a_plain_scheduler(rendered: Rendered) -> None:
@@ -381,8 +385,8 @@ def test_custom_values_reach_every_object(rendered: Rendered) -> None:
     assert ksc["profiles"] == [{"schedulerName": "gpu-scheduler"}]
     assert ksc["leaderElection"]["resourceName"] == "gpu-scheduler"
     assert ksc["leaderElection"]["resourceNamespace"] == "hami-system"
-    assert [m["name"] for m in ksc["extenders"][0]["managedResources"]] == ["example.com/vgpu",
-                                                                            "mthreads.com/vgpu"]
+    assert [m["name"] for m in ksc["extenders"][0]["managedResources"]] == [
+        "example.com/vgpu", "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core"]
     lease = one(objs, "Role", "gpu-hami-scheduler-lease")
     assert lease["rules"][1]["resourceNames"] == ["gpu-scheduler"]
     for d in find(objs, "Deployment"):

@@ -10,6 +10,7 @@ import pytest
 from controller.extender import Extender
 from controller.fit_memo import NO_HELD, Held, held_states
 from shared.domain.fit import EXCLUSIVE_CONFLICT, node_score
+from shared.domain.models import union_memory_values
 from shared.domain.request import SliceRequest, pod_request
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation
 from shared.domain.topk import top_k
@@ -166,7 +167,9 @@ def random_node(rng: random.Random, name: str, version: int) -> NodeSnapshot:
 def random_pod(rng: random.Random, uid: str) -> dict[str, object]:
     if rng.random() < 0.2:
         return pod(uid, limits={VGPU: "1"})  # exclusive: needs an idle card
-    return pod(uid, limits={VGPU: "1", MEM: str(rng.randint(1, 96)), CORE: str(rng.randint(1, 16))})
+    # a value some configured model accepts (the extender refuses any other before fitting: placement_request)
+    memory = rng.choice([v for v in union_memory_values(CFG.models) if v <= 96])
+    return pod(uid, limits={VGPU: "1", MEM: str(memory), CORE: str(rng.randint(1, 16))})
 
 
 @pytest.mark.parametrize("seed", range(40))
