@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from shared.domain.reconcile import FUTURE_MS, expires, in_flight, restamps, settles
-from shared.domain.state import Reservation
+from shared.domain.knobs import CardKnobs
+from shared.domain.node import Card, Inventory
+from shared.domain.reconcile import FUTURE_MS, diff_node, expires, in_flight, restamps, settles, summarize
+from shared.domain.state import CardRecord, NodeSnapshot, Reservation
 
 NOW = 1_800_000_000_000  # ms, Redis's clock
 TTL = 30_000
@@ -60,3 +62,41 @@ def test_a_stamp_ahead_of_the_clock_is_restamped_not_released(created: int, sett
     if want:
         assert expires(r, NOW, TTL) is False  # however old its `created` says it is
     assert restamps(res("bound", created=created, settle_by=settle_by), NOW) is False
+
+
+# --- diff_node: what the card table shows must be repaired too ------------------------------------------------
+
+N = "n1"
+
+
+def knob_inventory(knobs: CardKnobs | None) -> Inventory:
+    return Inventory(N, (Card(N, 0, 96, knobs.max_inst if knobs else 16, knobs=knobs),))
+
+
+def knob_snapshot(policy: int | None, time_slice: int | None = 1, ratio: int | None = 100,
+                  mem_free: int = 96) -> NodeSnapshot:
+    rec = CardRecord(0, 96, 0, mem_free, 16, 0, 16, 0, 16, "ok", policy, time_slice, ratio)
+    return NodeSnapshot(N, 3, "", {0: rec}, {})
+
+
+# mutant: diff_node leaves the knobs out of its card comparison (the card table showed stale knobs for good)
+@pytest.mark.parametrize(("snapshot", "knobs", "differs"), [
+    (knob_snapshot(0), CardKnobs(16, 0, 1, 100), False),
+    (knob_snapshot(0), CardKnobs(16, 2, 1, 100), True),  # policy changed
+    (knob_snapshot(0, time_slice=1), CardKnobs(16, 0, 4, 100), True),
+    (knob_snapshot(0, ratio=100), CardKnobs(16, 0, 1, 110), True),
+    (knob_snapshot(None, None, None), CardKnobs(16, 0, 1, 100), True),  # first published
+    (knob_snapshot(0), None, True),  # no longer published
+    (knob_snapshot(None, None, None), None, False),
+])
+def test_a_change_of_knobs_alone_is_a_card_difference(snapshot: NodeSnapshot, knobs: CardKnobs | None,
+                                                      differs: bool) -> None:
+    d = diff_node(N, snapshot, knob_inventory(knobs), {}, NOW, 10_000)
+    assert summarize(d.differences) == ({"card": 1} if differs else {}), [x.detail for x in d.differences]
+
+
+# mutant: diff_node compares used amounts but not the free ones the scripts keep beside them (a hand-edited or torn
+# mem_free would offer memory the card does not have)
+def test_a_drifted_free_amount_is_a_usage_difference() -> None:
+    d = diff_node(N, knob_snapshot(None, None, None, mem_free=90), knob_inventory(None), {}, NOW, 10_000)
+    assert summarize(d.differences) == {"usage": 1}
