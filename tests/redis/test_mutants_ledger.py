@@ -30,3 +30,15 @@ async def test_a_booking_bound_at_the_instant_keep_from_names_is_kept(ledger: Le
     snap = await ledger.snapshot(node)
     assert snap is not None and ("u1" in snap.reservations) is kept
     assert snap.cards[0].mem_used == (8 if kept else 0)
+
+
+@pytest.mark.parametrize("health", ["weird", "", "OK"])
+async def test_a_card_whose_health_names_no_state_is_refused(ledger: Ledger, health: str) -> None:
+    # mutant: _lib.lua card_rule drops `health ~= "ok" -> CardNotHealth`: a damaged (hand-edited) health field would
+    # read as a healthy card, where every other damaged field fails closed
+    node = f"sick-{health or 'empty'}"
+    await ledger.upsert_node(inventory(node, S4000))
+    await ledger.redis.hset(ledger.keys.card(node, 0), "health", health)  # type: ignore[misc]
+    out, _ = await ledger.reserve(node, "u1", [0], 8, 2, 1)
+    assert not out.ok and out.reason == "CardNotHealth"
+    assert (await ledger.reserve(node, "u2", [1], 8, 2, 1))[0].ok  # the other card is unharmed
