@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from shared.domain.annotations import PodUsage
 from shared.store.ledger import Ledger
 from tests.redis.helpers import S4000, inventory
 
@@ -42,3 +43,35 @@ async def test_a_card_whose_health_names_no_state_is_refused(ledger: Ledger, hea
     out, _ = await ledger.reserve(node, "u1", [0], 8, 2, 1)
     assert not out.ok and out.reason == "CardNotHealth"
     assert (await ledger.reserve(node, "u2", [1], 8, 2, 1))[0].ok  # the other card is unharmed
+
+
+async def test_a_uid_booked_without_idle_is_not_answered_for_an_idle_ask(ledger: Ledger) -> None:
+    # mutant: reserve.lua's "booked with other amounts" check leaves out `idle` (mutex or a whole card): a bind
+    # asking an idle card would be answered with the earlier booking on a shared card
+    await ledger.upsert_node(inventory("idle", S4000))
+    assert (await ledger.reserve("idle", "u1", [0], 8, 2, 1))[0].ok
+    out, _ = await ledger.reserve("idle", "u1", [0], 8, 2, 1, whole=True)
+    assert not out.ok and "booked with other amounts" in out.reason and "idle" in out.reason
+    again, _ = await ledger.reserve("idle", "u1", [0], 8, 2, 1)  # the same ask as booked: answered as existing
+    assert again.ok and again.existing
+
+
+async def test_slices_past_the_limit_alone_are_reported_as_over_commit(ledger: Ledger) -> None:
+    # mutant: _lib.lua `overcommitted` leaves slices out: a record putting a 3rd slice on a max_inst 2 card (memory
+    # and cores within bounds) was booked without the over-commit the watchers alert on
+    await ledger.upsert_node(inventory("inst", S4000, slice_limit=2))
+    for uid in ("a", "b"):
+        assert (await ledger.observe(uid, PodUsage("inst", (0,), 8, 2, 1)))["overcommit"] is False
+    out = await ledger.observe("c", PodUsage("inst", (0,), 8, 2, 1))
+    assert out["ok"] and out["overcommit"] is True
+
+
+async def test_a_card_no_longer_reported_stays_while_slices_alone_hold_it(ledger: Ledger) -> None:
+    # mutant: write_cards keeps a card no longer reported while memory or cores are held, not slices: a holder of
+    # slices alone (a record the API server carries) would vanish from the ledger with its card
+    await ledger.upsert_node(inventory("gone", S4000))
+    assert (await ledger.observe("h", PodUsage("gone", (1,), 0, 0, 1)))["ok"]
+    await ledger.upsert_node(inventory("gone", S4000, n=1))  # card 1 no longer reported
+    snap = await ledger.snapshot("gone")
+    assert snap is not None and snap.cards[1].health == "removed" and snap.cards[1].slices == 1
+    assert "h" in snap.reservations
