@@ -75,3 +75,19 @@ async def test_a_card_no_longer_reported_stays_while_slices_alone_hold_it(ledger
     snap = await ledger.snapshot("gone")
     assert snap is not None and snap.cards[1].health == "removed" and snap.cards[1].slices == 1
     assert "h" in snap.reservations
+
+
+async def test_a_changed_record_of_a_bound_booking_is_kept_out_with_keep_bound(ledger: Ledger) -> None:
+    # mutant: observe.lua ignores keep_bound: a record edited after our bind (moved to card 1, grown to 96 units)
+    # would replace the booking our bind made and wrote
+    await ledger.upsert_node(inventory("kb", S4000))
+    assert (await ledger.reserve("kb", "u1", [0], 8, 2, 1))[0].ok
+    await ledger.mark_bound("kb", "u1")
+    out = await ledger.observe("u1", PodUsage("kb", (1,), 96, 16, 1), keep_bound=True)
+    assert out["kept"] is True and out["changed"] is False
+    assert out["booked"] == {"cards": "0", "mem": 8, "cores": 2, "slices": 1}
+    snap = await ledger.snapshot("kb")
+    assert snap is not None and snap.reservations["u1"].cards == (0,)
+    assert (snap.cards[0].mem_used, snap.cards[1].mem_used) == (8, 0)
+    # without keep_bound the API's record is the truth and is booked
+    assert (await ledger.observe("u1", PodUsage("kb", (1,), 96, 16, 1)))["changed"] is True
