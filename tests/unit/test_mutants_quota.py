@@ -71,3 +71,16 @@ def test_pod_level_resources_decide_best_effort_even_when_empty() -> None:
     assert in_scope(quota("b", scopes=["BestEffort"]), p) is True
     p["spec"]["resources"] = {"requests": {"memory": "1Gi"}}
     assert in_scope(quota("b", scopes=["BestEffort"]), p) is False
+
+
+# mutants: a deletion time without a zone, or a grace period that is a boolean (true == 1 in Python), read as a
+# pod stuck terminating: a stamp that cannot be read for sure is charged (fail closed), as a garbled one is
+@pytest.mark.parametrize(("at", "grace"), [("2026-12-01T12:00:00", 30), ("2026-12-01T12:00:00Z", True)])
+def test_a_deletion_stamp_that_cannot_be_read_for_sure_is_charged(at: str, grace: object) -> None:
+    p = pod("leaving", slice_(64), phase="Running")
+    p["metadata"]["deletionTimestamp"] = at
+    p["metadata"]["deletionGracePeriodSeconds"] = grace
+    an_hour_later = DELETED + 3600
+    assert judge_quotas(pod("new", slice_(64)), {MEM: 64}, LIMIT, [p], CFG, now=an_hour_later) is not None
+    p["metadata"]["deletionTimestamp"], p["metadata"]["deletionGracePeriodSeconds"] = "2026-12-01T12:00:00Z", 30
+    assert judge_quotas(pod("new", slice_(64)), {MEM: 64}, LIMIT, [p], CFG, now=an_hour_later) is None
