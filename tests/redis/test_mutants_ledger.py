@@ -91,3 +91,14 @@ async def test_a_changed_record_of_a_bound_booking_is_kept_out_with_keep_bound(l
     assert (snap.cards[0].mem_used, snap.cards[1].mem_used) == (8, 0)
     # without keep_bound the API's record is the truth and is booked
     assert (await ledger.observe("u1", PodUsage("kb", (1,), 96, 16, 1)))["changed"] is True
+
+
+async def test_a_uid_booked_on_one_card_is_not_answered_for_two(ledger: Ledger) -> None:
+    # mutant: reserve.lua's "booked with other amounts" check leaves out the number of cards: a pod's booking of
+    # one card would be answered for a two-card ask, and its Binding would carry a record the ledger does not book
+    await ledger.upsert_node(inventory("twice", S4000))
+    assert (await ledger.reserve("twice", "u1", [0], 96, 16, 1, whole=True))[0].ok
+    out, _ = await ledger.reserve("twice", "u1", [0, 1], 96, 16, 1, whole=True)
+    assert not out.ok and "booked with other amounts: 1 card(s)" in out.reason and "asked 2 card(s)" in out.reason
+    snap = await ledger.snapshot("twice")
+    assert snap is not None and snap.reservations["u1"].cards == (0,) and snap.cards[1].mem_used == 0
