@@ -102,3 +102,14 @@ async def test_a_uid_booked_on_one_card_is_not_answered_for_two(ledger: Ledger) 
     assert not out.ok and "booked with other amounts: 1 card(s)" in out.reason and "asked 2 card(s)" in out.reason
     snap = await ledger.snapshot("twice")
     assert snap is not None and snap.reservations["u1"].cards == (0,) and snap.cards[1].mem_used == 0
+
+
+async def test_a_record_moved_to_another_card_with_the_same_amounts_is_booked_there(ledger: Ledger) -> None:
+    # mutant: observe.lua takes a record of the same amounts as the booking it has, whatever its cards: a record
+    # naming card 1 would leave the booking on card 0 (card 1 offered free while the pod holds it)
+    await ledger.upsert_node(inventory("moved", S4000))
+    assert (await ledger.observe("u1", PodUsage("moved", (0,), 8, 2, 1)))["changed"] is True
+    assert (await ledger.observe("u1", PodUsage("moved", (1,), 8, 2, 1)))["changed"] is True
+    snap = await ledger.snapshot("moved")
+    assert snap is not None and snap.reservations["u1"].cards == (1,)
+    assert (snap.cards[0].mem_used, snap.cards[1].mem_used) == (0, 8)
