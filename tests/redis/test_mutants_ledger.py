@@ -113,3 +113,30 @@ async def test_a_record_moved_to_another_card_with_the_same_amounts_is_booked_th
     snap = await ledger.snapshot("moved")
     assert snap is not None and snap.reservations["u1"].cards == (1,)
     assert (snap.cards[0].mem_used, snap.cards[1].mem_used) == (0, 8)
+
+
+async def test_a_kept_pending_booking_over_the_slice_limit_is_counted_over_full(ledger: Ledger) -> None:
+    # mutant: replace_node counts a kept pending booking as over-filling its card by memory and cores only, not by
+    # slice instances past the card's limit
+    await ledger.upsert_node(inventory("full", S4000, slice_limit=2))
+    assert (await ledger.reserve("full", "p1", [0], 8, 2, 1))[0].ok  # pending: a binder may be mid-flight
+    bound = {uid: (PodUsage("full", (0,), 8, 2, 1), f"ns/{uid}") for uid in ("b1", "b2")}
+    out = await ledger.replace_node(inventory("full", S4000, slice_limit=2), bound, keep_ms=10_000)
+    assert out["pending_kept"] == 1 and out["pending_overfull"] == 1
+    snap = await ledger.snapshot("full")
+    assert snap is not None and snap.cards[0].slices == 3 and snap.cards[0].mem_used == 24
+
+
+async def test_a_kept_bound_booking_keeps_its_bound_stamp_through_a_rewrite(ledger: Ledger) -> None:
+    # mutant: replace_node re-books a kept bound reservation stamped bound when it was made: its keep window would
+    # end early, and the next rewrite would free a booking bound seconds ago
+    await ledger.upsert_node(inventory("stamp", S4000))
+    assert (await ledger.reserve("stamp", "u1", [0], 8, 2, 1))[0].ok
+    now = await ledger.redis_time_ms()
+    await ledger.redis.hset(ledger.keys.res("stamp", "u1"),  # type: ignore[misc]
+                            mapping={"state": "bound", "created": now - 30_000, "bound_at": now - 2_000})
+    for _ in range(2):
+        out = await ledger.replace_node(inventory("stamp", S4000), {}, keep_ms=10_000)
+        assert out["pending_kept"] == 1 and out["dropped"] == 0
+        snap = await ledger.snapshot("stamp")
+        assert snap is not None and snap.reservations["u1"].bound_at == now - 2_000
