@@ -140,3 +140,42 @@ async def test_a_kept_bound_booking_keeps_its_bound_stamp_through_a_rewrite(ledg
         assert out["pending_kept"] == 1 and out["dropped"] == 0
         snap = await ledger.snapshot("stamp")
         assert snap is not None and snap.reservations["u1"].bound_at == now - 2_000
+
+
+async def test_a_kept_pending_booking_keeps_its_bind_attempt_through_a_rewrite(ledger: Ledger) -> None:
+    # mutant: replace_node re-books a kept pending reservation without its settle_by and binds: the janitor could
+    # release it while the Binding of the attempt may still be committed, and an earlier attempt's give-back would
+    # free what a later attempt is binding with
+    await ledger.upsert_node(inventory("hold", S4000))
+    first, _ = await ledger.reserve("hold", "u1", [0], 8, 2, 1, hold_ms=30_000)
+    second, _ = await ledger.reserve("hold", "u1", [0], 8, 2, 1, hold_ms=30_000)
+    assert first.ok and second.ok and second.existing and second.bind_no == 2
+    await ledger.replace_node(inventory("hold", S4000), {}, keep_ms=10_000)
+    snap = await ledger.snapshot("hold")
+    assert snap is not None and snap.reservations["u1"].settle_by == second.settle_by > 0
+    assert (await ledger.give_back("hold", "u1", bind_no=first.bind_no))[0] == "kept"
+    assert (await ledger.give_back("hold", "u1", bind_no=second.bind_no))[0] == "released"
+
+
+async def test_keep_ms_and_keep_from_together_keep_what_either_keeps(ledger: Ledger) -> None:
+    # mutant: replace_node takes keep_from alone when both are given (not the earlier of the two instants): a
+    # booking bound 5 s ago, inside the 10 s window, would be freed by a keep_from of now
+    await ledger.upsert_node(inventory("both", S4000))
+    assert (await ledger.reserve("both", "u1", [0], 8, 2, 1))[0].ok
+    now = await ledger.redis_time_ms()
+    await ledger.redis.hset(ledger.keys.res("both", "u1"),  # type: ignore[misc]
+                            mapping={"state": "bound", "created": now - 5_000, "bound_at": now - 5_000})
+    out = await ledger.replace_node(inventory("both", S4000), {}, keep_ms=10_000, keep_from=now)
+    assert out["pending_kept"] == 1 and out["dropped"] == 0
+
+
+async def test_keep_bound_keeps_a_booking_whose_record_differs_in_slices_alone(ledger: Ledger) -> None:
+    # mutant: replace_node's keep_bound compares cards, memory and cores but not slices
+    await ledger.upsert_node(inventory("kslices", S4000))
+    assert (await ledger.reserve("kslices", "u1", [0], 8, 2, 1))[0].ok
+    await ledger.mark_bound("kslices", "u1")
+    record = {"u1": (PodUsage("kslices", (0,), 8, 2, 2), "ns/u1")}
+    out = await ledger.replace_node(inventory("kslices", S4000), record, keep_bound=True)
+    assert out["kept_bound"] == ["u1"]
+    snap = await ledger.snapshot("kslices")
+    assert snap is not None and snap.reservations["u1"].slices == 1 and snap.cards[0].slices == 1
