@@ -84,3 +84,11 @@ def test_a_deletion_stamp_that_cannot_be_read_for_sure_is_charged(at: str, grace
     assert judge_quotas(pod("new", slice_(64)), {MEM: 64}, LIMIT, [p], CFG, now=an_hour_later) is not None
     p["metadata"]["deletionTimestamp"], p["metadata"]["deletionGracePeriodSeconds"] = "2026-12-01T12:00:00Z", 30
     assert judge_quotas(pod("new", slice_(64)), {MEM: 64}, LIMIT, [p], CFG, now=an_hour_later) is None
+
+
+# mutant: what is left is hard - used unclamped: a quota lowered below what its pods already hold said "left: -32"
+def test_a_quota_already_exceeded_says_nothing_is_left() -> None:
+    lowered = [hq("gpu", **{f"limits.{MEM}": "32"})]
+    held = [pod("big", slice_(64), phase="Running")]
+    assert judge_quotas(pod("new", slice_(8)), {MEM: 8}, lowered, held, CFG) == (
+        f"exceeded quota: gpu, requested: limits.{MEM}=8, left: limits.{MEM}=0 (used 64 by 1 pod, limited 32)")
