@@ -179,3 +179,15 @@ async def test_keep_bound_keeps_a_booking_whose_record_differs_in_slices_alone(l
     assert out["kept_bound"] == ["u1"]
     snap = await ledger.snapshot("kslices")
     assert snap is not None and snap.reservations["u1"].slices == 1 and snap.cards[0].slices == 1
+
+
+async def test_a_later_bind_attempt_with_a_shorter_hold_never_lowers_settle_by(ledger: Ledger) -> None:
+    # mutant: reserve.lua sets a repeated booking's settle_by to this attempt's now + hold_ms: a shorter hold would
+    # cut short the time an earlier attempt's Binding may still be committed, and the janitor could free the card
+    await ledger.upsert_node(inventory("hold2", S4000))
+    first, _ = await ledger.reserve("hold2", "u1", [0], 8, 2, 1, hold_ms=30_000)
+    second, _ = await ledger.reserve("hold2", "u1", [0], 8, 2, 1, hold_ms=1_000)
+    assert first.ok and second.ok and second.existing
+    assert second.settle_by == first.settle_by  # the earlier, later-ending hold stands
+    snap = await ledger.snapshot("hold2")
+    assert snap is not None and snap.reservations["u1"].settle_by == first.settle_by
