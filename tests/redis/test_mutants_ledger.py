@@ -191,3 +191,17 @@ async def test_a_later_bind_attempt_with_a_shorter_hold_never_lowers_settle_by(l
     assert second.settle_by == first.settle_by  # the earlier, later-ending hold stands
     snap = await ledger.snapshot("hold2")
     assert snap is not None and snap.reservations["u1"].settle_by == first.settle_by
+
+
+async def test_a_removed_card_is_deleted_only_once_nothing_holds_it_slices_included(ledger: Ledger) -> None:
+    # mutant: _lib.lua add_usage deletes a removed card once its memory and cores are given back, slices aside
+    await ledger.upsert_node(inventory("rm", S4000))
+    assert (await ledger.observe("a", PodUsage("rm", (1,), 8, 2, 1)))["ok"]
+    assert (await ledger.observe("b", PodUsage("rm", (1,), 0, 0, 1)))["ok"]
+    await ledger.upsert_node(inventory("rm", S4000, n=1))  # card 1 no longer reported: kept as removed
+    assert await ledger.release("rm", "a")
+    snap = await ledger.snapshot("rm")
+    assert snap is not None and 1 in snap.cards and snap.cards[1].health == "removed" and snap.cards[1].slices == 1
+    assert await ledger.release("rm", "b")
+    snap = await ledger.snapshot("rm")
+    assert snap is not None and 1 not in snap.cards  # now nothing holds it: gone
