@@ -59,6 +59,12 @@ CASES: list[tuple[str, CardView | None, CardNeed, str]] = [
     ("whole card or mutex on a used card", card(mem=2, cores=1, slices=1), need(idle=True),
      "ExclusiveDeviceAllocateConflict"),
     ("whole card or mutex on an idle card", card(), need(mem=96, cores=16, idle=True), ""),
+    # each part of "idle" on its own (red team, mutants: a dropped term of the idle test went unseen)
+    ("idle needed, the card holds memory only", card(mem=2), need(idle=True), "ExclusiveDeviceAllocateConflict"),
+    ("idle needed, the card holds core groups only", card(cores=1), need(idle=True),
+     "ExclusiveDeviceAllocateConflict"),
+    ("idle needed, the card holds a slice instance only", card(slices=1), need(idle=True),
+     "ExclusiveDeviceAllocateConflict"),
     ("memory", card(mem=90, cores=1, slices=1), need(mem=8), "CardInsufficientMemory"),
     ("memory exactly enough", card(mem=88, cores=1, slices=1), need(mem=8), ""),
     ("over-committed card has none free", card(mem=112, cores=2, slices=2), need(mem=2), "CardInsufficientMemory"),
