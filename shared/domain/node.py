@@ -122,6 +122,21 @@ def _int_quantity(raw: object) -> int | None:
     return int(text) if re.fullmatch(r"[0-9]{1,19}", text) else None
 
 
+_DECIMAL_SI = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+
+
+def _status_quantity(raw: object) -> int | None:
+    """A whole number of a Node's capacity or allocatable as the API server writes a count: the kubelet's device
+    counts are canonical DecimalSI quantities, so 4000 reads "4k" (a 25-card S5000 node's sgpu-memory; was read as
+    no whole number, the node closed). Any other form (a fraction, an exponent, a binary suffix: bytes, "80Gi") is
+    none: None."""
+    m = re.fullmatch(r"([0-9]{1,19})([kMGTPE]?)", str(raw).strip())
+    if m is None:
+        return None
+    value = int(m.group(1)) * _DECIMAL_SI[m.group(2)]
+    return value if value < 2**63 else None
+
+
 def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
     meta = node.get("metadata") or {}
     name = str(meta.get("name", ""))
@@ -131,8 +146,8 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
     raw_cores = capacity.get(cfg.resource_core_name)
     if raw_cores is None or str(raw_cores).strip() in ("", "0"):
         return Inventory(name)  # no sliced cards: not an error, just not ours
-    cores = _int_quantity(raw_cores)
-    mem = _int_quantity(capacity.get(cfg.resource_memory_name, ""))
+    cores = _status_quantity(raw_cores)
+    mem = _status_quantity(capacity.get(cfg.resource_memory_name, ""))
     if cores is None:
         return _bad(name, CAPACITY_MISMATCH, f"{cfg.resource_core_name} capacity {raw_cores!r} is not a whole number")
     if cores == 0:
@@ -208,7 +223,7 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
         for resource, total, per in ((cfg.resource_core_name, cores, CORES_PER_CARD),
                                      (cfg.resource_memory_name, mem, per_card)):
             raw = allocatable.get(resource)
-            healthy = None if raw is None else _int_quantity(raw)
+            healthy = None if raw is None else _status_quantity(raw)
             if raw is not None and (healthy is None or total - healthy > out * per):
                 shown = repr(raw) if len(str(raw)) <= 64 else describe(str(raw))
                 how = "is not a whole number" if healthy is None else "is below"
