@@ -12,7 +12,7 @@ such pods only on cards of exactly that capacity.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,10 +175,8 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = (),
                         f"card by {cfg.scheduler_name}; use a nodeSelector instead")
     # asks are in container order (init first), so each container is paired with its own ask: one pass
     count_in_requests_only: set[int] = set()
+    problems.extend(privileged_problems(pod, asks))
     for i, (c, a) in enumerate(zip((spec.get("initContainers") or []) + spec["containers"], asks, strict=True)):
-        if a.asks_slices and (c.get("securityContext") or {}).get("privileged"):
-            problems.append(f'container "{a.name}" is privileged: a privileged container sees every '
-                            "card, so it cannot hold a slice")
         res = c.get("resources") or {}
         if a.count is not None and cr not in (res.get("limits") or {}):
             count_in_requests_only.add(i)
@@ -197,7 +195,6 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = (),
         return deny("; ".join(problems))
 
     union = union_memory_values(cfg.models)
-    allowed_text = f"allowed: {', '.join(map(str, union))} (memoryPerCard {describe_models(cfg.models)})"
     whole = whole_card_model(pod, cfg, reported)
     fills: dict[int, dict[str, int]] = {}
     warnings: list[str] = []
@@ -207,11 +204,7 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = (),
         if a.count > 1:
             per_card = a.memory // a.count if a.memory is not None and a.memory % a.count == 0 else None
             if a.memory is not None and CardModel(per_card or 0) not in cfg.models:
-                problems.append(
-                    f'container "{a.name}": {mr}={a.memory} with {cr}={a.count}: multi-card pods take whole '
-                    f"cards; {mr} must be {cr} x a card's memory ("
-                    + ", ".join(f"{a.count * m.memory} for {m.name}" for m in cfg.models)
-                    + ") or be left out")
+                problems.append(f'container "{a.name}": {whole_cards_problem(a.memory, a.count, cfg)} or be left out')
                 continue
             model = CardModel(per_card) if per_card else whole
             fill = {}
@@ -231,8 +224,7 @@ def decide(pod: Mapping[str, Any], cfg: Config, reported: Collection[int] = (),
                                 f"{CORES_PER_CARD} core groups)")
         else:
             if a.memory not in union:
-                problems.append(f'container "{a.name}": {mr}={a.memory} is not a valid slice size; '
-                                f"{allowed_text}")
+                problems.append(slice_size_problem(a.name, a.memory, cfg))
             elif pin is not None and not pin.accepts(a.memory):
                 problems.append(f'container "{a.name}": {mr}={a.memory} is not valid on {pin.name} pinned by '
                                 f"{PIN_ANNOTATION}; allowed: {', '.join(map(str, pin.valid_memory))}")
@@ -321,6 +313,28 @@ def judge_update(old: Mapping[str, Any], new: Mapping[str, Any], user: str, cfg:
     return Decision(True)
 
 
+def privileged_problems(pod: Mapping[str, Any], asks: Sequence[ContainerAsk]) -> list[str]:
+    """A privileged container sees every card: one holding a slice is refused (admission and placement)."""
+    spec = pod.get("spec") or {}
+    return [f'container "{a.name}" is privileged: a privileged container sees every card, so it cannot hold a slice'
+            for c, a in zip([*(spec.get("initContainers") or []), *(spec.get("containers") or [])], asks, strict=True)
+            if a.asks_slices and (c.get("securityContext") or {}).get("privileged")]
+
+
+def slice_size_problem(name: str, memory: int, cfg: Config) -> str:
+    """A slice's `sgpu-memory` that no configured card model accepts, with what is allowed."""
+    union = union_memory_values(cfg.models)
+    return (f'container "{name}": {cfg.slice_resources[1]}={memory} is not a valid slice size; allowed: '
+            f"{', '.join(map(str, union))} (memoryPerCard {describe_models(cfg.models)})")
+
+
+def whole_cards_problem(memory: int, cards: int, cfg: Config) -> str:
+    """A multi-card ask whose memory is not `cards` x a configured card's memory."""
+    cr, mr, _ = cfg.slice_resources
+    return (f"{mr}={memory} with {cr}={cards}: multi-card pods take whole cards; {mr} must be {cr} x a card's "
+            "memory (" + ", ".join(f"{cards * m.memory} for {m.name}" for m in cfg.models) + ")")
+
+
 def placement_request(pod: Mapping[str, Any], cfg: Config) -> SliceRequest | None:
     """`pod_request` for a pod about to be placed (the extender's filter, bind, preempt and `mtsched explain`):
     also the webhook's rules on the final pod that `pod_request` leaves to admission, since the pod the API
@@ -332,23 +346,13 @@ def placement_request(pod: Mapping[str, Any], cfg: Config) -> SliceRequest | Non
     req = pod_request(pod, cfg)
     if req is None:
         return None
-    cr, mr, _ = cfg.slice_resources
-    problems: list[str] = []
-    asks = read_asks(pod, cfg)
-    spec = pod.get("spec") or {}
-    for c, a in zip([*(spec.get("initContainers") or []), *(spec.get("containers") or [])], asks, strict=True):
-        if a.asks_slices and (c.get("securityContext") or {}).get("privileged"):
-            problems.append(f'container "{a.name}" is privileged: a privileged container sees every '
-                            "card, so it cannot hold a slice")
+    problems = privileged_problems(pod, read_asks(pod, cfg))
     union = union_memory_values(cfg.models)
     if req.mode is Mode.SLICE:
-        problems.extend(f'container "{s.name}": {mr}={s.memory} is not a valid slice size; allowed: '
-                        f"{', '.join(map(str, union))} (memoryPerCard {describe_models(cfg.models)})"
+        problems.extend(slice_size_problem(s.name, s.memory, cfg)
                         for s in req.shares if not s.empty and s.memory not in union)
     elif req.mode is Mode.MULTI and req.model is not None and CardModel(req.model) not in cfg.models:
-        problems.append(f"{mr}={req.cards * req.model} with {cr}={req.cards}: multi-card pods take whole cards; "
-                        f"{mr} must be {cr} x a card's memory ("
-                        + ", ".join(f"{req.cards * m.memory} for {m.name}" for m in cfg.models) + ")")
+        problems.append(whole_cards_problem(req.cards * req.model, req.cards, cfg))
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     problems.extend(policy_problems(annotations))
     problems.extend(selection_problems(annotations))
