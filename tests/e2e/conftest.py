@@ -106,6 +106,17 @@ async def cluster(stack: Any, redis_server: Any) -> AsyncIterator[Any]:
         yield c
 
 
+@pytest_asyncio.fixture
+async def admin(control_plane: ControlPlane) -> AsyncIterator[Kube]:
+    """The control plane's admin client, for a test's own setup and checks (the roles under test run under the
+    chart's identities)."""
+    kube = await Kube.create(str(control_plane.kubeconfig_path))
+    try:
+        yield kube
+    finally:
+        await kube.close()
+
+
 @pytest.fixture(scope="module")
 def ids(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Identities:
     """The chart's identities on the session's plane (deploy/local/identities.py), provisioned once per module."""

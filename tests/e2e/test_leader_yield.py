@@ -12,7 +12,7 @@ import dataclasses
 import socket
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +32,6 @@ pytestmark = pytest.mark.e2e
 
 LEASE = "hami-scheduler"  # the chart's schedulerName: the only Lease its identity may write
 HOST = socket.gethostname()  # kube-scheduler names itself <hostname>_<uuid>; in a pod the hostname is its name
-
-
-@pytest.fixture
-async def admin(control_plane: ControlPlane) -> AsyncIterator[Kube]:
-    k = await Kube.create(str(control_plane.kubeconfig_path))
-    try:
-        yield k
-    finally:
-        await k.close()
 
 
 class Elector:

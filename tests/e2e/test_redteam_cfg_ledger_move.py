@@ -6,11 +6,18 @@ through without a word; it now refuses it while the scheduler Deployment has rep
 values and what to do), and lets it through once the scheduler is scaled to 0 (no bind of the old release can be in
 flight; the new ledger books nothing until the new watchers have rebuilt it from the API).
 
+Red team, the day's changes: the refusal compared the whole Redis URL, which carries the ACL user
+(redis.external.username goes into it): a rotation of the user, the same Redis and keys, was refused as a move to
+another ledger, an upgrade that needed the scheduler scaled to 0 for nothing. Another Redis is still refused.
+
 Real parts: kube-apiserver (helm's lookup of the live ConfigMap and Deployment), helm, the chart."""
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,48 +30,81 @@ from tests.e2e.test_helm_dryrun import Api, _unique, api, helm  # noqa: F401 (fi
 
 pytestmark = pytest.mark.e2e
 
+@dataclass
+class Release:
+    """A release of the chart in a namespace of its own, its webhook sent only pods labelled for it."""
 
-def test_redteam_cfg_a_ledger_move_needs_the_scheduler_scaled_to_zero(helm: Path,  # noqa: F811
-                                                                     control_plane: ControlPlane,
-                                                                     api: Api) -> None:  # noqa: F811
-    release = _unique("hami-move")
-    ns = _unique("helm-move")
-    label: Json = {"scheduler": {"admissionWebhook": {"namespaceSelector": {"matchLabels": {"mtsched-move": release}}}}}
+    name: str
+    ns: str
+    label: Json
+    run: Callable[..., tuple[int, str]]  # run(helm args..., values=..., check=True) -> (exit code, output)
+
+    def config(self, api: Api) -> Json:  # noqa: F811
+        """Its rendered configuration, as the API server holds it."""
+        _, cm = api.call("GET", f"/api/v1/namespaces/{self.ns}/configmaps/{self.name}-config")
+        return dict(yaml.safe_load(cm["data"]["config.yaml"]))
+
+
+@contextmanager
+def a_release(helm: Path, control_plane: ControlPlane, what: str) -> Iterator[Release]:  # noqa: F811
+    name, ns = _unique(f"hami-{what}"), _unique(f"helm-{what}")
+    label: Json = {"scheduler": {"admissionWebhook": {"namespaceSelector": {"matchLabels": {f"mtsched-{what}": name}}}}}
     with tempfile.TemporaryDirectory(prefix="helm-home-") as home:
         env = helm_env(Path(home))
         env["KUBECONFIG"] = str(control_plane.kubeconfig_path)
 
-        def run(*args: str, values: Json, check: bool = True) -> tuple[int, str]:
+        def run(verb: str, values: Json, *more: str, check: bool = True) -> tuple[int, str]:
             with values_file(values) as vf:
-                proc = run_helm(helm, [*args, "--namespace", ns, "-f", str(vf)], env=env, check=check)
+                proc = run_helm(helm, [verb, name, str(CHART), *more, "--namespace", ns, "-f", str(vf)], env=env,
+                                check=check)
             return proc.returncode, proc.stdout + proc.stderr
 
-        def config() -> Json:
-            _, cm = api.call("GET", f"/api/v1/namespaces/{ns}/configmaps/{release}-config")
-            return dict(yaml.safe_load(cm["data"]["config.yaml"]))
-
         try:
-            run("install", release, str(CHART), "--create-namespace", values=label)
-            assert config()["keyPrefix"] == "mt"
-            moved = {**label, "mtsched": {"keyPrefix": "mt2"}}
-            rc, out = run("upgrade", release, str(CHART), values=moved, check=False)
-            assert rc != 0, "a keyPrefix change went through while the scheduler runs: two ledgers side by side"
-            assert 'mtsched.keyPrefix "mt" -> "mt2"' in out and "--replicas=0" in out, out[-2000:]
-            assert config()["keyPrefix"] == "mt"
-            # an upgrade that moves nothing is not refused
-            run("upgrade", release, str(CHART), values={**label, "mtsched": {"reconcileSeconds": 20}})
-            scale = f"/apis/apps/v1/namespaces/{ns}/deployments/{release}-scheduler/scale"
-            status, doc = api.call("GET", scale)
-            assert status == 200, doc
-            doc["spec"]["replicas"] = 0
-            status, doc = api.call("PUT", scale, doc)
-            assert status == 200, doc
-            run("upgrade", release, str(CHART), values=moved)
-            assert config()["keyPrefix"] == "mt2"
-            # the Redis the roles reach is a move too (the chart set the scheduler's replicas back)
-            external = {**moved, "redis": {"external": {"url": "redis://other-redis.example:6379/0"}}}
-            rc, out = run("upgrade", release, str(CHART), values=external, check=False)
-            assert rc != 0 and "redisUrl" in out and "moves the ledger" in out, out[-2000:]
+            yield Release(name, ns, label, run)
         finally:
-            run_helm(helm, ["uninstall", release, "--namespace", ns], env=env, check=False)
+            run_helm(helm, ["uninstall", name, "--namespace", ns], env=env, check=False)
             wait_no_policy(control_plane)
+
+
+def test_redteam_cfg_a_ledger_move_needs_the_scheduler_scaled_to_zero(helm: Path,  # noqa: F811
+                                                                     control_plane: ControlPlane,
+                                                                     api: Api) -> None:  # noqa: F811
+    with a_release(helm, control_plane, "move") as r:
+        r.run("install", r.label, "--create-namespace")
+        assert r.config(api)["keyPrefix"] == "mt"
+        moved = {**r.label, "mtsched": {"keyPrefix": "mt2"}}
+        rc, out = r.run("upgrade", moved, check=False)
+        assert rc != 0, "a keyPrefix change went through while the scheduler runs: two ledgers side by side"
+        assert 'mtsched.keyPrefix "mt" -> "mt2"' in out and "--replicas=0" in out, out[-2000:]
+        assert r.config(api)["keyPrefix"] == "mt"
+        # an upgrade that moves nothing is not refused
+        r.run("upgrade", {**r.label, "mtsched": {"reconcileSeconds": 20}})
+        scale = f"/apis/apps/v1/namespaces/{r.ns}/deployments/{r.name}-scheduler/scale"
+        status, doc = api.call("GET", scale)
+        assert status == 200, doc
+        doc["spec"]["replicas"] = 0
+        status, doc = api.call("PUT", scale, doc)
+        assert status == 200, doc
+        r.run("upgrade", moved)
+        assert r.config(api)["keyPrefix"] == "mt2"
+        # the Redis the roles reach is a move too (the chart set the scheduler's replicas back)
+        external = {**moved, "redis": {"external": {"url": "redis://other-redis.example:6379/0"}}}
+        rc, out = r.run("upgrade", external, check=False)
+        assert rc != 0 and "redisUrl" in out and "moves the ledger" in out, out[-2000:]
+
+
+def test_redteam_today2_a_new_redis_user_is_no_ledger_move(helm: Path, control_plane: ControlPlane,  # noqa: F811
+                                                          api: Api) -> None:  # noqa: F811
+    with a_release(helm, control_plane, "user") as r:
+        def external(user: str, url: str = "redis://ledger-redis.example:6379/0") -> Json:
+            return {**r.label, "redis": {"external": {"url": url, "existingSecret": "ledger-redis", "username": user}}}
+
+        r.run("install", external("mtsched-a"), "--create-namespace")
+        assert r.config(api)["redisUrl"] == "redis://mtsched-a@ledger-redis.example:6379/0"
+        rc, out = r.run("upgrade", external("mtsched-b"), check=False)
+        assert rc == 0, f"a new ACL user on the same Redis was refused as a ledger move: {out[-2000:]}"
+        assert r.config(api)["redisUrl"] == "redis://mtsched-b@ledger-redis.example:6379/0"
+        # another Redis still is a move
+        rc, out = r.run("upgrade", external("mtsched-b", "redis://other-redis.example:6379/0"), check=False)
+        assert rc != 0 and "moves the ledger" in out, out[-2000:]
+        assert "ledger-redis.example" in str(r.config(api)["redisUrl"])

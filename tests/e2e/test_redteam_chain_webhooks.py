@@ -24,11 +24,10 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from aiohttp import web
 
 from deploy.local import nodes as simulated
@@ -51,15 +50,6 @@ SLICE = {"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "32", "mthreads.c
 def stack(control_plane: ControlPlane, redis_server: RedisServer) -> Iterator[Stack]:
     with Stack(control_plane, redis_server.empty().url, "96").running() as st:
         yield st
-
-
-@pytest_asyncio.fixture
-async def admin(stack: Stack) -> AsyncIterator[Kube]:
-    kube = await Kube.create(str(stack.cp.kubeconfig_path))
-    try:
-        yield kube
-    finally:
-        await kube.close()
 
 
 async def mutate(request: web.Request) -> web.Response:

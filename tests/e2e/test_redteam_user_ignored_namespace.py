@@ -13,11 +13,10 @@ that names it is placed by our extender, whose rules hold whatever the webhook s
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
@@ -38,15 +37,6 @@ LABEL = "mtsched.io/e2e-ignored-ns"
 def stack(control_plane: ControlPlane, redis_server: RedisServer) -> Iterator[Stack]:
     with Stack(control_plane, redis_server.empty().url, "96").running() as st:
         yield st
-
-
-@pytest_asyncio.fixture
-async def admin(stack: Stack) -> AsyncIterator[Kube]:
-    kube = await Kube.create(str(stack.cp.kubeconfig_path))
-    try:
-        yield kube
-    finally:
-        await kube.close()
 
 
 def pod(name: str, limits: dict[str, str], run: str, **spec: Any) -> dict[str, Any]:
