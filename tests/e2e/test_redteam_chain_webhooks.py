@@ -63,6 +63,16 @@ async def mutate(request: web.Request) -> web.Response:
     return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
 
 
+async def a_later_webhook(stack: Stack, admin: Kube, https_server: Any, ns: str, run: str) -> None:
+    """The namespace `ns` (labelled `run`) and a mutating webhook after ours (`zz-` sorts last) sent its pods."""
+    app = web.Application()
+    app.router.add_post("/mutate", mutate)
+    url = await https_server(app)
+    await admin.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns, "labels": {LABEL: run}}})
+    await stack.cp.register_webhooks_async(url + "/mutate", name=f"zz-chain-{run}",
+                                           namespace_selector={"matchLabels": {LABEL: run}})
+
+
 def pod(name: str, run: str, ops: list[dict[str, Any]], limits: dict[str, str] | None = None) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "annotations": {PATCH: json.dumps(ops)}},
@@ -77,12 +87,7 @@ async def test_a_later_webhook_cannot_get_a_pod_past_our_rules(
         stack: Stack, admin: Kube, https_server: Any) -> None:
     run = uuid.uuid4().hex[:6]
     ns, node = f"e2e-chain-{run}", f"s4000-chain-{run}"
-    app = web.Application()
-    app.router.add_post("/mutate", mutate)
-    url = await https_server(app)
-    await admin.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns, "labels": {LABEL: run}}})
-    await stack.cp.register_webhooks_async(url + "/mutate", name=f"zz-chain-{run}",
-                                           namespace_selector={"matchLabels": {LABEL: run}})
+    await a_later_webhook(stack, admin, https_server, ns, run)
     await admin.request("POST", "/api/v1/nodes", simulated.gpu_node(node, 96, 2, labels={LABEL: run}))
     pods = f"/api/v1/namespaces/{ns}/pods"
     try:
@@ -190,12 +195,7 @@ async def test_with_if_needed_a_container_a_later_webhook_injects_is_judged_at_c
         stack: Stack, admin: Kube, https_server: Any) -> None:
     run = uuid.uuid4().hex[:6]
     ns = f"e2e-chain-again-{run}"
-    app = web.Application()
-    app.router.add_post("/mutate", mutate)
-    url = await https_server(app)
-    await admin.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns, "labels": {LABEL: run}}})
-    await stack.cp.register_webhooks_async(url + "/mutate", name=f"zz-chain-{run}",
-                                           namespace_selector={"matchLabels": {LABEL: run}})
+    await a_later_webhook(stack, admin, https_server, ns, run)
     pods = f"/api/v1/namespaces/{ns}/pods"
     proxy = {"name": "proxy", "image": "busybox", "resources": {"limits": {"mthreads.com/vgpu": "1",
                                                                             "mthreads.com/sgpu-memory": "4"}}}
