@@ -96,6 +96,7 @@ EVENT_MEMO_BYTES = 2 * 1024 * 1024  # (pod, reason, message) of recent events, t
 EVENT_BURST = 5
 EVENT_SECONDS = 60.0
 MEMO_BYTES = 32 * 1024 * 1024  # fit and score memos (checked before each call; one call adds at most its nodes)
+UNKEPT_WAKE_MAX = 256  # nodes woken once the ledger is kept again (kept_again): one each for most pods turned away
 CLAIM_TICK_SECONDS = 1.0  # how often claims lapse while no filter comes (expire_claims)
 CLAIM_SECONDS = 5.0  # how long filter's claim on its one returned node lasts without a bind (_claim)
 # how long a node where a booking was refused `node unverified` (here, or by another replica: its verify notice)
@@ -215,6 +216,12 @@ class Extender:
         mirror.on_notice["verify"].append(self.unverified_seen)  # another replica's refusal
         # from the start of a reservation to the API server's deadline for its Binding (shared/domain/timing.py)
         self.bind_deadline = bind_deadline_s(cfg.pending_ttl_seconds)
+        # why no slice pod may be placed now: no watcher keeps the ledger current (controller/upkeep.py, set by
+        # the role; "" when one does)
+        self.unkept: Callable[[], str] = lambda: ""
+        # a node per slice pod turned away meanwhile (its first candidate): kube-scheduler tries such a pod again
+        # only on a cluster event, so these are woken once the ledger is kept again (kept_again)
+        self._unkept_wake: set[str] = set()
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -298,6 +305,13 @@ class Extender:
         if why:
             self.event(event_pod, "FilteringFailed", why, "Warning")
             return {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": dict.fromkeys(names, why),
+                    "Error": ""}
+        unkept = self.unkept()
+        if unkept:
+            if names and len(self._unkept_wake) < UNKEPT_WAKE_MAX:  # beyond: kube-scheduler's own 5-minute retry
+                self._unkept_wake.add(min(names))
+            self.event(event_pod, "FilteringFailed", unkept, "Warning")
+            return {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": dict.fromkeys(names, unkept),
                     "Error": ""}
         self._remember(seen)
         if self._claims:
@@ -446,6 +460,11 @@ class Extender:
             msg = f"{refusal} ({why_not})" if why_not else refusal
             self.event(seen.event_pod, "BindingFailed", msg, "Warning")
             return {"Error": msg}
+        refusal = self.unkept()
+        if refusal:  # filtered before the stamp aged: nothing is booked on a ledger nobody keeps
+            BINDINGS.labels("rejected").inc()
+            self.event(seen.event_pod, "BindingFailed", refusal, "Warning")
+            return {"Error": refusal}
         req = seen.request
         assert req is not None  # bind_refusal refuses pods without a request
         pod = seen.event_pod
@@ -885,6 +904,13 @@ class Extender:
             self._woken({node})
         elif node not in self.held:
             self._turned_away.discard(node)  # nothing held there any more: nobody was turned away for it
+
+    def kept_again(self) -> None:
+        """A watcher keeps the ledger current again (controller/upkeep.py): the pods turned away meanwhile are
+        tried again, through a nudge of a node each of them could go to."""
+        for node in sorted(self._unkept_wake):
+            self._wake(node)
+        self._unkept_wake.clear()
 
     def _wake(self, node: str) -> None:
         WAKES.inc()

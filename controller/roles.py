@@ -14,6 +14,7 @@ from controller.extender import BODY_LIMIT as EXTENDER_BODY_LIMIT
 from controller.extender import Extender
 from controller.leadership import LeaderYield
 from controller.reconciler import Reconciler
+from controller.upkeep import Upkeep, stamp_while_ready
 from controller.watchers import NodeWatcher, PodWatcher, janitor_for, wire
 from shared.config import Config
 from shared.kube import Kube
@@ -47,6 +48,10 @@ async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
     ext = Extender(cfg, ledger, mirror, kube)
     ext.routes(app)
     sup.spawn("claims", ext.expire_claims)
+    upkeep = Upkeep(ledger, cfg.watchers_lost_after_seconds)
+    ext.unkept = upkeep.problem
+    upkeep.on_kept.append(ext.kept_again)
+    sup.spawn("upkeep", upkeep.run)
     try:
         ok = await serve_api(cfg, app, sup, stop, health)
     finally:
@@ -103,6 +108,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     sup.spawn("bound-records", pods.confirm_deferred)  # records waiting for our bind's confirmation
     sup.spawn("reconciler", reconciler.run)
     sup.spawn("janitor", janitor_for(ledger, mirror, cfg, pods).run)
+    sup.spawn("upkeep", lambda: stamp_while_ready(ledger, sup.problems))  # what the extenders check
     ok = await sup.run(stop)
     await health.cleanup()
     await kube.close()

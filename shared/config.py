@@ -18,6 +18,7 @@ import yaml
 
 from shared.domain.models import CORES_PER_CARD, DEFAULT_MAX_INST, CardModel, ModelError, parse_memory_per_card
 from shared.domain.shapes import MAX_NODES
+from shared.domain.upkeep import LOST_AFTER_MAX, LOST_AFTER_MIN
 
 POLICIES = ("binpack", "spread")
 # The shortest wait before the leader's extender hands the Lease over (shared/domain/leadership.py): a fault every
@@ -64,6 +65,8 @@ class Config:
     key_prefix: str = "mt"
     pending_ttl_seconds: int = 120
     reconcile_seconds: int = 30
+    # the extenders place no slice pod once no ready watcher has stamped the ledger this long (shared/domain/upkeep.py)
+    watchers_lost_after_seconds: int = 90
     listen: str = ""  # "" = the role's default (shared/serving/listen.py): extender loopback, webhook all addresses
     metrics_listen: str = "0.0.0.0:9395"
     tls_cert_file: str = ""
@@ -230,6 +233,9 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         errors.append(f"pendingTTLSeconds: {cfg.pending_ttl_seconds} is outside 5..3600")
     if not 2 <= cfg.reconcile_seconds <= 3600:
         errors.append(f"reconcileSeconds: {cfg.reconcile_seconds} is outside 2..3600")
+    if not LOST_AFTER_MIN <= cfg.watchers_lost_after_seconds <= LOST_AFTER_MAX:
+        errors.append(f"watchersLostAfterSeconds: {cfg.watchers_lost_after_seconds} is outside "
+                      f"{LOST_AFTER_MIN}..{LOST_AFTER_MAX}")
     if not 1 <= cfg.card_knobs_seconds <= 3600:
         errors.append(f"cardKnobsSeconds: {cfg.card_knobs_seconds} is outside 1..3600")
     if cfg.node_name and not re.match(rf"^{_NAME}$", cfg.node_name):

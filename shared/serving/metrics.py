@@ -151,6 +151,9 @@ JANITOR_HELD = Gauge("mtsched_janitor_held",
                      "1 while the janitor expires no pending reservation because the watcher's pod stream is down, "
                      "not listed yet, or back for less than 10 s (a booking whose record it has not seen may be a "
                      "running pod's)")
+LEDGER_KEPT_AGE = Gauge("mtsched_ledger_kept_age_seconds",
+                        "Extender: how old the last ready watcher's stamp on the ledger was at the last read (every "
+                        "5 s; -1: no stamp, or not read yet); beyond watchersLostAfterSeconds no slice pod is placed")
 LEDGER_REBUILDS = Counter("mtsched_ledger_rebuilds_total", "Full rebuilds of the ledger from the API server",
                           ["why"])
 PREEMPT_NODES = Counter("mtsched_preempt_nodes_total",

@@ -5,7 +5,7 @@ node hash, the rest are the node's pods set, card hashes and reservation hashes,
 hash tag `{<node>}`, so every call stays on one slot. Which cards and reservations a node has only
 Redis knows: callers pass the ones they last saw (`Known`); a script that needs one more answers
 MOREKEYS with the lists to declare before it writes anything (`_lib.lua: need_keys`), and the ledger calls
-again. The global keys (`<prefix>:nodes`, `<prefix>:epoch`) are never touched by a script.
+again. The global keys (`<prefix>:nodes`, `<prefix>:epoch`, `<prefix>:kept`) are never touched by a script.
 """
 
 from __future__ import annotations
@@ -51,6 +51,11 @@ class Layout:
     @property
     def epoch(self) -> str:
         return f"{self.prefix}:epoch"
+
+    @property
+    def kept(self) -> str:
+        """Redis's clock (ms) when a ready watcher last stamped the ledger (Ledger.mark_kept, domain/upkeep.py)."""
+        return f"{self.prefix}:kept"
 
     @property
     def probe(self) -> str:

@@ -911,6 +911,25 @@ class Ledger:
         sec, usec = await self._retry("time", lambda: self.redis.time())
         return int(sec) * 1000 + int(usec) // 1000
 
+    async def mark_kept(self) -> None:
+        """A ready watcher's stamp: the ledger is kept current now (shared/domain/upkeep.py). No time to live: a
+        stamp that ages is what tells the extenders (one that vanished would say nothing)."""
+        now = await self.redis_time_ms()
+        await self._retry("kept", lambda: self.redis.set(self.keys.kept, str(now)))
+
+    async def kept_age_ms(self) -> int | None:
+        """How long ago (ms, Redis's clock) a watcher last stamped the ledger; None when none ever did (or the
+        stamp is not a number: nothing this code wrote)."""
+        raw = await self._retry("kept", lambda: cast("Awaitable[str | None]", self.redis.get(self.keys.kept)))
+        try:
+            stamped = int(raw) if raw is not None else None
+        except ValueError:
+            return None
+        if stamped is None:
+            return None
+        # (a cluster's TIME may come from another shard than the key's: NTP keeps them within milliseconds)
+        return max(0, await self.redis_time_ms() - stamped)
+
     async def clocks(self, nodes: Iterable[str]) -> dict[str, int]:
         """Redis's clock (ms) as the server holding each node's keys reads it: what a script on that node
         compares its stamps with. A cluster's shards each have their own clock: there the nodes are grouped

@@ -98,6 +98,8 @@ def test_env_and_flag_spellings() -> None:
         ({"memoryPerCard": [96.5]}, "memoryPerCard entry 96.5 is not a whole number"),
         ({"defaultCores": 0}, "defaultCores: 0 is outside 1..16"),
         ({"defaultCores": 17}, "defaultCores: 17 is outside 1..16"),
+        ({"watchersLostAfterSeconds": 29}, "watchersLostAfterSeconds: 29 is outside 30..3600"),
+        ({"watchersLostAfterSeconds": 3601}, "watchersLostAfterSeconds: 3601 is outside 30..3600"),
         ({"defaultCores": "1.5"}, "defaultCores: '1.5' is not a whole number"),
         ({"maxSlicesPerCard": 17}, "maxSlicesPerCard: 17 is outside 1..16"),
         ({"gpuSchedulerPolicy": "mutex"}, "gpuSchedulerPolicy: 'mutex' is not one of binpack, spread"),
