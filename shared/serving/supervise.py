@@ -15,9 +15,9 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aiohttp
 from redis import exceptions as rexc
@@ -101,6 +101,24 @@ class Backoff:
             await asyncio.wait_for(stop.wait(), delay)
         if stop.is_set():
             raise Stopped()
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]], grace: float = 5.0,
+                          resend: float = 0.5) -> set[asyncio.Task[Any]]:
+    """Cancel `tasks` and wait for them to end, at most `grace` seconds, cancelling again every `resend` seconds:
+    a cancel can be swallowed (docs/runbooks.md "lost cancellations"), and one never heeded must not hold whoever
+    waits (a role's exit, a test's teardown). Returns the tasks still running."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for t in pending:
+            t.cancel()
+        left = deadline - loop.time()
+        if left <= 0:
+            break
+        _, pending = await asyncio.wait(pending, timeout=min(resend, left))
+    return pending
 
 
 class Stopped(Exception):
@@ -259,16 +277,7 @@ class Supervisor:
         every `cancel_resend` seconds meanwhile: a cancel can be swallowed (redis-py 8 lost most of those
         that met a reply arriving, docs/runbooks.md "lost cancellations"), and one that is never heeded
         must not hold the process's exit. Returns (and logs) the names of the tasks still running."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.cancel_grace
-        pending = {t for t in self._running if not t.done()}
-        while pending:
-            for t in pending:
-                t.cancel()
-            left = deadline - loop.time()
-            if left <= 0:
-                break
-            _, pending = await asyncio.wait(pending, timeout=min(self.cancel_resend, left))
+        pending = await cancel_and_wait(self._running, self.cancel_grace, self.cancel_resend)
         for t in self._running:
             if t.done() and not t.cancelled():
                 t.exception()  # retrieved, so asyncio does not log it as never retrieved

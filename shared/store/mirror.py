@@ -29,7 +29,7 @@ from redis.asyncio import Redis
 from shared.domain.node import mismatch_kind
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation
 from shared.serving.metrics import FEED_SILENCES, MIRROR_MOVING, MIRROR_REREADS
-from shared.serving.supervise import Backoff
+from shared.serving.supervise import Backoff, cancel_and_wait
 from shared.store.ledger import MARK_BOUND_MAX, NOTICES, RESEND, Ledger, slot_moving
 
 try:  # the sentinel redis-py's hiredis parser has its reader return when no whole reply is buffered
@@ -44,6 +44,7 @@ LOST: tuple[type[BaseException], ...] = (*RESEND, OSError)
 # MOVING_RETRY_SECONDS, then twice as long each time they still cannot be, up to MOVING_RETRY_MAX_SECONDS (a read
 # of a moving node holds the mirror's loop for redis-py's tries, ~0.4 s: a move held for long costs the loop a few
 # per cent, and a node is offered again at most MOVING_RETRY_MAX_SECONDS after its move ended)
+STOP_GRACE_SECONDS = 5.0  # stop(): how long a task that does not heed its cancel is waited for
 MOVING_RETRY_SECONDS = 1.0
 MOVING_RETRY_MAX_SECONDS = 8.0
 
@@ -228,10 +229,12 @@ class Mirror:
         await self._run()
 
     async def stop(self) -> None:
+        """End start()'s task: cancelled again until it ends (a cancel can be lost), at most STOP_GRACE_SECONDS."""
         if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            if await cancel_and_wait([self._task], STOP_GRACE_SECONDS):
+                log.error("the mirror's task did not end %.1fs after its cancel: left behind", STOP_GRACE_SECONDS)
+            elif not self._task.cancelled():
+                self._task.result()  # (an error it ended with is raised here, as before)
 
     async def resync(self, full: bool = False, only: Iterable[str] | None = None) -> None:
         """Read the ledger again, as a safety net for feed messages lost or misapplied.
