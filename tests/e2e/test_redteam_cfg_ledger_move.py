@@ -8,7 +8,8 @@ flight; the new ledger books nothing until the new watchers have rebuilt it from
 
 Red team, the day's changes: the refusal compared the whole Redis URL, which carries the ACL user
 (redis.external.username goes into it): a rotation of the user, the same Redis and keys, was refused as a move to
-another ledger, an upgrade that needed the scheduler scaled to 0 for nothing. Another Redis is still refused.
+another ledger, an upgrade that needed the scheduler scaled to 0 for nothing. So was the same Redis written another
+way (`redis://h` for `redis://h:6379/0`: the roles' defaults). Another Redis or database is still refused.
 
 Real parts: kube-apiserver (helm's lookup of the live ConfigMap and Deployment), helm, the chart."""
 
@@ -104,7 +105,13 @@ def test_redteam_today2_a_new_redis_user_is_no_ledger_move(helm: Path, control_p
         rc, out = r.run("upgrade", external("mtsched-b"), check=False)
         assert rc == 0, f"a new ACL user on the same Redis was refused as a ledger move: {out[-2000:]}"
         assert r.config(api)["redisUrl"] == "redis://mtsched-b@ledger-redis.example:6379/0"
-        # another Redis still is a move
+        # the same Redis written another way (the port and database the roles default to, client options) is none
+        for same in ("redis://ledger-redis.example", "redis://ledger-redis.example:6379/?socket_timeout=3"):
+            rc, out = r.run("upgrade", external("mtsched-b", same), check=False)
+            assert rc == 0, f"{same} was refused as a ledger move: {out[-2000:]}"
+        # another database of it is one, and so is another Redis
+        rc, out = r.run("upgrade", external("mtsched-b", "redis://ledger-redis.example/1"), check=False)
+        assert rc != 0 and "moves the ledger" in out, out[-2000:]
         rc, out = r.run("upgrade", external("mtsched-b", "redis://other-redis.example:6379/0"), check=False)
         assert rc != 0 and "moves the ledger" in out, out[-2000:]
         assert "ledger-redis.example" in str(r.config(api)["redisUrl"])
