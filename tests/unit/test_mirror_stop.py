@@ -12,6 +12,7 @@ import pytest
 
 from shared.store import mirror as mirror_module
 from shared.store.mirror import Mirror
+from tests.unit._cancels import DeafTo
 
 
 def mirror_running(body: object) -> Mirror:
@@ -21,24 +22,13 @@ def mirror_running(body: object) -> Mirror:
 
 
 async def test_a_swallowed_cancellation_is_sent_again() -> None:
-    cancels = 0
-
-    async def swallows_one() -> None:
-        nonlocal cancels
-        while True:
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                cancels += 1
-                if cancels > 1:
-                    raise
-
-    m = mirror_running(swallows_one())
+    deaf = DeafTo(1)
+    m = mirror_running(deaf())
     await asyncio.sleep(0)
     stopping = asyncio.create_task(m.stop())
     done, _ = await asyncio.wait({stopping}, timeout=10)  # (never cancelled from here: it must end by itself)
     assert done, "stop() still waits on a task that swallowed its cancel"  # before: for ever
-    assert cancels == 2 and m._task is not None and m._task.cancelled()
+    assert deaf.cancels == 2 and m._task is not None and m._task.cancelled()
 
 
 async def test_a_task_that_never_ends_is_left_behind(monkeypatch: pytest.MonkeyPatch,

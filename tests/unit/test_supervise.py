@@ -21,6 +21,7 @@ from shared.serving.supervise import (
     is_transient,
     unless_stopped,
 )
+from tests.unit._cancels import DeafTo
 
 
 @pytest.mark.parametrize(("error", "transient"), [
@@ -90,28 +91,21 @@ async def test_cancel_sends_the_cancel_again_to_a_task_that_swallowed_it() -> No
     """A task that ignores the first cancel (as one awaiting a redis-py 8 reply may) ends on the re-sent
     one, and is not started again for having "ended by itself"."""
     sup = Supervisor()
-    starts, cancels = 0, 0
-    inside, ended = asyncio.Event(), asyncio.Event()
+    starts = 0
+    deaf, ended = DeafTo(1), asyncio.Event()
 
     async def deaf_once() -> None:
-        nonlocal starts, cancels
+        nonlocal starts
         starts += 1
         try:
-            while True:
-                inside.set()
-                try:
-                    await asyncio.Event().wait()
-                except asyncio.CancelledError:
-                    cancels += 1
-                    if cancels > 1:
-                        raise
+            await deaf()
         finally:
             ended.set()
 
     sup.spawn("deaf-once", deaf_once)
-    await asyncio.wait_for(inside.wait(), 5)
+    await asyncio.wait_for(deaf.inside.wait(), 5)
     assert await sup.cancel() == []
-    assert cancels == 2 and ended.is_set() and starts == 1
+    assert deaf.cancels == 2 and ended.is_set() and starts == 1
 
 
 async def test_cancel_leaves_behind_a_task_that_swallows_every_cancel(caplog: pytest.LogCaptureFixture) -> None:
