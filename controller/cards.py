@@ -1,11 +1,13 @@
-"""The card table: what every sliced card holds, from the ledger (pure rendering + one Redis read)."""
+"""The card table: what every sliced card holds, from the ledger (pure rendering + its Redis reads)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from shared.config import Config
 from shared.domain.models import CardModel
 from shared.domain.state import NodeSnapshot
+from shared.domain.upkeep import unkept_problem
 from shared.store.ledger import Ledger
 
 
@@ -43,6 +45,9 @@ def render_table(snaps: Mapping[str, NodeSnapshot]) -> str:
     return "\n".join(lines)
 
 
-async def card_table(ledger: Ledger) -> str:
+async def card_table(ledger: Ledger, lost_after_seconds: int = Config.watchers_lost_after_seconds) -> str:
+    """The table, and a last line when the extenders place nothing for want of a watcher (shared/domain/upkeep.py)."""
     snaps = await ledger.snapshots(await ledger.nodes())
-    return render_table(snaps) if snaps else "no sliced Moore Threads cards in the ledger"
+    table = render_table(snaps) if snaps else "no sliced Moore Threads cards in the ledger"
+    unkept = unkept_problem(await ledger.kept_age_ms(), lost_after_seconds)
+    return f"{table}\nNOT KEPT: {unkept}" if unkept else table

@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         async def show() -> str:
             client = connect(args.redis_url or cfg.redis_url, options)
             try:
-                return await card_table(Ledger(client, cfg.key_prefix))
+                return await card_table(Ledger(client, cfg.key_prefix), cfg.watchers_lost_after_seconds)
             finally:
                 await client.aclose()
 

@@ -121,3 +121,16 @@ async def test_the_pods_woken_are_bounded(ledger: Ledger, mirror_factory: Mirror
     assert woken == names[:3]
     ext.kept_again()
     assert woken == names[:3]  # each wake sent once
+
+
+async def test_the_card_table_says_when_no_watcher_keeps_the_ledger(ledger: Ledger) -> None:
+    from controller.cards import card_table
+
+    await ledger.upsert_node(node_inventory(node("t-1", 96, 1), CFG))
+    for stamp in (None, 0.0):  # none, or a fresh one: the table as ever
+        if stamp is not None:
+            await stamp_aged(ledger, stamp)
+        assert "NOT KEPT" not in await card_table(ledger, 90)
+    await stamp_aged(ledger, 200)
+    last = (await card_table(ledger, 90)).splitlines()[-1]
+    assert last.startswith("NOT KEPT: no watcher has kept the ledger current for 200 s"), last
