@@ -8,9 +8,10 @@ a move left behind under an old prefix are booked as if current. So every ready 
 (`<prefix>:kept`, Redis's clock, every KEEP_EVERY_SECONDS), and an extender that reads a stamp older than
 `watchersLostAfterSeconds` places no slice pod until a watcher stamps it again (controller/upkeep.py).
 
-No stamp at all is no evidence either way: a Redis that restarted empty (its nodes are unverified and booked on
-by nobody until a watcher compares them, which stamps it too), or watchers of a release that did not stamp yet
-(a rolling upgrade).
+No stamp at all is no evidence either way: a Redis that restarted or failed over without it (an empty one holds
+no node to book on until a watcher rebuilds it, one with older data only unverified nodes until a watcher compares
+them, and a ready watcher stamps it again within KEEP_EVERY_SECONDS), or watchers of a release that did not stamp
+yet (a rolling upgrade).
 """
 
 from __future__ import annotations
