@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from shared.domain.upkeep import KEEP_EVERY_SECONDS, READ_EVERY_SECONDS, unkept_problem
@@ -24,21 +25,41 @@ async def stamp_while_ready(ledger: Ledger, problems: Callable[[], list[str]],
 
 
 class Upkeep:
-    """The extender's view of the stamp: `problem()` is why no slice pod may be placed now ("" when one may)."""
+    """The extender's view of the stamp: `problem()` is why no slice pod may be placed now ("" when one may).
 
-    def __init__(self, ledger: Ledger, lost_after_seconds: int) -> None:
+    The stamp's age is Redis's clock minus the stamp (Ledger.kept), and also, on this process's own clock, how
+    long the stamp read has not changed (each watcher writes a new one every 10 s): the larger counts. Redis's
+    clock alone read a stamp from its future (the clock stepped back since, or a failover to a server whose
+    clock is behind) as 0 s old for as long as the step, and a stamp gone after being seen (a DEL, the key's
+    shard restarted empty) as no verdict: with every watcher down the extenders went on booking
+    (tests/redis/test_redteam_upkeep.py). A stamp never seen since this process started is still no verdict."""
+
+    def __init__(self, ledger: Ledger, lost_after_seconds: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.ledger = ledger
         self.lost_after = lost_after_seconds
         self._problem = ""
         self.on_kept: list[Callable[[], None]] = []  # called when a watcher keeps the ledger again
+        self._clock = clock
+        self._stamp: int | None = None  # the last stamp read
+        self._changed_at: float | None = None  # this process's clock when it read that stamp first
         LEDGER_KEPT_AGE.set(-1)
 
     def problem(self) -> str:
         return self._problem
 
+    def _age_ms(self, stamp: int | None, age: int | None) -> int | None:
+        now = self._clock()
+        if stamp is not None and stamp != self._stamp:
+            self._stamp, self._changed_at = stamp, now
+        if self._changed_at is None:
+            return age
+        return max(age or 0, int((now - self._changed_at) * 1000))
+
     async def read(self) -> None:
         """Read the stamp once (an error leaves the last verdict: Redis away fails every booking anyway)."""
-        age = await self.ledger.kept_age_ms()
+        stamp, age = await self.ledger.kept()
+        age = self._age_ms(stamp, age)
         LEDGER_KEPT_AGE.set(-1 if age is None else age / 1000)
         problem, was = unkept_problem(age, self.lost_after), self._problem
         if problem and not was:
