@@ -12,15 +12,21 @@ wrote it.
    DEL, the key's shard restarted empty while the others kept their nodes) as "no stamp, no verdict": with every
    watcher down the extenders went on booking, for as long as the step or for ever. Now an extender also counts,
    on its own clock, how long the stamp it reads has not changed: a stamp unchanged for watchersLostAfterSeconds
-   is not kept, whatever Redis's clock says of it."""
+   is not kept, whatever Redis's clock says of it.
+3. A read that failed left the last verdict: "kept" held for ever while the stamp could not be read. On a
+   Cluster whose shard holding the stamp is down (cluster-require-full-coverage no) the other shards' nodes go
+   on booking, and with every watcher down too nothing ended it. A stamp that cannot be read now ages on the
+   extender's clock like one that does not change."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
 import pytest
+from redis.exceptions import ConnectionError
 
 from controller.upkeep import Upkeep
 from shared.store.ledger import Ledger
@@ -58,10 +64,12 @@ async def test_the_stamp_age_is_told_by_the_clock_of_the_server_that_holds_it(
 
 
 async def read_until(upkeep: Upkeep, done: Callable[[], bool], timeout: float = 10.0) -> bool:
-    """Read the stamp (as the extender's task does) until `done`, or `timeout` seconds."""
+    """Read the stamp (as the extender's task does, which the supervisor restarts after an error) until `done`,
+    or `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        await upkeep.read()
+        with contextlib.suppress(ConnectionError):
+            await upkeep.read()
         if done():
             return True
         await asyncio.sleep(0.1)
@@ -104,3 +112,43 @@ async def test_no_stamp_ever_seen_still_refuses_nothing(ledger: Ledger) -> None:
     await asyncio.sleep(1.2)  # longer than the limit, on purpose: nothing may change with time here
     await upkeep.read()
     assert upkeep.problem() == ""
+
+
+async def test_a_stamp_that_cannot_be_read_ages_too(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    await ledger.mark_kept()
+    upkeep = Upkeep(ledger, lost_after_seconds=1)
+    await upkeep.read()
+    assert upkeep.problem() == ""
+
+    async def unreachable() -> tuple[int | None, int | None]:
+        raise ConnectionError("the shard holding the stamp is down")
+
+    monkeypatch.setattr(ledger, "kept", unreachable)
+    with pytest.raises(ConnectionError):
+        await upkeep.read()  # the task fails (and is restarted): the supervisor counts it
+    assert await read_until(upkeep, lambda: bool(upkeep.problem())), \
+        "the stamp cannot be read, yet the last verdict 'kept' holds for ever"
+    monkeypatch.undo()
+    await ledger.mark_kept()
+    await upkeep.read()
+    assert upkeep.problem() == ""
+
+
+async def test_a_failed_read_does_not_lift_a_refusal(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(A first version of the fix for 3 judged a failed read by this process's count since it first read the
+    stamp alone: an extender started after the watchers had gone read a stamp two hours old, then, its next read
+    failing, took it for 5 s old and placed pods again.)"""
+    await ledger.redis.set(ledger.keys.kept, str(await ledger.redis_time_ms() - 7_200_000))
+    upkeep = Upkeep(ledger, lost_after_seconds=90)
+    woken: list[int] = []
+    upkeep.on_kept.append(lambda: woken.append(1))
+    await upkeep.read()
+    assert "for 7200 s" in upkeep.problem(), upkeep.problem()
+
+    async def unreachable() -> tuple[int | None, int | None]:
+        raise ConnectionError("Redis away")
+
+    monkeypatch.setattr(ledger, "kept", unreachable)
+    with pytest.raises(ConnectionError):
+        await upkeep.read()
+    assert "for 7200 s" in upkeep.problem() and woken == [], upkeep.problem()
