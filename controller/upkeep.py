@@ -29,10 +29,9 @@ class Upkeep:
 
     The stamp's age is Redis's clock minus the stamp (Ledger.kept), and also, on this process's own clock, how
     long the stamp read has not changed, or could not be read (each watcher writes a new one every 10 s): the
-    larger counts. Redis's
-    clock alone read a stamp from its future (the clock stepped back since, or a failover to a server whose
-    clock is behind) as 0 s old for as long as the step, and a stamp gone after being seen (a DEL, the key's
-    shard restarted empty) as no verdict: with every watcher down the extenders went on booking
+    larger counts. Redis's clock alone read a stamp from its future (the clock stepped back since, or a failover
+    to a server whose clock is behind) as 0 s old for as long as the step, and a stamp gone after being seen (a
+    DEL, the key's shard restarted empty) as no verdict: with every watcher down the extenders went on booking
     (tests/redis/test_redteam_upkeep.py). A stamp never seen since this process started is still no verdict."""
 
     def __init__(self, ledger: Ledger, lost_after_seconds: int,

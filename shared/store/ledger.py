@@ -920,10 +920,15 @@ class Ledger:
 
     async def kept(self) -> tuple[int | None, int | None]:
         """The watchers' last stamp and how long ago (ms) it was, both on the clock of the server holding it;
-        (None, None) when none ever did (or the stamp is not a number: nothing this code wrote). A stamp from
-        that clock's future (it stepped back since) is 0 ms old: the extender's own count ages it
-        (controller/upkeep.py)."""
-        raw = await self._retry("kept", lambda: cast("Awaitable[str | None]", self.redis.get(self.keys.kept)))
+        (None, None) when none ever did (or the stamp is not a number, or not a string: nothing this code
+        wrote). A stamp from that clock's future (it stepped back since) is 0 ms old: the extender's own count
+        ages it (controller/upkeep.py)."""
+        try:
+            raw = await self._retry("kept", lambda: cast("Awaitable[str | None]", self.redis.get(self.keys.kept)))
+        except rexc.ResponseError as e:  # a key of another type: nothing this code wrote (a watcher's SET ends it)
+            if str(e).startswith("WRONGTYPE"):
+                return None, None
+            raise
         try:
             stamped = int(raw) if raw is not None else None
         except ValueError:

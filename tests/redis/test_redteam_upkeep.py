@@ -152,3 +152,20 @@ async def test_a_failed_read_does_not_lift_a_refusal(ledger: Ledger, monkeypatch
     with pytest.raises(ConnectionError):
         await upkeep.read()
     assert "for 7200 s" in upkeep.problem() and woken == [], upkeep.problem()
+
+
+async def test_a_stamp_of_another_type_is_not_a_stamp(ledger: Ledger) -> None:
+    """4. `<prefix>:kept` of another type (a hash an operator or another program wrote there) made every read raise
+    WRONGTYPE, a ResponseError the supervisor counts as a bug: after five in a row the extender process gave up,
+    and restarted into the same (a crash loop while no watcher overwrites it). It is now no stamp, like one that
+    is not a number; a watcher's next stamp replaces it (SET)."""
+    await ledger.mark_kept()
+    upkeep = Upkeep(ledger, lost_after_seconds=1)
+    await upkeep.read()
+    await ledger.redis.delete(ledger.keys.kept)
+    await ledger.redis.hset(ledger.keys.kept, "at", "1")
+    assert await ledger.kept() == (None, None)
+    assert await read_until(upkeep, lambda: bool(upkeep.problem())), "seen before: it ages on the extender's clock"
+    await ledger.mark_kept()
+    stamp, age = await ledger.kept()
+    assert stamp is not None and age is not None and age < 2000
