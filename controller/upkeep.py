@@ -13,15 +13,21 @@ from shared.store.ledger import Ledger
 
 log = logging.getLogger("mtsched.upkeep")
 
+LOOK_EVERY_SECONDS = 1.0  # an unready watcher's look at its readiness (stamp_while_ready)
+
 
 async def stamp_while_ready(ledger: Ledger, problems: Callable[[], list[str]],
-                            every: float = KEEP_EVERY_SECONDS) -> None:
+                            every: float = KEEP_EVERY_SECONDS, look_every: float = LOOK_EVERY_SECONDS) -> None:
     """The watcher's task: stamp the ledger while the role is ready (its watch streams live, its first rebuild
-    done, Redis and its permissions fine: `problems` empty); an unready watcher keeps nothing current."""
+    done, Redis and its permissions fine: `problems` empty), every `every` seconds; an unready watcher keeps
+    nothing current, and looks again every `look_every` seconds, so it stamps as soon as it is ready (a watcher
+    back after an outage: the pods turned away meanwhile wait for that stamp)."""
     while True:
         if not problems():
             await ledger.mark_kept()
-        await asyncio.sleep(every)
+            await asyncio.sleep(every)
+        else:
+            await asyncio.sleep(min(every, look_every))
 
 
 class Upkeep:

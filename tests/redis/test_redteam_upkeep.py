@@ -28,7 +28,7 @@ from collections.abc import Callable
 import pytest
 from redis.exceptions import ConnectionError
 
-from controller.upkeep import Upkeep
+from controller.upkeep import Upkeep, stamp_while_ready
 from shared.store.ledger import Ledger
 
 pytestmark = pytest.mark.redis
@@ -169,3 +169,24 @@ async def test_a_stamp_of_another_type_is_not_a_stamp(ledger: Ledger) -> None:
     await ledger.mark_kept()
     stamp, age = await ledger.kept()
     assert stamp is not None and age is not None and age < 2000
+
+
+async def test_a_watcher_stamps_as_soon_as_it_is_ready(ledger: Ledger) -> None:
+    """5. The watcher's stamp task looked at its readiness only every 10 s (KEEP_EVERY_SECONDS): spawned with the
+    watch streams, its first look found them not listed yet, so a watcher that came back stamped up to 10 s
+    after it was ready, and the pods turned away waited that much longer than the runbook's "the first ready
+    watcher rebuilds the ledger at its start and stamps it". An unready watcher now looks again every second."""
+    problems = ["pods: not listed yet"]
+    task = asyncio.create_task(stamp_while_ready(ledger, lambda: problems))  # the default cadence
+    try:
+        await asyncio.sleep(0.1)  # its first look: not ready
+        assert await ledger.kept_age_ms() is None
+        problems.clear()  # the streams listed
+        for _ in range(60):  # 3 s
+            if await ledger.kept_age_ms() is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert await ledger.kept_age_ms() is not None, "ready for 3 s, not stamped yet"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
