@@ -10,7 +10,8 @@ a move left behind under an old prefix are booked as if current. So every ready 
 
 No stamp at all is no evidence either way: a Redis that restarted empty (its nodes are unverified and booked on
 by nobody until a watcher compares them, which stamps it too), or watchers of a release that did not stamp yet
-(a rolling upgrade).
+(a rolling upgrade). An extender that has read a stamp since it started also counts, on its own clock, how long
+that stamp has not changed, been gone or unreadable (controller/upkeep.py Upkeep): `age_ms` is the larger count.
 """
 
 from __future__ import annotations
