@@ -5,7 +5,8 @@ evict per candidate node; what we answer is what it evicts (an empty answer: not
 rule (shared/domain/preempt.py) reads the mirror's card states and reservations (which pod holds which
 card): the proposal stands when, with its card holders gone, the preemptor fits the cards; else the node is
 dropped. Never a part of it: each of kube-scheduler's victims is needed for its own filters.
-Fail closed: a node the mirror does not know, or a state not loaded yet, gets no eviction.
+Fail closed: a node the mirror does not know, or a state not loaded yet or kept by no watcher (the filter's
+`unkept`), gets no eviction.
 """
 
 from __future__ import annotations
@@ -86,6 +87,12 @@ class Preemption:
         if not self.ext.mirror.ready.is_set():
             PREEMPT_NODES.labels("not_ready").inc(len(a.nodes))
             log.warning("preempt for %s: card state not loaded yet, no eviction", ref)
+            return _answer({})
+        unkept = self.ext.unkept()
+        if unkept:  # as the filter: nothing is judged on a ledger no watcher keeps (controller/upkeep.py)
+            PREEMPT_NODES.labels("unkept").inc(len(a.nodes))
+            log.warning("preempt for %s: no eviction: %s", ref, unkept)
+            self.ext.event(event_pod, "PreemptionNotHelpful", f"no eviction: {unkept}", "Warning")
             return _answer({})
         out: dict[str, tuple[tuple[str, ...], int]] = {}
         refused: list[str] = []

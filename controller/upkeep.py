@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from shared.domain.upkeep import KEEP_EVERY_SECONDS, READ_EVERY_SECONDS, unkept_problem
@@ -12,33 +13,74 @@ from shared.store.ledger import Ledger
 
 log = logging.getLogger("mtsched.upkeep")
 
+LOOK_EVERY_SECONDS = 1.0  # an unready watcher's look at its readiness (stamp_while_ready)
+
 
 async def stamp_while_ready(ledger: Ledger, problems: Callable[[], list[str]],
-                            every: float = KEEP_EVERY_SECONDS) -> None:
+                            every: float = KEEP_EVERY_SECONDS, look_every: float = LOOK_EVERY_SECONDS) -> None:
     """The watcher's task: stamp the ledger while the role is ready (its watch streams live, its first rebuild
-    done, Redis and its permissions fine: `problems` empty); an unready watcher keeps nothing current."""
+    done, Redis and its permissions fine: `problems` empty), every `every` seconds; an unready watcher keeps
+    nothing current, and looks again every `look_every` seconds, so it stamps as soon as it is ready (a watcher
+    back after an outage: the pods turned away meanwhile wait for that stamp)."""
     while True:
         if not problems():
             await ledger.mark_kept()
-        await asyncio.sleep(every)
+            await asyncio.sleep(every)
+        else:
+            await asyncio.sleep(min(every, look_every))
 
 
 class Upkeep:
-    """The extender's view of the stamp: `problem()` is why no slice pod may be placed now ("" when one may)."""
+    """The extender's view of the stamp: `problem()` is why no slice pod may be placed now ("" when one may).
 
-    def __init__(self, ledger: Ledger, lost_after_seconds: int) -> None:
+    The stamp's age is Redis's clock minus the stamp (Ledger.kept), and also, on this process's own clock, how
+    long the stamp read has not changed, or could not be read (each watcher writes a new one every 10 s): the
+    larger counts. Redis's clock alone read a stamp from its future (the clock stepped back since, or a failover
+    to a server whose clock is behind) as 0 s old for as long as the step, and a stamp gone after being seen (a
+    DEL, the key's shard restarted empty) as no verdict: with every watcher down the extenders went on booking
+    (tests/redis/test_redteam_upkeep.py). A stamp never seen since this process started is still no verdict."""
+
+    def __init__(self, ledger: Ledger, lost_after_seconds: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.ledger = ledger
         self.lost_after = lost_after_seconds
         self._problem = ""
         self.on_kept: list[Callable[[], None]] = []  # called when a watcher keeps the ledger again
+        self._clock = clock
+        self._stamp: int | None = None  # the last stamp read
+        self._written: float | None = None  # when it was written, on this process's clock (at the latest)
         LEDGER_KEPT_AGE.set(-1)
 
     def problem(self) -> str:
         return self._problem
 
+    def _age_ms(self, stamp: int | None, age: int | None) -> int | None:
+        """The stamp's age (ms): Redis's count, or this process's since it read the stamp first if longer; None
+        when no stamp was ever read."""
+        now = self._clock()
+        if stamp is not None and age is not None:
+            written = now - age / 1000  # when it was written, on this process's clock
+            if stamp != self._stamp or self._written is None:
+                self._stamp, self._written = stamp, written
+            else:  # the same stamp: Redis's clock may have stepped back since, this one did not
+                self._written = min(self._written, written)
+        if self._written is None:
+            return None
+        return int((now - self._written) * 1000)
+
     async def read(self) -> None:
-        """Read the stamp once (an error leaves the last verdict: Redis away fails every booking anyway)."""
-        age = await self.ledger.kept_age_ms()
+        """Read the stamp once. A read that fails is raised (the supervisor restarts the task, the role unready
+        after a while) after the verdict is judged on this process's count alone: a stamp that cannot be read
+        ages like one that does not change (on a Cluster whose shard holding it is down, the other shards' nodes
+        would book on)."""
+        try:
+            stamp, age = await self.ledger.kept()
+        except Exception:
+            self._judge(self._age_ms(None, None))
+            raise
+        self._judge(self._age_ms(stamp, age))
+
+    def _judge(self, age: int | None) -> None:
         LEDGER_KEPT_AGE.set(-1 if age is None else age / 1000)
         problem, was = unkept_problem(age, self.lost_after), self._problem
         if problem and not was:

@@ -11,7 +11,8 @@ a move left behind under an old prefix are booked as if current. So every ready 
 No stamp at all is no evidence either way: a Redis that restarted or failed over without it (an empty one holds
 no node to book on until a watcher rebuilds it, one with older data only unverified nodes until a watcher compares
 them, and a ready watcher stamps it again within KEEP_EVERY_SECONDS), or watchers of a release that did not stamp
-yet (a rolling upgrade).
+yet (a rolling upgrade). An extender that has read a stamp since it started also counts, on its own clock, how long
+that stamp has not changed, been gone or unreadable (controller/upkeep.py Upkeep): `age_ms` is the larger count.
 """
 
 from __future__ import annotations

@@ -159,8 +159,8 @@ LEDGER_REBUILDS = Counter("mtsched_ledger_rebuilds_total", "Full rebuilds of the
 PREEMPT_NODES = Counter("mtsched_preempt_nodes_total",
                         "Candidate nodes of preempt calls by what the extender did with kube-scheduler's victims: "
                         "kept (they free a card), unchanged (the cards do not block), "
-                        "no_card (no card freed: node dropped), unknown_node, not_ready, bad_request, no_request, "
-                        "error", ["outcome"])
+                        "no_card (no card freed: node dropped), unknown_node, not_ready, unkept (no watcher keeps the "
+                        "ledger), bad_request, no_request, error", ["outcome"])
 FILTER_FAILURES = Counter("mtsched_filter_failures_total",
                           "Filter calls that placed a pod on no node, once per HAMi reason any node gave",
                           ["reason"])

@@ -913,22 +913,52 @@ class Ledger:
 
     async def mark_kept(self) -> None:
         """A ready watcher's stamp: the ledger is kept current now (shared/domain/upkeep.py). No time to live: a
-        stamp that ages is what tells the extenders (one that vanished would say nothing)."""
-        now = await self.redis_time_ms()
+        stamp that ages is what tells the extenders (one that vanished would say nothing). The clock is the one
+        of the server holding the key (`_kept_clock`), the one its age is read on."""
+        now = await self._kept_clock()
         await self._retry("kept", lambda: self.redis.set(self.keys.kept, str(now)))
 
-    async def kept_age_ms(self) -> int | None:
-        """How long ago (ms, Redis's clock) a watcher last stamped the ledger; None when none ever did (or the
-        stamp is not a number: nothing this code wrote)."""
-        raw = await self._retry("kept", lambda: cast("Awaitable[str | None]", self.redis.get(self.keys.kept)))
+    async def kept(self) -> tuple[int | None, int | None]:
+        """The watchers' last stamp and how long ago (ms) it was, both on the clock of the server holding it;
+        (None, None) when none ever did (or the stamp is not a number, or not a string: nothing this code
+        wrote). A stamp from that clock's future (it stepped back since) is 0 ms old: the extender's own count
+        ages it (controller/upkeep.py)."""
+        try:
+            raw = await self._retry("kept", lambda: cast("Awaitable[str | None]", self.redis.get(self.keys.kept)))
+        except rexc.ResponseError as e:  # a key of another type: nothing this code wrote (a watcher's SET ends it)
+            if str(e).startswith("WRONGTYPE"):
+                return None, None
+            raise
         try:
             stamped = int(raw) if raw is not None else None
         except ValueError:
-            return None
+            return None, None
         if stamped is None:
-            return None
-        # (a cluster's TIME may come from another shard than the key's: NTP keeps them within milliseconds)
-        return max(0, await self.redis_time_ms() - stamped)
+            return None, None
+        return stamped, max(0, await self._kept_clock() - stamped)
+
+    async def kept_age_ms(self) -> int | None:
+        """How long ago (ms, Redis's clock) a watcher last stamped the ledger; None when none ever did."""
+        return (await self.kept())[1]
+
+    async def _kept_clock(self) -> int:
+        """Redis's clock (ms) on the server holding `<prefix>:kept`: the clock script routed by that key (which it
+        does not read). Not TIME: on a cluster redis-py sends that to its client's default node, any shard, and
+        the skew between two shards' clocks would go straight into the stamp's age
+        (tests/redis/test_redteam_upkeep.py)."""
+        script, key = self._scripts["clock"], self.keys.kept
+
+        async def send() -> Any:
+            try:
+                return await script([key], (self.feed, "", "{}"))
+            except rexc.NoScriptError:  # as _call: loaded where the key lives (a cluster), or once more
+                if isinstance(self.redis, RedisCluster):
+                    await self._load_where(script.script, key)
+                else:
+                    await self.redis.script_load(script.script)
+                return await script([key], (self.feed, "", "{}"))
+
+        return int(await self._retry("clock", send))
 
     async def clocks(self, nodes: Iterable[str]) -> dict[str, int]:
         """Redis's clock (ms) as the server holding each node's keys reads it: what a script on that node
