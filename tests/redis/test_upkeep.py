@@ -6,6 +6,7 @@ watchers' Nudger turns into a Node patch). shared/domain/upkeep.py, controller/u
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -85,7 +86,7 @@ async def test_an_unkept_ledger_places_no_slice_pod_and_wakes_the_refused_once_k
     got = filtered("during")
     assert got["NodeNames"] == [] and set(got["FailedAndUnresolvableNodes"]) == {"n-a", "n-b"}, got
     why = got["FailedAndUnresolvableNodes"]["n-a"]
-    assert "no watcher has kept the ledger current for 91 s" in why, why
+    assert re.search(r"no watcher has kept the ledger current for 9[12] s", why), why  # (a second may pass)
     assert filtered("plain", {"cpu": "1"})["NodeNames"] == ["n-b", "n-a"]  # no slice asked: not our business
     # a pod filtered before the stamp aged, its bind after
     out = await ext.bind({"PodName": "p-before", "PodNamespace": "ns", "PodUID": "before", "Node": "n-b"})
@@ -133,4 +134,4 @@ async def test_the_card_table_says_when_no_watcher_keeps_the_ledger(ledger: Ledg
         assert "NOT KEPT" not in await card_table(ledger, 90)
     await stamp_aged(ledger, 200)
     last = (await card_table(ledger, 90)).splitlines()[-1]
-    assert last.startswith("NOT KEPT: no watcher has kept the ledger current for 200 s"), last
+    assert re.match(r"NOT KEPT: no watcher has kept the ledger current for 20[01] s", last), last
