@@ -252,7 +252,9 @@ redis:// and rediss:// with the port and database the roles default to (6379, 0)
 and redis://h:6379/0 are one ledger. Another host, port, database, sentinel service or scheme is another.
 */}}
 {{- define "hami.ledgerAddress" -}}
-{{- $u := regexReplaceAll "^([a-z+]+://)[^@/]*@" . "${1}" -}}
+{{- /* (the user ends at the last "@" before the path, query or fragment, as redis-py's urlparse reads it: an "@"
+in a query option is no user, and the host before it stays) */ -}}
+{{- $u := regexReplaceAll "^([a-z+]+://)[^/?#]*@" . "${1}" -}}
 {{- if not (regexMatch "[?&]db=" $u) -}}{{- /* (a db option overrides the path's: then kept, compared as written) */ -}}
 {{- $u = regexReplaceAll "[?#].*$" $u "" -}}
 {{- end -}}
