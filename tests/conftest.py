@@ -10,6 +10,9 @@ from redis.asyncio import Redis
 from deploy.local.redis import RedisServer, new_password
 from shared.store.ledger import Ledger
 
+# a timed-out test's task ends, its alarm repeated until it does
+from tests._orphans import pytest_addoption, pytest_pyfunc_call, pytest_timeout_set_timer, session_loop  # noqa: F401
+
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
