@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -23,6 +24,7 @@ import orjson
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.commands.core import AsyncScript
 
 from shared.domain.annotations import PodUsage
 from shared.domain.fit import CardNeed, Plan, Reasons
@@ -344,26 +346,8 @@ class Ledger:
         make = keys or (lambda known: self.keys.whole_node(node, known))
         for _ in range(KEY_ROUNDS):
             declared = make(self.known(node))
-
-            async def send(declared: list[str] = declared) -> Any:
-                # redis-py's script object sends EVALSHA, and on NOSCRIPT loads the script and sends it again
-                try:
-                    return await script(declared, args)
-                except rexc.NoScriptError:
-                    if isinstance(self.redis, RedisCluster):
-                        # redis-py loads it on the primaries its node list names, which after a failover may lack
-                        # the promoted replica the call is routed to (tests/redis_ha/test_failover.py, Redis 6.2):
-                        # loaded where the key lives, then sent again
-                        await self._load_where(script.script, declared[0])
-                    else:
-                        # gone again between redis-py's load and its second EVALSHA (another SCRIPT FLUSH: an
-                        # operator's, or a replica of another release during an upgrade): loaded and sent once
-                        # more, not failed as a script error (tests/redis/test_redteam_script_flush.py)
-                        await self.redis.script_load(script.script)
-                    return await script(declared, args)
-
             try:
-                return await self._retry(name, send, give_up, resent)
+                return await self._retry(name, partial(self._script, script, declared, args), give_up, resent)
             except Exception as e:
                 if slot_moving(e):  # raised as it is (TRYAGAIN is a ResponseError too): Redis unavailable there
                     self._moving(node)
@@ -375,6 +359,24 @@ class Ledger:
                 self._known[node] = self.known(node).learn(str(e))
                 log.debug("%s on %s: the node has keys this ledger did not know of; calling again", name, node)
         raise LedgerError(f"{name} on {node}: the node's cards and reservations kept changing; try again")
+
+    async def _script(self, script: AsyncScript, keys: list[str], args: tuple[str, str, str]) -> Any:
+        """One send of `script` (routed by `keys[0]`). redis-py's script object sends EVALSHA, and on NOSCRIPT
+        loads the script and sends it again; a second NOSCRIPT is answered here."""
+        try:
+            return await script(keys, args)
+        except rexc.NoScriptError:
+            if isinstance(self.redis, RedisCluster):
+                # redis-py loads it on the primaries its node list names, which after a failover may lack the
+                # promoted replica the call is routed to (tests/redis_ha/test_failover.py, Redis 6.2): loaded where
+                # the key lives, then sent again
+                await self._load_where(script.script, keys[0])
+            else:
+                # gone again between redis-py's load and its second EVALSHA (another SCRIPT FLUSH: an operator's,
+                # or a replica of another release during an upgrade): loaded and sent once more, not failed as a
+                # script error (tests/redis/test_redteam_script_flush.py)
+                await self.redis.script_load(script.script)
+            return await script(keys, args)
 
     async def _load_where(self, text: str, key: str) -> None:
         """Load a script on the cluster primary that holds `key` (redis-py's own load may miss it: above)."""
@@ -946,19 +948,8 @@ class Ledger:
         does not read). Not TIME: on a cluster redis-py sends that to its client's default node, any shard, and
         the skew between two shards' clocks would go straight into the stamp's age
         (tests/redis/test_redteam_upkeep.py)."""
-        script, key = self._scripts["clock"], self.keys.kept
-
-        async def send() -> Any:
-            try:
-                return await script([key], (self.feed, "", "{}"))
-            except rexc.NoScriptError:  # as _call: loaded where the key lives (a cluster), or once more
-                if isinstance(self.redis, RedisCluster):
-                    await self._load_where(script.script, key)
-                else:
-                    await self.redis.script_load(script.script)
-                return await script([key], (self.feed, "", "{}"))
-
-        return int(await self._retry("clock", send))
+        return int(await self._retry("clock", lambda: self._script(self._scripts["clock"], [self.keys.kept],
+                                                                   (self.feed, "", "{}"))))
 
     async def clocks(self, nodes: Iterable[str]) -> dict[str, int]:
         """Redis's clock (ms) as the server holding each node's keys reads it: what a script on that node
