@@ -28,7 +28,8 @@ from collections.abc import Callable
 import pytest
 from redis.exceptions import ConnectionError
 
-from controller.upkeep import Upkeep, stamp_while_ready
+from controller.upkeep import LOOK_EVERY_SECONDS, Upkeep, stamp_while_ready
+from shared.domain.upkeep import KEEP_EVERY_SECONDS
 from shared.store.ledger import Ledger
 
 pytestmark = pytest.mark.redis
@@ -175,18 +176,26 @@ async def test_a_watcher_stamps_as_soon_as_it_is_ready(ledger: Ledger) -> None:
     """5. The watcher's stamp task looked at its readiness only every 10 s (KEEP_EVERY_SECONDS): spawned with the
     watch streams, its first look found them not listed yet, so a watcher that came back stamped up to 10 s
     after it was ready, and the pods turned away waited that much longer than the runbook's "the first ready
-    watcher rebuilds the ledger at its start and stamps it". An unready watcher now looks again every second."""
+    watcher rebuilds the ledger at its start and stamps it". An unready watcher now looks again every second.
+    (Its stamps an hour apart here: a watcher that waited for its next stamp after an unready look never stamps.)"""
+    assert LOOK_EVERY_SECONDS <= 1.0 < KEEP_EVERY_SECONDS  # the runbook's "within a second of becoming ready"
     problems = ["pods: not listed yet"]
-    task = asyncio.create_task(stamp_while_ready(ledger, lambda: problems))  # the default cadence
+    looked = asyncio.Event()
+
+    def readiness() -> list[str]:
+        looked.set()
+        return problems
+
+    task = asyncio.create_task(stamp_while_ready(ledger, readiness, every=3600.0, look_every=0.05))
     try:
-        await asyncio.sleep(0.1)  # its first look: not ready
+        await asyncio.wait_for(looked.wait(), 10)  # its first look: not ready
         assert await ledger.kept_age_ms() is None
         problems.clear()  # the streams listed
-        for _ in range(60):  # 3 s
+        for _ in range(600):  # bounds a hang only
             if await ledger.kept_age_ms() is not None:
                 break
             await asyncio.sleep(0.05)
-        assert await ledger.kept_age_ms() is not None, "ready for 3 s, not stamped yet"
+        assert await ledger.kept_age_ms() is not None, "ready, and not stamped before its next stamp is due"
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
