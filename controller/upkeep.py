@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from shared.domain.upkeep import KEEP_EVERY_SECONDS, READ_EVERY_SECONDS, unkept_problem
+from shared.domain.upkeep import KEEP_EVERY_SECONDS, READ_EVERY_SECONDS, Seen, age_of, seen_again, unkept_problem
 from shared.serving.metrics import LEDGER_KEPT_AGE
 from shared.store.ledger import Ledger
 
@@ -47,26 +47,18 @@ class Upkeep:
         self._problem = ""
         self.on_kept: list[Callable[[], None]] = []  # called when a watcher keeps the ledger again
         self._clock = clock
-        self._stamp: int | None = None  # the last stamp read
-        self._written: float | None = None  # when it was written, on this process's clock (at the latest)
+        self._seen: Seen | None = None  # the last stamp read, dated on this process's clock
         LEDGER_KEPT_AGE.set(-1)
 
     def problem(self) -> str:
         return self._problem
 
     def _age_ms(self, stamp: int | None, age: int | None) -> int | None:
-        """The stamp's age (ms): Redis's count, or this process's since it read the stamp first if longer; None
-        when no stamp was ever read."""
+        """The stamp's age (ms) after a read that found `stamp`, `age` ms old on Redis's clock (shared/domain/upkeep.py
+        seen_again); None when no stamp was ever read."""
         now = self._clock()
-        if stamp is not None and age is not None:
-            written = now - age / 1000  # when it was written, on this process's clock
-            if stamp != self._stamp or self._written is None:
-                self._stamp, self._written = stamp, written
-            else:  # the same stamp: Redis's clock may have stepped back since, this one did not
-                self._written = min(self._written, written)
-        if self._written is None:
-            return None
-        return int((now - self._written) * 1000)
+        self._seen = seen_again(self._seen, stamp, age, now)
+        return age_of(self._seen, now)
 
     async def read(self) -> None:
         """Read the stamp once. A read that fails is raised (the supervisor restarts the task, the role unready

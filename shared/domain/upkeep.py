@@ -12,10 +12,12 @@ No stamp at all is no evidence either way: a Redis that restarted or failed over
 no node to book on until a watcher rebuilds it, one with older data only unverified nodes until a watcher compares
 them, and a ready watcher stamps it again within KEEP_EVERY_SECONDS), or watchers of a release that did not stamp
 yet (a rolling upgrade). An extender that has read a stamp since it started also counts, on its own clock, how long
-that stamp has not changed, been gone or unreadable (controller/upkeep.py Upkeep): `age_ms` is the larger count.
+that stamp has not changed, been gone or unreadable (`seen_again`, `age_of`): `age_ms` is the larger count.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 KEEP_EVERY_SECONDS = 10.0  # a ready watcher's stamp
 READ_EVERY_SECONDS = 5.0  # an extender's read of it
@@ -31,3 +33,29 @@ def unkept_problem(age_ms: int | None, lost_after_seconds: int) -> str:
     return (f"no watcher has kept the ledger current for {age_ms // 1000} s (watchersLostAfterSeconds is "
             f"{lost_after_seconds}): releases and node changes are not applied, so no slice pod is placed until a "
             "watcher runs again (are the watcher pods down, or pointed at another Redis or keyPrefix?)")
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The last stamp an extender read, and when it was written on the extender's own clock (s), at the latest."""
+
+    stamp: int
+    written: float
+
+
+def seen_again(last: Seen | None, stamp: int | None, age_ms: int | None, now: float) -> Seen | None:
+    """What the extender knows after a read at `now` (its clock) that found `stamp`, `age_ms` old on Redis's clock
+    (None: no stamp, not one this code wrote, or the read failed). A new stamp is dated by Redis's count; the same
+    stamp keeps the earlier date (Redis's clock may have stepped back since, the extender's did not); none keeps
+    what was seen, which ages on (a stamp deleted, or its shard down, hides no outage)."""
+    if stamp is None or age_ms is None:
+        return last
+    written = now - age_ms / 1000
+    if last is None or stamp != last.stamp:
+        return Seen(stamp, written)
+    return Seen(stamp, min(last.written, written))
+
+
+def age_of(seen: Seen | None, now: float) -> int | None:
+    """The stamp's age (ms) at `now` on the extender's clock; None when it never read one (no verdict)."""
+    return None if seen is None else int((now - seen.written) * 1000)
