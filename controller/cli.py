@@ -85,6 +85,7 @@ def explain_kubeconfig(given: str, env: Mapping[str, str]) -> str:
 def _explain(args: argparse.Namespace, cfg: Config) -> int:
     """The pod from the API server (kubeconfig), the cards from Redis, as `mtsched cards` reads them."""
     from controller.explain import ExplainError, gather, render
+    from shared.domain.upkeep import unkept_problem
     from shared.kube import Kube
     from shared.store.ledger import Ledger, RedisOptions, connect
 
@@ -104,7 +105,10 @@ def _explain(args: argparse.Namespace, cfg: Config) -> int:
             async def snapshots() -> dict[str, NodeSnapshot]:
                 return await ledger.snapshots(await ledger.nodes())
 
-            return render(await gather(kube, args.pod, snapshots, cfg), args.output)
+            async def unkept() -> str:  # (the extenders' verdict, from the stamp as Redis reads it)
+                return unkept_problem(await ledger.kept_age_ms(), cfg.watchers_lost_after_seconds)
+
+            return render(await gather(kube, args.pod, snapshots, cfg, unkept), args.output)
         finally:
             await kube.close()
             await client.aclose()

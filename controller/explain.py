@@ -60,7 +60,8 @@ async def _labels(kube: Kube) -> dict[str, dict[str, str]] | None:
     return out
 
 
-async def gather(kube: Kube, ref: str, snapshots: Snapshots, cfg: Config) -> Explanation:
+async def gather(kube: Kube, ref: str, snapshots: Snapshots, cfg: Config,
+                 unkept: Callable[[], Awaitable[str]] | None = None) -> Explanation:
     ns, name = parse_ref(ref)
     try:
         pod = await kube.get_pod(ns, name)
@@ -83,7 +84,8 @@ async def gather(kube: Kube, ref: str, snapshots: Snapshots, cfg: Config) -> Exp
     labels = await _labels(kube) if requirement is not None and not requirement.unconstrained else None
     snaps = await snapshots()
     return explain(f"{ns}/{name}", req, annotations, snaps, cfg.gpu_scheduler_policy, problems=problems,
-                   bound=bound, requirement=requirement, labels=labels)
+                   bound=bound, requirement=requirement, labels=labels,
+                   unkept=await unkept() if unkept is not None else "")
 
 
 def to_json(e: Explanation) -> bytes:
@@ -122,11 +124,16 @@ def render(e: Explanation, output: str) -> str:
     return to_json(e).decode() if output == "json" else to_text(e)
 
 
-def explain_handler(cfg: Config, kube: Kube | None, mirror: Mirror) -> Handler:
+def explain_handler(cfg: Config, kube: Kube | None, mirror: Mirror,
+                    unkept: Callable[[], str] = lambda: "") -> Handler:
     """GET /debug/explain?pod=NAMESPACE/NAME[&output=text]: the extender's answer from its mirror (JSON by
-    default). Served on the extender's API port, so it needs what every other route needs (mutual TLS)."""
+    default), and its own verdict on the watchers' stamp (`unkept`). Served on the extender's API port, so it
+    needs what every other route needs (mutual TLS)."""
     async def snapshots() -> Mapping[str, NodeSnapshot]:
         return dict(mirror.nodes)
+
+    async def why_unkept() -> str:
+        return unkept()
 
     async def handle(request: web.Request) -> web.Response:
         output = request.query.get("output", "json")
@@ -137,7 +144,7 @@ def explain_handler(cfg: Config, kube: Kube | None, mirror: Mirror) -> Handler:
                 raise ExplainError(503, "explain: no API client")
             if not mirror.ready.is_set():
                 raise ExplainError(503, "explain: card state not loaded yet (Redis unreachable?)")
-            e = await gather(kube, request.query.get("pod", ""), snapshots, cfg)
+            e = await gather(kube, request.query.get("pod", ""), snapshots, cfg, why_unkept)
         except ExplainError as err:
             return web.Response(body=orjson.dumps({"error": str(err)}), status=err.status,
                                 content_type="application/json")

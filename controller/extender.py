@@ -1018,4 +1018,5 @@ class Extender:
         app.router.add_post("/bind", self.h_bind)
         app.router.add_post("/preempt", Preemption(self).handle)  # controller/preempt.py
         app.router.add_get("/readyz", self.h_ready)
-        app.router.add_get("/debug/explain", explain_handler(self.cfg, self.kube, self.mirror))  # controller/explain.py
+        # controller/explain.py; the verdict read late: the role sets `unkept` after the routes
+        app.router.add_get("/debug/explain", explain_handler(self.cfg, self.kube, self.mirror, lambda: self.unkept()))

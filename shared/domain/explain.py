@@ -228,10 +228,11 @@ def explain_node(snap: NodeSnapshot, req: SliceRequest, annotations: Mapping[str
 def explain(pod: str, req: SliceRequest | None, annotations: Mapping[str, str], snaps: Mapping[str, NodeSnapshot],
             default_gpu_policy: str, *, problems: Sequence[str] = (), bound: str = "",
             requirement: NodeRequirement | None = None,
-            labels: Mapping[str, Mapping[str, str]] | None = None) -> Explanation:
+            labels: Mapping[str, Mapping[str, str]] | None = None, unkept: str = "") -> Explanation:
     """The whole answer for one pod. `labels` (node -> labels, from the API server) lets the pod's nodeSelector
     and required node affinity mark the nodes kube-scheduler never offers it; without them every node of
-    the snapshots is a candidate."""
+    the snapshots is a candidate. `unkept`: why the extenders place no slice pod now (shared/domain/upkeep.py),
+    which comes before what the cards say."""
     if problems:
         return Explanation(pod, "unreadable", "the filter places this pod nowhere: " + "; ".join(problems),
                            tuple(problems), bound)
@@ -264,4 +265,6 @@ def explain(pod: str, req: SliceRequest | None, annotations: Mapping[str, str], 
     if mismatched and not bound:
         summary += (f"; {len(mismatched)} node(s) offer no card because their capacity, label or card model "
                     f"disagrees with the configuration: {', '.join(n.node for n in mismatched)}")
+    if unkept and not bound:
+        summary = f"placed nowhere now: {unkept}; once a watcher keeps it: {summary}"
     return Explanation(pod, describe_request(req), summary, bound=bound, nodes=tuple(nodes))

@@ -213,3 +213,29 @@ async def test_endpoint_answers_every_case_without_a_500() -> None:
     async with TestClient(TestServer(app)) as client:
         r = await client.get("/debug/explain", params={"pod": "ns/p"})
         assert r.status == 503 and "no API client" in (await r.json())["error"]
+    verdict = ["no watcher has kept the ledger current for 95 s"]  # the extender's, read at each call
+    app = web.Application()
+    app.router.add_get("/debug/explain", explain_handler(MIXED, kube, mirror, lambda: verdict[0]))
+    async with TestClient(TestServer(app)) as client:
+        r = await client.get("/debug/explain", params={"pod": "ns/p"})
+        assert r.status == 200 and (await r.json())["summary"].startswith(f"placed nowhere now: {verdict[0]}")
+        verdict[0] = ""
+        r = await client.get("/debug/explain", params={"pod": "ns/p"})
+        assert r.status == 200 and not (await r.json())["summary"].startswith("placed nowhere now")
+
+
+@pytest.mark.parametrize(("bound", "asks", "says_why"), [
+    ("", True, True),  # pending, asking for a slice: the extenders place it nowhere now, whatever the cards say
+    ("n1", True, False),  # bound already: as it is
+    ("", False, False),  # no slice asked: not the extenders' business
+])
+def test_an_unkept_ledger_comes_first_for_a_pending_slice_pod(bound: str, asks: bool, says_why: bool) -> None:
+    why = "no watcher has kept the ledger current for 120 s (watchersLostAfterSeconds is 90): ..."
+    req = request(SLICE64) if asks else None
+    e = explain("ns/p", req, {}, {"n1": snap("n1", rec(0))}, "spread", bound=bound, unkept=why)
+    kept = explain("ns/p", req, {}, {"n1": snap("n1", rec(0))}, "spread", bound=bound)
+    if says_why:
+        assert e.summary == f"placed nowhere now: {why}; once a watcher keeps it: {kept.summary}", e.summary
+        assert e.nodes == kept.nodes  # the cards as they are
+    else:
+        assert e == kept
