@@ -105,9 +105,8 @@ def _explain(args: argparse.Namespace, cfg: Config) -> int:
             async def snapshots() -> dict[str, NodeSnapshot]:
                 return await ledger.snapshots(await ledger.nodes())
 
-            async def unkept() -> str:  # (the extenders' verdict, from the stamp as Redis reads it)
-                return unkept_problem(await ledger.kept_age_ms(), cfg.watchers_lost_after_seconds)
-
+            # the extenders' verdict, from the stamp as Redis reads it
+            unkept = unkept_problem(await ledger.kept_age_ms(), cfg.watchers_lost_after_seconds)
             return render(await gather(kube, args.pod, snapshots, cfg, unkept), args.output)
         finally:
             await kube.close()

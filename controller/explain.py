@@ -60,8 +60,8 @@ async def _labels(kube: Kube) -> dict[str, dict[str, str]] | None:
     return out
 
 
-async def gather(kube: Kube, ref: str, snapshots: Snapshots, cfg: Config,
-                 unkept: Callable[[], Awaitable[str]] | None = None) -> Explanation:
+async def gather(kube: Kube, ref: str, snapshots: Snapshots, cfg: Config, unkept: str = "") -> Explanation:
+    """`unkept`: why the extenders place no slice pod now (shared/domain/upkeep.py), "" when they may."""
     ns, name = parse_ref(ref)
     try:
         pod = await kube.get_pod(ns, name)
@@ -84,8 +84,7 @@ async def gather(kube: Kube, ref: str, snapshots: Snapshots, cfg: Config,
     labels = await _labels(kube) if requirement is not None and not requirement.unconstrained else None
     snaps = await snapshots()
     return explain(f"{ns}/{name}", req, annotations, snaps, cfg.gpu_scheduler_policy, problems=problems,
-                   bound=bound, requirement=requirement, labels=labels,
-                   unkept=await unkept() if unkept is not None else "")
+                   bound=bound, requirement=requirement, labels=labels, unkept=unkept)
 
 
 def to_json(e: Explanation) -> bytes:
@@ -132,9 +131,6 @@ def explain_handler(cfg: Config, kube: Kube | None, mirror: Mirror,
     async def snapshots() -> Mapping[str, NodeSnapshot]:
         return dict(mirror.nodes)
 
-    async def why_unkept() -> str:
-        return unkept()
-
     async def handle(request: web.Request) -> web.Response:
         output = request.query.get("output", "json")
         try:
@@ -144,7 +140,7 @@ def explain_handler(cfg: Config, kube: Kube | None, mirror: Mirror,
                 raise ExplainError(503, "explain: no API client")
             if not mirror.ready.is_set():
                 raise ExplainError(503, "explain: card state not loaded yet (Redis unreachable?)")
-            e = await gather(kube, request.query.get("pod", ""), snapshots, cfg, why_unkept)
+            e = await gather(kube, request.query.get("pod", ""), snapshots, cfg, unkept())
         except ExplainError as err:
             return web.Response(body=orjson.dumps({"error": str(err)}), status=err.status,
                                 content_type="application/json")

@@ -5,7 +5,8 @@ node hash, the rest are the node's pods set, card hashes and reservation hashes,
 hash tag `{<node>}`, so every call stays on one slot. Which cards and reservations a node has only
 Redis knows: callers pass the ones they last saw (`Known`); a script that needs one more answers
 MOREKEYS with the lists to declare before it writes anything (`_lib.lua: need_keys`), and the ledger calls
-again. The global keys (`<prefix>:nodes`, `<prefix>:epoch`, `<prefix>:kept`) are never touched by a script.
+again. The global keys (`<prefix>:nodes`, `<prefix>:epoch`, `<prefix>:kept`) are never read or written by a
+script (`<prefix>:kept` only routes the clock script to the server holding it: Ledger._kept_clock).
 """
 
 from __future__ import annotations

@@ -40,11 +40,11 @@ except ImportError:  # another redis-py: buffered_messages takes nothing
 log = logging.getLogger("mtsched.mirror")
 # Redis lost (or a cluster without a master for a while): resubscribe and re-read, after a backoff
 LOST: tuple[type[BaseException], ...] = (*RESEND, OSError)
+STOP_GRACE_SECONDS = 5.0  # stop(): how long a task that does not heed its cancel is waited for
 # How soon nodes that could not be read while their Cluster slot moves (`Mirror.moving`) are read again: after
 # MOVING_RETRY_SECONDS, then twice as long each time they still cannot be, up to MOVING_RETRY_MAX_SECONDS (a read
 # of a moving node holds the mirror's loop for redis-py's tries, ~0.4 s: a move held for long costs the loop a few
 # per cent, and a node is offered again at most MOVING_RETRY_MAX_SECONDS after its move ended)
-STOP_GRACE_SECONDS = 5.0  # stop(): how long a task that does not heed its cancel is waited for
 MOVING_RETRY_SECONDS = 1.0
 MOVING_RETRY_MAX_SECONDS = 8.0
 
