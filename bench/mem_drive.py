@@ -123,7 +123,7 @@ def bound(p: dict[str, Any], node: str, cfg: Config) -> dict[str, Any]:
 
 
 def drive_watcher(cfg: Config, batch: list[dict[str, Any]], nodes: int) -> Any:
-    from controller.watchers import PodWatcher
+    from controller.pod_watch import PodWatcher
     from shared.kube import Kube
     from shared.store.ledger import Ledger
     mirror = build_mirror(nodes, 0.0)

@@ -90,7 +90,7 @@ def instrument() -> None:
     Webhook.h_review = _timed("webhook", Webhook.h_review)  # type: ignore[method-assign,assignment]
     # where a bind's time goes: the ledger booking, the Binding API call, the confirmation
     Ledger.place = _timed_call("bind.ledger_place", Ledger.place)  # type: ignore[method-assign,assignment]
-    # one call per batch of answered binds on a node (Extender._confirm)
+    # one call per batch of answered binds on a node (controller/confirm.py Confirmations._confirm)
     Ledger.mark_bound_many = _timed_call("bind.ledger_mark_bound", Ledger.mark_bound_many)  # type: ignore[method-assign,assignment]
     Kube.bind = _timed_call("bind.api_binding", Kube.bind)  # type: ignore[method-assign,assignment]
     Kube.get_pod = _timed_call("bind.api_get_pod", Kube.get_pod)  # type: ignore[method-assign,assignment]

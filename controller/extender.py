@@ -6,7 +6,7 @@ from the mirror (pure: shared/domain/state.py plan_on), and books the plan's car
 ledger (one round trip when the mirror is current; the script checks every card again), creates the
 Binding with the allocation annotations in the same API call, answers, and then marks the reservation
 bound (off the bind's latency, one round trip for the binds answered on the node within CONFIRM_LINGER:
-`_settle`). A failure before the Binding releases the reservation and returns the error (one that may
+controller/confirm.py). A failure before the Binding releases the reservation and returns the error (one that may
 have come after the Binding was written, a timeout or a 5xx, with the pod unreadable, keeps it pending
 instead: the pod may hold the cards); once the Binding exists the bind has succeeded, and a confirmation
 that fails is left to the watchers, which book the pod from its record.
@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from controller.confirm import Confirmations
 from controller.explain import explain_handler
 from controller.fit_memo import FitMemo, Held, Planned, held_states, request_size
 from controller.nominations import Nominations
@@ -42,7 +43,7 @@ from controller.preempt import Preemption
 from controller.ranking import Ranking
 from shared.config import Config
 from shared.domain.admission import placement_request
-from shared.domain.annotations import ALLOCATED, CardGrant, PodUsage, binding_annotations, device_id
+from shared.domain.annotations import ALLOCATED, CardGrant, binding_annotations, device_id
 from shared.domain.extender_args import ArgsError, ExtenderArgs, parse_binding_args, parse_extender_args
 from shared.domain.fit import (
     FIT_ANNOTATIONS,
@@ -55,11 +56,11 @@ from shared.domain.fit import (
 from shared.domain.models import UNIT_MIB
 from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
 from shared.domain.preempt import Holding, plan_ahead, pod_priority
-from shared.domain.quota import is_terminal
 from shared.domain.request import RequestError, SliceRequest
 from shared.domain.shapes import ShapeError
 from shared.domain.state import plan_on
 from shared.domain.timing import BIND_MIN_LEFT_S, BIND_SETTLE_S, KEEP_MS, bind_deadline_s
+from shared.domain.trust import refusal_problem, refused_by_own_policy
 from shared.domain.views import part
 from shared.kube import Kube, KubeError, NotSent
 from shared.serving.bounded import ByteLRU
@@ -71,15 +72,12 @@ from shared.serving.metrics import (
     CONFLICTS,
     EXTENDER_ERRORS,
     EXTENDER_SECONDS,
-    OVERCOMMIT,
-    REBOOKED,
     RESERVATIONS,
-    SETTLE_FAILURES,
     TOPK_DROPPED,
     WAKES,
     count_filter_failures,
 )
-from shared.store.ledger import MARK_BOUND_MAX, UNVERIFIED, Ledger, ReserveOutcome
+from shared.store.ledger import UNVERIFIED, Ledger, ReserveOutcome
 from shared.store.mirror import Mirror
 from shared.store.placing import place
 
@@ -102,9 +100,6 @@ CLAIM_SECONDS = 5.0  # how long filter's claim on its one returned node lasts wi
 # how long a node where a booking was refused `node unverified` (here, or by another replica: its verify notice)
 # is ranked last: the watchers verify it a keep window after their first comparison, which that refusal asks for
 UNVERIFIED_RANK_SECONDS = KEEP_MS / 1000
-# How long an answered bind waits for others on its node before their bookings are marked bound in one call
-# (_confirm): well inside the pod watcher's BOUND_GRACE, after which it would confirm the record itself
-CONFIRM_LINGER = 0.05
 EVENT_MESSAGE_CHARS = 1024  # what an event keeps of a message (Kube.create_event cuts there too)
 # One read of a pod or node by bind (before the reservation, and after a Binding without a clear answer): a bind
 # makes at most three of them and its Binding (deadline + BIND_ANSWER_SLACK_S), 3 x 4 + 7 = 19 s, so a stalled API
@@ -187,11 +182,8 @@ class Extender:
         self.kube = kube
         self.pods: ByteLRU[str, Seen] = ByteLRU(POD_CACHE_BYTES, POD_ENTRY_BYTES)  # uid -> pod seen in filter
         self._events: set[asyncio.Task[None]] = set()
-        self._settling: set[asyncio.Task[None]] = set()  # answered binds' confirmations (_settle)
-        # node -> uid -> (pod, request, cards, capacity) of answered binds waiting for their batch (_confirm)
-        self._confirming: dict[str, dict[str, tuple[str, SliceRequest, tuple[int, ...], int]]] = {}
-        self._sending = 0  # bookings in mark_bound calls under way (_confirm)
-        self._rebooking = 0  # bookings found gone, being booked again (_rebook)
+        # answered binds' bookings marked bound after the answer, in batches per node (controller/confirm.py)
+        self.confirms = Confirmations(ledger, self._pod_here if kube is not None else None)
         self._recent: ByteLRU[tuple[str, str, str], float] = ByteLRU(EVENT_MEMO_BYTES)  # -> last sent
         self._bursts: ByteLRU[tuple[str, str], tuple[float, int]] = ByteLRU(EVENT_MEMO_BYTES // 4)  # -> minute, sent
         self.memo = FitMemo(mirror, MEMO_BYTES)  # fit() answers and node scores (controller/fit_memo.py)
@@ -222,6 +214,9 @@ class Extender:
         # a node per slice pod turned away meanwhile (its first candidate): kube-scheduler tries such a pod again
         # only on a cluster event, so these are woken once the ledger is kept again (kept_again)
         self._unkept_wake: set[str] = set()
+        # (when, message) of the last Binding the chart's admission policy refused for who we are, since the last one
+        # that went through (bindings_problem)
+        self._refused_by_policy: tuple[float, str] | None = None
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -556,7 +551,7 @@ class Extender:
                 await asyncio.sleep(max(0.0, until + BIND_SETTLE_S - time.monotonic()))
                 bound = await self._already_bound(ns, name, uid, node, annotations)
             if bound:
-                self._settle(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)
+                self.confirms.settle(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)
                 BINDINGS.labels("success").inc()
                 return {"Error": ""}
             if bound is None and (outcome.existing or not _refused(e)):
@@ -572,15 +567,30 @@ class Extender:
                 return {"Error": msg}
             fate = await self._give_back(node, uid, outcome.bind_no)
             BINDINGS.labels("failed").inc()
+            self._judge_refusal(e)
             msg = f"binding {ns}/{name} to {node} failed, reservation {fate}: {e}"
             self.event(pod, "BindingFailed", msg, "Warning")
             return {"Error": msg}
-        self._settle(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)
+        self.confirms.settle(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)
         BINDINGS.labels("success").inc()
+        self._refused_by_policy = None  # a Binding went through: the policy takes us for the scheduler
         cards = ",".join(str(i) for i in outcome.cards)
         if self.cfg.success_events:
             self.event(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name} (cards {cards})")
         return {"Error": ""}
+
+    def _judge_refusal(self, e: BaseException) -> None:
+        """A Binding refused: by the chart's admission policy for who we are, all of ours will be (bindings_problem)."""
+        if isinstance(e, KubeError) and refused_by_own_policy(e.status, str(e), self.cfg.scheduler_name):
+            if self._refused_by_policy is None:
+                log.error("bind: the admission policy refuses this extender's Bindings (it is not running as the "
+                          "identity the policy names for %s): %s", self.cfg.scheduler_name, e)
+            self._refused_by_policy = (time.monotonic(), str(e))
+
+    def bindings_problem(self) -> str:
+        """The readiness check: why Bindings this extender sends are refused whatever the pod (shared/domain/trust.py
+        refusal_problem); "" when the last one went through, or no refusal came for a while."""
+        return refusal_problem(self._refused_by_policy, time.monotonic())
 
     async def _give_back(self, node: str, uid: str, bind_no: int) -> str:
         """Release a booking whose Binding (this attempt's, number `bind_no` on it) does not exist and never will,
@@ -601,104 +611,9 @@ class Extender:
         return int((self.bind_deadline + BIND_SETTLE_S) * 1000)
 
 
-    def _settle(self, node: str, uid: str, pod: str, req: SliceRequest, cards: tuple[int, ...],
-                capacity: int) -> None:
-        """The Binding exists, so bind answers now; the booking is marked bound after (_confirm), off every
-        bind's latency and off kube-scheduler's connections, together with the node's other binds answered
-        within CONFIRM_LINGER: one round trip and one feed message for the batch, not one per pod (every
-        role's mirror reads each message). Until then it is a reservation under its TTL, as it was between
-        reserve and the Binding, and the pod watcher marks it bound too once it sees the record (it waits
-        BOUND_GRACE for this confirmation first). `settled` waits for these (shutdown, tests)."""
-        batch = self._confirming.get(node)
-        if batch is None:
-            batch = self._confirming[node] = {}
-            self._track(self._confirm(node))
-        batch[uid] = (pod, req, cards, capacity)
-
-    def _track(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work)
-        self._settling.add(task)
-        task.add_done_callback(self._settled_one)
-
-    def _unconfirmed(self) -> int:
-        """Answered binds whose booking is not marked bound yet: queued, in a call, or being booked again."""
-        return sum(len(b) for b in self._confirming.values()) + self._sending + self._rebooking
-
-    async def _confirm(self, node: str) -> None:
-        """Mark the node's answered binds bound, after CONFIRM_LINGER; a bind answered meanwhile joins them.
-        A booking found gone is handled alone (_rebook)."""
-        try:
-            await asyncio.sleep(CONFIRM_LINGER)
-        except asyncio.CancelledError:  # stopped first: a bind answered from here on starts a batch of its own
-            # (left to the pod watcher's observe; counted by `settled`, which a stop runs before cancelling)
-            self._confirming.pop(node, None)
-            raise
-        batch = self._confirming.pop(node, {})  # a bind answered from here on starts the next batch
-        uids = list(batch)
-        left = len(uids)
-        self._sending += left
-        try:
-            for start in range(0, len(uids), MARK_BOUND_MAX):
-                chunk = uids[start:start + MARK_BOUND_MAX]
-                try:
-                    missing = await self.ledger.mark_bound_many(node, chunk)
-                except Exception as e:
-                    # the pods are bound with their records: the pod watcher books them from those (observe)
-                    SETTLE_FAILURES.inc(len(chunk))
-                    log.warning("bind: marking %d booking(s) on %s bound failed (the pod watcher books them "
-                                "from their records): %s", len(chunk), node, e)
-                    continue
-                finally:
-                    self._sending -= len(chunk)
-                    left -= len(chunk)
-                for uid in missing:
-                    self._rebooking += 1
-                    self._track(self._rebook_one(node, uid, *batch[uid]))
-        finally:
-            self._sending -= left  # chunks a cancellation kept from being sent
-
-    async def _rebook_one(self, node: str, uid: str, pod: str, req: SliceRequest, cards: tuple[int, ...],
-                          capacity: int) -> None:
-        try:
-            await self._rebook(node, uid, pod, req, cards, capacity)
-        finally:
-            self._rebooking -= 1
-
-    def _settled_one(self, task: asyncio.Task[None]) -> None:
-        self._settling.discard(task)
-        if not task.cancelled() and (e := task.exception()) is not None:
-            # the pod is bound with its record: the pod watcher books it from that (observe)
-            SETTLE_FAILURES.inc()
-            log.warning("bind: confirming a booking failed (the pod watcher books it from its record): %s", e)
-
     async def settled(self, timeout: float = 10.0) -> None:
-        """Wait (at most `timeout` s) until the bookings of answered binds are marked bound, those of binds
-        answered meanwhile included; says how many were left."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while self._settling:
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                unconfirmed = self._unconfirmed()  # bookings, not tasks: one confirmation carries a batch
-                SETTLE_FAILURES.inc(unconfirmed)
-                log.warning("bind: %d booking(s) not marked bound by the stop (the pod watcher books them from "
-                            "their records)", unconfirmed)
-                return
-            await asyncio.wait(set(self._settling), timeout=left)
-
-    async def _still_here(self, pod: str, uid: str, node: str) -> bool:
-        """Whether the pod still exists, bound to `node`, and has not ended (Succeeded or Failed). A booking found
-        gone after its Binding may have been released because the pod ended: booked again it would hold cards
-        for nobody (a pod that ended within the confirmation's linger was booked again for ever: a CI run).
-        Not knowing (the API server unreachable) counts as here: holding a share too long is repaired, giving
-        it away is not."""
-        if self.kube is None:
-            return True
-        ns, _, name = pod.partition("/")
-        try:
-            got = await self._pod_here(ns, name, uid, node)
-        except Exception:  # unreachable, or an answer we cannot read: fail closed
-            return True
-        return got is not None and not is_terminal(got)
+        """Wait (at most `timeout` s) until the bookings of answered binds are marked bound (Confirmations.settled)."""
+        await self.confirms.settled(timeout)
 
     async def _bound_here(self, ns: str, name: str, uid: str, node: str) -> Mapping[str, str] | None:
         """The annotations of the pod if it exists as this uid bound to `node`, else None (404 included);
@@ -721,33 +636,6 @@ class Extender:
         if meta.get("uid") != uid or (pod.get("spec") or {}).get("nodeName") != node:
             return None
         return pod
-
-    async def _rebook(self, node: str, uid: str, pod: str, req: SliceRequest, cards: tuple[int, ...],
-                      capacity: int) -> None:
-        """The Binding exists but its booking was not there to mark bound. If it went while the bind was in
-        flight (expired past the TTL, or released by a repair) and the pod is still there, it holds its cards
-        anyway: book what its record says now, as the watcher will once it sees the record (over-commit is
-        booked and reported, never hidden)."""
-        if not await self._still_here(pod, uid, node):
-            # deleted (and released by the pod watcher) between the Binding and this confirmation
-            log.info("bind: %s (%s) ended before its booking on %s was confirmed: not booked again", pod, uid,
-                     node)
-            return
-        mem, cores, slices = req.booking_for(capacity)
-        out = await self.ledger.observe(uid, PodUsage(node, cards, mem, cores, slices), pod, keep_bound=True)
-        if not out.get("ok"):
-            # the node went with it (observe never creates one): the pod watcher, seeing the record, asks
-            # for a rebuild, which books it on placeholder cards
-            log.error("bind: the booking of %s (%s) on %s went while its bind was in flight, and so did the "
-                      "node from the ledger (%s): nothing is booked until the watchers see its record", pod, uid,
-                      node, out.get("reason"))
-            return
-        REBOOKED.inc()
-        if out.get("overcommit"):
-            # the watcher, seeing the record later, finds this booking as it is and reports nothing
-            OVERCOMMIT.inc()
-        log.error("bind: the booking of %s (%s) on %s went while its bind was in flight; booked again from its "
-                  "record: %s", pod, uid, node, out)
 
     def _claim(self, node: str, seen: Seen, others: Held) -> None:
         """One node returned: kube-scheduler binds there (it has no other candidate), and schedules the next

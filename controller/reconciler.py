@@ -22,7 +22,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
-from controller.watchers import NodeWatcher, PodWatcher, pod_ref, unaccounted
+from controller.node_watch import NodeWatcher
+from controller.pod_watch import PodWatcher, pod_ref, unaccounted
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED, AnnotationError, PodUsage, usage_from_annotations
 from shared.domain.node import Inventory, node_inventory

@@ -13,9 +13,11 @@ from aiohttp import web
 from controller.extender import BODY_LIMIT as EXTENDER_BODY_LIMIT
 from controller.extender import Extender
 from controller.leadership import LeaderYield
+from controller.node_watch import NodeWatcher
+from controller.pod_watch import PodWatcher
 from controller.reconciler import Reconciler
 from controller.upkeep import Upkeep, stamp_while_ready
-from controller.watchers import NodeWatcher, PodWatcher, janitor_for, wire
+from controller.watchers import janitor_for, wire
 from shared.config import Config
 from shared.kube import Kube
 from shared.serving import gc_policy
@@ -47,6 +49,7 @@ async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
     app = web.Application(client_max_size=EXTENDER_BODY_LIMIT)
     ext = Extender(cfg, ledger, mirror, kube)
     ext.routes(app)
+    sup.check("bindings", ext.bindings_problem)  # the admission policy refuses every Binding we send
     sup.spawn("claims", ext.expire_claims)
     upkeep = Upkeep(ledger, cfg.watchers_lost_after_seconds)
     ext.unkept = upkeep.problem

@@ -248,7 +248,7 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
 def offers_more(before: Inventory | None, after: Inventory | None) -> bool:
     """Whether `after` offers a pod room `before` did not: a bookable card (healthy, not cordoned) that was not
     bookable or not there, or one with more memory, cores or slices. After such a change a pod our filter turned
-    away may fit, and kube-scheduler retries it only on a cluster event (controller/watchers.py nudges it)."""
+    away may fit, and kube-scheduler retries it only on a cluster event (controller/nudger.py nudges it)."""
     if after is None or after.error:
         return False
     was = {} if before is None or before.error else {c.index: c for c in before.cards}

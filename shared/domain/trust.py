@@ -54,10 +54,36 @@ def foreign_record(pod: Mapping[str, Any], cfg: Config) -> str:
 
 def foreign_fate(asks_cards: bool) -> str:
     """What the watchers do for a bound pod whose record is foreign (foreign_record says why). `asks_cards`: the
-    pod asks for slices (controller/watchers.py unaccounted): it holds cards whoever placed it (HAMi's pods after
+    pod asks for slices (controller/pod_watch.py unaccounted): it holds cards whoever placed it (HAMi's pods after
     a migration under another schedulerName), so, like a pod whose record is gone, it is booked from what survives
     on it or its node is closed (shared/domain/reconcile.py recovered_usage); "nothing is booked" was false."""
     if not asks_cards:
         return "nothing is booked for it"
     return ("its record is not booked as written: the cards its mthreads.com/gpu-index names are booked with the "
             "amounts its request implies, or, when those do not tell, its node offers no card until it ends")
+
+
+# How long one refusal of our own Binding by the chart's admission policy keeps the extender unready without
+# another bind: kube-scheduler retries a refused pod within its backoff (up to 10 s), so while the identity is
+# wrong a pending pod renews it; with no pod left to bind it ends
+REFUSED_BY_POLICY_SECONDS = 300.0
+
+
+def refused_by_own_policy(status: int, message: str, scheduler_name: str) -> bool:
+    """Whether the API server refused a Binding our extender sent because the chart's admission policy does not
+    take this process for the scheduler's identity (admissionpolicy.yaml's `bindingRecord` validation, whose
+    message this matches; reason Forbidden, 403): every Binding it sends will be refused, so it cannot do its job.
+    The policy judges only who sends a Binding with a record, never what a pod carries, so no pod creator can make
+    this true; other refusals (a third party's admission, a pod gone) stay per pod."""
+    return (status == 403 and "ValidatingAdmissionPolicy" in message
+            and f"may only be made by {scheduler_name} (it books the cards" in message)
+
+
+def refusal_problem(refused: tuple[float, str] | None, now: float) -> str:
+    """The extender's readiness problem after its Bindings were refused by the policy: `refused` is (when, the API
+    server's message) of the last such refusal since the last Binding that went through; "" when none, or when
+    older than REFUSED_BY_POLICY_SECONDS."""
+    if refused is None or now - refused[0] > REFUSED_BY_POLICY_SECONDS:
+        return ""
+    return (f"the admission policy refuses this extender's Bindings ({refused[1][:300]}): is the extender running "
+            "as the scheduler's ServiceAccount that the chart's ValidatingAdmissionPolicy names?")

@@ -1,6 +1,6 @@
 """The parts of API objects a role keeps instead of the objects (pure): what a rule reads, and nothing else a pod
 may carry (annotations, env, volumes, status), so what a role holds while it reads many pods is bounded by what
-its rules need. The watchers' pod view (controller/watchers.py watched_pod) and the webhook's quota view
+its rules need. The watchers' pod view (controller/pod_watch.py watched_pod) and the webhook's quota view
 (shared/domain/quota.py quota_view) are made of these; each has a table proving its rules answer alike."""
 
 from __future__ import annotations

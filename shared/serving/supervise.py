@@ -42,7 +42,7 @@ def is_transient(e: BaseException) -> bool:
         return status >= 500 or status in (408, 429)
     # a Redis full under noeviction (OOM) heals once memory is freed or raised, as a replica (READONLY) does
     # once the failover ends, and a cluster's slot once its move between shards ends (ClusterError: redis-py's
-    # retries ran out, shared/store/ledger.py RESEND); a wrapper (the ledger's LedgerError) is as transient as
+    # retries ran out, shared/store/resend.py RESEND); a wrapper (the ledger's LedgerError) is as transient as
     # what it wraps
     return isinstance(e, (TransientError, rexc.ConnectionError, rexc.TimeoutError, rexc.BusyLoadingError,
                           rexc.ReadOnlyError, rexc.OutOfMemoryError, rexc.TryAgainError, rexc.ClusterError,

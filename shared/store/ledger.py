@@ -11,13 +11,11 @@ Key layout: docs/redis-layout.md.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import orjson
@@ -34,100 +32,28 @@ from shared.serving.metrics import REDIS_EVICTED_KEYS, REDIS_RESENDS, REDIS_ROUN
 from shared.store.eviction import eviction_refusal, evicts_ledger
 from shared.store.keys import MOREKEYS, NOTHING, Known, Layout
 from shared.store.redis_conn import NO_OPTIONS, RedisOptions, connect, connect_subscriber, explain, is_sentinel
+from shared.store.resend import (
+    RESEND,
+    RESEND_OR_REDIRECT,
+    ClosedUnderCommand,
+    UnknownRedirect,
+    resendable,
+    slot_moving,
+)
+from shared.store.scripts import LUA_DIR, SCRIPTS, script_source, scripts_digest
 
-# The connection helpers moved to shared/store/redis_conn.py; callers keep importing them from here.
-__all__ = ["LUA_DIR", "NO_OPTIONS", "SCRIPTS", "Ledger", "LedgerError", "RedisOptions", "ReserveOutcome", "connect",
-           "connect_subscriber", "explain", "now_ms", "script_source", "scripts_digest"]
+# The connection helpers (shared/store/redis_conn.py), the resend rule (resend.py) and the scripts' sources
+# (scripts.py) live apart; callers keep importing them from here.
+__all__ = ["LUA_DIR", "NO_OPTIONS", "RESEND", "RESEND_OR_REDIRECT", "SCRIPTS", "ClosedUnderCommand", "Ledger",
+           "LedgerError", "RedisOptions", "ReserveOutcome", "UnknownRedirect", "connect", "connect_subscriber",
+           "explain", "now_ms", "resendable", "script_source", "scripts_digest", "slot_moving"]
 
 log = logging.getLogger("mtsched.ledger")
 # A Redis outage makes every call in flight resend about ten times in its retry_seconds: a line each was hundreds
 # of lines a second on a busy extender. One line per operation this often (with how many it stands for); the
 # counter mtsched_redis_resends_total has them all.
 RESEND_LOG_EVERY_S = 1.0
-# A round trip Redis did not run for want of a reachable master: a lost connection, a demoted master, a
-# cluster that lost a primary or is re-forming its slot map (redis-py 7's cluster client retries these
-# 3 times in 0.75 s, 8's 10 times, so a restarted shard outlasts 7's own retries). Sending again cures them.
-# A cluster client's own retries that ran out on a slot being moved between shards (a live reshard: the keys of a
-# node split between two shards answer TRYAGAIN to a script until the move ends, which redis-py reports as
-# ClusterError "TTL exhausted."), and a redirect to a shard it does not know yet (UnknownRedirect), are cured
-# the same way: a script runs only where all its keys are, so nothing was half-applied.
-RESEND: tuple[type[BaseException], ...] = (rexc.ConnectionError, rexc.TimeoutError, rexc.ReadOnlyError,
-                                           rexc.ClusterError, rexc.TryAgainError, rexc.SlotNotCoveredError)
-
-
-class UnknownRedirect(rexc.ClusterError):
-    """redis-py's cluster client was sent (ASK, during a live reshard) to a shard it does not know yet, a new
-    primary that owns no slot, and failed on it with an AttributeError of its own (redis-py 7.4): the move's
-    end (the slot given to that shard, MOVED) cures it."""
-
-
-class ClosedUnderCommand(rexc.ConnectionError):
-    """redis-py's cluster client closed a connection (its slot map refreshed during a live reshard or a failover,
-    the node's connections dropped) while another command was on it, which then fails with an AttributeError of
-    redis-py's own (`None.writelines`): a lost connection like any other, sent again on a new one (a script is
-    idempotent by pod uid). A CI run saw it fail a booking on a node that was not moving."""
-
-
-RESEND_OR_REDIRECT: tuple[type[BaseException], ...] = (*RESEND, AttributeError)  # what resendable() sorts
-
-
-def resendable(e: BaseException, client: object) -> BaseException | None:
-    """`e` as a RESEND error (UnknownRedirect or ClosedUnderCommand for redis-py's failures above), or None when
-    sending again cannot cure it. Only an AttributeError raised inside redis-py's cluster client counts: ours are
-    bugs."""
-    if isinstance(e, RESEND):
-        return e
-    if isinstance(e, AttributeError) and isinstance(client, RedisCluster):
-        where = _raised_in_redis(e)
-        if where == "cluster.py":
-            return UnknownRedirect(f"a redirect to a Redis node the cluster client does not know yet ({e})")
-        if where == "connection.py":
-            return ClosedUnderCommand(f"a connection closed under the command by redis-py's cluster client ({e})")
-    return None
-
-
-def slot_moving(e: BaseException) -> bool:
-    """Whether a RESEND error (after resendable()) says that this node's keys are split between two shards by a live
-    reshard, which only the move's end cures, rather than that Redis is down: redis-py's retries ran out on TRYAGAIN
-    (a plain ClusterError "TTL exhausted.", never its subclasses such as ClusterDownError), or UnknownRedirect. Other
-    nodes can still be read (a mirror's resync then reads around it: Ledger.reread `isolate`)."""
-    return type(e) is rexc.ClusterError or isinstance(e, (rexc.TryAgainError, UnknownRedirect))
-
-
-def _raised_in_redis(e: BaseException) -> str:
-    """The module of redis-py's asyncio client (cluster.py, connection.py) whose `None.<attribute>` raised `e`: its
-    cluster client on a node it does not know, or on a connection it closed meanwhile; "" for anything else."""
-    tb = e.__traceback__
-    if tb is None:
-        return ""
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    parts = Path(tb.tb_frame.f_code.co_filename).parts[-3:]
-    if parts[:2] != ("redis", "asyncio") or "'NoneType' object has no attribute" not in str(e):
-        return ""
-    return parts[2] if parts[2] in ("cluster.py", "connection.py") else ""
 T = TypeVar("T")
-LUA_DIR = Path(__file__).with_name("lua")
-SCRIPTS = ("upsert_node", "reserve", "mark_bound", "release", "observe", "expire", "snapshot", "replace_node",
-           "remove_node", "clock")
-
-
-def script_source(name: str) -> str:
-    """The text Redis runs for script `name`: _lib.lua, then the script's own file."""
-    return (LUA_DIR / "_lib.lua").read_text() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
-
-
-def scripts_digest(sources: Mapping[str, str] | None = None) -> str:
-    """12 hex digits naming this release's ledger scripts (`mtsched_build_info{scripts}`): replicas showing two
-    digests for long run two releases' booking rules side by side (a roll stuck half-way, docs/install.md
-    "While two releases run side by side"). Pure over `sources` (name -> text); the installed files by default."""
-    texts = sources if sources is not None else {n: script_source(n) for n in SCRIPTS}
-    h = hashlib.sha1()
-    for name in sorted(texts):
-        h.update(f"{name}\0{texts[name]}\0".encode())
-    return h.hexdigest()[:12]
-
-
 # Calls of one script while it answers MOREKEYS. One more is needed whenever the node gained a reservation
 # (or a card) since the keys were last seen; a node changing that fast is rare, but the stress test's three
 # replicas booking one node without pause made a snapshot ask up to 12 times.

@@ -5,7 +5,7 @@ mechanically. docs/install.md's commands and values blocks are checked against t
 tests/deploy/test_docs.py; here, every page an operator or a user reads:
 
 - every repository path a page names (`controller/watchers.py`, `tests/e2e/test_faults.py`) exists, and an
-  identifier named beside a Python file (`shared/kube.py` `_read_env_once`, `controller/watchers.py:BOUND_GRACE`)
+  identifier named beside a Python file (`shared/kube.py` `_read_env_once`, `controller/pod_watch.py:BOUND_GRACE`)
   is in that file;
 - every relative link resolves, to a heading where it names one;
 - every `mtsched_*` metric is one the roles export, with the labels named in `{...}` among its labels and the

@@ -19,7 +19,7 @@ import pytest_asyncio
 import yaml
 from redis.asyncio import Redis
 
-from controller.watchers import FREED_ANNOTATION
+from controller.nudger import FREED_ANNOTATION
 from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer

@@ -4,7 +4,7 @@ tenant who may only create and patch pods in its own namespace closed any GPU no
 by the default scheduler, carrying a card pin (`mtsched.io/card-memory`) that names no model, at creation or
 annotated later: the watchers could not read "its request" (the pin does not parse), counted that as asking for
 cards without a record, and quarantined the node. A pod that names none of our resources holds no card
-(shared/domain/trust.py asks_slices, controller/watchers.py unaccounted)."""
+(shared/domain/trust.py asks_slices, controller/pod_watch.py unaccounted)."""
 
 from __future__ import annotations
 

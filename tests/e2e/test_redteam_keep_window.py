@@ -32,8 +32,9 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
+from controller.node_watch import NodeWatcher
+from controller.pod_watch import PodWatcher
 from controller.reconciler import Reconciler
-from controller.watchers import NodeWatcher, PodWatcher
 from deploy.local import nodes as simulated
 from deploy.local.controlplane import ControlPlane
 from deploy.local.redis import RedisServer

@@ -36,6 +36,7 @@ from deploy.local.redis import RedisServer
 from deploy.local.stack import Stack
 from shared.domain.annotations import ALLOCATED, BIND_PHASE, GPU_INDEX, PREDICATE_TIME, SCHEDULER_OWNED_KEYS
 from shared.domain.state import NodeSnapshot
+from shared.domain.trust import refused_by_own_policy
 from shared.kube import Kube, KubeError
 from shared.store.ledger import Ledger
 from tests.e2e._tenant import tenancy
@@ -208,6 +209,8 @@ async def test_records_cannot_be_rewritten_after_admission(env: Env) -> None:
                "target": {"apiVersion": "v1", "kind": "Node", "name": env.node}}
     msg = await env.refused("POST", env.path("cpu-unbound") + "/binding", binding, kube=env.admin)
     assert "may only be made by hami-scheduler" in msg
+    # the extender, refused so, knows it runs as the wrong identity (unready: controller/extender.py bindings_problem)
+    assert refused_by_own_policy(403, msg, "hami-scheduler") and not refused_by_own_policy(403, msg, "other"), msg
     assert not (await env.get(loose["metadata"]["name"]))["spec"].get("nodeName")
 
     # other changes still go through, and neither the pod nor the ledger moved

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from redis.asyncio import Redis
 
-from controller.watchers import PodWatcher
+from controller.pod_watch import PodWatcher
 from deploy.local.redis import RedisServer
 from shared.config import Config
 from shared.domain.models import CardModel

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from controller.extender import Extender
-from controller.watchers import Janitor
+from controller.janitor import Janitor
 from shared.domain.reconcile import expires
 from shared.kube import KubeError
 from shared.store.ledger import Ledger

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controller.watchers import NodeWatcher
+from controller.node_watch import NodeWatcher
 from shared.config import Config
 from shared.domain.knobs import ANNOTATION, CardKnobs, KnobReport, encode_annotation
 from shared.domain.node import Card, Inventory

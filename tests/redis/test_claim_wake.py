@@ -20,7 +20,7 @@ import pytest
 
 import controller.extender as extender_module
 from controller.extender import Extender
-from controller.watchers import Nudger
+from controller.nudger import Nudger
 from shared.domain.node import node_inventory
 from shared.store.ledger import Ledger
 from tests.redis.conftest import MirrorFactory

@@ -239,7 +239,7 @@ async def test_bind_answers_once_the_binding_exists_and_marks_the_booking_bound_
     await ext.settled()
     snap = await ledger.snapshot("s5k")
     assert snap is not None and snap.reservations["s1"].state == "bound"
-    assert not ext._settling
+    assert not ext.confirms._settling
 
 
 async def test_a_booking_that_cannot_be_marked_bound_is_counted_and_the_bind_stands(

@@ -21,8 +21,10 @@ import pytest
 from redis.asyncio import Redis
 
 from controller.extender import Extender
+from controller.node_watch import NodeWatcher
+from controller.pod_watch import PodWatcher
 from controller.reconciler import Reconciler
-from controller.watchers import NodeWatcher, PodWatcher, wire
+from controller.watchers import wire
 from deploy.local.redis_server import RedisServer
 from shared.domain.node import Card, Inventory
 from shared.store.ledger import UNVERIFIED, Ledger, LedgerError

@@ -19,7 +19,7 @@ import pytest
 from redis.asyncio import Redis
 
 from controller.extender import Extender
-from controller.watchers import NodeWatcher
+from controller.node_watch import NodeWatcher
 from shared.config import Config, load_config
 from shared.domain.annotations import PodUsage
 from shared.serving.metrics import REBOOKED

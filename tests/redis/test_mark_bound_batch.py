@@ -1,5 +1,6 @@
 """Binds answered together are confirmed together: one mark_bound call and one feed message per node and batch
-(shared/store/lua/mark_bound.lua `uids`, Ledger.mark_bound_many, Extender._confirm), on a real redis-server."""
+(shared/store/lua/mark_bound.lua `uids`, Ledger.mark_bound_many, controller/confirm.py Confirmations._confirm), on a
+real redis-server."""
 
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ async def test_binds_answered_together_are_confirmed_in_one_call(
     assert [sorted(c) for c in calls] == [uids]  # one call for the five binds answered within the linger
     snap = await ledger.snapshot("s5k")
     assert snap is not None and {snap.reservations[u].state for u in uids} == {"bound"}
-    assert not ext._confirming and not ext._settling
+    assert not ext.confirms._confirming and not ext.confirms._settling
 
 
 @pytest.mark.redis
@@ -126,13 +127,13 @@ async def test_a_booking_gone_from_a_batch_is_handled_alone_and_the_others_are_b
     for uid in ("k1", "k2"):
         ext.filter({"Pod": pod(uid, SLICE), "NodeNames": ["s5k"], "Nodes": None})
     rebooked: list[str] = []
-    real = ext._rebook
+    real = ext.confirms._rebook
 
     async def rebook(node: str, uid: str, *rest: object) -> None:
         rebooked.append(uid)
         await real(node, uid, *rest)  # type: ignore[arg-type]
 
-    ext._rebook = rebook  # type: ignore[method-assign]
+    ext.confirms._rebook = rebook  # type: ignore[method-assign]
     for uid in ("k1", "k2"):
         assert await ext.bind({"PodName": f"p-{uid}", "PodNamespace": "ns", "PodUID": uid, "Node": "s5k"}) == {
             "Error": ""}

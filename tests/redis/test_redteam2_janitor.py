@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
-from controller.watchers import Janitor, PodWatcher, janitor_for
+from controller.janitor import Janitor
+from controller.pod_watch import PodWatcher
+from controller.watchers import janitor_for
 from shared.domain.annotations import PodUsage
 from shared.kube import Kube
 from shared.store.ledger import Ledger, LedgerError

@@ -13,8 +13,10 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
+from controller.node_watch import NodeWatcher
+from controller.pod_watch import PodWatcher
 from controller.reconciler import Reconciler
-from controller.watchers import NodeWatcher, PodWatcher, wire
+from controller.watchers import wire
 from shared.config import Config, load_config
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror

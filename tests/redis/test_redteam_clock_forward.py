@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from controller.watchers import Janitor
+from controller.janitor import Janitor
 from shared.domain.reconcile import pending_since
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror

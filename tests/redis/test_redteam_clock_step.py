@@ -19,8 +19,11 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from controller.janitor import Janitor
+from controller.node_watch import NodeWatcher
+from controller.pod_watch import PodWatcher
 from controller.reconciler import Reconciler
-from controller.watchers import Janitor, NodeWatcher, PodWatcher, wire
+from controller.watchers import wire
 from shared.kube import KubeError
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror

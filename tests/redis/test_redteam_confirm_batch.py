@@ -1,5 +1,5 @@
-"""Red team on the batched confirmation (Extender._settle/_confirm, Ledger.mark_bound_many, mark_bound.lua
-`uids`, one `bound` feed message per batch with the others in `more`, Mirror.apply reading `more`).
+"""Red team on the batched confirmation (controller/confirm.py Confirmations.settle/_confirm, Ledger.mark_bound_many,
+mark_bound.lua `uids`, one `bound` feed message per batch with the others in `more`, Mirror.apply reading `more`).
 
 Findings proved here (each test fails on the change as reviewed):
 
@@ -35,9 +35,9 @@ from typing import Any
 
 import pytest
 
-from controller import extender
+from controller import confirm
 from controller.extender import Extender
-from controller.watchers import PodWatcher
+from controller.pod_watch import PodWatcher
 from shared.kube import Kube
 from shared.serving.metrics import SETTLE_FAILURES
 from shared.store.ledger import Ledger
@@ -73,7 +73,7 @@ async def test_a_stop_that_outwaits_a_batch_counts_each_booking_left_unconfirmed
         return await real(node_name, batch)
 
     monkeypatch.setattr(ledger, "mark_bound_many", hanging)
-    monkeypatch.setattr(extender, "CONFIRM_LINGER", 0.5)  # the three binds surely in one batch, on a busy machine too
+    monkeypatch.setattr(confirm, "CONFIRM_LINGER", 0.5)  # the three binds surely in one batch, on a busy machine too
     answers = await asyncio.gather(*(ext.bind({"PodName": f"p-{u}", "PodNamespace": "ns", "PodUID": u,
                                                "Node": "s5k"}) for u in uids))
     assert answers == [{"Error": ""}] * 3 and len(kube.bound) == 3

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from controller.watchers import NodeWatcher
+from controller.node_watch import NodeWatcher
 from shared.domain.annotations import PodUsage
 from shared.store.ledger import Ledger
 from tests.redis.test_redteam_node_health import CFG, NoKube, gpu_node

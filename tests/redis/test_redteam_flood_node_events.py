@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from controller.watchers import NodeWatcher, PodTruth, PodWatcher
+from controller.node_watch import NodeWatcher
+from controller.pod_watch import PodTruth, PodWatcher
 from shared.domain.annotations import PodUsage
 from shared.store.ledger import Ledger
 from tests.redis.test_redteam_node_health import CFG, NoKube, gpu_node

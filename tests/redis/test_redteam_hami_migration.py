@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from controller.watchers import NodeWatcher, PodWatcher, wire
+from controller.node_watch import NodeWatcher
+from controller.pod_watch import PodWatcher
+from controller.watchers import wire
 from shared.config import Config, load_config
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror

@@ -19,8 +19,11 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from controller.janitor import Janitor
+from controller.node_watch import NodeWatcher
+from controller.pod_watch import PodWatcher
 from controller.reconciler import Reconciler
-from controller.watchers import Janitor, NodeWatcher, PodWatcher, wire
+from controller.watchers import wire
 from shared.config import load_config
 from shared.domain.annotations import CardGrant, PodUsage, binding_annotations, device_id
 from shared.domain.fit import fit

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from controller.extender import Extender
-from controller.watchers import NodeWatcher, PodWatcher
+from controller.node_watch import NodeWatcher
+from controller.pod_watch import PodWatcher
 from shared.domain.annotations import usage_from_annotations
 from shared.domain.node import node_inventory
 from shared.serving.metrics import OVERCOMMIT, REBOOKED, RECORD_MISMATCH

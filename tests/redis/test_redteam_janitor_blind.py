@@ -18,8 +18,8 @@ running pod's share freed".
 
 Expected: while the pod view is not live (`PodWatcher.reflector.problem(0)`), the janitor keeps pending
 bookings (or asks the API server about the pod first, as `Reconciler._confirm` does, keeping it when it cannot
-tell). Fix: controller/watchers.py `Janitor.sweep` / `janitor_for` (wire a view check, like NodeWatcher's
-`view_problem`).
+tell). Fix: controller/janitor.py `Janitor.sweep` / controller/watchers.py `janitor_for` (wire a view check,
+like NodeWatcher's `view_problem`).
 
 Real parts: redis-server, Ledger, Mirror, PodWatcher, the role's janitor (`janitor_for`).
 """
@@ -30,7 +30,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from controller import watchers
-from controller.watchers import Janitor, PodWatcher, janitor_for
+from controller.janitor import Janitor
+from controller.pod_watch import PodWatcher
+from controller.watchers import janitor_for
 from shared.domain.annotations import ALLOCATED, PodUsage
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror

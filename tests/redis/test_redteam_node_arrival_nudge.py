@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from controller.watchers import NodeWatcher
+from controller.node_watch import NodeWatcher
 from shared.config import Config
 from shared.domain.node import CORDON_ANNOTATION, device_id
 from shared.store.ledger import Ledger

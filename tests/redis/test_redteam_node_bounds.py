@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from controller.watchers import NodeWatcher
+from controller.node_watch import NodeWatcher
 from shared.config import load_config
 from shared.domain.node import CAPACITY_MISMATCH, LABEL_MISMATCH, mismatch_kind, node_inventory
 from shared.store.ledger import Ledger

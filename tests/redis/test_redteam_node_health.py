@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from controller.watchers import NodeWatcher
+from controller.node_watch import NodeWatcher
 from shared.config import load_config
 from shared.domain.annotations import PodUsage
 from shared.domain.fit import CardState, fit

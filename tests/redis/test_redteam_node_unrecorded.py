@@ -21,7 +21,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from controller.watchers import NodeWatcher, PodWatcher, wire
+from controller.node_watch import NodeWatcher
+from controller.pod_watch import PodWatcher
+from controller.watchers import wire
 from shared.config import load_config
 from shared.domain.annotations import GPU_INDEX, CardGrant, binding_annotations, device_id
 from shared.store.ledger import Ledger

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from controller.watchers import PodWatcher
+from controller.pod_watch import PodWatcher
 from shared.config import load_config
 from shared.store.ledger import Ledger
 from tests.redis.conftest import MirrorFactory

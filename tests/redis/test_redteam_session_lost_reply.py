@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from redis import exceptions as rexc
 
-from controller.watchers import PodWatcher
+from controller.pod_watch import PodWatcher
 from shared.config import load_config
 from shared.store.ledger import Ledger
 from tests._wait import eventually

@@ -1,5 +1,5 @@
-"""Red team on Extender._settle (bind answers once the Binding exists, mark_bound runs after, in a
-background task), and the fix: a booking found gone is booked again only while the pod is still there.
+"""Red team on Confirmations.settle, controller/confirm.py (bind answers once the Binding exists, mark_bound runs
+after, in a background task), and the fix: a booking found gone is booked again only while the pod is still there.
 
 Attack: the pod is deleted right after the bind was answered and the pod watcher releases its booking
 (DELETED -> PodWatcher.release) before the background mark_bound has reached Redis. mark_bound finds
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from controller.extender import Extender
-from controller.watchers import PodWatcher
+from controller.pod_watch import PodWatcher
 from shared.domain.node import node_inventory
 from shared.serving.metrics import REBOOKED
 from shared.store.ledger import Ledger

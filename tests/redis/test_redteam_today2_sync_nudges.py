@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from controller.watchers import NodeWatcher
+from controller.node_watch import NodeWatcher
 from shared.config import Config
 from shared.store.ledger import Ledger
 from tests.redis.test_redteam_node_arrival_nudge import _Kube, gpu

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from redis import exceptions as rexc
 
-from controller.watchers import Janitor, PodWatcher
+from controller.janitor import Janitor
+from controller.pod_watch import PodWatcher
 from shared.domain.annotations import PodUsage
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror

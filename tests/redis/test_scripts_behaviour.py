@@ -160,7 +160,7 @@ async def test_expire_releases_only_old_pending_reservations(cluster: Ledger) ->
     assert await led.mark_bound("n4", "old-bound")
     await asyncio.sleep(1.1)
     assert (await led.reserve("n4", "new-pending", [1], 8, 1, 1))[0].ok
-    # `only`: the janitor's vetted uids (controller/watchers.py Janitor.sweep); others wait
+    # `only`: the janitor's vetted uids (controller/janitor.py Janitor.sweep); others wait
     assert await led.expire("n4", 1.0, only=["new-pending", "old-bound"]) == []
     assert await led.expire("n4", 1.0, only=[]) == []
     assert await led.expire("n4", 1.0, only=["old-pending"]) == ["old-pending"]

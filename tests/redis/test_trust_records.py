@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from controller.watchers import PodWatcher
+from controller.pod_watch import PodWatcher
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED, PodUsage
 from shared.domain.models import CardModel

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from controller.extender import Extender
+from controller.nudger import Nudger
 from controller.upkeep import Upkeep, stamp_while_ready
-from controller.watchers import Nudger
 from shared.domain.node import node_inventory
 from shared.store.ledger import Ledger
 from tests.redis.conftest import MirrorFactory

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from controller.watchers import BOUND_GRACE, PodWatcher
+from controller.pod_watch import BOUND_GRACE, PodWatcher
 from shared.config import Config
 from shared.domain.annotations import ALLOCATED
 from shared.kube import Kube

@@ -6,7 +6,7 @@ What holds (docs/redis-layout.md, "Sentinel and Cluster"):
 * no over-commit and no half-applied script: Redis runs a script only where all of its keys are, so while the
   node's keys are split between two shards every call on that node is refused (TRYAGAIN, which redis-py's
   cluster client retries and then reports as ClusterError "TTL exhausted."; an ASK to a primary the client does
-  not know yet fails inside redis-py, shared/store/ledger.py UnknownRedirect), and the other nodes go on;
+  not know yet fails inside redis-py, shared/store/resend.py UnknownRedirect), and the other nodes go on;
 * those refusals are transient (`is_transient`): no role gives up and exits during a move (a red team's run had
   every role's mirror give up after 5 failures, 7-13 s into a move);
 * a mirror stays ready and keeps the other nodes current: the node it cannot read is in `Mirror.moving` (offered

@@ -19,7 +19,9 @@ import pytest
 
 from controller.extender import Extender
 from controller.fit_memo import MOVING
-from controller.watchers import Janitor, PodWatcher, janitor_for
+from controller.janitor import Janitor
+from controller.pod_watch import PodWatcher
+from controller.watchers import janitor_for
 from deploy.local.redis import ClusterSetup, RedisServer
 from shared.kube import Kube
 from shared.serving.supervise import Supervisor
@@ -235,7 +237,8 @@ async def test_the_janitor_sweeps_the_others_when_a_held_back_record_is_on_a_mov
     any node; one on the moving node failed out of the sweep (red team round 2), so no expired booking was freed
     anywhere while the move lasted. Now such a record is held back until the node can be read, and its booking
     kept by the janitor meanwhile."""
-    from controller.watchers import PodWatcher, janitor_for
+    from controller.pod_watch import PodWatcher
+    from controller.watchers import janitor_for
     from shared.kube import Kube
     from tests.redis.test_watcher_records import pod as rec_pod
 
@@ -292,8 +295,8 @@ async def test_a_pod_event_on_a_moving_node_does_not_hold_the_pod_stream(setup: 
     it could not handle, so every later pod event of every node waited for the move's end (red team round 2: a
     pod deleted elsewhere kept its cards). Now the release waits apart (PodWatcher.parked), the stream goes on,
     and the release is made once the node can be read."""
+    from controller.pod_watch import PodWatcher
     from controller.reflector import HandlerError
-    from controller.watchers import PodWatcher
     from shared.kube import Kube
     from tests.redis.test_watcher_records import pod as rec_pod
 
@@ -352,8 +355,10 @@ async def test_a_pod_event_on_a_moving_node_does_not_hold_the_pod_stream(setup: 
 async def test_a_reconcile_pass_repairs_the_other_nodes_while_one_slot_moves(setup: ClusterSetup) -> None:
     """The reconciler's pass read every node at once and failed on the moving one: no node was repaired until the
     move ended. Now the moving node is left out of the pass (and told to the mirror), the others are compared."""
+    from controller.node_watch import NodeWatcher
+    from controller.pod_watch import PodWatcher
     from controller.reconciler import Reconciler
-    from controller.watchers import NodeWatcher, PodWatcher, wire
+    from controller.watchers import wire
     from tests.redis.test_reconcile_touched import CFG as RCFG
     from tests.redis.test_redteam_inflight_nodes import NoKube, gpu_node
 

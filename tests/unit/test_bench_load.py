@@ -285,7 +285,7 @@ def test_plain_pods_ask_for_twins_our_roles_ignore() -> None:
     from bench.load.cluster import node_body
     from bench.load.external import admit
     from bench.workload import PLAIN_CORE, PLAIN_MEM, PLAIN_VGPU, PLAIN_VGPU_CAPACITY, admitted_pod, our_pod
-    from controller.watchers import unaccounted
+    from controller.pod_watch import unaccounted
     from shared.config import Config, load_config
     from shared.domain.models import CardModel
 

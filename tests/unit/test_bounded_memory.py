@@ -15,7 +15,7 @@ from typing import Any, cast
 from bench.mem_drive import PAYLOAD, _Ledger, bound, pods
 from bench.micro import build_mirror
 from controller.extender import POD_CACHE_BYTES, POD_ENTRY_BYTES, Extender
-from controller.watchers import PodWatcher
+from controller.pod_watch import PodWatcher
 from shared.config import load_config
 from shared.domain.annotations import ALLOCATED, GPU_INDEX
 from shared.domain.fit import USE_UUID

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from controller.watchers import FREED_ANNOTATION, Nudger
+from controller.nudger import FREED_ANNOTATION, Nudger
 from shared.kube import KubeError
 from shared.serving.metrics import NUDGES
 
@@ -139,7 +139,7 @@ def _pod(uid: str, scheduler: str = "hami-scheduler", node: str = "", deleting: 
 
 
 async def test_the_pod_watcher_counts_as_waiting_only_live_unbound_pods_of_our_scheduler() -> None:
-    from controller.watchers import PodWatcher
+    from controller.pod_watch import PodWatcher
     from shared.config import Config
 
     w = PodWatcher(None, None, _NoOwner(), Config(), asyncio.Event())  # type: ignore[arg-type]
@@ -167,7 +167,7 @@ async def test_while_the_pod_view_is_not_listed_yet_or_failing_every_patch_goes(
     """The first rebuild frees bookings, and nudges, before the pod stream has listed (its seed of the view
     comes after the ledger's rebuild, which can take longer than the interval), and a stream that fails
     misses the pods created meanwhile: such a view cannot tell that nobody waits, so the patch is sent."""
-    from controller.watchers import PodWatcher
+    from controller.pod_watch import PodWatcher
     from shared.config import Config
 
     w = PodWatcher(None, None, _NoOwner(), Config(), asyncio.Event())  # type: ignore[arg-type]
@@ -197,7 +197,7 @@ async def test_a_re_list_keeps_the_pods_waiting_in_view_while_it_is_handled() ->
     """on_sync awaits Redis pod by pod (a re-list of a large cluster takes seconds): a nudge due meanwhile
     (the janitor's, a knob's, a release of this very re-list) must see the pods waiting that the list holds,
     not a view emptied for the re-list and not yet refilled."""
-    from controller.watchers import PodWatcher
+    from controller.pod_watch import PodWatcher
     from shared.config import Config
 
     ledger = _SlowRelease()
@@ -215,7 +215,7 @@ async def test_a_re_list_keeps_the_pods_waiting_in_view_while_it_is_handled() ->
 async def test_a_gated_pod_waits_for_its_gates_not_for_a_nudge() -> None:
     """kube-scheduler does not try a pod with schedulingGates (a queue such as Kueue's may hold thousands):
     a nudge wakes none of them; the update that removes the last gate makes it a pod that waits."""
-    from controller.watchers import PodWatcher
+    from controller.pod_watch import PodWatcher
     from shared.config import Config
 
     w = PodWatcher(None, None, _NoOwner(), Config(), asyncio.Event())  # type: ignore[arg-type]

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from controller import watchers
-from controller.watchers import PodWatcher, tried
+from controller import pod_watch
+from controller.pod_watch import PodWatcher, tried
 from shared.config import Config
 from tests.unit.test_nudger import _NoOwner, _pod
 
@@ -38,7 +38,7 @@ def test_a_pod_counts_as_tried_by_its_pod_scheduled_condition(conditions: Any, e
 async def test_the_oldest_untried_pod_is_measured_until_it_is_tried_bound_or_gone(
         monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
-    monkeypatch.setattr(watchers.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(pod_watch.time, "monotonic", lambda: now[0])
     w = PodWatcher(None, None, _NoOwner(), Config(), asyncio.Event())  # type: ignore[arg-type]
     w.reflector.synced.set()
     assert w.untried_for() == 0.0

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-import controller.watchers as watchers
+import controller.pod_watch as pod_watch
 from controller.mismatch import MismatchReporter
-from controller.watchers import ENDED_SECONDS, PodWatcher
+from controller.pod_watch import ENDED_SECONDS, PodWatcher
 from shared.config import load_config
 from shared.domain.node import node_inventory
 
@@ -47,7 +47,7 @@ async def test_pods_seen_ending_are_dropped_oldest_first_a_few_per_release(monke
             return None
 
     now = [1000.0]
-    monkeypatch.setattr(watchers.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(pod_watch.time, "monotonic", lambda: now[0])
     w = PodWatcher(NoKube(), None, Mirror(), CFG, asyncio.Event())  # type: ignore[arg-type]
     pod = {"metadata": {"uid": "x", "name": "x", "namespace": "ns"}, "spec": {}}
     for i in range(60000):  # a namespace deleted: 60,000 pods ending within the window

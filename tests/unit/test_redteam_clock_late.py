@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from controller import watchers
-from controller.watchers import PodWatcher
+from controller import pod_watch
+from controller.pod_watch import PodWatcher
 from shared.config import Config
 from shared.domain.annotations import PodUsage
 from shared.domain.state import NodeSnapshot, Reservation
@@ -42,6 +42,6 @@ def test_a_wall_clock_step_between_sweeps_does_not_move_a_bookings_age(monkeypat
     for w in (old, young):
         w.saw_redis_time(redis_now)  # the janitor's sweep: Redis's clock, read now
     assert old._late("u1", usage) and not young._late("u1", usage)
-    monkeypatch.setattr(watchers.time, "time", lambda: wall + step_s)  # this host's wall clock steps
+    monkeypatch.setattr(pod_watch.time, "time", lambda: wall + step_s)  # this host's wall clock steps
     assert old._late("u1", usage), "a step of this host's clock made an 84 s old booking look young"
     assert not young._late("u1", usage), "a step of this host's clock made a 24 s old booking look late"

@@ -44,7 +44,7 @@ def test_a_record_naming_cards_gpu_index_lacks_makes_the_pod_unrecoverable() -> 
     """gpu-index lists the last container's cards; HAMi v2.10 may put an init container on another card. A record
     our trust or our decoder sets aside but that names such a card makes the pod's usage unrecoverable from
     gpu-index (its node stays closed) rather than recovered on the app's card alone."""
-    from controller.watchers import unaccounted
+    from controller.pod_watch import unaccounted
 
     def hami(gpu_index: str) -> dict[str, object]:
         p = pod(ctr(limits={VGPU: 1, MEM: 16, CORE: 2}), init=[ctr("proxy", limits={VGPU: 1, MEM: 32, CORE: 4},

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from controller.watchers import Nudger
+from controller.nudger import Nudger
 from tests._wait import eventually
 
 

@@ -1,4 +1,4 @@
-"""Which bound pods without a readable record close their node (controller/watchers.py unaccounted): only those
+"""Which bound pods without a readable record close their node (controller/pod_watch.py unaccounted): only those
 that name one of our slice resources, also when something else about them cannot be read. A red team closed any
 GPU node to every slice pod with a tenant's CPU pod carrying a bad card pin (tests/e2e/test_redteam_cpu_pin.py)."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controller.watchers import unaccounted
+from controller.pod_watch import unaccounted
 from shared.domain.request import PIN_ANNOTATION
 from shared.domain.trust import asks_slices
 from tests.unit._k8s import CORE, GPU, MEM, VGPU, cfg, ctr, pod, slice_ctr

@@ -1,4 +1,4 @@
-"""The watchers keep a view of each pod (controller/watchers.py watched_pod), not the pod: every rule they apply to a
+"""The watchers keep a view of each pod (controller/pod_watch.py watched_pod), not the pod: every rule they apply to a
 pod must answer alike on both, and the view must stay small whatever the pod carries (a re-list holds every pod)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controller.watchers import pod_ref, tried, unaccounted, watched_pod
+from controller.pod_watch import pod_ref, tried, unaccounted, watched_pod
 from shared.config import load_config
 from shared.domain.annotations import CardGrant, binding_annotations, usage_from_annotations
 from shared.domain.quota import is_terminal

@@ -1,5 +1,5 @@
 -- Mark reservations bound once their Bindings exist. Payload: {uids} (1..MARK_BOUND_MAX pod uids of this
--- node; the extender confirms the binds it answered in one call per node, controller/extender.py `_confirm`).
+-- node; the extender confirms the binds it answered in one call per node, controller/confirm.py `_confirm`).
 -- Idempotent. One feed message for all the reservations it changed: the first as `uid`/`res`, the
 -- others in `more` ({uid: res}) with `span` = how many it changed (the node's version moves by that much),
 -- so the feed carries one message per batch, not one per pod.

@@ -1,0 +1,125 @@
+"""The janitor: reclaims pending reservations whose binder died or gave up, after pendingTTLSeconds."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection
+
+from controller.nudger import Nudger
+from shared.config import Config
+from shared.domain.reconcile import booking_key, expires, pending_since, restamps
+from shared.serving.metrics import JANITOR_HELD, RELEASES
+from shared.store.ledger import RESEND, Ledger, slot_moving
+from shared.store.mirror import Mirror
+
+log = logging.getLogger("mtsched.watchers")
+
+
+class Janitor:
+    """Reclaims pending reservations whose binder died or gave up, after the TTL."""
+
+    def __init__(self, ledger: Ledger, mirror: Mirror, cfg: Config, interval: float = 5.0,
+                 nudger: Nudger | None = None,
+                 before_expire: Callable[[list[str]], Awaitable[Collection[str]]] | None = None,
+                 redis_time: Callable[[int], None] | None = None,
+                 view_problem: Callable[[], str] | None = None):
+        self.nudger = nudger
+        self.ledger = ledger
+        self.mirror = mirror
+        self.ttl = cfg.pending_ttl_seconds
+        self.interval = interval
+        # called with the uids of pending bookings past the TTL before they are expired: the pod watcher
+        # confirms those whose record it holds back (PodWatcher.confirm_now), so a record seen late is booked;
+        # it returns those it could not (held back, in flight, failed): they are not expired
+        self.before_expire = before_expire
+        self.redis_time = redis_time  # told Redis's clock each sweep (PodWatcher.saw_redis_time)
+        # why the pod view cannot vouch for a pending booking now ("" when it can): a booking stays pending
+        # after its Binding when the binder died, its confirmation failed or the Binding's outcome was
+        # unknown, and only the pod watcher's sight of the record saves it. While that view is blind (the
+        # stream down, or just back and replaying), expiring it could free a running pod's cards.
+        self.view_problem = view_problem or (lambda: "")
+        self._held = ""  # the problem that holds expiry back, logged once per episode
+        # pending booking (booking_key) -> first seen, monotonic (pending_since)
+        self._since: dict[tuple[str, str, int, int], float] | None = None
+
+    async def sweep(self) -> list[str]:
+        # Reservations are stamped with Redis's clock, so age is measured on it: this host's may be off.
+        now = await self.ledger.redis_time_ms()
+        if self.redis_time is not None:
+            self.redis_time(now)
+        gone: list[str] = []
+        clock = time.monotonic()
+        ages = {booking_key(node, r): now - r.created for node, snap in self.mirror.nodes.items()
+                for r in snap.reservations.values() if r.state == "pending"}
+        since = pending_since(ages, self._since or {}, clock, first=self._since is None)
+        # and the dates of stamps only a fresh read showed (below), while their booking is pending in the mirror
+        live = {k[:2] for k in ages}
+        since.update((k, at) for k, at in (self._since or {}).items() if k not in since and k[:2] in live)
+        if self.mirror.nodes:  # (a mirror not read yet, at the start, dates nothing: its whole read comes at once)
+            self._since = since
+        for node, snap in list(self.mirror.nodes.items()):
+            if node in self.mirror.moving:  # Redis runs no script there until its slot's move ends: next sweep
+                continue
+            # past the TTL on Redis's clock and on ours (pending_since); and those stamped ahead of Redis's clock,
+            # which expire.lua stamps anew (restamps)
+            due = [r.uid for r in snap.reservations.values()
+                   if expires(r, now, self.ttl * 1000) and clock - since[booking_key(node, r)] >= self.ttl]
+            if due:
+                # A later bind attempt that takes over the booking (reserve's `existing`) stamps a new settle_by
+                # and sends no feed message: the mirror's copy still bears the first attempt's, dated long ago.
+                # Asked of Redis itself, a stamp not dated yet is dated now (a step of Redis's clock forward would
+                # otherwise free the card that attempt's Binding is about to take)
+                try:
+                    fresh = await self.ledger.snapshot(node, give_up=slot_moving)
+                except RESEND as e:  # (as Ledger._retry raised it)
+                    if not slot_moving(e):
+                        raise
+                    continue  # its slot is moving: the other nodes are swept
+                held = fresh.reservations if fresh is not None else {}
+                for uid in due:
+                    if uid in held:
+                        since.setdefault(booking_key(node, held[uid]), clock)
+                due = [u for u in due if u in held and clock - since[booking_key(node, held[u])] >= self.ttl]
+            old = due + [r.uid for r in snap.reservations.values() if restamps(r, now) and r.uid not in due]
+            if old:
+                if self.before_expire is not None:
+                    keep = await self.before_expire(old)
+                    old = [u for u in old if u not in keep]  # no await from here to expire's send
+                if self._blind(len(old)):  # judged after the last await, as before_expire's answer
+                    continue
+                # only the uids vetted here: expire.lua judges at its own `now`, and a booking that crossed the
+                # TTL since ours (or one the mirror lags on) was never offered to before_expire
+                try:
+                    expired = await self.ledger.expire(node, self.ttl, only=old)
+                except RESEND as e:  # (as Ledger._retry raised it)
+                    if not slot_moving(e):
+                        raise
+                    continue  # its slot is moving (the ledger told the mirror): the other nodes are swept
+
+                RELEASES.labels("expired").inc(len(expired))
+                if expired and self.nudger:
+                    self.nudger.nudge(node)
+                gone.extend(expired)
+        if gone:
+            log.info("expired %d pending reservation(s) older than %ss", len(gone), self.ttl)
+        self._blind(0)  # a sweep with nothing to expire still ends an episode (or starts one: the gauge)
+        return gone
+
+    def _blind(self, due: int) -> bool:
+        """True while the pod view is blind: nothing is expired. The gauge and one log line per episode."""
+        why = self.view_problem()
+        JANITOR_HELD.set(1 if why else 0)
+        if why and not self._held:
+            log.warning("janitor: expiring no pending reservation while the pod view is blind (%s)%s", why,
+                        f": {due} past pendingTTLSeconds kept" if due else "")
+        elif self._held and not why:
+            log.info("janitor: the pod view is live again: expiring pending reservations past the TTL")
+        self._held = why
+        return bool(why)
+
+    async def run(self) -> None:
+        while True:  # errors go to the supervisor, which restarts the loop with backoff
+            await self.sweep()
+            await asyncio.sleep(self.interval)

@@ -1,0 +1,246 @@
+"""The node watcher: keeps each node's cards in the ledger as the Node object reports them."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from controller.knob_watch import KnobWatch
+from controller.mismatch import MismatchReporter
+from controller.reflector import Reflector
+from shared.config import Config
+from shared.domain.annotations import PodUsage
+from shared.domain.node import Inventory, node_inventory, offers_more
+from shared.domain.reconcile import offers_cards
+from shared.domain.timing import KEEP_MS
+from shared.kube import Kube
+from shared.serving.metrics import WATCH_EVENTS
+from shared.store.ledger import Ledger
+
+log = logging.getLogger("mtsched.watchers")
+
+
+Holders = Callable[[str], dict[str, tuple[PodUsage, str]]]
+# A keep window as long as the scripts allow (24 h): every booking is kept (see NodeWatcher.view_problem)
+KEEP_ALL_MS = 86_400_000
+
+
+class NodeWatcher:
+    """Keeps each node's cards in the ledger as the Node object reports them.
+
+    A node new to the ledger is written with the usage of the pods that hold cards there (`holders`,
+    from the pod watcher's view), so a node deleted and re-created under running pods is never
+    offered empty; so is a node that opens again after an error or a quarantine (the holders whose usage
+    is recovered from their cards are none of a closed node's). A node that stops reporting cards
+    (deleted, or its capacity dropped to 0) keeps its holders' usage, and the bookings still settling
+    there (binds in flight, bindings this view has not seen yet), on placeholder cards until they are
+    gone. While the pod view cannot be trusted (`view_problem`: its stream is down or not listed yet) it
+    judges no booking: every one is kept, and the reconciler, which confirms with the API server, judges
+    them once the view is live again.
+    """
+
+    def __init__(self, kube: Kube, ledger: Ledger, cfg: Config, keep_ms: int = KEEP_MS):
+        self.ledger = ledger
+        self.cfg = cfg
+        self.keep_ms = keep_ms
+        self.last: dict[str, Inventory] = {}  # what this watcher last wrote, per node (the API's view)
+        self.listed = False  # whether a list of the nodes was applied (on_sync)
+        # `last` as it was before a re-list that failed part-way (Redis away): the baseline the next re-list compares
+        # with, its nodes' room (the failed one emptied `last` and wrote only some of them); None once one succeeded
+        self.unlisted: dict[str, Inventory] | None = None
+        self.known: set[str] = set()  # nodes this watcher has seen in the ledger
+        self.lost = asyncio.Event()  # set when Redis turned out to have lost a known node
+        self.holders: Holders = lambda node: {}
+        self.view_problem: Callable[[], str] = lambda: ""  # why `holders` cannot be trusted now ("" if it can)
+        self.quarantine: Callable[[str], str] = lambda node: ""  # why the node must offer nothing, if so
+        self.reflector = Reflector(kube, "/api/v1/nodes", self.on_event, self.on_sync, "nodes")
+        self.knobs = KnobWatch(kube, cfg.events_enabled, cfg.scheduler_name)  # knob changes under held slices
+        self.nudge: Callable[[str], None] = lambda node: None  # the pod watcher's Nudger, set by the role
+        # a node written (replace_node's answer) but perhaps not verified yet (Redis's history changed): compared
+        # again later (the reconciler's verify_later, set by the role)
+        self.verify_later: Callable[[str, Mapping[str, Any]], None] = lambda node, written: None
+        self.vanished: set[str] = set()  # known nodes found missing from Redis when removed (apply, _replace)
+        # nodes this watcher last wrote closed (an error, a quarantine, no card reported: deleted, capacity 0): the
+        # view's holders of such a node lack the pods whose usage is recovered from their cards (no record,
+        # shared.domain.reconcile.recovered_usage), so one that opens again is written whole with its holders
+        # (_replace), not upserted over what it kept
+        self.closed: set[str] = set()
+        # node -> what the last write of a node that offers no card under held pods was made from (its Inventory or
+        # None, the holders, whether the view was stale): each later event of the Node (status updates, anyone's
+        # label) wrote it whole again and every mirror re-read it, for as long as the pods ran (red team)
+        self.kept: dict[str, tuple[Inventory | None, dict[str, tuple[PodUsage, str]], bool]] = {}
+        self.mismatch = MismatchReporter(kube, cfg)  # events, gauge and log line (controller/mismatch.py)
+        # Held by each event and re-list, and by the reconciler's rebuild from its own lists: a Node change
+        # handled while a rebuild runs would be overwritten by the rebuild's older copy (in Redis and in
+        # `last`, which every later pass compares with). Held, the change is handled after the rebuild.
+        self.lock = asyncio.Lock()
+
+    async def apply(self, name: str, inv: Inventory | None) -> None:
+        """Bring the ledger's node `name` to what the API says (`inv`; None: the Node is gone)."""
+        if inv is not None and self.last.get(name) == inv:
+            return  # heartbeats and unrelated status changes don't touch the ledger
+        if inv is not None and inv.error:
+            log.warning("node %s offers no card: %s", name, inv.error)
+        keep_ms = self.keep_ms
+        stale = self.view_problem()
+        if stale:
+            # the view may lack pods bound long ago (a stream down for longer than the keep window): a
+            # booking no holder explains is not judged by it (as the reconciler waits for live views)
+            keep_ms = KEEP_ALL_MS
+        if not offers_cards(inv):
+            self.last.pop(name, None)
+            holders = self.holders(name)
+            if not holders and (name in self.known or inv is None):
+                # forgotten, unless a booking still settles there (a bind in flight, or one this view has
+                # not seen yet): its Binding and record come whatever the ledger says
+                removed = await self.ledger.remove_node(name, keep_ms)
+                if removed is not None:
+                    if removed is False and name in self.known and inv is not None:
+                        # a node we knew was not in Redis: another watcher removed it, or Redis lost it with a
+                        # booking a bind in flight may hold. Written again, it waits the keep window (_replace)
+                        self.vanished.add(name)
+                    elif inv is None:
+                        self.vanished.discard(name)  # gone from the API: nothing comes back to wait for
+                    self.known.discard(name)
+                    self.closed.discard(name)
+                    self.kept.pop(name, None)
+                    return
+            elif not holders:
+                return
+            written = (inv, holders, bool(stale))
+            if name in self.known and self.kept.get(name) == written:
+                return  # written so already: nothing this event says changes it (the reconciler compares it)
+            log.warning("node %s reports no sliced card while %d pod(s) hold cards there or bookings are in "
+                        "flight: their usage is kept until they end%s", name, len(holders),
+                        f" (every booking is kept: the pod view is not live, {stale})" if stale else "")
+            # (written without the holders whose usage is recovered from its cards): remembered before the write,
+            # which may take effect though its reply is lost
+            self.closed.add(name)
+            await self.ledger.list_node(name)
+            await self._replace(Inventory(name), holders, keep_ms, stale, lost=name in self.known)
+            self.known.add(name)
+            self.kept = {n: w for n, w in self.kept.items() if n in self.known}  # (nodes removed since: forgotten)
+            self.kept[name] = written
+            return
+        self.kept.pop(name, None)
+        assert inv is not None
+        was = self.last.get(name)
+        self.last[name] = inv
+        try:
+            await self._write_open(name, self.effective(inv), keep_ms, stale)
+        except BaseException:
+            # not written (Redis away): the reflector replays the event, or lists again, and that must write it, and
+            # see the room it offers (taken as written, the replay wrote nothing and nudged nobody)
+            if was is None:
+                self.last.pop(name, None)
+            else:
+                self.last[name] = was
+            raise
+
+    async def _write_open(self, name: str, inv: Inventory, keep_ms: int, stale: str) -> None:
+        """apply's write of a node that offers cards (or is closed by an error), `inv` as the ledger must hold it."""
+        # open again after an error, a quarantine or no card (deleted, capacity 0): written closed without the
+        # holders recovered from their cards (by this watcher, or one that started while it was closed); while
+        # closed by an error it is upserted, keeping whatever the ledger holds. Forgotten as closed only once it is
+        # written open: a write that failed (the handler fails, the reflector lists again) is made whole again
+        reopened = name in self.closed and not inv.error
+        if inv.error:
+            self.closed.add(name)
+        if name in self.known:
+            if reopened:  # written whole with its holders below, if Redis still has it (a read, on a rare change)
+                missing = await self.ledger.snapshot(name) is None
+            else:
+                missing = await self.ledger.upsert_node(inv, create=False) < 0
+            if missing:
+                # A node we knew is missing from Redis: the state was lost, or another replica forgot the
+                # node (it went and nothing was held there any more). Only a rebuild from fresh lists may
+                # recreate it: this event may be older than the node's DELETE, and a lost shard loses others.
+                log.error("node %s is missing from Redis: state lost, rebuilding from the API server", name)
+                self.last.pop(name, None)
+                self.lost.set()
+                return
+            if reopened:
+                await self._replace(inv, self.holders(name), keep_ms, stale, lost=True)
+        else:
+            # New to us: written whole, with its holders' usage, before any replica can offer it.
+            await self.ledger.list_node(name)
+            await self._replace(inv, self.holders(name), keep_ms, stale)
+        self.known.add(name)
+        if not inv.error:
+            self.closed.discard(name)
+
+    async def _replace(self, inv: Inventory, holders: Mapping[str, tuple[PodUsage, str]], keep_ms: int,
+                       stale: str, lost: bool = False) -> None:
+        """replace_node from this watcher's view: a node Redis's history change left unverified is verified
+        by it only while the pod view is live (else by the reconciler, which waits for live views). `lost`:
+        a node this watcher knew, which Redis may lack (it then waits the keep window)."""
+        lost = lost or inv.node in self.vanished
+        out = await self.ledger.replace_node(inv, holders, keep_ms, keep_bound=True,
+                                             verify_after_ms=self.keep_ms if not stale else None, lost=lost)
+        self.vanished.discard(inv.node)
+        self.verify_later(inv.node, out)
+
+    def effective(self, inv: Inventory) -> Inventory:
+        """The node as the ledger must hold it: closed (an error) while pods nobody can account for hold
+        cards there."""
+        why = "" if inv.error or not inv.cards else self.quarantine(inv.node)
+        return replace(inv, error=why) if why else inv
+
+    async def on_event(self, kind: str, node: dict[str, Any]) -> None:
+        WATCH_EVENTS.labels("node", kind).inc()
+        async with self.lock:
+            await self._on_event(kind, node)
+
+    async def _on_event(self, kind: str, node: dict[str, Any]) -> None:
+        name = str((node.get("metadata") or {}).get("name"))
+        inv = None if kind == "DELETED" else node_inventory(node, self.cfg)
+        before = self.last.get(name)
+        raised = False
+        if inv is None:
+            self.knobs.forget(name)
+        else:
+            _, raised = await self.knobs.observe(node, inv, lambda: self.holders(name))
+        self.mismatch.observe(name, node, inv)
+        await self.apply(name, inv)
+        # a card takes more slices now, or the node offers room it did not (new, open again, a card healthy or
+        # uncordoned, more cards): kube-scheduler retries once the ledger says so. It retried at the Node's own
+        # event too, perhaps before an extender's mirror had our write: a pod turned away then ("node
+        # unregistered") waited for an unrelated event, up to its 5-minute flush
+        if raised or offers_more(before, inv):
+            self.nudge(name)
+
+    async def on_sync(self, nodes: list[dict[str, Any]]) -> None:
+        async with self.lock:
+            await self._on_sync(nodes)
+
+    async def _on_sync(self, nodes: list[dict[str, Any]]) -> None:
+        invs = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in nodes)}
+        # (after a re-list that failed, `last` holds only the nodes it wrote: every other node would look new)
+        before = self.last if self.unlisted is None else self.unlisted
+        self.unlisted = before
+        self.knobs.keep_only(set(invs))  # nodes gone while the watch was down: no baseline kept for them
+        raised: list[str] = []
+        for n in nodes:  # a re-list may carry a change the lost stream did not deliver
+            name = str((n.get("metadata") or {}).get("name"))
+            _, up = await self.knobs.observe(n, invs[name], functools.partial(self.holders, name))
+            if up:
+                raised.append(name)
+            self.mismatch.observe(name, n, invs.get(name))
+        self.mismatch.synced(set(invs))
+        self.last = {}  # force a write: the ledger may have been flushed or edited meanwhile
+        self.kept = {}
+        for inv in invs.values():
+            await self.apply(inv.node, inv)
+        for name in set(await self.ledger.nodes()) - {n for n, i in invs.items() if offers_cards(i)}:
+            await self.apply(name, None)
+        self.closed &= self.known  # (nodes gone from the ledger meanwhile: nothing of theirs to write again)
+        if self.listed:  # (not at start: every node would be new to this watcher, and no filter saw it lag)
+            raised += [name for name, inv in invs.items() if name not in raised and offers_more(before.get(name), inv)]
+        self.listed = True
+        self.unlisted = None
+        for name in raised:  # as on_event: once the ledger has the higher limit or the room, kube-scheduler retries
+            self.nudge(name)

@@ -1,0 +1,107 @@
+"""Tells kube-scheduler a node gained card capacity (a node annotation touched), so the pods it turned away retry."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from shared.kube import Kube, KubeError
+from shared.serving.metrics import NUDGES
+
+log = logging.getLogger("mtsched.watchers")
+
+
+FREED_ANNOTATION = "mtsched.io/capacity-freed"
+
+
+class Nudger:
+    """Tells kube-scheduler that a node gained card capacity, by touching a node annotation.
+
+    kube-scheduler retries pods the extender rejected only on cluster events. When a pod is deleted
+    it retries at once, usually before the watcher has released the pod's share, and the pod would
+    then wait for an unrelated event (up to 5 minutes). The annotation change is such an event, sent
+    `interval` after the release; a second one follows `follow_up` later, for a retry that still met a
+    view without the release (an extender replica whose mirror was behind the feed, a retry already in
+    flight), provided that view catches up within `follow_up`. Coalesced per node: at
+    most one first patch per node per `interval`; a newer first patch supersedes an older pair's follow-up
+    (it is later, and has one of its own), so at most one task per node waits for a follow-up and a burst
+    of releases ends with one follow-up.
+
+    `someone_waits` says whether a pod of our scheduler waits to be placed (the pod watcher's view), asked when a
+    patch is due: with none, the patch wakes nobody and is not sent. Each is a Node write that every
+    watcher of Nodes receives (kube-scheduler, node agents of CNIs and monitors on every node), so a
+    steady cluster deleting pods no longer writes its Nodes for every deletion. A pod rejected just before
+    a release and seen by the watch only later still gets the follow-up if the watch lags less than it.
+    """
+
+    def __init__(self, kube: Kube, interval: float = 0.5, follow_up: float = 5.0,
+                 someone_waits: Callable[[], bool] = lambda: True):
+        self.kube = kube
+        self.interval = interval
+        self.follow_up = follow_up
+        self.someone_waits = someone_waits
+        self._pending: set[str] = set()  # nodes whose first patch is still to be sent
+        self._waiting: dict[str, asyncio.Event] = {}  # node -> set to drop the follow-up its task waits to send
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.outcomes: dict[tuple[str, str], int] = {}  # (which, result) -> this nudger's patches, as NUDGES counts
+
+    @property
+    def sent(self) -> int:
+        """Patches the API server took."""
+        return sum(n for (_, result), n in self.outcomes.items() if result == "sent")
+
+    def nudge(self, node: str) -> None:
+        if node in self._pending:
+            return
+        self._pending.add(node)
+        task = asyncio.create_task(self._send(node))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, node: str) -> None:
+        await asyncio.sleep(self.interval)
+        self._pending.discard(node)
+        await self._patch(node, "first")
+        if self.follow_up <= 0:
+            return
+        older = self._waiting.get(node)
+        if older is not None:
+            older.set()  # superseded: this first patch came later, and this task's follow-up is later too
+        superseded = self._waiting[node] = asyncio.Event()
+        try:
+            await asyncio.wait_for(superseded.wait(), self.follow_up)
+            return
+        except TimeoutError:
+            pass
+        finally:
+            if self._waiting.get(node) is superseded:
+                del self._waiting[node]
+        if node not in self._pending:  # else a newer nudge sends both of its own
+            await self._patch(node, "follow_up")
+
+    async def _patch(self, node: str, which: str) -> None:
+        if not self.someone_waits():
+            self._count(which, "idle")
+            return
+        body = {"metadata": {"annotations": {FREED_ANNOTATION: str(int(time.time() * 1000))}}}
+        try:
+            await self.kube.request("PATCH", f"/api/v1/nodes/{node}", body,
+                                    content_type="application/merge-patch+json")
+            self._count(which, "sent")
+        except KubeError as e:
+            if e.status == 404:  # the node went meanwhile: nothing to retry there
+                self._count(which, "gone")
+                return
+            self._count(which, "error")
+            # 403: the watcher's RBAC lacks `patch nodes`, and freed capacity is noticed only minutes later
+            (log.warning if e.status in (401, 403) else log.debug)("could not nudge the scheduler about %s: %s",
+                                                                   node, e)
+        except Exception as e:
+            self._count(which, "error")
+            log.debug("could not nudge the scheduler about %s: %s", node, e)
+
+    def _count(self, which: str, result: str) -> None:
+        NUDGES.labels(which, result).inc()
+        self.outcomes[which, result] = self.outcomes.get((which, result), 0) + 1
