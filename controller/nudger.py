@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from shared.domain.nudge import next_first, served
 from shared.kube import Kube, KubeError
 from shared.serving.metrics import NUDGES
 
@@ -14,6 +15,7 @@ log = logging.getLogger("mtsched.watchers")
 
 
 FREED_ANNOTATION = "mtsched.io/capacity-freed"
+RECENT_NODES = 8  # cluster-wide mode: Nodes kept to patch instead of one that is gone
 
 
 class Nudger:
@@ -28,6 +30,12 @@ class Nudger:
     most one first patch per node per `interval`; a newer first patch supersedes an older pair's follow-up
     (it is later, and has one of its own), so at most one task per node waits for a follow-up and a burst
     of releases ends with one follow-up.
+
+    `cluster_wide` (set by the role from the API server's version: shared/domain/nudge.py any_node_wakes): one
+    Node's update wakes every pod the extender turned away, so the nudges of all Nodes are coalesced into one first
+    patch per `interval` (of the Node asked last, another one asked if it is gone) and one follow-up `follow_up`
+    after the last of them: a release on a thousand Nodes is two Node writes, not two thousand, each of which every
+    watcher of Nodes in the cluster would receive.
 
     `someone_waits` says whether a pod of our scheduler waits to be placed (the pod watcher's view), asked when a
     patch is due: with none, the patch wakes nobody and is not sent. Each is a Node write that every
@@ -46,6 +54,14 @@ class Nudger:
         self._waiting: dict[str, asyncio.Event] = {}  # node -> set to drop the follow-up its task waits to send
         self._tasks: set[asyncio.Task[None]] = set()
         self.outcomes: dict[tuple[str, str], int] = {}  # (which, result) -> this nudger's patches, as NUDGES counts
+        self.cluster_wide = False
+        # cluster-wide mode: the earliest and the latest ask no first patch has served yet (loop time), the Nodes
+        # asked since the last first patch (the last one asked last; at most RECENT_NODES), the one task sending
+        self._earliest: float | None = None
+        self._latest = 0.0
+        self._recent: dict[str, None] = {}
+        self._asked = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
 
     @property
     def sent(self) -> int:
@@ -53,6 +69,9 @@ class Nudger:
         return sum(n for (_, result), n in self.outcomes.items() if result == "sent")
 
     def nudge(self, node: str) -> None:
+        if self.cluster_wide:
+            self._ask(node)
+            return
         if node in self._pending:
             return
         self._pending.add(node)
@@ -81,19 +100,79 @@ class Nudger:
         if node not in self._pending:  # else a newer nudge sends both of its own
             await self._patch(node, "follow_up")
 
-    async def _patch(self, node: str, which: str) -> None:
+    def _ask(self, node: str) -> None:
+        now = asyncio.get_running_loop().time()
+        if self._earliest is None:
+            self._earliest = now
+        self._latest = now
+        self._recent.pop(node, None)
+        self._recent[node] = None
+        while len(self._recent) > RECENT_NODES:
+            del self._recent[next(iter(self._recent))]
+        self._asked.set()
+        if self._sender is None or self._sender.done():  # (done, its callback not run yet: it serves no more asks)
+            self._sender = asyncio.create_task(self._send_cluster_wide())
+            self._tasks.add(self._sender)
+            self._sender.add_done_callback(self._sender_done)
+
+    def _sender_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if self._sender is task:
+            self._sender = None
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("the scheduler nudge stopped: %s", task.exception())
+
+    async def _send_cluster_wide(self) -> None:
+        """First patches while asks come (shared/domain/nudge.py next_first, served), then one follow-up
+        `follow_up` after the last of them unless another ask comes first (first patches again, then the
+        follow-up after those)."""
+        loop = asyncio.get_running_loop()
+        last_first: float | None = None
+        patched = ""
+        while True:
+            while self._earliest is not None:
+                wait = next_first(self._earliest, last_first, self.interval) - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                    continue  # (asks came meanwhile: the earliest stays, the next patch is not later)
+                self._asked.clear()
+                last_first = loop.time()
+                patched = await self._patch_any("first") or patched
+                self._earliest = None if served(self._latest, last_first, self.interval) else self._latest
+            if self.follow_up <= 0 or not patched:
+                return
+            try:
+                await asyncio.wait_for(self._asked.wait(), self.follow_up)
+                continue  # asked again: its first patch, and a follow-up after that
+            except TimeoutError:
+                pass
+            await self._patch(patched, "follow_up")
+            if self._earliest is None:
+                return
+
+    async def _patch_any(self, which: str) -> str:
+        """Patch the Node asked last, or the one before it if that one is gone, ...; the Node patched, or ""."""
+        for node in reversed(list(self._recent)):
+            if await self._patch(node, which) != "gone":
+                self._recent = {node: None}
+                return node
+            self._recent.pop(node, None)
+        return ""
+
+    async def _patch(self, node: str, which: str) -> str:
         if not self.someone_waits():
             self._count(which, "idle")
-            return
+            return "idle"
         body = {"metadata": {"annotations": {FREED_ANNOTATION: str(int(time.time() * 1000))}}}
         try:
             await self.kube.request("PATCH", f"/api/v1/nodes/{node}", body,
                                     content_type="application/merge-patch+json")
             self._count(which, "sent")
+            return "sent"
         except KubeError as e:
             if e.status == 404:  # the node went meanwhile: nothing to retry there
                 self._count(which, "gone")
-                return
+                return "gone"
             self._count(which, "error")
             # 403: the watcher's RBAC lacks `patch nodes`, and freed capacity is noticed only minutes later
             (log.warning if e.status in (401, 403) else log.debug)("could not nudge the scheduler about %s: %s",
@@ -101,6 +180,7 @@ class Nudger:
         except Exception as e:
             self._count(which, "error")
             log.debug("could not nudge the scheduler about %s: %s", node, e)
+        return "error"
 
     def _count(self, which: str, result: str) -> None:
         NUDGES.labels(which, result).inc()

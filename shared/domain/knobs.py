@@ -24,7 +24,8 @@ from shared.domain.models import DEFAULT_MAX_INST
 
 ANNOTATION = "mtsched.io/card-knobs"
 VERSION = 1
-# 1024 cards at their widest knobs encode to ~79 KB (78,779 bytes); the API server takes 256 KiB of annotations per object
+# 1024 cards at their widest knobs encode to ~79 KB (78,779 bytes); the API server takes 256 KiB of annotations
+# per object
 MAX_ANNOTATION_BYTES = 128 * 1024
 MAX_CARD_INDEX = 1023
 

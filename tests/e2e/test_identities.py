@@ -10,6 +10,7 @@ the nudge (a node patch) and the reconciler's confirmation (a GET of a pod).
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -240,3 +241,62 @@ async def test_reconciler_confirms_a_stale_reservation_as_the_watcher(stack: Sta
     finally:
         await ledger.redis.aclose()
         await admin.request("DELETE", f"/api/v1/nodes/{node}", ok=(200, 202, 404))
+
+
+async def test_a_patch_of_another_node_wakes_a_pod_the_extender_turned_away(stack: Stack,
+                                                                            clients: dict[str, Kube]) -> None:
+    """What the watchers' cluster-wide nudge rests on (shared/domain/nudge.py, Nudger.cluster_wide), on this
+    kube-scheduler: a pod our extender turned away for node A is tried again when node B's annotation changes, though
+    it cannot go to B. Nothing else happens meanwhile: the watcher is down (no release, no nudge of its own), the
+    card is given back in the ledger by the test as the watcher would, and the only cluster event is that patch,
+    made as the watcher's identity. The running watcher chose that mode from the API server's version."""
+    log = stack.role("watcher").log_path.read_text(errors="replace")
+    assert "nudging kube-scheduler with one Node patch for all Nodes" in log, log[-2000:]
+    admin, watcher = clients["admin"], clients["watcher"]
+    run = uuid.uuid4().hex[:6]
+    a, b, ns = f"s4000-wake-a-{run}", f"s4000-wake-b-{run}", f"e2e-wake-{run}"
+    for name in (a, b):
+        await admin.request("POST", "/api/v1/nodes", simulated.gpu_node(name, 96, 1, labels={LABEL: name}))
+    await admin.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+    ledger = Ledger(Redis.from_url(stack.redis_url, decode_responses=True))
+    killed = False
+    try:
+        async def in_ledger() -> bool | None:
+            return True if {a, b} <= set(await ledger.snapshots([a, b])) else None
+
+        await until(in_ledger, f"{a} and {b} in the ledger", lambda: stack.logs(20))
+
+        def whole_card(name: str) -> dict[str, Any]:  # exclusive: the webhook gives it the whole card
+            return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                    "spec": {"nodeSelector": {LABEL: a}, "containers": [{
+                        "name": "c", "image": "busybox", "resources": {"limits": {"mthreads.com/vgpu": "1"}}}]}}
+
+        holder = await admin.request("POST", f"/api/v1/namespaces/{ns}/pods", whole_card("holder"))
+        await until(lambda: _bound(admin, ns, "holder"), "the holder bound on A")
+        stack.kill("watcher")
+        killed = True
+        await admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods/holder", {"gracePeriodSeconds": 0})
+        await admin.request("POST", f"/api/v1/namespaces/{ns}/pods", whole_card("waiter"))
+
+        async def parked() -> bool | None:  # tried, turned away (A's card still booked), and left waiting
+            pod = await admin.get_pod(ns, "waiter")
+            cond = [c for c in pod.get("status", {}).get("conditions", []) if c.get("type") == "PodScheduled"]
+            return True if cond and cond[0].get("reason") == "Unschedulable" else None
+
+        await until(parked, "the waiter turned away by the extender", lambda: stack.logs(20))
+        assert await ledger.release(a, holder["metadata"]["uid"])  # what the watcher does when it sees the delete
+        await watcher.request("PATCH", f"/api/v1/nodes/{b}",
+                              {"metadata": {"annotations": {FREED_ANNOTATION: str(int(time.time() * 1000))}}},
+                              content_type="application/merge-patch+json")
+        bound = await until(lambda: _bound(admin, ns, "waiter"), "the waiter bound on A after B's patch",
+                            lambda: stack.logs(20), timeout=60)
+        assert bound["spec"]["nodeName"] == a
+    finally:
+        if killed:
+            stack.respawn("watcher")
+        await ledger.redis.aclose()
+        for name in ("holder", "waiter"):
+            await admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}", {"gracePeriodSeconds": 0},
+                                ok=(200, 202, 404))
+        for name in (a, b):
+            await admin.request("DELETE", f"/api/v1/nodes/{name}", ok=(200, 202, 404))

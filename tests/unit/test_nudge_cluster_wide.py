@@ -1,0 +1,141 @@
+"""The Nudger's cluster-wide mode (controller/nudger.py `cluster_wide`, the rule shared/domain/nudge.py): where one
+Node's update wakes every pod the extender turned away, the nudges of all Nodes are one first patch per interval and
+one follow-up after the last; every ask still gets a patch at least `interval` after it. The API client records the
+patches; waits are on the nudger's own tasks, never fixed sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+
+from controller.nudger import Nudger
+from shared.domain.nudge import any_node_wakes, next_first, served
+from shared.kube import KubeError
+from tests.unit.test_nudger import Patches, settled
+
+
+@pytest.mark.parametrize(("version", "wakes"), [
+    ({"major": "1", "minor": "36", "gitVersion": "v1.36.3"}, True),
+    ({"major": "1", "minor": "35", "gitVersion": "v1.35.0"}, True),
+    ({"major": "1", "minor": "35+", "gitVersion": "v1.35.2-eks-1"}, True),  # some providers' minor
+    ({"major": "1", "minor": "34", "gitVersion": "v1.34.1"}, False),  # its kube-scheduler may be 1.33: hints off
+    ({"major": "1", "minor": "30"}, False),
+    ({"gitVersion": "v1.36.0"}, True),  # no major/minor: from the git version
+    ({"gitVersion": "v1.34.9"}, False),
+    ({"major": "2", "minor": "0"}, False),  # unknown: Node by Node works with every kube-scheduler
+    ({"major": "1", "minor": "x"}, False),
+    ({}, False),
+    (None, False),
+    ("v1.36.0", False),
+])
+def test_which_api_server_lets_one_node_wake_all(version: Any, wakes: bool) -> None:
+    assert any_node_wakes(version) is wakes
+
+
+@pytest.mark.parametrize(("earliest", "last_first", "interval", "due"), [
+    (10.0, None, 0.5, 10.5),  # the first ask: interval after it
+    (10.0, 9.8, 0.5, 10.5),
+    (10.0, 10.2, 0.5, 10.7),  # a patch went 0.2 s ago: no second one within the interval
+    (12.0, 10.0, 0.5, 12.5),
+])
+def test_next_first(earliest: float, last_first: float | None, interval: float, due: float) -> None:
+    assert next_first(earliest, last_first, interval) == pytest.approx(due)
+
+
+@pytest.mark.parametrize(("latest", "sent_at", "done"), [(10.0, 10.5, True), (10.0, 10.6, True), (10.1, 10.5, False)])
+def test_served(latest: float, sent_at: float, done: bool) -> None:
+    assert served(latest, sent_at, 0.5) is done
+
+
+def cluster_wide(kube: Any, interval: float = 0.02, follow_up: float = 0.05) -> Nudger:
+    n = Nudger(kube, interval=interval, follow_up=follow_up)
+    n.cluster_wide = True
+    return n
+
+
+async def test_releases_on_a_hundred_nodes_are_one_patch_and_one_follow_up() -> None:
+    kube = Patches()
+    n = cluster_wide(kube)
+    for i in range(100):
+        n.nudge(f"n{i:03}")
+    await settled(n)
+    assert kube.sent == ["n099", "n099"], kube.sent  # the Node asked last, then its follow-up
+    assert n.outcomes == {("first", "sent"): 1, ("follow_up", "sent"): 1}
+
+
+async def test_every_ask_gets_a_patch_an_interval_after_it_and_patches_are_an_interval_apart() -> None:
+    loop = asyncio.get_running_loop()
+    times: list[float] = []
+
+    class Timed(Patches):
+        async def request(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+            times.append(loop.time())
+            return await super().request(method, path, body, **kw)
+
+    kube = Timed()
+    interval = 0.05
+    n = cluster_wide(kube, interval=interval, follow_up=0.2)
+    asks: list[float] = []
+    for i in range(12):  # asks every 0.02 s for a quarter second: more than one per interval
+        asks.append(loop.time())
+        n.nudge(f"n{i}")
+        await asyncio.sleep(0.02)
+    await settled(n)
+    firsts, follow_ups = n.outcomes[("first", "sent")], n.outcomes.get(("follow_up", "sent"), 0)
+    assert follow_ups == 1 and firsts == len(times) - 1
+    first_times = times[:-1]
+    assert firsts < len(asks)  # coalesced
+    slack = 0.005  # the loop's clock resolution
+    assert all(b - a >= interval - slack for a, b in itertools.pairwise(first_times)), first_times
+    for t in asks:  # each ask was served by a first patch at least an interval after it
+        assert any(s >= t + interval - slack for s in first_times), (t, first_times)
+    assert times[-1] - first_times[-1] >= 0.2 - slack  # the follow-up after the last first patch
+    assert kube.sent[-1] == kube.sent[-2] == "n11"
+
+
+async def test_an_ask_during_the_follow_up_wait_gets_its_first_patch_and_a_later_follow_up() -> None:
+    kube = Patches()
+    n = cluster_wide(kube, interval=0.01, follow_up=0.1)
+    n.nudge("a")
+    await kube.went.wait()  # a's first patch
+    kube.went.clear()
+    n.nudge("b")
+    await settled(n)
+    assert kube.sent == ["a", "b", "b"], kube.sent  # a's follow-up gave way to b's pair
+
+
+async def test_a_node_gone_is_skipped_for_the_one_asked_before_it() -> None:
+    class Gone(Patches):
+        async def request(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+            if path.endswith("/last"):
+                raise KubeError(404, "not found", path)
+            return await super().request(method, path, body, **kw)
+
+    kube = Gone()
+    n = cluster_wide(kube)
+    for node in ("first", "second", "last"):
+        n.nudge(node)
+    await settled(n)
+    assert kube.sent == ["second", "second"]
+    assert n.outcomes == {("first", "gone"): 1, ("first", "sent"): 1, ("follow_up", "sent"): 1}
+
+
+async def test_with_no_pod_waiting_nothing_is_sent() -> None:
+    kube = Patches()
+    n = Nudger(kube, interval=0.01, follow_up=0.02, someone_waits=lambda: False)  # type: ignore[arg-type]
+    n.cluster_wide = True
+    for node in ("a", "b"):
+        n.nudge(node)
+    await settled(n)
+    assert kube.sent == [] and n.outcomes == {("first", "idle"): 1, ("follow_up", "idle"): 1}
+
+
+async def test_a_refused_patch_is_counted_and_the_follow_up_still_goes() -> None:
+    kube = Patches(fail=1, status=403)
+    n = cluster_wide(kube)
+    n.nudge("a")
+    await settled(n)
+    assert kube.sent == ["a"] and n.outcomes == {("first", "error"): 1, ("follow_up", "sent"): 1}
