@@ -29,9 +29,9 @@ PodHere = Callable[[str, str, str, str], Awaitable[Mapping[str, Any] | None]]
 
 
 class Confirmations:
-    def __init__(self, ledger: Ledger, pod_here: PodHere | None) -> None:
+    def __init__(self, ledger: Ledger, pod_here: PodHere) -> None:
         self.ledger = ledger
-        self.pod_here = pod_here  # None: no API client (every pod counts as still here)
+        self.pod_here = pod_here
         self._settling: set[asyncio.Task[None]] = set()  # answered binds' confirmations (settle)
         # node -> uid -> (pod, request, cards, capacity) of answered binds waiting for their batch (_confirm)
         self._confirming: dict[str, dict[str, tuple[str, SliceRequest, tuple[int, ...], int]]] = {}
@@ -128,8 +128,6 @@ class Confirmations:
         for nobody (a pod that ended within the confirmation's linger was booked again for ever: a CI run).
         Not knowing (the API server unreachable) counts as here: holding a share too long is repaired, giving
         it away is not."""
-        if self.pod_here is None:
-            return True
         ns, _, name = pod.partition("/")
         try:
             got = await self.pod_here(ns, name, uid, node)

@@ -183,7 +183,7 @@ class Extender:
         self.pods: ByteLRU[str, Seen] = ByteLRU(POD_CACHE_BYTES, POD_ENTRY_BYTES)  # uid -> pod seen in filter
         self._events: set[asyncio.Task[None]] = set()
         # answered binds' bookings marked bound after the answer, in batches per node (controller/confirm.py)
-        self.confirms = Confirmations(ledger, self._pod_here if kube is not None else None)
+        self.confirms = Confirmations(ledger, self._pod_here)
         self._recent: ByteLRU[tuple[str, str, str], float] = ByteLRU(EVENT_MEMO_BYTES)  # -> last sent
         self._bursts: ByteLRU[tuple[str, str], tuple[float, int]] = ByteLRU(EVENT_MEMO_BYTES // 4)  # -> minute, sent
         self.memo = FitMemo(mirror, MEMO_BYTES)  # fit() answers and node scores (controller/fit_memo.py)
@@ -543,6 +543,7 @@ class Extender:
                 raise KubeError(503, "no API client", "bind")
             await self.kube.bind(ns, name, uid, node, annotations, until=until)
         except Exception as e:
+            refused_us = self._judge_refusal(e)  # first: whatever the handling below meets
             bound = await self._already_bound(ns, name, uid, node, annotations)
             if bound is False and (outcome.existing or not _rejected(e)):
                 # this Binding (or an earlier attempt's, for a booking it made: started before this one, its
@@ -553,6 +554,8 @@ class Extender:
             if bound:
                 self.confirms.settle(node, uid, f"{ns}/{name}", req, outcome.cards, capacity)
                 BINDINGS.labels("success").inc()
+                if not refused_us:  # (bound by an earlier attempt of ours, this one refused: no sign we may bind)
+                    self._refused_by_policy = None  # a Binding of ours went through: the policy takes us
                 return {"Error": ""}
             if bound is None and (outcome.existing or not _refused(e)):
                 # the Binding may exist (the answer was lost, or a 5xx after the write; or an earlier attempt's,
@@ -567,7 +570,6 @@ class Extender:
                 return {"Error": msg}
             fate = await self._give_back(node, uid, outcome.bind_no)
             BINDINGS.labels("failed").inc()
-            self._judge_refusal(e)
             msg = f"binding {ns}/{name} to {node} failed, reservation {fate}: {e}"
             self.event(pod, "BindingFailed", msg, "Warning")
             return {"Error": msg}
@@ -579,13 +581,16 @@ class Extender:
             self.event(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name} (cards {cards})")
         return {"Error": ""}
 
-    def _judge_refusal(self, e: BaseException) -> None:
-        """A Binding refused: by the chart's admission policy for who we are, all of ours will be (bindings_problem)."""
-        if isinstance(e, KubeError) and refused_by_own_policy(e.status, str(e), self.cfg.scheduler_name):
-            if self._refused_by_policy is None:
-                log.error("bind: the admission policy refuses this extender's Bindings (it is not running as the "
-                          "identity the policy names for %s): %s", self.cfg.scheduler_name, e)
-            self._refused_by_policy = (time.monotonic(), str(e))
+    def _judge_refusal(self, e: BaseException) -> bool:
+        """Whether a failed Binding call was refused by the chart's admission policy for who we are: then all of ours
+        will be (bindings_problem), until one goes through."""
+        if not (isinstance(e, KubeError) and refused_by_own_policy(e.status, str(e), self.cfg.scheduler_name)):
+            return False
+        if self._refused_by_policy is None:
+            log.error("bind: the admission policy refuses this extender's Bindings (it is not running as the "
+                      "identity the policy names for %s): %s", self.cfg.scheduler_name, e)
+        self._refused_by_policy = (time.monotonic(), str(e))
+        return True
 
     def bindings_problem(self) -> str:
         """The readiness check: why Bindings this extender sends are refused whatever the pod (shared/domain/trust.py
@@ -623,8 +628,9 @@ class Extender:
 
     async def _pod_here(self, ns: str, name: str, uid: str, node: str) -> Mapping[str, Any] | None:
         """The pod if it exists as this uid bound to `node`, else None (404 included); raises KubeError when
-        the API server does not say."""
-        assert self.kube is not None
+        the API server does not say (no API client: it cannot)."""
+        if self.kube is None:
+            raise KubeError(503, "no API client", "get pod")
         try:
             async with asyncio.timeout(BIND_READ_S):
                 pod = await self.kube.get_pod(ns, name)

@@ -10,6 +10,7 @@ the first place; this is the ledger's own line of defence for clusters without i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -75,8 +76,9 @@ def refused_by_own_policy(status: int, message: str, scheduler_name: str) -> boo
     message this matches; reason Forbidden, 403): every Binding it sends will be refused, so it cannot do its job.
     The policy judges only who sends a Binding with a record, never what a pod carries, so no pod creator can make
     this true; other refusals (a third party's admission, a pod gone) stay per pod."""
-    return (status == 403 and "ValidatingAdmissionPolicy" in message
-            and f"may only be made by {scheduler_name} (it books the cards" in message)
+    return status == 403 and re.search(
+        r"ValidatingAdmissionPolicy '[^']*' with binding '[^']*' denied request: a Binding carrying [\w./, -]+ may "
+        rf"only be made by {re.escape(scheduler_name)} \(it books the cards", message) is not None
 
 
 def refusal_problem(refused: tuple[float, str] | None, now: float) -> str:
@@ -85,5 +87,7 @@ def refusal_problem(refused: tuple[float, str] | None, now: float) -> str:
     older than REFUSED_BY_POLICY_SECONDS."""
     if refused is None or now - refused[0] > REFUSED_BY_POLICY_SECONDS:
         return ""
-    return (f"the admission policy refuses this extender's Bindings ({refused[1][:300]}): is the extender running "
-            "as the scheduler's ServiceAccount that the chart's ValidatingAdmissionPolicy names?")
+    said = refused[1]
+    said = said[said.find("denied request: ") + len("denied request: "):] if "denied request: " in said else said
+    return (f"the admission policy refuses this extender's Bindings ({said[:1024]}): is the extender running as "
+            "the scheduler's ServiceAccount that the chart's ValidatingAdmissionPolicy names?")

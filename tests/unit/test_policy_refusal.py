@@ -27,6 +27,11 @@ POLICY = ("bind: HTTP 403: pods \"p\" is forbidden: ValidatingAdmissionPolicy 'h
      "hami-scheduler", False),
     (403, "bind: HTTP 403: ValidatingAdmissionPolicy 'zones' with binding 'zones' denied request: not here",
      "hami-scheduler", False),
+    # our words echoed by another admission (its message quoting something): not the policy's own denial
+    (403, "bind: HTTP 403: admission webhook \"echo\" denied the request: 'may only be made by hami-scheduler (it "
+          "books the cards'", "hami-scheduler", False),
+    (403, "bind: HTTP 403: ValidatingAdmissionPolicy 'echo' with binding 'echo' denied request: label x: may only be "
+          "made by hami-scheduler (it books the cards", "hami-scheduler", False),
 ])
 def test_only_the_charts_policy_refusing_our_identity_counts(status: int, message: str, scheduler: str,
                                                              refused: bool) -> None:
