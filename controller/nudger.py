@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from shared.domain.nudge import next_first, served
 from shared.kube import Kube, KubeError
@@ -16,6 +17,7 @@ log = logging.getLogger("mtsched.watchers")
 
 FREED_ANNOTATION = "mtsched.io/capacity-freed"
 RECENT_NODES = 8  # cluster-wide mode: Nodes kept to patch instead of one that is gone
+KNOWN_TRIES = 3  # then Nodes that exist (known_nodes), at most this many
 
 
 class Nudger:
@@ -31,11 +33,12 @@ class Nudger:
     (it is later, and has one of its own), so at most one task per node waits for a follow-up and a burst
     of releases ends with one follow-up.
 
-    `cluster_wide` (set by the role from the API server's version: shared/domain/nudge.py any_node_wakes): one
-    Node's update wakes every pod the extender turned away, so the nudges of all Nodes are coalesced into one first
-    patch per `interval` (of the Node asked last, another one asked if it is gone) and one follow-up `follow_up`
-    after the last of them: a release on a thousand Nodes is two Node writes, not two thousand, each of which every
-    watcher of Nodes in the cluster would receive.
+    `cluster_wide` (the setting nudgeAnyNode, which the chart derives from its kube-scheduler's version:
+    shared/domain/nudge.py any_node_wakes): one Node's update wakes every pod the extender turned away, so the
+    nudges of all Nodes are coalesced into one first patch per `interval` (of the Node asked last; the one asked
+    before it if that one is gone, ..., then one of `known_nodes`) and one follow-up `follow_up` after the last of
+    them: a release on a thousand Nodes is two Node writes, not two thousand, each of which every watcher of Nodes
+    in the cluster would receive.
 
     `someone_waits` says whether a pod of our scheduler waits to be placed (the pod watcher's view), asked when a
     patch is due: with none, the patch wakes nobody and is not sent. Each is a Node write that every
@@ -60,6 +63,9 @@ class Nudger:
         self._earliest: float | None = None
         self._latest = 0.0
         self._recent: dict[str, None] = {}
+        # Nodes that exist (the role: the node watcher's view), tried when every Node asked is gone (a scale-down's
+        # releases pushed the live one out of `_recent`)
+        self.known_nodes: Callable[[], Iterable[str]] = tuple
         self._asked = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
 
@@ -146,15 +152,20 @@ class Nudger:
                 continue  # asked again: its first patch, and a follow-up after that
             except TimeoutError:
                 pass
-            await self._patch(patched, "follow_up")
+            await self._patch_any("follow_up")
             if self._earliest is None:
                 return
 
     async def _patch_any(self, which: str) -> str:
-        """Patch the Node asked last, or the one before it if that one is gone, ...; the Node patched, or ""."""
-        for node in reversed(list(self._recent)):
+        """Patch the Node asked last, or the one before it if that one is gone, ..., then up to KNOWN_TRIES of
+        `known_nodes`; the Node patched, or "". The Nodes asked stay candidates (one asked while this patch was in
+        flight needs a patch of its own, which may have to go elsewhere); those gone leave."""
+        tried: set[str] = set()
+        for node in [*reversed(list(self._recent)), *itertools.islice(self.known_nodes(), KNOWN_TRIES)]:
+            if node in tried:
+                continue
+            tried.add(node)
             if await self._patch(node, which) != "gone":
-                self._recent = {node: None}
                 return node
             self._recent.pop(node, None)
         return ""

@@ -14,13 +14,11 @@ from controller.extender import BODY_LIMIT as EXTENDER_BODY_LIMIT
 from controller.extender import Extender
 from controller.leadership import LeaderYield
 from controller.node_watch import NodeWatcher
-from controller.nudger import Nudger
 from controller.pod_watch import PodWatcher
 from controller.reconciler import Reconciler
 from controller.upkeep import Upkeep, stamp_while_ready
 from controller.watchers import janitor_for, wire
 from shared.config import Config
-from shared.domain.nudge import any_node_wakes
 from shared.kube import Kube
 from shared.serving import gc_policy
 from shared.serving.access import watch_access
@@ -65,20 +63,6 @@ async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
     return ok
 
 
-async def nudge_mode(kube: Kube, nudger: Nudger) -> None:
-    """Whether one Node's update wakes every pod the extender turned away (shared/domain/nudge.py): then the
-    nudges of all Nodes are coalesced (Nudger.cluster_wide). An API server that does not say keeps them per Node,
-    which works with every kube-scheduler."""
-    try:
-        version = await kube.request("GET", "/version", timeout=10.0)
-    except Exception as e:
-        log.warning("could not read the API server's version (%s): nudging kube-scheduler Node by Node", e)
-        return
-    nudger.cluster_wide = any_node_wakes(version)
-    log.info("API server %s: nudging kube-scheduler %s", version.get("gitVersion", "?") if isinstance(version, dict)
-             else "?", "with one Node patch for all Nodes" if nudger.cluster_wide else "Node by Node")
-
-
 async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     sup = Supervisor()
     health, ledger, mirror = await start_role(cfg, sup, stop, card_metrics=True)
@@ -87,6 +71,8 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     nodes = NodeWatcher(kube, ledger, cfg)
     pods = PodWatcher(kube, ledger, mirror, cfg, nodes.lost)
     wire(nodes, pods)
+    log.info("nudging kube-scheduler %s (nudgeAnyNode)", "with one Node patch for all Nodes" if cfg.nudge_any_node
+             else "Node by Node")
     PODS_UNTRIED.set_function(pods.untried_for)
     reconciler = Reconciler(kube, ledger, cfg, nodes, pods)
     pods.unaccounted_changed = reconciler.touch
@@ -107,7 +93,6 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
             try:
                 await reconciler.rebuild()
                 rebuild_error = ""
-                await nudge_mode(kube, pods.nudger)
                 return
             except Exception as e:
                 rebuild_error = f"failed ({e}); retrying"

@@ -27,6 +27,7 @@ def wire(nodes: NodeWatcher, pods: PodWatcher) -> None:
     nodes.holders = pods.holders
     nodes.quarantine = pods.quarantine
     nodes.nudge = pods.nudger.nudge
+    pods.nudger.known_nodes = lambda: nodes.last  # the Nodes to patch when every one asked is gone
     nodes.view_problem = lambda: pods.reflector.problem(0)
     pods.inventories = lambda: nodes.last
 

@@ -83,6 +83,11 @@ class Config:
     # Scheduled event already says where the pod went, and one more event per pod cost the API server,
     # etcd and the extender ~1 ms of CPU per pod (docs/benchmarks.md). Failures are always events.
     success_events: bool = False
+    # The kube-scheduler calling the extender requeues every pod it turned away on any Node's update (1.34 or newer:
+    # shared/domain/nudge.py; the chart derives it from its kube-scheduler's image tag): the watchers then nudge it
+    # with one Node patch for all Nodes that gained room (controller/nudger.py cluster_wide). false: Node by Node,
+    # which works with every kube-scheduler
+    nudge_any_node: bool = False
     # The webhook enforces namespace quotas in the limits./bare forms (shared/domain/quota.py); it
     # then needs the API server (list resourcequotas and pods). false: those forms hold nothing.
     quota_check: bool = True

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
 import ssl
+import subprocess
 import tempfile
 import threading
 import time
@@ -133,6 +135,14 @@ class ControlPlane:
         if self._bin_dir is None:
             self._bin_dir = ensure_binaries()
         return self._bin_dir
+
+    @functools.cached_property
+    def scheduler_version(self) -> str:
+        """`kube-scheduler --version` of this plane's binary ("Kubernetes v1.36.3"): the chart derives nudgeAnyNode
+        from its kube-scheduler's version, the stack from this one (shared/domain/nudge.py)."""
+        out = subprocess.run([str(self.bin_dir / "kube-scheduler"), "--version"], capture_output=True, text=True,
+                             timeout=30, check=False)
+        return out.stdout.strip()
 
     @property
     def pki(self) -> PkiPaths:

@@ -43,6 +43,7 @@ from deploy.local.pki import APISERVER_CLIENT, SCHEDULER_CLIENT
 from deploy.local.processes import port_taken
 from deploy.local.redis import free_port, terminate
 from shared.config import url_password, without_password
+from shared.domain.nudge import any_node_wakes
 from shared.serving.http import join_addr
 
 # Namespaces labelled so are never sent to the webhook (the benchmark's plain baseline). A namespace label,
@@ -127,6 +128,8 @@ class Stack:
             "webhookClientCAFile": str(self.cp.pki.ca_crt),
             "webhookClientNames": [APISERVER_CLIENT],
             "pendingTTLSeconds": 30,
+            # as the chart derives it from its kube-scheduler's tag: from this plane's (shared/domain/nudge.py)
+            "nudgeAnyNode": any_node_wakes(self.cp.scheduler_version),
             **self.settings,
         }
         password = url_password(self.redis_url)

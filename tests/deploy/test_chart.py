@@ -23,6 +23,7 @@ from deploy.local import identities
 from shared.config import _KEYS as CONFIG_KEYS
 from shared.config import SPELLED, load_config
 from shared.domain.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
+from shared.domain.nudge import any_node_wakes
 from tests.deploy._chart import (
     CASES,
     CHART,
@@ -849,3 +850,22 @@ def test_the_extender_is_told_the_lease_and_its_replicas_to_hand_the_leadership_
     assert flags["leaderYieldSeconds"] == "60"
     cfg = load_config(env={"MTSCHED_POD_NAME": "hami-scheduler-5d8f-x2x7q"}, flags=flags)
     assert LeaderYield.wanted(cfg) and cfg.leader_yield_seconds == 60
+
+
+@pytest.mark.parametrize("tag", ["v1.36.3", "v1.35.0", "v1.34.0", "1.34.2", "v1.34.1-gke.1200", "v1.33.5", "1.30.4",
+                                 "v1.31.0-eks-1", "latest", "v2.0.0", "sha-0123abc"])
+def test_nudge_any_node_follows_the_charts_kube_scheduler_as_the_python_rule_does(helm: Path, tag: str) -> None:
+    """The chart's `hami.nudgeAnyNode` (from its kube-scheduler's image tag) and shared/domain/nudge.py
+    any_node_wakes are twins: the watchers coalesce their Node nudges only for a kube-scheduler whose queueing
+    hints are always on (docs/architecture.md)."""
+    objs = objects(template(helm, Case(sets=(f"scheduler.kubeScheduler.image.tag={tag}",))).stdout)
+    cfg = embedded(objs, "hami-config", "config.yaml")
+    spelled = tag if tag.startswith("v") else f"v{tag}"  # as hami.kubeSchedulerTag writes it
+    assert cfg["nudgeAnyNode"] is any_node_wakes(spelled), (tag, cfg["nudgeAnyNode"])
+    assert cfg["nudgeAnyNode"] is (tag in ("v1.36.3", "v1.35.0", "v1.34.0", "1.34.2", "v1.34.1-gke.1200"))
+
+
+def test_nudge_any_node_with_no_tag_follows_the_clusters_version(helm: Path) -> None:
+    for version, any_node in (("v1.36.1", True), ("v1.33.4", False)):
+        objs = objects(template(helm, Case(), "--kube-version", version).stdout)
+        assert embedded(objs, "hami-config", "config.yaml")["nudgeAnyNode"] is any_node, version

@@ -18,20 +18,19 @@ from tests.unit.test_nudger import Patches, settled
 
 
 @pytest.mark.parametrize(("version", "wakes"), [
-    ({"major": "1", "minor": "36", "gitVersion": "v1.36.3"}, True),
-    ({"major": "1", "minor": "35", "gitVersion": "v1.35.0"}, True),
-    ({"major": "1", "minor": "35+", "gitVersion": "v1.35.2-eks-1"}, True),  # some providers' minor
-    ({"major": "1", "minor": "34", "gitVersion": "v1.34.1"}, False),  # its kube-scheduler may be 1.33: hints off
-    ({"major": "1", "minor": "30"}, False),
-    ({"gitVersion": "v1.36.0"}, True),  # no major/minor: from the git version
-    ({"gitVersion": "v1.34.9"}, False),
-    ({"major": "2", "minor": "0"}, False),  # unknown: Node by Node works with every kube-scheduler
-    ({"major": "1", "minor": "x"}, False),
-    ({}, False),
-    (None, False),
-    ("v1.36.0", False),
+    ("v1.36.3", True),
+    ("Kubernetes v1.36.3", True),  # kube-scheduler --version
+    ("1.34.0", True),  # a tag without its v
+    ("v1.34.1-gke.1200", True),
+    ("v1.33.5", False),  # queueing hints can be off (a feature gate)
+    ("v1.30.4", False),  # off by default
+    ("v2.0.0", False),  # unknown: Node by Node works with every kube-scheduler
+    ("latest", False),
+    ("v1.36", False),
+    ("sha256:0123abcd", False),
+    ("", False),
 ])
-def test_which_api_server_lets_one_node_wake_all(version: Any, wakes: bool) -> None:
+def test_which_kube_scheduler_wakes_every_turned_away_pod_on_any_node(version: str, wakes: bool) -> None:
     assert any_node_wakes(version) is wakes
 
 

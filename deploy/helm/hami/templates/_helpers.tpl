@@ -196,6 +196,14 @@ once per render and cached, so the Secret and the webhook's caBundle always agre
 {{- $tag -}}
 {{- end -}}
 
+{{/* Whether the chart's kube-scheduler (its image tag) requeues every pod an extender turned away on any Node's update:
+1.34 or newer, where queueing hints are always on. The twin of shared/domain/nudge.py any_node_wakes (tests/deploy/
+test_chart.py proves they agree); anything it cannot read is false (Node by Node works with every version). */}}
+{{- define "hami.nudgeAnyNode" -}}
+{{- $m := regexFind "^v1\\.[0-9]+\\.[0-9]+" (include "hami.kubeSchedulerTag" .) -}}
+{{- if $m -}}{{- ge (regexReplaceAll "^v1\\.([0-9]+)\\..*$" $m "${1}" | atoi) 34 -}}{{- else -}}false{{- end -}}
+{{- end -}}
+
 {{/* registry/repository:tag with global.imageRegistry taking precedence; call with (dict "ctx" $ "image" $img "tag" $tag). */}}
 {{- define "hami.image" -}}
 {{- $registry := .ctx.Values.global.imageRegistry | default .image.registry -}}
