@@ -14,19 +14,45 @@ from shared.store.ledger import Ledger
 log = logging.getLogger("mtsched.upkeep")
 
 LOOK_EVERY_SECONDS = 1.0  # an unready watcher's look at its readiness (stamp_while_ready)
+WAKE_SLACK_SECONDS = 1.0  # after the extenders' read of a stamp that ends an outage, before the watcher's wake
 
 
 async def stamp_while_ready(ledger: Ledger, problems: Callable[[], list[str]],
-                            every: float = KEEP_EVERY_SECONDS, look_every: float = LOOK_EVERY_SECONDS) -> None:
+                            every: float = KEEP_EVERY_SECONDS, look_every: float = LOOK_EVERY_SECONDS,
+                            lost_after_seconds: int = 0, kept_again: Callable[[], None] | None = None,
+                            wake_after: float = READ_EVERY_SECONDS + WAKE_SLACK_SECONDS) -> None:
     """The watcher's task: stamp the ledger while the role is ready (its watch streams live, its first rebuild
     done, Redis and its permissions fine: `problems` empty), every `every` seconds; an unready watcher keeps
     nothing current, and looks again every `look_every` seconds, so it stamps as soon as it is ready (a watcher
-    back after an outage: the pods turned away meanwhile wait for that stamp)."""
+    back after an outage: the pods turned away meanwhile wait for that stamp).
+
+    `kept_again`: called after its first stamp since it started or was unready when the stamp it found was older
+    than `lost_after_seconds` or none: the extenders may have turned slice pods away meanwhile (shared/domain/
+    upkeep.py), and one that restarted since no longer knows which (its wake set is in memory), so the watcher
+    nudges kube-scheduler itself (the role: with nudgeAnyNode, one Node's patch wakes them all), `wake_after` the
+    stamp, once every extender has read it."""
+    was_ready = False
     while True:
         if not problems():
+            stale = False
+            if not was_ready and kept_again is not None:
+                try:
+                    _, age = await ledger.kept()
+                except Exception as e:  # (the stamp below says whether Redis works; this only decides a nudge)
+                    log.info("upkeep: could not read the last stamp (%s): nudging kube-scheduler anyway", e)
+                    age = None
+                stale = age is None or age > lost_after_seconds * 1000
             await ledger.mark_kept()
+            was_ready = True
+            if stale and kept_again is not None:
+                # once every extender has read this stamp (each reads every READ_EVERY_SECONDS): a retry before
+                # that met an extender still refusing, and waited again
+                log.info("upkeep: the ledger is kept again after no watcher kept it: waking the pods turned away "
+                         "in %.0f s", wake_after)
+                asyncio.get_running_loop().call_later(wake_after, kept_again)
             await asyncio.sleep(every)
         else:
+            was_ready = False
             await asyncio.sleep(min(every, look_every))
 
 

@@ -63,3 +63,27 @@ async def test_no_slice_pod_is_placed_while_no_watcher_keeps_the_ledger(cluster:
     pod = (await cluster.wait_bound("later", timeout=60))["later"]
     assert pod["spec"]["nodeName"] == node
     assert 0 <= kept_age(stack) < LOST_AFTER
+
+
+async def test_a_pod_turned_away_before_the_extender_restarted_binds_once_a_watcher_is_back(
+        cluster: Cluster, stack: Stack) -> None:
+    """The extender that turned the pod away is gone (restarted: its wake set was in memory), so it is the watcher
+    back after the outage that wakes the pod: one Node nudge, which every pod an extender turned away takes as its
+    retry (nudgeAnyNode, on this kube-scheduler). Without it the pod waits for kube-scheduler's 5-minute retry."""
+    node = await cluster.add_node(96, cards=2)
+    await until_true(age_within(stack, 0, LOST_AFTER), "the watcher's stamp read", stack.logs, timeout=20)
+    stack.kill("watcher")
+    await until_true(age_within(stack, LOST_AFTER + 0.001, 1e9), "the stamp older than watchersLostAfterSeconds",
+                     stack.logs, timeout=LOST_AFTER + 20)
+    await cluster.create(cluster.pod("forgotten", {VGPU: 1, MEM: 16, CORE: 4}))
+
+    async def refused() -> bool:
+        return any("no watcher has kept the ledger current" in e for e in await cluster.events("forgotten"))
+
+    await until_true(refused, "the pod refused, saying why", stack.logs)
+    stack.restart("extender")  # the process that turned it away, and what it meant to wake, gone
+    await until_true(age_within(stack, LOST_AFTER + 0.001, 1e9), "the new extender's verdict: not kept",
+                     stack.logs, timeout=20)
+    stack.respawn("watcher")
+    pod = (await cluster.wait_bound("forgotten", timeout=60))["forgotten"]
+    assert pod["spec"]["nodeName"] == node

@@ -135,3 +135,46 @@ async def test_the_card_table_says_when_no_watcher_keeps_the_ledger(ledger: Ledg
     await stamp_aged(ledger, 200)
     last = (await card_table(ledger, 90)).splitlines()[-1]
     assert re.match(r"NOT KEPT: no watcher has kept the ledger current for 20[01] s", last), last
+
+
+async def test_a_watcher_back_after_no_watcher_kept_the_ledger_wakes_the_pods_turned_away(ledger: Ledger) -> None:
+    """The extenders turned slice pods away while the stamp was stale, and one that restarted since no longer knows
+    which: the watcher's first stamp after such an outage (or where none was) is followed by one wake, `wake_after`
+    it; a watcher that finds the stamp fresh (another replica kept it) and later stamps wake nobody."""
+    woken: list[float] = []
+    loop = asyncio.get_running_loop()
+    problems: list[str] = []
+
+    async def run(until_stamps: int) -> None:
+        task = asyncio.create_task(stamp_while_ready(ledger, lambda: problems, every=0.02, lost_after_seconds=90,
+                                                     kept_again=lambda: woken.append(loop.time()),
+                                                     wake_after=0.05))
+        try:
+            for _ in range(until_stamps):
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)  # past wake_after
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    await stamp_aged(ledger, 120)  # the last watcher stopped 2 minutes ago
+    await run(5)
+    assert len(woken) == 1, woken  # once, for the first stamp, not for the four after it
+    age = await ledger.kept_age_ms()
+    assert age is not None and age < 2000  # and the stamp is fresh
+    await run(5)  # a watcher starting beside a fresh stamp: nobody was turned away
+    assert len(woken) == 1, woken
+    await ledger.redis.delete(ledger.keys.kept)  # none at all (a Redis restarted empty): an extender may have refused
+    await run(3)
+    assert len(woken) == 2, woken
+    problems.append("pods: stream failing for 12s")  # unready, then ready again beside its own fresh stamp
+    task = asyncio.create_task(stamp_while_ready(ledger, lambda: problems, every=0.02, lost_after_seconds=90,
+                                                 kept_again=lambda: woken.append(loop.time()), wake_after=0.05))
+    try:
+        await asyncio.sleep(0.1)
+        problems.clear()
+        await asyncio.sleep(0.2)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert len(woken) == 2, woken  # the stamp it found was fresh
