@@ -42,21 +42,26 @@ def age_within(stack: Stack, low: float, high: float) -> Callable[[], Awaitable[
     return check
 
 
+async def turned_away_while_unkept(cluster: Cluster, stack: Stack, name: str) -> None:
+    """Every watcher down (the stack's only one) past watchersLostAfterSeconds, then the slice pod `name` created:
+    the extender refuses it, saying why."""
+    await until_true(age_within(stack, 0, LOST_AFTER), "the watcher's stamp read", stack.logs, timeout=20)
+    stack.kill("watcher")
+    await until_true(age_within(stack, LOST_AFTER + 0.001, 1e9), "the stamp older than watchersLostAfterSeconds",
+                     stack.logs, timeout=LOST_AFTER + 20)
+    await cluster.create(cluster.pod(name, {VGPU: 1, MEM: 16, CORE: 4}))
+
+    async def refused() -> bool:
+        return any("no watcher has kept the ledger current" in e for e in await cluster.events(name))
+
+    await until_true(refused, "the pod refused, saying why", stack.logs)
+
+
 async def test_no_slice_pod_is_placed_while_no_watcher_keeps_the_ledger(cluster: Cluster, stack: Stack) -> None:
     node = await cluster.add_node(96, cards=2)
     await cluster.create(cluster.pod("first", {VGPU: 1, MEM: 16, CORE: 4}))
     assert (await cluster.wait_bound("first"))["first"]["spec"]["nodeName"] == node
-    await until_true(age_within(stack, 0, LOST_AFTER), "the watcher's stamp read", stack.logs, timeout=20)
-
-    stack.kill("watcher")  # the only one: every watcher down
-    await until_true(age_within(stack, LOST_AFTER + 0.001, 1e9), "the stamp older than watchersLostAfterSeconds",
-                     stack.logs, timeout=LOST_AFTER + 20)
-    await cluster.create(cluster.pod("later", {VGPU: 1, MEM: 16, CORE: 4}))
-
-    async def refused() -> bool:
-        return any("no watcher has kept the ledger current" in e for e in await cluster.events("later"))
-
-    await until_true(refused, "the pod refused, saying why", stack.logs)
+    await turned_away_while_unkept(cluster, stack, "later")
     assert not (await cluster.get("later"))["spec"].get("nodeName")
 
     stack.respawn("watcher")  # back: it stamps the ledger, the extender wakes the pod it turned away
@@ -71,16 +76,7 @@ async def test_a_pod_turned_away_before_the_extender_restarted_binds_once_a_watc
     back after the outage that wakes the pod: one Node nudge, which every pod an extender turned away takes as its
     retry (nudgeAnyNode, on this kube-scheduler). Without it the pod waits for kube-scheduler's 5-minute retry."""
     node = await cluster.add_node(96, cards=2)
-    await until_true(age_within(stack, 0, LOST_AFTER), "the watcher's stamp read", stack.logs, timeout=20)
-    stack.kill("watcher")
-    await until_true(age_within(stack, LOST_AFTER + 0.001, 1e9), "the stamp older than watchersLostAfterSeconds",
-                     stack.logs, timeout=LOST_AFTER + 20)
-    await cluster.create(cluster.pod("forgotten", {VGPU: 1, MEM: 16, CORE: 4}))
-
-    async def refused() -> bool:
-        return any("no watcher has kept the ledger current" in e for e in await cluster.events("forgotten"))
-
-    await until_true(refused, "the pod refused, saying why", stack.logs)
+    await turned_away_while_unkept(cluster, stack, "forgotten")
     stack.restart("extender")  # the process that turned it away, and what it meant to wake, gone
     await until_true(age_within(stack, LOST_AFTER + 0.001, 1e9), "the new extender's verdict: not kept",
                      stack.logs, timeout=20)
