@@ -48,7 +48,7 @@ class Nudger:
     """
 
     def __init__(self, kube: Kube, interval: float = 0.5, follow_up: float = 5.0,
-                 someone_waits: Callable[[], bool] = lambda: True):
+                 someone_waits: Callable[[], bool] = lambda: True, cluster_wide: bool = False):
         self.kube = kube
         self.interval = interval
         self.follow_up = follow_up
@@ -57,7 +57,7 @@ class Nudger:
         self._waiting: dict[str, asyncio.Event] = {}  # node -> set to drop the follow-up its task waits to send
         self._tasks: set[asyncio.Task[None]] = set()
         self.outcomes: dict[tuple[str, str], int] = {}  # (which, result) -> this nudger's patches, as NUDGES counts
-        self.cluster_wide = False
+        self.cluster_wide = cluster_wide
         # cluster-wide mode: the earliest and the latest ask no first patch has served yet (loop time), the Nodes
         # asked since the last first patch (the last one asked last; at most RECENT_NODES), the one task sending
         self._earliest: float | None = None
@@ -106,15 +106,21 @@ class Nudger:
         if node not in self._pending:  # else a newer nudge sends both of its own
             await self._patch(node, "follow_up")
 
-    def _ask(self, node: str) -> None:
+    def nudge_any(self) -> None:
+        """Cluster-wide mode: a patch of whichever Node (one asked lately, else one of `known_nodes`), for pods
+        turned away that no Node's release stands for (the watcher back after an outage: controller/upkeep.py)."""
+        self._ask(None)
+
+    def _ask(self, node: str | None) -> None:
         now = asyncio.get_running_loop().time()
         if self._earliest is None:
             self._earliest = now
         self._latest = now
-        self._recent.pop(node, None)
-        self._recent[node] = None
-        while len(self._recent) > RECENT_NODES:
-            del self._recent[next(iter(self._recent))]
+        if node is not None:
+            self._recent.pop(node, None)
+            self._recent[node] = None
+            while len(self._recent) > RECENT_NODES:
+                del self._recent[next(iter(self._recent))]
         self._asked.set()
         if self._sender is None or self._sender.done():  # (done, its callback not run yet: it serves no more asks)
             self._sender = asyncio.create_task(self._send_cluster_wide())

@@ -112,8 +112,8 @@ class PodWatcher:
         # (monotonic). One that stays untried for minutes means no kube-scheduler of our profile works: its
         # container down, no leader, a profile of another name (mtsched_pods_untried_oldest_seconds)
         self.untried: dict[str, float] = {}
-        self.nudger = Nudger(kube, someone_waits=lambda: bool(self.waiting) or bool(self.reflector.problem(0)))
-        self.nudger.cluster_wide = cfg.nudge_any_node
+        self.nudger = Nudger(kube, someone_waits=lambda: bool(self.waiting) or bool(self.reflector.problem(0)),
+                             cluster_wide=cfg.nudge_any_node)
         self.ledger = ledger
         self.mirror = mirror
         self.cfg = cfg

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
 
 from aiohttp import web
 
@@ -15,7 +14,6 @@ from controller.extender import BODY_LIMIT as EXTENDER_BODY_LIMIT
 from controller.extender import Extender
 from controller.leadership import LeaderYield
 from controller.node_watch import NodeWatcher
-from controller.nudger import Nudger
 from controller.pod_watch import PodWatcher
 from controller.reconciler import Reconciler
 from controller.upkeep import Upkeep, stamp_while_ready
@@ -63,13 +61,6 @@ async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
         await ext.settled()  # the answered binds' bookings marked bound before the clients close
         await kube.close()
     return ok
-
-
-def wake_any(nudger: Nudger, nodes: Iterable[str]) -> None:
-    """Nudge kube-scheduler with one Node's patch (cluster-wide mode: it wakes every pod an extender turned away)."""
-    for node in nodes:
-        nudger.nudge(node)
-        return
 
 
 async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
@@ -124,7 +115,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     sup.spawn("janitor", janitor_for(ledger, mirror, cfg, pods).run)
     # what the extenders check; with nudgeAnyNode, back after no watcher kept the ledger, one nudge wakes every pod
     # they turned away meanwhile (those an extender that restarted since forgot included)
-    kept_again = (lambda: wake_any(pods.nudger, nodes.last)) if cfg.nudge_any_node else None
+    kept_again = pods.nudger.nudge_any if cfg.nudge_any_node else None
     sup.spawn("upkeep", lambda: stamp_while_ready(ledger, sup.problems,
                                                   lost_after_seconds=cfg.watchers_lost_after_seconds,
                                                   kept_again=kept_again))

@@ -138,3 +138,12 @@ async def test_a_refused_patch_is_counted_and_the_follow_up_still_goes() -> None
     n.nudge("a")
     await settled(n)
     assert kube.sent == ["a"] and n.outcomes == {("first", "error"): 1, ("follow_up", "sent"): 1}
+
+
+async def test_a_nudge_for_no_node_in_particular_patches_a_node_that_exists() -> None:
+    kube = Patches()
+    n = cluster_wide(kube)
+    n.known_nodes = lambda: ["k1", "k2"]  # the node watcher's view (controller/watchers.py wire)
+    n.nudge_any()
+    await settled(n)
+    assert kube.sent == ["k1", "k1"], kube.sent  # one first patch and its follow-up
