@@ -45,6 +45,11 @@ MIRROR_REREADS = Counter("mtsched_mirror_rereads_total",
                          "gap (a message missed), history (the write before it is not the mirror's), "
                          "recreated (the node's keys made anew), unknown (a node the mirror lacks), rebuild, "
                          "malformed", ["why"])
+MIRROR_FULL_READS = Counter("mtsched_mirror_full_reads_total",
+                            "Times the mirror read every node from Redis anew, by why: start (its first read), "
+                            "lost (after losing Redis, a failover or a silent feed: once connected again), "
+                            "reconnected (the feed's connection was replaced under it; what was published meanwhile "
+                            "may be lost). Not the periodic resyncs", ["why"])
 MIRROR_MOVING = Gauge("mtsched_mirror_nodes_moving",
                       "Nodes this role's mirror cannot read while a live reshard of a Redis Cluster has their keys "
                       "split between two shards (their last state kept; the extender offers none of them): read "

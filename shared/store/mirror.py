@@ -28,7 +28,7 @@ from redis.asyncio import Redis
 
 from shared.domain.node import mismatch_kind
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation
-from shared.serving.metrics import FEED_SILENCES, MIRROR_MOVING, MIRROR_REREADS
+from shared.serving.metrics import FEED_SILENCES, MIRROR_FULL_READS, MIRROR_MOVING, MIRROR_REREADS
 from shared.serving.supervise import Backoff, cancel_and_wait
 from shared.store.ledger import MARK_BOUND_MAX, NOTICES, RESEND, Ledger, slot_moving
 
@@ -548,6 +548,7 @@ class Mirror:
                     conn.register_connect_callback(self._on_reconnect)
                 self._reconnected = False
                 await self.resync(full=True)  # after subscribing, so no change falls between the two
+                MIRROR_FULL_READS.labels("lost" if self._subscribed_once else "start").inc()
                 self.ready.set()
                 if self._subscribed_once:  # back after losing Redis: what was published meanwhile is lost
                     for cb in self.on_reconnect:
@@ -588,6 +589,7 @@ class Mirror:
                             self.ready.clear()  # (what was published meanwhile is lost: not in sync until read)
                             await backoff.sleep()
                         await self.resync(full=True)
+                        MIRROR_FULL_READS.labels("reconnected").inc()
                         self.ready.set()
                         up_since = loop.time()
                         for cb in self.on_reconnect:

@@ -26,6 +26,11 @@ async def wait_synced(m: Mirror, led: Ledger, what: str = "mirror equals the led
     await eventually(lambda: in_sync(m, led), what=what)
 
 
+def full_reads(*whys: str) -> float:
+    """mtsched_mirror_full_reads_total summed over these whys (process-wide: compare before and after)."""
+    return sum(REGISTRY.get_sample_value("mtsched_mirror_full_reads_total", {"why": w}) or 0.0 for w in whys)
+
+
 def rereads(why: str) -> float:
     """mtsched_mirror_rereads_total{why} as /metrics shows it (process-wide: compare before and after)."""
     return REGISTRY.get_sample_value("mtsched_mirror_rereads_total", {"why": why}) or 0.0
@@ -167,12 +172,14 @@ async def test_mirror_resyncs_after_a_redis_restart(redis_server: RedisServer, r
     m = Mirror(Ledger(own), subscriber=sub, resync_seconds=300)  # the periodic resync is not what saves us
     first: list[int] = []
     m.on_first_sync.append(lambda: first.append(len(m.nodes)))  # the roles freeze their state there
+    started, again = full_reads("start"), full_reads("lost", "reconnected")
     await m.start()
     try:
         await asyncio.wait_for(m.ready.wait(), 10)
         await wait_synced(m, led)
         assert m.nodes["n4"].version == 5
         assert first == [2]  # once, with the nodes read
+        assert full_reads("start") == started + 1 and full_reads("lost", "reconnected") == again
         await asyncio.to_thread(redis_server.restart)
         await eventually(lambda: m.nodes == {}, what="the mirror sees the empty Redis after a restart")
         # after the restart versions start over: a fresh node at version 1..2 is newer than the old 5
@@ -182,6 +189,8 @@ async def test_mirror_resyncs_after_a_redis_restart(redis_server: RedisServer, r
         assert m.nodes["n4"].version == 2 and list(m.nodes["n4"].reservations) == ["after"]
         assert m.ready.is_set()
         assert first == [2]  # a re-read after losing Redis is not a first sync
+        # ... and is counted as one, whichever way the client found the new connection
+        assert full_reads("start") == started + 1 and full_reads("lost", "reconnected") >= again + 1
     finally:
         await m.stop()
         await sub.aclose()
