@@ -10,28 +10,20 @@ Key layout: docs/redis-layout.md.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import orjson
 from redis import exceptions as rexc
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
-from redis.commands.core import AsyncScript
 
 from shared.domain.annotations import PodUsage
 from shared.domain.fit import CardNeed, Plan, Reasons
 from shared.domain.node import Inventory
 from shared.domain.state import NodeSnapshot
-from shared.serving.metrics import REDIS_EVICTED_KEYS, REDIS_RESENDS, REDIS_ROUND_TRIPS
-from shared.store.eviction import eviction_refusal, evicts_ledger
-from shared.store.keys import MOREKEYS, NOTHING, Known, Layout
-from shared.store.redis_conn import NO_OPTIONS, RedisOptions, connect, connect_subscriber, explain, is_sentinel
+from shared.store.ledger_core import LedgerCore, LedgerError, now_ms
+from shared.store.ledger_reads import HEADS_BATCH, SNAPSHOT_BATCH, LedgerReads, Reread
+from shared.store.redis_conn import NO_OPTIONS, RedisOptions, connect, connect_subscriber, explain
 from shared.store.resend import (
     RESEND,
     RESEND_OR_REDIRECT,
@@ -41,53 +33,22 @@ from shared.store.resend import (
     slot_moving,
 )
 from shared.store.scripts import LUA_DIR, SCRIPTS, script_source, scripts_digest
+from shared.store.server_checks import ServerChecks, slot_owners
 
-# The connection helpers (shared/store/redis_conn.py), the resend rule (resend.py) and the scripts' sources
-# (scripts.py) live apart; callers keep importing them from here.
-__all__ = ["LUA_DIR", "NO_OPTIONS", "RESEND", "RESEND_OR_REDIRECT", "SCRIPTS", "ClosedUnderCommand", "Ledger",
-           "LedgerError", "RedisOptions", "ReserveOutcome", "UnknownRedirect", "connect", "connect_subscriber",
-           "explain", "now_ms", "resendable", "script_source", "scripts_digest", "slot_moving"]
+# The plumbing (ledger_core.py), the reads of many nodes (ledger_reads.py), the server's checks
+# (server_checks.py), the connection helpers (redis_conn.py), the resend rule (resend.py) and the scripts'
+# sources (scripts.py) live apart; callers keep importing these names from here.
+__all__ = ["HEADS_BATCH", "LUA_DIR", "NO_OPTIONS", "RESEND", "RESEND_OR_REDIRECT", "SCRIPTS", "SNAPSHOT_BATCH",
+           "ClosedUnderCommand", "Ledger", "LedgerCore", "LedgerError", "RedisOptions", "Reread", "ReserveOutcome",
+           "UnknownRedirect", "connect", "connect_subscriber", "explain", "now_ms", "resendable", "script_source",
+           "scripts_digest", "slot_moving", "slot_owners"]
 
-log = logging.getLogger("mtsched.ledger")
-# A Redis outage makes every call in flight resend about ten times in its retry_seconds: a line each was hundreds
-# of lines a second on a busy extender. One line per operation this often (with how many it stands for); the
-# counter mtsched_redis_resends_total has them all.
-RESEND_LOG_EVERY_S = 1.0
-T = TypeVar("T")
-# Calls of one script while it answers MOREKEYS. One more is needed whenever the node gained a reservation
-# (or a card) since the keys were last seen; a node changing that fast is rare, but the stress test's three
-# replicas booking one node without pause made a snapshot ask up to 12 times.
-KEY_ROUNDS = 32
-# Nodes per pipelined read: packing, parsing and decoding one reply holds the caller's event loop, so a
-# read of 5,000 nodes (a mirror's resync, a reconcile pass) is cut where the loop can serve requests.
-SNAPSHOT_BATCH = 250
-HEADS_BATCH = 1000  # nodes per pipelined read of (version, stamp): two short fields each
 # The reserve script's refusal on a node not compared with the API server since Redis's process changed
 # (reserve.lua, `verified` in _lib.lua): replanning cannot help, the watchers' comparison does.
 UNVERIFIED = "node unverified"
 OTHER_AMOUNTS = "booked with other amounts"  # reserve.lua: the uid holds a booking of another size
-# for the readiness probe: whether INFO holds both parts of the history token the scripts read (`server_info` in
-# _lib.lua); "" when either is missing
-RUN_ID_SCRIPT = ("return (string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') "
-                 "and string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')) or ''")
 NOTICES = ("wake", "verify")  # the feed's notices to the watchers (Ledger.notify)
 MARK_BOUND_MAX = 512  # reservations per mark_bound call (mark_bound.lua checks the same bound)
-
-
-@dataclass(frozen=True)
-class Reread:
-    """What Ledger.reread read: the snapshots of the nodes that exist and were decoded, the nodes whose reply
-    was the text `previous` named (not decoded), and each reply's digest (also of nodes that do not exist).
-    `moving` (with `isolate`): the nodes that could not be read for a live reshard of their slot (slot_moving)."""
-
-    snaps: dict[str, NodeSnapshot]
-    unchanged: set[str]
-    digests: dict[str, int]
-    moving: set[str] = field(default_factory=set)
-
-
-class LedgerError(RuntimeError):
-    """A script refused its input (BADINPUT) or Redis failed; state is unchanged."""
 
 
 @dataclass(frozen=True)
@@ -118,204 +79,9 @@ class ReserveOutcome:
         return self.reasons.text if self.reasons is not None else self.refused
 
 
-class Ledger:
-    def __init__(self, redis: Redis, prefix: str = "mt"):
-        self.redis = redis
-        self.prefix = prefix
-        self.keys = Layout(prefix)
-        self.feed = self.keys.feed
-        self.nodes_key = self.keys.nodes
-        self.epoch_key = self.keys.epoch  # set by every rebuild; its absence means the state was lost
-        self._scripts = {n: redis.register_script(self._source(n)) for n in SCRIPTS}
-        # each node's cards and reservations as last seen: declared in KEYS when a script may need them
-        self._known: dict[str, Known] = {}
-        self.round_trips = 0  # counted for benchmarks: every call to Redis adds one
-        self.connection_retries = 2  # sends again after a connection error (see _retry) ...
-        self.retry_seconds = 3.0  # ... and keeps trying this long (a Sentinel failover takes seconds)
-        self._resend_said: dict[str, tuple[float, int]] = {}  # op -> (when a resend was last logged, not since)
-        # op -> the line due when its second ends, for the resends held back since the last (an outage's last ones
-        # were told by no line: no later resend came to say how many)
-        self._resend_due: dict[str, asyncio.TimerHandle] = {}
-        # told the node whenever a script on it fails because a live reshard has its keys split between two
-        # shards (slot_moving): the mirror then offers it to no filter until it can read it again
-        self.on_moving: list[Callable[[str], None]] = []
-
-    def node_key(self, node: str) -> str:
-        return self.keys.node(node)
-
-    @staticmethod
-    def _source(name: str) -> str:
-        return script_source(name)
-
-    async def load_scripts(self) -> None:
-        """Load every script now (fails early when Redis cannot be reached); calls would load them too.
-
-        A PING first: Redis answers a client that has not authenticated with NOAUTH (AuthenticationError)
-        only for small commands; a script (over 16 KB with _lib.lua) gets "Protocol error:
-        unauthenticated bulk length" (a plain ResponseError) and the connection closed. redis-py 8
-        authenticates with HELLO on connect, so it met the NOAUTH first; redis-py 7 sends the script
-        first."""
-        await cast("Awaitable[bool]", self.redis.ping())  # redis-py 7's hints: `Awaitable[bool] | bool`
-        for name, script in self._scripts.items():
-            sha = await self.redis.script_load(script.script)
-            assert sha == script.sha, f"script {name}: Redis returned {sha}"
-
-    def _say_resend(self, what: str, e: BaseException, failures: int) -> None:
-        now = time.monotonic()
-        said, quiet = self._resend_said.get(what, (now - RESEND_LOG_EVERY_S, 0))
-        if now - said < RESEND_LOG_EVERY_S:
-            self._resend_said[what] = (said, quiet + 1)
-            due = self._resend_due.get(what)
-            if due is None or due.cancelled():
-                try:
-                    loop = asyncio.get_running_loop()
-                except RuntimeError:  # (called outside a loop: no line owed)
-                    return
-                self._resend_due[what] = loop.call_later(said + RESEND_LOG_EVERY_S - now, self._say_held, what, e)
-            return
-        self._resend_said[what] = (now, 0)
-        log.warning("%s: %s; sending again (%d)%s", what, e, failures,
-                    f"; {quiet} more resends of {what} in the last {now - said:.1f}s not logged" if quiet else "")
-
-    def _say_held(self, what: str, e: BaseException) -> None:
-        """The line owed at the end of a second: how many resends of `what` no line has told yet (none, once a later
-        resend's line told them)."""
-        self._resend_due.pop(what, None)
-        said, quiet = self._resend_said.get(what, (0.0, 0))
-        if not quiet:
-            return
-        now = time.monotonic()
-        self._resend_said[what] = (now, 0)
-        log.warning("%s: %d more resends in the last %.1fs not logged (the first: %s)", what, quiet, now - said, e)
-
-    async def _retry(self, what: str, op: Callable[[], Awaitable[T]],
-                     give_up: Callable[[BaseException], bool] | None = None,
-                     resent: list[BaseException] | None = None) -> T:
-        """One round trip, sent again on a RESEND error (`connection_retries` times, and until `retry_seconds`);
-        one that `give_up` accepts is raised at once (a reader that can do without the node: slot_moving).
-
-        A pooled connection that died with a Redis restart fails once and then reconnects. Sending
-        again is safe: every script is idempotent by pod uid (a reserve whose reply was lost answers
-        the second time with the cards it booked), and so are SADD/SREM/SMEMBERS/EXISTS/SET.
-        `resent` (a caller's list) is told each error a send was repeated after: one that may have run, its reply
-        lost (a timeout, a connection cut), is answered again as by a second run (a release: nothing held).
-        """
-        failures = 0
-        deadline = time.monotonic() + self.retry_seconds
-        while True:
-            self.round_trips += 1
-            REDIS_ROUND_TRIPS.labels(what).inc()
-            try:
-                return await op()
-            except RESEND_OR_REDIRECT as raw:
-                e = resendable(raw, self.redis)
-                if e is None:
-                    raise
-                failures += 1
-                # a few quick tries (a pooled connection that died), then more while a failover settles
-                if (give_up is not None and give_up(e)) or (
-                        failures > self.connection_retries and time.monotonic() > deadline):
-                    if e is raw:
-                        raise
-                    raise e from raw
-                REDIS_RESENDS.labels(what).inc()
-                self._say_resend(what, e, failures)
-                if resent is not None:
-                    resent.append(e)
-                if isinstance(e, rexc.ReadOnlyError):
-                    # the server we reach was demoted to a replica (a VIP or DNS name that moved on): new
-                    # connections find the new master
-                    pool = getattr(self.redis, "connection_pool", None)
-                    if pool is not None:
-                        await pool.disconnect()
-                elif isinstance(e, rexc.TimeoutError) and not isinstance(self.redis, RedisCluster):
-                    # the server stopped answering (hung, cut off: redis_conn.SOCKET_TIMEOUT): the idle
-                    # connections to it go too, or each would hang one call more; new ones ask the sentinels, or
-                    # reach what the address names now (redis-py's cluster client does the same for its nodes)
-                    await self.redis.connection_pool.disconnect(inuse_connections=False)
-                await asyncio.sleep(min(0.5, 0.05 * (failures - 1)))
-
-    def known(self, node: str) -> Known:
-        return self._known.get(node, NOTHING)
-
-    def _saw(self, node: str, cards: Iterable[str] = (), uids: Iterable[str] = (), gone: Iterable[str] = ()) -> None:
-        k = self.known(node)
-        self._known[node] = Known(k.cards | frozenset(cards), (k.uids | frozenset(uids)) - frozenset(gone))
-
-    def forget(self, node: str, uid: str | None = None) -> None:
-        """What this process knows of `node`'s keys (what its scripts declare) is stale: the node is gone (`uid`
-        None), or reservation `uid` of it was released by another process (the feed said so). Kept, a cluster
-        whose nodes and pods churn grew it for ever, and each booking declared every uid released since
-        (red team: 13x slower reserves on a busy node)."""
-        if uid is None:
-            self._known.pop(node, None)
-        elif uid in self.known(node).uids:
-            self._saw(node, gone=(uid,))
-
-    def known_nodes(self) -> set[str]:
-        return set(self._known)
-
-    def _learn(self, node: str, snap: NodeSnapshot | None) -> None:
-        if snap is None:
-            self._known.pop(node, None)
-        else:
-            self._known[node] = Known(frozenset(map(str, snap.cards)), frozenset(snap.reservations))
-
-    async def _call(self, name: str, node: str, payload: Mapping[str, Any] | None = None,
-                    keys: Callable[[Known], list[str]] | None = None,
-                    give_up: Callable[[BaseException], bool] | None = None,
-                    resent: list[BaseException] | None = None) -> Any:
-        """Run one script on one node. `keys` makes its KEYS from what is known of the node (default:
-        every key of the node); after MOREKEYS it is called again with what the script asked for."""
-        script = self._scripts[name]
-        args = (self.feed, node, orjson.dumps(payload or {}).decode())
-        make = keys or (lambda known: self.keys.whole_node(node, known))
-        for _ in range(KEY_ROUNDS):
-            declared = make(self.known(node))
-            try:
-                return await self._retry(name, partial(self._script, script, declared, args), give_up, resent)
-            except Exception as e:
-                if slot_moving(e):  # raised as it is (TRYAGAIN is a ResponseError too): Redis unavailable there
-                    self._moving(node)
-                    raise
-                if not isinstance(e, rexc.ResponseError):
-                    raise
-                if not str(e).startswith(MOREKEYS):
-                    raise LedgerError(f"{name} on {node}: {e}") from e
-                self._known[node] = self.known(node).learn(str(e))
-                log.debug("%s on %s: the node has keys this ledger did not know of; calling again", name, node)
-        raise LedgerError(f"{name} on {node}: the node's cards and reservations kept changing; try again")
-
-    async def _script(self, script: AsyncScript, keys: list[str], args: tuple[str, str, str]) -> Any:
-        """One send of `script` (routed by `keys[0]`). redis-py's script object sends EVALSHA, and on NOSCRIPT
-        loads the script and sends it again; a second NOSCRIPT is answered here."""
-        try:
-            return await script(keys, args)
-        except rexc.NoScriptError:
-            if isinstance(self.redis, RedisCluster):
-                # redis-py loads it on the primaries its node list names, which after a failover may lack the
-                # promoted replica the call is routed to (tests/redis_ha/test_failover.py, Redis 6.2): loaded where
-                # the key lives, then sent again
-                await self._load_where(script.script, keys[0])
-            else:
-                # gone again between redis-py's load and its second EVALSHA (another SCRIPT FLUSH: an operator's,
-                # or a replica of another release during an upgrade): loaded and sent once more, not failed as a
-                # script error (tests/redis/test_redteam_script_flush.py)
-                await self.redis.script_load(script.script)
-            return await script(keys, args)
-
-    async def _load_where(self, text: str, key: str) -> None:
-        """Load a script on the cluster primary that holds `key` (redis-py's own load may miss it: above)."""
-        assert isinstance(self.redis, RedisCluster)
-        owner = self.redis.get_node_from_key(key)
-        await self.redis.execute_command("SCRIPT LOAD", text, target_nodes=owner)
-
-    def _moving(self, node: str) -> None:
-        for listener in list(self.on_moving):
-            try:
-                listener(node)
-            except Exception:  # a listener's bug must not replace the caller's error
-                log.exception("on_moving listener failed for node %s", node)
+class Ledger(LedgerReads, ServerChecks):
+    """Bookings, releases, records and rebuilds: every change one script on one node's keys. Reads of many nodes
+    (ledger_reads.py) and the server's checks (server_checks.py) are inherited."""
 
     # -- inventory -----------------------------------------------------------------------------
 
@@ -524,204 +290,6 @@ class Ledger:
         self._saw(node, gone=gone)
         return gone
 
-    # -- reads ---------------------------------------------------------------------------------
-
-    async def snapshot(self, node: str, give_up: Callable[[BaseException], bool] | None = None) -> NodeSnapshot | None:
-        d = orjson.loads(await self._call("snapshot", node, give_up=give_up))
-        snap = NodeSnapshot.from_json(d) if d.get("exists") else None
-        self._learn(node, snap)
-        return snap
-
-    async def heads(self, nodes: Iterable[str], isolate: bool = False) -> dict[str, tuple[int, str]]:
-        """(version, stamp) of each node that has keys: its last scripted write (publish in _lib.lua), read with
-        one HMGET per node, HEADS_BATCH per pipelined round trip (no script: ~100 times cheaper for Redis than a
-        snapshot). A node written before stamps existed has stamp "". `isolate` (as in reread): a node that
-        cannot be read while its slot moves is left out, like a node without keys."""
-        names = list(dict.fromkeys(nodes))
-        out: dict[str, tuple[int, str]] = {}
-        for i in range(0, len(names), HEADS_BATCH):
-            batch = names[i:i + HEADS_BATCH]
-
-            async def read(items: list[tuple[str, list[str]]]) -> list[Any]:
-                pipe = self.redis.pipeline(transaction=False)
-                for n, _ in items:
-                    pipe.hmget(self.node_key(n), ["version", "stamp"])
-                return await pipe.execute()
-
-            got = await self._read_around("heads", [(n, []) for n in batch], read, isolate, Reread({}, set(), {}))
-            for (n, _), (version, stamp) in got:
-                if version is not None:
-                    try:
-                        out[n] = (int(version), str(stamp or ""))
-                    except ValueError:  # a hash edited by hand: names no write, so the node is read
-                        out[n] = (-1, "")
-        return out
-
-    async def snapshots(self, nodes: Iterable[str]) -> dict[str, NodeSnapshot]:
-        """Many nodes, SNAPSHOT_BATCH per round trip (pipelined): each node's read is atomic, the whole never
-        was (a pipeline is not a transaction), so the cut changes nothing a caller may rely on."""
-        return (await self.reread(nodes, {})).snaps
-
-    async def reread(self, nodes: Iterable[str], previous: Mapping[str, int], isolate: bool = False,
-                     apart: Collection[str] = ()) -> Reread:
-        """snapshots(), except that a node whose reply is the very text whose digest `previous` holds is not
-        decoded again (a mirror's resync: at 5,000 nodes decoding every reply held each role's loop for
-        ~1 s every 30 s, and almost every node is as it was). The digests are this process's `hash`
-        of the reply text, so they are compared only within the process that made them.
-        `isolate`: a round trip that failed for a slot being moved (slot_moving, once its retries ran out) is
-        read again node by node, and the nodes that fail so are left out, in `moving`, instead of failing the
-        whole read: one node's keys split between shards does not keep every other node from being read. Such a
-        failure is not sent again (redis-py has retried TRYAGAIN 16 times already). `apart` (with `isolate`):
-        nodes read alone, first (the ones known to be moving: their failure then costs no batch a try).
-        Every read here is bounded: redis-py's own tries, then `retry_seconds` only for Redis unavailable."""
-        names = list(dict.fromkeys(nodes))
-        out = Reread({}, set(), {})
-        alone = [n for n in names if n in apart] if isolate else []
-        if alone:
-            for n in alone:
-                if await self.slot_open(n):  # (its read alone may go through while every booking fails)
-                    out.moving.add(n)
-                    continue
-                await self._snapshot_batch([n], previous, out, isolate)
-            names = [n for n in names if n not in apart]
-        for i in range(0, len(names), SNAPSHOT_BATCH):
-            await self._snapshot_batch(names[i:i + SNAPSHOT_BATCH], previous, out, isolate)
-        return out
-
-    async def _read_around(self, what: str, batch: list[tuple[str, list[str]]],
-                           read: Callable[[list[tuple[str, list[str]]]], Awaitable[list[Any]]], isolate: bool,
-                           out: Reread) -> list[tuple[tuple[str, list[str]], Any]]:
-        """(node and keys, reply) of one pipelined read of a batch. With `isolate`, a read that failed for a moving
-        slot is not sent again but read node by node (_one_by_one), the moving nodes left out, in out.moving."""
-        try:
-            return list(zip(batch, await self._retry(what, lambda: read(batch), slot_moving if isolate else None),
-                            strict=True))
-        except RESEND_OR_REDIRECT as e:  # as _retry raised it (resendable() applied)
-            if not isolate or not slot_moving(e):
-                raise
-            if len(batch) == 1:
-                out.moving.add(batch[0][0])
-                return []
-            return await self._one_by_one(batch, read, out, what)
-
-    async def _one_by_one(self, batch: list[tuple[str, list[str]]],
-                          read: Callable[[list[tuple[str, list[str]]]], Awaitable[list[Any]]],
-                          out: Reread, what: str = "snapshots") -> list[tuple[tuple[str, list[str]], Any]]:
-        """Each node of a batch whose read failed for a moving slot read alone (sent again only for Redis
-        unavailable): (node and keys, reply) of those read; the ones that fail for a move go to out.moving.
-        Any other failure is raised as the batch's would be."""
-        got = []
-        for item in batch:
-            def one(item: tuple[str, list[str]] = item) -> Awaitable[list[Any]]:
-                return read([item])
-
-            try:
-                got.append((item, (await self._retry(what, one, slot_moving))[0]))
-            except RESEND_OR_REDIRECT as e:  # as _retry raised it (resendable() applied)
-                if not slot_moving(e):
-                    raise
-                out.moving.add(item[0])
-        return got
-
-    async def slot_open(self, node: str) -> bool:
-        """Whether the node's slot is being moved between two shards of a Redis Cluster (a live reshard, or one left
-        half-done), wherever its keys are meanwhile: Redis then refuses a command naming one key of the slot that
-        exists and one that does not (TRYAGAIN, or ASK and then TRYAGAIN), as it refuses every booking (reserve
-        names the new pod's key) for the whole move. A read of the node's existing keys alone may go through then,
-        so a node known to be moving is asked this first (reread `apart`). False off a Cluster."""
-        if not isinstance(self.redis, RedisCluster):
-            return False
-        keys = (self.keys.node(node), self.keys.slot_probe(node))
-        try:
-            await self._retry("slot_probe", lambda: cast("Awaitable[int]", self.redis.exists(*keys)), slot_moving)
-        except RESEND_OR_REDIRECT as e:  # as _retry raised it (resendable() applied)
-            if not slot_moving(e):
-                raise
-            return True
-        return False
-
-    def _slot_moving(self, raw: Any) -> bool:
-        """A pipelined reply that failed for a slot being moved (slot_moving, redis-py's AttributeError read)."""
-        e = resendable(raw, self.redis) if isinstance(raw, BaseException) else None
-        return e is not None and slot_moving(e)
-
-    async def _snapshot_batch(self, nodes: list[str], previous: Mapping[str, int], out: Reread,
-                              isolate: bool = False) -> None:
-        """Nodes in one round trip (pipelined); one more for the nodes whose keys changed (MOREKEYS).
-
-        The one place without redis-py's script object: in a pipeline it would send SCRIPT EXISTS before
-        every execute (a round trip more each time) and it does not work with cluster pipelines at all,
-        so EVALSHA is queued by hand and NOSCRIPT is answered here, by loading the script once.
-        """
-        script = self._scripts["snapshot"]
-        todo = nodes
-        for _ in range(KEY_ROUNDS + 1):
-            if not todo:
-                break
-            batch = [(n, self.keys.snapshot(n, self.known(n))) for n in todo]
-
-            async def read(batch: list[tuple[str, list[str]]] = batch) -> list[Any]:
-                def queue() -> Any:
-                    pipe = self.redis.pipeline(transaction=False)
-                    for n, keys in batch:
-                        pipe.evalsha(script.sha, len(keys), *keys, self.feed, n, "{}")
-                    return pipe
-
-                # each node's answer in its place (MOREKEYS or NOSCRIPT for some must not lose the others);
-                # after a shard's or connection's failure send again raising, which is how redis-py's
-                # cluster pipeline resends after refreshing its layout (a script's error: read in place)
-                raws: list[Any] = await queue().execute(raise_on_error=False)
-                if isolate and (moving := next((r for r in raws if self._slot_moving(r)), None)) is not None:
-                    raise moving  # nothing to gain from sending it again: read around it
-                if any(map(_failed, raws)):
-                    try:
-                        raws = await queue().execute()
-                    except rexc.ResponseError as e:
-                        if _failed(e):
-                            raise
-                        raws = await queue().execute(raise_on_error=False)
-                # a node's failure for want of Redis is raised here, inside _retry (sent again; redis-py's own
-                # AttributeError read as UnknownRedirect), also when another node's MOREKEYS came first above
-                failed = next((r for r in raws if _failed(r)), None)
-                if failed is not None:
-                    raise failed
-                return raws
-
-            got = await self._read_around("snapshots", batch, read, isolate, out)
-            todo, noscript = [], []  # noscript: the first key of each node answered NOSCRIPT
-            for (n, keys), raw in got:
-                if isinstance(raw, rexc.NoScriptError):
-                    todo.append(n)
-                    noscript.append(keys[0])
-                elif isinstance(raw, rexc.ResponseError) and str(raw).startswith(MOREKEYS):
-                    todo.append(n)
-                    self._known[n] = self.known(n).learn(str(raw))
-                elif isinstance(raw, Exception):
-                    raise LedgerError(f"snapshot of {n}: {raw}") from raw
-                else:
-                    digest = hash(raw)
-                    out.digests[n] = digest
-                    if previous.get(n) == digest:
-                        out.unchanged.add(n)  # the same text as before: the same value (and the same keys)
-                        continue
-                    d = orjson.loads(raw)
-                    snap = NodeSnapshot.from_json(d) if d.get("exists") else None
-                    if snap is not None:
-                        out.snaps[n] = snap
-                    self._learn(n, snap)
-            if noscript:  # Redis restarted or flushed (or a promoted replica): load it and read those again
-                log.info("snapshot script missing in Redis (restarted or flushed?): loading it")
-                await self._retry("script_load", lambda: self.redis.script_load(script.script))
-                if isinstance(self.redis, RedisCluster):
-                    # and where each node's keys live: redis-py loads it on the primaries its node list names,
-                    # which after a failover may lack the promoted replica the reads go to (each read then
-                    # answered NOSCRIPT again, until "kept changing" after KEY_ROUNDS: a red team's probe)
-                    owners = {self.redis.get_node_from_key(k).name: k for k in noscript}
-                    for key in owners.values():
-                        await self._retry("script_load", lambda key=key: self._load_where(script.script, key))
-        if todo:
-            raise LedgerError(f"snapshots: the keys of {', '.join(todo)} kept changing; try again")
-
     # -- rebuild -------------------------------------------------------------------------------
 
     async def replace_node(self, inv: Inventory, bound: Mapping[str, tuple[PodUsage, str]],
@@ -834,169 +402,8 @@ class Ledger:
         await self._retry("set", lambda: self.redis.set(self.epoch_key, str(now_ms())))
         return stats
 
-    async def redis_time_ms(self) -> int:
-        """Redis's clock: the one every reservation's `created` and `bound_at` are stamped with."""
-        sec, usec = await self._retry("time", lambda: self.redis.time())
-        return int(sec) * 1000 + int(usec) // 1000
-
-    async def mark_kept(self) -> None:
-        """A ready watcher's stamp: the ledger is kept current now (shared/domain/upkeep.py). No time to live: a
-        stamp that ages is what tells the extenders (one that vanished would say nothing). The clock is the one
-        of the server holding the key (`_kept_clock`), the one its age is read on."""
-        now = await self._kept_clock()
-        await self._retry("kept", lambda: self.redis.set(self.keys.kept, str(now)))
-
-    async def kept(self) -> tuple[int | None, int | None]:
-        """The watchers' last stamp and how long ago (ms) it was, both on the clock of the server holding it;
-        (None, None) when none ever did (or the stamp is not a number, or not a string: nothing this code
-        wrote). A stamp from that clock's future (it stepped back since) is 0 ms old: the extender's own count
-        ages it (controller/upkeep.py)."""
-        try:
-            raw = await self._retry("kept", lambda: cast("Awaitable[str | None]", self.redis.get(self.keys.kept)))
-        except rexc.ResponseError as e:  # a key of another type: nothing this code wrote (a watcher's SET ends it)
-            if str(e).startswith("WRONGTYPE"):
-                return None, None
-            raise
-        try:
-            stamped = int(raw) if raw is not None else None
-        except ValueError:
-            return None, None
-        if stamped is None:
-            return None, None
-        return stamped, max(0, await self._kept_clock() - stamped)
-
-    async def kept_age_ms(self) -> int | None:
-        """How long ago (ms, Redis's clock) a watcher last stamped the ledger; None when none ever did."""
-        return (await self.kept())[1]
-
-    async def _kept_clock(self) -> int:
-        """Redis's clock (ms) on the server holding `<prefix>:kept`: the clock script routed by that key (which it
-        does not read). Not TIME: on a cluster redis-py sends that to its client's default node, any shard, and
-        the skew between two shards' clocks would go straight into the stamp's age
-        (tests/redis/test_redteam_upkeep.py)."""
-        return int(await self._retry("clock", lambda: self._script(self._scripts["clock"], [self.keys.kept],
-                                                                   (self.feed, "", "{}"))))
-
-    async def clocks(self, nodes: Iterable[str]) -> dict[str, int]:
-        """Redis's clock (ms) as the server holding each node's keys reads it: what a script on that node
-        compares its stamps with. A cluster's shards each have their own clock: there the nodes are grouped
-        by the shard the client's slot map gives them, and one of each group is asked through a script routed
-        by its key (which follows a map that moved in a failover; a node whose slot moved meanwhile is read on
-        a sibling's clock, which NTP keeps within milliseconds). Elsewhere there is one clock."""
-        names = list(dict.fromkeys(nodes))
-        if not isinstance(self.redis, RedisCluster):
-            now = await self.redis_time_ms() if names else 0
-            return {n: now for n in names}
-        shards: dict[str, list[str]] = {}
-        for n in names:
-            shards.setdefault(self.redis.get_node_from_key(self.keys.node(n)).name, []).append(n)
-        out: dict[str, int] = {}
-        for members in shards.values():
-            out.update(dict.fromkeys(members, await self.clock(members[0])))
-        return out
-
-    async def clock(self, node: str) -> int:
-        """Redis's clock (ms) on the server holding `node`'s keys, through a script routed by its key."""
-        return int(await self._call("clock", node, None, lambda _known: [self.keys.node(node)]))
-
-    async def partition_risk(self) -> str:
-        """Why a booking acknowledged here could be lost without a change of history the fence sees ("" when
-        none is known): a Sentinel master that takes writes with no replica in reach (min-replicas-to-write
-        is 0) goes on booking when cut off, and drops those bookings when it rejoins as a replica of the one
-        promoted meanwhile (docs/install.md, docs/redis-layout.md "What the bound rests on")."""
-        if isinstance(self.redis, RedisCluster):  # a primary stops taking writes after cluster-node-timeout itself
-            return ""
-        info = await self._retry("info", lambda: self.redis.info("replication"))
-        if "min_slaves_good_slaves" in info:  # Redis reports it only with min-replicas-to-write set
-            return ""
-        if is_sentinel(self.redis):
-            return ("the Sentinel master accepts writes with no replica in reach (min-replicas-to-write 0): "
-                    "bookings made on it while it is cut off are lost when it rejoins, unseen by the fence")
-        # one address (a managed Redis, a VIP) in front of a master with replicas: whatever fails it over
-        if info.get("role") == "master" and int(info.get("connected_slaves") or 0) > 0:
-            return ("the Redis master has replicas but accepts writes with none in reach (min-replicas-to-write "
-                    "0): if it is failed over, bookings made on it while it is cut off are lost, unseen by the "
-                    "fence")
-        return ""
-
-    async def probe_write(self) -> bool:
-        """A write, for readiness: a Redis that answers but refuses writes (full under noeviction: OOM; a replica:
-        READONLY) leaves no role able to book, bind, record or release. Then the run id the scripts read
-        (`server_info` in _lib.lua): without it (an ACL user without `info`, a proxy that hides it) no node is
-        ever verified and no booking made. Raises what Redis answered, or LedgerError."""
-        # no time to live: a volatile-* Redis has nothing of ours to evict (shared/store/eviction.py)
-        ok = bool(await self.redis.set(self.keys.probe, str(time.time_ns() // 1_000_000)))
-        # routed by the key on a cluster, to a shard that holds nodes like any other
-        run = await cast("Awaitable[str]", self.redis.eval(RUN_ID_SCRIPT, 1, self.keys.probe))
-        if not run:
-            raise LedgerError("this Redis reports no run_id or master_replid in INFO: no node can be verified after "
-                              "a restart or failover, so none is booked (docs/redis-layout.md, Losing Redis)")
-        evicting = await self.evicting_policy()
-        if evicting:  # reserve.lua refuses every booking there, atomically; this says so in readiness
-            raise LedgerError(eviction_refusal(evicting))
-        return ok
-
-    async def primary_infos(self, *sections: str) -> dict[str, dict[str, Any]]:
-        """INFO `sections` of each primary, by its address ("" for a single server or Sentinel's master), one
-        call per section (several in one call is Redis 7's). A Cluster's primary that does not answer is left
-        out: the others are read, as their shards keep serving."""
-        if not isinstance(self.redis, RedisCluster):
-            info: dict[str, Any] = {}
-            for section in sections:
-                def read(section: str = section) -> Awaitable[dict[str, Any]]:
-                    return cast("Awaitable[dict[str, Any]]", self.redis.info(section))
-                info.update(await self._retry("info", read))
-            return {"": info}
-        out: dict[str, dict[str, Any]] = {}
-        await self.redis.initialize()  # a client that has sent nothing yet knows no slot
-        for node in slot_owners(self.redis):
-            info = {}
-            try:
-                for section in sections:
-                    info.update(await self.redis.info(section, target_nodes=node))
-            except RESEND as e:
-                log.debug("INFO of %s not read: %s", node.name, e)
-                continue
-            out[node.name] = info
-        return out
-
-    async def evicted_counts(self) -> dict[str, int]:
-        """Each primary's evicted_keys (INFO stats), by its address (primary_infos)."""
-        return {name: int(i.get("evicted_keys") or 0) for name, i in (await self.primary_infos("stats")).items()}
-
-    async def evicting_policy(self) -> str:
-        """The `maxmemory-policy` of a server that may drop ledger keys when full (shared/store/eviction.py),
-        on any primary of a Cluster that answers; "" when none may. Sets mtsched_redis_evicted_keys on the way."""
-        infos = list((await self.primary_infos("memory", "stats")).values())
-        REDIS_EVICTED_KEYS.set(sum(int(i.get("evicted_keys") or 0) for i in infos))
-        return next((p for i in infos if evicts_ledger(p := str(i.get("maxmemory_policy", "")))), "")
-
-    async def intact(self) -> bool:
-        """False once Redis lost the state a rebuild wrote (restart without persistence, FLUSHALL)."""
-        return bool(await self._retry("exists", lambda: self.redis.exists(self.epoch_key)))
-
-
-def slot_owners(cluster: RedisCluster) -> list[Any]:
-    """The primaries a cluster client routes to, from its slot map: after a failover redis-py's node list may
-    still call the promoted replica a replica (get_primaries() lacks it) while its slots go there."""
-    owners: dict[str, Any] = {}
-    for nodes in cluster.nodes_manager.slots_cache.values():
-        if nodes:
-            owners.setdefault(nodes[0].name, nodes[0])
-    return list(owners.values()) or list(cluster.get_primaries())
-
-
-def _failed(raw: Any) -> bool:
-    """A pipelined command that failed for want of Redis (connection, cluster down), not by its script."""
-    return isinstance(raw, Exception) and (not isinstance(raw, rexc.ResponseError)
-                                           or isinstance(raw, rexc.ClusterError | rexc.TryAgainError))
-
 
 def _may_have_run(resent: Iterable[BaseException]) -> bool:
     """Whether a command sent again after these errors may have run before (its reply lost): a timeout or a lost
     connection, not a refusal (READONLY, a slot being moved) that ran nothing."""
     return any(isinstance(e, (rexc.TimeoutError, rexc.ConnectionError)) for e in resent)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)

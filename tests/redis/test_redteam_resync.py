@@ -63,7 +63,7 @@ async def test_random_changes_lost_messages_and_local_applies_mid_resync_converg
     resync the mirror equals the ledger, and the ranking and the derived views agree with it."""
     import random
 
-    import shared.store.ledger as ledger_mod
+    import shared.store.ledger_reads as ledger_mod
     from shared.domain.node import mismatch_kind
 
     rng = random.Random(seed)

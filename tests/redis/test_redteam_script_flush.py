@@ -1,7 +1,7 @@
 """Red team (rolling upgrades): a SCRIPT FLUSH that lands between redis-py's load (after a NOSCRIPT) and its second
 EVALSHA. Replicas of two releases, or an operator, may flush twice in a row; seen 3-5 times per 1,000 calls when
 four releases ran side by side with flushes. The call loads the script once more instead of failing with
-LedgerError 'No matching script' (shared/store/ledger.py `Ledger._call`)."""
+LedgerError 'No matching script' (shared/store/ledger_core.py `LedgerCore._call`)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ async def test_resends_are_counted_each_and_logged_once_per_operation(caplog: py
     # the ledger's clock stands still: the lines are counted per second of it, not of how long this machine takes
     # (a wall-clock run of 10 s or more, a loaded machine, had as many lines: a timed upper bound)
     # (the ledger module's own `time`: the event loop's clock goes on)
-    monkeypatch.setattr("shared.store.ledger.time", SimpleNamespace(monotonic=lambda: 1000.0, time=time.time,
+    monkeypatch.setattr("shared.store.ledger_core.time", SimpleNamespace(monotonic=lambda: 1000.0, time=time.time,
                                                                      time_ns=time.time_ns))
     ledger = Ledger(fakeredis.FakeAsyncRedis(decode_responses=True))
     before = REDIS_RESENDS.labels("reserve")._value.get()
@@ -53,7 +53,7 @@ def test_a_later_line_says_how_many_it_stands_for(caplog: pytest.LogCaptureFixtu
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     ledger = Ledger(fakeredis.FakeAsyncRedis(decode_responses=True))
     clock = [1000.0]
-    monkeypatch.setattr("shared.store.ledger.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("shared.store.ledger_core.time.monotonic", lambda: clock[0])
     e = rexc.ConnectionError("gone")
     with caplog.at_level(logging.WARNING, logger="mtsched.ledger"):
         ledger._say_resend("release", e, 1)

@@ -13,7 +13,7 @@ import re
 import fakeredis
 import pytest
 
-import shared.store.ledger as ledger_module
+import shared.store.ledger_core as ledger_module
 from shared.store.ledger import Ledger
 from tests._wait import eventually
 from tests.unit.test_ledger_resend_log import _failing_then
