@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +37,8 @@ from aiohttp import web
 
 from controller.confirm import Confirmations
 from controller.explain import explain_handler
-from controller.fit_memo import FitMemo, Held, Planned, held_states, request_size
-from controller.nominations import Nominations
+from controller.fit_memo import FitMemo, Held, held_states, request_size
+from controller.in_flight import CLAIM_SECONDS, InFlight
 from controller.preempt import Preemption
 from controller.ranking import Ranking
 from shared.config import Config
@@ -55,13 +55,12 @@ from shared.domain.fit import (
 )
 from shared.domain.models import UNIT_MIB
 from shared.domain.placement import BindCandidate, NodeRequirement, bind_refusal, node_requirement, scheduler_refusal
-from shared.domain.preempt import Holding, plan_ahead, pod_priority
+from shared.domain.preempt import pod_priority
 from shared.domain.request import RequestError, SliceRequest
 from shared.domain.shapes import ShapeError
 from shared.domain.state import plan_on
-from shared.domain.timing import BIND_MIN_LEFT_S, BIND_SETTLE_S, KEEP_MS, bind_deadline_s
+from shared.domain.timing import BIND_MIN_LEFT_S, BIND_READ_S, BIND_SETTLE_S, KEEP_MS, bind_deadline_s
 from shared.domain.trust import refusal_problem, refused_by_own_policy
-from shared.domain.views import part
 from shared.kube import Kube, KubeError, NotSent
 from shared.serving.bounded import ByteLRU
 from shared.serving.http import BodyError, read_body
@@ -74,7 +73,6 @@ from shared.serving.metrics import (
     EXTENDER_SECONDS,
     RESERVATIONS,
     TOPK_DROPPED,
-    WAKES,
     count_filter_failures,
 )
 from shared.store.ledger import UNVERIFIED, Ledger, ReserveOutcome
@@ -95,21 +93,10 @@ EVENT_BURST = 5
 EVENT_SECONDS = 60.0
 MEMO_BYTES = 32 * 1024 * 1024  # fit and score memos (checked before each call; one call adds at most its nodes)
 UNKEPT_WAKE_MAX = 256  # nodes woken once the ledger is kept again (kept_again): one each for most pods turned away
-CLAIM_TICK_SECONDS = 1.0  # how often claims lapse while no filter comes (expire_claims)
-CLAIM_SECONDS = 5.0  # how long filter's claim on its one returned node lasts without a bind (_claim)
 # how long a node where a booking was refused `node unverified` (here, or by another replica: its verify notice)
 # is ranked last: the watchers verify it a keep window after their first comparison, which that refusal asks for
 UNVERIFIED_RANK_SECONDS = KEEP_MS / 1000
 EVENT_MESSAGE_CHARS = 1024  # what an event keeps of a message (Kube.create_event cuts there too)
-# One read of a pod or node by bind (before the reservation, and after a Binding without a clear answer): a bind
-# makes at most three of them and its Binding (deadline + BIND_ANSWER_SLACK_S), 3 x 4 + 7 = 19 s, so a stalled API
-# server still gets kube-scheduler its answer within the extender's httpTimeout (30 s by default) rather than after
-# it (a read's own default is 30 s: one of them alone used it up).
-BIND_READ_S = 4.0  # (a read answered 429 waits its Retry-After in it, up to READ_PATIENCE_S: shared/kube.py)
-# When the preempt verb's answer named several nodes, the preemptor is read this long after it, then after each
-# further delay, until it names the node kube-scheduler nominated it to (narrow_later); at most MAX_NARROWING at once
-NARROW_AFTER_S = (1.0, 3.0, 10.0)
-MAX_NARROWING = 64
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -174,12 +161,11 @@ class Seen:
         return {"metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid}}
 
 
-class Extender:
+class Extender(InFlight):
+    """The verbs; what is in flight between them, and the wakes it owes, is InFlight's (controller/in_flight.py)."""
+
     def __init__(self, cfg: Config, ledger: Ledger, mirror: Mirror, kube: Kube | None):
-        self.cfg = cfg
-        self.ledger = ledger
-        self.mirror = mirror
-        self.kube = kube
+        super().__init__(cfg, ledger, mirror, kube)
         self.pods: ByteLRU[str, Seen] = ByteLRU(POD_CACHE_BYTES, POD_ENTRY_BYTES)  # uid -> pod seen in filter
         self._events: set[asyncio.Task[None]] = set()
         # answered binds' bookings marked bound after the answer, in batches per node (controller/confirm.py)
@@ -188,21 +174,6 @@ class Extender:
         self._bursts: ByteLRU[tuple[str, str], tuple[float, int]] = ByteLRU(EVENT_MEMO_BYTES // 4)  # -> minute, sent
         self.memo = FitMemo(mirror, MEMO_BYTES)  # fit() answers and node scores (controller/fit_memo.py)
         self.ranking = Ranking(mirror)  # every node in the node policy's order (controller/ranking.py)
-        # node -> uid -> (request, cards) of bookings in flight here (sent, not yet in the mirror): filter and
-        # prioritize count them, so pods filtered meanwhile are not sent to a card that is being taken
-        self.held: dict[str, dict[str, tuple[SliceRequest, tuple[int, ...]]]] = {}
-        self._claims: dict[str, tuple[str, float]] = {}  # uid -> (node, until) of filter's claims (_claim)
-        # pods nominated to a node by a preemption, not bound yet: pods of lower or equal priority leave them
-        # the cards they fit there (_held_for), as kube-scheduler's own filters leave them the node's totals
-        self.nominations = Nominations()
-        # node -> (key, plan, the nominations it places) of the last plan made there with nothing else in flight
-        self._planned: dict[str, tuple[tuple[Any, ...], Planned, tuple[Any, ...]]] = {}
-        # nodes where a filter placed a pod nowhere while bookings or claims were in flight here: when such a
-        # claim ends without its bind, the pod turned away is woken (_unclaim)
-        self._turned_away: set[str] = set()
-        self._notices: set[asyncio.Task[None]] = set()  # notices being sent (_notify)
-        self._narrowing: set[asyncio.Task[None]] = set()  # preemptors read for their nominated node (_narrow)
-        self._verify_asked: dict[str, float] = {}  # node -> when its last verify notice went (_notify)
         # node -> until when it is ranked last (a booking there was refused `node unverified`: unverified_seen)
         self._unverified: dict[str, float] = {}
         mirror.on_notice["verify"].append(self.unverified_seen)  # another replica's refusal
@@ -211,9 +182,6 @@ class Extender:
         # why no slice pod may be placed now: no watcher keeps the ledger current (controller/upkeep.py, set by
         # the role; "" when one does)
         self.unkept: Callable[[], str] = lambda: ""
-        # a node per slice pod turned away meanwhile (its first candidate): kube-scheduler tries such a pod again
-        # only on a cluster event, so these are woken once the ledger is kept again (kept_again)
-        self._unkept_wake: set[str] = set()
         # (when, message) of the last Binding the chart's admission policy refused for who we are, since the last one
         # that went through (bindings_problem)
         self._refused_by_policy: tuple[float, str] | None = None
@@ -659,177 +627,6 @@ class Extender:
         if result.cards:
             self.held.setdefault(node, {})[seen.uid] = (req, result.cards)
             self._claims[seen.uid] = (node, now + CLAIM_SECONDS)
-
-    def nominate(self, uid: str, priority: int, req: SliceRequest, annotations: Mapping[str, str],
-                 nodes: Mapping[str, tuple[str, ...]] | Iterable[str]) -> None:
-        """The pod is nominated to one of `nodes` (controller/nominations.py); the nodes it left wake the pods
-        turned away there for it."""
-        self._woken(self.nominations.record(uid, priority, req, annotations, nodes))
-
-    def narrow_later(self, ns: str, name: str, uid: str) -> None:
-        """The preempt verb answered several nodes: kube-scheduler nominates the pod to one of them and its filters
-        count it there only. Its next filter (which says which) may come only once its victims are gone (their
-        grace period, 30 s by default); until then every other node answered would hold a card for it. Read the
-        pod's nominatedNodeName soon instead (_narrow; at most MAX_NARROWING preemptors at once)."""
-        if self.kube is None or len(self._narrowing) >= MAX_NARROWING:
-            return
-        task = asyncio.create_task(self._narrow(ns, name, uid))
-        self._narrowing.add(task)
-        task.add_done_callback(self._narrowing.discard)
-
-    async def _narrow(self, ns: str, name: str, uid: str) -> None:
-        """Nominated to the node its pod names, once kube-scheduler has written it (NARROW_AFTER_S); forgotten when
-        the pod is gone, bound, or still names no node at the last read (kube-scheduler did not nominate it)."""
-        assert self.kube is not None
-        for i, delay in enumerate(NARROW_AFTER_S):
-            await asyncio.sleep(delay)
-            got = self.nominations.by_uid.get(uid)
-            if got is None or len(got.victims) <= 1:
-                return  # forgotten, or narrowed by a filter of the pod already
-            try:
-                async with asyncio.timeout(BIND_READ_S):
-                    pod = await self.kube.get_pod(ns, name)
-            except KubeError as e:
-                if e.status == 404:
-                    self._woken(self.nominations.forget(uid))  # deleted
-                    return
-                continue
-            except Exception:  # unreachable, a timeout, an answer we cannot read: as it was
-                continue
-            if self.nominations.by_uid.get(uid) is not got:
-                return  # recorded again meanwhile (a filter, another answer): that is newer
-            meta, spec, status = (part(pod, k) for k in ("metadata", "spec", "status"))
-            node = status.get("nominatedNodeName")
-            if meta.get("uid") != uid or spec.get("nodeName"):
-                self._woken(self.nominations.forget(uid))  # deleted (and made again), or bound
-            elif isinstance(node, str) and node:
-                self.nominate(uid, got.priority, got.request, got.annotations, [node])
-            elif i == len(NARROW_AFTER_S) - 1:
-                self._woken(self.nominations.forget(uid))  # nominated nowhere
-            else:
-                continue
-            return
-
-    def _woken(self, nodes: set[str]) -> None:
-        """Nodes a nomination left without its pod: a pod turned away there meanwhile is tried again."""
-        for node in nodes & self._turned_away:
-            self._turned_away.discard(node)
-            self._wake(node)
-
-    def _held_for(self, uid: str, priority: int, only: str | None = None) -> Held:
-        """`held` as the pod `uid` of `priority` sees it: with the pods nominated to a node ahead of it placed there
-        (shared/domain/preempt.py plan_ahead), as kube-scheduler counts them for it. `self.held` when none is.
-        `only`: that node alone (bind). A node's plan with nothing else in flight there is kept for its snapshot
-        and the nominations it places (Planned), with the fits made on it: a filter plans only what changed."""
-        if not self.nominations:
-            return self.held
-        merged: dict[str, Mapping[str, tuple[SliceRequest, tuple[int, ...]]]] = dict(self.held)
-        get = self.mirror.get
-        for node in self.nominations.by_node if only is None else [only]:
-            snap = get(node)
-            if snap is None or snap.error:
-                continue
-            booked, inflight = snap.reservations, self.held.get(node, {})
-            # one booked there, or being booked or claimed there (in flight), holds its cards already
-            ahead = self.nominations.ahead_of(node, uid, priority, booked.keys() | inflight.keys())
-            if not ahead:
-                continue
-            here = {u: b for u, b in self.held.get(node, {}).items() if u != uid}
-            key = (snap.seq, tuple((n.uid, id(n)) for n in ahead))
-            cached = self._planned.get(node) if not here else None
-            if cached is not None and cached[0] == key:
-                merged[node] = cached[1]
-                continue
-            first = [n.at(node) for n in ahead]
-            holdings = {v: Holding(r.cards, r.mem, r.cores, r.slices) for a in first for v in a.victims
-                        if (r := booked.get(v)) is not None}
-            _, planned = plan_ahead(held_states(snap, here), holdings, first, self.cfg.gpu_scheduler_policy)
-            if not planned:
-                continue
-            requests = {a.uid: a.request for a in first}
-            plan = {**here, **{u: (requests[u], cards) for u, cards in planned.items()}}
-            if here:
-                merged[node] = plan
-                continue
-            merged[node] = got = Planned(snap.seq, plan)
-            if len(self._planned) > 2 * len(self.nominations.by_node) + 64:  # bounded: nodes nominated now
-                self._planned = {n: e for n, e in self._planned.items() if n in self.nominations.by_node}
-            # the nominations placed are kept with it: the ids in the key stay theirs while it lives
-            self._planned[node] = (key, got, tuple(ahead))
-        return merged
-
-    def _prune_claims(self) -> None:
-        """Drop claims that lapsed or whose booking the mirror now holds (few: pods between filter and bind)."""
-        now = time.monotonic()
-        for uid, (node, until) in list(self._claims.items()):
-            snap = self.mirror.get(node)
-            booked = snap is not None and uid in snap.reservations
-            if booked or until < now:
-                self._unclaim(uid, lapsed=not booked)
-
-    async def expire_claims(self) -> None:
-        """Lapse claims while no filter comes (which prunes them too): a pod turned away for a claim whose bind
-        never came (it went to another replica and was refused, the pod was deleted or filtered again
-        elsewhere) is woken within CLAIM_SECONDS + CLAIM_TICK_SECONDS, not at kube-scheduler's next event."""
-        while True:
-            await asyncio.sleep(CLAIM_TICK_SECONDS)
-            if self.nominations:
-                self._woken(self.nominations.lapse())
-            if self._claims:
-                try:
-                    self._prune_claims()
-                except Exception:  # one bad tick must not end the role: the next filter prunes as well
-                    log.exception("pruning the filter's claims failed")
-
-    def _unclaim(self, uid: str, lapsed: bool = False) -> None:
-        """Drop a claim: its bind took it over (`lapsed` False), or it ended unused (True). kube-scheduler
-        retries the pods a filter turned away only on a cluster event (a bind refused is one, a claim
-        lapsing is none): when this claim's node turned pods away, the watchers are asked to nudge it."""
-        got = self._claims.pop(uid, None)
-        if got is None:
-            return
-        node = got[0]
-        held = self.held.get(node)
-        if held is not None:
-            held.pop(uid, None)
-            if not held:
-                del self.held[node]
-        if lapsed:
-            self._woken({node})
-        elif node not in self.held:
-            self._turned_away.discard(node)  # nothing held there any more: nobody was turned away for it
-
-    def kept_again(self) -> None:
-        """A watcher keeps the ledger current again (controller/upkeep.py): the pods turned away meanwhile are
-        tried again, through a nudge of a node each of them could go to."""
-        for node in sorted(self._unkept_wake):
-            self._wake(node)
-        self._unkept_wake.clear()
-
-    def _wake(self, node: str) -> None:
-        WAKES.inc()
-        self._notify("wake", node)
-
-    def _notify(self, kind: str, node: str) -> None:
-        """A notice to the watchers (Ledger.notify). `verify` at most once per node a second: every bind
-        refused there asks for the same comparison (a wake is sent once per claim that turned pods away)."""
-        if kind == "verify":
-            now = time.monotonic()
-            if now - self._verify_asked.get(node, -1.0) < 1.0:
-                return
-            if len(self._verify_asked) >= 4096:  # bounded: forget the old ones (a notice more is harmless)
-                self._verify_asked = {n: t for n, t in self._verify_asked.items() if now - t < 1.0}
-            self._verify_asked[node] = now
-
-        async def send() -> None:
-            try:
-                await self.ledger.notify(kind, node)
-            except Exception as e:  # Redis away: the watchers' next pass or kube-scheduler's next event
-                log.warning("could not send the watchers a %s notice about %s: %s", kind, node, e)
-
-        task = asyncio.create_task(send())
-        self._notices.add(task)
-        task.add_done_callback(self._notices.discard)
 
     def _apply_feed(self, msg: Mapping[str, Any]) -> None:
         """The reserve script's feed message, applied as the feed would (the feed's copy is then skipped)."""

@@ -42,7 +42,7 @@ NO_HELD: Held = {}
 
 
 class Planned(dict[str, tuple[SliceRequest, tuple[int, ...]]]):
-    """A node's bookings as planned for the pods nominated there (controller/extender.py _held_for), made for
+    """A node's bookings as planned for the pods nominated there (controller/in_flight.py _held_for), made for
     one snapshot (`seq`) and never changed after: the card states, their fill and the fit answers on them are
     kept with it, so the filters that see the same plan compute them once (a plan per nominated node per
     filter cost 45 us a node: 10 preemptors answered on 500 nodes each made a filter of 5,000 nodes 80 times

@@ -26,6 +26,11 @@ BIND_MIN_LEFT_S = 0.5  # less than this left once booked: the Binding is not sen
 BIND_CONNECT_S = 1.0  # at most this of what is left goes to getting a connection; the rest is the server's
 BIND_ANSWER_SLACK_S = 2.0  # how much longer than the deadline the extender waits for the answer
 BIND_SETTLE_S = 1.0  # after the server's deadline, before a read may say the Binding will never exist
+# One read of a pod or node by bind (before the reservation, and after a Binding without a clear answer): a bind
+# makes at most three of them and its Binding (deadline + BIND_ANSWER_SLACK_S), 3 x 4 + 7 = 19 s, so a stalled API
+# server still gets kube-scheduler its answer within the extender's httpTimeout (30 s by default) rather than after
+# it (a read's own default is 30 s: one of them alone used it up).
+BIND_READ_S = 4.0  # (a read answered 429 waits its Retry-After in it, up to READ_PATIENCE_S: shared/kube.py)
 
 assert BIND_DEADLINE_S * 1000 <= KEEP_MS / 2, "the keep window must leave a margin as long as the bind deadline"
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import controller.extender as extender_module
+import controller.in_flight as in_flight_module
 from controller.extender import Extender
 from controller.nudger import Nudger
 from shared.domain.node import node_inventory
@@ -49,7 +50,7 @@ Stack = tuple[Extender, Extender, Ledger, NodePatches]
 async def stack(ledger: Ledger, mirror_factory: MirrorFactory,
                 monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Stack]:
     monkeypatch.setattr(extender_module, "CLAIM_SECONDS", 0.5)  # the lapse, shortened; the rule is the same
-    monkeypatch.setattr(extender_module, "CLAIM_TICK_SECONDS", 0.05)
+    monkeypatch.setattr(in_flight_module, "CLAIM_TICK_SECONDS", 0.05)
     await ledger.upsert_node(node_inventory(node("s4k", 96, 1), CFG))  # one card of 96 units
     replicas = []
     for _ in range(2):  # each replica with its own ledger client and mirror

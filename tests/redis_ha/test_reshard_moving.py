@@ -2,7 +2,8 @@
 settings: the mirror learns it is moving however it meets the move (a periodic resync reads only node versions, one
 key each, which read fine mid-move: a bind's or the janitor's failed script tells it), offers it to no filter, keeps
 the other nodes current without spending its retry budget on the moving one, and reads it again later and later
-until the move ends (shared/store/mirror.py Mirror.moving, shared/store/ledger_reads.py isolate/apart, ledger_core.py on_moving).
+until the move ends (shared/store/mirror.py Mirror.moving, shared/store/ledger_reads.py isolate/apart,
+ledger_core.py on_moving).
 Found by a red team of the first version, which noticed only the moves its own reads met."""
 
 from __future__ import annotations

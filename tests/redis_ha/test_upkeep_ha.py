@@ -1,6 +1,6 @@
-"""The upkeep stamp on Sentinel and on Cluster (shared/store/server_checks.py Ledger.kept): written and aged on the clock of
-the server that holds `<prefix>:kept`, the clock script routed by the key (on a cluster redis-py sends TIME to its
-client's default node, any shard: tests/redis/test_redteam_upkeep.py), also after the scripts were flushed
+"""The upkeep stamp on Sentinel and on Cluster (shared/store/server_checks.py Ledger.kept): written and aged on the
+clock of the server that holds `<prefix>:kept`, the clock script routed by the key (on a cluster redis-py sends TIME
+to its client's default node, any shard: tests/redis/test_redteam_upkeep.py), also after the scripts were flushed
 everywhere."""
 
 from __future__ import annotations

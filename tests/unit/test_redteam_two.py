@@ -1,4 +1,4 @@
-"""Red team (rt-two) of the nominations (controller/nominations.py, controller/extender.py _held_for): a nomination
+"""Red team (rt-two) of the nominations (controller/nominations.py, controller/in_flight.py _held_for): a nomination
 kube-scheduler cleared, the filter's cost with nominations, and the verb's answer held on every node it named."""
 
 from __future__ import annotations
@@ -55,15 +55,15 @@ def test_a_filter_with_nominations_plans_no_nominated_node_again(monkeypatch: py
     every nominated node planned and fitted again on every filter. Now each plan is kept for its snapshot (Planned),
     with the fits made on it (~25 ms a filter): counted here, not timed (tests assert no durations), a filter after
     the first plans, lays out and fits no nominated node again."""
-    import controller.extender as extender_module
     import controller.fit_memo as fit_memo
+    import controller.in_flight as in_flight_module
 
     names = [f"n{n}" for n in range(5000)]
     ext = _cluster(5000)
     for p in range(10):
         ext.nominate(f"p{p}", 1000, sl(64), {}, {f"n{(p * 500 + j) % 5000}": () for j in range(500)})
     calls: Counter[str] = Counter()
-    for module, name in ((extender_module, "plan_ahead"), (fit_memo, "held_states"), (fit_memo, "fit")):
+    for module, name in ((in_flight_module, "plan_ahead"), (fit_memo, "held_states"), (fit_memo, "fit")):
         real = getattr(module, name)
 
         def counted(*a: Any, _real: Any = real, _name: str = name, **k: Any) -> Any:
@@ -106,9 +106,9 @@ async def test_the_verbs_answer_holds_cards_only_where_kube_scheduler_nominated_
     the preemptor's next filter (after its victims are gone: their grace period, 30 s by default), a lower-priority
     pod was turned away from every other node answered, which kube-scheduler's own filters leave to it (and each
     filter planned them all). Now the extender reads the pod's nominatedNodeName soon after its answer."""
-    import controller.extender as extender_module
+    import controller.in_flight as in_flight_module
 
-    monkeypatch.setattr(extender_module, "NARROW_AFTER_S", (0.01, 0.01, 0.01))
+    monkeypatch.setattr(in_flight_module, "NARROW_AFTER_S", (0.01, 0.01, 0.01))
     kube = FakeKube()
     ext = extender(cfg=S4000, kube=kube)
     await _answered(ext, kube)
