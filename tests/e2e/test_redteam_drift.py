@@ -174,17 +174,19 @@ async def test_a_repair_that_frees_cards_lets_a_parked_pod_in_at_once(stack: Sta
             assert await ledger.mark_bound(node, uid)
         await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pinned_pod("p", node))
 
-        async def refused() -> bool:
+        async def refused() -> str:
             events = (await kube.request("GET", f"/api/v1/namespaces/{ns}/events"))["items"]
-            return any(e["reason"] == "FilteringFailed" and e["involvedObject"]["name"] == "p" for e in events)
+            return next((str(e.get("message")) for e in events
+                         if e["reason"] == "FilteringFailed" and e["involvedObject"]["name"] == "p"), "")
 
+        why = ""
         for _ in range(40):
-            if await refused():
+            if why := await refused():
                 break
             await asyncio.sleep(0.25)
-        assert await refused(), "the pod was never refused by the filter"
-        # refused while the stale bookings still held the cards (the repair had not run yet)
-        assert all([await client.sismember(f"{base}:pods", uid) for uid in stale])
+        # refused for the cards the stale bookings held (the pod may go nowhere else): the event says so itself.
+        # (Whether they are still booked now is a race with the repair, which may come any moment from here.)
+        assert "no available node" in why, f"the pod was never refused by the filter for its cards: {why!r}"
         t0 = time.monotonic()
         bound_within = 45.0  # keep window 10 s + a pass (5 s) + the nudge (0.5 s) + kube-scheduler's backoff (<= 10 s)
         pod: dict[str, Any] = {}

@@ -88,8 +88,9 @@ async def test_the_ledger_leaves_the_old_server_of_an_address_that_moved(
             # bounded: without the socket timeout the first call waits for ever here
             await asyncio.wait_for(led.redis_time_ms(), 3 * SOCKET_TIMEOUT)
             took.append(time.monotonic() - t)
-        # the first call met an old connection once, and left the other idle ones with it
-        assert took[0] <= SOCKET_TIMEOUT + 2 and took[1] < 1.0, took
+        # the first call met an old connection once, and left the other idle ones with it (counted in socket
+        # timeouts, each waited out whole: the first met at most one, the second none)
+        assert took[0] < 2 * SOCKET_TIMEOUT and took[1] < SOCKET_TIMEOUT, took
         # and a script writes on the new server (loaded there again: it never had them)
         await led.upsert_node(inventory("gpu-1", S4000))
         assert "gpu-1" in await led.snapshots(["gpu-1"])

@@ -144,8 +144,7 @@ async def test_failed_binding_releases_the_reservation(setup: tuple[Extender, Fa
     snap = await ledger.snapshot("s4k")
     assert snap is not None and not snap.reservations
     assert all(c.mem_used == 0 and c.cores_used == 0 for c in snap.cards.values())
-    await asyncio.sleep(0.05)
-    assert any(r == "BindingFailed" for r, _ in kube.events)
+    await wait_events(kube, "BindingFailed")
 
 
 async def test_bind_refuses_when_the_card_is_gone(setup: tuple[Extender, FakeKube, Ledger]) -> None:

@@ -105,7 +105,9 @@ async def test_the_janitor_expires_again_once_the_pod_stream_has_worked_for_the_
     stream has worked for the settle time, the booking nobody confirmed (its binder died, its pod gone) is
     expired, so the hold ends by itself."""
     led, mirror, w = watched
-    monkeypatch.setattr(watchers, "JANITOR_VIEW_SETTLE_SECONDS", 0.5)
+    # long while the replay is checked (a sweep of a few round trips on a busy machine must not outlast it), then
+    # short, to see it end
+    monkeypatch.setattr(watchers, "JANITOR_VIEW_SETTLE_SECONDS", 60.0)
     janitor = await pending_past_ttl(led, mirror, w, "orphan")
     w.reflector.synced.clear()
     assert await janitor.sweep() == [] and held() == 1.0, "expired before the pods were listed"
@@ -113,7 +115,8 @@ async def test_the_janitor_expires_again_once_the_pod_stream_has_worked_for_the_
     w.reflector._failing(OSError("connection reset"))
     assert await janitor.sweep() == [] and held() == 1.0, "expired while the stream failed"
     w.reflector._working()  # resumed: the events it missed may still be on their way
-    assert w.reflector.unsettled(0.5)
+    assert w.reflector.unsettled(60.0)
     assert await janitor.sweep() == [] and held() == 1.0, "expired while the resumed stream replayed"
+    monkeypatch.setattr(watchers, "JANITOR_VIEW_SETTLE_SECONDS", 0.5)
     await eventually(lambda: not w.reflector.unsettled(0.5), what="the stream settled")
     assert await janitor.sweep() == ["orphan"] and held() == 0.0
