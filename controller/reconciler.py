@@ -45,6 +45,7 @@ from shared.kube import Kube, KubeError, the_list
 from shared.serving.metrics import (
     ANNOTATION_ERRORS,
     LEDGER_REBUILDS,
+    NODES_VERIFIED,
     RECONCILE_LAST,
     RECONCILE_REPAIRS,
     RECONCILE_RUNS,
@@ -146,6 +147,10 @@ class Reconciler:
         stats = await self.ledger.rebuild(invs, bound, keep_ms=keep_ms, keep_bound=True,
                                           freed=self.pods.nudger.nudge, verify_after_ms=self.keep_ms, lost=gone,
                                           truth_at=began)
+        if stats["verified"]:
+            NODES_VERIFIED.inc(stats["verified"])
+            log.info("rebuild verified %d node(s) against the API server again after Redis's history changed",
+                     stats["verified"])
         for inv in invs:
             if opens_up(before.get(inv.node), inv):
                 self.pods.nudger.nudge(inv.node)
@@ -385,9 +390,12 @@ class Reconciler:
         return self.nodes.reflector.problem(0) or self.pods.reflector.problem(0)
 
     def verify_later(self, node: str, written: Mapping[str, Any]) -> None:
-        """`written`: replace_node's answer for `node`. Written from the truth but not verified yet (Redis's
-        history changed less than the keep window ago): compared again once a bind that was in flight then
-        is in the view."""
+        """`written`: replace_node's answer for `node` (every one of the watcher's, the node watcher's too).
+        Written from the truth but not verified yet (Redis's history changed less than the keep window ago):
+        compared again once a bind that was in flight then is in the view. Verified by this very write: said."""
+        if written.get("verified") and written.get("was_unverified"):
+            NODES_VERIFIED.inc()
+            log.info("node %s verified against the API server again after Redis's history changed", node)
         if not written.get("verified", True):
             ms = int(written.get("verify_in_ms") or 0)
             asyncio.get_running_loop().call_later(ms / 1000 + 0.1, self.touch, node)

@@ -142,6 +142,10 @@ REDIS_UP = Gauge("mtsched_redis_up", "1 while Redis accepted a probe write withi
 RECONCILE_REPAIRS = Counter("mtsched_reconcile_repairs_total",
                             "Differences between the ledger and the API server that the reconciler repaired",
                             ["kind"])
+NODES_VERIFIED = Counter("mtsched_nodes_verified_total",
+                         "Nodes a watcher verified against the API server after a change of Redis's history (a "
+                         "restart that kept data, a failover) left them unverified: each node once per change, "
+                         "by whichever watcher's write verified it (sum over the watchers)")
 RECONCILE_RUNS = Counter("mtsched_reconcile_runs_total", "Reconciliation passes over every node", ["result"])
 RECONCILE_TOUCHED = Counter("mtsched_reconcile_touched_total",
                             "Comparisons of only the nodes where a pod bound without a record came or went",

@@ -311,8 +311,10 @@ class Ledger(LedgerReads, ServerChecks):
         `verify_after_ms` after a writer first found the node unverified; a truth without `truth_at` (a
         watch's view, which may lag) starts the window but verifies no such node. A node new to this Redis is
         verified at once, unless `lost` (its keys went with the state: the window starts now). "verified"
-        says whether it is, "verify_in_ms" how long until a read may verify it. None (a view that is not
-        live): a new node is verified at once, an existing one is left as it is.
+        says whether it is, "verify_in_ms" how long until a read may verify it, "was_unverified" whether the
+        node existed unverified before this write (so a call answering both verified it, and no other call
+        did: the script is atomic). None (a view that is not live): a new node is verified at once, an existing
+        one is left as it is.
         """
         payload = self._cards_payload(inv)
         if keep_ms is not None:
@@ -356,7 +358,8 @@ class Ledger(LedgerReads, ServerChecks):
         `verify_after_ms`, `lost`, `truth_at` (by node: when the consistent read of the pods began): see
         replace_node (the watchers pass their keep window, so that a bind in flight when Redis's history changed
         is in their truth first, and `lost` after a state loss).
-        "unverified" counts the nodes still waiting.
+        "unverified" counts the nodes still waiting, "verified" the nodes this rebuild verified (replace_node's
+        "was_unverified").
         """
         at = truth_at or {}
         by_node: dict[str, dict[str, tuple[PodUsage, str]]] = {}
@@ -364,13 +367,13 @@ class Ledger(LedgerReads, ServerChecks):
             by_node.setdefault(usage.node, {})[uid] = (usage, pod)
         seen = set()
         stats = {"nodes": 0, "bound": 0, "pending_kept": 0, "pending_overfull": 0, "removed": 0, "kept_bound": 0,
-                 "dropped": 0, "unverified": 0}
+                 "dropped": 0, "unverified": 0, "verified": 0}
         for inv in inventories:
             seen.add(inv.node)
             await self.list_node(inv.node)  # listed first, see upsert_node
             out = await self.replace_node(inv, by_node.get(inv.node, {}), keep_ms, keep_bound,
                                           verify_after_ms=verify_after_ms, lost=lost, truth_at=at.get(inv.node))
-            stats["unverified"] += 0 if out.get("verified") else 1
+            _count_verified(stats, out)
             stats["dropped"] += int(out.get("dropped") or 0)
             if freed is not None and out["maybe_dropped"]:
                 freed(inv.node)
@@ -385,7 +388,7 @@ class Ledger(LedgerReads, ServerChecks):
             await self.list_node(node)
             out = await self.replace_node(Inventory(node), by_node[node], keep_ms, keep_bound,
                                           verify_after_ms=verify_after_ms, lost=lost, truth_at=at.get(node))
-            stats["unverified"] += 0 if out.get("verified") else 1
+            _count_verified(stats, out)
             stats["kept_bound"] += len(out["kept_bound"])
             stats["pending_kept"] += int(out["pending_kept"])
             seen.add(node)
@@ -395,12 +398,18 @@ class Ledger(LedgerReads, ServerChecks):
                 # placeholder cards), the rest goes
                 out = await self.replace_node(Inventory(node), {}, keep_ms, keep_bound,
                                               verify_after_ms=verify_after_ms, lost=lost, truth_at=at.get(node))
-                stats["unverified"] += 0 if out.get("verified") else 1
+                _count_verified(stats, out)
                 stats["pending_kept"] += int(out["pending_kept"])
             else:
                 stats["removed"] += 1
         await self._retry("set", lambda: self.redis.set(self.epoch_key, str(now_ms())))
         return stats
+
+
+def _count_verified(stats: dict[str, int], out: Mapping[str, Any]) -> None:
+    """A rebuild's replace_node answer in its counts: a node still unverified, or one this write verified."""
+    stats["unverified"] += 0 if out.get("verified") else 1
+    stats["verified"] += 1 if out.get("verified") and out.get("was_unverified") else 0
 
 
 def _may_have_run(resent: Iterable[BaseException]) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
 import pytest
+from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
 from controller.extender import Extender
@@ -42,6 +43,11 @@ async def server() -> AsyncIterator[RedisServer]:
     s = RedisServer().start()  # its own: this test restarts it from its RDB file
     yield s
     s.cleanup()
+
+
+def nodes_verified() -> float:
+    """mtsched_nodes_verified_total as /metrics shows it (process-wide: compare before and after)."""
+    return REGISTRY.get_sample_value("mtsched_nodes_verified_total") or 0.0
 
 
 async def restart_from_snapshot(server: RedisServer, client: Redis) -> None:
@@ -109,13 +115,16 @@ async def test_a_booking_lost_by_a_restart_is_not_given_away_before_the_node_is_
         assert (await ledger.reserve("a", "q", [1], 8, 2, 1, pod="ns/q"))[0].refused.startswith(UNVERIFIED)
         await asyncio.wait_for(rec._touch.wait(), 5)  # what the reconciler's loop waits on
         assert rec.touched == {"a"}
+        verified = nodes_verified()
         assert await rec.reconcile_nodes({"a"}) == {"unverified": 1}
+        assert nodes_verified() == verified + 1  # mtsched_nodes_verified_total: said once, by the write that did it
         snap = await ledger.snapshot("a")
         assert snap is not None and snap.verified and snap.reservations["p"].state == "bound"
         refused, _ = await ledger.reserve("a", "q", [0], 64, 12, 1, pod="ns/q")
         assert not refused.ok and not refused.refused.startswith(UNVERIFIED)  # p holds it: too little left
         assert (await ledger.reserve("a", "q", [1], 64, 12, 1, pod="ns/q"))[0].ok
         assert not (await rec.reconcile_all())  # verified and equal to the truth: nothing to repair
+        assert nodes_verified() == verified + 1
     finally:
         await client.aclose()
 
@@ -482,7 +491,7 @@ async def test_only_a_consistent_read_begun_after_the_window_verifies_a_node(ser
         await restart_from_snapshot(server, client)
         inv = nodes.last["a"]
         first = await ledger.replace_node(inv, {}, verify_after_ms=200)
-        assert not first["verified"] and 0 < first["verify_in_ms"] <= 200
+        assert not first["verified"] and 0 < first["verify_in_ms"] <= 200 and first["was_unverified"]
         # a read begun 1 ms before the window ended, from the window's start as the script wrote it (no clock race)
         since = await client.hget(ledger.node_key("a"), "unverified_since")
         early = int(str(since).rsplit(":", 1)[1]) + 199
@@ -494,8 +503,11 @@ async def test_only_a_consistent_read_begun_after_the_window_verifies_a_node(ser
             await ledger.replace_node(inv, {}, verify_after_ms=200, truth_at=early + 60_000)
         assert not (await ledger.snapshot("a")).verified  # type: ignore[union-attr]
         began = (await ledger.clocks(["a"]))["a"]
-        assert (await ledger.replace_node(inv, {}, verify_after_ms=200, truth_at=began))["verified"]
+        verifying = await ledger.replace_node(inv, {}, verify_after_ms=200, truth_at=began)
+        assert verifying["verified"] and verifying["was_unverified"]  # this write verified it ...
         assert (await ledger.snapshot("a")).verified  # type: ignore[union-attr]
+        again = await ledger.replace_node(inv, {}, verify_after_ms=200, truth_at=began)
+        assert again["verified"] and not again["was_unverified"]  # ... and no later one says so again
     finally:
         await client.aclose()
 
@@ -509,5 +521,24 @@ async def test_a_writer_that_knows_a_node_was_lost_never_verifies_it_at_once(ser
         out = await ledger.replace_node(Inventory("z", (Card("z", 0, 96),)), {}, lost=True)
         assert not out["verified"], out
         assert not (await ledger.snapshot("z")).verified  # type: ignore[union-attr]
+    finally:
+        await client.aclose()
+
+
+async def test_a_rebuild_counts_the_nodes_it_verified(server: RedisServer) -> None:
+    """Ledger.rebuild's "verified": the nodes its writes verified (the reconciler adds them to
+    mtsched_nodes_verified_total), none when they were verified already; "unverified" the ones still waiting."""
+    client, ledger, _api, nodes, _pods, _rec = await started(server)
+    try:
+        await client.save()
+        await restart_from_snapshot(server, client)
+        inv = nodes.last["a"]
+        waiting = await ledger.rebuild([inv], {}, keep_ms=0, verify_after_ms=0)  # a view: no read, no verdict
+        assert (waiting["verified"], waiting["unverified"]) == (0, 1), waiting
+        began = (await ledger.clocks(["a"]))["a"]
+        done = await ledger.rebuild([inv], {}, keep_ms=0, verify_after_ms=0, truth_at={"a": began})
+        assert (done["verified"], done["unverified"]) == (1, 0), done
+        again = await ledger.rebuild([inv], {}, keep_ms=0, verify_after_ms=0, truth_at={"a": began})
+        assert (again["verified"], again["unverified"]) == (0, 0), again
     finally:
         await client.aclose()

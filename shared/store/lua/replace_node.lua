@@ -128,4 +128,5 @@ end
 publish('rebuild', nil, nil)
 -- (cjson encodes an empty kept_bound as {}, which Ledger.replace_node reads as no uid)
 return cjson.encode({ok = true, bound = #p.bound, pending_kept = #pending, pending_overfull = overfull,
-                     dropped = dropped, kept_bound = kept_bound, verified = is_verified, verify_in_ms = verify_in})
+                     dropped = dropped, kept_bound = kept_bound, verified = is_verified, verify_in_ms = verify_in,
+                     was_unverified = was_unverified})
