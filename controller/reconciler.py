@@ -55,7 +55,7 @@ from shared.serving.metrics import (
     RELEASES,
 )
 from shared.serving.supervise import is_transient
-from shared.store.ledger import Ledger
+from shared.store.ledger import Ledger, verified_by
 
 log = logging.getLogger("mtsched.reconciler")
 
@@ -393,7 +393,7 @@ class Reconciler:
         """`written`: replace_node's answer for `node` (every one of the watcher's, the node watcher's too).
         Written from the truth but not verified yet (Redis's history changed less than the keep window ago):
         compared again once a bind that was in flight then is in the view. Verified by this very write: said."""
-        if written.get("verified") and written.get("was_unverified"):
+        if verified_by(written):
             NODES_VERIFIED.inc()
             log.info("node %s verified against the API server again after Redis's history changed", node)
         if not written.get("verified", True):

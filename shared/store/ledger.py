@@ -406,10 +406,16 @@ class Ledger(LedgerReads, ServerChecks):
         return stats
 
 
+def verified_by(out: Mapping[str, Any]) -> bool:
+    """Whether the write that gave this replace_node answer verified the node (it was unverified before it: the
+    script is atomic, so no other write says so for the same change of Redis's history)."""
+    return bool(out.get("verified") and out.get("was_unverified"))
+
+
 def _count_verified(stats: dict[str, int], out: Mapping[str, Any]) -> None:
     """A rebuild's replace_node answer in its counts: a node still unverified, or one this write verified."""
     stats["unverified"] += 0 if out.get("verified") else 1
-    stats["verified"] += 1 if out.get("verified") and out.get("was_unverified") else 0
+    stats["verified"] += 1 if verified_by(out) else 0
 
 
 def _may_have_run(resent: Iterable[BaseException]) -> bool:
