@@ -284,6 +284,7 @@ class Extender(InFlight):
         nominated = (pod.get("status") or {}).get("nominatedNodeName")
         if isinstance(nominated, str) and nominated:  # kube-scheduler chose this node for its preemption
             self.nominate(seen.uid, seen.priority, req, seen.annotations, [nominated])
+            self.follow(seen.namespace, seen.name, seen.uid)  # until it binds or goes (an extender restarted)
         elif seen.uid in self.nominations.by_uid:  # nominated no more (kube-scheduler cleared it): it holds nothing
             self._woken(self.nominations.forget(seen.uid))
         held = self._held_for(seen.uid, seen.priority)

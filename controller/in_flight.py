@@ -10,18 +10,18 @@ no watcher kept it) the watchers are asked on the feed to nudge kube-scheduler (
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from controller.fit_memo import Held, Planned, held_states
-from controller.nominations import Nominations
+from controller.nominations import FOLLOW_AFTER_S, FOLLOW_EVERY_S, Nominations, followed
 from shared.config import Config
 from shared.domain.preempt import Holding, plan_ahead
 from shared.domain.request import SliceRequest
 from shared.domain.timing import BIND_READ_S
-from shared.domain.views import part
 from shared.kube import Kube, KubeError
 from shared.serving.metrics import WAKES
 from shared.store.ledger import Ledger
@@ -31,10 +31,7 @@ log = logging.getLogger("mtsched.extender")
 
 CLAIM_TICK_SECONDS = 1.0  # how often claims lapse while no filter comes (expire_claims)
 CLAIM_SECONDS = 5.0  # how long filter's claim on its one returned node lasts without a bind (Extender._claim)
-# When the preempt verb's answer named several nodes, the preemptor is read this long after it, then after each
-# further delay, until it names the node kube-scheduler nominated it to (narrow_later); at most MAX_NARROWING at once
-NARROW_AFTER_S = (1.0, 3.0, 10.0)
-MAX_NARROWING = 64
+MAX_FOLLOWED = 64  # nominated pods read on the API server at once (follow)
 
 
 class InFlight:
@@ -56,7 +53,7 @@ class InFlight:
         # claim ends without its bind, the pod turned away is woken (_unclaim)
         self._turned_away: set[str] = set()
         self._notices: set[asyncio.Task[None]] = set()  # notices being sent (_notify)
-        self._narrowing: set[asyncio.Task[None]] = set()  # preemptors read for their nominated node (_narrow)
+        self._following: dict[str, asyncio.Task[None]] = {}  # uid -> its reads while nominated (follow)
         self._verify_asked: dict[str, float] = {}  # node -> when its last verify notice went (_notify)
         # a node per slice pod turned away while no watcher kept the ledger (its first candidate): kube-scheduler
         # tries such a pod again only on a cluster event, so these are woken once the ledger is kept again
@@ -69,49 +66,53 @@ class InFlight:
         turned away there for it."""
         self._woken(self.nominations.record(uid, priority, req, annotations, nodes))
 
-    def narrow_later(self, ns: str, name: str, uid: str) -> None:
-        """The preempt verb answered several nodes: kube-scheduler nominates the pod to one of them and its filters
-        count it there only. Its next filter (which says which) may come only once its victims are gone (their
-        grace period, 30 s by default); until then every other node answered would hold a card for it. Read the
-        pod's nominatedNodeName soon instead (_narrow; at most MAX_NARROWING preemptors at once)."""
-        if self.kube is None or len(self._narrowing) >= MAX_NARROWING:
+    def follow(self, ns: str, name: str, uid: str) -> None:
+        """Read a nominated pod on the API server while its nomination lives (_follow). After the preempt verb's
+        answer: kube-scheduler nominates the pod to one of the nodes answered, and its next filter, which says which,
+        may come only once its victims are gone (their grace period, 30 s by default), while every other node
+        answered would hold a card for it. After either: a preemptor deleted, or bound by another replica, would
+        hold its card until NOMINATION_SECONDS passed without a filter of it, where kube-scheduler's own filters
+        stop counting it at once. At most MAX_FOLLOWED pods at once (beyond: NOMINATION_SECONDS alone)."""
+        if self.kube is None or uid in self._following or len(self._following) >= MAX_FOLLOWED:
             return
-        task = asyncio.create_task(self._narrow(ns, name, uid))
-        self._narrowing.add(task)
-        task.add_done_callback(self._narrowing.discard)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside the event loop (a synchronous test): nothing to follow with
+            return
+        task = loop.create_task(self._follow(ns, name, uid))
+        self._following[uid] = task
+        task.add_done_callback(lambda t: self._following.pop(uid, None) if self._following.get(uid) is t else None)
 
-    async def _narrow(self, ns: str, name: str, uid: str) -> None:
-        """Nominated to the node its pod names, once kube-scheduler has written it (NARROW_AFTER_S); forgotten when
-        the pod is gone, bound, or still names no node at the last read (kube-scheduler did not nominate it)."""
+    async def _follow(self, ns: str, name: str, uid: str) -> None:
+        """Reads at FOLLOW_AFTER_S, then every FOLLOW_EVERY_S, until the nomination is forgotten (`followed` says
+        what each read means); a read that fails changes nothing (the nomination then lapses on its own)."""
         assert self.kube is not None
-        for i, delay in enumerate(NARROW_AFTER_S):
+        delays = itertools.chain(FOLLOW_AFTER_S, itertools.repeat(FOLLOW_EVERY_S))
+        for i, delay in enumerate(delays):
             await asyncio.sleep(delay)
             got = self.nominations.by_uid.get(uid)
-            if got is None or len(got.victims) <= 1:
-                return  # forgotten, or narrowed by a filter of the pod already
+            if got is None:
+                return  # forgotten: bound, filtered with no nomination, lapsed
+            pod: Mapping[str, Any] | None
             try:
                 async with asyncio.timeout(BIND_READ_S):
                     pod = await self.kube.get_pod(ns, name)
             except KubeError as e:
-                if e.status == 404:
-                    self._woken(self.nominations.forget(uid))  # deleted
-                    return
-                continue
+                if e.status != 404:
+                    continue
+                pod = None
             except Exception:  # unreachable, a timeout, an answer we cannot read: as it was
                 continue
             if self.nominations.by_uid.get(uid) is not got:
-                return  # recorded again meanwhile (a filter, another answer): that is newer
-            meta, spec, status = (part(pod, k) for k in ("metadata", "spec", "status"))
-            node = status.get("nominatedNodeName")
-            if meta.get("uid") != uid or spec.get("nodeName"):
-                self._woken(self.nominations.forget(uid))  # deleted (and made again), or bound
-            elif isinstance(node, str) and node:
+                continue  # recorded again during the read (a filter, another answer): that is newer
+            what, node = followed(pod, uid, settled=i >= len(FOLLOW_AFTER_S) - 1)
+            if what == "forget":
+                self._woken(self.nominations.forget(uid))
+                log.info("nomination of %s/%s forgotten: %s", ns, name,
+                         "gone" if pod is None else "bound or nominated nowhere")
+                return
+            if what == "nominate":
                 self.nominate(uid, got.priority, got.request, got.annotations, [node])
-            elif i == len(NARROW_AFTER_S) - 1:
-                self._woken(self.nominations.forget(uid))  # nominated nowhere
-            else:
-                continue
-            return
 
     def _woken(self, nodes: set[str]) -> None:
         """Nodes a nomination left without its pod: a pod turned away there meanwhile is tried again."""

@@ -7,9 +7,12 @@ must do the same, or a lower-priority pod takes the card freed for it (or the pr
 for the next preemptor, whose victims then go for nothing: tests/e2e/test_redteam_preempt_nominated.py).
 
 Learnt where the extender sees it: the preempt verb's answer (every node answered, as kube-scheduler picks one
-of them), then each filter of a pod carrying `nominatedNodeName` (that node only). Forgotten at its bind (on
-whatever node), when it is filtered with another nomination or none, or NOMINATION_SECONDS after it was last
-seen (a preemptor deleted meanwhile). Bounded: at most MAX_NOMINATIONS pods, the oldest forgotten first.
+of them), then each filter of a pod carrying `nominatedNodeName` (that node only). Followed on the API server
+while it lives (InFlight.follow reads the pod; `followed` says what a read means): moved to the node the pod
+names, seen again while it names one. Forgotten at its bind (on whatever node), when it is filtered with another
+nomination or none, when a read finds the pod gone, bound or (from the last of FOLLOW_AFTER_S on) nominated
+nowhere, or NOMINATION_SECONDS after it was last seen (reads that failed). Bounded: at most MAX_NOMINATIONS
+pods, the oldest forgotten first.
 Per replica: kube-scheduler calls the extender beside it (the chart's sidecar), which sees both.
 """
 
@@ -18,9 +21,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from shared.domain.preempt import Ahead
 from shared.domain.request import SliceRequest
+from shared.domain.views import part
 
 NOMINATION_SECONDS = 120.0  # a nomination not seen again for this long is forgotten (kube-scheduler retries
 # a nominated pod whenever one of its victims goes, and at least every podMaxBackoffSeconds, 10 s by default)
@@ -31,6 +36,30 @@ MAX_NOMINATIONS = 4096
 # forgotten; a nomination that alone is past it keeps its nodes without their victims (its plan then leaves it
 # any card there, so the next preemptor's victims must leave it one: fewer evictions, never more)
 MAX_ENTRIES = 262_144
+# A nominated pod is read this long after its nomination is learnt, then after each further delay, then every
+# FOLLOW_EVERY_S while the nomination lives (InFlight.follow): a preemptor deleted or bound by another replica
+# meanwhile holds its cards that long at most, not NOMINATION_SECONDS
+FOLLOW_AFTER_S = (1.0, 3.0, 10.0)
+FOLLOW_EVERY_S = 10.0
+
+Verdict = tuple[Literal["forget", "nominate", "wait"], str]
+
+
+def followed(pod: Mapping[str, Any] | None, uid: str, settled: bool) -> Verdict:
+    """What one read of a nominated pod (None: not found) says of its nomination. `forget`: the pod is gone, was
+    made again under another uid, or is bound; or it names no node although kube-scheduler has had time to write
+    one (`settled`: from the last of FOLLOW_AFTER_S on; kube-scheduler did not nominate it, or cleared it, and its
+    own filters no longer count it). `nominate`: it names this node now (moved there, seen again). `wait`: no node
+    named yet, read again."""
+    if pod is None:
+        return "forget", ""
+    meta, spec, status = (part(pod, k) for k in ("metadata", "spec", "status"))
+    if meta.get("uid") != uid or spec.get("nodeName"):
+        return "forget", ""
+    node = status.get("nominatedNodeName")
+    if isinstance(node, str) and node:
+        return "nominate", node
+    return ("forget", "") if settled else ("wait", "")
 
 
 @dataclass(frozen=True)

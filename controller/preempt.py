@@ -110,8 +110,8 @@ class Preemption:
         if out:  # kube-scheduler nominates it to one of them: pods after it leave it the room (_held_for)
             fits = {k: v for k in FIT_ANNOTATIONS if isinstance(v := (meta.get("annotations") or {}).get(k), str)}
             self.ext.nominate(meta["uid"], a.priority, req, fits, {n: v for n, (v, _) in out.items()})
-            if len(out) > 1:  # kube-scheduler picks one: read which, soon (not at its next filter only)
-                self.ext.narrow_later(meta["namespace"], meta["name"], meta["uid"])
+            # kube-scheduler picks one: read which, soon (not at its next filter only), and while it waits
+            self.ext.follow(meta["namespace"], meta["name"], meta["uid"])
         log.info("preempt for %s: %d of %d nodes kept (%s); dropped: %s", ref, len(out), len(a.nodes),
                  "; ".join(chosen) or "none", "; ".join(refused) or "none")
         if out:

@@ -167,6 +167,35 @@ async def test_nothing_is_evicted_when_no_card_can_be_freed(
     assert len(snap.reservations) == 4 and [c.mem_used for c in snap.cards.values()] == [96, 96]
 
 
+async def test_a_preemptor_deleted_while_its_victim_goes_leaves_the_card_at_once(
+        cluster: Cluster, stack: Stack, priorities: dict[str, str]) -> None:
+    """The verb answered one node; the user deleted the preemptor while its victim terminated. kube-scheduler's own
+    filters stop counting it at once; the extender, which read a nominated pod again only when its answer named
+    several nodes, kept the card for it until NOMINATION_SECONDS (120 s) passed without a filter of it, and turned
+    every pod of a lower priority away from it meanwhile. Now it follows the pod (InFlight.follow) and forgets the
+    nomination at the next read that finds it gone (FOLLOW_AFTER_S: 1, 3, 10 s after the answer, then every 10 s),
+    waking the pods turned away there."""
+    node = await cluster.add_node(96, cards=1)
+    await slice_pod(cluster, "v", 96, priorities["lowest"])
+    await cluster.wait_bound("v")
+    await slice_pod(cluster, "p1", 64, priorities["high"])
+    assert await until("v terminating", lambda: _terminating(cluster, 1)) == {"v"}
+    assert (await until("p1 nominated", lambda: _nominated(cluster, "p1")))["status"]["nominatedNodeName"] == node
+    await cluster.delete("p1")  # given up on
+
+    async def gone() -> bool:
+        return "p1" not in await pods(cluster)
+
+    await until("p1 gone", gone)
+    await cluster.delete("v")  # the kubelet's part: the victim's containers stopped
+    await cluster.wait_ledger(lambda s: not s[node].reservations)
+    await slice_pod(cluster, "q", 64, priorities["low"])
+    # before: q turned away for p1 until 120 s after p1's preemption; now within one read of p1 (<= 10 s) and a wake
+    pod = (await cluster.wait_bound("q", timeout=DEADLINE))["q"]
+    assert pod["spec"]["nodeName"] == node
+    await cluster.wait_ledger(lambda s: {r.pod.split("/")[1] for r in s[node].reservations.values()} == {"q"})
+
+
 def counters(stack: Stack, kind: str) -> list[str]:
     """The role's release, nudge, filter and bind counters (failure reports)."""
     wanted = ("mtsched_releases_total", "mtsched_scheduler_nudges_total", "mtsched_filter_failures_total",

@@ -3,7 +3,6 @@ kube-scheduler cleared, the filter's cost with nominations, and the verb's answe
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from collections import Counter
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 
 from shared.domain.state import CardRecord, NodeSnapshot
+from tests.e2e._wait import until_true
 from tests.unit._servers import FakeKube, extender
 from tests.unit.test_nominations import slice_pod
 from tests.unit.test_preempt import S4000, sl, snapshot
@@ -108,7 +108,8 @@ async def test_the_verbs_answer_holds_cards_only_where_kube_scheduler_nominated_
     filter planned them all). Now the extender reads the pod's nominatedNodeName soon after its answer."""
     import controller.in_flight as in_flight_module
 
-    monkeypatch.setattr(in_flight_module, "NARROW_AFTER_S", (0.01, 0.01, 0.01))
+    monkeypatch.setattr(in_flight_module, "FOLLOW_AFTER_S", (0.01, 0.01, 0.01))
+    monkeypatch.setattr(in_flight_module, "FOLLOW_EVERY_S", 0.01)
     kube = FakeKube()
     ext = extender(cfg=S4000, kube=kube)
     await _answered(ext, kube)
@@ -121,7 +122,12 @@ async def test_the_verbs_answer_holds_cards_only_where_kube_scheduler_nominated_
         p1 = kube.pods[("ns", "p-p1")]
         for k, v in then.items():
             p1.setdefault(k, {}).update(v)
-    await asyncio.wait_for(asyncio.gather(*ext._narrowing), 5)
+    async def settled() -> bool:  # forgotten (its reads end), or narrowed to kube-scheduler's choice
+        return not ext._following or len(ext.nominations.by_node) <= 1
+
+    await until_true(settled, "the nomination forgotten or narrowed", timeout=5)
+    for task in ext._following.values():  # a nomination that lives is read while it does
+        task.cancel()
     assert sorted(ext.nominations.by_node) == held
     assert sorted(woken) == sorted({"a", "b", "c"} - set(held))
     fits = ext.filter({"Pod": slice_pod("q", 96, 10), "NodeNames": ["a", "b", "c"]})["NodeNames"]
