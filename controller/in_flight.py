@@ -10,14 +10,13 @@ no watcher kept it) the watchers are asked on the feed to nudge kube-scheduler (
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from controller.fit_memo import Held, Planned, held_states
-from controller.nominations import FOLLOW_AFTER_S, FOLLOW_EVERY_S, Nominations, followed
+from controller.nominations import FOLLOW_AT_S, FOLLOW_EVERY_S, Nominations, followed, read_times
 from shared.config import Config
 from shared.domain.preempt import Holding, plan_ahead
 from shared.domain.request import SliceRequest
@@ -31,7 +30,7 @@ log = logging.getLogger("mtsched.extender")
 
 CLAIM_TICK_SECONDS = 1.0  # how often claims lapse while no filter comes (expire_claims)
 CLAIM_SECONDS = 5.0  # how long filter's claim on its one returned node lasts without a bind (Extender._claim)
-MAX_FOLLOWED = 64  # nominated pods read on the API server at once (follow)
+MAX_FOLLOWED = 64  # nominated pods read on the API server at once in their first reads, and after them (follow)
 
 
 class InFlight:
@@ -54,6 +53,7 @@ class InFlight:
         self._turned_away: set[str] = set()
         self._notices: set[asyncio.Task[None]] = set()  # notices being sent (_notify)
         self._following: dict[str, asyncio.Task[None]] = {}  # uid -> its reads while nominated (follow)
+        self._followed_long: set[str] = set()  # those past their first reads (FOLLOW_AT_S)
         self._verify_asked: dict[str, float] = {}  # node -> when its last verify notice went (_notify)
         # a node per slice pod turned away while no watcher kept the ledger (its first candidate): kube-scheduler
         # tries such a pod again only on a cluster event, so these are woken once the ledger is kept again
@@ -66,30 +66,54 @@ class InFlight:
         turned away there for it."""
         self._woken(self.nominations.record(uid, priority, req, annotations, nodes))
 
-    def follow(self, ns: str, name: str, uid: str) -> None:
+    def follow(self, ns: str, name: str, uid: str, answered: Collection[str] | None = None) -> None:
         """Read a nominated pod on the API server while its nomination lives (_follow). After the preempt verb's
-        answer: kube-scheduler nominates the pod to one of the nodes answered, and its next filter, which says which,
-        may come only once its victims are gone (their grace period, 30 s by default), while every other node
-        answered would hold a card for it. After either: a preemptor deleted, or bound by another replica, would
-        hold its card until NOMINATION_SECONDS passed without a filter of it, where kube-scheduler's own filters
-        stop counting it at once. At most MAX_FOLLOWED pods at once (beyond: NOMINATION_SECONDS alone)."""
-        if self.kube is None or uid in self._following or len(self._following) >= MAX_FOLLOWED:
+        answer (`answered`: the nodes it named): kube-scheduler nominates the pod to one of them, and its next
+        filter, which says which, may come only once its victims are gone (their grace period, 30 s by default),
+        while every other node answered would hold a card for it. After either: a preemptor deleted, or bound by
+        another replica, would hold its card until NOMINATION_SECONDS passed without a filter of it, where
+        kube-scheduler's own filters stop counting it at once.
+
+        An answer starts the pod's reads afresh (kube-scheduler writes its choice after the answer: a follower of an
+        earlier nomination would read the old one). Bounded: MAX_FOLLOWED pods in their first reads (FOLLOW_AT_S)
+        and MAX_FOLLOWED after them, apart, so pods nominated for long never keep a new answer from being narrowed;
+        beyond, a nomination ends at NOMINATION_SECONDS as if not followed."""
+        if self.kube is None:
             return
+        running = self._following.get(uid)
+        if running is not None and not running.done():
+            if answered is None:
+                return  # followed already
+            running.cancel()  # its done-callback finds the new one in its place: the accounting is done here
+        elif len(self._following) - len(self._followed_long) >= MAX_FOLLOWED:
+            return
+        self._followed_long.discard(uid)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # called outside the event loop (a synchronous test): nothing to follow with
             return
-        task = loop.create_task(self._follow(ns, name, uid))
+        task = loop.create_task(self._follow(ns, name, uid, frozenset(answered) if answered is not None else None))
         self._following[uid] = task
-        task.add_done_callback(lambda t: self._following.pop(uid, None) if self._following.get(uid) is t else None)
 
-    async def _follow(self, ns: str, name: str, uid: str) -> None:
-        """Reads at FOLLOW_AFTER_S, then every FOLLOW_EVERY_S, until the nomination is forgotten (`followed` says
-        what each read means); a read that fails changes nothing (the nomination then lapses on its own)."""
+        def done(t: asyncio.Task[None]) -> None:
+            if self._following.get(uid) is t:
+                del self._following[uid]
+                self._followed_long.discard(uid)
+        task.add_done_callback(done)
+
+    async def _follow(self, ns: str, name: str, uid: str, answered: frozenset[str] | None) -> None:
+        """Reads at FOLLOW_AT_S after the start, then every FOLLOW_EVERY_S, until the nomination is forgotten
+        (`followed` says what each read means); a read that fails changes nothing (the nomination then lapses on
+        its own)."""
         assert self.kube is not None
-        delays = itertools.chain(FOLLOW_AFTER_S, itertools.repeat(FOLLOW_EVERY_S))
-        for i, delay in enumerate(delays):
-            await asyncio.sleep(delay)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for i, at in enumerate(read_times(FOLLOW_AT_S, FOLLOW_EVERY_S)):
+            if i == len(FOLLOW_AT_S):  # past its first reads: one of the pods followed for long, if there is room
+                if len(self._followed_long) >= MAX_FOLLOWED:
+                    return
+                self._followed_long.add(uid)
+            await asyncio.sleep(max(0.0, start + at - loop.time()))
             got = self.nominations.by_uid.get(uid)
             if got is None:
                 return  # forgotten: bound, filtered with no nomination, lapsed
@@ -105,11 +129,11 @@ class InFlight:
                 continue
             if self.nominations.by_uid.get(uid) is not got:
                 continue  # recorded again during the read (a filter, another answer): that is newer
-            what, node = followed(pod, uid, settled=i >= len(FOLLOW_AFTER_S) - 1)
+            what, node = followed(pod, uid, settled=i >= len(FOLLOW_AT_S) - 1, answered=answered)
             if what == "forget":
                 self._woken(self.nominations.forget(uid))
                 log.info("nomination of %s/%s forgotten: %s", ns, name,
-                         "gone" if pod is None else "bound or nominated nowhere")
+                         "gone" if pod is None else "bound, being deleted, or nominated nowhere")
                 return
             if what == "nominate":
                 self.nominate(uid, got.priority, got.request, got.annotations, [node])

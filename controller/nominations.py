@@ -10,16 +10,17 @@ Learnt where the extender sees it: the preempt verb's answer (every node answere
 of them), then each filter of a pod carrying `nominatedNodeName` (that node only). Followed on the API server
 while it lives (InFlight.follow reads the pod; `followed` says what a read means): moved to the node the pod
 names, seen again while it names one. Forgotten at its bind (on whatever node), when it is filtered with another
-nomination or none, when a read finds the pod gone, bound or (from the last of FOLLOW_AFTER_S on) nominated
-nowhere, or NOMINATION_SECONDS after it was last seen (reads that failed). Bounded: at most MAX_NOMINATIONS
+nomination or none, when a read finds the pod gone, bound, being deleted or (from the last of FOLLOW_AT_S on)
+nominated nowhere, or NOMINATION_SECONDS after it was last seen (reads that failed). Bounded: at most MAX_NOMINATIONS
 pods, the oldest forgotten first.
 Per replica: kube-scheduler calls the extender beside it (the chart's sidecar), which sees both.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,28 +37,37 @@ MAX_NOMINATIONS = 4096
 # forgotten; a nomination that alone is past it keeps its nodes without their victims (its plan then leaves it
 # any card there, so the next preemptor's victims must leave it one: fewer evictions, never more)
 MAX_ENTRIES = 262_144
-# A nominated pod is read this long after its nomination is learnt, then after each further delay, then every
-# FOLLOW_EVERY_S while the nomination lives (InFlight.follow): a preemptor deleted or bound by another replica
-# meanwhile holds its cards that long at most, not NOMINATION_SECONDS
-FOLLOW_AFTER_S = (1.0, 3.0, 10.0)
+# A nominated pod is read this long after its nomination is learnt (the preempt verb's answer starts it afresh),
+# then every FOLLOW_EVERY_S while the nomination lives (InFlight.follow): a preemptor deleted or bound by another
+# replica meanwhile holds its cards that long at most, not NOMINATION_SECONDS
+FOLLOW_AT_S = (1.0, 3.0, 10.0)
 FOLLOW_EVERY_S = 10.0
 
 Verdict = tuple[Literal["forget", "nominate", "wait"], str]
 
 
-def followed(pod: Mapping[str, Any] | None, uid: str, settled: bool) -> Verdict:
+def read_times(first: tuple[float, ...], every: float) -> Iterator[float]:
+    """When a followed pod is read, in seconds from the start of its follow: `first`, then every `every` after."""
+    yield from first
+    yield from itertools.count(first[-1] + every, every)
+
+
+def followed(pod: Mapping[str, Any] | None, uid: str, settled: bool,
+             answered: Collection[str] | None = None) -> Verdict:
     """What one read of a nominated pod (None: not found) says of its nomination. `forget`: the pod is gone, was
-    made again under another uid, or is bound; or it names no node although kube-scheduler has had time to write
-    one (`settled`: from the last of FOLLOW_AFTER_S on; kube-scheduler did not nominate it, or cleared it, and its
-    own filters no longer count it). `nominate`: it names this node now (moved there, seen again). `wait`: no node
-    named yet, read again."""
+    made again under another uid, is bound, or is being deleted (kube-scheduler schedules no such pod); or it names
+    no node although kube-scheduler has had time to write one (`settled`: from the last of FOLLOW_AT_S on;
+    kube-scheduler did not nominate it, or cleared it, and its own filters no longer count it). `nominate`: it
+    names this node now (moved there, seen again). `wait`: no node named yet, or, before `settled`, a node the
+    preempt verb did not answer (`answered`): kube-scheduler's choice among them is not written yet, what the pod
+    names is its nomination from before. Read again."""
     if pod is None:
         return "forget", ""
     meta, spec, status = (part(pod, k) for k in ("metadata", "spec", "status"))
-    if meta.get("uid") != uid or spec.get("nodeName"):
+    if meta.get("uid") != uid or spec.get("nodeName") or meta.get("deletionTimestamp"):
         return "forget", ""
     node = status.get("nominatedNodeName")
-    if isinstance(node, str) and node:
+    if isinstance(node, str) and node and (settled or answered is None or node in answered):
         return "nominate", node
     return ("forget", "") if settled else ("wait", "")
 

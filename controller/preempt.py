@@ -111,7 +111,7 @@ class Preemption:
             fits = {k: v for k in FIT_ANNOTATIONS if isinstance(v := (meta.get("annotations") or {}).get(k), str)}
             self.ext.nominate(meta["uid"], a.priority, req, fits, {n: v for n, (v, _) in out.items()})
             # kube-scheduler picks one: read which, soon (not at its next filter only), and while it waits
-            self.ext.follow(meta["namespace"], meta["name"], meta["uid"])
+            self.ext.follow(meta["namespace"], meta["name"], meta["uid"], answered=out.keys())
         log.info("preempt for %s: %d of %d nodes kept (%s); dropped: %s", ref, len(out), len(a.nodes),
                  "; ".join(chosen) or "none", "; ".join(refused) or "none")
         if out:

@@ -173,7 +173,7 @@ async def test_a_preemptor_deleted_while_its_victim_goes_leaves_the_card_at_once
     filters stop counting it at once; the extender, which read a nominated pod again only when its answer named
     several nodes, kept the card for it until NOMINATION_SECONDS (120 s) passed without a filter of it, and turned
     every pod of a lower priority away from it meanwhile. Now it follows the pod (InFlight.follow) and forgets the
-    nomination at the next read that finds it gone (FOLLOW_AFTER_S: 1, 3, 10 s after the answer, then every 10 s),
+    nomination at the next read that finds it gone (FOLLOW_AT_S: 1, 3, 10 s after the answer, then every 10 s),
     waking the pods turned away there."""
     node = await cluster.add_node(96, cards=1)
     await slice_pod(cluster, "v", 96, priorities["lowest"])

@@ -10,6 +10,7 @@ nominated whose victims took longer than that to go (a long grace period) lost t
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,10 @@ from typing import Any
 import pytest
 
 import controller.in_flight as in_flight_module
-from controller.nominations import FOLLOW_AFTER_S, NOMINATION_SECONDS, followed
+from controller.nominations import FOLLOW_AT_S, FOLLOW_EVERY_S, NOMINATION_SECONDS, followed, read_times
+from controller.preempt import Preemption
+from shared.kube import KubeError
+from tests.e2e._wait import until_true
 from tests.unit._servers import FakeKube, extender
 from tests.unit.test_nominations import slice_pod
 from tests.unit.test_preempt import S4000, meta, sl, snapshot
@@ -26,6 +30,8 @@ UID = "p1"
 
 
 @pytest.mark.parametrize(("pod", "settled", "verdict"), [
+    ({"metadata": {"uid": UID, "deletionTimestamp": "2026-12-06T00:00:00Z"}, "status": {"nominatedNodeName": "a"}},
+     False, ("forget", "")),  # being deleted: kube-scheduler schedules no such pod
     (None, False, ("forget", "")),  # deleted
     ({"metadata": {"uid": "other"}, "status": {"nominatedNodeName": "a"}}, False, ("forget", "")),  # made again
     ({"metadata": {"uid": UID}, "spec": {"nodeName": "b"}}, False, ("forget", "")),  # bound (another replica)
@@ -42,9 +48,30 @@ def test_what_a_read_of_a_nominated_pod_says(pod: Any, settled: bool, verdict: t
     assert followed(pod, UID, settled) == verdict
 
 
+@pytest.mark.parametrize(("named", "settled", "verdict"), [
+    ("b", False, ("nominate", "b")),  # kube-scheduler's choice among the nodes answered
+    ("a", False, ("wait", "")),  # its nomination from before the answer: the choice is not written yet
+    ("a", True, ("nominate", "a")),  # still so at the settled read: kube-scheduler chose a after all
+    ("", False, ("wait", "")),
+])
+def test_a_read_after_an_answer_waits_for_one_of_its_nodes(named: str, settled: bool,
+                                                           verdict: tuple[str, str]) -> None:
+    """Red team: a follower reading between the verb's answer and kube-scheduler's status write saw the node of the
+    pod's earlier nomination, moved the new one back there, and lost the victims answered."""
+    pod = {"metadata": {"uid": UID}, "status": {"nominatedNodeName": named}}
+    assert followed(pod, UID, settled, answered={"b", "c"}) == verdict
+
+
+def test_reads_come_at_the_times_the_docs_say() -> None:
+    """docs/rules.md: 1, 3 and 10 s after the extender learnt the nomination, then every 10 s (red team: the first
+    version slept each delay after the last, reading at 1, 4 and 14 s)."""
+    times = read_times(FOLLOW_AT_S, FOLLOW_EVERY_S)
+    assert [next(times) for _ in range(6)] == [1.0, 3.0, 10.0, 20.0, 30.0, 40.0]
+
+
 @pytest.fixture
 def fast(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(in_flight_module, "FOLLOW_AFTER_S", (0.01, 0.01, 0.01))
+    monkeypatch.setattr(in_flight_module, "FOLLOW_AT_S", (0.01, 0.02, 0.03))
     monkeypatch.setattr(in_flight_module, "FOLLOW_EVERY_S", 0.01)
     yield
 
@@ -163,7 +190,7 @@ async def test_a_read_that_fails_changes_nothing(fast: None) -> None:
     ext = extender(cfg=S4000, kube=kube)
     await answered_on_one_node(ext, kube)
     try:
-        await reads_past(kube, len(FOLLOW_AFTER_S) + 2)
+        await reads_past(kube, len(FOLLOW_AT_S) + 2)
         assert sorted(ext.nominations.by_node) == ["a"]  # neither forgotten nor moved: it lapses on its own
     finally:
         await stop_following(ext)
@@ -180,5 +207,148 @@ async def test_followed_pods_are_bounded(fast: None, monkeypatch: pytest.MonkeyP
             ext.follow("ns", f"u{i}", f"u{i}")
             ext.follow("ns", f"u{i}", f"u{i}")  # one follower per pod
         assert sorted(ext._following) == ["u0", "u1"]
+    finally:
+        await stop_following(ext)
+
+
+# -- from the red team of the first version ------------------------------------------------------------------------
+
+
+class Scripted(FakeKube):
+    """Each read of a pod waits for the answer the test gives it (a pod, or None: not found)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asks: asyncio.Queue[asyncio.Future[Any]] = asyncio.Queue()
+
+    async def get_pod(self, ns: str, name: str) -> dict[str, Any]:
+        asked = asyncio.get_running_loop().create_future()
+        await self.asks.put(asked)
+        got = await asked
+        if got is None:
+            raise KubeError(404, {"message": f'pods "{name}" not found'}, "get")
+        return copy.deepcopy(got)  # type: ignore[no-any-return]
+
+    async def reply(self, pod: Any) -> None:
+        """Answer the next read with `pod`; return once its follower acted on it."""
+        async with asyncio.timeout(5):
+            while (asked := await self.asks.get()).done():
+                pass  # the read of a follower cancelled since
+        asked.set_result(pod)
+        for _ in range(5):  # the follower wakes at the next loop turn and acts on the answer before it awaits again
+            await asyncio.sleep(0)
+
+
+def named(node: str, uid: str = UID) -> dict[str, Any]:
+    return {"metadata": {"uid": uid}, "status": {"nominatedNodeName": node} if node else {}}
+
+
+@pytest.fixture
+def instant(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(in_flight_module, "FOLLOW_AT_S", (0.0, 0.0, 0.0))
+    monkeypatch.setattr(in_flight_module, "FOLLOW_EVERY_S", 0.0)
+
+
+def three_nodes(ext: Any) -> None:
+    for name in "abc":  # card 0 held by a low-priority victim v-<node>, card 1 idle
+        ext.mirror.put(dataclasses.replace(snapshot([(f"v-{name}", (0,), 64, 4, 1)]), node=name))
+
+
+async def test_a_new_answer_is_not_moved_back_by_a_read_of_the_old_nomination(instant: None) -> None:
+    """p1, nominated to a, preempts again and is answered on b and c. A read between the answer and
+    kube-scheduler's status write still sees a: the first version moved the new nomination back to a (b and c
+    kept nothing for p1) and, once b was written, kept b without the victims answered there."""
+    kube = Scripted()
+    ext = extender(cfg=S4000, kube=kube)
+    three_nodes(ext)
+    p1 = slice_pod(UID, 96, 1000, nominated="a")
+    ext.filter({"Pod": p1, "NodeNames": ["zz"]})  # learnt from a filter: followed
+    try:
+        await kube.reply(named("a"))
+        assert sorted(ext.nominations.by_node) == ["a"]
+        out = await Preemption(ext).preempt({"Pod": {**p1, "status": {}},
+                                             "NodeNameToMetaVictims": {**meta("b", "v-b"), **meta("c", "v-c")}})
+        assert set(out["NodeNameToMetaVictims"]) == {"b", "c"}
+        await kube.reply(named("a"))  # kube-scheduler's write not landed yet
+        assert dict(ext.nominations.by_uid[UID].victims) == {"b": ("v-b",), "c": ("v-c",)}
+        await kube.reply(named("b"))
+        assert dict(ext.nominations.by_uid[UID].victims) == {"b": ("v-b",)}
+    finally:
+        await stop_following(ext)
+
+
+async def test_a_new_answer_is_not_forgotten_by_a_follower_of_an_earlier_nomination(
+        instant: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kube-scheduler cleared p1's nomination; its next filter came without it (forgotten) and the verb answered b.
+    The first version left the earlier follower running, past its first reads: its next read, before
+    kube-scheduler wrote b, counted as settled and forgot the new nomination. An answer starts the reads afresh."""
+    monkeypatch.setattr(in_flight_module, "FOLLOW_EVERY_S", 30.0)  # past its first reads it sleeps meanwhile
+    kube = Scripted()
+    ext = extender(cfg=S4000, kube=kube)
+    three_nodes(ext)
+    p1 = slice_pod(UID, 96, 1000, nominated="a")
+    ext.filter({"Pod": p1, "NodeNames": ["zz"]})
+    try:
+        for _ in FOLLOW_AT_S:  # past its first reads
+            await kube.reply(named("a"))
+        ext.filter({"Pod": {**p1, "status": {}}, "NodeNames": ["zz"]})
+        assert not ext.nominations
+        out = await Preemption(ext).preempt({"Pod": {**p1, "status": {}}, "NodeNameToMetaVictims": meta("b", "v-b")})
+        assert set(out["NodeNameToMetaVictims"]) == {"b"}
+        await kube.reply(named(""))  # not written yet
+        assert sorted(ext.nominations.by_node) == ["b"]
+        await kube.reply(named("b"))
+        assert sorted(ext.nominations.by_node) == ["b"]
+    finally:
+        await stop_following(ext)
+
+
+async def test_pods_nominated_for_long_never_keep_an_answer_from_being_narrowed(
+        fast: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MAX_FOLLOWED (here 2) pods whose victims are slow to go stay followed; the first version counted them in
+    the same budget, so a later answer on several nodes was never narrowed (every node answered kept a card from
+    lower pods until the preemptor's next filter, or 120 s). The first reads have a budget of their own."""
+    monkeypatch.setattr(in_flight_module, "MAX_FOLLOWED", 2)
+    kube = FakeKube()
+    ext = extender(cfg=S4000, kube=kube)
+    three_nodes(ext)
+    try:
+        for i in range(2):
+            ext.nominate(f"u{i}", 5000, sl(96), {}, ["x"])
+            kube.pods[("ns", f"u{i}")] = named("x", f"u{i}")
+            ext.follow("ns", f"u{i}", f"u{i}")
+
+        async def long_followed() -> bool:
+            return ext._followed_long == {"u0", "u1"}
+
+        await until_true(long_followed, "both followed past their first reads", timeout=5)
+        p1 = slice_pod(UID, 96, 1000)
+        kube.pods[("ns", "p-p1")] = p1
+        out = await Preemption(ext).preempt(
+            {"Pod": p1, "NodeNameToMetaVictims": {**meta("a", "v-a"), **meta("b", "v-b"), **meta("c", "v-c")}})
+        assert set(out["NodeNameToMetaVictims"]) == {"a", "b", "c"}
+        p1["status"] = {"nominatedNodeName": "a"}  # kube-scheduler's choice
+
+        async def narrowed() -> bool:
+            return sorted(ext.nominations.by_node) == ["a", "x"]
+
+        await until_true(narrowed, "p1 narrowed to a", timeout=5)
+    finally:
+        await stop_following(ext)
+
+
+async def test_a_follower_that_ended_is_replaced_at_once(fast: None) -> None:
+    """Red team: a follower done but not yet removed (its done-callback runs a loop turn later) made a follow
+    asked in that turn a no-op, and the new nomination went unfollowed."""
+    kube = FakeKube()
+    ext = extender(cfg=S4000, kube=kube)
+    ended = asyncio.get_running_loop().create_task(asyncio.sleep(0))
+    await ended
+    ext._following[UID] = ended  # as the done-callback has not removed it yet
+    ext.nominate(UID, 1000, sl(96), {}, ["a"])
+    kube.pods[("ns", "p-p1")] = named("a")
+    ext.follow("ns", "p-p1", UID)
+    try:
+        assert ext._following[UID] is not ended
     finally:
         await stop_following(ext)

@@ -108,7 +108,7 @@ async def test_the_verbs_answer_holds_cards_only_where_kube_scheduler_nominated_
     filter planned them all). Now the extender reads the pod's nominatedNodeName soon after its answer."""
     import controller.in_flight as in_flight_module
 
-    monkeypatch.setattr(in_flight_module, "FOLLOW_AFTER_S", (0.01, 0.01, 0.01))
+    monkeypatch.setattr(in_flight_module, "FOLLOW_AT_S", (0.01, 0.02, 0.03))
     monkeypatch.setattr(in_flight_module, "FOLLOW_EVERY_S", 0.01)
     kube = FakeKube()
     ext = extender(cfg=S4000, kube=kube)
