@@ -364,16 +364,26 @@ def _from_mapping(values: Mapping[str, object], source: str, errors: list[str]) 
     return out
 
 
-def _flatten_file(doc: Mapping[str, object]) -> Mapping[str, object]:
-    """Accept the flat form and the Helm-values form (devices.mthreads.memoryPerCard)."""
+def _flatten_file(doc: Mapping[str, object], source: str, errors: list[str]) -> Mapping[str, object]:
+    """Accept the flat form and the Helm-values form (devices.mthreads.memoryPerCard). A setting given both ways
+    with different values is refused: which one wins would be a guess (a HAMi values block pasted into a file that
+    already had the flat key)."""
     flat = dict(doc)
     devices = flat.pop("devices", None)
     if isinstance(devices, Mapping):
         mt = devices.get("mthreads")
         if isinstance(mt, Mapping):
             for k, v in mt.items():
-                if k not in ("enabled", "customresources"):
-                    flat.setdefault(k, v)
+                if k in ("enabled", "customresources"):
+                    continue
+                if k not in _KEYS:
+                    errors.append(f"{source}: unknown setting 'devices.mthreads.{k}' (known: "
+                                  f"{', '.join(sorted(_KEYS))})")
+                elif k in flat and flat[k] != v:
+                    errors.append(f"{source}: {k} is {flat[k]!r} and devices.mthreads.{k} is {v!r}: give it one "
+                                  "way")
+                else:
+                    flat[k] = v
     return flat
 
 
@@ -392,7 +402,8 @@ def load_config(
             raise ConfigError(f"config file {path}: {e}") from e
         if not isinstance(doc, Mapping):
             raise ConfigError(f"config file {path}: top level must be a mapping")
-        merged.update(_from_mapping(_flatten_file(doc), f"config file {path}", errors))
+        source = f"config file {path}"
+        merged.update(_from_mapping(_flatten_file(doc, source, errors), source, errors))
     env = os.environ if env is None else env
     env_values = {
         camel(k[len("MTSCHED_"):].lower()): v

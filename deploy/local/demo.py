@@ -10,6 +10,7 @@ seed documents) and prints what happened to each pod and the card table.
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from deploy.local.controlplane import ControlPlane, ensure_binaries
 from deploy.local.redis import RedisServer, new_password
 from deploy.local.stack import Stack
 from shared.config import redact_url
+from shared.domain.models import ModelError, parse_memory_per_card
 from shared.serving.logs import Progress
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "pods.yaml"
@@ -116,7 +118,34 @@ async def _table(redis_url: str) -> str:
         await client.aclose()
 
 
+def _stop_on_signals() -> None:
+    """SIGTERM and SIGHUP (a closed terminal, a timeout's kill) stop the demo as Ctrl-C does: what it started runs
+    in process groups of its own, which no signal to the demo reaches, so only its own cleanup stops them."""
+    def interrupt(signum: int, _frame: object) -> None:
+        for again in (signal.SIGTERM, signal.SIGHUP):  # a second one must not cut the cleanup short
+            signal.signal(again, signal.SIG_IGN)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
+
+
 def run_demo(memory_per_card: str = "96,160", keep: bool = False) -> int:
+    try:  # refused before anything starts (it was read only once the control plane was up)
+        models = parse_memory_per_card(memory_per_card)
+    except ModelError as e:
+        print(f"mtsched demo: --memory-per-card: {e}", file=sys.stderr)
+        return 2
+    memory_per_card = ",".join(str(m.memory) for m in models)
+    _stop_on_signals()
+    try:
+        return _run_demo(memory_per_card, keep)
+    except KeyboardInterrupt:
+        print("mtsched demo: stopped; everything it started is stopped", file=sys.stderr)
+        return 130
+
+
+def _run_demo(memory_per_card: str, keep: bool) -> int:
     say = Progress()
     say("building the control plane if needed (first run only: kube-apiserver, kube-scheduler and etcd from "
         "their pinned Go modules; several minutes on 2 cores, then cached)")
@@ -148,7 +177,8 @@ def run_demo(memory_per_card: str = "96,160", keep: bool = False) -> int:
         say(f"next run: ~{time.monotonic() - say.t0:.0f}s (binaries are cached)")
         if keep:
             say(f"kept running; try: KUBECONFIG={cp.kubeconfig_path} and REDISCLI_AUTH=$(cat "
-                f"{stack.dir / 'redis-password'}) redis-cli -p {redis.port} --scan --pattern 'mt:*'. Ctrl-C to stop")
+                f"{stack.dir / 'redis-password'}) redis-cli -p {redis.port} --scan --pattern 'mt:*'. "
+                "Ctrl-C (or a SIGTERM) to stop")
             try:
                 while True:
                     time.sleep(3600)

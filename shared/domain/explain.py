@@ -39,7 +39,7 @@ from shared.domain.fit import (
 from shared.domain.models import CardModel
 from shared.domain.node import CORDON_ANNOTATION, mismatch_kind
 from shared.domain.placement import NodeRequirement
-from shared.domain.request import Mode, SliceRequest
+from shared.domain.request import PIN_ANNOTATION, Mode, SliceRequest
 from shared.domain.state import CardRecord, NodeSnapshot
 
 USAGE_REASONS = (CARD_SLICES_EXHAUSTED, EXCLUSIVE_CONFLICT, CARD_INSUFFICIENT_MEMORY, CARD_COMPUTE_EXHAUSTED,
@@ -154,11 +154,14 @@ def _advice(reason: str, view: CardView, req: SliceRequest, memory: int, cores: 
     if reason == CARD_TYPE_MISMATCH:
         model = CardModel(view.capacity)
         if req.model and req.model != view.capacity:
-            want = f"a {CardModel(req.model).name} card ({req.model} units)"
-        else:
-            bad = sorted({s.memory for s in req.shares if not s.empty and not model.accepts(s.memory)})
-            want = f"sgpu-memory {', '.join(map(str, bad))}, not valid on {model.name}"
-        return (f"the card is {model.name} ({view.capacity} units), the pod needs {want}",
+            # the pin, or the webhook's model for the pod (whole cards: no sgpu-memory value to change)
+            return (f"the card is {model.name} ({view.capacity} units), the pod needs a {CardModel(req.model).name} "
+                    f"card ({req.model} units)",
+                    f"wait for a {CardModel(req.model).name} card, or create the pod with the annotation "
+                    f"{PIN_ANNOTATION}: \"{view.capacity}\" to run it on {model.name} cards")
+        bad = sorted({s.memory for s in req.shares if not s.empty and not model.accepts(s.memory)})
+        return (f"the card is {model.name} ({view.capacity} units), the pod needs sgpu-memory "
+                f"{', '.join(map(str, bad))}, not valid on {model.name}",
                 f"use a card of that model, or ask a value {model.name} takes "
                 f"({', '.join(map(str, model.valid_memory))})")
     if reason == CARD_UUID_MISMATCH:

@@ -15,6 +15,10 @@ DEFAULT_MAX_INST = 16  # vendor sgpu_km max_inst default: slice instances per ca
 MAX_MODEL_UNITS = 4096  # 2 TiB per card: anything above is a typo, not a card
 
 KNOWN_NAMES = {96: "MTT S4000", 160: "MTT S5000"}
+# a known card's memory in GiB, written where its units belong (the seeds give both: 48 GiB = 96 units): no card
+# with sGPU has that many units. The chart refuses them with the same words (_helpers.tpl, memoryPerCard)
+GIB_WRITTEN = {units // 2: units for units in KNOWN_NAMES}
+ALLOWED = f" (2..{MAX_MODEL_UNITS}; 96 = MTT S4000, 160 = MTT S5000: one, or a list such as [96, 160])"
 
 
 class ModelError(ValueError):
@@ -68,11 +72,15 @@ def parse_memory_per_card(value: object) -> tuple[CardModel, ...]:
     models: list[CardModel] = []
     for item in items:
         if isinstance(item, bool) or not isinstance(item, (int, str)):
-            raise ModelError(f"memoryPerCard entry {item!r} is not a whole number of 512 MiB units")
+            raise ModelError(f"memoryPerCard entry {item!r} is not a whole number of 512 MiB units{ALLOWED}")
         try:
             units = int(item)
         except ValueError:
-            raise ModelError(f"memoryPerCard entry {item!r} is not a whole number of 512 MiB units") from None
+            raise ModelError(f"memoryPerCard entry {item!r} is not a whole number of 512 MiB units{ALLOWED}") from None
+        if units in GIB_WRITTEN:
+            meant = GIB_WRITTEN[units]
+            raise ModelError(f"memoryPerCard entry {units} is {KNOWN_NAMES[meant]}'s memory in GiB; the unit is "
+                             f"512 MiB: use {meant} (no Moore Threads card with sGPU has {units} units)")
         if not 2 <= units <= MAX_MODEL_UNITS:
             raise ModelError(
                 f"memoryPerCard entry {units} is out of range: a card has 2..{MAX_MODEL_UNITS} units "

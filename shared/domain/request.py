@@ -200,18 +200,22 @@ def read_asks(pod: Mapping[str, Any], cfg: Config) -> list[ContainerAsk]:
     return asks
 
 
+PIN_ALIASES = {"s4000": "96", "mtt-s4000": "96", "s5000": "160", "mtt-s5000": "160"}  # the card's name for its units
+
+
 def pinned_model(pod: Mapping[str, Any], cfg: Config) -> CardModel | None:
     """The card model a pod pins with the mtsched.io/card-memory annotation, if any."""
     raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(PIN_ANNOTATION)
     if raw is None:
         return None
     text = str(raw).strip()
-    aliases = {"s4000": "96", "mtt-s4000": "96", "s5000": "160", "mtt-s5000": "160"}
-    text = aliases.get(text.lower(), text)
+    text = PIN_ALIASES.get(text.lower(), text)
     # isdigit() takes "²"; the length bound keeps int() away from a 5000-digit annotation
     if not re.fullmatch(r"[0-9]{1,9}", text) or CardModel(int(text)) not in cfg.models:
+        names = [n for n, units in (("S4000", "96"), ("S5000", "160")) if CardModel(int(units)) in cfg.models]
         raise RequestError([f"annotation {PIN_ANNOTATION}={describe(raw)} names no configured card model; "
-                            f"allowed: {', '.join(str(m.memory) for m in cfg.models)} (or S4000/S5000), "
+                            f"allowed: {', '.join(str(m.memory) for m in cfg.models)}"
+                            f"{' (or ' + '/'.join(names) + ')' if names else ''}, "
                             f"memoryPerCard {describe_models(cfg.models)}"])
     return CardModel(int(text))
 

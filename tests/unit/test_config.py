@@ -181,3 +181,35 @@ def test_extender_client_auth_keys_in_every_spelling() -> None:
         assert cfg.extender_client_ca_file == "/ca.crt"
     assert load_config(env={"MTSCHED_EXTENDER_ALLOW_UNAUTHENTICATED": "true"}).extender_allow_unauthenticated
     assert load_config(env={}).listen == ""  # the role's default: shared/serving/listen.py
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # a HAMi values block pasted into a file that had the flat key: which one wins would be a guess
+    ("memoryPerCard: [96]\ndevices:\n  mthreads:\n    memoryPerCard: [160]\n",
+     "memoryPerCard is [96] and devices.mthreads.memoryPerCard is [160]: give it one way"),
+    ("devices:\n  mthreads:\n    memoryPerCrad: [160]\n", "unknown setting 'devices.mthreads.memoryPerCrad'"),
+    ("memoryPerCard: [96, 48]\n", "memoryPerCard entry 48 is MTT S4000's memory in GiB; the unit is 512 MiB: use 96"),
+    ("devices:\n  mthreads:\n    memoryPerCard: 80\n",
+     "memoryPerCard entry 80 is MTT S5000's memory in GiB; the unit is 512 MiB: use 160"),
+    ("memoryPerCard: abc\n", "'abc' is not a whole number of 512 MiB units (2..4096; 96 = MTT S4000, 160 = MTT S5000"),
+])
+def test_a_file_that_says_two_things_or_a_wrong_one_is_refused_by_name(tmp_path: Path, text: str,
+                                                                       expected: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(_file(tmp_path, text), env={})
+    assert expected in str(e.value), str(e.value)
+
+
+def test_both_forms_saying_the_same_are_one(tmp_path: Path) -> None:
+    text = "memoryPerCard: [96, 160]\ndevices:\n  mthreads:\n    enabled: true\n    memoryPerCard: [96, 160]\n"
+    assert models(load_config(_file(tmp_path, text), env={})) == (96, 160)
+
+
+def test_the_roles_refuse_gib_where_the_chart_does() -> None:
+    """The same words as the chart's (deploy/helm/hami/templates/_helpers.tpl; tests/deploy/test_redteam_user_values.py
+    holds the chart's side): a config written by hand, or the rendered manifest edited, is checked alike."""
+    for gib, units, name in ((48, 96, "MTT S4000"), (80, 160, "MTT S5000")):
+        with pytest.raises(ConfigError) as e:
+            load_config(env={}, flags={"memoryPerCard": str(gib)})
+        assert (f"memoryPerCard entry {gib} is {name}'s memory in GiB; the unit is 512 MiB: use {units} "
+                f"(no Moore Threads card with sGPU has {gib} units)") in str(e.value)

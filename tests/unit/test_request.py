@@ -509,3 +509,15 @@ def test_pod_request_refuses_what_it_cannot_read(p: dict[str, Any]) -> None:
     # fail closed: a pod of the wrong shape is an error, never "asks for nothing"
     with pytest.raises(RequestError, match=r": got .*; allowed: "):
         pod_request(p, C96)
+
+
+@pytest.mark.parametrize(("config", "pin", "allowed"), [
+    (C160, "96", "allowed: 160 (or S5000), memoryPerCard [160]"),  # S4000 was listed although refused
+    (C96, "S5000", "allowed: 96 (or S4000), memoryPerCard [96]"),
+    (MIXED, "S7000", "allowed: 96, 160 (or S4000/S5000), memoryPerCard [96, 160]"),
+    (cfg((64,)), "96", "allowed: 64, memoryPerCard [64]"),  # a card with no name: no alias to offer
+])
+def test_a_wrong_pin_lists_only_what_this_cluster_takes(config: Any, pin: str, allowed: str) -> None:
+    with pytest.raises(RequestError) as e:
+        pinned_model(pod(ctr("a"), annotations={PIN_ANNOTATION: pin}), config)
+    assert allowed in str(e.value), str(e.value)
