@@ -143,27 +143,57 @@ once per render and cached, so the Secret and the webhook's caBundle always agre
 {{- end -}}
 {{- end -}}
 
-{{/* memoryPerCard as a list of ints: a list, a legacy scalar, or a comma string "96,160". */}}
+{{/* A string trimmed of blanks and of one pair of quotes around it (--set 'x={96,"160"}' keeps the quotes). */}}
+{{- define "hami.unquote" -}}
+{{- $s := trim . -}}
+{{- $s = regexReplaceAll "^\"(.*)\"$" $s "${1}" -}}
+{{- regexReplaceAll "^'(.*)'$" $s "${1}" | trim -}}
+{{- end -}}
+
+{{/* memoryPerCard as a list of ints: a list (entries numbers or quoted numbers), a legacy scalar, or a comma
+string "96,160" / "[96, 160]". The one place the value is judged (values.schema.json only describes it, so that a
+wrong value gets this message and not the schema's alternatives): anything else fails naming the field, the value
+given and what is allowed. The range is shared/domain/models.py's (2..MAX_MODEL_UNITS). */}}
 {{- define "hami.memoryPerCard" -}}
 {{- $raw := .Values.devices.mthreads.memoryPerCard -}}
+{{- $field := "devices.mthreads.memoryPerCard" -}}
+{{- $allowed := "allowed: whole numbers of 512 MiB units per card, one per card model (96 for MTT S4000, 160 for MTT S5000), as one number or a list, e.g. 96 or [96, 160]" -}}
 {{- $items := list -}}
 {{- if kindIs "slice" $raw -}}
 {{- $items = $raw -}}
+{{- if eq (toRawJson $raw) "[\"\"]" -}}{{- $items = list -}}{{- end -}}{{- /* --set memoryPerCard={} */ -}}
 {{- else if kindIs "string" $raw -}}
-{{- $items = splitList "," (trimAll "[] " $raw) -}}
+{{- $body := include "hami.unquote" $raw | trimPrefix "[" | trimSuffix "]" | trim -}}
+{{- if $body -}}{{- $items = splitList "," $body -}}{{- end -}}
 {{- else if not (kindIs "invalid" $raw) -}}
 {{- $items = list $raw -}}
 {{- end -}}
 {{- if not $items -}}
-{{- fail "devices.mthreads.memoryPerCard is empty: list at least one card model, e.g. [96] (MTT S4000), [160] (MTT S5000) or [96, 160]" -}}
+{{- fail (printf "%s %s is empty: list at least one card model; %s" $field (toRawJson $raw) $allowed) -}}
 {{- end -}}
+{{- /* one value names itself; an entry of several names the whole value too */ -}}
+{{- $single := and (not (kindIs "slice" $raw)) (eq (len $items) 1) -}}
 {{- $out := list -}}
 {{- range $items -}}
-{{- $s := toString . | trim -}}
-{{- if not (regexMatch "^[0-9]+(\\.0+)?$" $s) -}}
-{{- fail (printf "devices.mthreads.memoryPerCard entry %q is not a whole number of 512 MiB units (96 = MTT S4000, 160 = MTT S5000)" $s) -}}
+{{- $entry := . -}}
+{{- if kindIs "string" $entry -}}{{- $entry = include "hami.unquote" $entry -}}{{- end -}}
+{{- $what := printf "%s entry %s (of %s)" $field (toRawJson $entry) (toRawJson $raw) -}}
+{{- if $single -}}{{- $what = printf "%s %s" $field (toRawJson $raw) -}}{{- end -}}
+{{- $f := 0.0 -}}
+{{- if and (kindIs "string" $entry) (regexMatch "^[0-9]+$" $entry) -}}
+{{- $f = float64 $entry -}}
+{{- else if or (kindIs "int" $entry) (kindIs "int64" $entry) (kindIs "float64" $entry) -}}
+{{- $f = float64 $entry -}}
+{{- if ne (floor $f) $f -}}
+{{- fail (printf "%s is not a whole number; %s" $what $allowed) -}}
 {{- end -}}
-{{- $v := int (float64 $s) -}}
+{{- else -}}
+{{- fail (printf "%s is not a whole number; %s" $what $allowed) -}}
+{{- end -}}
+{{- if or (lt $f 2.0) (gt $f 4096.0) -}}
+{{- fail (printf "%s is out of range: a card has 2 to 4096 units of 512 MiB; %s" $what $allowed) -}}
+{{- end -}}
+{{- $v := int $f -}}
 {{- /* the seeds give each card's memory in GiB beside its units: 48 GiB = 96 units (S4000), 80 GiB = 160 (S5000) */ -}}
 {{- range $model := list (list 48 "MTT S4000" 96) (list 80 "MTT S5000" 160) -}}
 {{- if eq $v (index $model 0) -}}
