@@ -7,6 +7,10 @@
   mtsched check-config [--config FILE] [--role ROLE]   validate a configuration and print it; with --role,
                                            also what would stop that role from starting with it (exit 2)
   mtsched demo                             the quick start (local control plane + sample pods)
+
+A command that cannot run says why in one line on stderr, `mtsched <command>: ...`, naming the flag or setting, its
+value and what to do: exit 2 when what it was given is wrong (a setting, a flag, a kubeconfig file, Redis credentials
+refused), 1 when something it needs failed (Redis or the API server unreachable).
 """
 
 from __future__ import annotations
@@ -31,7 +35,11 @@ from shared.serving import gc_policy, logs
 from shared.serving.supervise import Stopped
 
 if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
     from shared.domain.state import NodeSnapshot
+    from shared.kube import Kube
+    from shared.store.redis_conn import RedisOptions
 
 
 def _parse_sets(items: list[str]) -> dict[str, object]:
@@ -46,7 +54,43 @@ def _parse_sets(items: list[str]) -> dict[str, object]:
 
 def _config(args: argparse.Namespace) -> Config:
     path = args.config or os.environ.get("MTSCHED_CONFIG") or None
-    return load_config(path, flags=_parse_sets(args.set or []))
+    flags = _parse_sets(args.set or [])
+    url = getattr(args, "redis_url", None)  # `cards` and `explain`: the redisUrl setting, as a flag of its own
+    if not url:
+        return load_config(path, flags=flags)
+    try:  # checked by the configuration's own rules, as `--set redisUrl=` is
+        return load_config(path, flags={**flags, "redisUrl": url})
+    except ConfigError as e:
+        raise ConfigError(f"--redis-url sets redisUrl; {e}") from e
+
+
+class Refused(Exception):
+    """What a one-shot command was given cannot work (a kubeconfig, Redis credentials): its one line, exit 2."""
+
+
+def _redis_source(args: argparse.Namespace) -> str:
+    return "--redis-url" if getattr(args, "redis_url", None) else "redisUrl"
+
+
+async def _ledger_client(args: argparse.Namespace, cfg: Config, options: RedisOptions) -> Redis:
+    """The client `cards` and `explain` read Redis with, after one PING: credentials Redis refuses (none given, a
+    wrong password) are Refused at once, naming the URL and how to give the password (sending again cannot cure
+    them; the roles, which serve for long, keep trying); any other failure is sent again as the reads are."""
+    from shared.store.ledger import Ledger, connect
+    from shared.store.redis_conn import credentials_refused, explain
+
+    try:
+        client = connect(cfg.redis_url, options)
+    except ValueError as e:  # e.g. redis+sentinel:// without the service name
+        raise Refused(f"{_redis_source(args)} {redact_url(cfg.redis_url)}: {e}") from e
+    try:
+        await Ledger(client, cfg.key_prefix).ping(give_up=credentials_refused)
+    except Exception as e:
+        await client.aclose()
+        if credentials_refused(e):
+            raise Refused(f"{_redis_source(args)} {redact_url(cfg.redis_url)}: {explain(e)}") from e
+        raise
+    return client
 
 
 def _run_role(main: Callable[[Config, asyncio.Event], Awaitable[bool]], cfg: Config) -> int:
@@ -82,23 +126,82 @@ def explain_kubeconfig(given: str, env: Mapping[str, str]) -> str:
     return home if os.path.exists(home) or not in_cluster else ""
 
 
+def kubeconfig_source(given: str, setting: str, path: str, env: Mapping[str, str]) -> str:
+    """Where explain_kubeconfig's `path` came from, as an error message names it."""
+    if given:
+        return "--kubeconfig"
+    if setting:
+        return "the kubeconfig setting"
+    if not path:
+        return "the pod's ServiceAccount"
+    if path in env.get("KUBECONFIG", "").split(os.pathsep):
+        return "$KUBECONFIG's"
+    return "the default kubeconfig"
+
+
+def kubeconfig_problem(path: str) -> str:
+    """Why the file at `path` is no kubeconfig (missing, a directory, unreadable, not text, not a YAML mapping);
+    "" when it may be one (kubernetes-asyncio's loader says the rest)."""
+    import yaml
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return "no such file"
+    except IsADirectoryError:
+        return "a directory, not a file"
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    except UnicodeDecodeError:
+        return "not a kubeconfig (not text)"
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"not a kubeconfig (not YAML: {getattr(e, 'problem', None) or type(e).__name__}{where})"
+    if not isinstance(doc, dict):
+        return "not a kubeconfig (empty)" if doc is None else "not a kubeconfig (not a YAML mapping)"
+    return ""
+
+
+async def _kube(args: argparse.Namespace, cfg: Config) -> Kube:
+    """The API client `explain` reads with; Refused naming the kubeconfig (where it came from, its path) when it
+    cannot be read or loaded."""
+    from shared.kube import Kube
+
+    path = explain_kubeconfig(args.kubeconfig or cfg.kubeconfig, os.environ)
+    where = f"{kubeconfig_source(args.kubeconfig, cfg.kubeconfig, path, os.environ)} {path}".rstrip()
+    fix = "give --kubeconfig FILE (or set KUBECONFIG) naming a kubeconfig, as `kubectl config view --raw` prints one"
+    problem = kubeconfig_problem(path) if path else ""
+    if problem:
+        raise Refused(f"{where}: {problem}; {fix}")
+    try:
+        return await Kube.create(path)
+    except Exception as e:  # kubernetes-asyncio's loader: a key missing, a context it names but lacks, a bad cert
+        text = " ".join(str(e).split())
+        raise Refused(f"{where}: cannot be loaded ({type(e).__name__}: {text}); {fix}") from e
+
+
 def _explain(args: argparse.Namespace, cfg: Config) -> int:
     """The pod from the API server (kubeconfig), the cards from Redis, as `mtsched cards` reads them."""
     from controller.explain import ExplainError, gather, render
     from shared.domain.upkeep import unkept_problem
-    from shared.kube import Kube
-    from shared.store.ledger import Ledger, RedisOptions, connect
+    from shared.store.ledger import Ledger, RedisOptions
 
     try:
         options = RedisOptions.from_config(cfg)
     except ConfigError as e:
         print(f"mtsched explain: {e}", file=sys.stderr)
         return 2
-    kubeconfig = explain_kubeconfig(args.kubeconfig or cfg.kubeconfig, os.environ)
 
     async def run() -> str:
-        client = connect(args.redis_url or cfg.redis_url, options)
-        kube = await Kube.create(kubeconfig)
+        kube = await _kube(args, cfg)
+        try:
+            client = await _ledger_client(args, cfg, options)
+        except BaseException:
+            await kube.close()
+            raise
         try:
             ledger = Ledger(client, cfg.key_prefix)
 
@@ -117,7 +220,10 @@ def _explain(args: argparse.Namespace, cfg: Config) -> int:
     except ExplainError as e:
         print(f"mtsched explain: {e}", file=sys.stderr)
         return 2 if e.status == 400 else 1
-    except Exception as e:  # no kubeconfig, Redis unreachable: one line, not a traceback
+    except Refused as e:
+        print(f"mtsched explain: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # Redis or the API server unreachable: one line, not a traceback
         print(f"mtsched explain: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     return 0
@@ -248,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "cards":
         from controller.cards import card_table
-        from shared.store.ledger import Ledger, RedisOptions, connect
+        from shared.store.ledger import Ledger, RedisOptions
 
         try:
             options = RedisOptions.from_config(cfg)
@@ -257,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
 
         async def show() -> str:
-            client = connect(args.redis_url or cfg.redis_url, options)
+            client = await _ledger_client(args, cfg, options)
             try:
                 return await card_table(Ledger(client, cfg.key_prefix), cfg.watchers_lost_after_seconds)
             finally:
@@ -265,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             print(asyncio.run(show()))
+        except Refused as e:
+            print(f"mtsched cards: {e}", file=sys.stderr)
+            return 2
         except Exception as e:  # Redis refusing or hanging (its socket timeout): one line, as explain says it
             print(f"mtsched cards: {type(e).__name__}: {e}", file=sys.stderr)
             return 1

@@ -82,6 +82,11 @@ class LedgerCore:
             sha = await self.redis.script_load(script.script)
             assert sha == script.sha, f"script {name}: Redis returned {sha}"
 
+    async def ping(self, give_up: Callable[[BaseException], bool] | None = None) -> None:
+        """One PING, sent again as every round trip is (_retry); one `give_up` accepts is raised at once (a one-shot
+        command's credentials refused: redis_conn.credentials_refused)."""
+        await self._retry("ping", lambda: cast("Awaitable[bool]", self.redis.ping()), give_up)
+
     def _say_resend(self, what: str, e: BaseException, failures: int) -> None:
         now = time.monotonic()
         said, quiet = self._resend_said.get(what, (now - RESEND_LOG_EVERY_S, 0))

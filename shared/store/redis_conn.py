@@ -113,24 +113,49 @@ def connect_subscriber(url: str, options: RedisOptions = NO_OPTIONS) -> Redis:
     return Redis.from_pool(pool)
 
 
-def explain(error: BaseException) -> str:
-    """A Redis connection failure in words that say what to configure (never the password)."""
+def _refusal(error: BaseException) -> tuple[str, str]:
+    """(kind, text) of a Redis failure: kind "wrong" (the password refused), "none" (a password needed and none
+    given), "sentinels" (the sentinels refused the credentials), "tls" (the server's certificate not trusted), or
+    "" for anything else."""
     cause: BaseException | None = error
     while cause is not None and not isinstance(cause, rexc.AuthenticationError):
         cause = cause.__cause__  # RedisCluster wraps the node's refusal in a RedisClusterException
     text = str(cause or error)
     if cause is not None and ("invalid username-password pair" in text or "WRONGPASS" in text):
-        return f"Redis refused the password (wrong password or user): {text}"
+        return "wrong", text
     # a large command (a script) of a client that has not authenticated is refused by Redis with a protocol
     # error rather than NOAUTH (Ledger.load_scripts PINGs first to get the NOAUTH)
     if cause is not None or (isinstance(error, rexc.ResponseError) and "unauthenticated" in text):
-        return (f"Redis requires a password and none was given (set redisPasswordFile, or "
-                f"MTSCHED_REDIS_PASSWORD): {text}")
+        return "none", text
     if "CERTIFICATE_VERIFY_FAILED" in text:
-        return f"Redis's TLS certificate is not trusted (set redisCAFile to the CA that signed it): {text}"
+        return "tls", text
     if "AuthenticationError" in text:  # Sentinel's MasterNotFoundError names the sentinels' own errors only
+        return "sentinels", text
+    return "", text
+
+
+def credentials_refused(error: BaseException) -> bool:
+    """Whether `error` is Redis (or its sentinels) refusing this client's credentials, missing or wrong: sending
+    again cannot cure it (a one-shot command stops at once; the roles keep trying, as a fixed Secret and a
+    restart, or a server given the password, cure it)."""
+    return _refusal(error)[0] in ("wrong", "none", "sentinels")
+
+
+def explain(error: BaseException) -> str:
+    """A Redis connection failure in words that say what to configure (never the password)."""
+    kind, text = _refusal(error)
+    if kind == "wrong":
+        return (f"Redis refused the password (wrong password or user: check the one redisPasswordFile, "
+                f"MTSCHED_REDIS_PASSWORD or the URL's redis://[USER]:PASSWORD@host gives): {text}")
+    if kind == "none":
+        return (f"Redis requires a password and none was given (set redisPasswordFile, or "
+                f"MTSCHED_REDIS_PASSWORD, or give it in the URL: redis://:PASSWORD@host:port/db): {text}")
+    if kind == "tls":
+        return f"Redis's TLS certificate is not trusted (set redisCAFile to the CA that signed it): {text}"
+    if kind == "sentinels":
         return (f"the sentinels refused the credentials (no password or a wrong one: redisPasswordFile, "
-                f"MTSCHED_REDIS_PASSWORD, or ?sentinel_password= when they have their own): {text}")
+                f"MTSCHED_REDIS_PASSWORD, the URL's redis+sentinel://:PASSWORD@host, or ?sentinel_password= "
+                f"when they have their own): {text}")
     return f"{type(error).__name__}: {text}"
 
 
