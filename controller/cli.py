@@ -61,7 +61,11 @@ def _config(args: argparse.Namespace) -> Config:
     try:  # checked by the configuration's own rules, as `--set redisUrl=` is
         return load_config(path, flags={**flags, "redisUrl": url})
     except ConfigError as e:
-        raise ConfigError(f"--redis-url sets redisUrl; {e}") from e
+        try:  # the flag alone: a mistake elsewhere is said as it is, not blamed on the flag
+            load_config(env={}, flags={"redisUrl": url})
+        except ConfigError:
+            raise ConfigError(f"--redis-url sets redisUrl; {e}") from e
+        raise
 
 
 class Refused(Exception):
@@ -141,11 +145,14 @@ def kubeconfig_source(given: str, setting: str, path: str, env: Mapping[str, str
 
 def kubeconfig_problem(path: str) -> str:
     """Why the file at `path` is no kubeconfig (missing, a directory, unreadable, not text, not a YAML mapping);
-    "" when it may be one (kubernetes-asyncio's loader says the rest)."""
+    "" when it may be one (kubernetes-asyncio's loader says the rest). `~` is the home directory, as for the
+    loader; several files joined as in $KUBECONFIG are left to the loader, which merges them."""
     import yaml
 
+    if os.pathsep in path:
+        return ""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).expanduser().read_text(encoding="utf-8")
     except FileNotFoundError:
         return "no such file"
     except IsADirectoryError:

@@ -364,6 +364,12 @@ def _from_mapping(values: Mapping[str, object], source: str, errors: list[str]) 
     return out
 
 
+def _same(key: str, a: object, b: object) -> bool:
+    """Two spellings of one setting that read as the same value (160 and [160]; "96,160" and [160, 96])."""
+    ours, theirs = _coerce(_KEYS[key], a, []), _coerce(_KEYS[key], b, [])
+    return ours is not None and ours == theirs
+
+
 def _flatten_file(doc: Mapping[str, object], source: str, errors: list[str]) -> Mapping[str, object]:
     """Accept the flat form and the Helm-values form (devices.mthreads.memoryPerCard). A setting given both ways
     with different values is refused: which one wins would be a guess (a HAMi values block pasted into a file that
@@ -379,7 +385,7 @@ def _flatten_file(doc: Mapping[str, object], source: str, errors: list[str]) -> 
                 if k not in _KEYS:
                     errors.append(f"{source}: unknown setting 'devices.mthreads.{k}' (known: "
                                   f"{', '.join(sorted(_KEYS))})")
-                elif k in flat and flat[k] != v:
+                elif k in flat and not _same(k, flat[k], v):
                     errors.append(f"{source}: {k} is {flat[k]!r} and devices.mthreads.{k} is {v!r}: give it one "
                                   "way")
                 else:

@@ -191,6 +191,8 @@ def _run_demo(memory_per_card: str, keep: bool) -> int:
         print(cp.log_tails(20) if cp._procs else "", file=sys.stderr)
         raise
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second Ctrl-C or signal must not cut this short
+            signal.signal(sig, signal.SIG_IGN)
         if stack is not None:
             stack.stop()
         redis.cleanup()

@@ -155,10 +155,13 @@ def _advice(reason: str, view: CardView, req: SliceRequest, memory: int, cores: 
         model = CardModel(view.capacity)
         if req.model and req.model != view.capacity:
             # the pin, or the webhook's model for the pod (whole cards: no sgpu-memory value to change)
+            # the pin decides the model at admission: with it, whole cards are asked in that model's units
+            ask = ("and no sgpu-memory (the webhook then asks whole cards of it)" if req.whole_cards else
+                   f"and an sgpu-memory {model.name} takes ({', '.join(map(str, model.valid_memory))})")
             return (f"the card is {model.name} ({view.capacity} units), the pod needs a {CardModel(req.model).name} "
                     f"card ({req.model} units)",
                     f"wait for a {CardModel(req.model).name} card, or create the pod with the annotation "
-                    f"{PIN_ANNOTATION}: \"{view.capacity}\" to run it on {model.name} cards")
+                    f"{PIN_ANNOTATION}: \"{view.capacity}\" {ask} to run it on {model.name} cards")
         bad = sorted({s.memory for s in req.shares if not s.empty and not model.accepts(s.memory)})
         return (f"the card is {model.name} ({view.capacity} units), the pod needs sgpu-memory "
                 f"{', '.join(map(str, bad))}, not valid on {model.name}",

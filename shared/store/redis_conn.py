@@ -115,14 +115,16 @@ def connect_subscriber(url: str, options: RedisOptions = NO_OPTIONS) -> Redis:
 
 def _refusal(error: BaseException) -> tuple[str, str]:
     """(kind, text) of a Redis failure: kind "wrong" (the password refused), "none" (a password needed and none
-    given), "sentinels" (the sentinels refused the credentials), "tls" (the server's certificate not trusted), or
-    "" for anything else."""
+    given), "unneeded" (a password given to a Redis that has none), "sentinels" (the sentinels refused the
+    credentials), "tls" (the server's certificate not trusted), or "" for anything else."""
     cause: BaseException | None = error
     while cause is not None and not isinstance(cause, rexc.AuthenticationError):
         cause = cause.__cause__  # RedisCluster wraps the node's refusal in a RedisClusterException
     text = str(cause or error)
     if cause is not None and ("invalid username-password pair" in text or "WRONGPASS" in text):
         return "wrong", text
+    if cause is not None and ("without any password configured" in text or "no password is set" in text):
+        return "unneeded", text  # a password given to a Redis that has none
     # a large command (a script) of a client that has not authenticated is refused by Redis with a protocol
     # error rather than NOAUTH (Ledger.load_scripts PINGs first to get the NOAUTH)
     if cause is not None or (isinstance(error, rexc.ResponseError) and "unauthenticated" in text):
@@ -138,7 +140,7 @@ def credentials_refused(error: BaseException) -> bool:
     """Whether `error` is Redis (or its sentinels) refusing this client's credentials, missing or wrong: sending
     again cannot cure it (a one-shot command stops at once; the roles keep trying, as a fixed Secret and a
     restart, or a server given the password, cure it)."""
-    return _refusal(error)[0] in ("wrong", "none", "sentinels")
+    return _refusal(error)[0] in ("wrong", "none", "unneeded", "sentinels")
 
 
 def explain(error: BaseException) -> str:
@@ -150,6 +152,9 @@ def explain(error: BaseException) -> str:
     if kind == "none":
         return (f"Redis requires a password and none was given (set redisPasswordFile, or "
                 f"MTSCHED_REDIS_PASSWORD, or give it in the URL: redis://:PASSWORD@host:port/db): {text}")
+    if kind == "unneeded":
+        return (f"a password was given but this Redis has none (remove it from redisPasswordFile, "
+                f"MTSCHED_REDIS_PASSWORD or the URL, or set Redis's requirepass): {text}")
     if kind == "tls":
         return f"Redis's TLS certificate is not trusted (set redisCAFile to the CA that signed it): {text}"
     if kind == "sentinels":

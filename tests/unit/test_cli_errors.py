@@ -186,3 +186,34 @@ async def test_a_ping_that_may_give_up_is_not_sent_again_on_refused_credentials(
         assert lost.calls == 1 + ledger.connection_retries
     finally:
         await client.aclose()
+
+
+# ------------------------------------------------------------------------------------------ from the review
+def test_a_password_given_to_a_redis_without_one_is_not_called_missing() -> None:
+    """redis-py's words when the server has no password: they were read as "none was given"."""
+    unneeded = rexc.AuthenticationError("AUTH <password> called without any password configured for the default "
+                                        "user. Are you sure your configuration is correct?")
+    assert credentials_refused(unneeded)
+    said = explain(unneeded)
+    assert "a password was given but this Redis has none" in said and "none was given" not in said, said
+
+
+def test_a_mistake_in_the_config_file_is_not_blamed_on_the_redis_url_flag(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("memoryPerCard: abc\n")
+    assert cli.main(["cards", "--config", str(bad), "--redis-url", "redis://127.0.0.1:1/0"]) == 2
+    err = _err(capsys)
+    assert "'abc' is not a whole number" in err and "--redis-url" not in err, err
+
+
+def test_a_kubeconfig_under_home_is_read_as_the_loader_reads_it(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`~` is the home directory for kubernetes-asyncio's loader: `kubeconfig: ~/.kube/config` loaded before the
+    check was added, and must still pass it; several files joined as in $KUBECONFIG are left to the loader."""
+    home = tmp_path / "home"
+    (home / "k").mkdir(parents=True)
+    (home / "k" / "config").write_text("apiVersion: v1\nkind: Config\n")
+    assert cli.kubeconfig_problem("~/k/config") == ""
+    assert cli.kubeconfig_problem("~/k/missing") == "no such file"
+    assert cli.kubeconfig_problem(os.pathsep.join(["~/k/config", "~/k/missing"])) == ""

@@ -200,9 +200,14 @@ def test_a_file_that_says_two_things_or_a_wrong_one_is_refused_by_name(tmp_path:
     assert expected in str(e.value), str(e.value)
 
 
-def test_both_forms_saying_the_same_are_one(tmp_path: Path) -> None:
-    text = "memoryPerCard: [96, 160]\ndevices:\n  mthreads:\n    enabled: true\n    memoryPerCard: [96, 160]\n"
-    assert models(load_config(_file(tmp_path, text), env={})) == (96, 160)
+@pytest.mark.parametrize(("flat", "helm", "expected"), [
+    ("[96, 160]", "[96, 160]", (96, 160)),
+    ("160", "[160]", (160,)),  # spelled apart, read alike (review: the raw values were compared)
+    ('"96,160"', "[160, 96]", (96, 160)),
+])
+def test_both_forms_saying_the_same_are_one(tmp_path: Path, flat: str, helm: str, expected: tuple[int, ...]) -> None:
+    text = f"memoryPerCard: {flat}\ndevices:\n  mthreads:\n    enabled: true\n    memoryPerCard: {helm}\n"
+    assert models(load_config(_file(tmp_path, text), env={})) == expected
 
 
 def test_the_roles_refuse_gib_where_the_chart_does() -> None:

@@ -75,7 +75,12 @@ CARDS: list[tuple[str, dict[str, Any], NodeSnapshot, int, str, tuple[str, ...], 
     ("whole-card-model", pod(ctr("x", {VGPU: 2}), annotations={"mtsched.io/card-memory": "160"}),
      snap("n1", rec(0), rec(1)), 0, "CardTypeMismatch",
      ("the card is MTT S4000 (96 units), the pod needs a MTT S5000 card (160 units)",),
-     'wait for a MTT S5000 card, or create the pod with the annotation mtsched.io/card-memory: "96"'),
+     'wait for a MTT S5000 card, or create the pod with the annotation mtsched.io/card-memory: "96" and no '
+     'sgpu-memory'),
+    # pinned to the other model: the pin and a value of this card's model (the review: 128 is none)
+    ("pinned-slice-model", pod(slice_ctr(memory=128, cores=4), annotations={"mtsched.io/card-memory": "160"}),
+     snap("n1", rec(0)), 0, "CardTypeMismatch", ("the pod needs a MTT S5000 card (160 units)",),
+     'mtsched.io/card-memory: "96" and an sgpu-memory MTT S4000 takes (2, 4, 8, 16, 32, 64, 96)'),
     ("cordoned", SLICE64, snap("n1", rec(0, health="cordoned")), 0, "CardCordoned",
      ("hami.io/device-cordon",), "remove n1-mthreads-0 from hami.io/device-cordon"),
     ("unhealthy", SLICE64, snap("n1", rec(0, health="unhealthy")), 0, "CardNotHealth", ("unhealthy",), "repair"),

@@ -13,6 +13,7 @@ import pytest
 from shared.domain.state import CardRecord, NodeSnapshot
 from tests.e2e._wait import until_true
 from tests.unit._servers import FakeKube, extender
+from tests.unit.test_nomination_follow import stop_following
 from tests.unit.test_nominations import slice_pod
 from tests.unit.test_preempt import S4000, sl, snapshot
 
@@ -126,8 +127,7 @@ async def test_the_verbs_answer_holds_cards_only_where_kube_scheduler_nominated_
         return not ext._following or len(ext.nominations.by_node) <= 1
 
     await until_true(settled, "the nomination forgotten or narrowed", timeout=5)
-    for task in ext._following.values():  # a nomination that lives is read while it does
-        task.cancel()
+    await stop_following(ext)  # a nomination that lives is read while it does
     assert sorted(ext.nominations.by_node) == held
     assert sorted(woken) == sorted({"a", "b", "c"} - set(held))
     fits = ext.filter({"Pod": slice_pod("q", 96, 10), "NodeNames": ["a", "b", "c"]})["NodeNames"]
