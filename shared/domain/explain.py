@@ -154,8 +154,7 @@ def _advice(reason: str, view: CardView, req: SliceRequest, memory: int, cores: 
     if reason == CARD_TYPE_MISMATCH:
         model = CardModel(view.capacity)
         if req.model and req.model != view.capacity:
-            # the pin, or the webhook's model for the pod (whole cards: no sgpu-memory value to change)
-            # the pin decides the model at admission: with it, whole cards are asked in that model's units
+            # the pin (or the webhook's model) decides: the pin given at creation, whole cards are asked in its units
             ask = ("and no sgpu-memory (the webhook then asks whole cards of it)" if req.whole_cards else
                    f"and an sgpu-memory {model.name} takes ({', '.join(map(str, model.valid_memory))})")
             return (f"the card is {model.name} ({view.capacity} units), the pod needs a {CardModel(req.model).name} "

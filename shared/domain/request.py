@@ -16,7 +16,7 @@ from typing import Any
 
 from shared.config import Config
 from shared.domain.lifecycle import APP, INIT, SIDECAR, footprint, kind_of
-from shared.domain.models import CORES_PER_CARD, MAX_MODEL_UNITS, CardModel, describe_models
+from shared.domain.models import CORES_PER_CARD, KNOWN_NAMES, MAX_MODEL_UNITS, CardModel, describe_models
 from shared.domain.quantity import exact
 from shared.domain.shapes import MAX_QUANTITY_CHARS, describe, pod_problems
 
@@ -212,7 +212,7 @@ def pinned_model(pod: Mapping[str, Any], cfg: Config) -> CardModel | None:
     text = PIN_ALIASES.get(text.lower(), text)
     # isdigit() takes "²"; the length bound keeps int() away from a 5000-digit annotation
     if not re.fullmatch(r"[0-9]{1,9}", text) or CardModel(int(text)) not in cfg.models:
-        names = [n for n, units in (("S4000", "96"), ("S5000", "160")) if CardModel(int(units)) in cfg.models]
+        names = [KNOWN_NAMES[m.memory].removeprefix("MTT ") for m in cfg.models if m.memory in KNOWN_NAMES]
         raise RequestError([f"annotation {PIN_ANNOTATION}={describe(raw)} names no configured card model; "
                             f"allowed: {', '.join(str(m.memory) for m in cfg.models)}"
                             f"{' (or ' + '/'.join(names) + ')' if names else ''}, "
