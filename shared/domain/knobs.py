@@ -75,7 +75,8 @@ class KnobReport:
 
 
 def parse_knob(where: str, knob: str, text: str) -> int:
-    """One knob file's text (a decimal number, optionally followed by a newline) as a whole number."""
+    """One knob file's text (a decimal number; whitespace around it, such as the closing newline, is ignored) as
+    a whole number."""
     lo, hi = RANGES[knob]
     value = text.strip()
     if not _INT.fullmatch(value) or not lo <= int(value) <= hi:
