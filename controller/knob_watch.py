@@ -109,9 +109,9 @@ class KnobWatch:
             return [], False  # nothing to compare now: keep the last reading for when the node is readable
         reopened = inv.node in self._closed
         self._closed.discard(inv.node)
-        # the slice limit in force, whatever it comes from (the card's knob, the node's label, the cluster's
-        # default): a rise from any of them may fit pods the extender turned away (red team: the annotation
-        # deleted, or first published above the node's label, nudged nobody)
+        # the slice limit in force, whatever it comes from (the card's knob, the node's mtsched.io/max-inst
+        # annotation, the cluster's default): a rise from any of them may fit pods the extender turned away (red
+        # team: the knobs' annotation deleted, or first published above the node's max-inst, nudged nobody)
         limits = {c.index: c.max_slices for c in inv.cards}
         was = self.limits.get(inv.node)
         self.limits[inv.node] = limits
