@@ -81,13 +81,18 @@ class InFlight:
         if self.kube is None:
             return
         running = self._following.get(uid)
-        if running is not None and not running.done():
-            if answered is None:
-                return  # followed already
-            running.cancel()  # its done-callback finds the new one in its place: the accounting is done here
-        elif len(self._following) - len(self._followed_long) >= MAX_FOLLOWED:
+        if running is not None and not running.done() and answered is None:
+            return  # followed already
+        # the pods in their first reads, this one's earlier follower aside (a new one would take its place)
+        first = len(self._following) - len(self._followed_long)
+        if running is not None and uid not in self._followed_long:
+            first -= 1
+        if running is not None:
+            running.cancel()  # its done-callback finds another in its place, or none: the accounting is done here
+            del self._following[uid]
+            self._followed_long.discard(uid)
+        if first >= MAX_FOLLOWED:  # no room: an earlier follower ended too, it would read kube-scheduler's old choice
             return
-        self._followed_long.discard(uid)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # called outside the event loop (a synchronous test): nothing to follow with

@@ -352,3 +352,77 @@ async def test_a_follower_that_ended_is_replaced_at_once(fast: None) -> None:
         assert ext._following[UID] is not ended
     finally:
         await stop_following(ext)
+
+
+async def test_a_new_answer_for_a_pod_followed_long_keeps_the_first_reads_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Red team: an answer for a pod followed past its first reads started its reads afresh even when MAX_FOLLOWED
+    pods were in their first reads already: one more there per such answer (up to twice MAX_FOLLOWED). With no
+    room the earlier follower ends (it would read kube-scheduler's old choice) and the nomination lapses as one not
+    followed; a pod in its first reads is still restarted in its own place."""
+    monkeypatch.setattr(in_flight_module, "MAX_FOLLOWED", 2)
+    monkeypatch.setattr(in_flight_module, "FOLLOW_AT_S", (0.0, 0.0, 0.0))
+    monkeypatch.setattr(in_flight_module, "FOLLOW_EVERY_S", 30.0)  # past its first reads a follower sleeps
+
+    class Held(FakeKube):
+        """Reads of the pods named f* are answered only once the test ends: they stay in their first reads."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = asyncio.Event()
+
+        async def get_pod(self, ns: str, name: str) -> dict[str, Any]:
+            if name.startswith("f"):
+                await self.gate.wait()
+            return await super().get_pod(ns, name)
+
+    kube = Held()
+    ext = extender(cfg=S4000, kube=kube)
+
+    def first_reads() -> int:
+        return len(ext._following) - len(ext._followed_long)
+
+    try:
+        for uid in ("u0", "u1", "f0", "f1"):
+            ext.nominate(uid, 1000, sl(96), {}, ["x"])
+            kube.pods[("ns", uid)] = named("x", uid)
+            ext.follow("ns", uid, uid)
+
+            async def settled(uid: str = uid) -> bool:
+                return uid.startswith("f") or uid in ext._followed_long
+
+            await until_true(settled, f"{uid} past its first reads", timeout=5)
+        assert ext._followed_long == {"u0", "u1"} and first_reads() == 2
+        for uid in ("u0", "u1"):  # each answered again (say on y): no room for their first reads
+            old = ext._following[uid]
+            ext.nominate(uid, 1000, sl(96), {}, {"y": ()})
+            ext.follow("ns", uid, uid, answered={"y"})
+            assert first_reads() <= 2, sorted(ext._following)
+            assert uid not in ext._following  # the earlier follower does not read on: it would move y back to x
+            with pytest.raises(asyncio.CancelledError):
+                await old
+        assert sorted(ext.nominations.by_node) == ["x", "y"]  # kept, lapsing on its own
+        old = ext._following["f0"]
+        ext.follow("ns", "f0", "f0", answered={"y"})  # a pod in its first reads: restarted in its own place
+        assert ext._following["f0"] is not old and first_reads() == 2
+    finally:
+        kube.gate.set()
+        await stop_following(ext)
+
+
+async def test_an_answer_replaces_an_ended_follower_in_its_own_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget counts the pods in their first reads besides this one: a follower of its own that ended (its
+    done-callback not run yet) at a full budget gave up the new answer's reads, though the new one takes its place."""
+    monkeypatch.setattr(in_flight_module, "MAX_FOLLOWED", 1)
+    kube = FakeKube()
+    ext = extender(cfg=S4000, kube=kube)
+    ended = asyncio.get_running_loop().create_task(asyncio.sleep(0))
+    await ended
+    ext._following[UID] = ended  # as the done-callback has not removed it yet
+    ext.nominate(UID, 1000, sl(96), {}, {"a": ()})
+    kube.pods[("ns", "p-p1")] = named("")
+    ext.follow("ns", "p-p1", UID, answered={"a"})
+    try:
+        assert ext._following[UID] is not ended
+    finally:
+        await stop_following(ext)
