@@ -31,6 +31,9 @@ log = logging.getLogger("mtsched.extender")
 CLAIM_TICK_SECONDS = 1.0  # how often claims lapse while no filter comes (expire_claims)
 CLAIM_SECONDS = 5.0  # how long filter's claim on its one returned node lasts without a bind (Extender._claim)
 MAX_FOLLOWED = 64  # nominated pods read on the API server at once in their first reads, and after them (follow)
+# of their reads, at most this many in flight at once: the API client's connections (64) are left to the binds, which
+# get BIND_CONNECT_S to get one (as Events: shared/kube.py BEST_EFFORT_IN_FLIGHT); the others wait their turn
+MAX_FOLLOW_READS = 8
 
 
 class InFlight:
@@ -54,6 +57,7 @@ class InFlight:
         self._notices: set[asyncio.Task[None]] = set()  # notices being sent (_notify)
         self._following: dict[str, asyncio.Task[None]] = {}  # uid -> its reads while nominated (follow)
         self._followed_long: set[str] = set()  # those past their first reads (FOLLOW_AT_S)
+        self._follow_reads = asyncio.Semaphore(MAX_FOLLOW_READS)  # their reads' turns
         self._verify_asked: dict[str, float] = {}  # node -> when its last verify notice went (_notify)
         # a node per slice pod turned away while no watcher kept the ledger (its first candidate): kube-scheduler
         # tries such a pod again only on a cluster event, so these are woken once the ledger is kept again
@@ -119,19 +123,20 @@ class InFlight:
                     return
                 self._followed_long.add(uid)
             await asyncio.sleep(max(0.0, start + at - loop.time()))
-            got = self.nominations.by_uid.get(uid)
-            if got is None:
-                return  # forgotten: bound, filtered with no nomination, lapsed
-            pod: Mapping[str, Any] | None
-            try:
-                async with asyncio.timeout(BIND_READ_S):
-                    pod = await self.kube.get_pod(ns, name)
-            except KubeError as e:
-                if e.status != 404:
+            async with self._follow_reads:  # its turn (MAX_FOLLOW_READS)
+                got = self.nominations.by_uid.get(uid)
+                if got is None:
+                    return  # forgotten: bound, filtered with no nomination, lapsed
+                pod: Mapping[str, Any] | None
+                try:
+                    async with asyncio.timeout(BIND_READ_S):
+                        pod = await self.kube.get_pod(ns, name)
+                except KubeError as e:
+                    if e.status != 404:
+                        continue
+                    pod = None
+                except Exception:  # unreachable, a timeout, an answer we cannot read: as it was
                     continue
-                pod = None
-            except Exception:  # unreachable, a timeout, an answer we cannot read: as it was
-                continue
             if self.nominations.by_uid.get(uid) is not got:
                 continue  # recorded again during the read (a filter, another answer): that is newer
             what, node = followed(pod, uid, settled=i >= len(FOLLOW_AT_S) - 1, answered=answered)

@@ -426,3 +426,52 @@ async def test_an_answer_replaces_an_ended_follower_in_its_own_place(monkeypatch
         assert ext._following[UID] is not ended
     finally:
         await stop_following(ext)
+
+
+async def test_followers_leave_the_api_clients_connections_to_binds(fast: None) -> None:
+    """Red team: every follower read at once, up to 2 x MAX_FOLLOWED (128) reads in flight on an API server slow to
+    answer, where the API client has 64 connections (shared/kube.py Kube.create) and a Binding gets BIND_CONNECT_S
+    to get one: binds failed for reads that could wait. At most MAX_FOLLOW_READS are in flight, as Events have
+    BEST_EFFORT_IN_FLIGHT; the others wait their turn."""
+    class Slow(FakeKube):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = asyncio.Event()
+            self.in_flight = self.most = 0
+
+        async def get_pod(self, ns: str, name: str) -> dict[str, Any]:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            try:
+                await self.gate.wait()
+                return await super().get_pod(ns, name)
+            finally:
+                self.in_flight -= 1
+
+    kube = Slow()
+    ext = extender(cfg=S4000, kube=kube)
+    n = in_flight_module.MAX_FOLLOWED
+    try:
+        for i in range(n):
+            ext.nominate(f"u{i}", 1000, sl(96), {}, ["a"])
+            kube.pods[("ns", f"u{i}")] = named("", f"u{i}")  # nominated nowhere: forgotten at the settled read
+            ext.follow("ns", f"u{i}", f"u{i}")
+        assert len(ext._following) == n
+
+        async def all_waiting() -> bool:  # every follower is reading or waiting its turn
+            return kube.in_flight >= in_flight_module.MAX_FOLLOW_READS or kube.most > in_flight_module.MAX_FOLLOW_READS
+
+        await until_true(all_waiting, "the reads begin", timeout=5)
+        for _ in range(10):  # loop turns: any follower that could start a read has started it
+            await asyncio.sleep(0)
+        assert kube.most <= in_flight_module.MAX_FOLLOW_READS < n, kube.most
+        kube.gate.set()  # answered: every follower reads in its turn, to its end
+
+        async def all_done() -> bool:
+            return not ext._following
+
+        await until_true(all_done, "every nomination read to its end", timeout=10)
+        assert not ext.nominations
+    finally:
+        kube.gate.set()
+        await stop_following(ext)
