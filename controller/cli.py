@@ -146,16 +146,16 @@ def kubeconfig_source(given: str, setting: str, path: str, env: Mapping[str, str
 def kubeconfig_problem(path: str) -> str:
     """Why the file at `path` is no kubeconfig (missing, a directory, unreadable, not text, not a YAML mapping);
     "" when it may be one (kubernetes-asyncio's loader says the rest). `~` is the home directory, as for the
-    loader; several files joined as in $KUBECONFIG, and a file that is no regular one (a pipe: read here, the
-    loader would find it empty), are left to the loader."""
+    loader; several files joined as in $KUBECONFIG, and a pipe (read here, the loader would find it empty), are left
+    to the loader."""
     import yaml
 
     if os.pathsep in path:
         return ""
     file = Path(path).expanduser()
     try:
-        if file.exists() and not file.is_file() and not file.is_dir():
-            return ""  # a pipe (`--kubeconfig <(kubectl config view --raw)`), a device: read once, by the loader
+        if file.is_fifo():
+            return ""  # a pipe (`--kubeconfig <(kubectl config view --raw)`): read once, by the loader
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
         return "no such file"

@@ -223,7 +223,7 @@ def test_a_kubeconfig_under_home_is_read_as_the_loader_reads_it(
 async def test_a_kubeconfig_given_as_a_pipe_is_left_whole_for_the_loader() -> None:
     """`--kubeconfig <(kubectl config view --raw)` (a pipe, /dev/fd/N) loaded before the check was added: the check
     read the pipe to its end, and the loader then found it empty ("cannot be loaded (TypeError: 'NoneType' ...)").
-    A file that is not a regular one (a pipe, a device) is read once, by the loader."""
+    A pipe is read once, by the loader."""
     from shared.kube import Kube
 
     r, w = os.pipe()
@@ -238,3 +238,8 @@ async def test_a_kubeconfig_given_as_a_pipe_is_left_whole_for_the_loader() -> No
         await kube.close()
     finally:
         os.close(r)
+
+
+def test_dev_null_as_a_kubeconfig_is_said_empty(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _explain(capsys, "--kubeconfig", os.devnull)
+    assert err.startswith(f"mtsched explain: --kubeconfig {os.devnull}: not a kubeconfig (empty); {FIX}"), err
