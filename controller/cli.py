@@ -146,13 +146,17 @@ def kubeconfig_source(given: str, setting: str, path: str, env: Mapping[str, str
 def kubeconfig_problem(path: str) -> str:
     """Why the file at `path` is no kubeconfig (missing, a directory, unreadable, not text, not a YAML mapping);
     "" when it may be one (kubernetes-asyncio's loader says the rest). `~` is the home directory, as for the
-    loader; several files joined as in $KUBECONFIG are left to the loader, which merges them."""
+    loader; several files joined as in $KUBECONFIG, and a pipe (read here, the loader would find it empty), are left
+    to the loader."""
     import yaml
 
     if os.pathsep in path:
         return ""
+    file = Path(path).expanduser()
     try:
-        text = Path(path).expanduser().read_text(encoding="utf-8")
+        if file.is_fifo():
+            return ""  # a pipe (`--kubeconfig <(kubectl config view --raw)`): read once, by the loader
+        text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
         return "no such file"
     except IsADirectoryError:

@@ -31,6 +31,9 @@ log = logging.getLogger("mtsched.extender")
 CLAIM_TICK_SECONDS = 1.0  # how often claims lapse while no filter comes (expire_claims)
 CLAIM_SECONDS = 5.0  # how long filter's claim on its one returned node lasts without a bind (Extender._claim)
 MAX_FOLLOWED = 64  # nominated pods read on the API server at once in their first reads, and after them (follow)
+# of their reads, at most this many in flight at once: the API client's connections (64) are left to the binds, which
+# get BIND_CONNECT_S to get one (as Events: shared/kube.py BEST_EFFORT_IN_FLIGHT); the others wait their turn
+MAX_FOLLOW_READS = 8
 
 
 class InFlight:
@@ -54,6 +57,7 @@ class InFlight:
         self._notices: set[asyncio.Task[None]] = set()  # notices being sent (_notify)
         self._following: dict[str, asyncio.Task[None]] = {}  # uid -> its reads while nominated (follow)
         self._followed_long: set[str] = set()  # those past their first reads (FOLLOW_AT_S)
+        self._follow_reads = asyncio.Semaphore(MAX_FOLLOW_READS)  # their reads' turns
         self._verify_asked: dict[str, float] = {}  # node -> when its last verify notice went (_notify)
         # a node per slice pod turned away while no watcher kept the ledger (its first candidate): kube-scheduler
         # tries such a pod again only on a cluster event, so these are woken once the ledger is kept again
@@ -81,13 +85,18 @@ class InFlight:
         if self.kube is None:
             return
         running = self._following.get(uid)
-        if running is not None and not running.done():
-            if answered is None:
-                return  # followed already
-            running.cancel()  # its done-callback finds the new one in its place: the accounting is done here
-        elif len(self._following) - len(self._followed_long) >= MAX_FOLLOWED:
+        if running is not None and not running.done() and answered is None:
+            return  # followed already
+        # the pods in their first reads, this one's earlier follower aside (a new one would take its place)
+        first = len(self._following) - len(self._followed_long)
+        if running is not None and uid not in self._followed_long:
+            first -= 1
+        if running is not None:
+            running.cancel()  # its done-callback finds another in its place, or none: the accounting is done here
+            del self._following[uid]
+            self._followed_long.discard(uid)
+        if first >= MAX_FOLLOWED:  # no room: an earlier follower ended too, it would read kube-scheduler's old choice
             return
-        self._followed_long.discard(uid)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # called outside the event loop (a synchronous test): nothing to follow with
@@ -114,19 +123,20 @@ class InFlight:
                     return
                 self._followed_long.add(uid)
             await asyncio.sleep(max(0.0, start + at - loop.time()))
-            got = self.nominations.by_uid.get(uid)
-            if got is None:
-                return  # forgotten: bound, filtered with no nomination, lapsed
-            pod: Mapping[str, Any] | None
-            try:
-                async with asyncio.timeout(BIND_READ_S):
-                    pod = await self.kube.get_pod(ns, name)
-            except KubeError as e:
-                if e.status != 404:
+            async with self._follow_reads:  # its turn (MAX_FOLLOW_READS)
+                got = self.nominations.by_uid.get(uid)
+                if got is None:
+                    return  # forgotten: bound, filtered with no nomination, lapsed
+                pod: Mapping[str, Any] | None
+                try:
+                    async with asyncio.timeout(BIND_READ_S):
+                        pod = await self.kube.get_pod(ns, name)
+                except KubeError as e:
+                    if e.status != 404:
+                        continue
+                    pod = None
+                except Exception:  # unreachable, a timeout, an answer we cannot read: as it was
                     continue
-                pod = None
-            except Exception:  # unreachable, a timeout, an answer we cannot read: as it was
-                continue
             if self.nominations.by_uid.get(uid) is not got:
                 continue  # recorded again during the read (a filter, another answer): that is newer
             what, node = followed(pod, uid, settled=i >= len(FOLLOW_AT_S) - 1, answered=answered)

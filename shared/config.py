@@ -134,6 +134,15 @@ _KEYS = {key_of(f.name): f.name for f in fields(Config)}
 _TYPES = {f.name: f.type for f in fields(Config)}
 
 
+def _shown(name: str, raw: object) -> str:
+    """A value as an error message quotes it, a password never: redisPassword's not at all, a redisUrl's redacted."""
+    if name == "redis_password":
+        return "'***'"
+    if name == "redis_url":
+        return repr(redact_url(raw)) if isinstance(raw, str) else f"'***' (a {type(raw).__name__})"
+    return repr(raw)
+
+
 def _coerce(name: str, raw: object, errors: list[str]) -> object:
     kind = _TYPES[name]
     if name == "memory_per_card":
@@ -164,7 +173,7 @@ def _coerce(name: str, raw: object, errors: list[str]) -> object:
             return None
     if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
         # YAML reads an unquoted true/yes/on as a boolean: "True" would become a key prefix or a name
-        errors.append(f"{key_of(name)}: {raw!r} is not a string (quote it in YAML)")
+        errors.append(f"{key_of(name)}: {_shown(name, raw)} is not a string (quote it in YAML)")
         return None
     return str(raw)
 
@@ -366,6 +375,8 @@ def _from_mapping(values: Mapping[str, object], source: str, errors: list[str]) 
 
 def _same(key: str, a: object, b: object) -> bool:
     """Two spellings of one setting that read as the same value (160 and [160]; "96,160" and [160, 96])."""
+    if a == b:  # alike, right or wrong: a wrong one is said once, as wrong
+        return True
     ours, theirs = _coerce(_KEYS[key], a, []), _coerce(_KEYS[key], b, [])
     return ours is not None and ours == theirs
 
@@ -386,8 +397,8 @@ def _flatten_file(doc: Mapping[str, object], source: str, errors: list[str]) -> 
                     errors.append(f"{source}: unknown setting 'devices.mthreads.{k}' (known: "
                                   f"{', '.join(sorted(_KEYS))})")
                 elif k in flat and not _same(k, flat[k], v):
-                    errors.append(f"{source}: {k} is {flat[k]!r} and devices.mthreads.{k} is {v!r}: give it one "
-                                  "way")
+                    errors.append(f"{source}: {k} is {_shown(_KEYS[k], flat[k])} and devices.mthreads.{k} is "
+                                  f"{_shown(_KEYS[k], v)}: give it one way")
                 else:
                     flat[k] = v
     return flat

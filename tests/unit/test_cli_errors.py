@@ -217,3 +217,29 @@ def test_a_kubeconfig_under_home_is_read_as_the_loader_reads_it(
     assert cli.kubeconfig_problem("~/k/config") == ""
     assert cli.kubeconfig_problem("~/k/missing") == "no such file"
     assert cli.kubeconfig_problem(os.pathsep.join(["~/k/config", "~/k/missing"])) == ""
+
+
+# ------------------------------------------------------------------------------------------ red team
+async def test_a_kubeconfig_given_as_a_pipe_is_left_whole_for_the_loader() -> None:
+    """`--kubeconfig <(kubectl config view --raw)` (a pipe, /dev/fd/N) loaded before the check was added: the check
+    read the pipe to its end, and the loader then found it empty ("cannot be loaded (TypeError: 'NoneType' ...)").
+    A pipe is read once, by the loader."""
+    from shared.kube import Kube
+
+    r, w = os.pipe()
+    try:
+        os.write(w, b"apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\n"
+                    b"users:\n- name: u\n  user: {token: t}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\n"
+                    b"current-context: x\n")
+        os.close(w)
+        path = f"/dev/fd/{r}"
+        assert cli.kubeconfig_problem(path) == ""
+        kube = await Kube.create(path)  # the whole of it is still there
+        await kube.close()
+    finally:
+        os.close(r)
+
+
+def test_dev_null_as_a_kubeconfig_is_said_empty(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _explain(capsys, "--kubeconfig", os.devnull)
+    assert err.startswith(f"mtsched explain: --kubeconfig {os.devnull}: not a kubeconfig (empty); {FIX}"), err

@@ -218,3 +218,26 @@ def test_the_roles_refuse_gib_where_the_chart_does() -> None:
             load_config(env={}, flags={"memoryPerCard": str(gib)})
         assert (f"memoryPerCard entry {gib} is {name}'s memory in GiB; the unit is 512 MiB: use {units} "
                 f"(no Moore Threads card with sGPU has {gib} units)") in str(e.value)
+
+
+@pytest.mark.parametrize("text", [
+    "redisPassword: hunter2\ndevices:\n  mthreads:\n    redisPassword: hunter3\n",
+    "redisUrl: redis://:hunter2@h:6379/0\ndevices:\n  mthreads:\n    redisUrl: redis://:hunter3@h:6379/0\n",
+    "redisPassword: [hunter2]\n",  # not a string
+    "redisUrl: [redis://:hunter2@h:6379/0]\n",
+])
+def test_a_refused_file_never_says_the_password(tmp_path: Path, text: str) -> None:
+    """Red team: a password given both flat and as devices.mthreads.* (or not as a string) was quoted in the error,
+    which the CLI prints and a role's log keeps."""
+    with pytest.raises(ConfigError) as e:
+        load_config(_file(tmp_path, text), env={})
+    said = str(e.value)
+    assert "hunter" not in said and "***" in said, said
+
+
+def test_the_same_wrong_value_both_ways_is_said_once_as_wrong(tmp_path: Path) -> None:
+    """Red team: a value refused given both ways alike was also called two values ("48 and 48: give it one way")."""
+    with pytest.raises(ConfigError) as e:
+        load_config(_file(tmp_path, "filterTopK: abc\ndevices:\n  mthreads:\n    filterTopK: abc\n"), env={})
+    said = str(e.value)
+    assert "give it one way" not in said and said.count("'abc' is not a whole number") == 1, said

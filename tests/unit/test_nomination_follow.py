@@ -352,3 +352,126 @@ async def test_a_follower_that_ended_is_replaced_at_once(fast: None) -> None:
         assert ext._following[UID] is not ended
     finally:
         await stop_following(ext)
+
+
+async def test_a_new_answer_for_a_pod_followed_long_keeps_the_first_reads_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Red team: an answer for a pod followed past its first reads started its reads afresh even when MAX_FOLLOWED
+    pods were in their first reads already: one more there per such answer (up to twice MAX_FOLLOWED). With no
+    room the earlier follower ends (it would read kube-scheduler's old choice) and the nomination lapses as one not
+    followed; a pod in its first reads is still restarted in its own place."""
+    monkeypatch.setattr(in_flight_module, "MAX_FOLLOWED", 2)
+    monkeypatch.setattr(in_flight_module, "FOLLOW_AT_S", (0.0, 0.0, 0.0))
+    monkeypatch.setattr(in_flight_module, "FOLLOW_EVERY_S", 30.0)  # past its first reads a follower sleeps
+
+    class Held(FakeKube):
+        """Reads of the pods named f* are answered only once the test ends: they stay in their first reads."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = asyncio.Event()
+
+        async def get_pod(self, ns: str, name: str) -> dict[str, Any]:
+            if name.startswith("f"):
+                await self.gate.wait()
+            return await super().get_pod(ns, name)
+
+    kube = Held()
+    ext = extender(cfg=S4000, kube=kube)
+
+    def first_reads() -> int:
+        return len(ext._following) - len(ext._followed_long)
+
+    try:
+        for uid in ("u0", "u1", "f0", "f1"):
+            ext.nominate(uid, 1000, sl(96), {}, ["x"])
+            kube.pods[("ns", uid)] = named("x", uid)
+            ext.follow("ns", uid, uid)
+
+            async def settled(uid: str = uid) -> bool:
+                return uid.startswith("f") or uid in ext._followed_long
+
+            await until_true(settled, f"{uid} past its first reads", timeout=5)
+        assert ext._followed_long == {"u0", "u1"} and first_reads() == 2
+        for uid in ("u0", "u1"):  # each answered again (say on y): no room for their first reads
+            old = ext._following[uid]
+            ext.nominate(uid, 1000, sl(96), {}, {"y": ()})
+            ext.follow("ns", uid, uid, answered={"y"})
+            assert first_reads() <= 2, sorted(ext._following)
+            assert uid not in ext._following  # the earlier follower does not read on: it would move y back to x
+            with pytest.raises(asyncio.CancelledError):
+                await old
+        assert sorted(ext.nominations.by_node) == ["x", "y"]  # kept, lapsing on its own
+        old = ext._following["f0"]
+        ext.follow("ns", "f0", "f0", answered={"y"})  # a pod in its first reads: restarted in its own place
+        assert ext._following["f0"] is not old and first_reads() == 2
+    finally:
+        kube.gate.set()
+        await stop_following(ext)
+
+
+async def test_an_answer_replaces_an_ended_follower_in_its_own_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget counts the pods in their first reads besides this one: a follower of its own that ended (its
+    done-callback not run yet) at a full budget gave up the new answer's reads, though the new one takes its place."""
+    monkeypatch.setattr(in_flight_module, "MAX_FOLLOWED", 1)
+    kube = FakeKube()
+    ext = extender(cfg=S4000, kube=kube)
+    ended = asyncio.get_running_loop().create_task(asyncio.sleep(0))
+    await ended
+    ext._following[UID] = ended  # as the done-callback has not removed it yet
+    ext.nominate(UID, 1000, sl(96), {}, {"a": ()})
+    kube.pods[("ns", "p-p1")] = named("")
+    ext.follow("ns", "p-p1", UID, answered={"a"})
+    try:
+        assert ext._following[UID] is not ended
+    finally:
+        await stop_following(ext)
+
+
+async def test_followers_leave_the_api_clients_connections_to_binds(fast: None) -> None:
+    """Red team: every follower read at once, up to 2 x MAX_FOLLOWED (128) reads in flight on an API server slow to
+    answer, where the API client has 64 connections (shared/kube.py Kube.create) and a Binding gets BIND_CONNECT_S
+    to get one: binds failed for reads that could wait. At most MAX_FOLLOW_READS are in flight, as Events have
+    BEST_EFFORT_IN_FLIGHT; the others wait their turn."""
+    class Slow(FakeKube):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = asyncio.Event()
+            self.in_flight = self.most = 0
+
+        async def get_pod(self, ns: str, name: str) -> dict[str, Any]:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            try:
+                await self.gate.wait()
+                return await super().get_pod(ns, name)
+            finally:
+                self.in_flight -= 1
+
+    kube = Slow()
+    ext = extender(cfg=S4000, kube=kube)
+    n = in_flight_module.MAX_FOLLOWED
+    try:
+        for i in range(n):
+            ext.nominate(f"u{i}", 1000, sl(96), {}, ["a"])
+            kube.pods[("ns", f"u{i}")] = named("", f"u{i}")  # nominated nowhere: forgotten at the settled read
+            ext.follow("ns", f"u{i}", f"u{i}")
+        assert len(ext._following) == n
+
+        async def all_waiting() -> bool:  # every follower is reading or waiting its turn
+            return kube.in_flight >= in_flight_module.MAX_FOLLOW_READS or kube.most > in_flight_module.MAX_FOLLOW_READS
+
+        await until_true(all_waiting, "the reads begin", timeout=5)
+        for _ in range(10):  # loop turns: any follower that could start a read has started it
+            await asyncio.sleep(0)
+        assert kube.most <= in_flight_module.MAX_FOLLOW_READS < n, kube.most
+        kube.gate.set()  # answered: every follower reads in its turn, to its end
+
+        async def all_done() -> bool:
+            return not ext._following
+
+        await until_true(all_done, "every nomination read to its end", timeout=10)
+        assert not ext.nominations
+    finally:
+        kube.gate.set()
+        await stop_following(ext)
