@@ -116,7 +116,8 @@ def connect_subscriber(url: str, options: RedisOptions = NO_OPTIONS) -> Redis:
 def _refusal(error: BaseException) -> tuple[str, str]:
     """(kind, text) of a Redis failure: kind "wrong" (the password refused), "none" (a password needed and none
     given), "unneeded" (a password given to a Redis that has none), "sentinels" (the sentinels refused the
-    credentials), "tls" (the server's certificate not trusted), or "" for anything else."""
+    credentials), "denied" (the ACL user may not run a command or touch a key or channel the roles use), "tls"
+    (the server's certificate not trusted), or "" for anything else."""
     cause: BaseException | None = error
     while cause is not None and not isinstance(cause, rexc.AuthenticationError):
         cause = cause.__cause__  # RedisCluster wraps the node's refusal in a RedisClusterException
@@ -129,6 +130,8 @@ def _refusal(error: BaseException) -> tuple[str, str]:
     # error rather than NOAUTH (Ledger.load_scripts PINGs first to get the NOAUTH)
     if cause is not None or (isinstance(error, rexc.ResponseError) and "unauthenticated" in text):
         return "none", text
+    if isinstance(error, rexc.NoPermissionError) or "NOPERM" in text or "no permissions to" in text:
+        return "denied", text  # an ACL user without a command, key or channel the roles use (a script's too)
     if "CERTIFICATE_VERIFY_FAILED" in text:
         return "tls", text
     if "AuthenticationError" in text:  # Sentinel's MasterNotFoundError names the sentinels' own errors only
@@ -140,7 +143,7 @@ def credentials_refused(error: BaseException) -> bool:
     """Whether `error` is Redis (or its sentinels) refusing this client's credentials, missing or wrong: sending
     again cannot cure it (a one-shot command stops at once; the roles keep trying, as a fixed Secret and a
     restart, or a server given the password, cure it)."""
-    return _refusal(error)[0] in ("wrong", "none", "unneeded", "sentinels")
+    return _refusal(error)[0] in ("wrong", "none", "unneeded", "sentinels", "denied")
 
 
 def explain(error: BaseException) -> str:
@@ -155,6 +158,10 @@ def explain(error: BaseException) -> str:
     if kind == "unneeded":
         return (f"a password was given but this Redis has none (remove it from redisPasswordFile, "
                 f"MTSCHED_REDIS_PASSWORD or the URL, or set Redis's requirepass): {text}")
+    if kind == "denied":
+        return (f"the Redis user may not do what the roles need (grant it the commands, keys and channel "
+                f"docs/install.md lists under 'Redis', or use another user in the URL's redis://USER:PASSWORD@host): "
+                f"{text}")
     if kind == "tls":
         return f"Redis's TLS certificate is not trusted (set redisCAFile to the CA that signed it): {text}"
     if kind == "sentinels":

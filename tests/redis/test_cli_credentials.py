@@ -126,3 +126,19 @@ def test_cards_with_the_password_still_work(auth_server: RedisServer, capsys: py
     monkeypatch.setenv("MTSCHED_REDIS_PASSWORD", auth_server.password)
     assert cli.main(["cards", "--redis-url", _plain(auth_server), "--log-format", "text"]) == 0
     assert "no sliced Moore Threads cards in the ledger" in capsys.readouterr().out  # (a flushed server's)
+
+
+def test_a_user_the_acl_denies_is_said_so(auth_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """An ACL user that may not run what the roles need (here PING) is a mistake in what the command was given:
+    exit 2 naming the user's URL and what to grant, not exit 1 with redis-py's bare NoPermissionError."""
+    admin = redis.Redis(host="127.0.0.1", port=auth_server.port, password=auth_server.password)
+    admin.acl_setuser("noping", enabled=True, passwords=["+secret-pw"], keys=["*"], channels=["*"],
+                      commands=["+@all", "-ping"])
+    admin.close()
+    url = f"redis://noping:secret-pw@127.0.0.1:{auth_server.port}/0"
+    assert cli.main(["cards", "--redis-url", url, "--log-format", "text"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "secret-pw" not in err, err
+    assert err.startswith(f"mtsched cards: --redis-url redis://noping:***@127.0.0.1:{auth_server.port}/0: "
+                          "the Redis user may not do what the roles need"), err
+    assert "'ping'" in err, err
