@@ -16,7 +16,14 @@ from urllib.parse import parse_qs, unquote
 
 import yaml
 
-from shared.domain.models import CORES_PER_CARD, DEFAULT_MAX_INST, CardModel, ModelError, parse_memory_per_card
+from shared.domain.models import (
+    CORES_PER_CARD,
+    DEFAULT_MAX_INST,
+    DEFAULT_MODEL,
+    CardModel,
+    ModelError,
+    parse_memory_per_card,
+)
 from shared.domain.shapes import MAX_NODES
 from shared.domain.upkeep import LOST_AFTER_MAX, LOST_AFTER_MIN
 
@@ -37,7 +44,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Config:
-    memory_per_card: tuple[CardModel, ...] = (CardModel(96),)
+    memory_per_card: tuple[CardModel, ...] = (CardModel(DEFAULT_MODEL),)
     resource_count_name: str = "mthreads.com/vgpu"
     resource_memory_name: str = "mthreads.com/sgpu-memory"
     resource_core_name: str = "mthreads.com/sgpu-core"

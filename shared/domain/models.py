@@ -6,6 +6,7 @@ A card model is identified by its per-card memory in 512 MiB units (96 = MTT S40
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ DEFAULT_MAX_INST = 16  # vendor sgpu_km max_inst default: slice instances per ca
 MAX_MODEL_UNITS = 4096  # 2 TiB per card: anything above is a typo, not a card
 
 KNOWN_NAMES = {96: "MTT S4000", 160: "MTT S5000"}
+DEFAULT_MODEL = 96  # memoryPerCard unset (or null): MTT S4000, the chart's default too
 # a known card's memory in GiB, written where its units belong (the seeds give both: 48 GiB = 96 units): no card
 # with sGPU has that many units. The chart refuses them with the same words (_helpers.tpl, memoryPerCard)
 GIB_WRITTEN = {units // 2: units for units in KNOWN_NAMES}
@@ -56,13 +58,40 @@ class CardModel:
         return memory in self.valid_memory
 
 
+# A whole number as the chart's helper reads one (deploy/helm/hami/templates/_helpers.tpl, hami.memoryPerCard): ASCII
+# digits only. int() would also read "9_6", "+96" and other scripts' digits, which the chart refuses.
+_WHOLE_RE = re.compile(r"^-?[0-9]+$")
+
+
+def _unquoted(text: str) -> str:
+    """The text trimmed, without one pair of matching quotes around it (`--set x={96,"160"}` keeps them)."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        text = text[1:-1].strip()
+    return text
+
+
+def _units(item: object) -> int:
+    """One entry: a whole number, typed or written (a whole float too: a Helm values file reads 96 as 96.0)."""
+    if isinstance(item, float) and item.is_integer():
+        return int(item)
+    if isinstance(item, int) and not isinstance(item, bool):
+        return item
+    if isinstance(item, str) and _WHOLE_RE.match(_unquoted(item)):
+        return int(_unquoted(item))
+    raise ModelError(f"memoryPerCard entry {item!r} is not a whole number of 512 MiB units{ALLOWED}")
+
+
 def parse_memory_per_card(value: object) -> tuple[CardModel, ...]:
-    """Read `memoryPerCard`: a list of ints, a legacy scalar (one model), or a comma string from env/flags."""
+    """Read `memoryPerCard`: a list, a legacy scalar (one model), or a comma string from env/flags ("96,160",
+    "[96, 160]"; blank pieces are skipped); None is the default. The rule the chart's helper follows too
+    (tests/deploy/test_memory_per_card_agreement.py holds them to one table). Models come sorted, each once."""
     if value is None:
-        return (CardModel(96),)
+        return (CardModel(DEFAULT_MODEL),)
     items: list[object]
     if isinstance(value, str):
-        items = [p for p in value.replace(" ", "").strip("[]").split(",") if p]
+        body = _unquoted(value).removeprefix("[").removesuffix("]")
+        items = [p.strip() for p in body.split(",") if p.strip()]
     elif isinstance(value, (list, tuple)):
         items = list(value)
     else:
@@ -71,12 +100,7 @@ def parse_memory_per_card(value: object) -> tuple[CardModel, ...]:
         raise ModelError("memoryPerCard is empty: list at least one card model, e.g. [96] or [96, 160]")
     models: list[CardModel] = []
     for item in items:
-        if isinstance(item, bool) or not isinstance(item, (int, str)):
-            raise ModelError(f"memoryPerCard entry {item!r} is not a whole number of 512 MiB units{ALLOWED}")
-        try:
-            units = int(item)
-        except ValueError:
-            raise ModelError(f"memoryPerCard entry {item!r} is not a whole number of 512 MiB units{ALLOWED}") from None
+        units = _units(item)
         if units in GIB_WRITTEN:
             meant = GIB_WRITTEN[units]
             raise ModelError(f"memoryPerCard entry {units} is {KNOWN_NAMES[meant]}'s memory in GiB; the unit is "

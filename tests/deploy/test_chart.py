@@ -109,7 +109,7 @@ def test_invalid_values_are_refused(helm: Path) -> None:
         (("devices.mthreads.memoryPerCard=abc",), "memoryPerCard"),
         (("devices.mthreads.memoryPerCard=1",), "memoryPerCard"),
         (("scheduler.admissionWebhook.failurePolicy=Sometimes",), "failurePolicy"),
-        (("tls.mode=selfsigned",), "tls/mode"),
+        (("tls.mode=selfsigned",), "tls.mode: \"selfsigned\" is not allowed"),
         (("scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy=random",), "gpuSchedulerPolicy"),
         (("webhook.replicas=0",), "replicas"),
         (("redis.external.url=http://x",), "url"),

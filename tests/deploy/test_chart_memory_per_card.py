@@ -5,7 +5,8 @@ The chart's helper (templates/_helpers.tpl, hami.memoryPerCard) is the one place
 values.schema.json only describes it. Before, a wrong value got the schema's internals ("'oneOf' failed, none
 matched / got string, want array / ... does not match pattern '^\\s*\\[?...'"), an empty list "minItems: got 0, want
 1" beside two unrelated alternatives, and a quoted number in a list ([96, "160"]) was refused although "160" and
-"96,160" alone were accepted.
+"96,160" alone were accepted. What is accepted, and the list it renders, is the roles' rule
+(tests/deploy/test_memory_per_card_agreement.py holds the two to one table).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ BAD: list[tuple[Any, str]] = [
     ("[]", f'{FIELD} "[]" is empty'),
     (96.5, f"{FIELD} 96.5 is not a whole number; {ALLOWED}"),
     (("--set", "96.5"), f'{FIELD} "96.5" is not a whole number; {ALLOWED}'),
-    ("96.0", f'{FIELD} "96.0" is not a whole number'),  # the roles' config refuses it too (int("96.0"))
+    ("96.0", f'{FIELD} "96.0" is not a whole number'),  # written, a number is digits only (the roles' rule too)
     (True, f"{FIELD} true is not a whole number; {ALLOWED}"),
     # a negative number, 0, and outside what a card can have (shared/domain/models.py MAX_MODEL_UNITS)
     (-1, f"{FIELD} -1 is out of range: a card has 2 to {MAX_MODEL_UNITS} units of 512 MiB; {ALLOWED}"),
@@ -58,15 +59,14 @@ BAD: list[tuple[Any, str]] = [
     (1, f"{FIELD} 1 is out of range"),
     (MAX_MODEL_UNITS + 1, f"{FIELD} {MAX_MODEL_UNITS + 1} is out of range"),
     ("99999999999999999999", f'{FIELD} "99999999999999999999" is out of range'),
-    # an empty list (a values file, --set {}), no value at all
+    # an empty list (a values file, --set {}), a string of blanks and commas
     ([], f"{FIELD} [] is empty: list at least one card model; {ALLOWED}"),
     (("--set", "{}"), f'{FIELD} [""] is empty: list at least one card model; {ALLOWED}'),
-    (None, f"{FIELD} null is empty: list at least one card model; {ALLOWED}"),
+    (",", f'{FIELD} "," is empty: list at least one card model; {ALLOWED}'),
     # a list with a non-number: the entry and the whole value are named
     ([96, "abc"], f'{FIELD} entry "abc" (of [96,"abc"]) is not a whole number; {ALLOWED}'),
     (("--set", "{96,abc}"), f'{FIELD} entry "abc" (of [96,"abc"]) is not a whole number; {ALLOWED}'),
     ("96,abc", f'{FIELD} entry "abc" (of "96,abc") is not a whole number; {ALLOWED}'),
-    ("96,,160", f'{FIELD} entry "" (of "96,,160") is not a whole number'),
     ([96, ""], f'{FIELD} entry "" (of [96,""]) is not a whole number'),
     ([96, 160.5], f"{FIELD} entry 160.5 (of [96,160.5]) is not a whole number; {ALLOWED}"),
     ([96, None], f"{FIELD} entry null (of [96,null]) is not a whole number"),
@@ -103,7 +103,10 @@ VALID: list[tuple[Any, list[int]]] = [
     ([96, "160"], [96, 160]),
     (["96", " 160 "], [96, 160]),
     ("[96, 160]", [96, 160]),
-    ([160, 96], [160, 96]),  # the order given (the roles sort the models)
+    ([160, 96], [96, 160]),  # as the roles read it: sorted, each model once
+    ([96, 96, 160], [96, 160]),
+    ("96,,160", [96, 160]),  # a blank piece of a comma string is skipped, as the roles skip it
+    (None, [96]),  # null (or missing): the roles' default
     ([2, MAX_MODEL_UNITS], [2, MAX_MODEL_UNITS]),
     (("--set", "96"), [96]),
     (("--set", "96\\,160"), [96, 160]),

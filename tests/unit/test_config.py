@@ -47,6 +47,15 @@ def test_s5000_guide_values_file(tmp_path: Path) -> None:
         ("memoryPerCard: '96,160'\n", (96, 160)),
         ("devices:\n  mthreads:\n    enabled: true\n", (96,)),  # unset: chart default
         ("", (96,)),  # empty file = defaults
+        # the chart's spellings (tests/deploy/test_memory_per_card_agreement.py holds the chart and the roles to one
+        # table): null is the default, a whole float a number (a Helm values file's 96 is 96.0), blank pieces of a
+        # comma string are skipped, quotes as --set keeps them are no part of the number, models come sorted, once
+        ("memoryPerCard: null\n", (96,)),
+        ("memoryPerCard: [96.0, 160.0]\n", (96, 160)),
+        ("memoryPerCard: '96,,160,'\n", (96, 160)),
+        ("memoryPerCard: [96, '\"160\"']\n", (96, 160)),
+        ("memoryPerCard: '[\"96\", \"160\"]'\n", (96, 160)),
+        ("memoryPerCard: [160, 96, 160]\n", (96, 160)),
     ],
 )
 def test_memory_per_card_in_files(tmp_path: Path, text: str, expected: tuple[int, ...]) -> None:
@@ -192,6 +201,13 @@ def test_extender_client_auth_keys_in_every_spelling() -> None:
     ("devices:\n  mthreads:\n    memoryPerCard: 80\n",
      "memoryPerCard entry 80 is MTT S5000's memory in GiB; the unit is 512 MiB: use 160"),
     ("memoryPerCard: abc\n", "'abc' is not a whole number of 512 MiB units (2..4096; 96 = MTT S4000, 160 = MTT S5000"),
+    # a number is written in ASCII digits, as the chart reads it (int() would make 96 of each of these)
+    ("memoryPerCard: '9 6'\n", "memoryPerCard entry '9 6' is not a whole number"),
+    ("memoryPerCard: '9_6'\n", "memoryPerCard entry '9_6' is not a whole number"),
+    ("memoryPerCard: '+96'\n", "memoryPerCard entry '+96' is not a whole number"),
+    ("memoryPerCard: '[[96]]'\n", "memoryPerCard entry '[96]' is not a whole number"),
+    ("memoryPerCard: 96.5\n", "memoryPerCard entry 96.5 is not a whole number"),
+    ("memoryPerCard: '-1'\n", "memoryPerCard entry -1 is out of range"),
 ])
 def test_a_file_that_says_two_things_or_a_wrong_one_is_refused_by_name(tmp_path: Path, text: str,
                                                                        expected: str) -> None:

@@ -107,6 +107,9 @@ def test_model_names_and_sizes() -> None:
         ("[96, 160]", (96, 160)),
         (["96", "160"], (96, 160)),
         ((96, 160), (96, 160)),
+        # a whole float: a Helm values file reads 96 as 96.0, so the chart cannot tell them apart and takes both
+        ([96.0], (96,)),
+        (None, (96,)),  # unset: the default
     ],
 )
 def test_parse_memory_per_card(value: object, expected: tuple[int, ...]) -> None:
@@ -127,7 +130,10 @@ def test_parse_memory_per_card(value: object, expected: tuple[int, ...]) -> None
         (["abc"], "not a whole number"),
         ("96;160", "not a whole number"),
         ([96.5], "not a whole number"),
-        ([96.0], "not a whole number"),  # a float is a typo, not a unit count
+        ("96.0", "not a whole number"),  # written, a number is digits only
+        ("9 6", "not a whole number"),  # (int() would read these three as 96)
+        ("9_6", "not a whole number"),
+        ("+96", "not a whole number"),
         ([True], "not a whole number"),  # YAML `yes`
         (True, "not a whole number"),
         ({"s5000": 160}, "not a whole number"),

@@ -69,19 +69,65 @@ and starting with a newline; nothing when empty. Use as: {{- include "hami.annot
 {{- if and .Values.devices.mthreads.enabled (not .Values.redis.external.url) -}}true{{- end -}}
 {{- end -}}
 
-{{/* http | https: how kube-scheduler calls its extender sidecar (scheduler.extender.scheme). Missing or null
-(`helm upgrade --reuse-values` from a chart without the value renders with that chart's values): http, the default. */}}
+{{/*
+The settings with a fixed set of values, the one place they are listed: each field's allowed values and, where null or
+missing is allowed, what it then means (`helm upgrade --reuse-values` from a chart without the value renders with
+that chart's values; `--set x=null` deletes the default). values.schema.json only describes these fields: its enum
+would refuse a wrong value first, naming the field and the allowed values but not the value given, and a wrong type
+as "got number, want string". templates/validate.yaml checks every one on each render; templates read them through
+hami.choice. The policies' defaults are the roles' (shared/config.py Config).
+*/}}
+{{- define "hami.choices" -}}
+{{- $pull := dict "allowed" (list "Always" "IfNotPresent" "Never") "default" "" -}}{{- /* "": Kubernetes' default */ -}}
+{{- $policy := list "binpack" "spread" -}}
+{{- dict
+  "scheduler.extender.scheme" (dict "allowed" (list "http" "https") "default" "http")
+  "tls.mode" (dict "allowed" (list "generate" "certManager" "external") "default" "generate")
+  "scheduler.admissionWebhook.failurePolicy" (dict "allowed" (list "Fail" "Ignore") "default" "Fail")
+  "scheduler.admissionWebhook.reinvocationPolicy" (dict "allowed" (list "Never" "IfNeeded") "default" "Never")
+  "scheduler.defaultSchedulerPolicy.nodeSchedulerPolicy" (dict "allowed" $policy "default" "binpack")
+  "scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy" (dict "allowed" $policy "default" "spread")
+  "mtsched.logLevel" (dict "allowed" (list "debug" "info" "warning" "error"))
+  "mtsched.logFormat" (dict "allowed" (list "json" "text"))
+  "image.pullPolicy" $pull
+  "scheduler.kubeScheduler.image.pullPolicy" $pull
+  "redis.image.pullPolicy" $pull
+  | toJson -}}
+{{- end -}}
+
+{{/* (dict "field" "value" "allowed"): the value when it is one of allowed, else fail naming the three, e.g.
+scheduler.extender.scheme: "htp" is not allowed; use one of http, https */}}
+{{- define "hami.oneOf" -}}
+{{- if not (and (kindIs "string" .value) (has .value .allowed)) -}}
+{{- fail (printf "%s: %s is not allowed; use one of %s" .field (toRawJson .value) (join ", " .allowed)) -}}
+{{- end -}}
+{{- .value -}}
+{{- end -}}
+
+{{/* The value of a field of hami.choices, checked; call with (dict "ctx" $ "field" "scheduler.extender.scheme"). */}}
+{{- define "hami.choice" -}}
+{{- $spec := get (include "hami.choices" .ctx | fromJson) .field -}}
+{{- $v := .ctx.Values -}}
+{{- $found := true -}}
+{{- range $key := splitList "." .field -}}
+{{- if and $found (kindIs "map" $v) (hasKey $v $key) -}}{{- $v = index $v $key -}}{{- else -}}{{- $found = false -}}{{- end -}}
+{{- end -}}
+{{- if and (or (not $found) (kindIs "invalid" $v)) (hasKey $spec "default") -}}
+{{- $spec.default -}}
+{{- else -}}
+{{- include "hami.oneOf" (dict "field" .field "value" (ternary $v nil $found) "allowed" $spec.allowed) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* http | https: how kube-scheduler calls its extender sidecar (scheduler.extender.scheme); missing or null: http. */}}
 {{- define "hami.extenderScheme" -}}
-{{- .Values.scheduler.extender.scheme | default "http" -}}
+{{- include "hami.choice" (dict "ctx" . "field" "scheduler.extender.scheme") -}}
 {{- end }}
 
 {{/* generate | certManager | external (HAMi's scheduler.certManager.enabled selects certManager). */}}
 {{- define "hami.tlsMode" -}}
-{{- $mode := .Values.tls.mode | default "generate" -}}
+{{- $mode := include "hami.choice" (dict "ctx" . "field" "tls.mode") -}}
 {{- if .Values.scheduler.certManager.enabled -}}{{- $mode = "certManager" -}}{{- end -}}
-{{- if not (has $mode (list "generate" "certManager" "external")) -}}
-{{- fail (printf "tls.mode must be generate, certManager or external, got %q" $mode) -}}
-{{- end -}}
 {{- $mode -}}
 {{- end -}}
 
@@ -143,17 +189,18 @@ once per render and cached, so the Secret and the webhook's caBundle always agre
 {{- end -}}
 {{- end -}}
 
-{{/* A string trimmed of blanks and of one pair of quotes around it (--set 'x={96,"160"}' keeps the quotes). */}}
+{{/* A string trimmed of blanks and of one pair of matching quotes around it (--set 'x={96,"160"}' keeps the quotes). */}}
 {{- define "hami.unquote" -}}
-{{- $s := trim . -}}
-{{- $s = regexReplaceAll "^\"(.*)\"$" $s "${1}" -}}
-{{- regexReplaceAll "^'(.*)'$" $s "${1}" | trim -}}
+{{- regexReplaceAll "^\"(.*)\"$|^'(.*)'$" (trim .) "${1}${2}" | trim -}}
 {{- end -}}
 
-{{/* memoryPerCard as a list of ints: a list (entries numbers or quoted numbers), a legacy scalar, or a comma
-string "96,160" / "[96, 160]". The one place the value is judged (values.schema.json only describes it, so that a
-wrong value gets this message and not the schema's alternatives): anything else fails naming the field, the value
-given and what is allowed. The range is shared/domain/models.py's (2..MAX_MODEL_UNITS). */}}
+{{/* memoryPerCard as the list of ints the roles read: sorted, each model once. The roles' rule
+(shared/domain/models.py parse_memory_per_card) is the reference, and tests/deploy/test_memory_per_card_agreement.py
+holds both to one table: a list (entries whole numbers or quoted whole numbers), a legacy scalar, or a comma string
+"96,160" / "[96, 160]" (blank pieces skipped); null or missing (--reuse-values from a chart without it) is the roles'
+default, 96. values.schema.json only describes it, so that a wrong value gets this message and not the schema's
+alternatives: anything else fails naming the field, the value given and what is allowed. The range is
+shared/domain/models.py's (2..MAX_MODEL_UNITS). */}}
 {{- define "hami.memoryPerCard" -}}
 {{- $raw := .Values.devices.mthreads.memoryPerCard -}}
 {{- $field := "devices.mthreads.memoryPerCard" -}}
@@ -163,9 +210,11 @@ given and what is allowed. The range is shared/domain/models.py's (2..MAX_MODEL_
 {{- $items = $raw -}}
 {{- if eq (toRawJson $raw) "[\"\"]" -}}{{- $items = list -}}{{- end -}}{{- /* --set memoryPerCard={} */ -}}
 {{- else if kindIs "string" $raw -}}
-{{- $body := include "hami.unquote" $raw | trimPrefix "[" | trimSuffix "]" | trim -}}
-{{- if $body -}}{{- $items = splitList "," $body -}}{{- end -}}
-{{- else if not (kindIs "invalid" $raw) -}}
+{{- $body := include "hami.unquote" $raw | trimPrefix "[" | trimSuffix "]" -}}
+{{- range splitList "," $body -}}{{- if trim . -}}{{- $items = append $items (trim .) -}}{{- end -}}{{- end -}}
+{{- else if kindIs "invalid" $raw -}}
+{{- $items = list 96 -}}{{- /* shared/domain/models.py DEFAULT_MODEL */ -}}
+{{- else -}}
 {{- $items = list $raw -}}
 {{- end -}}
 {{- if not $items -}}
@@ -180,7 +229,7 @@ given and what is allowed. The range is shared/domain/models.py's (2..MAX_MODEL_
 {{- $what := printf "%s entry %s (of %s)" $field (toRawJson $entry) (toRawJson $raw) -}}
 {{- if $single -}}{{- $what = printf "%s %s" $field (toRawJson $raw) -}}{{- end -}}
 {{- $f := 0.0 -}}
-{{- if and (kindIs "string" $entry) (regexMatch "^[0-9]+$" $entry) -}}
+{{- if and (kindIs "string" $entry) (regexMatch "^-?[0-9]+$" $entry) -}}
 {{- $f = float64 $entry -}}
 {{- else if or (kindIs "int" $entry) (kindIs "int64" $entry) (kindIs "float64" $entry) -}}
 {{- $f = float64 $entry -}}
@@ -200,9 +249,11 @@ given and what is allowed. The range is shared/domain/models.py's (2..MAX_MODEL_
 {{- fail (printf "devices.mthreads.memoryPerCard entry %d is %s's memory in GiB; the unit is 512 MiB: use %d (no Moore Threads card with sGPU has %d units)" $v (index $model 1) (index $model 2) $v) -}}
 {{- end -}}
 {{- end -}}
-{{- $out = append $out $v -}}
+{{- $out = append $out (printf "%04d" $v) -}}{{- /* zero-padded (2..4096): sorted as text is sorted as numbers */ -}}
 {{- end -}}
-{{- toJson $out -}}
+{{- $models := list -}}
+{{- range ($out | uniq | sortAlpha) -}}{{- $models = append $models (atoi .) -}}{{- end -}}
+{{- toJson $models -}}
 {{- end -}}
 
 {{/* Resource names kube-scheduler leaves to the extender (ignoredByScheduler). */}}
