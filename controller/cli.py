@@ -97,6 +97,18 @@ async def _ledger_client(args: argparse.Namespace, cfg: Config, options: RedisOp
     return client
 
 
+def _redis_denied(args: argparse.Namespace, cfg: Config, error: BaseException) -> str:
+    """A one-shot command's read refused by the Redis user's ACL past its first PING (a command, key or channel the
+    reads need, a script's too): said as a refused PING is, naming the URL and what to grant; "" for anything else."""
+    from shared.store.ledger import LedgerError
+    from shared.store.redis_conn import acl_refused, explain
+
+    if not acl_refused(error):
+        return ""
+    said = str(error) if isinstance(error, LedgerError) else explain(error)  # (a script's LedgerError says it)
+    return f"{_redis_source(args)} {redact_url(cfg.redis_url)}: {said}"
+
+
 def _run_role(main: Callable[[Config, asyncio.Event], Awaitable[bool]], cfg: Config) -> int:
     """Runs a role until SIGTERM/SIGINT (exit 0) or until one of its tasks gave up (exit 1: restart me)."""
     async def runner() -> bool:
@@ -235,8 +247,9 @@ def _explain(args: argparse.Namespace, cfg: Config) -> int:
         print(f"mtsched explain: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # Redis or the API server unreachable: one line, not a traceback
-        print(f"mtsched explain: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+        denied = _redis_denied(args, cfg, e)
+        print(f"mtsched explain: {denied or f'{type(e).__name__}: {e}'}", file=sys.stderr)
+        return 2 if denied else 1
     return 0
 
 
@@ -386,8 +399,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mtsched cards: {e}", file=sys.stderr)
             return 2
         except Exception as e:  # Redis refusing or hanging (its socket timeout): one line, as explain says it
-            print(f"mtsched cards: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
+            denied = _redis_denied(args, cfg, e)
+            print(f"mtsched cards: {denied or f'{type(e).__name__}: {e}'}", file=sys.stderr)
+            return 2 if denied else 1
         return 0
     if args.cmd == "explain":
         return _explain(args, cfg)

@@ -138,7 +138,7 @@ class Ledger(LedgerReads, ServerChecks):
     async def announce(self, node: str) -> None:
         """Tell every mirror to re-read `node` (a `rebuild` notice on the feed; no state changes)."""
         msg = orjson.dumps({"node": node, "version": 0, "kind": "rebuild"}).decode()
-        await self._retry("publish", lambda: self.redis.publish(self.feed, msg))
+        await self._publish(msg)
 
     async def notify(self, kind: str, node: str) -> None:
         """A notice to the watchers on the feed (no state changes; Mirror.on_notice), one of NOTICES:
@@ -149,7 +149,16 @@ class Ledger(LedgerReads, ServerChecks):
         if kind not in NOTICES:
             raise ValueError(f"notice kind {kind!r}: allowed {', '.join(NOTICES)}")
         msg = orjson.dumps({"node": node, "version": 0, "kind": kind}).decode()
-        await self._retry("publish", lambda: self.redis.publish(self.feed, msg))
+        await self._publish(msg)
+
+    async def _publish(self, msg: str) -> None:
+        """PUBLISH on the feed. Sent as a raw command: redis-py's asyncio cluster client has no `publish` method (on
+        redis+cluster:// every notice failed with an AttributeError); a classic PUBLISH sent to any node of a
+        cluster reaches the subscribers of every node."""
+        def send() -> Awaitable[int]:
+            return self.redis.execute_command("PUBLISH", self.feed, msg)  # type: ignore[no-untyped-call]
+
+        await self._retry("publish", send)
 
     async def list_node(self, node: str) -> int:
         added: int = await self._retry("sadd", lambda: cast("Awaitable[int]", self.redis.sadd(self.nodes_key, node)))

@@ -21,6 +21,7 @@ from redis.commands.core import AsyncScript
 from shared.domain.state import NodeSnapshot
 from shared.serving.metrics import REDIS_RESENDS, REDIS_ROUND_TRIPS
 from shared.store.keys import MOREKEYS, NOTHING, Known, Layout
+from shared.store.redis_conn import acl_refused, explain
 from shared.store.resend import RESEND_OR_REDIRECT, resendable, slot_moving
 from shared.store.scripts import SCRIPTS, script_source
 
@@ -208,7 +209,7 @@ class LedgerCore:
                 if not isinstance(e, rexc.ResponseError):
                     raise
                 if not str(e).startswith(MOREKEYS):
-                    raise LedgerError(f"{name} on {node}: {e}") from e
+                    raise LedgerError(f"{name} on {node}: {explain(e) if acl_refused(e) else e}") from e
                 self._known[node] = self.known(node).learn(str(e))
                 log.debug("%s on %s: the node has keys this ledger did not know of; calling again", name, node)
         raise LedgerError(f"{name} on {node}: the node's cards and reservations kept changing; try again")

@@ -59,6 +59,9 @@ NO_OPTIONS = RedisOptions()
 # (tests/redis/test_address_moves.py). Longer than any one reply takes (a pipelined read of thousands of nodes is
 # answered in well under a second). A standalone URL's own `?socket_timeout=` wins.
 SOCKET_TIMEOUT = 5.0
+# How Redis 6.2 and 7.0 refuse a command, key or channel a script sends to the ACL user running it (a plain error
+# reply, not NOPERM, naming no command: Redis's ACL LOG does, with context "lua"; tests/redis/test_acl_user.py)
+SCRIPT_DENIED = "The user executing the script can't"
 
 
 def connect(url: str, options: RedisOptions = NO_OPTIONS) -> Redis:
@@ -130,13 +133,20 @@ def _refusal(error: BaseException) -> tuple[str, str]:
     # error rather than NOAUTH (Ledger.load_scripts PINGs first to get the NOAUTH)
     if cause is not None or (isinstance(error, rexc.ResponseError) and "unauthenticated" in text):
         return "none", text
-    if isinstance(error, rexc.NoPermissionError) or "NOPERM" in text or "no permissions to" in text:
+    if (isinstance(error, rexc.NoPermissionError) or "NOPERM" in text or "no permissions to" in text
+            or SCRIPT_DENIED in text):
         return "denied", text  # an ACL user without a command, key or channel the roles use (a script's too)
     if "CERTIFICATE_VERIFY_FAILED" in text:
         return "tls", text
     if "AuthenticationError" in text:  # Sentinel's MasterNotFoundError names the sentinels' own errors only
         return "sentinels", text
     return "", text
+
+
+def acl_refused(error: BaseException) -> bool:
+    """Whether `error` is Redis refusing a command, key or channel to this client's ACL user (NOPERM, or a script's
+    command refused so), which only a change of the user's ACL cures (docs/install.md "Redis")."""
+    return _refusal(error)[0] == "denied"
 
 
 def credentials_refused(error: BaseException) -> bool:
@@ -159,9 +169,10 @@ def explain(error: BaseException) -> str:
         return (f"a password was given but this Redis has none (remove it from redisPasswordFile, "
                 f"MTSCHED_REDIS_PASSWORD or the URL, or set Redis's requirepass): {text}")
     if kind == "denied":
-        return (f"the Redis user may not do what the roles need (grant it the commands, keys and channel "
-                f"docs/install.md lists under 'Redis', or use another user in the URL's redis://USER:PASSWORD@host): "
-                f"{text}")
+        # (what Redis said first: a role's readiness keeps the first 300 characters of a failure)
+        return (f"the Redis user may not do what the roles need ({text}; Redis's ACL LOG names what it refused): "
+                f"grant it the commands, keys and channel docs/install.md lists under 'Redis', or use another user "
+                f"in the URL's redis://USER:PASSWORD@host")
     if kind == "tls":
         return f"Redis's TLS certificate is not trusted (set redisCAFile to the CA that signed it): {text}"
     if kind == "sentinels":

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -13,11 +15,26 @@ from shared.serving.http import serve_health
 from shared.serving.metrics import REDIS_UP
 from shared.serving.supervise import Backoff, Heartbeat, Supervisor, probe_loop
 from shared.store.card_metrics import register_mirror
-from shared.store.ledger import Ledger
+from shared.store.ledger import Ledger, LedgerError
 from shared.store.mirror import Mirror
-from shared.store.redis_conn import RedisOptions, connect, connect_subscriber, explain
+from shared.store.redis_conn import RedisOptions, acl_refused, connect, connect_subscriber, explain
 
 log = logging.getLogger("mtsched")
+T = TypeVar("T")
+
+
+def _said(work: Callable[[], Awaitable[T]]) -> Callable[[], Awaitable[T]]:
+    """`work`, a refusal of the Redis user's ACL raised as a LedgerError that says what to grant (explain): what the
+    role's readiness and log then show, instead of redis-py's bare NoPermissionError (a script's refusal, a
+    LedgerError, says so already: Ledger._call)."""
+    async def run() -> T:
+        try:
+            return await work()
+        except Exception as e:
+            if acl_refused(e) and not isinstance(e, LedgerError):
+                raise LedgerError(explain(e)) from e
+            raise
+    return run
 
 
 def _settle() -> None:
@@ -43,16 +60,17 @@ async def open_ledger(cfg: Config, sup: Supervisor, card_metrics: bool = False,
             break
         except Exception as e:
             # the URL may carry a password: only its redacted form is ever logged
-            waiting = f"not reachable at {redact_url(cfg.redis_url)} ({explain(e)})"
-            log.warning("Redis at %s not reachable (%s); retrying", redact_url(cfg.redis_url), explain(e))
+            how = "refuses this user what the roles need" if acl_refused(e) else "not reachable"
+            waiting = f"{how} at {redact_url(cfg.redis_url)} ({explain(e)})"
+            log.warning("Redis at %s %s (%s); retrying", redact_url(cfg.redis_url), how, explain(e))
             await backoff.sleep(stop)
     mirror = Mirror(ledger, subscriber=connect_subscriber(cfg.redis_url, options), shapes_only=shapes_only)
     # the cards loaded: freeze them (and everything else alive) out of later garbage collections
     mirror.on_first_sync.append(_settle)
-    sup.spawn("mirror", mirror.run)
+    sup.spawn("mirror", _said(mirror.run))
     sup.spawn("gc-settle", gc_policy.settle_when_grown)  # state that arrives later (a fleet that grows)
     redis_ok = Heartbeat("Redis", max_age=6.0)
-    sup.spawn("redis-probe", lambda: probe_loop(redis_ok, ledger.probe_write))  # a write, not a PING
+    sup.spawn("redis-probe", lambda: probe_loop(redis_ok, _said(ledger.probe_write)))  # a write, not a PING
     if shapes_only:
         sup.check("mirror", lambda: "" if mirror.synced_once else "not in sync with Redis yet")
         sup.check("redis", lambda: "" if mirror.synced_once else redis_ok())
