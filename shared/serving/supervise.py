@@ -295,7 +295,7 @@ class Heartbeat:
     def __init__(self, what: str, max_age: float):
         self.what = what
         self.max_age = max_age
-        self.last = 0.0
+        self.last = 0.0  # never confirmed (monotonic time starts at the host's boot, not at ours)
         self.error = "not checked yet"
 
     def ok(self) -> None:
@@ -305,6 +305,8 @@ class Heartbeat:
         self.error = f"{type(e).__name__}: {e}"[:300]
 
     def __call__(self) -> str:
+        if not self.last:
+            return f"{self.what} not confirmed yet" + (f" ({self.error})" if self.error else "")
         age = time.monotonic() - self.last
         if age <= self.max_age:
             return ""
