@@ -42,9 +42,11 @@ def is_transient(e: BaseException) -> bool:
         return status >= 500 or status in (408, 429)
     # a Redis full under noeviction (OOM) heals once memory is freed or raised, as a replica (READONLY) does
     # once the failover ends, and a cluster's slot once its move between shards ends (ClusterError: redis-py's
-    # retries ran out, shared/store/resend.py RESEND); a wrapper (the ledger's LedgerError) is as transient as
-    # what it wraps
-    return isinstance(e, (TransientError, rexc.ConnectionError, rexc.TimeoutError, rexc.BusyLoadingError,
+    # retries ran out, shared/store/resend.py RESEND), and a command the Redis user's ACL refuses (NOPERM) once
+    # it is granted (a script's command refused: the ledger's AclRefusedError, a TransientError); a wrapper (the
+    # ledger's LedgerError) is as transient as what it wraps
+    return isinstance(e, (TransientError, rexc.NoPermissionError, rexc.ConnectionError, rexc.TimeoutError,
+                          rexc.BusyLoadingError,
                           rexc.ReadOnlyError, rexc.OutOfMemoryError, rexc.TryAgainError, rexc.ClusterError,
                           rexc.SlotNotCoveredError, aiohttp.ClientError, TimeoutError, ConnectionError, OSError)) or (
         isinstance(e.__cause__, Exception) and e.__cause__ is not e and is_transient(e.__cause__))

@@ -20,6 +20,7 @@ from redis.commands.core import AsyncScript
 
 from shared.domain.state import NodeSnapshot
 from shared.serving.metrics import REDIS_RESENDS, REDIS_ROUND_TRIPS
+from shared.serving.supervise import TransientError
 from shared.store.keys import MOREKEYS, NOTHING, Known, Layout
 from shared.store.redis_conn import acl_refused, explain
 from shared.store.resend import RESEND_OR_REDIRECT, resendable, slot_moving
@@ -39,6 +40,17 @@ KEY_ROUNDS = 32
 
 class LedgerError(RuntimeError):
     """A script refused its input (BADINPUT) or Redis failed; state is unchanged."""
+
+
+class AclRefusedError(LedgerError, TransientError):
+    """Redis refused the ACL user a command, key or channel the roles use. Granting it cures that with no restart
+    (docs/install.md "Redis"), so a role keeps trying, unready and saying what to grant, as for a wrong password;
+    it does not give up and crash-loop."""
+
+
+def failed(what: str, e: BaseException) -> LedgerError:
+    """The LedgerError for `e` met doing `what`: an ACL refusal in words that say what to grant (explain)."""
+    return AclRefusedError(f"{what}: {explain(e)}") if acl_refused(e) else LedgerError(f"{what}: {e}")
 
 
 class LedgerCore:
@@ -209,7 +221,7 @@ class LedgerCore:
                 if not isinstance(e, rexc.ResponseError):
                     raise
                 if not str(e).startswith(MOREKEYS):
-                    raise LedgerError(f"{name} on {node}: {explain(e) if acl_refused(e) else e}") from e
+                    raise failed(f"{name} on {node}", e) from e
                 self._known[node] = self.known(node).learn(str(e))
                 log.debug("%s on %s: the node has keys this ledger did not know of; calling again", name, node)
         raise LedgerError(f"{name} on {node}: the node's cards and reservations kept changing; try again")

@@ -14,8 +14,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from shared.domain.state import NodeSnapshot
 from shared.store.keys import MOREKEYS
-from shared.store.ledger_core import KEY_ROUNDS, LedgerCore, LedgerError, log
-from shared.store.redis_conn import acl_refused, explain
+from shared.store.ledger_core import KEY_ROUNDS, LedgerCore, LedgerError, failed, log
 from shared.store.resend import RESEND_OR_REDIRECT, resendable, slot_moving
 
 # Nodes per pipelined read: packing, parsing and decoding one reply holds the caller's event loop, so a
@@ -208,7 +207,7 @@ class LedgerReads(LedgerCore):
                     todo.append(n)
                     self._known[n] = self.known(n).learn(str(raw))
                 elif isinstance(raw, Exception):
-                    raise LedgerError(f"snapshot of {n}: {explain(raw) if acl_refused(raw) else raw}") from raw
+                    raise failed(f"snapshot of {n}", raw) from raw
                 else:
                     digest = hash(raw)
                     out.digests[n] = digest

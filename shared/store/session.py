@@ -16,6 +16,7 @@ from shared.serving.metrics import REDIS_UP
 from shared.serving.supervise import Backoff, Heartbeat, Supervisor, probe_loop
 from shared.store.card_metrics import register_mirror
 from shared.store.ledger import Ledger, LedgerError
+from shared.store.ledger_core import AclRefusedError
 from shared.store.mirror import Mirror
 from shared.store.redis_conn import RedisOptions, acl_refused, connect, connect_subscriber, explain
 
@@ -32,7 +33,7 @@ def _said(work: Callable[[], Awaitable[T]]) -> Callable[[], Awaitable[T]]:
             return await work()
         except Exception as e:
             if acl_refused(e) and not isinstance(e, LedgerError):
-                raise LedgerError(explain(e)) from e
+                raise AclRefusedError(explain(e)) from e
             raise
     return run
 

@@ -523,3 +523,39 @@ def test_the_docs_give_these_rules() -> None:
     text = (DOCS / "install.md").read_text()
     assert " ".join(ACL_RULES) in text
     assert "tests/redis/test_acl_user.py" in text
+
+
+async def test_a_role_denied_a_rule_waits_unready_and_heals_once_granted(server: RedisServer, admin: redis.Redis,
+                                                                          tmp_path: Path) -> None:
+    """A refusal of the user's ACL is cured by granting the rule, with no restart: the role keeps trying, unready,
+    saying what to grant, as it does for a wrong password; it does not give up after `max_failures` and crash-loop
+    (it did: NoPermissionError and a script's refusal were not transient, shared/serving/supervise.py is_transient),
+    and it is ready again once the rule is granted."""
+    grant(admin, ACL_RULES)
+    cfg = role_config(server, tmp_path)
+    async with roles(cfg, admin, tmp_path) as r:
+        await load(r)
+        await new_node(r)
+    grant(admin, tuple(x for x in ACL_RULES if x != "+subscribe"))
+    sup = Supervisor(max_failures=2, unready_after=0.2, healthy_after=0.5)
+    stop = asyncio.Event()
+    ledger, mirror = await open_ledger(cfg, sup, stop=stop)
+    loop = asyncio.get_running_loop()
+    try:
+        end = loop.time() + 15
+        while sup.tasks["mirror"].restarts < 2 * sup.max_failures or not sup.problems():
+            assert loop.time() < end and not sup.failed.is_set(), (sup.fatal, sup.problems())
+            await asyncio.sleep(0.05)
+        assert not sup.failed.is_set(), sup.fatal
+        assert any("the Redis user may not do what the roles need" in p and "'subscribe'" in p
+                   for p in sup.problems()), sup.problems()
+        grant(admin, ACL_RULES)
+        end = loop.time() + 20
+        while sup.problems():
+            assert loop.time() < end and not sup.failed.is_set(), (sup.fatal, sup.problems())
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await sup.cancel()
+        await ledger.redis.aclose()
+        await mirror.subscriber.aclose()

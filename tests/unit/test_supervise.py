@@ -21,6 +21,8 @@ from shared.serving.supervise import (
     is_transient,
     unless_stopped,
 )
+from shared.store.ledger_core import failed
+from shared.store.redis_conn import SCRIPT_DENIED
 from tests.unit._cancels import DeafTo
 
 
@@ -38,6 +40,10 @@ from tests.unit._cancels import DeafTo
     (KubeError(401, {}, "GET"), False),
     (rexc.ResponseError("BADINPUT"), False),
     (TypeError("a bug"), False),
+    # an ACL refusal: cured by granting the rule, no restart (tests/redis/test_acl_user.py)
+    (rexc.NoPermissionError("this user has no permissions to run the 'subscribe' command"), True),
+    (failed("reserve on n1", rexc.ResponseError(f"{SCRIPT_DENIED} 'hgetall' @user_script:183")), True),
+    (failed("reserve on n1", rexc.ResponseError("BADINPUT cards")), False),
 ])
 def test_transient_errors(error: BaseException, transient: bool) -> None:
     assert is_transient(error) is transient
