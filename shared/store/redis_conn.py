@@ -62,6 +62,9 @@ SOCKET_TIMEOUT = 5.0
 # How Redis 6.2 and 7.0 refuse a command, key or channel a script sends to the ACL user running it (a plain error
 # reply, not NOPERM, naming no command: Redis's ACL LOG does, with context "lua"; tests/redis/test_acl_user.py)
 SCRIPT_DENIED = "The user executing the script can't"
+# ... and Redis 7.2 and later ("ERR ACL failure in script: No permissions to access a key script: ..."; a key or
+# channel refused is "No permissions to", a command "has no permissions to": tests/unit/test_acl_refusal_wording.py)
+SCRIPT_ACL_FAILURE = "ACL failure in script"
 
 
 def connect(url: str, options: RedisOptions = NO_OPTIONS) -> Redis:
@@ -133,8 +136,8 @@ def _refusal(error: BaseException) -> tuple[str, str]:
     # error rather than NOAUTH (Ledger.load_scripts PINGs first to get the NOAUTH)
     if cause is not None or (isinstance(error, rexc.ResponseError) and "unauthenticated" in text):
         return "none", text
-    if (isinstance(error, rexc.NoPermissionError) or "NOPERM" in text or "no permissions to" in text
-            or SCRIPT_DENIED in text):
+    if (isinstance(error, rexc.NoPermissionError) or "NOPERM" in text or "no permissions to" in text.lower()
+            or SCRIPT_DENIED in text or SCRIPT_ACL_FAILURE in text):
         return "denied", text  # an ACL user without a command, key or channel the roles use (a script's too)
     if "CERTIFICATE_VERIFY_FAILED" in text:
         return "tls", text
