@@ -63,11 +63,17 @@ class CardModel:
 _WHOLE_RE = re.compile(r"^-?[0-9]+$")
 
 
+# The blanks the chart's `trim` (Go's strings.TrimSpace) takes off: Python's str.strip() also takes the control
+# characters \x1c-\x1f, which the chart keeps (and then refuses the entry)
+_BLANKS = "".join(c for c in map(chr, range(0x3001)) if c.isspace() and c not in "\x1c\x1d\x1e\x1f")
+
+
 def _unquoted(text: str) -> str:
-    """The text trimmed, without one pair of matching quotes around it (`--set x={96,"160"}` keeps them)."""
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
-        text = text[1:-1].strip()
+    """The text trimmed, without one pair of matching quotes around it (`--set x={96,"160"}` keeps them); quotes
+    around a line break are kept, as the chart's helper keeps them (its regexp's `.` matches no newline)."""
+    text = text.strip(_BLANKS)
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'" and "\n" not in text:
+        text = text[1:-1].strip(_BLANKS)
     return text
 
 
@@ -91,7 +97,7 @@ def parse_memory_per_card(value: object) -> tuple[CardModel, ...]:
     items: list[object]
     if isinstance(value, str):
         body = _unquoted(value).removeprefix("[").removesuffix("]")
-        items = [p.strip() for p in body.split(",") if p.strip()]
+        items = [p.strip(_BLANKS) for p in body.split(",") if p.strip(_BLANKS)]
     elif isinstance(value, (list, tuple)):
         items = list(value)
     else:

@@ -98,6 +98,14 @@ ROWS: list[tuple[Any, tuple[int, ...] | Refused | str]] = [
     ("+96", REFUSED),
     ("٩٦", REFUSED),
     ("[[96]]", REFUSED),
+    # blanks are Go's (strings.TrimSpace, the chart's trim): Python's strip() also took \x1c-\x1f; quotes around a
+    # line break stay (the chart's regexp's `.` matches no newline): the roles read both as 96 (red team)
+    ("96\x1c", REFUSED),
+    ("\x1f96", REFUSED),
+    ('"96\n"', REFUSED),
+    ([96, "'160\n'"], REFUSED),
+    ("\u00a096", (96,)),
+    ("\u3000160,\u2028 96", (96, 160)),
     ("1e2", REFUSED),
     ("96;160", REFUSED),
     ([96, "abc"], REFUSED),
