@@ -453,18 +453,24 @@ async def test_a_database_other_than_0_needs_select(server: RedisServer, tmp_pat
         db1.close()
 
 
-@pytest.mark.parametrize("rule", ["+smembers", "+hgetall"])
-async def test_mtsched_cards_says_what_to_grant(rule: str, server: RedisServer, admin: redis.Redis,
-                                                tmp_path: Path) -> None:
-    """A read `mtsched cards` makes after its PING, refused (the node list: a command; the snapshot script's HGETALL:
-    a script's command, which Redis 7.0 reports naming no command): one line naming the URL and what to grant,
-    exit 2, as for a refused PING (tests/redis/test_cli_credentials.py)."""
+async def denied(rule: str, server: RedisServer, admin: redis.Redis, tmp_path: Path) -> Config:
+    """A role's configuration whose user could do everything (a node is written) and now lacks `rule`."""
     grant(admin, ACL_RULES)
     cfg = role_config(server, tmp_path)
     async with roles(cfg, admin, tmp_path) as r:
         await load(r)
         await new_node(r)
     grant(admin, tuple(x for x in ACL_RULES if x != rule))
+    return cfg
+
+
+@pytest.mark.parametrize("rule", ["+smembers", "+hgetall"])
+async def test_mtsched_cards_says_what_to_grant(rule: str, server: RedisServer, admin: redis.Redis,
+                                                tmp_path: Path) -> None:
+    """A read `mtsched cards` makes after its PING, refused (the node list: a command; the snapshot script's HGETALL:
+    a script's command, which Redis 7.0 reports naming no command): one line naming the URL and what to grant,
+    exit 2, as for a refused PING (tests/redis/test_cli_credentials.py)."""
+    cfg = await denied(rule, server, admin, tmp_path)
     out = tmp_path / "cards.out"
     code = await asyncio.to_thread(_cli, ["cards", "--redis-url", cfg.redis_url, "--set",
                                           f"redisPasswordFile={cfg.redis_password_file}", "--log-format", "text"], out)
@@ -486,12 +492,7 @@ async def test_a_role_says_what_to_grant(rule: str, says: str, server: RedisServ
     """A role whose user lacks a rule says so in its readiness or its log, with what to grant, as `mtsched cards`
     does (before, the mirror's task and the probe said only redis-py's NoPermissionError, or a script's error naming
     no command)."""
-    grant(admin, ACL_RULES)
-    cfg = role_config(server, tmp_path)
-    async with roles(cfg, admin, tmp_path) as r:
-        await load(r)
-        await new_node(r)
-    grant(admin, tuple(x for x in ACL_RULES if x != rule))
+    cfg = await denied(rule, server, admin, tmp_path)
     caplog.set_level(logging.WARNING)
     sup = Supervisor(max_failures=100)
     stop = asyncio.Event()
@@ -531,12 +532,7 @@ async def test_a_role_denied_a_rule_waits_unready_and_heals_once_granted(server:
     saying what to grant, as it does for a wrong password; it does not give up after `max_failures` and crash-loop
     (it did: NoPermissionError and a script's refusal were not transient, shared/serving/supervise.py is_transient),
     and it is ready again once the rule is granted."""
-    grant(admin, ACL_RULES)
-    cfg = role_config(server, tmp_path)
-    async with roles(cfg, admin, tmp_path) as r:
-        await load(r)
-        await new_node(r)
-    grant(admin, tuple(x for x in ACL_RULES if x != "+subscribe"))
+    cfg = await denied("+subscribe", server, admin, tmp_path)
     sup = Supervisor(max_failures=2, unready_after=0.2, healthy_after=0.5)
     stop = asyncio.Event()
     ledger, mirror = await open_ledger(cfg, sup, stop=stop)
