@@ -100,13 +100,11 @@ async def _ledger_client(args: argparse.Namespace, cfg: Config, options: RedisOp
 def _redis_denied(args: argparse.Namespace, cfg: Config, error: BaseException) -> str:
     """A one-shot command's read refused by the Redis user's ACL past its first PING (a command, key or channel the
     reads need, a script's too): said as a refused PING is, naming the URL and what to grant; "" for anything else."""
-    from shared.store.ledger import LedgerError
     from shared.store.redis_conn import acl_refused, explain
 
     if not acl_refused(error):
         return ""
-    said = str(error) if isinstance(error, LedgerError) else explain(error)  # (a script's LedgerError says it)
-    return f"{_redis_source(args)} {redact_url(cfg.redis_url)}: {said}"
+    return f"{_redis_source(args)} {redact_url(cfg.redis_url)}: {explain(error)}"
 
 
 def _run_role(main: Callable[[Config, asyncio.Event], Awaitable[bool]], cfg: Config) -> int:

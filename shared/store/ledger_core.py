@@ -22,7 +22,7 @@ from shared.domain.state import NodeSnapshot
 from shared.serving.metrics import REDIS_RESENDS, REDIS_ROUND_TRIPS
 from shared.serving.supervise import TransientError
 from shared.store.keys import MOREKEYS, NOTHING, Known, Layout
-from shared.store.redis_conn import acl_refused, explain
+from shared.store.redis_conn import Explained, acl_refused, explain
 from shared.store.resend import RESEND_OR_REDIRECT, resendable, slot_moving
 from shared.store.scripts import SCRIPTS, script_source
 
@@ -42,7 +42,7 @@ class LedgerError(RuntimeError):
     """A script refused its input (BADINPUT) or Redis failed; state is unchanged."""
 
 
-class AclRefusedError(LedgerError, TransientError):
+class AclRefusedError(LedgerError, TransientError, Explained):
     """Redis refused the ACL user a command, key or channel the roles use. Granting it cures that with no restart
     (docs/install.md "Redis"), so a role keeps trying, unready and saying what to grant, as for a wrong password;
     it does not give up and crash-loop."""
@@ -130,7 +130,7 @@ class LedgerCore:
 
     async def _retry(self, what: str, op: Callable[[], Awaitable[T]],
                      give_up: Callable[[BaseException], bool] | None = None,
-                     resent: list[BaseException] | None = None) -> T:
+                     resent: list[BaseException] | None = None, *, about: str | None = None) -> T:
         """One round trip, sent again on a RESEND error (`connection_retries` times, and until `retry_seconds`);
         one that `give_up` accepts is raised at once (a reader that can do without the node: slot_moving).
 
@@ -139,6 +139,8 @@ class LedgerCore:
         the second time with the cards it booked), and so are SADD/SREM/SMEMBERS/EXISTS/SET.
         `resent` (a caller's list) is told each error a send was repeated after: one that may have run, its reply
         lost (a timeout, a connection cut), is answered again as by a second run (a release: nothing held).
+        A refusal of the ACL user (NOPERM, a script's command, key or channel refused) is raised as an
+        AclRefusedError that says what to grant, naming `about` (default `what`, the metrics' label).
         """
         failures = 0
         deadline = time.monotonic() + self.retry_seconds
@@ -174,6 +176,12 @@ class LedgerCore:
                     # reach what the address names now (redis-py's cluster client does the same for its nodes)
                     await self.redis.connection_pool.disconnect(inuse_connections=False)
                 await asyncio.sleep(min(0.5, 0.05 * (failures - 1)))
+            except rexc.ResponseError as e:
+                # an ACL refusal, of a plain command or a script's, said once here with what to grant (a
+                # TransientError: granting the rule cures it with no restart); any other reply error as it is
+                if acl_refused(e):
+                    raise AclRefusedError(f"{about or what}: {explain(e)}") from e
+                raise
 
     def known(self, node: str) -> Known:
         return self._known.get(node, NOTHING)
@@ -213,7 +221,8 @@ class LedgerCore:
         for _ in range(KEY_ROUNDS):
             declared = make(self.known(node))
             try:
-                return await self._retry(name, partial(self._script, script, declared, args), give_up, resent)
+                return await self._retry(name, partial(self._script, script, declared, args), give_up, resent,
+                                         about=f"{name} on {node}")
             except Exception as e:
                 if slot_moving(e):  # raised as it is (TRYAGAIN is a ResponseError too): Redis unavailable there
                     self._moving(node)

@@ -119,6 +119,11 @@ def connect_subscriber(url: str, options: RedisOptions = NO_OPTIONS) -> Redis:
     return Redis.from_pool(pool)
 
 
+class Explained(Exception):
+    """An error whose text already says what to configure: `explain` gives it as it is (ledger_core's
+    AclRefusedError, raised where a round trip was refused, meets `explain` again in a CLI or a role's readiness)."""
+
+
 def _refusal(error: BaseException) -> tuple[str, str]:
     """(kind, text) of a Redis failure: kind "wrong" (the password refused), "none" (a password needed and none
     given), "unneeded" (a password given to a Redis that has none), "sentinels" (the sentinels refused the
@@ -161,6 +166,8 @@ def credentials_refused(error: BaseException) -> bool:
 
 def explain(error: BaseException) -> str:
     """A Redis connection failure in words that say what to configure (never the password)."""
+    if isinstance(error, Explained):
+        return str(error)
     kind, text = _refusal(error)
     if kind == "wrong":
         return (f"Redis refused the password (wrong password or user: check the one redisPasswordFile, "

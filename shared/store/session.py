@@ -15,7 +15,7 @@ from shared.serving.http import serve_health
 from shared.serving.metrics import REDIS_UP
 from shared.serving.supervise import Backoff, Heartbeat, Supervisor, probe_loop
 from shared.store.card_metrics import register_mirror
-from shared.store.ledger import Ledger, LedgerError
+from shared.store.ledger import Ledger
 from shared.store.ledger_core import AclRefusedError
 from shared.store.mirror import Mirror
 from shared.store.redis_conn import RedisOptions, acl_refused, connect, connect_subscriber, explain
@@ -25,14 +25,15 @@ T = TypeVar("T")
 
 
 def _said(work: Callable[[], Awaitable[T]]) -> Callable[[], Awaitable[T]]:
-    """`work`, a refusal of the Redis user's ACL raised as a LedgerError that says what to grant (explain): what the
-    role's readiness and log then show, instead of redis-py's bare NoPermissionError (a script's refusal, a
-    LedgerError, says so already: Ledger._call)."""
+    """`work`, a refusal of the Redis user's ACL raised as an AclRefusedError that says what to grant (explain):
+    what the role's readiness and log then show. Every round trip of the ledger says so already (LedgerCore._retry);
+    this is for what is sent outside it: the mirror's SUBSCRIBE, and the readiness probe's write (sent once a
+    probe, never again: a failed probe is the answer)."""
     async def run() -> T:
         try:
             return await work()
         except Exception as e:
-            if acl_refused(e) and not isinstance(e, LedgerError):
+            if acl_refused(e) and not isinstance(e, AclRefusedError):
                 raise AclRefusedError(explain(e)) from e
             raise
     return run

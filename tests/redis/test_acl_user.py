@@ -555,3 +555,37 @@ async def test_a_role_denied_a_rule_waits_unready_and_heals_once_granted(server:
         await sup.cancel()
         await ledger.redis.aclose()
         await mirror.subscriber.aclose()
+
+
+@pytest.mark.parametrize(("rule", "call", "names"), [
+    ("+smembers", lambda ledger: ledger.nodes(), "smembers: "),  # the watchers' node list
+    ("+sadd", lambda ledger: ledger.list_node("acl-new"), "sadd: "),  # a node new to the node watcher
+    ("+time", lambda ledger: ledger.redis_time_ms(), "time: "),  # the clock reservations are stamped with
+    ("+set", lambda ledger: ledger.mark_kept(), "kept: "),  # the upkeep stamp (its clock is a script's)
+    ("+publish", lambda ledger: ledger.notify("verify", A), "publish: "),  # a notice on the feed
+    ("+hgetall", lambda ledger: ledger.snapshot(A), "snapshot on acl-a: "),  # a script's command, named by node
+], ids=lambda v: v if isinstance(v, str) and v.startswith("+") else "")
+async def test_a_plain_command_refused_says_what_to_grant(
+        rule: str, call: Callable[[Ledger], Awaitable[object]], names: str, server: RedisServer, admin: redis.Redis,
+        tmp_path: Path) -> None:
+    """Every round trip of the ledger (LedgerCore._retry), a plain command as a script, refused by the user's ACL is
+    an AclRefusedError naming the operation and what to grant: a transient failure (the role keeps trying, unready)
+    in the same words as a refused script or subscription (before, a plain command's refusal was redis-py's bare
+    NoPermissionError, in the role's log and readiness)."""
+    from shared.serving.supervise import is_transient
+    from shared.store.ledger_core import AclRefusedError
+    from shared.store.redis_conn import explain
+
+    cfg = await denied(rule, server, admin, tmp_path)
+    ledger = Ledger(connect(cfg.redis_url, RedisOptions.from_config(cfg)), cfg.key_prefix)
+    try:
+        with pytest.raises(AclRefusedError) as caught:
+            await call(ledger)
+    finally:
+        await ledger.redis.aclose()
+    said = str(caught.value)
+    assert said.startswith(names), said
+    assert "the Redis user may not do what the roles need" in said and "docs/install.md" in said, said
+    assert said.count("the Redis user may not do") == 1 and PASSWORD not in said, said
+    assert is_transient(caught.value) and acl_refused(caught.value)
+    assert explain(caught.value) == said  # said once: a CLI or a readiness check that explains it again adds nothing

@@ -140,5 +140,5 @@ def test_a_user_the_acl_denies_is_said_so(auth_server: RedisServer, capsys: pyte
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "secret-pw" not in err, err
     assert err.startswith(f"mtsched cards: --redis-url redis://noping:***@127.0.0.1:{auth_server.port}/0: "
-                          "the Redis user may not do what the roles need"), err
+                          "ping: the Redis user may not do what the roles need"), err  # the round trip refused
     assert "'ping'" in err, err
