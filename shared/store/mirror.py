@@ -405,23 +405,26 @@ class Mirror:
             raise ValueError(f"feed message names no node: {node!r}")
         version = int(msg["version"])
         kind = msg.get("kind")
+        cur = self.nodes.get(node)
+        stamp, prev = msg.get("stamp"), msg.get("prev")
         if kind == "removed":
+            # Pub/Sub channels are shared by every database of a Redis: this may be the removal of a node of the same
+            # name in another database's ledger (the same keyPrefix). Dropped only when our snapshot is of the write
+            # it follows (a message without `prev`, of an earlier release, is taken as it says); else read again.
+            if cur is not None and cur.stamp and isinstance(prev, str) and prev != cur.stamp:
+                return self._stale(node, "history")
             self.nodes.pop(node, None)
             self.ledger.forget(node)
             self._notify(node)
             return None
-        cur = self.nodes.get(node)
         if kind == "rebuild":
             return self._stale(node, "rebuild")
         if cur is None:
-            if version == 1 and kind == "node":
-                cur = NodeSnapshot(node, 0)
-            else:
-                return self._stale(node, "unknown")
+            # read, even a new node's first write (version 1): its message may be of another database's ledger
+            return self._stale(node, "unknown")
         if version == 1 and cur.version > 1:
             # the node's keys were created anew (removed, or Redis flushed): ours are stale
             return self._stale(node, "recreated")
-        stamp, prev = msg.get("stamp"), msg.get("prev")
         if version == cur.version and cur.stamp and isinstance(stamp, str) and stamp and stamp != cur.stamp:
             # another write with our version: the keys made anew, or a failover lost ours
             return self._stale(node, "history")

@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from deploy.local.redis import RedisServer
 from shared.domain.annotations import PodUsage
+from shared.domain.state import CardRecord, NodeSnapshot
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
 from tests.redis.conftest import MirrorFactory
@@ -51,13 +52,13 @@ async def test_mirror_applies_the_feed_in_order(cluster: Ledger, mirror_factory:
         lambda: led.release("n5", "u2"),
         lambda: led.upsert_node(inventory("n4", S4000, indices=[1])),  # card 0 removed while u1 holds it
         lambda: led.release("n4", "u1"),
-        lambda: led.upsert_node(inventory("n6", S5000, 1)),  # a new node: version 1, built from the message
+        lambda: led.upsert_node(inventory("n6", S5000, 1)),  # a new node: read (maybe another database's message)
     ]
     for step in steps:
         await step()
     await wait_synced(m, led)
-    assert m.refetches == 0  # every change arrived in order and was applied from its message
-    assert m.applied == len(steps)
+    assert m.refetches == 1  # every change arrived in order and was applied from its message; the new node read
+    assert m.applied == len(steps) - 1
     assert changed == ["n4", "n4", "n5", "n4", "n5", "n4", "n4", "n6"]
     assert sorted(m.get("n4").cards) == [1]  # type: ignore[union-attr]
     assert list(m.get("n4").reservations) == ["u3"]  # type: ignore[union-attr]
@@ -203,7 +204,9 @@ async def test_mirror_apply_rules() -> None:
     m = Mirror(Ledger(Redis()))
     card = {"capacity": 96, "mem_used": 0, "mem_free": 96, "cores": 16, "cores_used": 0, "cores_free": 16,
             "slices": 0, "slice_limit": 16, "health": "ok"}
-    assert m.apply({"node": "a", "version": 1, "kind": "node", "cards": {"0": card}}) is None  # new node
+    # a new node is read, not built from its message (which may be another database's: the feed channel is shared)
+    assert m.apply({"node": "a", "version": 1, "kind": "node", "cards": {"0": card}}) == "a"
+    m.put(NodeSnapshot("a", 1, cards={0: CardRecord.from_json(0, card)}))  # as the read found it
     assert m.apply({"node": "a", "version": 1, "kind": "node", "cards": {}}) is None  # duplicate: ignored
     assert m.nodes["a"].version == 1 and list(m.nodes["a"].cards) == [0]
     assert m.apply({"node": "a", "version": 3, "kind": "reserve", "cards": {}}) == "a"  # gap
@@ -223,8 +226,12 @@ async def test_mirror_apply_rules() -> None:
     assert sorted(m.nodes["a"].cards) == [0]  # full: replaces
     # recreated (version 1 again): ours is stale
     assert m.apply({"node": "a", "version": 1, "kind": "node", "cards": {}}) == "a"
-    assert m.apply({"node": "a", "version": 9, "kind": "removed"}) is None
+    assert m.apply({"node": "a", "version": 9, "kind": "removed"}) is None  # (an earlier release's: no prev)
     assert m.nodes == {}
+    # a removal is taken only onto the write it follows: another one (another database's node of that name) is read
+    m.put(NodeSnapshot("a", 2, stamp="2.0"))
+    assert m.apply({"node": "a", "version": 3, "kind": "removed", "prev": "1.0"}) == "a" and "a" in m.nodes
+    assert m.apply({"node": "a", "version": 3, "kind": "removed", "prev": "2.0"}) is None and m.nodes == {}
     with pytest.raises(ValueError):
         m.apply({"node": "", "version": 1})
     with pytest.raises(KeyError):

@@ -24,6 +24,12 @@ for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do redis.call('DEL', res_
 redis.call('DEL', PODS_KEY)
 local existed = redis.call('EXISTS', NODE_KEY)
 local v = tonumber(redis.call('HGET', NODE_KEY, 'version') or "0") + 1
+-- `prev`, the stamp of the node's last write: a mirror drops its snapshot only if it is of that write, and reads the
+-- node otherwise. Pub/Sub channels are shared by every database of a Redis, so a mirror also hears the removals of
+-- a ledger with the same keyPrefix in another database (a move from /0 to /1 while old replicas run, or clusters
+-- that share a Redis by database number), of a node that may have its name but not its history.
+local prev = redis.call('HGET', NODE_KEY, 'stamp') or ""
 redis.call('DEL', NODE_KEY)
-redis.call('PUBLISH', FEED, cjson.encode({node = NODE, version = v, kind = 'removed', cards = {}, error = ""}))
+redis.call('PUBLISH', FEED, cjson.encode({node = NODE, version = v, kind = 'removed', cards = {}, error = "",
+                                          prev = prev}))
 return existed
