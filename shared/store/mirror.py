@@ -31,6 +31,7 @@ from shared.domain.state import CardRecord, NodeSnapshot, Reservation
 from shared.serving.metrics import FEED_SILENCES, MIRROR_FULL_READS, MIRROR_MOVING, MIRROR_REREADS
 from shared.serving.supervise import Backoff, cancel_and_wait
 from shared.store.ledger import MARK_BOUND_MAX, NOTICES, RESEND, Ledger, slot_moving
+from shared.store.redis_conn import credentials_refused, explain
 
 try:  # the sentinel redis-py's hiredis parser has its reader return when no whole reply is buffered
     from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
@@ -614,7 +615,8 @@ class Mirror:
                 raise
             except LOST as e:
                 self.ready.clear()
-                log.warning("mirror lost Redis (%s); retrying in %.1fs", e, backoff.delay)
+                log.warning("mirror lost Redis (%s); retrying in %.1fs", explain(e) if credentials_refused(e) else e,
+                            backoff.delay)
                 await backoff.sleep()
             finally:
                 if conn is not None:

@@ -171,7 +171,8 @@ def explain(error: BaseException) -> str:
     kind, text = _refusal(error)
     if kind == "wrong":
         return (f"Redis refused the password (wrong password or user: check the one redisPasswordFile, "
-                f"MTSCHED_REDIS_PASSWORD or the URL's redis://[USER]:PASSWORD@host gives): {text}")
+                f"MTSCHED_REDIS_PASSWORD or the URL's redis://[USER]:PASSWORD@host gives; each role reads it at its "
+                f"start, so restart the roles after changing it): {text}")
     if kind == "none":
         return (f"Redis requires a password and none was given (set redisPasswordFile, or "
                 f"MTSCHED_REDIS_PASSWORD, or give it in the URL: redis://:PASSWORD@host:port/db): {text}")

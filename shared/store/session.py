@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from aiohttp import web
+from redis import exceptions as rexc
 
 from shared.config import Config, redact_url
 from shared.serving import gc_policy
@@ -18,7 +19,7 @@ from shared.store.card_metrics import register_mirror
 from shared.store.ledger import Ledger
 from shared.store.ledger_core import AclRefusedError
 from shared.store.mirror import Mirror
-from shared.store.redis_conn import RedisOptions, acl_refused, connect, connect_subscriber, explain
+from shared.store.redis_conn import RedisOptions, acl_refused, connect, connect_subscriber, credentials_refused, explain
 
 log = logging.getLogger("mtsched")
 T = TypeVar("T")
@@ -28,13 +29,17 @@ def _said(work: Callable[[], Awaitable[T]]) -> Callable[[], Awaitable[T]]:
     """`work`, a refusal of the Redis user's ACL raised as an AclRefusedError that says what to grant (explain):
     what the role's readiness and log then show. Every round trip of the ledger says so already (LedgerCore._retry);
     this is for what is sent outside it: the mirror's SUBSCRIBE, and the readiness probe's write (sent once a
-    probe, never again: a failed probe is the answer)."""
+    probe, never again: a failed probe is the answer). Credentials refused once running (the password rotated in
+    Redis, and the role, which read its own at its start, connecting again) are said as at the start, with what to
+    check (still an AuthenticationError: a connection error, retried for as long as it lasts)."""
     async def run() -> T:
         try:
             return await work()
         except Exception as e:
             if acl_refused(e) and not isinstance(e, AclRefusedError):
                 raise AclRefusedError(explain(e)) from e
+            if credentials_refused(e) and isinstance(e, rexc.AuthenticationError):
+                raise rexc.AuthenticationError(explain(e)) from e
             raise
     return run
 
