@@ -6,7 +6,7 @@ from typing import cast
 
 from redis.asyncio import Redis
 
-from shared.domain.state import NodeSnapshot
+from shared.domain.state import CardRecord, NodeSnapshot
 from shared.store.ledger import Ledger, Reread
 from shared.store.mirror import Mirror
 
@@ -16,12 +16,23 @@ def card(mem_used: int) -> dict[str, object]:
             "cores_free": 16, "slices": 1 if mem_used else 0, "slice_limit": 16, "health": "ok"}
 
 
+def new_node(node: str, cards: dict[str, dict[str, object]], error: str = "") -> NodeSnapshot:
+    """A node's first write as the mirror reads it: a message of a node it lacks is not applied but read (it may be
+    another database's ledger's, tests/redis/test_redteam_day2_shared_feed.py)."""
+    return NodeSnapshot(node, 1, error, {int(k): CardRecord.from_json(int(k), v) for k, v in cards.items()})
+
+
+def test_a_node_the_mirror_lacks_is_read_even_at_its_first_write() -> None:
+    mirror = Mirror(Ledger(Redis()))
+    assert mirror.apply({"node": "n", "version": 1, "kind": "node", "full": True, "cards": {"0": card(0)}}) == "n"
+    assert mirror.nodes == {}
+
+
 def test_every_change_installs_a_new_cards_dict() -> None:
     # The extender memoises fits per (node, seq): an edit in place would leave it answering from the old
     # usage (found by the e2e suite). Every change installs a new snapshot, with a new cards dict.
     mirror = Mirror(Ledger(Redis()))
-    assert mirror.apply({"node": "n", "version": 1, "kind": "node", "full": True,
-                         "cards": {"0": card(0), "1": card(0)}}) is None
+    mirror.put(new_node("n", {"0": card(0), "1": card(0)}))
     before = mirror.nodes["n"].cards
     seq = mirror.nodes["n"].seq
     assert mirror.apply({"node": "n", "version": 2, "kind": "reserve", "full": False, "cards": {"1": card(8)},
@@ -107,7 +118,11 @@ async def test_the_derived_views_follow_every_change_of_error_and_cards_and_only
                      for i in range(2)} if kind == "node" or rng.random() < 0.3 else {}
             msg = {"node": node, "version": v, "kind": kind, "full": bool(cards), "cards": cards,
                    "error": rng.choice(errors) if kind == "node" else mirror.nodes[node].error}
-            assert mirror.apply(msg) is None, step
+            if v == 1:  # a node the mirror lacks is read, not built from its message
+                assert mirror.apply(msg) == node, step
+                mirror.put(new_node(node, cards, str(msg["error"])))
+            else:
+                assert mirror.apply(msg) is None, step
             versions[node] = v
         before = mirror._derived
         caps, mismatched = _scan(mirror)

@@ -153,7 +153,7 @@ def test_the_mirror_replaces_a_changed_node_whole_with_a_newer_seq() -> None:
     m = Mirror(Ledger(Redis()))
     card = {"capacity": 96, "mem_used": 0, "mem_free": 96, "cores": 16, "cores_used": 0, "cores_free": 16,
             "slices": 0, "slice_limit": 16, "health": "ok"}
-    assert m.apply({"node": "n", "version": 1, "kind": "node", "cards": {"0": card}}) is None
+    m.put(NodeSnapshot("n", 1, cards={0: CardRecord.from_json(0, card)}))  # (a new node is read, not applied)
     first = m.nodes["n"]
     assert m.apply({"node": "n", "version": 2, "kind": "mark_bound", "full": False, "uid": "u",
                     "res": {"cards": "0", "mem": 8, "cores": 1, "slices": 1, "state": "bound", "created": 1}}) is None
