@@ -258,8 +258,8 @@ class Supervisor:
                 if st.slow_failures >= self.slow_unready]
         for name, fn in self.checks.items():
             why = fn()
-            if why:
-                out.append(f"{name}: {why}")
+            if why:  # named once: a watch stream's problem starts with its name, the check's (`pods: stream failing`)
+                out.append(why if why.startswith(f"{name}: ") else f"{name}: {why}")
         return out
 
     async def run(self, stop: asyncio.Event) -> bool:

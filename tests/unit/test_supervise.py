@@ -288,3 +288,13 @@ async def test_unless_stopped_without_a_stop_passes_a_cancellation_of_the_works_
     with pytest.raises(asyncio.CancelledError):
         await unless_stopped(cancelled_inside(), stop)
     assert not stop.is_set()
+
+
+def test_a_check_is_named_once() -> None:
+    """A check's problem says the check's name once: a watch stream's starts with its own name, which is its check's
+    (controller/roles.py `sup.check("pods", ...)`, Reflector.problem: readiness said `pods: pods: stream failing`)."""
+    sup = Supervisor()
+    sup.check("pods", lambda: "pods: stream failing for 12s (ClientError: cut)")
+    sup.check("mirror", lambda: "not in sync with Redis")
+    sup.check("ok", lambda: "")
+    assert sup.problems() == ["pods: stream failing for 12s (ClientError: cut)", "mirror: not in sync with Redis"]
