@@ -498,9 +498,15 @@ class Mirror:
         # restart: whatever was published meanwhile is lost, and versions may have started over.
         self._reconnected = True
 
-    async def _consume(self, raw: Any) -> None:
-        """Apply one feed message; re-read its node when it cannot be applied."""
+    async def _consume(self, raw: Any, new: dict[str, str] | None = None) -> None:
+        """Apply one feed message; re-read its node when it cannot be applied. `new` (node -> why): a node not
+        held here is put there instead, for `_read_new` to read with the others after the messages at hand (none
+        of them can change it meanwhile: a message applies only onto a node held, and a removal of one not held
+        changes nothing; the read, sent after them all, sees at least their writes)."""
         stale = self._handle(raw)
+        if stale and new is not None and stale not in self.nodes and stale not in self.moving:
+            new.setdefault(stale, self._why)
+            return
         if stale and stale in self.moving:
             # a write there went through (the move may have ended): its slot asked and the node read soon, as
             # every moving node is (resync `only`), not here, where a read may go through while bookings fail
@@ -518,6 +524,28 @@ class Mirror:
                 return
             # (a node noted moving meanwhile stays so: only its slot, asked by a resync, ends that)
             MIRROR_REREADS.labels(why).inc()  # made (a read lost with Redis is not counted)
+
+    async def _read_new(self, new: Mapping[str, str]) -> None:
+        """The nodes the feed named that the mirror does not hold (`_consume`), read together: pipelined,
+        SNAPSHOT_BATCH per round trip, as a resync reads. Every message of a node is read (it may be another
+        database's ledger's: Pub/Sub is shared by all of a Redis's databases), so a fleet added at once (a new
+        cluster's 5,000 nodes) cost one round trip per node (two: the node's keys unknown, MOREKEYS), one after the
+        other, and the feed (every other node's bookings) waited behind them
+        (tests/redis/test_redteam_day2_new_nodes.py)."""
+        names = [n for n in new if n not in self.nodes]  # (none can be held meanwhile: nothing applies onto it)
+        self.refetches += len(names)
+        read = await self.ledger.reread(names, {}, isolate=True)
+        got = [n for n in names if n not in read.moving]
+        for node in got:
+            snap = read.snaps.get(node)
+            if snap is None:
+                self.nodes.pop(node, None)
+            else:
+                self.nodes[node] = snap
+            MIRROR_REREADS.labels(new[node]).inc()
+        for node in read.moving:  # offered by none until read (as _consume): its slot asked soon
+            self.note_moving(node)
+        _all(self._notify, got)  # every one announced, even if a listener raises on one (as replace_all)
 
     def _handle(self, raw: Any) -> str | None:
         """Decode and apply one feed message; returns a node to re-read, if any."""
@@ -601,11 +629,14 @@ class Mirror:
                         self._hear()  # a PING sent on the connection that was replaced is not waited for
                         next_resync = loop.time() + self.resync_seconds
                     if msg is not None and msg.get("type") == "message":
-                        await self._consume(msg["data"])
+                        new: dict[str, str] = {}  # nodes not held here that these messages name: read together
+                        await self._consume(msg["data"], new)
                         # the messages that came with it, already read from the socket: taken here, in order
                         async for data in buffered_messages(pubsub, self._hear):
                             self.buffered += 1
-                            await self._consume(data)
+                            await self._consume(data, new)
+                        if new:
+                            await self._read_new(new)
                     if loop.time() >= next_resync:
                         await self.resync()
                         next_resync = loop.time() + self.resync_seconds
