@@ -75,3 +75,46 @@ async def test_a_rotated_password_is_said_and_a_restart_heals(server: RedisServe
         await ledger2.redis.aclose()
         await mirror2.subscriber.aclose()
         admin.close()
+
+
+async def test_a_refused_role_heals_once_redis_has_its_password_again(
+        server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The rotation rolled back (Redis given the old password again, the roles never restarted): the refused role,
+    which kept trying with the password it read at its start, is ready again by itself, its mirror in sync with
+    what was written meanwhile; the mirror's log said the refusal in words, never a password."""
+    from shared.store.ledger import Ledger
+    from tests.redis.helpers import S4000, inventory
+
+    secret = tmp_path / "password"
+    secret.write_text(f"{server.password}\n")
+    cfg = load_config(env={}, flags={"redisUrl": f"redis://127.0.0.1:{server.port}/0",
+                                     "redisPasswordFile": str(secret)})
+    admin = redis.Redis(port=server.port, password=server.password, decode_responses=True)
+    sup = Supervisor(max_failures=2, unready_after=0.2, healthy_after=0.5)
+    stop = asyncio.Event()
+    ledger, mirror = await open_ledger(cfg, sup, stop=stop)
+    rotated = new_password()
+    try:
+        await _until(lambda: not sup.problems(), 15, "the role got ready")
+        admin.config_set("requirepass", rotated)
+        admin.execute_command("CLIENT", "KILL", "SKIPME", "yes")
+        await _until(lambda: any("Redis refused the password" in p for p in sup.problems()), 15,
+                     f"readiness said: {sup.problems()}")
+        await _until(lambda: any("mirror lost Redis (Redis refused the password" in r.getMessage()
+                                 for r in caplog.records), 15, "the mirror's log did not explain the refusal")
+        admin.config_set("requirepass", str(server.password))  # rolled back: the role's own password again
+        other = Ledger(redis.asyncio.Redis(port=server.port, password=server.password, decode_responses=True))
+        await other.load_scripts()
+        await other.upsert_node(inventory("written-meanwhile", S4000, 1))
+        await _until(lambda: not sup.problems() and mirror.get("written-meanwhile") is not None, 20,
+                     f"not healed: {sup.problems()}")
+        assert not sup.failed.is_set(), sup.fatal
+        await other.redis.aclose()
+        said = " ".join(r.getMessage() for r in caplog.records)
+        assert rotated not in said and str(server.password) not in said
+    finally:
+        stop.set()
+        await sup.cancel()
+        await ledger.redis.aclose()
+        await mirror.subscriber.aclose()
+        admin.close()
