@@ -180,7 +180,7 @@ class LedgerCore:
                 # an ACL refusal, of a plain command or a script's, said once here with what to grant (a
                 # TransientError: granting the rule cures it with no restart); any other reply error as it is
                 if acl_refused(e):
-                    raise AclRefusedError(f"{about or what}: {explain(e)}") from e
+                    raise failed(about or what, e) from e
                 raise
 
     def known(self, node: str) -> Known:
@@ -229,8 +229,8 @@ class LedgerCore:
                     raise
                 if not isinstance(e, rexc.ResponseError):
                     raise
-                if not str(e).startswith(MOREKEYS):
-                    raise failed(f"{name} on {node}", e) from e
+                if not str(e).startswith(MOREKEYS):  # (an ACL refusal was said by _retry, naming the node)
+                    raise LedgerError(f"{name} on {node}: {e}") from e
                 self._known[node] = self.known(node).learn(str(e))
                 log.debug("%s on %s: the node has keys this ledger did not know of; calling again", name, node)
         raise LedgerError(f"{name} on {node}: the node's cards and reservations kept changing; try again")
