@@ -6,6 +6,7 @@ operation fails and the server's ACL LOG names what it refused."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -72,7 +73,18 @@ def reshard(setup: ClusterSetup) -> Callable[[Roles], Awaitable[None]]:
         slot = setup.begin_move(r.ledger.nodes_key, target)
         try:
             assert setup.move_keys(slot, target, 100) == 1
-            assert set(await r.ledger.nodes()) == {A, B}
+            # read again while redis-py's cluster client, not the ACL, fails it: now and then (1 run in ~10 here) the
+            # read kept failing until the ledger's resends ran out ("TTL exhausted."; the cause in redis-py not
+            # found, likely its ASKING and the read on different connections); a refusal of the user (no +asking)
+            # is raised at once, as before
+            end = asyncio.get_running_loop().time() + 15
+            while True:
+                try:
+                    assert set(await r.ledger.nodes()) == {A, B}
+                    break
+                except redis.exceptions.ClusterError as e:
+                    if refused(e) or asyncio.get_running_loop().time() > end:
+                        raise
         finally:
             setup.end_move(slot, target)
     return step
