@@ -108,6 +108,7 @@ CASES: dict[str, Case] = {
          "schedulerName": "gpu-scheduler",
          "scheduler": {"defaultSchedulerPolicy": {"nodeSchedulerPolicy": "spread", "gpuSchedulerPolicy": "binpack"},
                        "filterTopK": 5,
+                       "percentageOfNodesToScore": 0,
                        "admissionWebhook": {
                            "namespaceSelector": {"matchLabels": {"gpu": "yes"}, "matchExpressions": [
                                {"key": "team", "operator": "In", "values": ["ml"]}]}}},

@@ -119,6 +119,9 @@ def test_invalid_values_are_refused(helm: Path) -> None:
         (("scheduler.filterTopK=abc",), "filterTopK"),
         (("scheduler.filterTopK=-1",), "filterTopK"),
         (("scheduler.filterTopK=1.5",), "filterTopK"),
+        (("scheduler.percentageOfNodesToScore=101",), "percentageOfNodesToScore"),
+        (("scheduler.percentageOfNodesToScore=-1",), "percentageOfNodesToScore"),
+        (("scheduler.percentageOfNodesToScore=half",), "percentageOfNodesToScore"),
         # a password in the URL would be written into the ConfigMap every role reads
         (("redis.external.url=redis://:s3cret@redis.example:6379/0",), "carries a password"),
         (("redis.external.url=redis://u:s3cret@redis.example:6379/0",), "carries a password"),
@@ -384,6 +387,7 @@ def test_custom_values_reach_every_object(rendered: Rendered) -> None:
     assert cfg["logLevel"] == "debug"
     ksc = embedded(objs, "gpu-hami-scheduler", "scheduler-config.yaml")
     assert ksc["profiles"] == [{"schedulerName": "gpu-scheduler"}]
+    assert ksc["percentageOfNodesToScore"] == 0  # kube-scheduler's adaptive default, as the value asked
     assert ksc["leaderElection"]["resourceName"] == "gpu-scheduler"
     assert ksc["leaderElection"]["resourceNamespace"] == "hami-system"
     assert [m["name"] for m in ksc["extenders"][0]["managedResources"]] == [

@@ -64,7 +64,8 @@ def test_memory_per_card_in_gib_is_refused(helm: Path, sets: tuple[str, ...], me
 
 
 @pytest.mark.parametrize("key", [
-    "scheduler.filterTopK", "scheduler.forceOverwriteDefaultScheduler", "mtsched.defaultCores",
+    "scheduler.filterTopK", "scheduler.forceOverwriteDefaultScheduler", "scheduler.percentageOfNodesToScore",
+    "mtsched.defaultCores",
     "mtsched.maxSlicesPerCard", "mtsched.pendingTTLSeconds", "mtsched.reconcileSeconds", "mtsched.keyPrefix",
     "mtsched.eventsEnabled", "mtsched.successEvents", "mtsched.quotaCheck", "mtsched.logLevel", "mtsched.logFormat",
     "mtsched.metricsPort",
