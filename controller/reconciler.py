@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -82,6 +82,9 @@ class Reconciler:
         self.last_pass: dict[str, Any] = {}
         self.partition_risk = ""  # what Ledger.partition_risk last said
         self.evicted: dict[str, int] = {}  # each Redis primary's evicted_keys as last read (evictions_reset)
+        # after each round of `run` that completed (the intact check, and the pass it owed): Supervisor.progress.
+        # A round that fails calls nothing, and the pass it owed is the next round's first (wake, touched).
+        self.on_progress: Callable[[], None] = lambda: None
         for r in (nodes.reflector, pods.reflector):
             r.on_resync.append(self.wake.set)
 
@@ -531,6 +534,7 @@ class Reconciler:
                     # reason carries a running count of seconds, so only the episode's start is compared)
                     (log.debug if self._postponed else log.info)("reconcile postponed: %s", why_not)
                     self._postponed = why_not
+                    self.on_progress()  # Redis answered the check: waiting for the streams is no failure of ours
                     await asyncio.sleep(self.check_seconds)
                     continue
                 if self._postponed:
@@ -558,6 +562,7 @@ class Reconciler:
                         self.touched |= nodes
                         self._touch.set()
                         raise
+            self.on_progress()
             if await self._woken():
                 await asyncio.sleep(0.5)  # coalesce a burst of wake-ups (e.g. both streams re-listing)
 

@@ -239,6 +239,14 @@ class Supervisor:
         if st is not None:
             st.failures, st.failing_since, st.slow_failures = 0, None, 0
 
+    def progress(self, name: str) -> Callable[[], None]:
+        """What task `name` calls each time a unit of its work succeeded (a pass, a sweep, a read of the stamp):
+        `note_ok`, at once. Without it a task whose round trips had timed out during a Redis freeze (slow failures)
+        kept the role unready for `proven_after` (60 s) after Redis answered again, although its next unit worked
+        (tests/redis/test_heal_readiness_redis_frozen.py). A task that fails slowly again and again (a pass whose
+        API reads time out) completes no unit, so it calls nothing and stays a problem."""
+        return lambda: self.note_ok(name)
+
     def _ran_a_while(self, name: str) -> None:
         """The task has run `healthy_after` without stopping: not failing now (its slow failures stay)."""
         st = self.tasks.get(name)
