@@ -59,6 +59,7 @@ from shared.store.ledger import Ledger, verified_by
 
 log = logging.getLogger("mtsched.reconciler")
 
+PASS_GAP_SECONDS = 0.5  # the least time between the end of a pass over every node and the start of the next
 PER_NODE_READS = 16  # up to this many nodes' pods are read node by node (_read_truth); more, in one list
 
 
@@ -545,6 +546,7 @@ class Reconciler:
                 self._touch.clear()
                 if full:
                     self.wake.clear()
+                    started = loop.time()
                     try:
                         await self.reconcile_all()
                     except BaseException:
@@ -552,7 +554,11 @@ class Reconciler:
                         # unverified node's comparison may be in it)
                         self.wake.set()
                         raise
-                    next_pass = loop.time() + self.interval
+                    # reconcileSeconds from this pass's start, not its end (and no later than due: `_woken`), so a
+                    # drift the keep window spared at one pass is judged by a pass that ends within reconcileSeconds
+                    # + the keep window + one pass of its making (docs/runbooks.md; before, up to a pass and a 2 s
+                    # look later: tests/redis/test_heal_drift_bound.py). At least PASS_GAP_SECONDS apart.
+                    next_pass = max(started + self.interval, loop.time() + PASS_GAP_SECONDS)
                 else:
                     try:
                         await self.reconcile_nodes(nodes)
@@ -563,7 +569,7 @@ class Reconciler:
                         self._touch.set()
                         raise
             self.on_progress()
-            if await self._woken():
+            if await self._woken(next_pass - loop.time()):
                 await asyncio.sleep(0.5)  # coalesce a burst of wake-ups (e.g. both streams re-listing)
 
     async def _evicted_counts(self) -> dict[str, int]:
@@ -589,11 +595,13 @@ class Reconciler:
         self.evicted.update(counts)
         return False
 
-    async def _woken(self) -> bool:
-        """Wait up to check_seconds for a request of a pass (whole or of touched nodes); True if one came."""
+    async def _woken(self, due: float) -> bool:
+        """Wait up to check_seconds, and no longer than `due` (seconds until the next pass, at least 0), for a request
+        of a pass (whole or of touched nodes); True if one came."""
         waits = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(self._touch.wait())]
         try:
-            done, _ = await asyncio.wait(waits, timeout=self.check_seconds, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(waits, timeout=max(0.0, min(self.check_seconds, due)),
+                                         return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waits:
                 w.cancel()
