@@ -128,7 +128,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     # what the extenders check; with nudgeAnyNode, back after no watcher kept the ledger, one nudge wakes every pod
     # they turned away meanwhile (those an extender that restarted since forgot included)
     kept_again = pods.nudger.nudge_any if cfg.nudge_any_node else None
-    sup.spawn("upkeep", lambda: stamp_while_ready(ledger, sup.problems,
+    sup.spawn("upkeep", lambda: stamp_while_ready(ledger, lambda: sup.problems(but="upkeep"),
                                                   lost_after_seconds=cfg.watchers_lost_after_seconds,
                                                   kept_again=kept_again, progress=sup.progress("upkeep")))
     ok = await sup.run(stop)

@@ -33,8 +33,9 @@ async def stamp_while_ready(ledger: Ledger, problems: Callable[[], list[str]],
     nudges kube-scheduler itself (the role: with nudgeAnyNode, one Node's patch wakes them all), `wake_after` the
     stamp, once every extender has read it.
 
-    `progress`: called after each round, stamped or waiting for readiness (Supervisor.progress: a stamp that timed out
-    during a Redis freeze no longer counts against the role's readiness once one works, nor while it waits for it)."""
+    `progress`: called after each stamp written (Supervisor.progress: a stamp that timed out during a Redis freeze no
+    longer counts against the role's readiness once one works; `problems` leaves this task's own failures out, so it
+    does not wait on them to stamp again)."""
     was_ready = False
     while True:
         if not problems():
@@ -58,7 +59,6 @@ async def stamp_while_ready(ledger: Ledger, problems: Callable[[], list[str]],
             await asyncio.sleep(every)
         else:
             was_ready = False
-            progress()
             await asyncio.sleep(min(every, look_every))
 
 

@@ -102,3 +102,36 @@ async def test_a_slowly_failed_task_is_ready_again_at_its_first_unit_of_work_and
         assert sup.problems() == [], sup.problems()  # at its first unit of work, not proven_after later
     finally:
         await sup.cancel()
+
+
+async def test_the_upkeep_asks_about_the_rest_of_the_role_and_stamps_again_after_its_own_failure() -> None:
+    """The watchers' upkeep stamps only while the role is ready. Asked with its own failed stamp counted, it waited on
+    that failure, so it never stamped again (and never made the progress that ends it) until the failure aged out:
+    `problems(but=...)` leaves that one task's failures out, and only those."""
+    sup = Supervisor(unready_after=0.0, healthy_after=3600.0, proven_after=3600.0, max_backoff=0.01)
+    stamps: list[bool] = []
+    fail = [True]
+
+    async def upkeep() -> None:
+        while True:
+            if not sup.problems(but="upkeep"):
+                if fail[0]:
+                    raise TimeoutError("Timeout reading from redis")
+                stamps.append(True)
+                sup.note_ok("upkeep")
+            await asyncio.sleep(0.01)
+
+    async def other() -> None:
+        raise ConnectionError("Redis is down")
+
+    sup.spawn("upkeep", upkeep)
+    try:
+        await eventually(lambda: any("upkeep" in p for p in sup.problems()), within=30, what="the stamp failed")
+        assert sup.problems(but="upkeep") == []  # its own failure left out, nothing else failing
+        fail[0] = False
+        await eventually(lambda: bool(stamps) and sup.problems() == [], within=30, what="stamped again, ready")
+        sup.spawn("other", other)
+        await eventually(lambda: any("other" in p for p in sup.problems(but="upkeep")), within=30,
+                         what="another task's failure still counts")
+    finally:
+        await sup.cancel()
