@@ -43,6 +43,7 @@ class Janitor:
         self._held = ""  # the problem that holds expiry back, logged once per episode
         # pending booking (booking_key) -> first seen, monotonic (pending_since)
         self._since: dict[tuple[str, str, int, int], float] | None = None
+        self.on_progress: Callable[[], None] = lambda: None  # after each sweep that completed (Supervisor.progress)
 
     async def sweep(self) -> list[str]:
         # Reservations are stamped with Redis's clock, so age is measured on it: this host's may be off.
@@ -122,4 +123,5 @@ class Janitor:
     async def run(self) -> None:
         while True:  # errors go to the supervisor, which restarts the loop with backoff
             await self.sweep()
+            self.on_progress()
             await asyncio.sleep(self.interval)

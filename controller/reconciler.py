@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -59,6 +59,7 @@ from shared.store.ledger import Ledger, verified_by
 
 log = logging.getLogger("mtsched.reconciler")
 
+PASS_GAP_SECONDS = 0.5  # the least time between the end of a pass over every node and the start of the next
 PER_NODE_READS = 16  # up to this many nodes' pods are read node by node (_read_truth); more, in one list
 
 
@@ -82,6 +83,9 @@ class Reconciler:
         self.last_pass: dict[str, Any] = {}
         self.partition_risk = ""  # what Ledger.partition_risk last said
         self.evicted: dict[str, int] = {}  # each Redis primary's evicted_keys as last read (evictions_reset)
+        # after each round of `run` that completed (the intact check, and the pass it owed): Supervisor.progress.
+        # A round that fails calls nothing, and the pass it owed is the next round's first (wake, touched).
+        self.on_progress: Callable[[], None] = lambda: None
         for r in (nodes.reflector, pods.reflector):
             r.on_resync.append(self.wake.set)
 
@@ -531,6 +535,7 @@ class Reconciler:
                     # reason carries a running count of seconds, so only the episode's start is compared)
                     (log.debug if self._postponed else log.info)("reconcile postponed: %s", why_not)
                     self._postponed = why_not
+                    self.on_progress()  # Redis answered the check: waiting for the streams is no failure of ours
                     await asyncio.sleep(self.check_seconds)
                     continue
                 if self._postponed:
@@ -541,6 +546,7 @@ class Reconciler:
                 self._touch.clear()
                 if full:
                     self.wake.clear()
+                    started = loop.time()
                     try:
                         await self.reconcile_all()
                     except BaseException:
@@ -548,7 +554,11 @@ class Reconciler:
                         # unverified node's comparison may be in it)
                         self.wake.set()
                         raise
-                    next_pass = loop.time() + self.interval
+                    # reconcileSeconds from this pass's start, not its end (and no later than due: `_woken`), so a
+                    # drift the keep window spared at one pass is judged by a pass that ends within reconcileSeconds
+                    # + the keep window + one pass of its making (docs/runbooks.md; before, up to a pass and a 2 s
+                    # look later: tests/redis/test_heal_drift_bound.py). At least PASS_GAP_SECONDS apart.
+                    next_pass = max(started + self.interval, loop.time() + PASS_GAP_SECONDS)
                 else:
                     try:
                         await self.reconcile_nodes(nodes)
@@ -558,7 +568,8 @@ class Reconciler:
                         self.touched |= nodes
                         self._touch.set()
                         raise
-            if await self._woken():
+            self.on_progress()
+            if await self._woken(next_pass - loop.time()):
                 await asyncio.sleep(0.5)  # coalesce a burst of wake-ups (e.g. both streams re-listing)
 
     async def _evicted_counts(self) -> dict[str, int]:
@@ -584,11 +595,13 @@ class Reconciler:
         self.evicted.update(counts)
         return False
 
-    async def _woken(self) -> bool:
-        """Wait up to check_seconds for a request of a pass (whole or of touched nodes); True if one came."""
+    async def _woken(self, due: float) -> bool:
+        """Wait up to check_seconds, and no longer than `due` (seconds until the next pass, at least 0), for a request
+        of a pass (whole or of touched nodes); True if one came."""
         waits = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(self._touch.wait())]
         try:
-            done, _ = await asyncio.wait(waits, timeout=self.check_seconds, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(waits, timeout=max(0.0, min(self.check_seconds, due)),
+                                         return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waits:
                 w.cancel()

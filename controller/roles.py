@@ -25,6 +25,7 @@ from shared.serving.access import watch_access
 from shared.serving.http import serve_api
 from shared.serving.metrics import PODS_UNTRIED
 from shared.serving.supervise import Backoff, Supervisor, asked_wait, unless_stopped
+from shared.store.ledger import Ledger
 from shared.store.session import start_role
 
 log = logging.getLogger("mtsched")
@@ -51,16 +52,24 @@ async def run_extender(cfg: Config, stop: asyncio.Event) -> bool:
     ext.routes(app)
     sup.check("bindings", ext.bindings_problem)  # the admission policy refuses every Binding we send
     sup.spawn("claims", ext.expire_claims)
-    upkeep = Upkeep(ledger, cfg.watchers_lost_after_seconds)
+    upkeep = spawn_upkeep(sup, ledger, cfg)
     ext.unkept = upkeep.problem
     upkeep.on_kept.append(ext.kept_again)
-    sup.spawn("upkeep", upkeep.run)
     try:
         ok = await serve_api(cfg, app, sup, stop, health)
     finally:
         await ext.settled()  # the answered binds' bookings marked bound before the clients close
         await kube.close()
     return ok
+
+
+def spawn_upkeep(sup: Supervisor, ledger: Ledger, cfg: Config) -> Upkeep:
+    """The extender's reader of the watchers' stamp, supervised: each read that works is progress (a read that timed
+    out during a Redis freeze no longer keeps the extender unready once one works: Supervisor.progress)."""
+    upkeep = Upkeep(ledger, cfg.watchers_lost_after_seconds)
+    upkeep.on_progress = sup.progress("upkeep")
+    sup.spawn("upkeep", upkeep.run)
+    return upkeep
 
 
 async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
@@ -75,6 +84,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
              else "Node by Node")
     PODS_UNTRIED.set_function(pods.untried_for)
     reconciler = Reconciler(kube, ledger, cfg, nodes, pods)
+    reconciler.on_progress = sup.progress("reconciler")
     pods.unaccounted_changed = reconciler.touch
     nodes.verify_later = reconciler.verify_later  # a node it wrote that Redis's history change keeps unverified
     mirror.on_reconnect.append(reconciler.wake.set)  # Pub/Sub lost messages meanwhile: compare soon
@@ -112,13 +122,15 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     sup.spawn("pods", pods.reflector.run)
     sup.spawn("bound-records", pods.confirm_deferred)  # records waiting for our bind's confirmation
     sup.spawn("reconciler", reconciler.run)
-    sup.spawn("janitor", janitor_for(ledger, mirror, cfg, pods).run)
+    janitor = janitor_for(ledger, mirror, cfg, pods)
+    janitor.on_progress = sup.progress("janitor")
+    sup.spawn("janitor", janitor.run)
     # what the extenders check; with nudgeAnyNode, back after no watcher kept the ledger, one nudge wakes every pod
     # they turned away meanwhile (those an extender that restarted since forgot included)
     kept_again = pods.nudger.nudge_any if cfg.nudge_any_node else None
-    sup.spawn("upkeep", lambda: stamp_while_ready(ledger, sup.problems,
+    sup.spawn("upkeep", lambda: stamp_while_ready(ledger, lambda: sup.problems(but="upkeep"),
                                                   lost_after_seconds=cfg.watchers_lost_after_seconds,
-                                                  kept_again=kept_again))
+                                                  kept_again=kept_again, progress=sup.progress("upkeep")))
     ok = await sup.run(stop)
     await health.cleanup()
     await kube.close()

@@ -20,7 +20,8 @@ WAKE_SLACK_SECONDS = 1.0  # after the extenders' read of a stamp that ends an ou
 async def stamp_while_ready(ledger: Ledger, problems: Callable[[], list[str]],
                             every: float = KEEP_EVERY_SECONDS, look_every: float = LOOK_EVERY_SECONDS,
                             lost_after_seconds: int = 0, kept_again: Callable[[], None] | None = None,
-                            wake_after: float = READ_EVERY_SECONDS + WAKE_SLACK_SECONDS) -> None:
+                            wake_after: float = READ_EVERY_SECONDS + WAKE_SLACK_SECONDS,
+                            progress: Callable[[], None] = lambda: None) -> None:
     """The watcher's task: stamp the ledger while the role is ready (its watch streams live, its first rebuild
     done, Redis and its permissions fine: `problems` empty), every `every` seconds; an unready watcher keeps
     nothing current, and looks again every `look_every` seconds, so it stamps as soon as it is ready (a watcher
@@ -30,7 +31,11 @@ async def stamp_while_ready(ledger: Ledger, problems: Callable[[], list[str]],
     than `lost_after_seconds` or none: the extenders may have turned slice pods away meanwhile (shared/domain/
     upkeep.py), and one that restarted since no longer knows which (its wake set is in memory), so the watcher
     nudges kube-scheduler itself (the role: with nudgeAnyNode, one Node's patch wakes them all), `wake_after` the
-    stamp, once every extender has read it."""
+    stamp, once every extender has read it.
+
+    `progress`: called after each stamp written (Supervisor.progress: a stamp that timed out during a Redis freeze no
+    longer counts against the role's readiness once one works; `problems` leaves this task's own failures out, so it
+    does not wait on them to stamp again)."""
     was_ready = False
     while True:
         if not problems():
@@ -50,6 +55,7 @@ async def stamp_while_ready(ledger: Ledger, problems: Callable[[], list[str]],
                 log.info("upkeep: the ledger is kept again after no watcher kept it: waking the pods turned away "
                          "in %.0f s", wake_after)
                 asyncio.get_running_loop().call_later(wake_after, kept_again)
+            progress()
             await asyncio.sleep(every)
         else:
             was_ready = False
@@ -74,6 +80,7 @@ class Upkeep:
         self.on_kept: list[Callable[[], None]] = []  # called when a watcher keeps the ledger again
         self._clock = clock
         self._seen: Seen | None = None  # the last stamp read, dated on this process's clock
+        self.on_progress: Callable[[], None] = lambda: None  # after each read that worked (Supervisor.progress)
         LEDGER_KEPT_AGE.set(-1)
 
     def problem(self) -> str:
@@ -112,4 +119,5 @@ class Upkeep:
     async def run(self, every: float = READ_EVERY_SECONDS) -> None:
         while True:
             await self.read()
+            self.on_progress()
             await asyncio.sleep(every)

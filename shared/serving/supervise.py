@@ -239,23 +239,32 @@ class Supervisor:
         if st is not None:
             st.failures, st.failing_since, st.slow_failures = 0, None, 0
 
+    def progress(self, name: str) -> Callable[[], None]:
+        """What task `name` calls each time a unit of its work succeeded (a pass, a sweep, a read of the stamp):
+        `note_ok`, at once. Without it a task whose round trips had timed out during a Redis freeze (slow failures)
+        kept the role unready for `proven_after` (60 s) after Redis answered again, although its next unit worked
+        (tests/redis/test_heal_readiness_redis_frozen.py). A task that fails slowly again and again (a pass whose
+        API reads time out) completes no unit, so it calls nothing and stays a problem."""
+        return lambda: self.note_ok(name)
+
     def _ran_a_while(self, name: str) -> None:
         """The task has run `healthy_after` without stopping: not failing now (its slow failures stay)."""
         st = self.tasks.get(name)
         if st is not None:
             st.failures, st.failing_since = 0, None
 
-    def problems(self) -> list[str]:
-        """Why the role cannot do its job now; empty when ready."""
+    def problems(self, but: str = "") -> list[str]:
+        """Why the role cannot do its job now; empty when ready. `but`: a task whose own failures are left out (the
+        watchers' upkeep asks whether the rest of the role is ready: waiting on its own failed stamp, it would
+        never stamp again, and so never succeed, until the failure aged out)."""
         if self.fatal:
             return [self.fatal]
         now = time.monotonic()
+        tasks = [st for st in self.tasks.values() if st.name != but]
         out = [f"task {st.name} failing for {now - st.failing_since:.0f}s: {st.last_error}"
-               for st in self.tasks.values()
-               if st.failing_since is not None and now - st.failing_since >= self.unready_after]
+               for st in tasks if st.failing_since is not None and now - st.failing_since >= self.unready_after]
         out += [f"task {st.name} failed {st.slow_failures} times in a row, each after running a while: "
-                f"{st.last_error}" for st in self.tasks.values()
-                if st.slow_failures >= self.slow_unready]
+                f"{st.last_error}" for st in tasks if st.slow_failures >= self.slow_unready]
         for name, fn in self.checks.items():
             why = fn()
             if why:  # named once: a watch stream's problem starts with its name, the check's (`pods: stream failing`)
