@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlparse
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
-from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, PipelineCommand, RedisCluster
 from redis.asyncio.connection import Connection as RedisConnection
 from redis.asyncio.connection import ConnectionPool
 
@@ -252,12 +252,69 @@ class _SentinelMaster(Redis):
 
 
 class _Cluster(RedisCluster):
-    """RedisCluster whose pipelines run EVALSHA (Ledger.snapshots reads many nodes in one go)."""
+    """RedisCluster whose pipelines run EVALSHA (Ledger.snapshots reads many nodes in one go), and which sends an ASK
+    redirect's ASKING on the command's own connection (_AskingNode)."""
 
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> ClusterPipeline:
         if shard_hint:
             raise ValueError("shard_hint is not supported in cluster mode")
         return _ClusterPipeline(self, transaction)  # type: ignore[abstract]  # as RedisCluster.pipeline does
+
+    def get_node(self, host: str | None = None, port: int | None = None,
+                 node_name: str | None = None) -> ClusterNode | None:
+        """The node; asked by name alone, in an _AskingNode. redis-py 7.4.1 asks so in two places: its command loop,
+        for the node an ASK redirect names, just before it sends ASKING there; and set_default_node, which only
+        asks whether the node exists."""
+        node = super().get_node(host, port, node_name)
+        if node is None or host is not None or port is not None:
+            return node
+        return cast("ClusterNode", _AskingNode(node))
+
+
+class _AskingNode:
+    """A cluster node as redis-py's command loop follows an ASK redirect to it: the ASKING it sends first is held
+    and sent with the command, in one write on one connection, as Redis needs (it lets only the connection's next
+    command into a slot the node is importing) and as redis-py's sync client does.
+
+    redis-py 7.4.1's asyncio RedisCluster._execute_command sends the two by two calls of the node's execute_command,
+    each on a pooled connection of its own: the oldest idle one, given back last (ClusterNode.acquire_connection's
+    popleft, then append). With an even number of connections idle there (two once another call to that node was
+    in flight when ASKING was sent), ASKING went on one and the command on another, every time: the target, only
+    importing the slot, answered MOVED back to the source, which answered ASK again, until redis-py's 16 redirects
+    ran out (ClusterError "TTL exhausted."), at every resend too, for as long as the slot stayed open; a key a live
+    reshard had moved ahead of its slot could not be read or written (tests/redis_ha/test_reshard_ask.py).
+    Everything else is the node's."""
+
+    def __init__(self, node: ClusterNode):
+        self._node = node
+        self._asking = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._node, name)
+
+    def __eq__(self, other: object) -> bool:
+        return self._node == other
+
+    def __hash__(self) -> int:
+        return hash(self._node)
+
+    def __repr__(self) -> str:
+        return repr(self._node)
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if args == ("ASKING",) and not kwargs:
+            self._asking = True  # sent with the next command
+            return True
+        if not self._asking:
+            return await self._node.execute_command(*args, **kwargs)
+        self._asking = False
+        asking, command = PipelineCommand(0, "ASKING"), PipelineCommand(1, *args, **kwargs)
+        await self._node.execute_pipeline([asking, command])  # one connection; each reply (or error) in .result
+        if not isinstance(command.result, BaseException):
+            return command.result
+        if isinstance(asking.result, BaseException):
+            raise asking.result  # ASKING refused (an ACL user without +asking: NOPERM), the command MOVED then
+        raise command.result
 
 
 class _ClusterPipeline(ClusterPipeline):
