@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.local.pki import PkiPaths
+from shared.domain.nudge import minor_of
 
 ADMIN_TOKEN_USER = "harness-admin"
 
@@ -58,6 +59,15 @@ def admission_config(webhook_kubeconfig: Path) -> dict[str, Any]:
     return {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
             "plugins": [{"name": name, "configuration": plugin}
                         for name in ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook")]}
+
+
+def version_args(version: str) -> list[str]:
+    """What kube-apiserver `version` ("Kubernetes v1.30.14") needs beyond the common flags: 1.29 and 1.30 bind a
+    token to a Node (identities.node_bound_token, the node agent's tests) only with the alpha feature gate
+    ServiceAccountTokenNodeBinding (Beta and on from 1.31). A pod's token in a cluster is bound to the pod, whose
+    node name 1.30 already puts into the user's extra (ServiceAccountTokenPodNodeInfo, Beta and on)."""
+    minor = minor_of(version)
+    return ["--feature-gates=ServiceAccountTokenNodeBinding=true"] if minor in (29, 30) else []
 
 
 def apiserver_argv(binary: Path, etcd_url: str, port: int, pki: PkiPaths, tokens: Path, *, watch_cache: bool,

@@ -144,6 +144,13 @@ class ControlPlane:
                              timeout=30, check=False)
         return out.stdout.strip()
 
+    @functools.cached_property
+    def apiserver_version(self) -> str:
+        """`kube-apiserver --version` of this plane's binary ("Kubernetes v1.36.3")."""
+        out = subprocess.run([str(self.bin_dir / "kube-apiserver"), "--version"], capture_output=True, text=True,
+                             timeout=30, check=False)
+        return out.stdout.strip()
+
     @property
     def pki(self) -> PkiPaths:
         if self._pki is None:
@@ -300,7 +307,8 @@ class ControlPlane:
         self._api_port = port or free_port()
         argv = apiserver.apiserver_argv(
             bin_dir / "kube-apiserver", self.etcd_url, self._api_port, self.pki, self.workdir / "tokens.csv",
-            watch_cache=self.watch_cache, verbosity=self.apiserver_verbosity, extra=self.extra_apiserver_args,
+            watch_cache=self.watch_cache, verbosity=self.apiserver_verbosity,
+            extra=(*apiserver.version_args(self.apiserver_version), *self.extra_apiserver_args),
             admission=self.admission_config_path,
         )
         proc = self._spawn("kube-apiserver", argv)

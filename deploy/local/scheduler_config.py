@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import ssl
+import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -126,10 +127,18 @@ def scheduler_argv(binary: Path, config_path: Path, port: int, cert_dir: Path, k
 
 
 def scheduler_ready(port: int) -> bool:
-    """kube-scheduler's /readyz answers 200 (its informers synced)."""
+    """kube-scheduler's /readyz answers 200 (its informers synced); a kube-scheduler older than 1.31 serves no
+    /readyz (404), its /healthz then (the process is up, informers maybe not yet synced: pods created meanwhile
+    wait in its queue)."""
     insecure = ssl.create_default_context()
-    # The scheduler serves a self-signed cert it generates itself; only /readyz is read here.
+    # The scheduler serves a self-signed cert it generates itself; only its health endpoints are read here.
     insecure.check_hostname = False
     insecure.verify_mode = ssl.CERT_NONE
-    with urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", timeout=2, context=insecure) as r:
+    try:
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", timeout=2, context=insecure) as r:
+            return int(r.status) == 200
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            raise
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", timeout=2, context=insecure) as r:
         return int(r.status) == 200

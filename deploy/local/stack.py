@@ -43,7 +43,7 @@ from deploy.local.pki import APISERVER_CLIENT, SCHEDULER_CLIENT
 from deploy.local.processes import port_taken
 from deploy.local.redis import free_port, terminate
 from shared.config import url_password, without_password
-from shared.domain.nudge import any_node_wakes
+from shared.domain.nudge import any_node_wakes, unschedulable_retry_args
 from shared.serving.http import join_addr
 
 # Namespaces labelled so are never sent to the webhook (the benchmark's plain baseline). A namespace label,
@@ -269,7 +269,9 @@ class Stack:
         cert = self._scheduler_client_cert()
         spec = ExtenderSpec(self._front("extender"), client_cert_pem=cert[0] if cert else None,
                             client_key_pem=cert[1] if cert else None)
-        self.cp.start_scheduler(spec, kubeconfig=self.kubeconfig("kube-scheduler"))
+        # the arguments the chart gives a kube-scheduler of this plane's version (hami.kubeSchedulerArgs)
+        self.cp.start_scheduler(spec, extra_args=unschedulable_retry_args(self.cp.scheduler_version),
+                                kubeconfig=self.kubeconfig("kube-scheduler"))
         self.cp.register_webhooks(self._front("webhook") + "/mutate", ca_pem=self.cp.ca_pem,
                                   namespace_selector=WEBHOOK_NAMESPACE_SELECTOR)
         self._webhooks_registered = True

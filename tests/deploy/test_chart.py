@@ -23,7 +23,7 @@ from deploy.local import identities
 from shared.config import _KEYS as CONFIG_KEYS
 from shared.config import SPELLED, load_config
 from shared.domain.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
-from shared.domain.nudge import any_node_wakes
+from shared.domain.nudge import any_node_wakes, unschedulable_retry_args
 from tests.deploy._chart import (
     CASES,
     CHART,
@@ -867,6 +867,24 @@ def test_nudge_any_node_follows_the_charts_kube_scheduler_as_the_python_rule_doe
     spelled = tag if tag.startswith("v") else f"v{tag}"  # as hami.kubeSchedulerTag writes it
     assert cfg["nudgeAnyNode"] is any_node_wakes(spelled), (tag, cfg["nudgeAnyNode"])
     assert cfg["nudgeAnyNode"] is (tag in ("v1.36.3", "v1.35.0", "v1.34.0", "1.34.2", "v1.34.1-gke.1200"))
+
+
+@pytest.mark.parametrize("tag", ["v1.36.3", "v1.32.0", "v1.31.14", "v1.31.0-eks-1", "1.30.4", "v1.30.14", "latest",
+                                 "v2.0.0"])
+def test_kube_scheduler_arguments_and_readiness_follow_its_tag(helm: Path, tag: str) -> None:
+    """Before 1.32 no Node event wakes a pod asking for mthreads.com/vgpu (shared/domain/nudge.py): the chart shortens
+    kube-scheduler's retry of parked pods there, as unschedulable_retry_args says (the twin, which the local stack
+    gives its kube-scheduler); before 1.31 kube-scheduler serves no /readyz, so it is ready at /healthz. Anything
+    unreadable is a current kube-scheduler. The user's extraArgs come after ours (the last of a flag wins)."""
+    objs = objects(template(helm, Case(sets=(f"scheduler.kubeScheduler.image.tag={tag}",))).stdout)
+    c = container(one(objs, "Deployment", "hami-scheduler"), "kube-scheduler")
+    spelled = tag if tag.startswith("v") else f"v{tag}"  # as hami.kubeSchedulerTag writes it
+    ours = list(unschedulable_retry_args(spelled))
+    assert c["command"] == ["kube-scheduler", "--config=/etc/kubernetes/hami/scheduler-config.yaml", *ours, "-v=2"]
+    assert bool(ours) is (tag in ("v1.31.14", "v1.31.0-eks-1", "1.30.4", "v1.30.14")), tag
+    old = tag in ("1.30.4", "v1.30.14")
+    assert c["readinessProbe"]["httpGet"]["path"] == ("/healthz" if old else "/readyz"), tag
+    assert c["livenessProbe"]["httpGet"]["path"] == c["startupProbe"]["httpGet"]["path"] == "/healthz"
 
 
 def test_nudge_any_node_with_no_tag_follows_the_clusters_version(helm: Path) -> None:

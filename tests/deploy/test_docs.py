@@ -114,5 +114,5 @@ def test_without_helm_certificate_steps() -> None:
     proc = subprocess.run(["sed", "-e", sed.group(1), "-e", sed.group(2), str(MANIFEST)],
                           capture_output=True, text=True, check=True)
     images = set(re.findall(r"image: (\S+)", proc.stdout))
-    assert "registry.k8s.io/kube-scheduler:v1.30.4" in images
+    assert "registry.k8s.io/kube-scheduler:v1.34.2" in images
     assert "registry.example.com/mtsched/mtsched:0.1.0" in images

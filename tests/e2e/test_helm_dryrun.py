@@ -329,8 +329,14 @@ def test_rendered_scheduler_runs_elects_and_calls_the_extender(
     caFile (an extender serving plain HTTP there, or the other way round, gets no /filter call)."""
     port, work, calls = fake_extender
     scheduler_name = _unique("helm-e2e")
+    # rendered for this plane's kube-scheduler (its arguments and readiness path follow the image tag)
+    tag = control_plane.scheduler_version.split()[-1]
     objs = objects(template(helm, Case(sets=(f"schedulerName={scheduler_name}", f"scheduler.extender.port={port}",
-                                             f"scheduler.extender.scheme={scheme}"))).stdout)
+                                             f"scheduler.extender.scheme={scheme}",
+                                             f"scheduler.kubeScheduler.image.tag={tag}"))).stdout)
+    rendered = container(one(objs, "Deployment", "hami-scheduler"), "kube-scheduler")
+    assert rendered["command"][:2] == ["kube-scheduler", "--config=/etc/kubernetes/hami/scheduler-config.yaml"]
+    ready_path = rendered["readinessProbe"]["httpGet"]["path"]
     secret = one(objs, "Secret", "hami-scheduler-tls")["data"]
     for key in ("tls.crt", "tls.key"):
         (work / key).write_bytes(base64.b64decode(secret[key]))
@@ -340,19 +346,19 @@ def test_rendered_scheduler_runs_elects_and_calls_the_extender(
     log = work / "kube-scheduler.log"
     node, ns, pod = _unique("helm-e2e-node"), _unique("helm-e2e"), "vgpu-pod"
     with log.open("wb") as out:
-        proc = subprocess.Popen(_scheduler_argv(control_plane, config, sched_port), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen([*_scheduler_argv(control_plane, config, sched_port), *rendered["command"][2:]],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE
 
-        def ready() -> bool:
-            with urllib.request.urlopen(f"https://127.0.0.1:{sched_port}/readyz", timeout=2,
+        def ready() -> bool:  # as the rendered readinessProbe asks
+            with urllib.request.urlopen(f"https://127.0.0.1:{sched_port}{ready_path}", timeout=2,
                                         context=insecure) as r:
                 return int(r.status) == 200
 
-        _wait("kube-scheduler /readyz", ready, 60, proc, log)
+        _wait(f"kube-scheduler {ready_path}", ready, 60, proc, log)
 
         def leader() -> str | None:
             status, lease = api.call("GET", f"/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/"

@@ -13,7 +13,7 @@ from unittest import mock
 import pytest
 
 from controller.nudger import Nudger
-from shared.domain.nudge import any_node_wakes, next_first, served
+from shared.domain.nudge import any_node_wakes, next_first, served, unschedulable_retry_args
 from shared.kube import KubeError
 from tests.unit.test_nudger import Patches, settled
 
@@ -33,6 +33,18 @@ from tests.unit.test_nudger import Patches, settled
 ])
 def test_which_kube_scheduler_wakes_every_turned_away_pod_on_any_node(version: str, wakes: bool) -> None:
     assert any_node_wakes(version) is wakes
+
+
+@pytest.mark.parametrize(("version", "args"), [
+    ("Kubernetes v1.30.14", ("--pod-max-in-unschedulable-pods-duration=10s",)),  # the Node pre-check counts vgpu
+    ("1.31.2", ("--pod-max-in-unschedulable-pods-duration=10s",)),
+    ("v1.32.0", ()),  # no pre-check with queueing hints, on by default
+    ("v1.36.3", ()),
+    ("latest", ()),  # unknown: a current kube-scheduler
+    ("v2.0.0", ()),
+])
+def test_which_kube_scheduler_retries_parked_pods_sooner(version: str, args: tuple[str, ...]) -> None:
+    assert unschedulable_retry_args(version) == args
 
 
 @pytest.mark.parametrize(("earliest", "last_first", "interval", "due"), [

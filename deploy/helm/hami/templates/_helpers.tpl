@@ -277,12 +277,38 @@ shared/domain/models.py's (2..MAX_MODEL_UNITS). */}}
 {{- $tag -}}
 {{- end -}}
 
+{{/* The minor of the chart's kube-scheduler (its image tag, Kubernetes 1.x), "" if unreadable. The twin of
+shared/domain/nudge.py minor_of. */}}
+{{- define "hami.kubeSchedulerMinor" -}}
+{{- $m := regexFind "^v1\\.[0-9]+\\.[0-9]+" (include "hami.kubeSchedulerTag" .) -}}
+{{- if $m -}}{{- regexReplaceAll "^v1\\.([0-9]+)\\..*$" $m "${1}" -}}{{- end -}}
+{{- end -}}
+
 {{/* Whether the chart's kube-scheduler (its image tag) requeues every pod an extender turned away on any Node's update:
 1.34 or newer, where queueing hints are always on. The twin of shared/domain/nudge.py any_node_wakes (tests/deploy/
 test_chart.py proves they agree); anything it cannot read is false (Node by Node works with every version). */}}
 {{- define "hami.nudgeAnyNode" -}}
-{{- $m := regexFind "^v1\\.[0-9]+\\.[0-9]+" (include "hami.kubeSchedulerTag" .) -}}
-{{- if $m -}}{{- ge (regexReplaceAll "^v1\\.([0-9]+)\\..*$" $m "${1}" | atoi) 34 -}}{{- else -}}false{{- end -}}
+{{- $minor := include "hami.kubeSchedulerMinor" . -}}
+{{- if $minor -}}{{- ge (atoi $minor) 34 -}}{{- else -}}false{{- end -}}
+{{- end -}}
+
+{{/* kube-scheduler's arguments its version needs (a JSON list): before 1.32 no Node event requeues a pod asking for
+mthreads.com/vgpu (kube-scheduler pre-checks the pod's resources against the Node, ignoredByScheduler not honoured),
+so the watchers' nudge cannot wake it: its retry of parked pods is shortened from 5 minutes. The twin of
+shared/domain/nudge.py unschedulable_retry_args (tests/deploy/test_chart.py). */}}
+{{- define "hami.kubeSchedulerArgs" -}}
+{{- $minor := include "hami.kubeSchedulerMinor" . -}}
+{{- $args := list -}}
+{{- if and $minor (lt (atoi $minor) 32) -}}
+{{- $args = append $args "--pod-max-in-unschedulable-pods-duration=10s" -}}
+{{- end -}}
+{{- toJson $args -}}
+{{- end -}}
+
+{{/* kube-scheduler's readiness path: /readyz (informers synced) from 1.31, which first serves it; /healthz before. */}}
+{{- define "hami.kubeSchedulerReadyPath" -}}
+{{- $minor := include "hami.kubeSchedulerMinor" . -}}
+{{- if and $minor (lt (atoi $minor) 31) -}}/healthz{{- else -}}/readyz{{- end -}}
 {{- end -}}
 
 {{/* registry/repository:tag with global.imageRegistry taking precedence; call with (dict "ctx" $ "image" $img "tag" $tag). */}}
