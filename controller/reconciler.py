@@ -59,7 +59,8 @@ from shared.store.ledger import Ledger, verified_by
 
 log = logging.getLogger("mtsched.reconciler")
 
-PASS_GAP_SECONDS = 0.5  # the least time between the end of a pass over every node and the start of the next
+PASS_GAP_SECONDS = 0.5  # the least time between the end of a pass over every node and the start of the next (and
+# at least as long as that pass took: `run`)
 PER_NODE_READS = 16  # up to this many nodes' pods are read node by node (_read_truth); more, in one list
 
 
@@ -557,8 +558,12 @@ class Reconciler:
                     # reconcileSeconds from this pass's start, not its end (and no later than due: `_woken`), so a
                     # drift the keep window spared at one pass is judged by a pass that ends within reconcileSeconds
                     # + the keep window + one pass of its making (docs/runbooks.md; before, up to a pass and a 2 s
-                    # look later: tests/redis/test_heal_drift_bound.py). At least PASS_GAP_SECONDS apart.
-                    next_pass = max(started + self.interval, loop.time() + PASS_GAP_SECONDS)
+                    # look later: tests/redis/test_heal_drift_bound.py). But a pass that took more than half of
+                    # reconcileSeconds (thousands of nodes at a small one) is followed by a wait as long as it took:
+                    # every pass reads every node, and back to back they held Redis, which every bind waits on, and
+                    # the watcher most of the time (tests/redis/test_redteam_reconcile_spacing.py).
+                    took = loop.time() - started
+                    next_pass = max(started + self.interval, loop.time() + max(PASS_GAP_SECONDS, took))
                 else:
                     try:
                         await self.reconcile_nodes(nodes)
