@@ -87,6 +87,7 @@ class Reconciler:
         # after each round of `run` that completed (the intact check, and the pass it owed): Supervisor.progress.
         # A round that fails calls nothing, and the pass it owed is the next round's first (wake, touched).
         self.on_progress: Callable[[], None] = lambda: None
+        self._owed_failed = False  # the last pass tried (whole or of touched nodes) failed: it is owed still
         for r in (nodes.reflector, pods.reflector):
             r.on_resync.append(self.wake.set)
 
@@ -536,7 +537,11 @@ class Reconciler:
                     # reason carries a running count of seconds, so only the episode's start is compared)
                     (log.debug if self._postponed else log.info)("reconcile postponed: %s", why_not)
                     self._postponed = why_not
-                    self.on_progress()  # Redis answered the check: waiting for the streams is no failure of ours
+                    # Redis answered the check: waiting for the streams is no failure of ours; but a pass that
+                    # failed is owed, and none until one works (a stream's blip between two failed passes wiped their
+                    # count: tests/redis/test_redteam_reconciler_progress.py)
+                    if not self._owed_failed:
+                        self.on_progress()
                     await asyncio.sleep(self.check_seconds)
                     continue
                 if self._postponed:
@@ -554,6 +559,7 @@ class Reconciler:
                         # a full pass again after the supervisor's restart, not a reconcileSeconds later (an
                         # unverified node's comparison may be in it)
                         self.wake.set()
+                        self._owed_failed = True
                         raise
                     # reconcileSeconds from this pass's start, not its end (and no later than due: `_woken`), so a
                     # drift the keep window spared at one pass is judged by a pass that ends within reconcileSeconds
@@ -572,7 +578,9 @@ class Reconciler:
                         # unverified node's second comparison is one of these)
                         self.touched |= nodes
                         self._touch.set()
+                        self._owed_failed = True
                         raise
+                self._owed_failed = False
             self.on_progress()
             if await self._woken(next_pass - loop.time()):
                 await asyncio.sleep(0.5)  # coalesce a burst of wake-ups (e.g. both streams re-listing)
