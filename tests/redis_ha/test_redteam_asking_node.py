@@ -7,7 +7,7 @@ a real Redis Cluster of this module's own:
 - a call cancelled while it follows an ASK (a deadline of the caller's, a request that went away) gives its
   connection back to the node's pool, as redis-py's own calls do (a wrapper sending the two through
   `ClusterNode.execute_pipeline` left it out of the pool for good, one connection per cancelled call);
-- calls following an ASK to the same node at once each carry their own ASKING;
+- calls following an ASK to the same node at once each carry their own ASKING (alone, and from a cluster pipeline);
 - a node with no booking whose keys moved ahead of its slot has no pods set, so the target, which runs a
   command of several keys only if it holds them all, answers TRYAGAIN for as long as the slot is open: its read is
   refused as a slot moving (`slot_moving`, the mirror leaves it out), as docs/redis-layout.md says."""
@@ -115,6 +115,10 @@ async def test_calls_following_an_ask_to_one_node_at_once_each_carry_their_askin
         snaps = await asyncio.gather(*(led.snapshot(node) for _ in range(12)))
         assert all(s is not None and set(s.reservations) == {"u1"} for s in snaps)
         assert led.round_trips == trips + 12  # each at its first send
+        # and in a cluster pipeline (Ledger.snapshots): the source's ASK in its place, followed alone
+        await led.upsert_node(inventory("n2b", S4000))
+        many = await asyncio.gather(*(led.snapshots([node, "n2b"]) for _ in range(4)))
+        assert all(set(m) == {node, "n2b"} and set(m[node].reservations) == {"u1"} for m in many), many
     finally:
         await asyncio.to_thread(setup.end_move, slot, dest)
 
