@@ -135,6 +135,9 @@ class PodWatcher:
         self.deferred: dict[str, tuple[float, bytes, str]] = {}
         self.bound_grace = min(BOUND_GRACE, cfg.pending_ttl_seconds / 4)  # 0: observe at once (tests)
         self.confirming: set[str] = set()  # deferred records whose observe is in flight (confirm_due)
+        # after each round of confirm_deferred that completed (Supervisor.progress): its Redis round trips that
+        # timed out during a freeze no longer keep the watcher unready once one works
+        self.on_progress: Callable[[], None] = lambda: None
         # uid -> (node, why, pod ref): releases of ended pods on a node whose Redis Cluster slot is moving
         # (Mirror.moving: Redis runs no script there until the move ends), given back by confirm_due once the
         # mirror can read the node again. Held here so that the pod stream goes on: the event's replay would
@@ -454,10 +457,11 @@ class PodWatcher:
         return {u for u in asked if u in self.deferred or u in self.confirming}
 
     async def confirm_deferred(self) -> None:
-        """confirm_due, every half grace (for a supervisor to run)."""
+        """confirm_due, every half grace (for a supervisor to run); `on_progress` after each that completed."""
         while True:
             await asyncio.sleep(max(self.bound_grace / 2, 0.05))
             await self.confirm_due()
+            self.on_progress()
 
     async def _observe(self, uid: str, usage: PodUsage, ref: str, digest: bytes, head: str) -> bool:
         """`observe` with keep_bound, and what its answer means; `head`: the record's start, for the logs.

@@ -59,7 +59,8 @@ from shared.store.ledger import Ledger, verified_by
 
 log = logging.getLogger("mtsched.reconciler")
 
-PASS_GAP_SECONDS = 0.5  # the least time between the end of a pass over every node and the start of the next
+PASS_GAP_SECONDS = 0.5  # the least time between the end of a pass over every node and the start of the next (and
+# at least as long as that pass took: `run`)
 PER_NODE_READS = 16  # up to this many nodes' pods are read node by node (_read_truth); more, in one list
 
 
@@ -86,6 +87,7 @@ class Reconciler:
         # after each round of `run` that completed (the intact check, and the pass it owed): Supervisor.progress.
         # A round that fails calls nothing, and the pass it owed is the next round's first (wake, touched).
         self.on_progress: Callable[[], None] = lambda: None
+        self._owed_failed = False  # the last pass tried (whole or of touched nodes) failed: it is owed still
         for r in (nodes.reflector, pods.reflector):
             r.on_resync.append(self.wake.set)
 
@@ -535,7 +537,11 @@ class Reconciler:
                     # reason carries a running count of seconds, so only the episode's start is compared)
                     (log.debug if self._postponed else log.info)("reconcile postponed: %s", why_not)
                     self._postponed = why_not
-                    self.on_progress()  # Redis answered the check: waiting for the streams is no failure of ours
+                    # Redis answered the check: waiting for the streams is no failure of ours; but a pass that
+                    # failed is owed, and none until one works (a stream's blip between two failed passes wiped their
+                    # count: tests/redis/test_redteam_reconciler_progress.py)
+                    if not self._owed_failed:
+                        self.on_progress()
                     await asyncio.sleep(self.check_seconds)
                     continue
                 if self._postponed:
@@ -553,12 +559,17 @@ class Reconciler:
                         # a full pass again after the supervisor's restart, not a reconcileSeconds later (an
                         # unverified node's comparison may be in it)
                         self.wake.set()
+                        self._owed_failed = True
                         raise
                     # reconcileSeconds from this pass's start, not its end (and no later than due: `_woken`), so a
                     # drift the keep window spared at one pass is judged by a pass that ends within reconcileSeconds
                     # + the keep window + one pass of its making (docs/runbooks.md; before, up to a pass and a 2 s
-                    # look later: tests/redis/test_heal_drift_bound.py). At least PASS_GAP_SECONDS apart.
-                    next_pass = max(started + self.interval, loop.time() + PASS_GAP_SECONDS)
+                    # look later: tests/redis/test_heal_drift_bound.py). But a pass that took more than half of
+                    # reconcileSeconds (thousands of nodes at a small one) is followed by a wait as long as it took:
+                    # every pass reads every node, and back to back they held Redis, which every bind waits on, and
+                    # the watcher most of the time (tests/redis/test_redteam_reconcile_spacing.py).
+                    took = loop.time() - started
+                    next_pass = max(started + self.interval, loop.time() + max(PASS_GAP_SECONDS, took))
                 else:
                     try:
                         await self.reconcile_nodes(nodes)
@@ -567,7 +578,9 @@ class Reconciler:
                         # unverified node's second comparison is one of these)
                         self.touched |= nodes
                         self._touch.set()
+                        self._owed_failed = True
                         raise
+                self._owed_failed = False
             self.on_progress()
             if await self._woken(next_pass - loop.time()):
                 await asyncio.sleep(0.5)  # coalesce a burst of wake-ups (e.g. both streams re-listing)

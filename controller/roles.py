@@ -72,6 +72,14 @@ def spawn_upkeep(sup: Supervisor, ledger: Ledger, cfg: Config) -> Upkeep:
     return upkeep
 
 
+def spawn_bound_records(sup: Supervisor, pods: PodWatcher) -> None:
+    """The pod watcher's records held for our bind's confirmation (PodWatcher.confirm_deferred), supervised; each
+    round that completes is progress (a round that timed out during a Redis freeze no longer keeps the watcher
+    unready, and so unstamped, for `proven_after` once one works: tests/redis/test_redteam_bound_records_ready.py)."""
+    pods.on_progress = sup.progress("bound-records")
+    sup.spawn("bound-records", pods.confirm_deferred)
+
+
 async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     sup = Supervisor()
     health, ledger, mirror = await start_role(cfg, sup, stop, card_metrics=True)
@@ -120,7 +128,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     gc_policy.settle()  # the nodes and pods just listed, like the mirror's cards
     sup.spawn("nodes", nodes.reflector.run)
     sup.spawn("pods", pods.reflector.run)
-    sup.spawn("bound-records", pods.confirm_deferred)  # records waiting for our bind's confirmation
+    spawn_bound_records(sup, pods)  # records waiting for our bind's confirmation
     sup.spawn("reconciler", reconciler.run)
     janitor = janitor_for(ledger, mirror, cfg, pods)
     janitor.on_progress = sup.progress("janitor")

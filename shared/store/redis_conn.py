@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
-from redis.asyncio.cluster import ClusterNode, ClusterPipeline, PipelineCommand, RedisCluster
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.connection import Connection as RedisConnection
 from redis.asyncio.connection import ConnectionPool
 
@@ -262,16 +262,17 @@ class _Cluster(RedisCluster):
 
     def get_node(self, host: str | None = None, port: int | None = None,
                  node_name: str | None = None) -> ClusterNode | None:
-        """The node; asked by name alone, in an _AskingNode. redis-py 7.4.1 asks so in two places: its command loop,
-        for the node an ASK redirect names, just before it sends ASKING there; and set_default_node, which only
-        asks whether the node exists."""
+        """The node; asked by name alone, as an _AskingNode (the node itself for everything but an ASKING). redis-py
+        7.4.1 asks so in three places: its command loop, for the node an ASK redirect names, just before it sends
+        ASKING there; set_default_node, which only asks whether the node exists; and scan_iter, which sends the
+        next SCAN of each node that has more to it (`target_nodes`: a ClusterNode, or redis-py refuses it)."""
         node = super().get_node(host, port, node_name)
         if node is None or host is not None or port is not None:
             return node
-        return cast("ClusterNode", _AskingNode(node))
+        return _AskingNode(node)
 
 
-class _AskingNode:
+class _AskingNode(ClusterNode):
     """A cluster node as redis-py's command loop follows an ASK redirect to it: the ASKING it sends first is held
     and sent with the command, in one write on one connection, as Redis needs (it lets only the connection's next
     command into a slot the node is importing) and as redis-py's sync client does.
@@ -283,38 +284,51 @@ class _AskingNode:
     importing the slot, answered MOVED back to the source, which answered ASK again, until redis-py's 16 redirects
     ran out (ClusterError "TTL exhausted."), at every resend too, for as long as the slot stayed open; a key a live
     reshard had moved ahead of its slot could not be read or written (tests/redis_ha/test_reshard_ask.py).
-    Everything else is the node's."""
 
-    def __init__(self, node: ClusterNode):
-        self._node = node
+    It is the node for everything else: a ClusterNode (redis-py takes only those as `target_nodes`, which scan_iter
+    passes it as) that shares the node's pool (its connection lists, the same objects) and equals it. A new one per
+    lookup, so calls that follow an ASK at once each hold their own ASKING. Its connection goes back to the pool
+    however the call ends, a cancellation included, as redis-py's own calls' do
+    (tests/redis_ha/test_redteam_asking_node.py)."""
+
+    __slots__ = ("_asking",)
+
+    def __init__(self, node: ClusterNode):  # (ClusterNode.__init__ would make a pool of its own)
+        for name in ClusterNode.__slots__:
+            if hasattr(node, name):  # (a slot the node never set stays unset)
+                setattr(self, name, getattr(node, name))
         self._asking = False
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._node, name)
-
-    def __eq__(self, other: object) -> bool:
-        return self._node == other
-
-    def __hash__(self) -> int:
-        return hash(self._node)
-
-    def __repr__(self) -> str:
-        return repr(self._node)
+    def __del__(self, *_: Any) -> None:
+        """Nothing: its connections are the node's, which warns of those left open (ClusterNode.__del__)."""
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         if args == ("ASKING",) and not kwargs:
             self._asking = True  # sent with the next command
             return True
         if not self._asking:
-            return await self._node.execute_command(*args, **kwargs)
+            return await super().execute_command(*args, **kwargs)
         self._asking = False
-        asking, command = PipelineCommand(0, "ASKING"), PipelineCommand(1, *args, **kwargs)
-        await self._node.execute_pipeline([asking, command])  # one connection; each reply (or error) in .result
-        if not isinstance(command.result, BaseException):
-            return command.result
-        if isinstance(asking.result, BaseException):
-            raise asking.result  # ASKING refused (an ACL user without +asking: NOPERM), the command MOVED then
-        raise command.result
+        connection = self.acquire_connection()
+        try:
+            await self.disconnect_if_needed(connection)
+            await connection.send_packed_command(connection.pack_commands([("ASKING",), args]), False)
+            try:
+                await self.parse_response(connection, "ASKING")
+            except rexc.ResponseError as refused:  # (a lost connection or a timeout is raised as it is)
+                try:
+                    return await self.parse_response(connection, args[0], **kwargs)  # it ran: its answer
+                except rexc.ResponseError:
+                    # ASKING refused (an ACL user without +asking: NOPERM), the command MOVED then: the refusal
+                    raise refused from None
+            return await self.parse_response(connection, args[0], **kwargs)
+        finally:
+            # as ClusterNode.execute_command gives its connection back; one a failure or a cancellation cut in the
+            # middle was closed by redis-py (send_packed_command, read_response), and connects again at its next use
+            try:
+                await self.disconnect_if_needed(connection)
+            finally:
+                self._free.append(connection)
 
 
 class _ClusterPipeline(ClusterPipeline):

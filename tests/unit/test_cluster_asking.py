@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from redis import exceptions as rexc
-from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from shared.store.redis_conn import _AskingNode, _Cluster
 
@@ -23,55 +23,83 @@ def test_redis_py_follows_an_ask_as_the_asking_node_expects() -> None:
     src.index("await target_node.execute_command(*args, **kwargs)", asking)
 
 
-class Node:
-    """What _AskingNode uses of a ClusterNode: each call's commands, as one write each, with the replies given."""
+class Conn:
+    """What ClusterNode uses of a connection: each write (the commands packed into it), and the replies of
+    `replies` in turn (an exception is raised as redis-py raises an error reply)."""
 
-    name = "127.0.0.1:7000"
-    host, port = "127.0.0.1", 7000
+    writes: list[list[tuple[Any, ...]]]
+    replies: list[Any]
 
-    def __init__(self, replies: list[Any] | None = None):
-        self.writes: list[list[tuple[Any, ...]]] = []
-        self.replies = replies or ["OK", "value"]
+    is_connected = False  # (nothing to warn of when the node is collected)
 
-    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        self.writes.append([args])
-        return "plain"
+    def __init__(self, **_: Any):
+        self.closed = 0
 
-    async def execute_pipeline(self, commands: list[PipelineCommand]) -> bool:
-        self.writes.append([c.args for c in commands])
-        for c, reply in zip(commands, self.replies, strict=True):
-            c.result = reply
-        return any(isinstance(r, Exception) for r in self.replies)
+    @staticmethod
+    def pack_command(*args: Any) -> list[tuple[Any, ...]]:
+        return [args]
+
+    @staticmethod
+    def pack_commands(commands: Any) -> list[tuple[Any, ...]]:
+        return [tuple(c) for c in commands]
+
+    async def send_packed_command(self, packed: list[tuple[Any, ...]], check_health: bool = True) -> None:
+        Conn.writes.append(packed)
+
+    async def read_response(self, **_: Any) -> Any:
+        reply = Conn.replies.pop(0)
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    @staticmethod
+    def should_reconnect() -> bool:
+        return False
+
+    async def disconnect(self, **_: Any) -> None:
+        self.closed += 1
+
+
+def asked(replies: list[Any]) -> tuple[ClusterNode, _AskingNode]:
+    """A node whose connections are Conn, and the node as an ASK finds it (what `_Cluster.get_node` answers)."""
+    Conn.writes, Conn.replies = [], list(replies)
+    node = ClusterNode("127.0.0.1", 7000, connection_class=Conn)  # type: ignore[arg-type]
+    return node, _AskingNode(node)
 
 
 async def test_asking_goes_in_the_commands_write() -> None:
-    node = Node()
-    asked = _AskingNode(node)  # type: ignore[arg-type]
-    assert await asked.execute_command("ASKING")
-    assert node.writes == []  # nothing sent yet
-    assert await asked.execute_command("SMEMBERS", "mt:nodes") == "value"
-    assert node.writes == [[("ASKING",), ("SMEMBERS", "mt:nodes")]]
-    assert await asked.execute_command("GET", "k") == "plain"  # ASKING is for the next command only
-    assert node.writes[-1] == [("GET", "k")]
-    assert asked.port == 7000 and asked == node and hash(asked) == hash(node)  # everything else: the node's
+    node, ask = asked(["OK", "value", "plain"])
+    assert await ask.execute_command("ASKING")
+    assert Conn.writes == []  # nothing sent yet
+    assert await ask.execute_command("SMEMBERS", "mt:nodes") == "value"
+    assert Conn.writes == [[("ASKING",), ("SMEMBERS", "mt:nodes")]]
+    assert await ask.execute_command("GET", "k") == "plain"  # ASKING is for the next command only
+    assert Conn.writes[-1] == [("GET", "k")]
+    # the node's own pool: one connection, given back to it
+    assert len(node._connections) == 1 and list(node._free) == node._connections
+    assert ask.port == 7000 and ask == node and node == ask and hash(ask) == hash(node)
+    assert not hasattr(node, "__dict__")  # all a node holds is in its slots, which _AskingNode shares
 
 
 @pytest.mark.parametrize(("replies", "raised"), [
     (["OK", rexc.MovedError("4413 127.0.0.1:7001")], rexc.MovedError),
     (["OK", rexc.TryAgainError("TRYAGAIN")], rexc.TryAgainError),  # redis-py's loop handles them as before
     ([rexc.NoPermissionError("NOPERM asking"), rexc.MovedError("4413 127.0.0.1:7001")], rexc.NoPermissionError),
+    (["OK", rexc.TimeoutError("Timeout reading")], rexc.TimeoutError),  # redis-py refreshes its layout on these
+    ([rexc.ConnectionError("Connection closed by server.")], rexc.ConnectionError),
 ])
 async def test_an_error_is_raised_as_redis_py_raised_it(replies: list[Any], raised: type[Exception]) -> None:
-    asked = _AskingNode(Node(replies))  # type: ignore[arg-type]
-    await asked.execute_command("ASKING")
+    node, ask = asked(replies)
+    await ask.execute_command("ASKING")
     with pytest.raises(raised):
-        await asked.execute_command("SMEMBERS", "mt:nodes")
+        await ask.execute_command("SMEMBERS", "mt:nodes")
+    assert list(node._free) == node._connections  # given back (a broken one reconnects at its next use)
 
 
 async def test_a_command_that_ran_is_answered_whatever_asking_got() -> None:
-    asked = _AskingNode(Node([rexc.ResponseError("ERR"), "value"]))  # type: ignore[arg-type]
-    await asked.execute_command("ASKING")
-    assert await asked.execute_command("SMEMBERS", "mt:nodes") == "value"
+    _, ask = asked([rexc.ResponseError("ERR"), "value"])
+    await ask.execute_command("ASKING")
+    assert await ask.execute_command("SMEMBERS", "mt:nodes") == "value"
 
 
 async def test_only_a_node_asked_by_name_is_wrapped() -> None:
