@@ -26,7 +26,7 @@ from controller.node_watch import NodeWatcher
 from controller.pod_watch import PodWatcher
 from controller.reconciler import Reconciler
 from controller.watchers import wire
-from shared.config import load_config
+from shared.config import Config, load_config
 from shared.domain.timing import KEEP_MS
 from shared.kube import KubeError
 from shared.serving.supervise import cancel_and_wait
@@ -54,17 +54,24 @@ class GoneApi:
         return {}
 
 
-async def test_bookings_whose_pods_are_gone_are_dropped_within_the_documented_bound(ledger: Ledger) -> None:
-    api = GoneApi()
-    await ledger.rebuild([], {}, keep_ms=0)  # the epoch of a ledger a watcher built: intact
-    nodes = NodeWatcher(api, ledger, CFG)  # type: ignore[arg-type]
-    await nodes.on_event("ADDED", gpu_node("d1", cards=4))
-    pods = PodWatcher(api, ledger, Mirror(ledger), CFG, nodes.lost)  # type: ignore[arg-type]
+async def live_reconciler(api: GoneApi, ledger: Ledger, cfg: Config, *node_objs: dict[str, Any]) -> Reconciler:
+    """The watcher's Reconciler over an intact ledger (the epoch a watcher's rebuild leaves) holding `node_objs`, its
+    node and pod views wired and both watch streams listed and live, as the watcher's are."""
+    await ledger.rebuild([], {}, keep_ms=0)
+    nodes = NodeWatcher(api, ledger, cfg)  # type: ignore[arg-type]
+    for obj in node_objs:
+        await nodes.on_event("ADDED", obj)
+    pods = PodWatcher(api, ledger, Mirror(ledger), cfg, nodes.lost)  # type: ignore[arg-type]
     wire(nodes, pods)
-    for r in (nodes.reflector, pods.reflector):  # both streams listed and live, as the watcher's are
+    for r in (nodes.reflector, pods.reflector):
         r.synced.set()
         r.live_since = time.monotonic()
-    rec = Reconciler(api, ledger, CFG, nodes, pods)  # type: ignore[arg-type]
+    return Reconciler(api, ledger, cfg, nodes, pods)  # type: ignore[arg-type]
+
+
+async def test_bookings_whose_pods_are_gone_are_dropped_within_the_documented_bound(ledger: Ledger) -> None:
+    api = GoneApi()
+    rec = await live_reconciler(api, ledger, CFG, gpu_node("d1", cards=4))
     passes: list[float] = []
     whole = rec.reconcile_all
 

@@ -16,19 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 
 import pytest
 
-from controller.node_watch import NodeWatcher
-from controller.pod_watch import PodWatcher
-from controller.reconciler import Reconciler
-from controller.watchers import wire
 from shared.config import load_config
 from shared.serving.supervise import cancel_and_wait
 from shared.store.ledger import Ledger
-from shared.store.mirror import Mirror
-from tests.redis.test_heal_drift_bound import GoneApi
+from tests.redis.test_heal_drift_bound import GoneApi, live_reconciler
 
 pytestmark = pytest.mark.redis
 
@@ -39,15 +33,7 @@ SLACK = 0.3  # seconds: scheduling on 2 shared cores
 
 async def pass_times(ledger: Ledger, length: float, count: int) -> list[tuple[float, float]]:
     """(start, end) of the first `count` passes Reconciler.run makes, each taking `length` seconds."""
-    api = GoneApi()
-    await ledger.rebuild([], {}, keep_ms=0)  # intact: no rebuild in the loop
-    nodes = NodeWatcher(api, ledger, CFG)  # type: ignore[arg-type]
-    pods = PodWatcher(api, ledger, Mirror(ledger), CFG, nodes.lost)  # type: ignore[arg-type]
-    wire(nodes, pods)
-    for r in (nodes.reflector, pods.reflector):
-        r.synced.set()
-        r.live_since = time.monotonic()
-    rec = Reconciler(api, ledger, CFG, nodes, pods)  # type: ignore[arg-type]
+    rec = await live_reconciler(GoneApi(), ledger, CFG)  # intact: no rebuild in the loop
     times: list[tuple[float, float]] = []
     done = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -14,19 +14,13 @@ the pass is a stand-in that fails after running a while, and the streams' blips 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
-from controller.node_watch import NodeWatcher
-from controller.pod_watch import PodWatcher
-from controller.reconciler import Reconciler
-from controller.watchers import wire
 from shared.config import load_config
 from shared.serving.supervise import Supervisor
 from shared.store.ledger import Ledger
-from shared.store.mirror import Mirror
-from tests.redis.test_heal_drift_bound import GoneApi
+from tests.redis.test_heal_drift_bound import GoneApi, live_reconciler
 
 pytestmark = pytest.mark.redis
 
@@ -34,15 +28,7 @@ CFG = load_config(env={}, flags={"memoryPerCard": "96,160", "reconcileSeconds": 
 
 
 async def test_a_reconciler_whose_passes_keep_failing_is_a_problem_despite_stream_blips(ledger: Ledger) -> None:
-    api = GoneApi()
-    await ledger.rebuild([], {}, keep_ms=0)
-    nodes = NodeWatcher(api, ledger, CFG)  # type: ignore[arg-type]
-    pods = PodWatcher(api, ledger, Mirror(ledger), CFG, nodes.lost)  # type: ignore[arg-type]
-    wire(nodes, pods)
-    for r in (nodes.reflector, pods.reflector):
-        r.synced.set()
-        r.live_since = time.monotonic()
-    rec = Reconciler(api, ledger, CFG, nodes, pods)  # type: ignore[arg-type]
+    rec = await live_reconciler(GoneApi(), ledger, CFG)  # intact: no rebuild in the loop
     rec.check_seconds = 0.1
     looks = 0
 
