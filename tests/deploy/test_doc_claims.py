@@ -14,11 +14,16 @@ tests/deploy/test_docs.py; here, every page an operator or a user reads:
 - every value of docs/install.md's "Values reference" is in values.yaml with the default the table states;
 - every key of README's configuration table is a configuration key with the default the table states;
 - every `--set key=` of a `helm` command names a chart value, of an `mtsched` command a configuration key;
-- the placement policies listed for each annotation are the ones the webhook accepts for it.
+- the placement policies listed for each annotation are the ones the webhook accepts for it;
+- every `Class.attribute` named is defined on that class (or a base), and every HTTP path named is a route one
+  of the roles serves;
+- a range README's configuration table gives a key (`(2..3600)`) is the one the configuration enforces;
+- the durations and windows docs/runbooks.md gives an alert (`for 2 minutes`, `in 10 minutes`) are the rule's.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import json
@@ -425,4 +430,147 @@ def test_objects_the_operator_commands_name_are_rendered(helm: Path) -> None:
         for m in re.finditer(r"NetworkPolicy `(hami-[a-z-]*[a-z])`", text):
             if ("NetworkPolicy", m.group(1)) not in names:
                 problems.append(f"{_where(page, text, m.start())}: no NetworkPolicy {m.group(1)}")
+    assert not problems, "\n".join(problems)
+
+
+# -- classes, attributes and routes ----------------------------------------------------------------------------
+
+# Classes the pages name that are not ours: redis-py's, and the ExtenderArgs field kube-scheduler sends
+FOREIGN_CLASSES = {"RedisCluster", "Nodes"}
+
+
+@cache
+def _class_attributes() -> dict[str, set[str]]:
+    """Every class of the repository's Python (tests included: a page may name a test's helper) with the names it
+    defines or assigns on self, its bases' included."""
+    own: dict[str, set[str]] = {}
+    bases: dict[str, set[str]] = {}
+    for d in (*CODE_DIRS, "deploy", "bench", "tests"):
+        for path in sorted((ROOT / d).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.ClassDef):
+                    continue
+                names = own.setdefault(node.name, set())
+                bases.setdefault(node.name, set()).update(
+                    b.id if isinstance(b, ast.Name) else b.attr
+                    for b in node.bases if isinstance(b, ast.Name | ast.Attribute))
+                for sub in ast.walk(node):
+                    if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef):
+                        names.add(sub.name)
+                    elif isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self":
+                        names.add(sub.attr)
+                    elif isinstance(sub, ast.AnnAssign) and isinstance(sub.target, ast.Name):
+                        names.add(sub.target.id)
+                    elif isinstance(sub, ast.Assign):
+                        names.update(t.id for t in sub.targets if isinstance(t, ast.Name))
+
+    def closed(name: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        out = set(own.get(name, ()))
+        for base in bases.get(name, ()):
+            if base not in seen:
+                out |= closed(base, seen | {name})
+        return out
+
+    return {name: closed(name) for name in own}
+
+
+def test_every_class_attribute_named_is_defined() -> None:
+    """`Ledger.reread`, `Reconciler.touch`, `Confirmations._rebook`: the class exists and defines that name."""
+    classes = _class_attributes()
+    problems = []
+    found = 0
+    for page in PAGES:
+        text = _text(page)
+        for m in re.finditer(r"`([A-Z][A-Za-z0-9_]*)\.([a-z_][A-Za-z0-9_]*)(?:\(\))?`", text):
+            cls, attr = m.groups()
+            if cls in FOREIGN_CLASSES:
+                continue
+            found += 1
+            if cls not in classes:
+                problems.append(f"{_where(page, text, m.start())}: no class {cls} (for {cls}.{attr})")
+            elif attr not in classes[cls]:
+                problems.append(f"{_where(page, text, m.start())}: {cls} defines no {attr}")
+    assert found >= 50
+    assert not problems, "\n".join(problems)
+
+
+def _routes() -> set[str]:
+    return set(re.findall(r"router\.add_(?:get|post)\(\"(/[^\"]*)\"", _code()))
+
+
+def test_every_http_path_named_is_served() -> None:
+    """`/filter`, `/mutate`, `/debug/explain?pod=...`, `/readyz`: routes of the extender, the webhook or every
+    role's health port (file paths such as `/proc/sgpu_km` and a URL's `/0` are not HTTP paths)."""
+    routes = _routes()
+    assert {"/filter", "/bind", "/mutate", "/readyz", "/metrics"} <= routes
+    problems = []
+    found = 0
+    for page in PAGES:
+        text = _text(page)
+        for m in re.finditer(r"`(?:GET |POST )?(/[a-z][a-z/]*)(?:\?[^`]*)?`", text):
+            path = m.group(1)
+            if path.split("/")[1] in ("proc", "etc", "host", "run", "dev", "tmp", "var", "data", "mymaster"):
+                continue
+            found += 1
+            if path not in routes:
+                problems.append(f"{_where(page, text, m.start())}: {path} is no route (routes: {sorted(routes)})")
+    assert found >= 10
+    assert not problems, "\n".join(problems)
+
+
+# -- numbers users rely on -----------------------------------------------------------------------------------
+
+def test_readme_configuration_ranges_are_enforced() -> None:
+    """A range in a row of README's configuration table (`(2..3600)`, `(60-3600; ...)`) is what the configuration
+    accepts for the row's first key: both ends load, one past either end is refused naming the key."""
+    from shared.config import ConfigError, load_config
+
+    text = _text(ROOT / "README.md")
+    table = text[text.index("| key | default | meaning |"):]
+    table = table[:table.index("\n\n")]
+    checked = []
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        key = re.findall(r"`(\w+)`", cells[0])[0]
+        for lo, hi in re.findall(r"\((\d+)(?:\.\.|-)(\d+)[;)]", cells[2]):
+            checked.append(key)
+            for value in (int(lo), int(hi)):
+                load_config(None, env={}, flags={key: value})
+            for value in (int(lo) - 1, int(hi) + 1):
+                if value == 0 and key == "leaderYieldSeconds":
+                    continue  # 0: never, as the row says
+                with pytest.raises(ConfigError, match=key):
+                    load_config(None, env={}, flags={key: value})
+    assert {"reconcileSeconds", "watchersLostAfterSeconds", "cardKnobsSeconds", "leaderYieldSeconds"} <= set(checked)
+
+
+_MINUTES = {"a": 1, "one": 1, "two": 2}
+
+
+def _minutes(word: str) -> int:
+    return _MINUTES[word] if word in _MINUTES else int(word)
+
+
+def test_runbook_alert_durations_are_the_rules() -> None:
+    """Each `### Mtsched...` section of docs/runbooks.md that says how long a condition lasts before the alert
+    fires (`for 2 minutes`) or over which window it counts (`in the last 10 minutes`) says what the chart's rule
+    does: its `for:` and its range `[10m]`."""
+    rules = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
+        r"- alert: (\w+)\n\s+expr: (.*)\n(?:\s+for: (\d+)m)?", RULES.read_text())}
+    text = _text(ROOT / "docs" / "runbooks.md")
+    problems = []
+    checked = 0
+    for m in re.finditer(r"^### (Mtsched\w+)\n(.*?)(?=^##)", text, flags=re.M | re.S):
+        name, body = m.group(1), m.group(2)
+        expr, wait = rules[name]
+        for said in re.findall(r"\b[Ff]or\s+(a|one|two|\d+)\s+minutes?\b", body):
+            checked += 1
+            if wait is None or _minutes(said) != int(wait):
+                problems.append(f"{name}: the runbook says for {said} minute(s), the rule's for: is {wait}m")
+        for said in re.findall(r"\bin\s+(?:the\s+last\s+)?(\d+)\s+minutes\b", body):
+            checked += 1
+            if f"[{said}m]" not in expr:
+                windows = re.findall(r"\[(\w+)\]", expr)
+                problems.append(f"{name}: the runbook says in {said} minutes, the rule counts over {windows}")
+    assert checked >= 9
     assert not problems, "\n".join(problems)
