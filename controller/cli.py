@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                                                 "then ~/.kube/config")
     demo = sub.add_parser("demo", help="quick start on a local control plane")
     demo.add_argument("--memory-per-card", default="96,160")
-    demo.add_argument("--keep", action="store_true", help="keep everything running until Ctrl-C")
+    demo.add_argument("--keep", action="store_true", help="keep everything running until Ctrl-C, SIGTERM or SIGHUP")
     args = parser.parse_args(argv)
 
     if args.cmd == "demo":

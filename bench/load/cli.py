@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, nargs="+", default=[500, 1000],
-                   help="node counts (default 500 1000; 5000 on demand: slow, ~1 min to create the nodes alone)")
+                   help="node counts (default 500 1000; 5000 on demand: slow, each role then carries 40,000 cards)")
     p.add_argument("--node-concurrency", type=int, default=32, help="node creates in flight (default 32)")
     p.add_argument("--percentage-of-nodes-to-score", type=int, nargs="+", default=[0], metavar="N",
                    help="local: kube-scheduler's percentageOfNodesToScore, globally and in every profile; every "

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("build", help="build the control-plane binaries (once; cached)").set_defaults(func=_build)
-    up = sub.add_parser("up", help="run a local control plane until Ctrl-C")
+    up = sub.add_parser("up", help="run a local control plane until Ctrl-C or SIGTERM")
     up.add_argument(
         "--workdir", help="directory for certs, kubeconfig, etcd data and logs (default: a tempdir)"
     )
