@@ -430,8 +430,10 @@ class ControlPlane:
         timeout_seconds: int = 5,
         reinvocation_policy: str = "Never",
         wait_timeout: float = 30.0,
+        hook_name: str | None = None,
     ) -> None:
         """Create (replace) ``{name}-mutating`` / ``{name}-validating`` configs for pods and wait until live.
+        ``hook_name`` names the real webhook of each (default ``pods.{kind}.{name}.mtsched.io``).
 
         Liveness is proven by canary webhooks (deploy/local/webhooks.py), removed again once called:
         nothing is assumed about the real webhook, which need not even be running yet.
@@ -455,7 +457,7 @@ class ControlPlane:
                     f"https://127.0.0.1:{canary.port}{path}", self.ca_pem,
                     namespace_selector=namespace_selector, object_selector=object_selector, operations=operations,
                     failure_policy=failure_policy, timeout_seconds=timeout_seconds,
-                    reinvocation_policy=reinvocation_policy,
+                    reinvocation_policy=reinvocation_policy, hook_name=hook_name,
                 )
                 self._put_webhook_config(kind, f"{name}-{kind}", hooks)
             # Dry run: webhooks with sideEffects None are still called, nothing is stored.

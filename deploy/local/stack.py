@@ -51,6 +51,9 @@ from shared.serving.http import join_addr
 # skip admission (nor can a tenant label its namespace: Namespaces are cluster-scoped objects).
 WEBHOOK_NAMESPACE_SELECTOR = {"matchExpressions": [{"key": "mtsched.io/webhook", "operator": "NotIn",
                                                     "values": ["ignore"]}]}
+# The chart's name for our webhook (HAMi's, templates/webhook/mutatingwebhook.yaml; tests/deploy/test_chart.py
+# holds them equal): what `admission webhook "..." denied the request` quotes.
+CHART_WEBHOOK_NAME = "vgpu.hami.io"
 
 
 # `--set`s that undo the client-certificate checks write_config gives every role here (all of them share this
@@ -272,8 +275,9 @@ class Stack:
         # the arguments the chart gives a kube-scheduler of this plane's version (hami.kubeSchedulerArgs)
         self.cp.start_scheduler(spec, extra_args=unschedulable_retry_args(self.cp.scheduler_version),
                                 kubeconfig=self.kubeconfig("kube-scheduler"))
+        # under the chart's webhook name (HAMi's), so refusals read here as they do in a cluster
         self.cp.register_webhooks(self._front("webhook") + "/mutate", ca_pem=self.cp.ca_pem,
-                                  namespace_selector=WEBHOOK_NAMESPACE_SELECTOR)
+                                  namespace_selector=WEBHOOK_NAMESPACE_SELECTOR, hook_name=CHART_WEBHOOK_NAME)
         self._webhooks_registered = True
         return self
 

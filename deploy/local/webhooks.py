@@ -110,10 +110,12 @@ def webhooks_with_canary(
     failure_policy: str,
     timeout_seconds: int,
     reinvocation_policy: str,
+    hook_name: str | None = None,
 ) -> list[Json]:
-    """[canary, real]: the ``webhooks`` of one configuration of ``kind`` (mutating or validating)."""
+    """[canary, real]: the ``webhooks`` of one configuration of ``kind`` (mutating or validating); the real one is
+    named ``hook_name`` (what admission errors quote), by default ``pods.{kind}.{name}.mtsched.io``."""
     real: Json = {
-        "name": f"pods.{kind}.{name}.mtsched.io",
+        "name": hook_name or f"pods.{kind}.{name}.mtsched.io",
         "admissionReviewVersions": ["v1"],
         "sideEffects": "None",
         "failurePolicy": failure_policy,

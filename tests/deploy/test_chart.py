@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 from controller.leadership import LeaderYield
 from deploy.local import identities
+from deploy.local.stack import CHART_WEBHOOK_NAME
 from shared.config import _KEYS as CONFIG_KEYS
 from shared.config import SPELLED, load_config
 from shared.domain.annotations import MTHREADS_OWNED_KEYS, SCHEDULER_OWNED_KEYS
@@ -528,7 +529,7 @@ def test_webhook_registration(rendered: Rendered) -> None:
     objs = rendered("defaults")
     cfg = one(objs, "MutatingWebhookConfiguration", "hami-webhook")
     [hook] = cfg["webhooks"]
-    assert hook["name"] == "vgpu.hami.io"
+    assert hook["name"] == "vgpu.hami.io" == CHART_WEBHOOK_NAME  # the local stack's too: refusals read the same
     assert hook["failurePolicy"] == "Fail"  # fail closed (HAMi: Ignore)
     assert hook["sideEffects"] == "None" and hook["admissionReviewVersions"] == ["v1"]
     assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],

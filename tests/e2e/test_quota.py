@@ -41,8 +41,8 @@ pytestmark = pytest.mark.e2e
 
 LABEL = "mtsched.io/e2e-quota"
 MEM, CORE, VGPU = "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core", "mthreads.com/vgpu"
-# The harness registers our webhook as pods.mutating.mtsched.mtsched.io (the chart: vgpu.hami.io).
-WEBHOOK_DENIED = 'admission webhook "pods.mutating.mtsched.mtsched.io" denied the request: '
+# The local stack registers our webhook under the chart's name (deploy/local/stack.py CHART_WEBHOOK_NAME).
+WEBHOOK_DENIED = 'admission webhook "vgpu.hami.io" denied the request: '
 
 
 def slice_(mem: int, cores: int = 1) -> dict[str, str]:
