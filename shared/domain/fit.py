@@ -175,6 +175,8 @@ def card_rule(c: CardView | None, n: CardNeed) -> str:
         return CARD_NOT_HEALTH
     if c.health == "cordoned":
         return CARD_CORDONED
+    if c.health != "ok":  # a value nothing of ours writes: not a card to book (as the Lua twin answers)
+        return CARD_NOT_HEALTH
     if n.accepts is not None and c.capacity not in n.accepts:
         return CARD_TYPE_MISMATCH
     if c.index in n.deny:

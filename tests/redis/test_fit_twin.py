@@ -44,6 +44,7 @@ CASES: list[tuple[str, CardView | None, CardNeed, str]] = [
     ("removed card still held", card("removed", mem=8, cores=2, slices=1), need(), "CardNotFound"),
     ("unhealthy", card("unhealthy"), need(), "CardNotHealth"),
     ("cordoned", card("cordoned"), need(), "CardCordoned"),
+    ("a health nothing writes", card("draining"), need(), "CardNotHealth"),
     ("model not accepted", card(capacity=S4000), need(accepts=frozenset({S5000})), "CardTypeMismatch"),
     ("no model accepted", card(), need(accepts=frozenset()), "CardTypeMismatch"),
     ("model accepted", card(capacity=S5000), need(accepts=frozenset({S4000, S5000})), ""),
@@ -91,7 +92,7 @@ async def lua_rule(led: Ledger, c: CardView | None, n: CardNeed) -> str:
     if c is None:
         inv = Inventory(node, (Card(node, 0, S4000),))  # card 3 does not exist
     else:
-        base = "ok" if c.health == "removed" else c.health
+        base = c.health if c.health in ("cordoned", "unhealthy") else "ok"
         inv = Inventory(node, (Card(node, index, c.capacity, c.slice_limit, healthy=base != "unhealthy",
                                     cordoned=base == "cordoned"),))
     await led.upsert_node(inv)
@@ -105,6 +106,8 @@ async def lua_rule(led: Ledger, c: CardView | None, n: CardNeed) -> str:
             part += 1
         if c.health == "removed":
             await led.upsert_node(Inventory(node, (Card(node, 0, S4000),)))  # card 3 no longer reported
+        elif c.health != base:  # a value no script writes: put in the card hash by hand
+            await led.redis.hset(led.keys.card(node, index), "health", c.health)  # type: ignore[misc]
     out, _ = await led.reserve(node, "candidate", [index], n.memory, n.cores, n.slices, need=n)
     await led.remove_node(node)
     return "" if out.ok else out.reason
