@@ -128,6 +128,9 @@ def parse_quantity(value: object, container: str, resource: str, limit: int) -> 
     if kilo:  # the API server writes 4000 as "4k": a whole number all the same
         text = str(int(kilo.group(1)) * {"k": 10**3, "M": 10**6, "G": 10**9}[kilo.group(2)])
     if not _INT_RE.match(text):
+        zero = re.fullmatch(r"[-+]?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+|[KMGTPE]i|[numkMGTPE])?", text)
+        if zero and not re.search("[1-9]", zero.group(1)):  # "-0", "0e99", "0.0": zero however written
+            raise RequestError([f"{where} is 0; it must be at least 1 (remove the resource instead of asking for 0)"])
         if re.match(r"^-[0-9]+$", text):
             raise RequestError([f"{where} is negative; use a whole number 1..{limit}"])
         if re.fullmatch(r"\+?[0-9.]+[eE]\+?[0-9]+", text) and exact(text) is None:  # beyond any exponent read

@@ -63,6 +63,11 @@ def test_parse_quantity_accepts_plain_integers(raw: object, n: int) -> None:
         ("-1", "negative"),  # HAMi test count -1
         ("0", "at least 1"),  # HAMi test count 0
         ("000", "at least 1"),
+        ("-0", "is 0; it must be at least 1"),  # zero however written: not "negative", not "too large"
+        ("0e99", "is 0; it must be at least 1"),
+        ("-0.0Gi", "is 0; it must be at least 1"),
+        ("0m", "is 0; it must be at least 1"),
+        ("e5", "not a whole number"),
         ("65", "too large; at most 64"),
         ("4294967296", "too large"),  # HAMi test count 2^32
         ("99999999999999999999999", "too large"),
