@@ -85,13 +85,15 @@ class NodeRequirement:
 
 
 def _int(text: str | None) -> int | None:
+    """The value as Go's strconv.ParseInt(text, 10, 64) reads it for Gt/Lt (Kubernetes' labels.Requirement): an
+    optional sign and ASCII digits, nothing around them, within int64; None where that fails."""
     if text is None:
         return None
-    t = text.strip()
-    body = t[1:] if t[:1] in "+-" else t
+    body = text[1:] if text[:1] in "+-" else text
     if not body or len(body) > 19 or not body.isascii() or not body.isdigit():
         return None
-    return int(t)
+    n = int(text)
+    return n if -(2**63) <= n < 2**63 else None
 
 
 def _list(value: object, field: str, what: str) -> list[Any]:

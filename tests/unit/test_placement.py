@@ -48,6 +48,8 @@ GPU = {"pool": "gpu", "zone": "a", "cards": "8"}
     (affinity({"matchExpressions": [expr("cards", "Gt", "4")]}), GPU, "n1", True),
     (affinity({"matchExpressions": [expr("cards", "Gt", "8")]}), GPU, "n1", False),
     (affinity({"matchExpressions": [expr("cards", "Lt", "9")]}), GPU, "n1", True),
+    (affinity({"matchExpressions": [expr("cards", "Lt", "9223372036854775807")]}), GPU, "n1", True),  # int64 max
+    (affinity({"matchExpressions": [expr("cards", "Gt", "-9223372036854775808")]}), GPU, "n1", True),  # int64 min
     (affinity({"matchExpressions": [expr("zone", "Gt", "1")]}), GPU, "n1", False),  # "a" is no number
     # expressions of a term are ANDed
     (affinity({"matchExpressions": [expr("pool", "In", "gpu"), expr("zone", "In", "b")]}), GPU, "n1", False),
@@ -98,6 +100,11 @@ def test_refusal_names_the_label() -> None:
     (affinity({"matchExpressions": [expr("a", "Exists", "x")]}),
      f"spec.affinity.nodeAffinity.{REQ}.nodeSelectorTerms[0].matchExpressions[0].values"),
     (affinity({"matchExpressions": [expr("a", "Gt", "x")]}),
+     f"spec.affinity.nodeAffinity.{REQ}.nodeSelectorTerms[0].matchExpressions[0].values"),
+    # beyond int64, or with blanks: Go's strconv.ParseInt refuses both, so Kubernetes has no such requirement
+    (affinity({"matchExpressions": [expr("a", "Gt", "9223372036854775808")]}),
+     f"spec.affinity.nodeAffinity.{REQ}.nodeSelectorTerms[0].matchExpressions[0].values"),
+    (affinity({"matchExpressions": [expr("a", "Lt", " 4")]}),
      f"spec.affinity.nodeAffinity.{REQ}.nodeSelectorTerms[0].matchExpressions[0].values"),
     (affinity({"matchExpressions": [{"key": "a", "operator": "In", "values": [1]}]}),
      f"spec.affinity.nodeAffinity.{REQ}.nodeSelectorTerms[0].matchExpressions[0].values[0]"),
