@@ -54,7 +54,7 @@ PAGE_PATIENCE_S = 10.0
 # A watch request whose answer has not begun after this long is abandoned and asked again (a failure, with backoff).
 # kube-apiserver answers a watch at once (a resourceVersion its cache has not reached yet: within 3 s, API Priority
 # and Fairness's queue: within a quarter of its request timeout, 15 s); without this bound the wait was the stream's
-# read timeout, 330 s: an API server replica that accepts connections but does not answer (a frozen process: the
+# read timeout (then 330 s): an API server replica that accepts connections but does not answer (a frozen process: the
 # kernel still accepts) left the view stale for 5.5 minutes with readiness fine. Unanswered for 10 s, the stream
 # counts as failing (problem()).
 WATCH_OPEN_S = 30.0
@@ -62,6 +62,13 @@ WATCH_OPEN_S = 30.0
 # cache no longer holds the list's version), is listed again at once this many times in a row; after that with
 # backoff, the stream failing until a watch works: each re-list is a full list and a reconcile.
 GONE_RELISTS = 2
+# The server ends each watch after a time in WATCH_SECONDS (random: replicas' streams do not reopen in step), with a
+# bookmark first when the watch asked for them; a stream silent for WATCH_READ_S, longer than any of them lasts, was
+# ended by nobody: an API server replica frozen while its kernel still answers TCP keepalives. It is abandoned and
+# resumed then (through a balancer, on another replica). Was 240-300 s and 330 s: such a stream kept its part of the
+# view stale for 5.5 minutes; a watch resumed from the last version costs the server little.
+WATCH_SECONDS = (60, 90)
+WATCH_READ_S = 120
 
 
 async def lines(content: aiohttp.StreamReader, max_line: int = MAX_LINE) -> AsyncIterator[bytes]:
@@ -89,7 +96,7 @@ async def lines(content: aiohttp.StreamReader, max_line: int = MAX_LINE) -> Asyn
 
 # A watch stream is idle between events (bookmarks came 1-3 minutes apart on a quiet cluster): a connection whose
 # peer vanished without a reset (a node of the API server lost, a NAT or balancer that dropped it) would be seen
-# only at sock_read (330 s), with the view blind and nobody told. TCP keepalive probes it after KEEPALIVE_IDLE s
+# only at sock_read (WATCH_READ_S), with the view blind and nobody told. TCP keepalive probes it after KEEPALIVE_IDLE s
 # of silence, every KEEPALIVE_INTERVAL s, KEEPALIVE_COUNT times: a dead peer ends the stream within ~1 minute.
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 30, 10, 3
 
@@ -283,7 +290,7 @@ class Reflector:
         while True:
             query = {"watch": "true", "allowWatchBookmarks": "true", "resourceVersion": self.resource_version,
                      # the server closes the stream after this; we resume from the last version
-                     "timeoutSeconds": random.randint(240, 300), **self.selectors}
+                     "timeoutSeconds": random.randint(*WATCH_SECONDS), **self.selectors}
             opened: float | None = None
             handled = False
             held: asyncio.TimerHandle | None = None
@@ -292,7 +299,8 @@ class Reflector:
                 try:
                     async with asyncio.timeout(WATCH_OPEN_S):
                         resp = await self.kube.raw("GET", self.path, query=query,
-                                                   timeout=aiohttp.ClientTimeout(total=None, sock_read=330, connect=10))
+                                                   timeout=aiohttp.ClientTimeout(total=None, sock_read=WATCH_READ_S,
+                                                                                 connect=10))
                 except TimeoutError as e:
                     raise TimeoutError(f"watch request not answered within {WATCH_OPEN_S:g}s") from e
                 self.opening_since = None
