@@ -10,6 +10,7 @@ Key layout: docs/redis-layout.md.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -124,11 +125,15 @@ class Ledger(LedgerReads, ServerChecks):
 
     async def remove_node(self, node: str, keep_ms: int | None = None) -> bool | None:
         """Forget a node and everything booked on it; True if it existed. With `keep_ms`, a node where a
-        reservation is still settling (pending, or made or bound in the last `keep_ms` ms) is left as it is
+        reservation is still settling (pending, or made or bound in the `keep_ms` ms before this call) is left as it is
         and None is returned: its binder writes the Binding whatever the ledger says, so the caller keeps
         the booking (replace_node onto placeholder cards) instead of forgetting it."""
-        payload = {} if keep_ms is None else {"keep_ms": max(0, int(keep_ms))}
-        out = int(await self._call("remove_node", node, payload))
+        started = time.monotonic()
+
+        def body() -> dict[str, Any]:  # counted back from this call, also when sent again (as replace_node's)
+            return {} if keep_ms is None else {"keep_ms": max(0, int(keep_ms)) + _since(started)}
+
+        out = int(await self._call("remove_node", node, body))
         if out < 0:
             return None
         self._known.pop(node, None)
@@ -307,7 +312,8 @@ class Ledger(LedgerReads, ServerChecks):
                            lost: bool = False, truth_at: int | None = None) -> dict[str, Any]:
         """Atomically set one node to what the API implies: its cards and its bound pods' usage.
 
-        Reservations still settling (pending, or made or bound in the last `keep_ms` ms of Redis time or
+        Reservations still settling (pending, or made or bound in the `keep_ms` ms before this call, also when it is
+        sent again after a lost reply, or
         since `keep_from`: newer than the caller's truth) are kept, whether or not they fit (their binder
         writes its Binding anyway); those on a card they leave over-full are counted in
         "pending_overfull". `keep_bound`: a pod of `bound` whose
@@ -326,8 +332,6 @@ class Ledger(LedgerReads, ServerChecks):
         one is left as it is.
         """
         payload = self._cards_payload(inv)
-        if keep_ms is not None:
-            payload["keep_ms"] = max(0, int(keep_ms))
         if keep_from is not None:
             payload["keep_from"] = max(0, int(keep_from))
         payload["keep_bound"] = keep_bound
@@ -343,7 +347,16 @@ class Ledger(LedgerReads, ServerChecks):
             for uid, (u, pod) in sorted(bound.items())]
         named = [(uid, u.cards) for uid, (u, _pod) in bound.items()]
         resent: list[BaseException] = []
-        out: dict[str, Any] = orjson.loads(await self._call("replace_node", inv.node, payload, lambda k: (
+        started = time.monotonic()
+
+        def body() -> dict[str, Any]:
+            # keep_ms counts back from this call, not from a send: one sent again after its reply was lost (seconds
+            # later) keeps what was made or bound since then too (the elapsed time is ours: fine for a duration)
+            if keep_ms is not None:
+                payload["keep_ms"] = max(0, int(keep_ms)) + _since(started)
+            return payload
+
+        out: dict[str, Any] = orjson.loads(await self._call("replace_node", inv.node, body, lambda k: (
             self.keys.replace_node(inv.node, (c.index for c in inv.cards), named, k)), resent=resent))
         out["kept_bound"] = list(out.get("kept_bound") or [])  # cjson sends an empty list as {}
         # a first run whose reply was lost may have dropped reservations; the second finds nothing to drop. Its
@@ -362,6 +375,8 @@ class Ledger(LedgerReads, ServerChecks):
 
         Node by node, each an atomic replace, so no replica ever reads a node empty or doubled;
         nodes that no longer exist are removed last, unless a pod still holds cards there.
+        `keep_ms`: reservations made or bound in the keep_ms ms before this call are kept on every node, however long
+        the rebuild takes to reach it (each node's write is sent keep_ms plus the time elapsed since).
         `keep_bound`: see replace_node (a rebuild over state Redis still has keeps what our bind booked).
         `freed` is called with each node whose replace dropped reservations (their cards are free again).
         `verify_after_ms`, `lost`, `truth_at` (by node: when the consistent read of the pods began): see
@@ -371,6 +386,14 @@ class Ledger(LedgerReads, ServerChecks):
         "was_unverified").
         """
         at = truth_at or {}
+        started = time.monotonic()
+
+        def keep() -> int | None:
+            # keep_ms counts back from this call, not from each node's write: a rebuild over many nodes (or one slowed
+            # by resends) reaches its last ones later than the window, where a booking bound after the caller's truth
+            # was read, and not in it, would be dropped while its pod runs on the card
+            return None if keep_ms is None else keep_ms + _since(started)
+
         by_node: dict[str, dict[str, tuple[PodUsage, str]]] = {}
         for uid, (usage, pod) in bound.items():
             by_node.setdefault(usage.node, {})[uid] = (usage, pod)
@@ -380,7 +403,7 @@ class Ledger(LedgerReads, ServerChecks):
         for inv in inventories:
             seen.add(inv.node)
             await self.list_node(inv.node)  # listed first, see upsert_node
-            out = await self.replace_node(inv, by_node.get(inv.node, {}), keep_ms, keep_bound,
+            out = await self.replace_node(inv, by_node.get(inv.node, {}), keep(), keep_bound,
                                           verify_after_ms=verify_after_ms, lost=lost, truth_at=at.get(inv.node))
             _count_verified(stats, out)
             stats["dropped"] += int(out.get("dropped") or 0)
@@ -395,17 +418,17 @@ class Ledger(LedgerReads, ServerChecks):
             # A node the API no longer reports while its pods still hold cards (deleted, or its capacity
             # went to 0): keep their usage on placeholder cards, so it is there if the node comes back.
             await self.list_node(node)
-            out = await self.replace_node(Inventory(node), by_node[node], keep_ms, keep_bound,
+            out = await self.replace_node(Inventory(node), by_node[node], keep(), keep_bound,
                                           verify_after_ms=verify_after_ms, lost=lost, truth_at=at.get(node))
             _count_verified(stats, out)
             stats["kept_bound"] += len(out["kept_bound"])
             stats["pending_kept"] += int(out["pending_kept"])
             seen.add(node)
         for node in set(await self.nodes()) - seen:
-            if await self.remove_node(node, keep_ms) is None:
+            if await self.remove_node(node, keep()) is None:
                 # held by no pod the API knows of, but a reservation still settles there: it stays (on
                 # placeholder cards), the rest goes
-                out = await self.replace_node(Inventory(node), {}, keep_ms, keep_bound,
+                out = await self.replace_node(Inventory(node), {}, keep(), keep_bound,
                                               verify_after_ms=verify_after_ms, lost=lost, truth_at=at.get(node))
                 _count_verified(stats, out)
                 stats["pending_kept"] += int(out["pending_kept"])
@@ -425,6 +448,11 @@ def _count_verified(stats: dict[str, int], out: Mapping[str, Any]) -> None:
     """A rebuild's replace_node answer in its counts: a node still unverified, or one this write verified."""
     stats["unverified"] += 0 if out.get("verified") else 1
     stats["verified"] += 1 if verified_by(out) else 0
+
+
+def _since(started: float) -> int:
+    """Milliseconds since `started` (time.monotonic())."""
+    return int((time.monotonic() - started) * 1000)
 
 
 def _may_have_run(resent: Iterable[BaseException]) -> bool:

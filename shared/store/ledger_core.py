@@ -32,6 +32,7 @@ log = logging.getLogger("mtsched.ledger")
 # counter mtsched_redis_resends_total has them all.
 RESEND_LOG_EVERY_S = 1.0
 T = TypeVar("T")
+Payload = Mapping[str, Any] | Callable[[], Mapping[str, Any]]  # a script's payload, or what makes it (_call)
 # Calls of one script while it answers MOREKEYS. One more is needed whenever the node gained a reservation
 # (or a card) since the keys were last seen; a node changing that fast is rare, but the stress test's three
 # replicas booking one node without pause made a snapshot ask up to 12 times.
@@ -209,20 +210,25 @@ class LedgerCore:
         else:
             self._known[node] = Known(frozenset(map(str, snap.cards)), frozenset(snap.reservations))
 
-    async def _call(self, name: str, node: str, payload: Mapping[str, Any] | None = None,
+    async def _call(self, name: str, node: str, payload: Payload | None = None,
                     keys: Callable[[Known], list[str]] | None = None,
                     give_up: Callable[[BaseException], bool] | None = None,
                     resent: list[BaseException] | None = None) -> Any:
         """Run one script on one node. `keys` makes its KEYS from what is known of the node (default:
-        every key of the node); after MOREKEYS it is called again with what the script asked for."""
+        every key of the node); after MOREKEYS it is called again with what the script asked for. `payload` may be
+        a function that makes it, called for every send (a payload whose durations count from the call, not from
+        each send: Ledger.replace_node's keep window, sent again seconds later after a reply was lost)."""
         script = self._scripts[name]
-        args = (self.feed, node, orjson.dumps(payload or {}).decode())
+
+        def send(declared: list[str]) -> Awaitable[Any]:
+            body = payload() if callable(payload) else payload
+            return self._script(script, declared, (self.feed, node, orjson.dumps(body or {}).decode()))
+
         make = keys or (lambda known: self.keys.whole_node(node, known))
         for _ in range(KEY_ROUNDS):
             declared = make(self.known(node))
             try:
-                return await self._retry(name, partial(self._script, script, declared, args), give_up, resent,
-                                         about=f"{name} on {node}")
+                return await self._retry(name, partial(send, declared), give_up, resent, about=f"{name} on {node}")
             except Exception as e:
                 if slot_moving(e):  # raised as it is (TRYAGAIN is a ResponseError too): Redis unavailable there
                     self._moving(node)

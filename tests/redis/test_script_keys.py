@@ -9,7 +9,6 @@ idempotent repeats, replacing a booking, unknown cards, removed cards, expiry, r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -19,6 +18,7 @@ from redis.asyncio import Redis
 from shared.domain.annotations import PodUsage
 from shared.store.keys import Known
 from shared.store.ledger import SCRIPTS, Ledger, LedgerError
+from shared.store.ledger_core import Payload
 from tests.redis.helpers import S4000, S5000, inventory, violations
 
 # Also run on Sentinel and Cluster: tests/redis_ha/test_behaviour.py.
@@ -34,7 +34,7 @@ class StrictLedger(Ledger):
     def _source(name: str) -> str:
         return STRICT + "\n" + Ledger._source(name)
 
-    async def _call(self, name: str, node: str, payload: Mapping[str, Any] | None = None,
+    async def _call(self, name: str, node: str, payload: Payload | None = None,
                     keys: Any = None, give_up: Any = None, resent: Any = None) -> Any:
         StrictLedger.ran.add(name)
         return await super()._call(name, node, payload, keys, give_up, resent)

@@ -1,7 +1,8 @@
 -- Release a reservation by pod uid, giving its share back. Payload: {uid, if_bind_no?}. Idempotent.
 -- if_bind_no (a binder giving back its own booking: the `bind_no` its reserve answered): the booking stays
 -- when a later bind attempt of the pod holds it (`binds` above it: its Binding may still be committed),
--- answered {released = false, kept = true}. A counter, not a time: Redis's clock may step.
+-- answered {released = false, kept = true}. A counter, not a time: Redis's clock may step; the node's, not the
+-- booking's (reserve.lua next_bind_no), so a give-back sent again leaves a booking a later attempt made anew.
 local p, reply = uid_payload()
 if not p then return reply end
 if p.if_bind_no ~= nil and not is_int(p.if_bind_no, 0, 2 ^ 52) then

@@ -4,14 +4,28 @@
 -- cards already booked (`existing`); other amounts are refused (a pod's request never changes: its Binding
 -- would carry a record the ledger does not book). hold_ms (a binder): the booking's `settle_by` becomes at
 -- least now + hold_ms, when this attempt's Binding is committed or never (the janitor leaves it alone until
--- then, expire.lua), and its `binds` counts this attempt, answered as `bind_no` (an attempt's give-back
--- leaves a booking a later attempt holds, release.lua: a counter, whatever Redis's clock does). On
+-- then, expire.lua), and its `binds` becomes this attempt's number, answered as `bind_no` (an attempt's give-back
+-- leaves a booking a later attempt holds, release.lua: a counter, whatever Redis's clock does). The numbers come
+-- from the node's `bind_seq`, not from the booking: a give-back sent again after its first run released the
+-- booking (its reply lost) must not take a booking a later attempt made anew meanwhile, numbered from 1 again. On
 -- conflict returns the reason and the node's current cards (refusal_view), so the caller can refit
 -- without another read.
 local function unverified()
   return cjson.encode({ok = false, unverified = true, reason = "node unverified: Redis restarted, failed over or evicted keys "
     .. "since the watchers last compared this node with the API server (it may lack a booking a pod holds); "
     .. "no new booking until they compare it again"})
+end
+-- The next bind attempt's number on this node, above `floor` (the booking's own: one numbered before the node kept
+-- a sequence). Monotone for the node's life, across its bookings: a release naming an earlier attempt's number
+-- (release.lua's if_bind_no) never takes a booking a later attempt made, whether it found it or made it anew.
+local function next_bind_no(floor)
+  if not redis.call('HGET', NODE_KEY, 'version') then return floor + 1 end  -- (no node hash: none made for this)
+  local n = redis.call('HINCRBY', NODE_KEY, 'bind_seq', 1)
+  if n <= floor then
+    n = floor + 1
+    redis.call('HSET', NODE_KEY, 'bind_seq', n)
+  end
+  return n
 end
 local p, err = payload()
 if err then return err end
@@ -65,7 +79,7 @@ if r then
     -- the scripts decide). A stamp from a clock that stepped back stays: never lowered within FUTURE_MS
     local now = now_ms()
     settle_by = math.max((r.settle_by - now <= FUTURE_MS) and r.settle_by or 0, now + hold)
-    bind_no = r.binds + 1
+    bind_no = next_bind_no(r.binds)
     redis.call('HSET', res_key(p.uid), 'settle_by', settle_by, 'binds', bind_no)
   end
   return cjson.encode({ok = true, existing = true, cards = r.cards, state = r.state, settle_by = settle_by,
@@ -90,7 +104,7 @@ local now = now_ms()
 local views, res = book(p, "pending", now, seen)
 local settle_by, bind_no = 0, 0
 if hold > 0 then
-  settle_by, bind_no = now + hold, 1
+  settle_by, bind_no = now + hold, next_bind_no(0)
   redis.call('HSET', res_key(p.uid), 'settle_by', settle_by, 'binds', bind_no)
   res.settle_by, res.binds = settle_by, bind_no
 end
