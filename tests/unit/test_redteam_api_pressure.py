@@ -30,6 +30,7 @@ from controller.reflector import LIST_RESTARTS, Reflector
 from shared.domain.timing import BIND_ANSWER_SLACK_S, BIND_DEADLINE_S
 from shared.kube import BEST_EFFORT_IN_FLIGHT, BadAnswer, Shed
 from shared.serving.supervise import is_transient
+from tests._wait import eventually
 from tests.unit._api_standin import BOOKMARK, empty_list, nothing, run_for, running, serve, watches_answered
 from tests.unit._servers import FakeLedger, bind_args, extender, pod
 
@@ -129,19 +130,26 @@ async def test_a_watch_line_that_is_not_an_object_is_a_resumable_failure(serve: 
 async def test_slow_events_leave_the_binding_a_connection(serve: Any) -> None:
     """100 Events on an API server that answers them in 3 s, then a Binding with its 1 s to get a connection."""
     posted: list[str] = []
+    in_flight, most = [0], [0]
 
     async def handler(req: web.Request) -> web.Response:
         posted.append(req.path)
         if req.path.endswith("/events"):
-            await asyncio.sleep(3)
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+            try:
+                await asyncio.sleep(3)
+            finally:
+                in_flight[0] -= 1
         return web.json_response({}, status=201)
 
     kube, _ = await serve(handler)
     ext = extender(kube=kube)  # type: ignore[arg-type]
     for i in range(100):
         ext.event({"metadata": {"name": f"p{i}", "namespace": "ns", "uid": f"u{i}"}}, "FilteringFailed", f"m{i}")
-    await asyncio.sleep(0.3)
-    assert sum(p.endswith("/events") for p in posted) == BEST_EFFORT_IN_FLIGHT
+    await eventually(lambda: sum(p.endswith("/events") for p in posted) >= BEST_EFFORT_IN_FLIGHT, within=10,
+                     what="the first Events sent")
+    assert most[0] == BEST_EFFORT_IN_FLIGHT  # never more than that at once
     await kube.bind("ns", "p", "uid", "node", {"a": "b"}, until=time.monotonic() + 4.5)  # (raised before the fix)
     # answered while every Event sent before it still waits for its 3 s answer: it did not queue behind them
     # (a condition, not a duration)
@@ -154,7 +162,10 @@ async def test_slow_events_leave_the_binding_a_connection(serve: Any) -> None:
 async def test_too_many_waiting_events_are_shed(serve: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("shared.kube.BEST_EFFORT_WAITING", 3)
 
+    answering = [0]
+
     async def handler(_: web.Request) -> web.Response:
+        answering[0] += 1
         await asyncio.sleep(2)
         return web.json_response({}, status=201)
 
@@ -162,7 +173,8 @@ async def test_too_many_waiting_events_are_shed(serve: Any, monkeypatch: pytest.
     body = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}}
     tasks = [asyncio.create_task(kube.create_event(body, "R", "m", "Normal", "c"))
              for _ in range(BEST_EFFORT_IN_FLIGHT + 3)]
-    await asyncio.sleep(0.2)
+    # every task has run (the first ones reached the server; the last 3 wait for a turn)
+    await eventually(lambda: answering[0] >= BEST_EFFORT_IN_FLIGHT, within=10, what="the Events in flight")
     with pytest.raises(Shed):
         await kube.create_event(body, "R", "m", "Normal", "c")
     for t in tasks:
