@@ -318,7 +318,8 @@ class Ledger(LedgerReads, ServerChecks):
         writes its Binding anyway); those on a card they leave over-full are counted in
         "pending_overfull". `keep_bound`: a pod of `bound` whose
         reservation is bound keeps that booking where its record differs; their uids come back as
-        "kept_bound" (a list). "dropped": how many reservations it freed (of pods neither bound nor settling);
+        "kept_bound" (a list). A reservation it writes anew keeps its last bind attempt's number, so an earlier
+        attempt's give_back leaves it. "dropped": how many reservations it freed (of pods neither bound nor settling);
         "maybe_dropped": whether it freed some, or may have (a send whose reply was lost, then sent again).
         `verify_after_ms` (every writer in the roles; its truth is the API's): a node not verified under the
         history this Redis holds (its `run`, docs/redis-layout.md "Losing Redis") is verified by a truth read

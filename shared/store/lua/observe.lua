@@ -43,5 +43,8 @@ if r then
 end
 for _, idx in ipairs(p.cards) do touched[#touched + 1] = idx end
 book(p, "bound", now_ms())
+-- the pod's booking still, on the record's cards: it keeps its last bind attempt's number, so an earlier attempt's
+-- give-back (release.lua's if_bind_no) leaves it
+if r and r.binds > 0 then redis.call('HSET', res_key(p.uid), 'binds', r.binds) end
 publish('observe', p.uid, res_view(p.uid), touched)
 return cjson.encode({ok = true, changed = true, overcommit = overcommitted(p.cards)})

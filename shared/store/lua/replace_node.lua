@@ -8,6 +8,8 @@
 -- "removed" placeholder while they hold it. keep_bound: a pod of `bound` whose reservation here is bound
 -- keeps that booking when its record says otherwise (the record changed after our bind, see observe.lua);
 -- reported as kept_bound = [uid, ...]. `dropped` counts the reservations it frees (neither bound nor settling).
+-- A reservation it writes anew (kept, or a pod of `bound` booked here before) keeps its `binds`, the number of the
+-- last bind attempt that held it: an earlier attempt's give-back (release.lua's if_bind_no) leaves it still.
 local p, err = payload()
 if err then return err end
 if p.keep_bound ~= nil and type(p.keep_bound) ~= "boolean" then return fail("BADINPUT", "keep_bound must be a boolean") end
@@ -82,10 +84,15 @@ end
 -- first: a write Redis refuses when full (the DELs below would let every later write past maxmemory)
 redis.call('HSET', NODE_KEY, 'error', p.error or "")
 local dropped = 0  -- reservations of pods not in `bound` and not settling: their cards are free again
+-- the last bind attempt's number of each pod of `bound` booked here: booked anew below, its reservation keeps it, so
+-- an earlier attempt's give-back (release.lua's if_bind_no, maybe sent again after its reply was lost) still leaves it
+local binds_of = {}
 for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
   local r = res_view(uid)
   if r and not is_bound[uid] then
     if settles(r, now0, keep_from) then pending[#pending + 1] = {uid, r} else dropped = dropped + 1 end
+  elseif r and r.binds > 0 then
+    binds_of[uid] = r.binds
   end
   redis.call('DEL', res_key(uid))
 end
@@ -102,7 +109,10 @@ elseif not existed and p.lost ~= true and new_and_whole() then
   mark_verified(now)  -- new to this Redis: nothing it holds was lost (a writer that knows otherwise passes lost)
   is_verified = true
 end
-for _, b in ipairs(p.bound) do book(b, "bound", now) end
+for _, b in ipairs(p.bound) do
+  book(b, "bound", now)
+  if binds_of[b.uid] then redis.call('HSET', res_key(b.uid), 'binds', binds_of[b.uid]) end
+end
 local overfull = 0
 for _, e in ipairs(pending) do
   local uid, r = e[1], e[2]
@@ -113,9 +123,10 @@ for _, e in ipairs(pending) do
   -- book stamps a bound one as bound when it was made: keep when it was bound, or its keep window ends early
   if r.state == "bound" then redis.call('HSET', res_key(uid), 'bound_at', r.bound_at) end
   if r.state ~= "bound" and (r.carried or was_unverified) then redis.call('HSET', res_key(uid), 'carried', '1') end
-  if r.state ~= "bound" and r.settle_by > 0 then
-    redis.call('HSET', res_key(uid), 'settle_by', r.settle_by, 'binds', r.binds)
-  end
+  -- its bind attempt's stamp (a pending one's Binding may still be committed) and number, bound or not: the same
+  -- reservation still, which an earlier attempt's give-back must leave
+  if r.state ~= "bound" and r.settle_by > 0 then redis.call('HSET', res_key(uid), 'settle_by', r.settle_by) end
+  if r.binds > 0 then redis.call('HSET', res_key(uid), 'binds', r.binds) end
   for _, idx in ipairs(split_cards(r.cards)) do
     local c = card_view(idx)
     if c and c.health ~= "removed" and (c.mem_used > c.capacity or c.cores_used > c.cores

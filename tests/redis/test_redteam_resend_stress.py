@@ -1,0 +1,522 @@
+"""Red team (resends under stress): a bounded, seeded, randomized run of the ledger's product paths while replies are
+lost, so that scripts are run twice (or more) by the ledger's resend rule (LedgerCore._retry).
+
+Several Ledger instances (the replicas) reach a real redis-server through a loopback TCP proxy written here
+(LossyProxy) that, with a seeded probability, forwards a command and then cuts the connection instead of forwarding
+its reply (the script ran, the client sends it again), or holds the reply past the client's socket timeout and then
+cuts (the same, by a TimeoutError). Over it, many pods go through what the product does with them:
+
+* binds (controller/extender.py `bind`): place with a hold (shared/store/placing.py), then the Binding, which the
+  "API server" here commits or refuses; committed: the record is in the truth and the booking is marked bound
+  (controller/confirm.py, and `observe` when mark_bound finds it gone, as `_rebook` does); refused: the attempt's
+  booking is given back with its bind number (`give_back(if_bind_no=...)`), unless the pod is bound on this node
+  with this attempt's record (`_already_bound`), after waiting out the deadline of an earlier attempt whose booking
+  it found (`existing`). Some pods have a second attempt (kube-scheduler's retry, on another replica) while the
+  first one's Binding or give-back is still under way, on the same node or another;
+* the pod watcher: `observe` of bound pods as the API reports them, and `release` once a pod is deleted (deleted
+  from the truth first, as the API server does);
+* the reconciler: now and then a whole `rebuild`, or one node's `replace_node`, from the truth as read at some
+  instant, with its keep window counted from that read (as controller/reconciler.py does).
+
+The truth (the pods the API server holds bound, with their cards) is a model kept here. What must hold, sampled
+during the run (read straight from Redis, not through the proxy) and checked after it: no card holds more than its
+memory, cores or slices, and its reservations add up to its usage (helpers.all_violations); every pod bound in the
+truth throughout a sample is booked on exactly its node, cards and amounts; once quiet, the ledger holds exactly the
+truth, no uid booked twice; after every pod is deleted, nothing is booked and no reservation key is left.
+
+The model keeps the product's timing where the ledger relies on it: a pod's next bind attempt comes after the one
+before had its reservation answered (kube-scheduler retries a bind once its call to the extender ended or timed out,
+long after that attempt reserved; controller/extender.py sends no Binding once its deadline is near), so an attempt
+that finds a booking another made (`existing`) started after that one, and its wait for the deadline covers that
+attempt's Binding (the extender's "an earlier attempt's, for a booking it made: started before this one").
+
+A failure names the broken invariants and tells the story of the pods concerned (each step, with the attempt's bind
+number), from which a deterministic test is made (tests/redis/test_redteam_rewrite_bind_no.py was found so).
+
+Bounded: a fixed number of pods per run, a time limit, loopback only. Run with MTSCHED_STRESS_SEEDS="1 2 3" and
+MTSCHED_STRESS_PODS=N for more (the defaults, 2 seeds of 120 pods, take seconds)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, TypeVar
+
+import pytest
+from redis.asyncio import Redis
+
+from deploy.local.redis import RedisServer
+from shared.domain.annotations import PodUsage
+from shared.domain.node import Inventory
+from shared.domain.request import SliceRequest, pod_request
+from shared.domain.state import NodeSnapshot, plan_on
+from shared.store.ledger import Ledger
+from shared.store.placing import place
+from shared.store.redis_conn import connect
+from tests.redis.helpers import S4000, S5000, all_violations, inventory
+from tests.redis.stress_worker import CFG, random_pod
+
+pytestmark = pytest.mark.redis
+T = TypeVar("T")
+
+# 3 nodes x 2 cards: small, so that cards run full and attempts collide
+INVENTORIES = [inventory("a", S4000), inventory("b", S5000), inventory("c", S4000, slice_limit=4)]
+CAPACITY = {inv.node: c for inv, c in zip(INVENTORIES, (S4000, S5000, S4000), strict=True)}
+CLIENT_TIMEOUT = 0.25  # the replicas' socket timeout (the product's is 5 s: the same, faster)
+HOLD_S = 0.4  # a held reply is cut after this long: the client timed out first
+KEEP_MS = 10_000  # the reconciler's keep window (shared/domain/timing.py)
+HOLD_MS = 3000  # reserve's hold_ms (a bind's deadline plus its settle time)
+SEEDS = [int(s) for s in os.environ.get("MTSCHED_STRESS_SEEDS", "11 12").split()]
+PODS = int(os.environ.get("MTSCHED_STRESS_PODS", "120"))
+RUN_LIMIT_S = 120.0
+
+
+class LossyProxy:
+    """A loopback TCP proxy to redis-server that loses replies: each reply (each chunk read from the server) is, with
+    probability `cut`, not forwarded and the connection cut; with probability `delay`, held `hold_s` (longer than the
+    client's socket timeout) and then cut. Commands always reach the server: what was sent ran. Off until `armed`."""
+
+    def __init__(self, upstream: int, seed: int, cut: float, delay: float, hold_s: float = HOLD_S):
+        self.upstream = upstream
+        self.rng = random.Random(seed)
+        self.cut, self.delay, self.hold_s = cut, delay, hold_s
+        self.armed = False
+        self.replies = self.cuts = self.delays = 0
+        self._sessions: set[asyncio.Task[Any]] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._session, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._sessions):
+            task.cancel()
+        await asyncio.gather(*self._sessions, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _session(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        self._sessions.add(me)
+        try:
+            try:
+                server_r, server_w = await asyncio.open_connection("127.0.0.1", self.upstream)
+            except OSError:
+                return
+            pumps = {asyncio.create_task(self._commands(client_r, server_w)),
+                     asyncio.create_task(self._replies(server_r, client_w))}
+            try:
+                await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for p in pumps:
+                    p.cancel()
+                await asyncio.gather(*pumps, return_exceptions=True)
+                server_w.close()
+        finally:
+            client_w.close()
+            self._sessions.discard(me)
+
+    @staticmethod
+    async def _commands(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+
+    async def _replies(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                self.replies += 1
+                if self.armed:
+                    roll = self.rng.random()
+                    if roll < self.cut:
+                        self.cuts += 1
+                        return  # the command ran; its reply goes nowhere
+                    if roll < self.cut + self.delay:
+                        self.delays += 1
+                        await asyncio.sleep(self.hold_s)  # the client gives up on it first
+                        return
+                writer.write(data)
+                await writer.drain()
+
+
+@dataclass
+class Pod:
+    uid: str
+    req: SliceRequest
+    attempts: int
+    long_lived: bool
+    deciding: list[asyncio.Event] = field(default_factory=list)  # one per attempt, in their order: it is over
+    reserved: list[asyncio.Event] = field(default_factory=list)  # one per attempt: its reservation was answered
+
+
+@dataclass
+class Stats:
+    pods: int = 0
+    unschedulable: int = 0  # fits no node now (kube-scheduler would try again later: not here)
+    attempts: int = 0
+    booked: int = 0
+    existing: int = 0
+    refused: int = 0
+    committed: int = 0
+    conflicts: int = 0  # a Binding refused because another attempt's was committed
+    given_back: int = 0
+    kept: int = 0
+    rebooked: int = 0  # mark_bound found the booking gone: observe (confirm.py _rebook)
+    observed: int = 0
+    released: int = 0
+    rebuilds: int = 0
+    replaces: int = 0
+    call_failures: int = 0  # a ledger call that failed whole (its resends ran out): called again
+    cut: int = 0  # replies the proxy lost by cutting the connection ...
+    held: int = 0  # ... and by holding them past the client's timeout
+    samples: int = 0
+    violations: list[str] = field(default_factory=list)
+
+
+class Run:
+    """One seeded run: the replicas, the truth, the pods and the reconciler."""
+
+    def __init__(self, seed: int, replicas: list[Ledger], direct: Ledger, pods: int):
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.replicas = replicas
+        self.direct = direct  # reads for the checks and the plans: never through the proxy
+        self.n_pods = pods
+        self.truth: dict[str, PodUsage] = {}  # the API server's bound pods and their records
+        self.api = asyncio.Lock()  # the reconciler's read-to-write, with no pod deleted meanwhile (see reconciler)
+        self.stats = Stats()
+        self.done = False
+        self.finish = asyncio.Event()  # long-lived pods are deleted once set
+        self.long_lived = 0
+        self.waiting = 0  # long-lived pods bound and waiting for `finish`
+        self.t0 = time.monotonic()
+        self.log: dict[str, list[str]] = {}  # what happened to each pod, for a failure's message
+
+    def said(self, uid: str, what: str) -> None:
+        self.log.setdefault(uid, []).append(f"{time.monotonic() - self.t0:7.3f} {what}")
+
+    def replica(self) -> Ledger:
+        return self.rng.choice(self.replicas)
+
+    async def call(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
+        """A ledger call; one that fails whole (its resends ran out) is made again, as its caller would."""
+        for _ in range(20):
+            try:
+                return await op()
+            except Exception as e:  # a LedgerError or a connection error after the ledger's own resends
+                self.stats.call_failures += 1
+                last: Exception = e
+                await asyncio.sleep(0.01)
+        raise AssertionError(f"{what}: failed 20 times, last: {last!r}")
+
+    async def pause(self, most: float) -> None:
+        await asyncio.sleep(self.rng.uniform(0, most))
+
+    # -- a pod's life ----------------------------------------------------------------------------------------
+
+    def new_pod(self, i: int) -> Pod:
+        _shape, spec = random_pod(self.rng)
+        req = pod_request(spec, CFG)
+        assert isinstance(req, SliceRequest)
+        # a few long-lived pods (small slices, so that the others find room) outlive the run: bound at the end
+        long_lived = self.long_lived < 4 and not req.whole_cards and req.memory <= 16 and self.rng.random() < 0.3
+        self.long_lived += long_lived
+        return Pod(f"s{self.seed}-p{i}", req, 2 if self.rng.random() < 0.3 else 1, long_lived)
+
+    async def pod(self, pod: Pod) -> None:
+        self.stats.pods += 1
+        for _ in range(6):  # kube-scheduler tries an unschedulable pod again later
+            fits = await self.fitting(pod)
+            if fits:
+                break
+            await self.pause(0.1)
+        else:
+            self.stats.unschedulable += 1
+            return
+        first = self.rng.choice(fits)
+        nodes = [first if k == 0 or self.rng.random() < 0.7 else self.rng.choice(fits) for k in range(pod.attempts)]
+
+        async def attempt(k: int, node: str) -> None:
+            if k:
+                # kube-scheduler's retry (after its call to the extender timed out, or a new leader's): it comes
+                # after the attempt before had its reservation answered (its booking made, or refused); its Binding
+                # may still be in flight
+                await pod.reserved[k - 1].wait()
+                await self.pause(0.25)
+            await self.bind(pod, node, pod.reserved[k])
+
+        pod.reserved = [asyncio.Event() for _ in nodes]
+        await asyncio.gather(*(attempt(k, n) for k, n in enumerate(nodes)))
+        usage = self.truth.get(pod.uid)
+        if usage is None:
+            return  # never bound: every attempt gave its booking back
+        for _ in range(self.rng.randint(0, 2)):  # the pod watcher sees its record
+            await self.pause(0.02)
+            await self.observe(pod.uid, usage)
+        if pod.long_lived:
+            self.waiting += 1
+            await self.finish.wait()
+        else:
+            await self.pause(0.08)
+        async with self.api:  # deleted in the API, then released by the pod watcher
+            del self.truth[pod.uid]
+            if await self.call("release", lambda: self.replica().release(usage.node, pod.uid)):
+                self.stats.released += 1
+
+    async def fitting(self, pod: Pod) -> list[str]:
+        """The nodes kube-scheduler would pick from: those where the pod fits now (the extender's filter)."""
+        snaps = await self.snapshots()
+        return [n for n, s in snaps.items() if plan_on(s, pod.uid, pod.req, {}, "spread").ok]
+
+    async def bind(self, pod: Pod, node: str, reserved: asyncio.Event) -> None:
+        """One bind attempt, as controller/extender.py `bind` makes it; `reserved` is set once its reservation is
+        answered."""
+        self.stats.attempts += 1
+        # the attempts that started before this one: their Bindings' deadlines end before this one's
+        earlier = list(pod.deciding)
+        decided = asyncio.Event()
+        pod.deciding.append(decided)
+        try:
+            await self.attempt(pod, node, earlier, reserved)
+        finally:
+            reserved.set()
+            decided.set()
+
+    async def attempt(self, pod: Pod, node: str, earlier: list[asyncio.Event], reserved: asyncio.Event) -> None:
+        led = self.replica()
+        snap = None if self.rng.random() < 0.3 else await self.direct.snapshot(node)  # the mirror, maybe stale
+        await self.pause(0.005)
+        out, _fit = await self.call("place", lambda: place(led, node, pod.uid, pod.req, {}, snap,
+                                                           self.rng.choice(["spread", "binpack"]),
+                                                           pod=f"default/{pod.uid}", hold_ms=HOLD_MS))
+        reserved.set()
+        if not out.ok:
+            self.stats.refused += 1
+            self.said(pod.uid, f"{node}: refused ({out.reason})")
+            return
+        self.said(pod.uid, f"{node}: booked {out.cards} existing={out.existing} bind_no={out.bind_no}")
+        self.stats.booked += 1
+        self.stats.existing += out.existing
+        mem, cores, slices = pod.req.booking_for(CAPACITY[node])
+        mine = PodUsage(node, out.cards, mem, cores, slices)  # this attempt's record
+        await self.pause(0.03)  # the Binding call
+        if pod.uid not in self.truth and self.rng.random() < 0.75:
+            self.truth[pod.uid] = mine  # committed, with its record
+            self.said(pod.uid, f"{node}: Binding committed {mine.cards}")
+            self.stats.committed += 1
+        elif self.truth.get(pod.uid) == mine:
+            self.stats.conflicts += 1  # 409, but the pod is bound here with this record: _already_bound
+        else:
+            self.stats.conflicts += pod.uid in self.truth
+            await self.pause(0.03)  # the extender reads the pod (_already_bound)
+            if out.existing and self.truth.get(pod.uid) != mine:
+                # an earlier attempt made the booking: its Binding may still be committed, until its deadline
+                # (before this one's, which the extender waits out before reading the pod again): over by then
+                for e in earlier:
+                    await e.wait()
+            if self.truth.get(pod.uid) != mine:
+                self.said(pod.uid, f"{node}: Binding failed, giving back bind_no={out.bind_no}")
+                fate, _ = await self.call("give_back", lambda: led.give_back(node, pod.uid, out.bind_no or None))
+                self.said(pod.uid, f"{node}: given back bind_no={out.bind_no}: {fate}")
+                self.stats.given_back += fate == "released"
+                self.stats.kept += fate == "kept"
+                return
+        await self.pause(0.03)  # confirm.py's linger
+        confirmer = self.replica()  # (the same replica in the product: any one here)
+        missing = await self.call("mark_bound", lambda: confirmer.mark_bound_many(node, [pod.uid]))
+        self.said(pod.uid, f"{node}: mark_bound missing={missing}")
+        if missing and self.truth.get(pod.uid) == mine:  # _rebook: gone while the bind was in flight
+            self.stats.rebooked += 1
+            await self.observe(pod.uid, mine, confirmer)
+
+    async def observe(self, uid: str, usage: PodUsage, led: Ledger | None = None) -> None:
+        who = led or self.replica()
+        out = await self.call("observe", lambda: who.observe(uid, usage, f"default/{uid}", keep_bound=True))
+        self.stats.observed += 1
+        assert out.get("ok"), f"observe {uid}: {out}"
+
+    # -- the reconciler --------------------------------------------------------------------------------------
+
+    async def reconciler(self) -> None:
+        """Now and then, under `api` (no pod is deleted between its read and its write: a deletion then would be
+        booked again from the stale truth, which the real reconciler releases after, controller/reconciler.py; the
+        checks here would see that as a leak): reads the truth, waits a little, and writes one node or all of them,
+        keeping what was made or bound since its read."""
+        while not self.done:
+            await self.pause(0.25)
+            if self.done:
+                return
+            async with self.api:
+                t0 = time.monotonic()
+                bound = {uid: (u, f"default/{uid}") for uid, u in self.truth.items()}
+                for uid in bound:
+                    self.said(uid, "reconciler read the truth")
+                await self.pause(0.1)
+                keep_ms = KEEP_MS + int((time.monotonic() - t0) * 1000)
+                led = self.replica()
+                if self.rng.random() < 0.4:
+                    self.stats.rebuilds += 1
+                    await self.call("rebuild", partial(led.rebuild, INVENTORIES, bound, keep_ms=keep_ms,
+                                                       keep_bound=True))
+                    for uid in bound:
+                        self.said(uid, "rebuilt")
+                else:
+                    self.stats.replaces += 1
+                    inv: Inventory = self.rng.choice(INVENTORIES)
+                    mine = {u: b for u, b in bound.items() if b[0].node == inv.node}
+                    await self.call("replace_node", partial(led.replace_node, inv, mine, keep_ms=keep_ms,
+                                                            keep_bound=True))
+                    for uid in mine:
+                        self.said(uid, f"replaced {inv.node}")
+
+    # -- the checks ------------------------------------------------------------------------------------------
+
+    async def snapshots(self) -> dict[str, NodeSnapshot]:
+        return await self.direct.snapshots(list(CAPACITY))
+
+    @staticmethod
+    def problems(snaps: dict[str, NodeSnapshot], held: dict[str, PodUsage], quiet: bool = False) -> list[str]:
+        """Broken invariants of `snaps` given pods `held` bound throughout the read. A uid booked on two nodes is
+        one only once `quiet`: two attempts of a pod on two nodes each hold a booking until one gives it back."""
+        errs = all_violations(snaps)
+        where: dict[str, list[str]] = {}
+        for name, s in snaps.items():
+            for uid in s.reservations:
+                where.setdefault(uid, []).append(name)
+        errs += [f"{uid} booked on {nodes}" for uid, nodes in where.items() if quiet and len(nodes) > 1]
+        for uid, u in held.items():
+            r = snaps[u.node].reservations.get(uid)
+            if r is None:
+                errs.append(f"{uid} bound on {u.node} cards {u.cards} in the API, not booked there")
+            elif (r.cards, r.mem, r.cores, r.slices) != (u.cards, u.memory, u.cores, u.slices):
+                errs.append(f"{uid} bound on {u.node} with {u}, booked as {r}")
+        return errs
+
+    async def checker(self) -> None:
+        while not self.done:
+            before = dict(self.truth)
+            snaps = await self.snapshots()
+            after = self.truth
+            held = {uid: u for uid, u in before.items() if after.get(uid) == u}
+            self.stats.samples += 1
+            found = self.problems(snaps, held)
+            if found:
+                self.stats.violations += found[:5]
+                for uid in {e.split()[0] for e in found} - set(CAPACITY):
+                    self.said(uid, f"checker: {[e for e in found if e.startswith(uid)]}")
+            await asyncio.sleep(0.01)
+
+    async def run(self) -> None:
+        pods = [self.new_pod(i) for i in range(self.n_pods)]
+        gate = asyncio.Semaphore(10)  # pods in their life at once
+
+        async def one(p: Pod) -> None:
+            if p.long_lived:
+                await self.pod(p)  # (it waits for `finish`: not holding a place of the gate)
+                return
+            async with gate:
+                await self.pod(p)
+
+        checker = asyncio.create_task(self.checker())
+        reconciler = asyncio.create_task(self.reconciler())
+        lives = [asyncio.create_task(one(p)) for p in pods]
+        try:
+            # every pod done but the long-lived ones waiting for `finish`
+            while (left := [t for t in lives if not t.done()]) and len(left) > self.waiting:
+                await asyncio.wait(left, timeout=0.1)
+                for t in lives:
+                    if t.done() and (e := t.exception()) is not None:
+                        raise e
+            await asyncio.wait_for(self._quiet(), 30)
+            self.finish.set()
+            await asyncio.gather(*lives)
+        finally:
+            self.done = True
+            self.finish.set()
+            for t in lives:
+                t.cancel()
+            await asyncio.gather(*lives, return_exceptions=True)
+            await asyncio.gather(checker, reconciler, return_exceptions=True)
+
+    async def _quiet(self) -> None:
+        """Quiet (no bind in flight; the reconciler may still write): the ledger holds exactly the truth."""
+        async with self.api:
+            snaps = await self.snapshots()
+            errs = self.problems(snaps, dict(self.truth), quiet=True)
+            booked = {uid for s in snaps.values() for uid in s.reservations}
+            errs += [f"{uid} booked ({snaps_where(snaps, uid)}) but not bound in the API"
+                     for uid in sorted(booked - set(self.truth))]
+            self.stats.violations += errs
+
+
+def snaps_where(snaps: dict[str, NodeSnapshot], uid: str) -> str:
+    return "; ".join(f"{n}: {s.reservations[uid]}" for n, s in snaps.items() if uid in s.reservations)
+
+
+async def nothing_left(direct: Ledger) -> list[str]:
+    snaps = await direct.snapshots(list(CAPACITY))
+    errs = all_violations(snaps)
+    errs += [f"{n}: {uid} still booked: {r}" for n, s in snaps.items() for uid, r in s.reservations.items()]
+    errs += [f"{n} card {i}: used {c.mem_used}/{c.cores_used}/{c.slices} with nothing booked"
+             for n, s in snaps.items() for i, c in s.cards.items() if c.mem_used or c.cores_used or c.slices]
+    errs += [f"key {k} left" async for k in direct.redis.scan_iter(match="mt:*") if ":res:" in k]
+    return errs
+
+
+async def stress(server: RedisServer, seed: int, pods: int, cut: float = 0.06, delay: float = 0.03,
+                 replicas: int = 3) -> Stats:
+    proxy = LossyProxy(server.port, seed, cut, delay)
+    port = await proxy.start()
+    pw = f":{server.password}@" if server.password else ""
+    url = f"redis://{pw}127.0.0.1:{port}/0?socket_timeout={CLIENT_TIMEOUT}&socket_connect_timeout=1"
+    clients: list[Redis] = [connect(url) for _ in range(replicas)]
+    direct_client = Redis.from_url(server.url, decode_responses=True)
+    try:
+        direct = Ledger(direct_client)
+        await direct_client.flushall()
+        await direct.load_scripts()
+        for inv in INVENTORIES:
+            await direct.upsert_node(inv)
+        leds = []
+        for c in clients:
+            led = Ledger(c)
+            led.retry_seconds = 10.0
+            await led.load_scripts()
+            leds.append(led)
+        run = Run(seed, leds, direct, pods)
+        proxy.armed = True
+        await asyncio.wait_for(run.run(), RUN_LIMIT_S)
+        proxy.armed = False
+        run.stats.cut, run.stats.held = proxy.cuts, proxy.delays
+        run.stats.violations += await nothing_left(direct)
+        for uid in sorted({e.split()[0] for e in run.stats.violations} & set(run.log) - set(CAPACITY))[:3]:
+            run.stats.violations.append(f"{uid}'s story:\n  " + "\n  ".join(run.log[uid]))
+        print(f"\nseed {seed}, {pods} pods: {run.stats.__dict__ | {'violations': len(run.stats.violations)}}; "
+              f"replies {proxy.replies}")
+        return run.stats
+    finally:
+        for c in clients:
+            await c.aclose()
+        await direct_client.aclose()
+        await proxy.close()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_lost_replies_and_resends_keep_the_ledger_true(redis_server: RedisServer, ledger: Ledger,
+                                                             seed: int) -> None:
+    stats = await stress(redis_server, seed, PODS)
+    assert stats.violations == [], "\n".join(stats.violations)
+    # the run did what it is for: binds committed and given back, pods observed and released, rewrites, resends
+    assert stats.committed > 10 and stats.given_back > 0 and stats.released > 10
+    assert stats.rebuilds + stats.replaces > 0 and stats.samples > 0 and stats.cut > 0 and stats.held > 0
