@@ -19,14 +19,14 @@ from shared.domain.reconcile import offers_cards
 from shared.domain.timing import KEEP_MS
 from shared.kube import Kube
 from shared.serving.metrics import WATCH_EVENTS
-from shared.store.ledger import Ledger
+from shared.store.ledger import KEEP_MS_MAX, Ledger
 
 log = logging.getLogger("mtsched.watchers")
 
 
 Holders = Callable[[str], dict[str, tuple[PodUsage, str]]]
 # A keep window as long as the scripts allow (24 h): every booking is kept (see NodeWatcher.view_problem)
-KEEP_ALL_MS = 86_400_000
+KEEP_ALL_MS = KEEP_MS_MAX
 
 
 class NodeWatcher:

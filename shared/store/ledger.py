@@ -50,6 +50,8 @@ UNVERIFIED = "node unverified"
 OTHER_AMOUNTS = "booked with other amounts"  # reserve.lua: the uid holds a booking of another size
 NOTICES = ("wake", "verify")  # the feed's notices to the watchers (Ledger.notify)
 MARK_BOUND_MAX = 512  # reservations per mark_bound call (mark_bound.lua checks the same bound)
+# The longest keep window replace_node.lua and remove_node.lua take (keep_ms 0..86400000; more is BADINPUT)
+KEEP_MS_MAX = 86_400_000
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ class Ledger(LedgerReads, ServerChecks):
         started = time.monotonic()
 
         def body() -> dict[str, Any]:  # counted back from this call, also when sent again (as replace_node's)
-            return {} if keep_ms is None else {"keep_ms": max(0, int(keep_ms)) + _since(started)}
+            return {} if keep_ms is None else {"keep_ms": _keep_window(keep_ms, started)}
 
         out = int(await self._call("remove_node", node, body))
         if out < 0:
@@ -354,7 +356,7 @@ class Ledger(LedgerReads, ServerChecks):
             # keep_ms counts back from this call, not from a send: one sent again after its reply was lost (seconds
             # later) keeps what was made or bound since then too (the elapsed time is ours: fine for a duration)
             if keep_ms is not None:
-                payload["keep_ms"] = max(0, int(keep_ms)) + _since(started)
+                payload["keep_ms"] = _keep_window(keep_ms, started)
             return payload
 
         out: dict[str, Any] = orjson.loads(await self._call("replace_node", inv.node, body, lambda k: (
@@ -454,6 +456,12 @@ def _count_verified(stats: dict[str, int], out: Mapping[str, Any]) -> None:
 def _since(started: float) -> int:
     """Milliseconds since `started` (time.monotonic())."""
     return int((time.monotonic() - started) * 1000)
+
+
+def _keep_window(keep_ms: int, started: float) -> int:
+    """`keep_ms` counted back from `started` rather than from now, within what the scripts take (KEEP_MS_MAX: a
+    day, the watchers' "keep everything" while their pod view is stale, must not become a refusal on a resend)."""
+    return min(KEEP_MS_MAX, max(0, int(keep_ms)) + _since(started))
 
 
 def _may_have_run(resent: Iterable[BaseException]) -> bool:

@@ -70,3 +70,19 @@ async def test_attempt_numbers_rise_across_bookings_and_above_an_older_booking_s
     again, _ = await ledger.reserve("a", "r", [1], *WHOLE, pod="ns/r", hold_ms=HOLD)
     assert again.ok and again.existing and again.bind_no == 51
     assert (await ledger.give_back("a", "r", 50))[0] == "kept"
+
+
+@pytest.mark.parametrize("damaged", ["abc", "1e300", "-7", "4503599627370496"])
+async def test_a_damaged_sequence_restarts_the_count_and_books_nothing_half(ledger: Ledger, damaged: str) -> None:
+    """A hand-edited `bind_seq` (not a number, huge, negative, past release's 2^52 bound) neither fails the booking
+    (HINCRBY would, after the card usage was written) nor gives a number release cannot name."""
+    await ledger.upsert_node(inventory("a", S4000, n=2))
+    await ledger.redis.hset(ledger.keys.node("a"), "bind_seq", damaged)  # type: ignore[misc]
+    out, _ = await ledger.reserve("a", "p", [0], *WHOLE, pod="ns/p", hold_ms=HOLD)
+    assert out.ok and 1 <= out.bind_no < 2**52
+    await ledger.redis.hset(ledger.keys.res("a", "p"), "binds", damaged)  # type: ignore[misc]
+    again, _ = await ledger.reserve("a", "p", [0], *WHOLE, pod="ns/p", hold_ms=HOLD)
+    assert again.ok and again.existing and 1 <= again.bind_no < 2**52
+    snap = (await ledger.snapshots(["a"]))["a"]
+    assert set(snap.reservations) == {"p"} and not violations(snap)
+    assert (await ledger.give_back("a", "p", again.bind_no))[0] == "released"

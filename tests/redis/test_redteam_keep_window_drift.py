@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from redis import exceptions as rexc
 
-from shared.store.ledger import Ledger
+from shared.store.ledger import KEEP_MS_MAX, Ledger
 from tests._wait import eventually
 from tests.redis.helpers import S4000, inventory, violations
 
@@ -84,3 +84,14 @@ async def test_a_replace_sent_again_after_its_reply_was_lost_keeps_what_was_boun
     assert lost and out["dropped"] == 0
     snap = (await ledger.snapshots(["b"]))["b"]
     assert "q" in snap.reservations and not violations(snap)
+
+
+async def test_the_longest_keep_window_sent_again_is_not_refused(ledger: Ledger,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watchers keep everything (KEEP_MS_MAX, a day) while their pod view is stale; counted back from the call
+    it must stay within what the scripts take, or a resend (or a second MOREKEYS round) is refused as BADINPUT."""
+    monkeypatch.setattr("shared.store.ledger._since", lambda _started: 5_000)  # as on a send 5 s after the call
+    await ledger.upsert_node(inventory("k", S4000, n=1))
+    await ledger.replace_node(inventory("k", S4000, n=1), {}, KEEP_MS_MAX)
+    await ledger.upsert_node(inventory("k2", S4000, n=1))
+    assert await ledger.remove_node("k2", KEEP_MS_MAX) is True

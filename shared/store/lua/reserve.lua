@@ -16,15 +16,18 @@ local function unverified()
     .. "no new booking until they compare it again"})
 end
 -- The next bind attempt's number on this node, above `floor` (the booking's own: one numbered before the node kept
--- a sequence). Monotone for the node's life, across its bookings: a release naming an earlier attempt's number
--- (release.lua's if_bind_no) never takes a booking a later attempt made, whether it found it or made it anew.
+-- a sequence). Rising while the node hash lives (within one Redis history), across its bookings: a release naming
+-- an earlier attempt's number (release.lua's if_bind_no) never takes a booking a later attempt made, whether it
+-- found it or made it anew. Read with num() and written as an integer, never HINCRBY: a damaged field (a hand
+-- edit) starts the count again rather than failing every booking on the node; below release's 2^52 bound.
+local BIND_NO_MAX = 2 ^ 52
 local function next_bind_no(floor)
+  if floor < 0 or floor >= BIND_NO_MAX - 1 then floor = 0 end
   if not redis.call('HGET', NODE_KEY, 'version') then return floor + 1 end  -- (no node hash: none made for this)
-  local n = redis.call('HINCRBY', NODE_KEY, 'bind_seq', 1)
-  if n <= floor then
-    n = floor + 1
-    redis.call('HSET', NODE_KEY, 'bind_seq', n)
-  end
+  local seq = num(redis.call('HGET', NODE_KEY, 'bind_seq'))
+  if seq < 0 or seq >= BIND_NO_MAX - 1 then seq = 0 end
+  local n = math.max(seq, floor) + 1
+  redis.call('HSET', NODE_KEY, 'bind_seq', string.format('%.0f', n))
   return n
 end
 local p, err = payload()
@@ -101,10 +104,10 @@ for _, idx in ipairs(p.cards) do
   if why then return cjson.encode({ok = false, reason = why, card = idx, node = refusal_view()}) end
 end
 local now = now_ms()
-local views, res = book(p, "pending", now, seen)
 local settle_by, bind_no = 0, 0
+if hold > 0 then settle_by, bind_no = now + hold, next_bind_no(0) end  -- numbered before anything is booked
+local views, res = book(p, "pending", now, seen)
 if hold > 0 then
-  settle_by, bind_no = now + hold, next_bind_no(0)
   redis.call('HSET', res_key(p.uid), 'settle_by', settle_by, 'binds', bind_no)
   res.settle_by, res.binds = settle_by, bind_no
 end
