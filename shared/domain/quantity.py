@@ -25,3 +25,9 @@ def exact(text: str) -> Fraction | None:
     if abs(exp) > MAX_EXPONENT:
         return None
     return Fraction(m.group(1)) * _SUFFIX[m.group(3) or ""] * Fraction(10) ** exp
+
+
+def is_zero(text: str) -> bool:
+    """Whether `text` is a quantity of value 0 in any form, signed or not ("-0", "0e99", "0.0Gi")."""
+    m = _QUANTITY.match(text[1:] if text.startswith("-") else text)
+    return m is not None and re.search("[1-9]", m.group(1)) is None

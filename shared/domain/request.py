@@ -17,7 +17,7 @@ from typing import Any
 from shared.config import Config
 from shared.domain.lifecycle import APP, INIT, SIDECAR, footprint, kind_of
 from shared.domain.models import CORES_PER_CARD, KNOWN_NAMES, MAX_MODEL_UNITS, CardModel, describe_models
-from shared.domain.quantity import exact
+from shared.domain.quantity import exact, is_zero
 from shared.domain.shapes import MAX_QUANTITY_CHARS, describe, pod_problems
 
 MAX_CARDS_PER_POD = 64  # larger than any node; above it the value is a typo
@@ -128,8 +128,7 @@ def parse_quantity(value: object, container: str, resource: str, limit: int) -> 
     if kilo:  # the API server writes 4000 as "4k": a whole number all the same
         text = str(int(kilo.group(1)) * {"k": 10**3, "M": 10**6, "G": 10**9}[kilo.group(2)])
     if not _INT_RE.match(text):
-        zero = re.fullmatch(r"[-+]?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+|[KMGTPE]i|[numkMGTPE])?", text)
-        if zero and not re.search("[1-9]", zero.group(1)):  # "-0", "0e99", "0.0": zero however written
+        if is_zero(text):  # "-0", "0e99", "0.0": zero however written
             raise RequestError([f"{where} is 0; it must be at least 1 (remove the resource instead of asking for 0)"])
         if re.match(r"^-[0-9]+$", text):
             raise RequestError([f"{where} is negative; use a whole number 1..{limit}"])

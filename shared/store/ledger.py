@@ -395,7 +395,7 @@ class Ledger(LedgerReads, ServerChecks):
             # keep_ms counts back from this call, not from each node's write: a rebuild over many nodes (or one slowed
             # by resends) reaches its last ones later than the window, where a booking bound after the caller's truth
             # was read, and not in it, would be dropped while its pod runs on the card
-            return None if keep_ms is None else keep_ms + _since(started)
+            return None if keep_ms is None else _keep_window(keep_ms, started)
 
         by_node: dict[str, dict[str, tuple[PodUsage, str]]] = {}
         for uid, (usage, pod) in bound.items():
