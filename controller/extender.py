@@ -500,7 +500,7 @@ class Extender(InFlight):
                 self._unclaim(uid)
                 fate = "kept for the earlier attempt"
             else:
-                fate = await self._give_back(node, uid, outcome.bind_no)
+                fate = await self._give_back(node, uid, outcome.bind_no, outcome.attempt)
             BINDINGS.labels("failed").inc()
             BIND_DEADLINE_MISSED.labels("before_send").inc()
             msg = (f"binding {ns}/{name} to {node} not sent: its reservation took {time.monotonic() - started:.1f}s "
@@ -537,7 +537,7 @@ class Extender(InFlight):
                        f"pod is seen or it expires: {type(e).__name__}: {e}")
                 self.event(pod, "BindingFailed", msg, "Warning")
                 return {"Error": msg}
-            fate = await self._give_back(node, uid, outcome.bind_no)
+            fate = await self._give_back(node, uid, outcome.bind_no, outcome.attempt)
             BINDINGS.labels("failed").inc()
             msg = f"binding {ns}/{name} to {node} failed, reservation {fate}: {e}"
             self.event(pod, "BindingFailed", msg, "Warning")
@@ -566,17 +566,18 @@ class Extender(InFlight):
         refusal_problem); "" when the last one went through, or no refusal came for a while."""
         return refusal_problem(self._refused_by_policy, time.monotonic())
 
-    async def _give_back(self, node: str, uid: str, bind_no: int) -> str:
-        """Release a booking whose Binding (this attempt's, number `bind_no` on it) does not exist and never will,
-        unless a later attempt of the pod holds it (its Binding may still come: release.lua's if_bind_no).
+    async def _give_back(self, node: str, uid: str, bind_no: int, attempt: str) -> str:
+        """Release a booking whose Binding (this attempt's: number `bind_no`, named `attempt`) does not exist and
+        never will, unless another attempt of the pod holds it (its Binding may still come) or the pod is bound there
+        (release.lua).
         kube-scheduler moves every parked pod back to its queues as it gets the failed bind's answer: their next
         filter must see the cards free, so the release is in this mirror now, not when the feed brings it.
         Returns what became of the booking, for the answer."""
-        fate, feed = await self.ledger.give_back(node, uid, bind_no or None)
+        fate, feed = await self.ledger.give_back(node, uid, bind_no or None, attempt=attempt)
         if feed is not None:
             self._apply_feed(feed)
         self._unclaim(uid)
-        return "kept for a later attempt of the pod" if fate == "kept" else "released"
+        return "kept for another attempt of the pod" if fate == "kept" else "released"
 
     @property
     def _hold_ms(self) -> int:

@@ -10,6 +10,7 @@ Key layout: docs/redis-layout.md.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,9 @@ __all__ = ["HEADS_BATCH", "LUA_DIR", "NO_OPTIONS", "RESEND", "RESEND_OR_REDIRECT
 # (reserve.lua, `verified` in _lib.lua): replanning cannot help, the watchers' comparison does.
 UNVERIFIED = "node unverified"
 OTHER_AMOUNTS = "booked with other amounts"  # reserve.lua: the uid holds a booking of another size
+# reserve.lua: ATTEMPTS_MAX (_lib.lua) attempts of the pod hold its booking, none given back yet
+TOO_MANY_ATTEMPTS = "too many bind attempts"
+ATTEMPTS_MAX = 16
 NOTICES = ("wake", "verify")  # the feed's notices to the watchers (Ledger.notify)
 MARK_BOUND_MAX = 512  # reservations per mark_bound call (mark_bound.lua checks the same bound)
 # The longest keep window replace_node.lua and remove_node.lua take (keep_ms 0..86400000; more is BADINPUT)
@@ -71,10 +75,11 @@ class ReserveOutcome:
     # a new booking: the feed message the script published, for the caller's mirror (Mirror.apply) at once
     feed: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     # booked with a hold (reserve's hold_ms): until when (ms, Redis's clock) this attempt's Binding may be
-    # committed (the janitor waits for it), and this attempt's number among the pod's bind attempts on the
-    # booking, which its give-back passes (Ledger.give_back). 0: no hold asked
+    # committed (the janitor waits for it), this attempt's number among the pod's bind attempts on the
+    # booking and its name (reserve.lua's `attempt`), which its give-back passes (Ledger.give_back). 0, "": no hold
     settle_by: int = 0
     bind_no: int = 0
+    attempt: str = ""
 
     @property
     def reason(self) -> str:
@@ -183,14 +188,18 @@ class Ledger(LedgerReads, ServerChecks):
         """Check-and-book on the given cards. On conflict returns the node's fresh state too: all its cards
         (or None, when the node has cards this ledger did not know of) and the reservations it knew of.
         `hold_ms` (a binder): its Binding may be committed until that long from now, so neither the janitor nor
-        an earlier attempt's give-back releases the booking before (answered as `settle_by`).
+        an earlier attempt's give-back releases the booking before (answered as `settle_by`). The call is named
+        as one attempt (`attempt`, the same on every send of it): its give-back frees the booking only when no
+        other attempt holds it, whichever order their commands ran in (release.lua).
 
         With `need` (a Plan's), the script checks every card with the twin of shared.domain.fit.card_rule on
         exactly those terms; `model`/`whole` are the short form (accepts {model}, require idle)."""
         payload: dict[str, Any] = {"uid": uid, "cards": list(cards), "mem": mem, "cores": cores, "slices": slices,
                                    "model": model, "whole": whole, "pod": pod}
+        attempt = ""
         if hold_ms:
-            payload["hold_ms"] = hold_ms
+            attempt = secrets.token_hex(8)
+            payload.update(hold_ms=hold_ms, attempt=attempt)
         if need is not None:
             payload.update(mem=need.memory, cores=need.cores, slices=need.slices, idle=need.require_idle,
                            deny=sorted(need.deny))
@@ -204,7 +213,8 @@ class Ledger(LedgerReads, ServerChecks):
             feed = out.get("feed")
             return ReserveOutcome(True, got, existing=bool(out.get("existing")),
                                   feed=feed if isinstance(feed, dict) else None,
-                                  settle_by=int(out.get("settle_by") or 0), bind_no=int(out.get("bind_no") or 0)), None
+                                  settle_by=int(out.get("settle_by") or 0), bind_no=int(out.get("bind_no") or 0),
+                                  attempt=attempt), None
         snap = NodeSnapshot.from_json(out["node"]) if out.get("node") else None
         return ReserveOutcome(False, refused=str(out.get("reason", ""))), snap
 
@@ -223,7 +233,8 @@ class Ledger(LedgerReads, ServerChecks):
                                             need=need, hold_ms=hold_ms)
         if outcome.ok and outcome.cards == plan.cards:
             outcome = ReserveOutcome(True, outcome.cards, existing=outcome.existing, capacity=plan.capacity,
-                                     feed=outcome.feed, settle_by=outcome.settle_by, bind_no=outcome.bind_no)
+                                     feed=outcome.feed, settle_by=outcome.settle_by, bind_no=outcome.bind_no,
+                                     attempt=outcome.attempt)
         return outcome, fresh
 
     async def mark_bound(self, node: str, uid: str) -> bool:
@@ -252,13 +263,16 @@ class Ledger(LedgerReads, ServerChecks):
         return fate == "released", feed
 
     async def give_back(self, node: str, uid: str, bind_no: int | None = None,
-                        give_up: Callable[[BaseException], bool] | None = None) -> tuple[str, Mapping[str, Any] | None]:
+                        give_up: Callable[[BaseException], bool] | None = None,
+                        attempt: str = "") -> tuple[str, Mapping[str, Any] | None]:
         """Release a pod's booking: "released" (with the feed message, as release_feed), "gone" (nothing
-        held) or, with `bind_no` (a binder giving back its own booking: the `bind_no` its reserve answered),
-        "kept" when a later bind attempt of the pod holds it (release.lua)."""
+        held) or, with `bind_no` and `attempt` (a binder giving back its own booking: what its reserve answered),
+        "kept" when the pod's Binding is committed there or another bind attempt of the pod holds it (release.lua)."""
         body: dict[str, Any] = {"uid": uid}
         if bind_no is not None:
             body["if_bind_no"] = bind_no
+        if attempt:
+            body["if_attempt"] = attempt
         resent: list[BaseException] = []
         out = orjson.loads(await self._call("release", node, body,
                                             lambda k: self.keys.release(node, uid, k), give_up, resent=resent))

@@ -14,7 +14,7 @@ from shared.domain.fit import FitResult, Plan
 from shared.domain.request import SliceRequest
 from shared.domain.state import NodeSnapshot, plan_on
 from shared.store.eviction import EVICTING
-from shared.store.ledger import OTHER_AMOUNTS, UNVERIFIED, Ledger, ReserveOutcome
+from shared.store.ledger import OTHER_AMOUNTS, TOO_MANY_ATTEMPTS, UNVERIFIED, Ledger, ReserveOutcome
 
 log = logging.getLogger("mtsched.ledger")
 
@@ -53,10 +53,11 @@ async def place(ledger: Ledger, node: str, uid: str, req: SliceRequest, annotati
                 result = FitResult(outcome.cards)
             return ReserveOutcome(True, outcome.cards, existing=outcome.existing, attempts=attempt,
                                   round_trips=trips, capacity=outcome.capacity, feed=outcome.feed,
-                                  settle_by=outcome.settle_by, bind_no=outcome.bind_no), result
+                                  settle_by=outcome.settle_by, bind_no=outcome.bind_no,
+                                  attempt=outcome.attempt), result
         # no plan can help: until the watchers compare the node; while the uid holds a booking of another size;
         # while Redis may drop keys when full
-        if outcome.refused.startswith((UNVERIFIED, OTHER_AMOUNTS, EVICTING)):
+        if outcome.refused.startswith((UNVERIFIED, OTHER_AMOUNTS, EVICTING, TOO_MANY_ATTEMPTS)):
             return ReserveOutcome(False, refused=outcome.refused, attempts=attempt, round_trips=trips), result
         log.debug("reserve conflict on %s for %s: %s (attempt %d)", node, uid, outcome.reason, attempt)
         snapshot, plan = fresh, None

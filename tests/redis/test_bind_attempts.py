@@ -123,7 +123,7 @@ async def test_an_attempt_does_not_give_back_a_booking_a_later_attempt_is_bindin
     second = asyncio.create_task(ext.bind(args("a")))
     await until("attempt 2's Binding is in flight", api.sent.wait)
     out1 = await first  # read the pod after its deadline: still unbound
-    assert "kept for a later attempt of the pod" in out1["Error"], out1
+    assert "kept for another attempt of the pod" in out1["Error"], out1
     await held_until_the_later_binding_lands(ext, api, ledger, second)
     assert (await ledger.snapshot("s4k")).reservations["a"].state == "bound"  # type: ignore[union-attr]
 

@@ -9,10 +9,10 @@ cuts (the same, by a TimeoutError). Over it, many pods go through what the produ
 * binds (controller/extender.py `bind`): place with a hold (shared/store/placing.py), then the Binding, which the
   "API server" here commits or refuses; committed: the record is in the truth and the booking is marked bound
   (controller/confirm.py, and `observe` when mark_bound finds it gone, as `_rebook` does); refused: the attempt's
-  booking is given back with its bind number (`give_back(if_bind_no=...)`), unless the pod is bound on this node
-  with this attempt's record (`_already_bound`), after waiting out the deadline of an earlier attempt whose booking
-  it found (`existing`). Some pods have a second attempt (kube-scheduler's retry, on another replica) while the
-  first one's Binding or give-back is still under way, on the same node or another;
+  booking is given back with its bind number and name (`give_back(if_bind_no=..., if_attempt=...)`), unless the
+  pod is bound on this node with this attempt's record (`_already_bound`), after waiting out the deadline of an
+  earlier attempt whose booking it found (`existing`). Some pods have a second attempt (kube-scheduler's retry, on
+  another replica) while the first one's Binding or give-back is still under way, on the same node or another;
 * the pod watcher: `observe` of bound pods as the API reports them, and `release` once a pod is deleted (deleted
   from the truth first, as the API server does);
 * the reconciler: now and then a whole `rebuild`, or one node's `replace_node`, from the truth as read at some
@@ -327,7 +327,8 @@ class Run:
                     await e.wait()
             if self.truth.get(pod.uid) != mine:
                 self.said(pod.uid, f"{node}: Binding failed, giving back bind_no={out.bind_no}")
-                fate, _ = await self.call("give_back", lambda: led.give_back(node, pod.uid, out.bind_no or None))
+                fate, _ = await self.call("give_back", lambda: led.give_back(node, pod.uid, out.bind_no or None,
+                                                                                attempt=out.attempt))
                 self.said(pod.uid, f"{node}: given back bind_no={out.bind_no}: {fate}")
                 self.stats.given_back += fate == "released"
                 self.stats.kept += fate == "kept"

@@ -239,6 +239,36 @@ local function res_view(uid)
   }
 end
 
+-- The bind attempts that hold a pending booking: each binder's reserve with a hold names its attempt (16 hex
+-- digits, the same on every send of that call: reserve.lua's `attempt`), listed in the reservation's `attempts`
+-- field, and its give-back (release.lua's `if_attempt`) takes its own name off; the booking is freed only when no
+-- attempt is left on it. A set, not an order: a reserve that runs late (its reply lost and the command sent again,
+-- or delivered after a later attempt's) adds its name wherever it lands, so no give-back frees a booking another
+-- attempt's Binding may still be committed on. nil when the booking has no list (made by a writer that names no
+-- attempt: the watchers, or a binder of an older release, whose `binds` numbers still apply).
+local ATTEMPTS_MAX = 16
+local function check_attempt(t, what)
+  if t ~= nil and (type(t) ~= "string" or #t ~= 16 or not string.match(t, "^%x+$")) then
+    return what .. " must be 16 hex digits"
+  end
+  return nil
+end
+local function attempts_of(uid)
+  local raw = redis.call('HGET', res_key(uid), 'attempts')
+  if not raw then return nil end
+  local out = {}
+  for t in string.gmatch(raw, "[^,]+") do out[#out + 1] = t end
+  return out
+end
+-- What a rewrite of uid's booking `r` carries over (book's `carry`): read before the old hash goes
+local function carry_of(uid, r)
+  return {binds = r and r.binds or 0, attempts = redis.call('HGET', res_key(uid), 'attempts') or nil}
+end
+local function has_attempt(list, t)
+  for _, x in ipairs(list or {}) do if x == t then return true end end
+  return false
+end
+
 -- A reservation named by a caller (a uid from a payload): the node's only while its pods set lists it, the index
 -- every reader and every rewrite of the node goes by. A hash the set does not list (left when Redis evicted the
 -- set but not the hash: no script leaves one) is nobody's booking: never answered again, bound, recorded over or
@@ -496,7 +526,7 @@ end
 -- placeholder marked "removed" so that usage the API server reports is never dropped; `known` holds
 -- the views of the cards the caller just read (all of them exist: saves two reads per card).
 -- Returns the cards' new views and the reservation as res_view would read it.
-local function book(p, state, now, known)
+local function book(p, state, now, known, carry)
   local views = {}
   for _, idx in ipairs(p.cards) do
     local k = tostring(math.floor(idx))
@@ -515,6 +545,10 @@ local function book(p, state, now, known)
   local fields = {'cards', csv, 'mem', p.mem, 'cores', p.cores, 'slices', p.slices,
                   'state', state, 'created', now, 'pod', p.pod or ""}
   if p.idle then fields[#fields + 1] = 'idle'; fields[#fields + 1] = '1' end
+  -- `carry` (a rewrite of the pod's booking, not a new one): its last bind attempt's number and the attempts
+  -- holding it stay, so an earlier attempt's give-back (release.lua) still leaves it
+  if carry and carry.binds and carry.binds > 0 then fields[#fields + 1] = 'binds'; fields[#fields + 1] = carry.binds end
+  if carry and carry.attempts then fields[#fields + 1] = 'attempts'; fields[#fields + 1] = carry.attempts end
   -- a new hash: no field of an earlier one (an orphan's) carried into it (after add_usage's HSET above, a write
   -- Redis refuses when full, so this DEL never opens the way past maxmemory)
   if redis.call('EXISTS', res_key(p.uid)) == 1 then redis.call('DEL', res_key(p.uid)) end

@@ -35,16 +35,15 @@ if r and r.state == "bound" and p.keep_bound then
   return cjson.encode({ok = true, changed = false, overcommit = false, kept = true,
                        booked = {cards = r.cards, mem = r.mem, cores = r.cores, slices = r.slices}})
 end
-local touched = {}
+local touched, kept = {}, nil
 if r then
+  kept = carry_of(p.uid, r)
   refused_when_full()  -- drop_reservation may begin with the DEL of an emptied removed card
   drop_reservation(p.uid, r)
   touched = split_cards(r.cards)
 end
 for _, idx in ipairs(p.cards) do touched[#touched + 1] = idx end
-book(p, "bound", now_ms())
--- the pod's booking still, on the record's cards: it keeps its last bind attempt's number, so an earlier attempt's
--- give-back (release.lua's if_bind_no) leaves it
-if r and r.binds > 0 then redis.call('HSET', res_key(p.uid), 'binds', r.binds) end
+-- the pod's booking still, on the record's cards: it keeps its last bind attempt's number and attempts (book's carry)
+book(p, "bound", now_ms(), nil, kept)
 publish('observe', p.uid, res_view(p.uid), touched)
 return cjson.encode({ok = true, changed = true, overcommit = overcommitted(p.cards)})

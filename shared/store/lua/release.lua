@@ -1,17 +1,34 @@
--- Release a reservation by pod uid, giving its share back. Payload: {uid, if_bind_no?}. Idempotent.
--- if_bind_no (a binder giving back its own booking: the `bind_no` its reserve answered): the booking stays
--- when a later bind attempt of the pod holds it (`binds` above it: its Binding may still be committed),
--- answered {released = false, kept = true}. A counter, not a time: Redis's clock may step; the node's, not the
--- booking's (reserve.lua next_bind_no), so a give-back sent again leaves a booking a later attempt made anew.
+-- Release a reservation by pod uid, giving its share back. Payload: {uid, if_attempt?, if_bind_no?}. Idempotent.
+-- A binder giving back its own booking (its Binding does not exist and never will) names its attempt: if_attempt
+-- (reserve.lua's `attempt`) and if_bind_no (the `bind_no` its reserve answered). The booking stays, answered
+-- {released = false, kept = true}, when the pod's Binding is committed here (bound: the watchers release it when
+-- the pod goes), or another attempt of the pod holds it: with an `attempts` list (_lib.lua) this attempt's name is
+-- taken off and the booking freed only when none is left; without one (a booking of a binder that names no
+-- attempt), when a later attempt's number is on it (`binds` above if_bind_no: a counter, the node's, not the
+-- booking's, reserve.lua next_bind_no, so a give-back sent again leaves a booking a later attempt made anew).
 local p, reply = uid_payload()
 if not p then return reply end
 if p.if_bind_no ~= nil and not is_int(p.if_bind_no, 0, 2 ^ 52) then
   return fail("BADINPUT", "if_bind_no must be a whole number >= 0")
 end
+local bad = check_attempt(p.if_attempt, "if_attempt")
+if bad then return fail("BADINPUT", bad) end
 local r = res_of(p.uid)
 if not r then return cjson.encode({ok = true, released = false}) end
-if p.if_bind_no ~= nil and r.binds > p.if_bind_no then
-  return cjson.encode({ok = true, released = false, kept = true})
+local kept = cjson.encode({ok = true, released = false, kept = true})
+if p.if_attempt ~= nil or p.if_bind_no ~= nil then
+  if r.state == "bound" then return kept end
+  local held = p.if_attempt ~= nil and attempts_of(p.uid) or nil
+  if held then
+    local rest = {}
+    for _, t in ipairs(held) do if t ~= p.if_attempt then rest[#rest + 1] = t end end
+    if #rest > 0 then
+      if #rest < #held then redis.call('HSET', res_key(p.uid), 'attempts', table.concat(rest, ",")) end
+      return kept
+    end
+  elseif p.if_bind_no ~= nil and r.binds > p.if_bind_no then
+    return kept
+  end
 end
 local more = need_keys(split_cards(r.cards), {})  -- the cards it gives back (and publishes)
 if more then return more end

@@ -9,7 +9,8 @@
 -- keeps that booking when its record says otherwise (the record changed after our bind, see observe.lua);
 -- reported as kept_bound = [uid, ...]. `dropped` counts the reservations it frees (neither bound nor settling).
 -- A reservation it writes anew (kept, or a pod of `bound` booked here before) keeps its `binds`, the number of the
--- last bind attempt that held it: an earlier attempt's give-back (release.lua's if_bind_no) leaves it still.
+-- last bind attempt that held it, and the attempts holding it (`attempts`, _lib.lua): an earlier attempt's give-back
+-- (release.lua) leaves it still.
 local p, err = payload()
 if err then return err end
 if p.keep_bound ~= nil and type(p.keep_bound) ~= "boolean" then return fail("BADINPUT", "keep_bound must be a boolean") end
@@ -84,15 +85,16 @@ end
 -- first: a write Redis refuses when full (the DELs below would let every later write past maxmemory)
 redis.call('HSET', NODE_KEY, 'error', p.error or "")
 local dropped = 0  -- reservations of pods not in `bound` and not settling: their cards are free again
--- the last bind attempt's number of each pod of `bound` booked here: booked anew below, its reservation keeps it, so
--- an earlier attempt's give-back (release.lua's if_bind_no, maybe sent again after its reply was lost) still leaves it
-local binds_of = {}
+-- the last bind attempt's number and the attempts holding each pod of `bound` booked here: booked anew below, its
+-- reservation keeps them, so an earlier attempt's give-back (release.lua, maybe sent again after its reply was lost)
+-- still leaves it
+local carry = {}
 for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
   local r = res_view(uid)
   if r and not is_bound[uid] then
-    if settles(r, now0, keep_from) then pending[#pending + 1] = {uid, r} else dropped = dropped + 1 end
-  elseif r and r.binds > 0 then
-    binds_of[uid] = r.binds
+    if settles(r, now0, keep_from) then pending[#pending + 1] = {uid, r, carry_of(uid, r)} else dropped = dropped + 1 end
+  elseif r then
+    carry[uid] = carry_of(uid, r)
   end
   redis.call('DEL', res_key(uid))
 end
@@ -110,23 +112,20 @@ elseif not existed and p.lost ~= true and new_and_whole() then
   is_verified = true
 end
 for _, b in ipairs(p.bound) do
-  book(b, "bound", now)
-  if binds_of[b.uid] then redis.call('HSET', res_key(b.uid), 'binds', binds_of[b.uid]) end
+  book(b, "bound", now, nil, carry[b.uid])
 end
 local overfull = 0
 for _, e in ipairs(pending) do
-  local uid, r = e[1], e[2]
+  local uid, r, kept = e[1], e[2], e[3]
   local nums = {}
   for i, idx in ipairs(split_cards(r.cards)) do nums[i] = tonumber(idx) end
   book({uid = uid, cards = nums, mem = r.mem, cores = r.cores, slices = r.slices, pod = r.pod, idle = r.idle},
-       r.state, r.created)
+       r.state, r.created, nil, kept)
   -- book stamps a bound one as bound when it was made: keep when it was bound, or its keep window ends early
   if r.state == "bound" then redis.call('HSET', res_key(uid), 'bound_at', r.bound_at) end
   if r.state ~= "bound" and (r.carried or was_unverified) then redis.call('HSET', res_key(uid), 'carried', '1') end
-  -- its bind attempt's stamp (a pending one's Binding may still be committed) and number, bound or not: the same
-  -- reservation still, which an earlier attempt's give-back must leave
+  -- its bind attempt's stamp (a pending one's Binding may still be committed; its number and attempts: `kept`)
   if r.state ~= "bound" and r.settle_by > 0 then redis.call('HSET', res_key(uid), 'settle_by', r.settle_by) end
-  if r.binds > 0 then redis.call('HSET', res_key(uid), 'binds', r.binds) end
   for _, idx in ipairs(split_cards(r.cards)) do
     local c = card_view(idx)
     if c and c.health ~= "removed" and (c.mem_used > c.capacity or c.cores_used > c.cores

@@ -1,5 +1,5 @@
 -- Check-and-book a reservation on given cards. Payload: {uid, cards, mem, cores, slices, accepts, deny,
--- idle, pod, hold_ms} (legacy: model = accepts {model}, whole = idle). Every card is checked by card_rule,
+-- idle, pod, hold_ms, attempt} (legacy: model = accepts {model}, whole = idle). Every card is checked by card_rule,
 -- the twin of shared/domain/fit.py's. Idempotent by uid: a repeated call for the same amounts returns the
 -- cards already booked (`existing`); other amounts are refused (a pod's request never changes: its Binding
 -- would carry a record the ledger does not book). hold_ms (a binder): the booking's `settle_by` becomes at
@@ -7,8 +7,10 @@
 -- then, expire.lua), and its `binds` becomes this attempt's number, answered as `bind_no` (an attempt's give-back
 -- leaves a booking a later attempt holds, release.lua: a counter, whatever Redis's clock does). The numbers come
 -- from the node's `bind_seq`, not from the booking: a give-back sent again after its first run released the
--- booking (its reply lost) must not take a booking a later attempt made anew meanwhile, numbered from 1 again. On
--- conflict returns the reason and the node's current cards (refusal_view), so the caller can refit
+-- booking (its reply lost) must not take a booking a later attempt made anew meanwhile, numbered from 1 again.
+-- `attempt` (with hold_ms): the attempt's name, added to the booking's `attempts` (_lib.lua): its give-back frees
+-- the booking only when no other attempt holds it, in whatever order the attempts' commands ran; this attempt's
+-- command run again (its reply lost) is answered without a new number. On conflict returns the reason and the node's current cards (refusal_view), so the caller can refit
 -- without another read.
 local function unverified()
   return cjson.encode({ok = false, unverified = true, reason = "node unverified: Redis restarted, failed over or evicted keys "
@@ -38,6 +40,9 @@ if not is_int(p.model or 0, 0, 4096) or (p.whole ~= nil and type(p.whole) ~= "bo
     or (p.idle ~= nil and type(p.idle) ~= "boolean") or not is_int(p.hold_ms or 0, 0, FUTURE_MS) then
   return fail("BADINPUT", "model must be 0..4096, whole and idle booleans, slices >= 1, hold_ms 0.." .. FUTURE_MS)
 end
+bad = check_attempt(p.attempt, "attempt")
+if bad then return fail("BADINPUT", bad) end
+if p.attempt ~= nil and (p.hold_ms or 0) == 0 then return fail("BADINPUT", "attempt needs hold_ms > 0") end
 -- before anything is booked or answered again: a Redis that may drop any key when full may drop this booking
 local evicts = evicting_policy()
 if evicts then return cjson.encode({ok = false, reason = eviction_refusal(evicts)}) end
@@ -80,10 +85,25 @@ if r then
     -- this attempt's Binding may be committed until then: the janitor leaves the booking alone before, and an
     -- earlier attempt's give-back leaves it to this one (no feed message: a mirror's copy may be older, and
     -- the scripts decide). A stamp from a clock that stepped back stays: never lowered within FUTURE_MS
+    local held = p.attempt and attempts_of(p.uid) or nil
+    local again = p.attempt ~= nil and has_attempt(held, p.attempt)  -- this attempt's command, run before
+    if p.attempt and not again and #(held or {}) >= ATTEMPTS_MAX then
+      return cjson.encode({ok = false, reason = string.format("too many bind attempts: %d of the pod hold its "
+        .. "booking here, none given back yet; no more until one is, or the booking expires", #held)})
+    end
     local now = now_ms()
     settle_by = math.max((r.settle_by - now <= FUTURE_MS) and r.settle_by or 0, now + hold)
-    bind_no = next_bind_no(r.binds)
-    redis.call('HSET', res_key(p.uid), 'settle_by', settle_by, 'binds', bind_no)
+    if again then
+      redis.call('HSET', res_key(p.uid), 'settle_by', settle_by)
+    else
+      bind_no = next_bind_no(r.binds)
+      redis.call('HSET', res_key(p.uid), 'settle_by', settle_by, 'binds', bind_no)
+      if p.attempt then
+        held = held or {}
+        held[#held + 1] = p.attempt
+        redis.call('HSET', res_key(p.uid), 'attempts', table.concat(held, ","))
+      end
+    end
   end
   return cjson.encode({ok = true, existing = true, cards = r.cards, state = r.state, settle_by = settle_by,
                        bind_no = bind_no})
@@ -109,6 +129,7 @@ if hold > 0 then settle_by, bind_no = now + hold, next_bind_no(0) end  -- number
 local views, res = book(p, "pending", now, seen)
 if hold > 0 then
   redis.call('HSET', res_key(p.uid), 'settle_by', settle_by, 'binds', bind_no)
+  if p.attempt then redis.call('HSET', res_key(p.uid), 'attempts', p.attempt) end
   res.settle_by, res.binds = settle_by, bind_no
 end
 local v, msg = publish('reserve', p.uid, res, p.cards, views)
