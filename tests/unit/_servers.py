@@ -74,7 +74,8 @@ class FakeLedger:
     async def release(self, node: str, uid: str) -> None:
         self.released.append((node, uid))
 
-    async def give_back(self, node: str, uid: str, bind_no: int | None = None) -> tuple[str, None]:
+    async def give_back(self, node: str, uid: str, bind_no: int | None = None,
+                        attempt: str = "") -> tuple[str, None]:
         await self.release(node, uid)  # as Ledger.give_back, without a mirror to feed
         return "released", None
 
