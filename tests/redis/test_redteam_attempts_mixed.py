@@ -64,11 +64,15 @@ async def assert_held_by_p(ledger: Ledger) -> None:
     assert not other.ok  # the card is p's while an attempt's Binding may come: no second pod on it
 
 
-async def test_a_named_give_back_leaves_a_booking_an_older_binder_s_attempt_took_after_it(ledger: Ledger) -> None:
-    await ledger.upsert_node(inventory("a", S4000, n=1))
+@pytest.mark.parametrize("rewrite", [None, "replace_node"])
+async def test_a_named_give_back_leaves_a_booking_an_older_binder_s_attempt_took_after_it(
+        ledger: Ledger, rewrite: str | None) -> None:
+    await ledger.upsert_node(inventory("a", S4000, n=2))
     a, _ = await ledger.reserve("a", "p", [0], *WHOLE, pod="ns/p", hold_ms=HOLD)
     old = await older_reserve(ledger)  # kube-scheduler's retry on a replica of the release before
     assert a.ok and old["existing"] and old["bind_no"] > a.bind_no
+    if rewrite:  # this release's reconciler writes the node anew: the booking kept as it was (book's carry)
+        await ledger.replace_node(inventory("a", S4000, n=2), {}, keep_ms=60_000)
     # A's Binding refused: before the list its number (below the older attempt's) left the booking; still so
     assert (await ledger.give_back("a", "p", a.bind_no, attempt=a.attempt))[0] == "kept"
     await assert_held_by_p(ledger)
