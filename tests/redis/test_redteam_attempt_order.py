@@ -94,7 +94,8 @@ async def test_the_same_attempt_s_reserve_run_again_gets_no_new_number(ledger: L
     assert a.ok and len(runs) == 2
     first = orjson.loads(runs[0])
     assert a.bind_no == first["bind_no"]  # not renumbered by its own second run
-    assert await ledger.redis.hget(ledger.keys.res("a", "p"), "attempts") == a.attempt  # type: ignore[misc]
+    held = await ledger.redis.hget(ledger.keys.res("a", "p"), "attempts")  # type: ignore[misc]
+    assert held == f"{a.attempt}:{a.bind_no}"  # listed once, with its number
     assert (await ledger.give_back("a", "p", a.bind_no, attempt=a.attempt))[0] == "released"
 
 
@@ -127,7 +128,7 @@ async def test_a_rewrite_carries_the_attempts_holding_a_booking(ledger: Ledger, 
         usage = PodUsage("a", (1,), *WHOLE)
         await ledger.observe("p", usage, pod="ns/p")
     held = await ledger.redis.hget(ledger.keys.res("a", "p"), "attempts")  # type: ignore[misc]
-    assert held == f"{a.attempt},{b.attempt}"
+    assert held == f"{a.attempt}:{a.bind_no},{b.attempt}:{b.bind_no}"
     assert (await ledger.give_back("a", "p", a.bind_no, attempt=a.attempt))[0] == "kept"
     snap = (await ledger.snapshots(["a"]))["a"]
     assert set(snap.reservations) == {"p"} and not violations(snap)

@@ -30,6 +30,20 @@ long after that attempt reserved; controller/extender.py sends no Binding once i
 that finds a booking another made (`existing`) started after that one, and its wait for the deadline covers that
 attempt's Binding (the extender's "an earlier attempt's, for a booking it made: started before this one").
 
+A second run (`test_late_commands_and_early_retries_keep_the_ledger_true`) also delivers commands late: the proxy
+holds a reserve or a release (a give-back, or the watchers' release) past the client's timeout, so the ledger's resend
+runs first on a new connection, and then forwards the original, which runs after it (and after whatever other
+replicas did meanwhile); and a pod's next attempt may start before the one before had its reservation answered (a
+new leader, or kube-scheduler's retry after a call that hung before it reached the ledger), so an attempt that finds
+a booking (`existing`) may have started before the attempt that made it, and its wait covers only the attempts that
+started before it. More pods have a second attempt there, and Bindings stay longer in flight; and what must hold
+is also checked where it happens: no give-back frees a booking while another attempt of the pod booked on that node
+has its Binding undecided (and the pod is bound nowhere), and the booking is there as a Binding is committed (read
+from Redis just before). A reserve delivered after its attempt's give-back books again for nobody (a leak its hold and
+the janitor's TTL bound): once quiet and past every hold, such bookings are expired as the janitor would
+(expire.lua) and counted; one of a pod none of whose reserves came late, nor failed whole (its command may have run:
+a name no give-back takes off), is a violation.
+
 A failure names the broken invariants and tells the story of the pods concerned (each step, with the attempt's bind
 number), from which a deterministic test is made (tests/redis/test_redteam_rewrite_bind_no.py was found so).
 
@@ -40,8 +54,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -59,6 +75,7 @@ from shared.domain.state import NodeSnapshot, plan_on
 from shared.store.ledger import Ledger
 from shared.store.placing import place
 from shared.store.redis_conn import connect
+from shared.store.scripts import script_source
 from tests.redis.helpers import S4000, S5000, all_violations, inventory
 from tests.redis.stress_worker import CFG, random_pod
 
@@ -82,12 +99,20 @@ class LossyProxy:
     probability `cut`, not forwarded and the connection cut; with probability `delay`, held `hold_s` (longer than the
     client's socket timeout) and then cut. Commands always reach the server: what was sent ran. Off until `armed`."""
 
-    def __init__(self, upstream: int, seed: int, cut: float, delay: float, hold_s: float = HOLD_S):
+    def __init__(self, upstream: int, seed: int, cut: float, delay: float, hold_s: float = HOLD_S,
+                 late: float = 0.0, late_shas: tuple[str, ...] = ()):
         self.upstream = upstream
         self.rng = random.Random(seed)
         self.cut, self.delay, self.hold_s = cut, delay, hold_s
+        # with probability `late`, a command calling one of `late_shas` (EVALSHA) is held `hold_s` (the client times
+        # out and sends it again on another connection, which runs first) and then forwarded: it runs late
+        self.late, self.late_shas = late, tuple(sha.encode() for sha in late_shas)
         self.armed = False
-        self.replies = self.cuts = self.delays = 0
+        self.replies = self.cuts = self.delays = self.lates = 0
+        self.holding = 0  # commands held now, to be forwarded ...
+        self.idle = asyncio.Event()  # ... none
+        self.idle.set()
+        self.late_uids: set[str] = set()  # the pods of the commands delivered late
         self._sessions: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
 
@@ -113,8 +138,9 @@ class LossyProxy:
                 server_r, server_w = await asyncio.open_connection("127.0.0.1", self.upstream)
             except OSError:
                 return
-            pumps = {asyncio.create_task(self._commands(client_r, server_w)),
-                     asyncio.create_task(self._replies(server_r, client_w))}
+            replied = asyncio.Event()
+            pumps = {asyncio.create_task(self._commands(client_r, server_w, replied)),
+                     asyncio.create_task(self._replies(server_r, client_w, replied))}
             try:
                 await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -126,17 +152,39 @@ class LossyProxy:
             client_w.close()
             self._sessions.discard(me)
 
-    @staticmethod
-    async def _commands(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _commands(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        replied: asyncio.Event) -> None:
         with contextlib.suppress(OSError):
             while data := await reader.read(65536):
+                if (self.armed and self.late and any(sha in data for sha in self.late_shas)
+                        and self.rng.random() < self.late):
+                    self.lates += 1
+                    self.holding += 1
+                    self.idle.clear()
+                    uid = re.search(rb'"uid":"([^"]+)"', data)
+                    if uid:
+                        self.late_uids.add(uid.group(1).decode())
+                    try:
+                        await asyncio.sleep(self.hold_s)  # the client gives up and sends it again first
+                        replied.clear()
+                        writer.write(data)  # then it runs: after its resend, and whatever came meanwhile
+                        await writer.drain()
+                        with contextlib.suppress(TimeoutError):  # ran once answered (its reply goes nowhere)
+                            await asyncio.wait_for(replied.wait(), 2.0)
+                    finally:
+                        self.holding -= 1
+                        if not self.holding:
+                            self.idle.set()
+                    return  # (the client is gone)
                 writer.write(data)
                 await writer.drain()
 
-    async def _replies(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _replies(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       replied: asyncio.Event) -> None:
         with contextlib.suppress(OSError):
             while data := await reader.read(65536):
                 self.replies += 1
+                replied.set()
                 if self.armed:
                     roll = self.rng.random()
                     if roll < self.cut:
@@ -158,6 +206,8 @@ class Pod:
     long_lived: bool
     deciding: list[asyncio.Event] = field(default_factory=list)  # one per attempt, in their order: it is over
     reserved: list[asyncio.Event] = field(default_factory=list)  # one per attempt: its reservation was answered
+    # node -> the attempts booked there whose Binding is not decided yet (it may still be committed)
+    flying: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -180,6 +230,9 @@ class Stats:
     call_failures: int = 0  # a ledger call that failed whole (its resends ran out): called again
     cut: int = 0  # replies the proxy lost by cutting the connection ...
     held: int = 0  # ... and by holding them past the client's timeout
+    late: int = 0  # commands the proxy delivered late (after their resend ran)
+    early: int = 0  # attempts started before the attempt before had its reservation answered
+    leaked: int = 0  # bookings expired once quiet: a late reserve's, booked again for nobody
     samples: int = 0
     violations: list[str] = field(default_factory=list)
 
@@ -187,8 +240,14 @@ class Stats:
 class Run:
     """One seeded run: the replicas, the truth, the pods and the reconciler."""
 
-    def __init__(self, seed: int, replicas: list[Ledger], direct: Ledger, pods: int):
+    def __init__(self, seed: int, replicas: list[Ledger], direct: Ledger, pods: int,
+                 proxy: LossyProxy | None = None, early: float = 0.0):
         self.rng = random.Random(seed)
+        self.proxy = proxy
+        self.early = early  # how often a pod's next attempt starts before the one before had its reservation answered
+        # with early retries: more pods with a second attempt, and Bindings longer in flight
+        self.retried, self.binding_s = (0.6, 0.15) if early else (0.3, 0.03)
+        self.failed_places: set[str] = set()  # pods with a place call that failed whole (its reserve may have run)
         self.seed = seed
         self.replicas = replicas
         self.direct = direct  # reads for the checks and the plans: never through the proxy
@@ -209,13 +268,15 @@ class Run:
     def replica(self) -> Ledger:
         return self.rng.choice(self.replicas)
 
-    async def call(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
+    async def call(self, what: str, op: Callable[[], Awaitable[T]], uid: str = "") -> T:
         """A ledger call; one that fails whole (its resends ran out) is made again, as its caller would."""
         for _ in range(20):
             try:
                 return await op()
             except Exception as e:  # a LedgerError or a connection error after the ledger's own resends
                 self.stats.call_failures += 1
+                if what == "place":
+                    self.failed_places.add(uid)
                 last: Exception = e
                 await asyncio.sleep(0.01)
         raise AssertionError(f"{what}: failed 20 times, last: {last!r}")
@@ -232,7 +293,7 @@ class Run:
         # a few long-lived pods (small slices, so that the others find room) outlive the run: bound at the end
         long_lived = self.long_lived < 4 and not req.whole_cards and req.memory <= 16 and self.rng.random() < 0.3
         self.long_lived += long_lived
-        return Pod(f"s{self.seed}-p{i}", req, 2 if self.rng.random() < 0.3 else 1, long_lived)
+        return Pod(f"s{self.seed}-p{i}", req, 2 if self.rng.random() < self.retried else 1, long_lived)
 
     async def pod(self, pod: Pod) -> None:
         self.stats.pods += 1
@@ -251,9 +312,13 @@ class Run:
             if k:
                 # kube-scheduler's retry (after its call to the extender timed out, or a new leader's): it comes
                 # after the attempt before had its reservation answered (its booking made, or refused); its Binding
-                # may still be in flight
-                await pod.reserved[k - 1].wait()
-                await self.pause(0.25)
+                # may still be in flight. Or (`early`) before: that attempt's reserve is still on its way
+                if self.rng.random() < self.early:
+                    self.stats.early += 1
+                    await self.pause(0.02)
+                else:
+                    await pod.reserved[k - 1].wait()
+                    await self.pause(0.25)
             await self.bind(pod, node, pod.reserved[k])
 
         pod.reserved = [asyncio.Event() for _ in nodes]
@@ -299,7 +364,8 @@ class Run:
         await self.pause(0.005)
         out, _fit = await self.call("place", lambda: place(led, node, pod.uid, pod.req, {}, snap,
                                                            self.rng.choice(["spread", "binpack"]),
-                                                           pod=f"default/{pod.uid}", hold_ms=HOLD_MS))
+                                                           pod=f"default/{pod.uid}", hold_ms=HOLD_MS),
+                             pod.uid)
         reserved.set()
         if not out.ok:
             self.stats.refused += 1
@@ -310,13 +376,38 @@ class Run:
         self.stats.existing += out.existing
         mem, cores, slices = pod.req.booking_for(CAPACITY[node])
         mine = PodUsage(node, out.cards, mem, cores, slices)  # this attempt's record
-        await self.pause(0.03)  # the Binding call
+        pod.flying[node] = pod.flying.get(node, 0) + 1
+        over = False
+
+        def decided() -> None:  # this attempt's Binding is committed, or never will be
+            nonlocal over
+            if not over:
+                over = True
+                pod.flying[node] -= 1
+
+        try:
+            await self.decide(pod, node, out, mine, earlier, led, decided)
+        finally:
+            decided()
+
+    async def decide(self, pod: Pod, node: str, out: Any, mine: PodUsage, earlier: list[asyncio.Event],
+                     led: Ledger, decided: Callable[[], None]) -> None:
+        """The Binding of an attempt booked on `node` (`out`, its record `mine`): committed, or refused and the
+        booking given back (`decided` is told as its outcome is known)."""
+        await self.pause(self.binding_s)  # the Binding call
         if pod.uid not in self.truth and self.rng.random() < 0.75:
+            if self.early:  # the booking must be there as the Binding is committed (read, then committed at once)
+                held = await self.direct.snapshot(node)
+                if held is None or pod.uid not in held.reservations:
+                    self.stats.violations.append(f"{pod.uid}: Binding committed on {node} {mine.cards} while its "
+                                                 f"booking was gone")
             self.truth[pod.uid] = mine  # committed, with its record
+            decided()
             self.said(pod.uid, f"{node}: Binding committed {mine.cards}")
             self.stats.committed += 1
         elif self.truth.get(pod.uid) == mine:
             self.stats.conflicts += 1  # 409, but the pod is bound here with this record: _already_bound
+            decided()
         else:
             self.stats.conflicts += pod.uid in self.truth
             await self.pause(0.03)  # the extender reads the pod (_already_bound)
@@ -327,11 +418,16 @@ class Run:
                     await e.wait()
             if self.truth.get(pod.uid) != mine:
                 self.said(pod.uid, f"{node}: Binding failed, giving back bind_no={out.bind_no}")
+                decided()  # never
                 fate, _ = await self.call("give_back", lambda: led.give_back(node, pod.uid, out.bind_no or None,
                                                                                 attempt=out.attempt))
                 self.said(pod.uid, f"{node}: given back bind_no={out.bind_no}: {fate}")
                 self.stats.given_back += fate == "released"
                 self.stats.kept += fate == "kept"
+                if fate == "released" and pod.flying[node] > 0 and pod.uid not in self.truth:
+                    self.stats.violations.append(f"{pod.uid}: its booking on {node} given back while another "
+                                                 f"attempt's Binding there may still be committed")
+                    self.said(pod.uid, f"{node}: freed under another attempt's Binding")
                 return
         await self.pause(0.03)  # confirm.py's linger
         confirmer = self.replica()  # (the same replica in the product: any one here)
@@ -453,12 +549,30 @@ class Run:
     async def _quiet(self) -> None:
         """Quiet (no bind in flight; the reconciler may still write): the ledger holds exactly the truth."""
         async with self.api:
+            if self.proxy is not None and self.proxy.late:
+                await self.expire_leaks()
             snaps = await self.snapshots()
             errs = self.problems(snaps, dict(self.truth), quiet=True)
             booked = {uid for s in snaps.values() for uid in s.reservations}
             errs += [f"{uid} booked ({snaps_where(snaps, uid)}) but not bound in the API"
                      for uid in sorted(booked - set(self.truth))]
             self.stats.violations += errs
+
+
+    async def expire_leaks(self) -> None:
+        """Once every held command ran and every hold passed, the pending bookings left (no attempt is in flight)
+        are expired, as the janitor would: each must be of a pod a reserve of which came late or failed whole."""
+        assert self.proxy is not None
+        await self.proxy.idle.wait()
+        await asyncio.sleep(HOLD_MS / 1000 + 0.2)
+        for node in CAPACITY:
+            gone = await self.direct.expire(node, 1.0)
+            self.stats.leaked += len(gone)
+            for uid in gone:
+                self.said(uid, f"{node}: expired once quiet (a leak)")
+                if uid not in self.proxy.late_uids | self.failed_places:
+                    self.stats.violations.append(f"{uid} leaked on {node}: none of its commands came late nor "
+                                                 f"failed whole")
 
 
 def snaps_where(snaps: dict[str, NodeSnapshot], uid: str) -> str:
@@ -476,8 +590,9 @@ async def nothing_left(direct: Ledger) -> list[str]:
 
 
 async def stress(server: RedisServer, seed: int, pods: int, cut: float = 0.06, delay: float = 0.03,
-                 replicas: int = 3) -> Stats:
-    proxy = LossyProxy(server.port, seed, cut, delay)
+                 replicas: int = 3, late: float = 0.0, early: float = 0.0) -> Stats:
+    shas = tuple(hashlib.sha1(script_source(n).encode()).hexdigest() for n in ("reserve", "release"))  # EVALSHA's
+    proxy = LossyProxy(server.port, seed, cut, delay, late=late, late_shas=shas)
     port = await proxy.start()
     pw = f":{server.password}@" if server.password else ""
     url = f"redis://{pw}127.0.0.1:{port}/0?socket_timeout={CLIENT_TIMEOUT}&socket_connect_timeout=1"
@@ -495,11 +610,13 @@ async def stress(server: RedisServer, seed: int, pods: int, cut: float = 0.06, d
             led.retry_seconds = 10.0
             await led.load_scripts()
             leds.append(led)
-        run = Run(seed, leds, direct, pods)
+        run = Run(seed, leds, direct, pods, proxy=proxy, early=early)
         proxy.armed = True
         await asyncio.wait_for(run.run(), RUN_LIMIT_S)
         proxy.armed = False
-        run.stats.cut, run.stats.held = proxy.cuts, proxy.delays
+        run.stats.cut, run.stats.held, run.stats.late = proxy.cuts, proxy.delays, proxy.lates
+        if late:  # the held commands of the last pods run, and their leaks expire
+            await run.expire_leaks()
         run.stats.violations += await nothing_left(direct)
         for uid in sorted({e.split()[0] for e in run.stats.violations} & set(run.log) - set(CAPACITY))[:3]:
             run.stats.violations.append(f"{uid}'s story:\n  " + "\n  ".join(run.log[uid]))
@@ -521,3 +638,12 @@ async def test_lost_replies_and_resends_keep_the_ledger_true(redis_server: Redis
     # the run did what it is for: binds committed and given back, pods observed and released, rewrites, resends
     assert stats.committed > 10 and stats.given_back > 0 and stats.released > 10
     assert stats.rebuilds + stats.replaces > 0 and stats.samples > 0 and stats.cut > 0 and stats.held > 0
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_late_commands_and_early_retries_keep_the_ledger_true(redis_server: RedisServer, ledger: Ledger,
+                                                                    seed: int) -> None:
+    stats = await stress(redis_server, seed, PODS, cut=0.04, delay=0.02, late=0.08, early=0.5)
+    assert stats.violations == [], "\n".join(stats.violations)
+    assert stats.committed > 10 and stats.given_back > 0 and stats.released > 10
+    assert stats.late > 0 and stats.early > 0 and stats.samples > 0

@@ -244,8 +244,14 @@ end
 -- field, and its give-back (release.lua's `if_attempt`) takes its own name off; the booking is freed only when no
 -- attempt is left on it. A set, not an order: a reserve that runs late (its reply lost and the command sent again,
 -- or delivered after a later attempt's) adds its name wherever it lands, so no give-back frees a booking another
--- attempt's Binding may still be committed on. nil when the booking has no list (made by a writer that names no
--- attempt: the watchers, or a binder of an older release, whose `binds` numbers still apply).
+-- attempt's Binding may still be committed on. Each entry is `<name>:<n>`, the attempt and the number reserve gave
+-- it (answered again to its command run again: its own, not a later attempt's, for release's numbers when the list
+-- is gone), or `*<n>`: a holder that names no attempt (a binder of an older release numbers its attempt in `binds`
+-- and lists nothing), found on the booking when a named attempt joined it; no give-back takes that one off (the
+-- janitor's expiry frees the booking). `named_binds` is the number of the last named attempt that joined: `binds`
+-- above it means such a holder joined since, and a give-back leaves the booking to it. nil when the booking has no
+-- list, or an empty one (damaged): `binds` decides then (written by a writer that names no attempt: the watchers, a
+-- binder or a rewrite of an older release).
 local ATTEMPTS_MAX = 16
 local function check_attempt(t, what)
   if t ~= nil and (type(t) ~= "string" or #t ~= 16 or not string.match(t, "^%x+$")) then
@@ -253,20 +259,36 @@ local function check_attempt(t, what)
   end
   return nil
 end
+local function int_str(n) return string.format('%.0f', n) end
 local function attempts_of(uid)
   local raw = redis.call('HGET', res_key(uid), 'attempts')
   if not raw then return nil end
   local out = {}
   for t in string.gmatch(raw, "[^,]+") do out[#out + 1] = t end
+  if #out == 0 then return nil end
   return out
+end
+-- The name of an entry of `attempts` (an attempt's 16 hex digits, or `*<n>`)
+local function entry_name(e) return (string.match(e, "^[^:]*")) end
+-- The entry of attempt (or holder) `name` in `list`, or nil
+local function entry_of(list, name)
+  for _, e in ipairs(list or {}) do if entry_name(e) == name then return e end end
+  return nil
+end
+-- The number of the last named attempt that joined booking `r` of `uid` (`named_binds`); with a list `held` but no
+-- such field (written before it was kept, always with `binds`) its `binds`; 0 without either, or when the list is
+-- damaged (present, no entry): then every number on the booking may be a holder's no list names.
+local function named_binds_of(uid, r, held)
+  if not held and redis.call('HEXISTS', res_key(uid), 'attempts') == 1 then return 0 end
+  local v = redis.call('HGET', res_key(uid), 'named_binds')
+  if v then return num(v) end
+  if held then return r.binds end
+  return 0
 end
 -- What a rewrite of uid's booking `r` carries over (book's `carry`): read before the old hash goes
 local function carry_of(uid, r)
-  return {binds = r and r.binds or 0, attempts = redis.call('HGET', res_key(uid), 'attempts') or nil}
-end
-local function has_attempt(list, t)
-  for _, x in ipairs(list or {}) do if x == t then return true end end
-  return false
+  return {binds = r and r.binds or 0, attempts = redis.call('HGET', res_key(uid), 'attempts') or nil,
+          named = redis.call('HGET', res_key(uid), 'named_binds') or nil}
 end
 
 -- A reservation named by a caller (a uid from a payload): the node's only while its pods set lists it, the index
@@ -549,6 +571,7 @@ local function book(p, state, now, known, carry)
   -- holding it stay, so an earlier attempt's give-back (release.lua) still leaves it
   if carry and carry.binds and carry.binds > 0 then fields[#fields + 1] = 'binds'; fields[#fields + 1] = carry.binds end
   if carry and carry.attempts then fields[#fields + 1] = 'attempts'; fields[#fields + 1] = carry.attempts end
+  if carry and carry.named then fields[#fields + 1] = 'named_binds'; fields[#fields + 1] = carry.named end
   -- a new hash: no field of an earlier one (an orphan's) carried into it (after add_usage's HSET above, a write
   -- Redis refuses when full, so this DEL never opens the way past maxmemory)
   if redis.call('EXISTS', res_key(p.uid)) == 1 then redis.call('DEL', res_key(p.uid)) end

@@ -3,9 +3,11 @@
 -- (reserve.lua's `attempt`) and if_bind_no (the `bind_no` its reserve answered). The booking stays, answered
 -- {released = false, kept = true}, when the pod's Binding is committed here (bound: the watchers release it when
 -- the pod goes), or another attempt of the pod holds it: with an `attempts` list (_lib.lua) this attempt's name is
--- taken off and the booking freed only when none is left; without one (a booking of a binder that names no
--- attempt), when a later attempt's number is on it (`binds` above if_bind_no: a counter, the node's, not the
--- booking's, reserve.lua next_bind_no, so a give-back sent again leaves a booking a later attempt made anew).
+-- taken off and the booking freed only when none is left (an entry `*<n>`, a holder that names no attempt, is never
+-- taken off) and no such holder took it after the last named attempt (`binds` above `named_binds`); without one
+-- (a booking of a binder that names no attempt, or a list an older release's rewrite dropped), when a later
+-- attempt's number is on it (`binds` above if_bind_no: a counter, the node's, not the booking's, reserve.lua
+-- next_bind_no, so a give-back sent again leaves a booking a later attempt made anew).
 local p, reply = uid_payload()
 if not p then return reply end
 if p.if_bind_no ~= nil and not is_int(p.if_bind_no, 0, 2 ^ 52) then
@@ -21,9 +23,15 @@ if p.if_attempt ~= nil or p.if_bind_no ~= nil then
   local held = p.if_attempt ~= nil and attempts_of(p.uid) or nil
   if held then
     local rest = {}
-    for _, t in ipairs(held) do if t ~= p.if_attempt then rest[#rest + 1] = t end end
+    for _, t in ipairs(held) do if entry_name(t) ~= p.if_attempt then rest[#rest + 1] = t end end
+    local changed = #rest < #held
+    -- none left, but a holder that names no attempt took the booking after the last named one (an older release's
+    -- binder: its reserve numbers its attempt in `binds` and lists nothing): listed, and the booking kept for it
+    if #rest == 0 and r.binds > named_binds_of(p.uid, r, held) then
+      rest[1], changed = "*" .. int_str(r.binds), true
+    end
     if #rest > 0 then
-      if #rest < #held then redis.call('HSET', res_key(p.uid), 'attempts', table.concat(rest, ",")) end
+      if changed then redis.call('HSET', res_key(p.uid), 'attempts', table.concat(rest, ",")) end
       return kept
     end
   elseif p.if_bind_no ~= nil and r.binds > p.if_bind_no then

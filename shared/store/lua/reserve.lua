@@ -10,8 +10,9 @@
 -- booking (its reply lost) must not take a booking a later attempt made anew meanwhile, numbered from 1 again.
 -- `attempt` (with hold_ms): the attempt's name, added to the booking's `attempts` (_lib.lua): its give-back frees
 -- the booking only when no other attempt holds it, in whatever order the attempts' commands ran; this attempt's
--- command run again (its reply lost) is answered without a new number. On conflict returns the reason and the node's current cards (refusal_view), so the caller can refit
--- without another read.
+-- command run again (its reply lost) is answered its own number again, no new one. A holder that names no attempt
+-- (an older release's binder), found when a named attempt joins, is listed as `*<n>` (_lib.lua). On conflict
+-- returns the reason and the node's current cards (refusal_view), so the caller can refit without another read.
 local function unverified()
   return cjson.encode({ok = false, unverified = true, reason = "node unverified: Redis restarted, failed over or evicted keys "
     .. "since the watchers last compared this node with the API server (it may lack a booking a pod holds); "
@@ -86,22 +87,33 @@ if r then
     -- earlier attempt's give-back leaves it to this one (no feed message: a mirror's copy may be older, and
     -- the scripts decide). A stamp from a clock that stepped back stays: never lowered within FUTURE_MS
     local held = p.attempt and attempts_of(p.uid) or nil
-    local again = p.attempt ~= nil and has_attempt(held, p.attempt)  -- this attempt's command, run before
-    if p.attempt and not again and #(held or {}) >= ATTEMPTS_MAX then
+    local mine = p.attempt and entry_of(held, p.attempt) or nil  -- this attempt's command, run before
+    -- a holder that names no attempt took the booking after the last named one (or made it): listed, so that no
+    -- named give-back frees the booking under its Binding
+    local unnamed = nil
+    if p.attempt and not mine and r.binds > named_binds_of(p.uid, r, held) then
+      unnamed = "*" .. int_str(r.binds)
+      if entry_of(held, unnamed) then unnamed = nil end
+    end
+    if p.attempt and not mine and #(held or {}) + (unnamed and 2 or 1) > ATTEMPTS_MAX then
       return cjson.encode({ok = false, reason = string.format("too many bind attempts: %d of the pod hold its "
         .. "booking here, none given back yet; no more until one is, or the booking expires", #held)})
     end
     local now = now_ms()
     settle_by = math.max((r.settle_by - now <= FUTURE_MS) and r.settle_by or 0, now + hold)
-    if again then
+    if mine then
       redis.call('HSET', res_key(p.uid), 'settle_by', settle_by)
+      -- its own number, not a later attempt's (an entry written without one: the booking's)
+      local own = num(string.match(mine, ":(%d+)$"))
+      if own > 0 then bind_no = own end
     else
       bind_no = next_bind_no(r.binds)
       redis.call('HSET', res_key(p.uid), 'settle_by', settle_by, 'binds', bind_no)
       if p.attempt then
         held = held or {}
-        held[#held + 1] = p.attempt
-        redis.call('HSET', res_key(p.uid), 'attempts', table.concat(held, ","))
+        if unnamed then held[#held + 1] = unnamed end
+        held[#held + 1] = p.attempt .. ":" .. int_str(bind_no)
+        redis.call('HSET', res_key(p.uid), 'attempts', table.concat(held, ","), 'named_binds', int_str(bind_no))
       end
     end
   end
@@ -129,7 +141,10 @@ if hold > 0 then settle_by, bind_no = now + hold, next_bind_no(0) end  -- number
 local views, res = book(p, "pending", now, seen)
 if hold > 0 then
   redis.call('HSET', res_key(p.uid), 'settle_by', settle_by, 'binds', bind_no)
-  if p.attempt then redis.call('HSET', res_key(p.uid), 'attempts', p.attempt) end
+  if p.attempt then
+    redis.call('HSET', res_key(p.uid), 'attempts', p.attempt .. ":" .. int_str(bind_no),
+               'named_binds', int_str(bind_no))
+  end
   res.settle_by, res.binds = settle_by, bind_no
 end
 local v, msg = publish('reserve', p.uid, res, p.cards, views)
