@@ -23,7 +23,7 @@ from shared.domain.annotations import PodUsage
 from shared.domain.fit import CardNeed, Plan, Reasons
 from shared.domain.node import Inventory
 from shared.domain.state import NodeSnapshot
-from shared.store.ledger_core import LedgerCore, LedgerError, now_ms
+from shared.store.ledger_core import LedgerCore, LedgerError, log, now_ms
 from shared.store.ledger_reads import HEADS_BATCH, SNAPSHOT_BATCH, LedgerReads, Reread
 from shared.store.redis_conn import NO_OPTIONS, RedisOptions, connect, connect_subscriber, explain
 from shared.store.resend import (
@@ -205,7 +205,14 @@ class Ledger(LedgerReads, ServerChecks):
                            deny=sorted(need.deny))
             if need.accepts is not None:
                 payload["accepts"] = sorted(need.accepts)
-        raw = await self._call("reserve", node, payload, lambda k: self.keys.reserve(node, uid, cards, k))
+        resent: list[BaseException] = []
+        try:
+            raw = await self._call("reserve", node, payload, lambda k: self.keys.reserve(node, uid, cards, k),
+                                   resent=resent)
+        except Exception as e:
+            if attempt and _may_have_run([*resent, e]):
+                await self._withdraw(node, uid, attempt)
+            raise
         out = orjson.loads(raw)
         if out["ok"]:
             self._saw(node, uids=[uid])
@@ -217,6 +224,21 @@ class Ledger(LedgerReads, ServerChecks):
                                   attempt=attempt), None
         snap = NodeSnapshot.from_json(out["node"]) if out.get("node") else None
         return ReserveOutcome(False, refused=str(out.get("reason", ""))), snap
+
+    async def _withdraw(self, node: str, uid: str, attempt: str) -> None:
+        """A reserve with a hold that may have run, its replies lost until the resends ran out: its caller never learns
+        the attempt's name and sends no Binding, so the name comes off the booking now if Redis answers one send,
+        rather than keeping the booking from every later attempt's give-back until the janitor's expiry. Named only, no
+        number: a booking that lists no attempt stays (release.lua). A command of it still in flight may list the name
+        again: the janitor's expiry frees that one."""
+        try:
+            fate, _ = await self.give_back(node, uid, attempt=attempt, give_up=lambda _e: True)
+        except Exception as e:  # Redis still away: the name stays, the booking waits for the janitor
+            log.info("reserve on %s for %s: its outcome is unknown, and its attempt could not be withdrawn: %s",
+                     node, uid, e)
+        else:
+            log.info("reserve on %s for %s: its outcome is unknown; its attempt withdrawn (booking %s)",
+                     node, uid, fate)
 
     async def place(self, node: str, uid: str, plan: Plan, pod: str = "",
                     hold_ms: int = 0) -> tuple[ReserveOutcome, NodeSnapshot | None]:

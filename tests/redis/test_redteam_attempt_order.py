@@ -166,3 +166,41 @@ async def test_a_malformed_attempt_is_refused_as_bad_input(ledger: Ledger, scrip
     keys = ledger.keys.reserve("a", "p", [0], known) if script == "reserve" else ledger.keys.release("a", "p", known)
     with pytest.raises(rexc.ResponseError, match=r"BADINPUT .*attempt"):
         await ledger._scripts[script](keys, [ledger.keys.feed, "a", orjson.dumps(body).decode()])
+
+
+@pytest.mark.parametrize("joined", [False, True], ids=["alone", "another-attempt-joined"])
+async def test_a_reserve_whose_answer_never_came_withdraws_its_attempt(ledger: Ledger, joined: bool) -> None:
+    """The reserve ran, every reply was lost until the resends ran out: the caller never learns the attempt's name and
+    sends no Binding. Its name comes off the booking at once (Ledger._withdraw), so the booking is free, or left to
+    the attempt that joined it, rather than held from every later give-back until the janitor's expiry."""
+    await ledger.upsert_node(inventory("a", S4000, n=1))
+    ledger.retry_seconds = 0.1
+    replica = Ledger(ledger.redis)  # the other attempt's extender
+    real = ledger._scripts["reserve"]
+    later: list[Any] = []
+
+    async def run(keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        await real(keys, args)
+        if joined and not later:
+            out, _ = await replica.reserve("a", "p", [0], *WHOLE, pod="ns/p", hold_ms=HOLD)
+            later.append(out)
+        raise rexc.ConnectionError("Connection closed by server.")
+
+    ledger._scripts["reserve"] = run  # type: ignore[assignment]
+    with pytest.raises(rexc.ConnectionError):
+        await ledger.reserve("a", "p", [0], *WHOLE, pod="ns/p", hold_ms=HOLD)
+    ledger._scripts["reserve"] = real
+    if not joined:
+        assert (await ledger.snapshots(["a"]))["a"].reservations == {}  # nothing holds the card
+        return
+    await assert_held_by_p(ledger)  # the joined attempt's Binding may come
+    b = later[0]
+    assert (await replica.give_back("a", "p", b.bind_no, attempt=b.attempt))[0] == "released"
+
+
+async def test_a_give_back_naming_only_an_attempt_leaves_a_booking_that_lists_none(ledger: Ledger) -> None:
+    await ledger.upsert_node(inventory("a", S4000, n=1))
+    out, _ = await ledger.reserve("a", "p", [0], *WHOLE, pod="ns/p")  # no hold: no list, no number
+    assert out.ok
+    assert (await ledger.give_back("a", "p", attempt="0123456789abcdef"))[0] == "kept"
+    await assert_held_by_p(ledger)

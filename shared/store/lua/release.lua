@@ -34,7 +34,8 @@ if p.if_attempt ~= nil or p.if_bind_no ~= nil then
       if changed then redis.call('HSET', res_key(p.uid), 'attempts', table.concat(rest, ",")) end
       return kept
     end
-  elseif p.if_bind_no ~= nil and r.binds > p.if_bind_no then
+  elseif p.if_bind_no == nil or r.binds > p.if_bind_no then
+    -- no list, and no number to go by (a name only: an attempt whose reserve's answer never came) or a later one's
     return kept
   end
 end
