@@ -495,12 +495,13 @@ class Extender(InFlight):
         until = started + self.bind_deadline  # the API server commits the Binding by then, or never
         if until - time.monotonic() < BIND_MIN_LEFT_S:
             # too late to promise the watchers it is committed within the deadline, or never: not sent. A
-            # booking an earlier attempt made (`existing`) stays: that attempt's Binding may still be in flight
-            if outcome.existing:
+            # booking an earlier attempt made (`existing`) stays for it (its Binding may still be in flight): this
+            # attempt takes only its own name off, naming no number (release.lua keeps a booking that lists none)
+            if outcome.existing and not outcome.attempt:
                 self._unclaim(uid)
                 fate = "kept for the earlier attempt"
             else:
-                fate = await self._give_back(node, uid, outcome.bind_no, outcome.attempt)
+                fate = await self._give_back(node, uid, 0 if outcome.existing else outcome.bind_no, outcome.attempt)
             BINDINGS.labels("failed").inc()
             BIND_DEADLINE_MISSED.labels("before_send").inc()
             msg = (f"binding {ns}/{name} to {node} not sent: its reservation took {time.monotonic() - started:.1f}s "

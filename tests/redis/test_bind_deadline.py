@@ -68,6 +68,22 @@ async def test_too_late_for_a_booking_an_earlier_attempt_made_keeps_it(
     assert snap is not None and snap.reservations["u"].state == "pending"
 
 
+async def test_too_late_for_a_booking_an_earlier_named_attempt_made_takes_only_its_own_name_off(
+        setup: tuple[Extender, FakeKube, Ledger]) -> None:
+    """The earlier attempt (a binder with a hold, listed by name) keeps the booking; once it gives it back too, nothing
+    holds it (this attempt's name is not left on it until the janitor's expiry)."""
+    ext, _, ledger = setup
+    earlier, _ = await ledger.reserve("s5k", "u", [0], 32, 8, 1, pod="ns/p-u", hold_ms=5000)
+    assert earlier.ok
+    ext.bind_deadline = BIND_MIN_LEFT_S / 2
+    ext.filter({"Pod": pod("u", SLICE), "NodeNames": ["s5k"], "Nodes": None})
+    out = await ext.bind(ARGS)
+    assert "not sent" in out["Error"] and "kept" in out["Error"], out
+    snap = await ledger.snapshot("s5k")
+    assert snap is not None and snap.reservations["u"].state == "pending"
+    assert (await ledger.give_back("s5k", "u", earlier.bind_no, attempt=earlier.attempt))[0] == "released"
+
+
 class LateKube(FakeKube):
     """The API server times the Binding out, then commits it anyway a little later (before its deadline)."""
 

@@ -88,10 +88,12 @@ if r then
     -- the scripts decide). A stamp from a clock that stepped back stays: never lowered within FUTURE_MS
     local held = p.attempt and attempts_of(p.uid) or nil
     local mine = p.attempt and entry_of(held, p.attempt) or nil  -- this attempt's command, run before
-    -- a holder that names no attempt took the booking after the last named one (or made it): listed, so that no
-    -- named give-back frees the booking under its Binding
+    -- a holder that names no attempt took the booking after the last named one (or made it, also one that numbered
+    -- nothing: a pending booking with neither list nor number): listed, so that no named give-back frees the booking
+    -- under its Binding
     local unnamed = nil
-    if p.attempt and not mine and r.binds > named_binds_of(p.uid, r, held) then
+    if p.attempt and not mine and (r.binds > named_binds_of(p.uid, r, held)
+                                   or (not held and r.binds == 0 and r.state ~= "bound")) then
       unnamed = "*" .. int_str(r.binds)
       if entry_of(held, unnamed) then unnamed = nil end
     end
