@@ -288,8 +288,9 @@ class Ledger(LedgerReads, ServerChecks):
                         give_up: Callable[[BaseException], bool] | None = None,
                         attempt: str = "") -> tuple[str, Mapping[str, Any] | None]:
         """Release a pod's booking: "released" (with the feed message, as release_feed), "gone" (nothing
-        held) or, with `bind_no` and `attempt` (a binder giving back its own booking: what its reserve answered),
-        "kept" when the pod's Binding is committed there or another bind attempt of the pod holds it (release.lua)."""
+        held) or, with `bind_no` and/or `attempt` (a binder giving back its own booking: what its reserve answered;
+        the name alone takes only that attempt off), "kept" when the pod's Binding is committed there or another bind
+        attempt of the pod holds it (release.lua)."""
         body: dict[str, Any] = {"uid": uid}
         if bind_no is not None:
             body["if_bind_no"] = bind_no

@@ -5,7 +5,8 @@
 -- the pod goes), or another attempt of the pod holds it: with an `attempts` list (_lib.lua) this attempt's name is
 -- taken off and the booking freed only when none is left (an entry `*<n>`, a holder that names no attempt, is never
 -- taken off) and no such holder took it after the last named attempt (`binds` above `named_binds`); without one
--- (a booking of a binder that names no attempt, or a list an older release's rewrite dropped), when a later
+-- (a booking of a binder that names no attempt, or a list an older release's rewrite dropped), when the give-back
+-- names no number (an attempt's name alone: Ledger._withdraw, or a bind too late to send) or a later
 -- attempt's number is on it (`binds` above if_bind_no: a counter, the node's, not the booking's, reserve.lua
 -- next_bind_no, so a give-back sent again leaves a booking a later attempt made anew).
 local p, reply = uid_payload()
