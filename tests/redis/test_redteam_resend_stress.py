@@ -395,12 +395,13 @@ class Run:
         """The Binding of an attempt booked on `node` (`out`, its record `mine`): committed, or refused and the
         booking given back (`decided` is told as its outcome is known)."""
         await self.pause(self.binding_s)  # the Binding call
+        # with early retries the booking must be there as the Binding is committed: read first, and then (no await
+        # between the API's check that the pod is unbound and its commit: one Binding per pod) committed at once
+        held = await self.direct.snapshot(node) if self.early else None
         if pod.uid not in self.truth and self.rng.random() < 0.75:
-            if self.early:  # the booking must be there as the Binding is committed (read, then committed at once)
-                held = await self.direct.snapshot(node)
-                if held is None or pod.uid not in held.reservations:
-                    self.stats.violations.append(f"{pod.uid}: Binding committed on {node} {mine.cards} while its "
-                                                 f"booking was gone")
+            if self.early and (held is None or pod.uid not in held.reservations):
+                self.stats.violations.append(f"{pod.uid}: Binding committed on {node} {mine.cards} while its "
+                                             f"booking was gone")
             self.truth[pod.uid] = mine  # committed, with its record
             decided()
             self.said(pod.uid, f"{node}: Binding committed {mine.cards}")
