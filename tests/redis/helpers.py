@@ -7,9 +7,10 @@ it only depends on shared/ and redis.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from shared.domain.annotations import PodUsage
@@ -207,3 +208,24 @@ def hold_confirmations(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> async
 
     monkeypatch.setattr(ledger, "mark_bound_many", held)
     return go
+
+
+def around_script(ledger: Ledger, script: str, before: Callable[[], Awaitable[None]] | None = None,
+                  after: Callable[[], Awaitable[None]] | None = None) -> list[Any]:
+    """The next run of `script` by `ledger`: `before` runs first (its command held back until then), and/or it runs,
+    `after` runs and its reply is lost (a timeout: the ledger sends it again). Returns the raw replies of its runs."""
+    real = ledger._scripts[script]
+    runs: list[Any] = []
+
+    async def run(keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        if before is not None and not runs:
+            await before()
+        out = await real(keys, args)
+        runs.append(out)
+        if after is not None and len(runs) == 1:
+            await after()
+            raise rexc.TimeoutError("Timeout reading from socket")
+        return out
+
+    ledger._scripts[script] = run  # type: ignore[assignment]
+    return runs

@@ -55,25 +55,14 @@ async def test_a_binding_too_late_to_meet_the_deadline_is_not_sent(setup: tuple[
     assert snap is not None and not snap.reservations
 
 
+@pytest.mark.parametrize("named", [False, True], ids=["earlier-lists-none", "earlier-named"])
 async def test_too_late_for_a_booking_an_earlier_attempt_made_keeps_it(
-        setup: tuple[Extender, FakeKube, Ledger]) -> None:
-    """The earlier attempt's Binding may still be in flight: its booking is not given away."""
+        setup: tuple[Extender, FakeKube, Ledger], named: bool) -> None:
+    """The earlier attempt's Binding may still be in flight: its booking is not given away. This attempt takes only
+    its own name off, so once an earlier attempt listed by name gives the booking back too, nothing holds it (not
+    left on it until the janitor's expiry); one that lists none (no hold) keeps it."""
     ext, _, ledger = setup
-    assert (await ledger.reserve("s5k", "u", [0], 32, 8, 1, pod="ns/p-u"))[0].ok  # the earlier attempt's
-    ext.bind_deadline = BIND_MIN_LEFT_S / 2
-    ext.filter({"Pod": pod("u", SLICE), "NodeNames": ["s5k"], "Nodes": None})
-    out = await ext.bind(ARGS)
-    assert "not sent" in out["Error"] and "kept" in out["Error"], out
-    snap = await ledger.snapshot("s5k")
-    assert snap is not None and snap.reservations["u"].state == "pending"
-
-
-async def test_too_late_for_a_booking_an_earlier_named_attempt_made_takes_only_its_own_name_off(
-        setup: tuple[Extender, FakeKube, Ledger]) -> None:
-    """The earlier attempt (a binder with a hold, listed by name) keeps the booking; once it gives it back too, nothing
-    holds it (this attempt's name is not left on it until the janitor's expiry)."""
-    ext, _, ledger = setup
-    earlier, _ = await ledger.reserve("s5k", "u", [0], 32, 8, 1, pod="ns/p-u", hold_ms=5000)
+    earlier, _ = await ledger.reserve("s5k", "u", [0], 32, 8, 1, pod="ns/p-u", hold_ms=5000 if named else 0)
     assert earlier.ok
     ext.bind_deadline = BIND_MIN_LEFT_S / 2
     ext.filter({"Pod": pod("u", SLICE), "NodeNames": ["s5k"], "Nodes": None})
@@ -81,7 +70,8 @@ async def test_too_late_for_a_booking_an_earlier_named_attempt_made_takes_only_i
     assert "not sent" in out["Error"] and "kept" in out["Error"], out
     snap = await ledger.snapshot("s5k")
     assert snap is not None and snap.reservations["u"].state == "pending"
-    assert (await ledger.give_back("s5k", "u", earlier.bind_no, attempt=earlier.attempt))[0] == "released"
+    if named:
+        assert (await ledger.give_back("s5k", "u", earlier.bind_no, attempt=earlier.attempt))[0] == "released"
 
 
 class LateKube(FakeKube):

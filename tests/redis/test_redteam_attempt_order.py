@@ -22,31 +22,11 @@ from redis import exceptions as rexc
 from shared.domain.annotations import PodUsage
 from shared.store.keys import Known
 from shared.store.ledger import ATTEMPTS_MAX, TOO_MANY_ATTEMPTS, Ledger
-from tests.redis.helpers import S4000, inventory, violations
+from tests.redis.helpers import S4000, around_script, inventory, violations
 
 pytestmark = pytest.mark.redis
 WHOLE = (96, 16, 1)  # mem, cores, slices: the whole card
 HOLD = 5000
-
-
-def around_reserve(ledger: Ledger, before: Any = None, after: Any = None) -> list[Any]:
-    """The next reserve of `ledger`: `before` runs first (the command held back), or it runs, `after` runs and its
-    reply is lost (the ledger sends it again)."""
-    real = ledger._scripts["reserve"]
-    runs: list[Any] = []
-
-    async def run(keys: Any = None, args: Any = None, client: Any = None) -> Any:
-        if before is not None and not runs:
-            await before()
-        out = await real(keys, args)
-        runs.append(out)
-        if after is not None and len(runs) == 1:
-            await after()
-            raise rexc.TimeoutError("Timeout reading from socket")
-        return out
-
-    ledger._scripts["reserve"] = run  # type: ignore[assignment]
-    return runs
 
 
 async def assert_held_by_p(ledger: Ledger) -> None:
@@ -69,9 +49,9 @@ async def test_an_earlier_attempt_whose_reserve_ran_last_does_not_free_the_later
         later.append(out)
 
     if order == "resent-after":  # A's reserve ran, B's ran, A's ran again (its reply was lost)
-        runs = around_reserve(ledger, after=b_reserves)
+        runs = around_script(ledger, "reserve", after=b_reserves)
     else:  # A's reserve was held back until B's had run
-        runs = around_reserve(ledger, before=b_reserves)
+        runs = around_script(ledger, "reserve", before=b_reserves)
     a, _ = await ledger.reserve("a", "p", [0], *WHOLE, pod="ns/p", hold_ms=HOLD)
     assert a.ok and later and len(runs) == (2 if order == "resent-after" else 1)
     b = later[0]
@@ -89,7 +69,7 @@ async def test_an_earlier_attempt_whose_reserve_ran_last_does_not_free_the_later
 
 async def test_the_same_attempt_s_reserve_run_again_gets_no_new_number(ledger: Ledger) -> None:
     await ledger.upsert_node(inventory("a", S4000, n=1))
-    runs = around_reserve(ledger, after=lambda: _noop())
+    runs = around_script(ledger, "reserve", after=lambda: _noop())
     a, _ = await ledger.reserve("a", "p", [0], *WHOLE, pod="ns/p", hold_ms=HOLD)
     assert a.ok and len(runs) == 2
     first = orjson.loads(runs[0])

@@ -31,10 +31,9 @@ from typing import Any
 
 import orjson
 import pytest
-from redis import exceptions as rexc
 
 from shared.store.ledger import Ledger
-from tests.redis.helpers import S4000, inventory, violations
+from tests.redis.helpers import S4000, around_script, inventory, violations
 
 pytestmark = pytest.mark.redis
 WHOLE = (96, 16, 1)  # mem, cores, slices: the whole card
@@ -93,23 +92,6 @@ async def test_a_named_attempt_joining_an_older_binder_s_booking_does_not_free_i
     await assert_held_by_p(ledger)
 
 
-def lose_first_reserve(ledger: Ledger, meanwhile: Any) -> list[Any]:
-    """The next reserve of `ledger` runs, `meanwhile` runs, its reply is lost and the ledger sends it again."""
-    real = ledger._scripts["reserve"]
-    runs: list[Any] = []
-
-    async def run(keys: Any = None, args: Any = None, client: Any = None) -> Any:
-        out = await real(keys, args)
-        runs.append(orjson.loads(out))
-        if len(runs) == 1:
-            await meanwhile()
-            raise rexc.TimeoutError("Timeout reading from socket")
-        return out
-
-    ledger._scripts["reserve"] = run  # type: ignore[assignment]
-    return runs
-
-
 async def test_an_attempt_s_reserve_run_again_is_answered_its_own_number(ledger: Ledger) -> None:
     await ledger.upsert_node(inventory("a", S4000, n=1))
     replica = Ledger(ledger.redis)
@@ -118,8 +100,9 @@ async def test_an_attempt_s_reserve_run_again_is_answered_its_own_number(ledger:
     async def b_reserves() -> None:
         later.append((await replica.reserve("a", "p", [0], *WHOLE, pod="ns/p", hold_ms=HOLD))[0])
 
-    runs = lose_first_reserve(ledger, b_reserves)
+    raw = around_script(ledger, "reserve", after=b_reserves)
     a, _ = await ledger.reserve("a", "p", [0], *WHOLE, pod="ns/p", hold_ms=HOLD)
+    runs = [orjson.loads(r) for r in raw]
     b = later[0]
     assert a.ok and b.ok and b.existing and len(runs) == 2 and b.bind_no > runs[0]["bind_no"]
     assert a.bind_no == runs[0]["bind_no"]  # its own, not B's

@@ -16,14 +16,11 @@ Real parts: redis-server, the Ledger, the scripts; the release's reply is lost a
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from redis import exceptions as rexc
 
 from shared.domain.annotations import PodUsage
 from shared.store.ledger import Ledger
-from tests.redis.helpers import S4000, inventory, violations
+from tests.redis.helpers import S4000, around_script, inventory, violations
 
 pytestmark = pytest.mark.redis
 WHOLE = (96, 16, 1)  # mem, cores, slices: the whole card
@@ -39,23 +36,6 @@ async def two_attempts(ledger: Ledger) -> tuple[int, int]:
     return first.bind_no, later.bind_no
 
 
-def lose_first_release(ledger: Ledger, meanwhile: Any) -> list[Any]:
-    """The next release runs, `meanwhile` runs, and its reply is lost (the ledger sends it again)."""
-    real = ledger._scripts["release"]
-    runs: list[Any] = []
-
-    async def run(keys: Any = None, args: Any = None, client: Any = None) -> Any:
-        out = await real(keys, args)
-        runs.append(out)
-        if len(runs) == 1:
-            await meanwhile()
-            raise rexc.TimeoutError("Timeout reading from socket")
-        return out
-
-    ledger._scripts["release"] = run  # type: ignore[assignment]
-    return runs
-
-
 @pytest.mark.parametrize("in_truth", [True, False], ids=["rewritten-from-truth", "kept-by-keep-window"])
 async def test_a_give_back_sent_again_after_a_rewrite_leaves_the_later_attempt_s_bound_booking(
         ledger: Ledger, in_truth: bool) -> None:
@@ -69,7 +49,7 @@ async def test_a_give_back_sent_again_after_a_rewrite_leaves_the_later_attempt_s
         out = await replica.replace_node(inventory("a", S4000, n=1), truth, keep_ms=60_000, keep_bound=True)
         assert out["dropped"] == 0
 
-    runs = lose_first_release(ledger, meanwhile)
+    runs = around_script(ledger, "release", after=meanwhile)
     fate, _ = await ledger.give_back("a", "p", first)
     assert len(runs) == 2
     assert fate == "kept"  # both runs: the later attempt holds it
