@@ -71,6 +71,7 @@ from shared.serving.metrics import (
     CONFLICTS,
     EXTENDER_ERRORS,
     EXTENDER_SECONDS,
+    RELEASES,
     RESERVATIONS,
     TOPK_DROPPED,
     count_filter_failures,
@@ -575,6 +576,8 @@ class Extender(InFlight):
         filter must see the cards free, so the release is in this mirror now, not when the feed brings it.
         Returns what became of the booking, for the answer."""
         fate, feed = await self.ledger.give_back(node, uid, bind_no or None, attempt=attempt)
+        if fate == "released":
+            RELEASES.labels("bind_failed").inc()
         if feed is not None:
             self._apply_feed(feed)
         self._unclaim(uid)

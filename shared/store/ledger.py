@@ -23,6 +23,7 @@ from shared.domain.annotations import PodUsage
 from shared.domain.fit import CardNeed, Plan, Reasons
 from shared.domain.node import Inventory
 from shared.domain.state import NodeSnapshot
+from shared.serving.metrics import RELEASES
 from shared.store.ledger_core import LedgerCore, LedgerError, log, now_ms
 from shared.store.ledger_reads import HEADS_BATCH, SNAPSHOT_BATCH, LedgerReads, Reread
 from shared.store.redis_conn import NO_OPTIONS, RedisOptions, connect, connect_subscriber, explain
@@ -237,6 +238,8 @@ class Ledger(LedgerReads, ServerChecks):
             log.info("reserve on %s for %s: its outcome is unknown, and its attempt could not be withdrawn: %s",
                      node, uid, e)
         else:
+            if fate == "released":
+                RELEASES.labels("reserve_unanswered").inc()
             log.info("reserve on %s for %s: its outcome is unknown; its attempt withdrawn (booking %s)",
                      node, uid, fate)
 
