@@ -16,6 +16,7 @@ import pytest
 from controller.extender import Extender
 from shared.domain.timing import BIND_DEADLINE_S, BIND_MIN_LEFT_S, BIND_SETTLE_S, bind_deadline_s
 from shared.kube import KubeError
+from shared.serving.metrics import RELEASES
 from shared.store.ledger import Ledger
 from tests.redis import test_extender_bind
 from tests.redis.test_extender_bind import FakeKube, pod
@@ -48,8 +49,10 @@ async def test_a_binding_too_late_to_meet_the_deadline_is_not_sent(setup: tuple[
     ext, kube, ledger = setup
     ext.bind_deadline = BIND_MIN_LEFT_S / 2  # as if the reservation had taken the whole deadline
     ext.filter({"Pod": pod("u", SLICE), "NodeNames": ["s5k"], "Nodes": None})
+    counted = RELEASES.labels("bind_failed")._value.get()
     out = await ext.bind(ARGS)
     assert "not sent" in out["Error"] and "reservation released" in out["Error"], out
+    assert RELEASES.labels("bind_failed")._value.get() == counted + 1
     assert not kube.deadlines and not kube.bound
     snap = await ledger.snapshot("s5k")
     assert snap is not None and not snap.reservations

@@ -20,6 +20,7 @@ import pytest
 from redis import exceptions as rexc
 
 from shared.domain.annotations import PodUsage
+from shared.serving.metrics import RELEASES
 from shared.store.keys import Known
 from shared.store.ledger import ATTEMPTS_MAX, TOO_MANY_ATTEMPTS, Ledger
 from tests.redis.helpers import S4000, around_script, inventory, violations
@@ -167,12 +168,15 @@ async def test_a_reserve_whose_answer_never_came_withdraws_its_attempt(ledger: L
         raise rexc.ConnectionError("Connection closed by server.")
 
     ledger._scripts["reserve"] = run  # type: ignore[assignment]
+    counted = RELEASES.labels("reserve_unanswered")._value.get()
     with pytest.raises(rexc.ConnectionError):
         await ledger.reserve("a", "p", [0], *WHOLE, pod="ns/p", hold_ms=HOLD)
     ledger._scripts["reserve"] = real
     if not joined:
         assert (await ledger.snapshots(["a"]))["a"].reservations == {}  # nothing holds the card
+        assert RELEASES.labels("reserve_unanswered")._value.get() == counted + 1
         return
+    assert RELEASES.labels("reserve_unanswered")._value.get() == counted  # kept for the other attempt
     await assert_held_by_p(ledger)  # the joined attempt's Binding may come
     b = later[0]
     assert (await replica.give_back("a", "p", b.bind_no, attempt=b.attempt))[0] == "released"
