@@ -567,8 +567,11 @@ local function book(p, state, now, known, carry)
   local fields = {'cards', csv, 'mem', p.mem, 'cores', p.cores, 'slices', p.slices,
                   'state', state, 'created', now, 'pod', p.pod or ""}
   if p.idle then fields[#fields + 1] = 'idle'; fields[#fields + 1] = '1' end
-  -- `carry` (a rewrite of the pod's booking, not a new one): its last bind attempt's number and the attempts
-  -- holding it stay, so an earlier attempt's give-back (release.lua) still leaves it
+  -- `carry` (a rewrite of the pod's booking: its last bind attempt's number and the attempts holding it stay, so an
+  -- earlier attempt's give-back, release.lua, still leaves it; or a binder's new booking: its hold, reserve.lua)
+  if carry and carry.settle_by and carry.settle_by > 0 then
+    fields[#fields + 1] = 'settle_by'; fields[#fields + 1] = carry.settle_by
+  end
   if carry and carry.binds and carry.binds > 0 then fields[#fields + 1] = 'binds'; fields[#fields + 1] = carry.binds end
   if carry and carry.attempts then fields[#fields + 1] = 'attempts'; fields[#fields + 1] = carry.attempts end
   if carry and carry.named then fields[#fields + 1] = 'named_binds'; fields[#fields + 1] = carry.named end

@@ -119,13 +119,13 @@ for _, e in ipairs(pending) do
   local uid, r, kept = e[1], e[2], e[3]
   local nums = {}
   for i, idx in ipairs(split_cards(r.cards)) do nums[i] = tonumber(idx) end
+  -- its bind attempt's stamp (a pending one's Binding may still be committed), number and attempts: `kept`
+  if r.state ~= "bound" and r.settle_by > 0 then kept.settle_by = r.settle_by end
   book({uid = uid, cards = nums, mem = r.mem, cores = r.cores, slices = r.slices, pod = r.pod, idle = r.idle},
        r.state, r.created, nil, kept)
   -- book stamps a bound one as bound when it was made: keep when it was bound, or its keep window ends early
   if r.state == "bound" then redis.call('HSET', res_key(uid), 'bound_at', r.bound_at) end
   if r.state ~= "bound" and (r.carried or was_unverified) then redis.call('HSET', res_key(uid), 'carried', '1') end
-  -- its bind attempt's stamp (a pending one's Binding may still be committed; its number and attempts: `kept`)
-  if r.state ~= "bound" and r.settle_by > 0 then redis.call('HSET', res_key(uid), 'settle_by', r.settle_by) end
   for _, idx in ipairs(split_cards(r.cards)) do
     local c = card_view(idx)
     if c and c.health ~= "removed" and (c.mem_used > c.capacity or c.cores_used > c.cores

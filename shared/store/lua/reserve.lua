@@ -30,7 +30,7 @@ local function next_bind_no(floor)
   local seq = num(redis.call('HGET', NODE_KEY, 'bind_seq'))
   if seq < 0 or seq >= BIND_NO_MAX - 1 then seq = 0 end
   local n = math.max(seq, floor) + 1
-  redis.call('HSET', NODE_KEY, 'bind_seq', string.format('%.0f', n))
+  redis.call('HSET', NODE_KEY, 'bind_seq', int_str(n))
   return n
 end
 local p, err = payload()
@@ -110,13 +110,14 @@ if r then
       if own > 0 then bind_no = own end
     else
       bind_no = next_bind_no(r.binds)
-      redis.call('HSET', res_key(p.uid), 'settle_by', settle_by, 'binds', bind_no)
+      local fields = {'settle_by', settle_by, 'binds', bind_no}
       if p.attempt then
         held = held or {}
         if unnamed then held[#held + 1] = unnamed end
         held[#held + 1] = p.attempt .. ":" .. int_str(bind_no)
-        redis.call('HSET', res_key(p.uid), 'attempts', table.concat(held, ","), 'named_binds', int_str(bind_no))
+        fields[5], fields[6], fields[7], fields[8] = 'attempts', table.concat(held, ","), 'named_binds', int_str(bind_no)
       end
+      redis.call('HSET', res_key(p.uid), unpack(fields))
     end
   end
   return cjson.encode({ok = true, existing = true, cards = r.cards, state = r.state, settle_by = settle_by,
@@ -138,17 +139,16 @@ for _, idx in ipairs(p.cards) do
   if why then return cjson.encode({ok = false, reason = why, card = idx, node = refusal_view()}) end
 end
 local now = now_ms()
-local settle_by, bind_no = 0, 0
-if hold > 0 then settle_by, bind_no = now + hold, next_bind_no(0) end  -- numbered before anything is booked
-local views, res = book(p, "pending", now, seen)
-if hold > 0 then
-  redis.call('HSET', res_key(p.uid), 'settle_by', settle_by, 'binds', bind_no)
+local settle_by, bind_no, hold_fields = 0, 0, nil
+if hold > 0 then  -- numbered before anything is booked; written with the booking (book's carry)
+  settle_by, bind_no = now + hold, next_bind_no(0)
+  hold_fields = {settle_by = settle_by, binds = bind_no}
   if p.attempt then
-    redis.call('HSET', res_key(p.uid), 'attempts', p.attempt .. ":" .. int_str(bind_no),
-               'named_binds', int_str(bind_no))
+    hold_fields.attempts, hold_fields.named = p.attempt .. ":" .. int_str(bind_no), int_str(bind_no)
   end
-  res.settle_by, res.binds = settle_by, bind_no
 end
+local views, res = book(p, "pending", now, seen, hold_fields)
+if hold > 0 then res.settle_by, res.binds = settle_by, bind_no end
 local v, msg = publish('reserve', p.uid, res, p.cards, views)
 return cjson.encode({ok = true, existing = false, cards = cards_csv(p.cards), version = v, feed = msg,
                      settle_by = settle_by, bind_no = bind_no})
