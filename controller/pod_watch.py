@@ -284,24 +284,33 @@ class PodWatcher:
             if now - self.ended[old] < ENDED_SECONDS:
                 break
             del self.ended[old]
-        node = self.mirror.owner_of(uid, hint) or bound_to
-        if node:
-            await self._release(uid, str(node), why, pod_ref(pod))
+        owner = self.mirror.owner_of(uid, hint)
+        if hint:  # bound: its booking is on its node, whatever a mirror that missed feed messages lists
+            await self._release(uid, hint, why, pod_ref(pod))
+        if owner and owner != hint:
+            # listed elsewhere: a booking of an earlier attempt (given back since, if the mirror is stale; else
+            # one the janitor would expire), or the pod never bound. Not parked when its node is bound too
+            await self._release(uid, owner, why, pod_ref(pod), park=not hint)
 
-    async def _release(self, uid: str, node: str, why: str, ref: str) -> None:
-        """Give the pod's booking back, or park it while the node's slot moves (`parked`)."""
+    async def _release(self, uid: str, node: str, why: str, ref: str, park: bool = True) -> None:
+        """Give the pod's booking back, or park it while the node's slot moves (`parked`; not `park`: left to the
+        janitor's expiry and the reconciler)."""
         if node in self.mirror.moving:
-            self.parked[uid] = (node, why, ref)
+            if park:
+                self.parked[uid] = (node, why, ref)
             return
         try:
             released = await self.ledger.release(node, uid, give_up=slot_moving)  # (redis-py retried a move)
         except RESEND as e:  # (as Ledger._retry raised it; the ledger told the mirror)
             if not slot_moving(e):
                 raise
-            log.warning("release of %s (%s) on %s waits for the end of its Redis Cluster slot's move", ref, uid, node)
-            self.parked[uid] = (node, why, ref)
+            if park:
+                log.warning("release of %s (%s) on %s waits for the end of its Redis Cluster slot's move", ref, uid,
+                            node)
+                self.parked[uid] = (node, why, ref)
             return
-        self.parked.pop(uid, None)
+        if self.parked.get(uid, ("",))[0] == node:
+            del self.parked[uid]
         if released:
             RELEASES.labels(why).inc()
             self.nudger.nudge(node)
