@@ -171,12 +171,15 @@ class Reconciler:
                     self.pods.learn(str((pod.get("metadata") or {}).get("uid")), pod)
         else:
             # a pod deleted between our list and the rebuild was released before it and booked again by
-            # it: the watch knows it is gone
+            # it: the watch knows it is gone. Given back where the rebuild booked it (the mirror has not read the
+            # rebuild yet: it shows the pod released), and where the mirror lists it
             for uid in list(self.pods.ended):
-                node = self.pods.mirror.owner_of(uid)
-                if node and await self.ledger.release(node, uid):
-                    RELEASES.labels("gone").inc()
-                    self.pods.nudger.nudge(node)
+                booked = bound.get(uid)
+                for node in dict.fromkeys(n for n in (booked[0].node if booked else None,
+                                                      self.pods.mirror.owner_of(uid)) if n):
+                    if await self.ledger.release(node, uid):
+                        RELEASES.labels("gone").inc()
+                        self.pods.nudger.nudge(node)
         self.rebuilds += 1
         LEDGER_REBUILDS.labels(why).inc()
         # every node written from the API: as good as a pass (else the gauge says 0, "never", until the first
