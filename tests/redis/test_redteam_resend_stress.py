@@ -299,12 +299,13 @@ class Run:
         """The nodes the API server lists now."""
         return INVENTORIES
 
-    async def plan_snapshot(self, node: str) -> NodeSnapshot | None:
-        """What the extender plans from (its mirror's snapshot: maybe stale, maybe none)."""
+    async def plan_snapshot(self, led: Ledger, node: str) -> NodeSnapshot | None:
+        """What the extender of replica `led` plans from (its mirror's snapshot: maybe stale, maybe none)."""
         return None if self.rng.random() < 0.3 else await self.direct.snapshot(node)
 
-    def heard(self, feed: Any) -> None:
-        """A script's feed message handed back to its caller (the extender applies it to its mirror at once)."""
+    def heard(self, led: Ledger, feed: Any) -> None:
+        """A script's feed message handed back to its caller, replica `led` (the extender applies it to its mirror at
+        once)."""
 
     def crashes(self, pod: Pod, node: str, where: str) -> bool:
         """Whether the binder dies here (`where`: "before_binding", after its booking; "after_commit", before its
@@ -400,7 +401,7 @@ class Run:
     async def attempt(self, pod: Pod, node: str, earlier: list[asyncio.Event], reserved: asyncio.Event) -> None:
         led = self.replica()
         started = time.monotonic()  # the Binding's deadline counts from here (controller/extender.py)
-        snap = await self.plan_snapshot(node)  # the mirror, maybe stale
+        snap = await self.plan_snapshot(led, node)  # the mirror, maybe stale
         await self.pause(0.005)
         out, _fit = await self.call("place", lambda: place(led, node, pod.uid, pod.req, {}, snap,
                                                            self.rng.choice(["spread", "binpack"]),
@@ -408,7 +409,7 @@ class Run:
                              pod.uid)
         reserved.set()
         if out.ok:
-            self.heard(out.feed)
+            self.heard(led, out.feed)
         if not out.ok:
             self.stats.refused += 1
             self.said(pod.uid, f"{node}: refused ({out.reason})")
@@ -435,7 +436,7 @@ class Run:
                 self.stats.not_sent += 1
                 fate, feed = await self.call("give_back", lambda: led.give_back(
                     node, pod.uid, None if out.existing else out.bind_no or None, attempt=out.attempt))
-                self.heard(feed)
+                self.heard(led, feed)
                 self.said(pod.uid, f"{node}: Binding not sent (deadline), given back: {fate}")
                 return
             await self.decide(pod, node, out, mine, earlier, led, decided, started)
@@ -480,7 +481,7 @@ class Run:
                 decided()  # never
                 fate, feed = await self.call("give_back", lambda: led.give_back(node, pod.uid, out.bind_no or None,
                                                                                    attempt=out.attempt))
-                self.heard(feed)
+                self.heard(led, feed)
                 self.said(pod.uid, f"{node}: given back bind_no={out.bind_no}: {fate}")
                 self.stats.given_back += fate == "released"
                 self.stats.kept += fate == "kept"
