@@ -244,8 +244,20 @@ class JanitorRun(Run):
                 self.stats.violations.append(f"{uid}: the watcher's {kind} failed 50 times")
             self.stats.events += 1
             self.stats.released += kind == "DELETED"
+            if kind == "DELETED":
+                await self._released(uid, body["spec"]["nodeName"])
             self.said(uid, f"watcher: {kind} handled")
             self.events.task_done()
+
+    async def _released(self, uid: str, node: str) -> None:
+        """After the watcher handled a pod's deletion, the pod holds nothing on the node it was bound to (unless a
+        command of it came late, or failed whole, and booked again: the janitor's)."""
+        snap = await self.direct.snapshot(node)
+        assert self.proxy is not None
+        if snap is not None and uid in snap.reservations and uid not in self.proxy.late_uids | self.failed_places:
+            self.stats.violations.append(f"{uid}: still booked on {node}, where it was bound, after the watcher "
+                                         f"handled its deletion: {snap.reservations[uid]}")
+            self.said(uid, f"{node}: still booked after its deletion was handled")
 
     async def _confirming(self) -> None:
         """PodWatcher.confirm_deferred, restarted after an error as its supervisor would."""
@@ -331,10 +343,11 @@ class JanitorRun(Run):
     # -- quiet -----------------------------------------------------------------------------------------------
 
     async def _unheld(self, settled: bool) -> list[str]:
-        """Bookings of pods the API does not hold bound (all of them once `settled`)."""
+        """Bookings of pods the API does not hold bound there (a dead binder's booking of a pod bound on another
+        node, too); all of them once `settled`."""
         snaps = await self.snapshots()
         return [f"{n}: {uid}" for n, s in snaps.items() for uid in s.reservations
-                if settled or uid not in self.truth]
+                if settled or uid not in self.truth or self.truth[uid].node != n]
 
     async def _until(self, settled: bool, within: float) -> None:
         """The watcher's stream handled, and the janitor has expired what nobody holds (bounded: what is left is
