@@ -18,7 +18,8 @@ concurrently with the binds, give-backs, confirmations and rewrites there:
   confirmations and releases deleted pods (every replica's `observe` and `release` of the base run are its);
 * node removals (controller/node_watch.py, the real NodeWatcher's `apply`, with its holders the pod watcher's view):
   now and then a Node is deleted from the API, at once or after a drain (kube-scheduler stops choosing it; binds
-  already sent to it go on), and comes back a little later. `remove_node` with the keep window races with binds,
+  already sent to it go on), and comes back a little later, as it was or with a card cordoned, unhealthy or gone; or
+  its cards change so without a deletion (the watcher's upsert). `remove_node` with the keep window races with binds,
   Bindings, confirmations and releases there (a node still settling is written on placeholder cards instead); the
   reconciler's rebuild also removes nodes the API no longer lists;
 * mirrors (shared/store/mirror.py, the real Mirror fed by Pub/Sub through the lossy proxy: its feed connection is
@@ -31,6 +32,10 @@ equal to the truth once quiet, nothing left at the end; a Binding committed only
 booking expire.lua releases (heard on the feed straight from Redis) is of a pod a binder abandoned, or one of whose
 reserves failed whole (its command may have run) -- any other was leaked by some path, or was a live pod's. Once
 quiet, the janitor has expired every booking nobody holds (waited for, bounded).
+
+A deleted pod's booking is also checked gone from its node as soon as the watcher handled the deletion (the
+reconciler, which would heal a release sent elsewhere, runs often here: tests/redis/test_redteam_release_stale_owner.py
+is such a release, reduced).
 
 Bounded: the base's defaults (MTSCHED_STRESS_SEEDS, MTSCHED_STRESS_PODS), a few seconds a seed."""
 
@@ -57,10 +62,11 @@ from shared.domain.node import Inventory
 from shared.domain.state import NodeSnapshot
 from shared.domain.timing import BIND_SETTLE_S, bind_deadline_s
 from shared.kube import Kube
+from shared.serving.supervise import cancel_and_wait
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
 from shared.store.redis_conn import connect
-from tests.redis.helpers import eventually
+from tests.redis.helpers import eventually, inventory
 from tests.redis.stress_worker import CFG
 from tests.redis.test_redteam_resend_stress import (
     CAPACITY,
@@ -100,6 +106,7 @@ class JanitorStats(Stats):
     nodes_removed: int = 0  # remove_node forgot the node
     nodes_kept: int = 0  # ... or it was written on placeholder cards (something settling, or holders)
     node_returns: int = 0
+    node_changes: int = 0  # Node updates: a card cordoned, unhealthy or gone (or back)
     stale_plans: int = 0  # plans made from a mirror snapshot older than Redis's node
 
 
@@ -113,9 +120,11 @@ class JanitorRun(Run):
         self.stats = JanitorStats()
         self.hold_ms, self.keep_ms, self.deadline, self.commit_check = HOLD_MS, KEEP_MS, DEADLINE, True
         self.deleted: set[str] = set()  # nodes the API lists no more now
+        self.current = dict(INVENTORY)  # each node's cards as its Node reports them now
         self.abandoned: set[str] = set()  # pods with a booking a dead binder left
         self.events: asyncio.Queue[tuple[float, str, dict[str, Any]]] = asyncio.Queue()
         self.calm = False  # no more node deletions (once quiet)
+        self.stopping = False  # the loops below end
         self.clients: list[Redis] = []
         self.mirrors: dict[int, Mirror] = {}  # id(replica) -> its extender's mirror
         self.tasks: list[asyncio.Task[Any]] = []
@@ -158,9 +167,11 @@ class JanitorRun(Run):
                                                          self._churn(), self._expiries())]
 
     async def teardown(self) -> None:
-        for t in self.tasks:
-            t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.stopping = True
+        # (a cancel can be swallowed on its way through a Redis call: sent again, bounded; the loops also end by
+        # `stopping`)
+        left = await cancel_and_wait(self.tasks, grace=10)
+        assert not left, f"tasks that would not end: {left}"
         for m in [*self.mirrors.values(), getattr(self, "role_mirror", None)]:
             if m is not None:
                 with contextlib.suppress(Exception):
@@ -173,7 +184,7 @@ class JanitorRun(Run):
     # -- the hooks of the base run ---------------------------------------------------------------------------
 
     def inventories(self) -> list[Inventory]:
-        return [inv for inv in INVENTORIES if inv.node not in self.deleted]
+        return [self.current[inv.node] for inv in INVENTORIES if inv.node not in self.deleted]
 
     async def plan_snapshot(self, led: Ledger, node: str) -> NodeSnapshot | None:
         snap = self.mirrors[id(led)].get(node)
@@ -228,7 +239,7 @@ class JanitorRun(Run):
 
     async def _stream(self) -> None:
         """The pod watch: each event in order, once its lag passed (a late one holds back those after it)."""
-        while True:
+        while not self.stopping:
             at, kind, body = await self.events.get()
             await asyncio.sleep(max(0.0, at - time.monotonic()))
             uid = body["metadata"]["uid"]
@@ -261,7 +272,7 @@ class JanitorRun(Run):
 
     async def _confirming(self) -> None:
         """PodWatcher.confirm_deferred, restarted after an error as its supervisor would."""
-        while True:
+        while not self.stopping:
             with contextlib.suppress(Exception):
                 await self.watcher.confirm_deferred()
             await asyncio.sleep(0.05)
@@ -277,7 +288,7 @@ class JanitorRun(Run):
         return keep
 
     async def _sweeping(self) -> None:
-        while True:
+        while not self.stopping:
             try:
                 await self.janitor.sweep()
                 self.stats.sweeps += 1
@@ -307,9 +318,15 @@ class JanitorRun(Run):
         back a little later; the node watcher handles both (under the reconciler's lock, as NodeWatcher.lock)."""
         while True:
             await self.pause(0.8)
-            if self.calm:
+            if self.calm or self.stopping:
                 return
             node = self.rng.choice(sorted(CAPACITY))
+            if self.rng.random() < 0.4:  # its cards change (a card cordoned, unhealthy or gone, or back as it was)
+                async with self.api:
+                    self.current[node] = self._variant(node)
+                    self.stats.node_changes += 1
+                    await self.call("node changed", partial(self._apply, node, self.current[node]))
+                continue
             if self.rng.random() < 0.5:  # drained first
                 self.deleted.add(node)
                 await self.pause(1.0)
@@ -327,9 +344,22 @@ class JanitorRun(Run):
         await self.nodes.apply(node, inv)
         return known and node not in self.nodes.known  # forgotten: remove_node removed it
 
+    def _variant(self, node: str) -> Inventory:
+        """The node's cards as its Node reports them next: as they were, or one of them cordoned, unhealthy or gone."""
+        base, roll, card = INVENTORY[node], self.rng.random(), self.rng.choice([0, 1])
+        cap, limit = CAPACITY[node], base.cards[0].max_slices
+        if roll < 0.4:
+            return base
+        if roll < 0.6:
+            return inventory(node, cap, slice_limit=limit, cordoned=[card])
+        if roll < 0.8:
+            return inventory(node, cap, slice_limit=limit, unhealthy=[card])
+        return inventory(node, cap, slice_limit=limit, indices=[1 - card])
+
     async def _back(self, node: str) -> None:
         async with self.api:
-            await self.call("node back", partial(self._apply, node, INVENTORY[node]))
+            self.current[node] = self._variant(node)
+            await self.call("node back", partial(self._apply, node, self.current[node]))
             self.deleted.discard(node)
             self.stats.node_returns += 1
 
@@ -384,7 +414,7 @@ async def test_janitor_node_removals_and_stale_mirrors_keep_the_ledger_true(redi
     assert stats.violations == [], "\n".join(stats.violations)
     # the run did what it is for
     assert stats.committed > 5 and stats.given_back > 0 and stats.released > 5 and stats.cut > 0
-    assert stats.died_before_binding > 0 and stats.died_after_commit > 0 and stats.expired > 0
+    assert stats.died_before_binding + stats.died_after_commit > 0 and stats.expired >= (stats.died_before_binding > 0)
     assert stats.sweeps > 10 and stats.node_deletes > 0 and stats.node_returns == stats.node_deletes
     assert stats.stale_plans > 0 and stats.samples > 0
 
