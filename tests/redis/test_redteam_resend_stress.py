@@ -72,6 +72,7 @@ from shared.domain.annotations import PodUsage
 from shared.domain.node import Inventory
 from shared.domain.request import SliceRequest, pod_request
 from shared.domain.state import NodeSnapshot, plan_on
+from shared.domain.timing import BIND_MIN_LEFT_S
 from shared.store.ledger import Ledger
 from shared.store.placing import place
 from shared.store.redis_conn import connect
@@ -208,6 +209,7 @@ class Pod:
     reserved: list[asyncio.Event] = field(default_factory=list)  # one per attempt: its reservation was answered
     # node -> the attempts booked there whose Binding is not decided yet (it may still be committed)
     flying: dict[str, int] = field(default_factory=dict)
+    spec: dict[str, Any] = field(default_factory=dict)  # the pod as created (random_pod)
 
 
 @dataclass
@@ -233,6 +235,7 @@ class Stats:
     late: int = 0  # commands the proxy delivered late (after their resend ran)
     early: int = 0  # attempts started before the attempt before had its reservation answered
     leaked: int = 0  # bookings expired once quiet: a late reserve's, booked again for nobody
+    not_sent: int = 0  # Bindings not sent: too little of their deadline left once booked
     samples: int = 0
     violations: list[str] = field(default_factory=list)
 
@@ -261,6 +264,12 @@ class Run:
         self.waiting = 0  # long-lived pods bound and waiting for `finish`
         self.t0 = time.monotonic()
         self.log: dict[str, list[str]] = {}  # what happened to each pod, for a failure's message
+        # the product's timing, as a subclass scales it (tests/redis/test_redteam_janitor_stress.py)
+        self.hold_ms = HOLD_MS  # reserve's hold_ms
+        self.keep_ms = KEEP_MS  # the reconciler's keep window
+        self.deadline: float | None = None  # a Binding's deadline from its attempt's start (None: not modeled)
+        # the booking is read just before a Binding is committed: it must be there
+        self.commit_check = bool(early)
 
     def said(self, uid: str, what: str) -> None:
         self.log.setdefault(uid, []).append(f"{time.monotonic() - self.t0:7.3f} {what}")
@@ -284,6 +293,40 @@ class Run:
     async def pause(self, most: float) -> None:
         await asyncio.sleep(self.rng.uniform(0, most))
 
+    # -- what a subclass models further (the base: nothing more) -------------------------------------------
+
+    def inventories(self) -> list[Inventory]:
+        """The nodes the API server lists now."""
+        return INVENTORIES
+
+    async def plan_snapshot(self, led: Ledger, node: str) -> NodeSnapshot | None:
+        """What the extender of replica `led` plans from (its mirror's snapshot: maybe stale, maybe none)."""
+        return None if self.rng.random() < 0.3 else await self.direct.snapshot(node)
+
+    def heard(self, led: Ledger, feed: Any) -> None:
+        """A script's feed message handed back to its caller, replica `led` (the extender applies it to its mirror at
+        once)."""
+
+    def crashes(self, pod: Pod, node: str, where: str) -> bool:
+        """Whether the binder dies here (`where`: "before_binding", after its booking; "after_commit", before its
+        confirmation)."""
+        return False
+
+    def committed(self, pod: Pod, mine: PodUsage) -> None:
+        """The API server committed the pod's Binding with record `mine` (the pod watcher will see it)."""
+
+    async def watched(self, pod: Pod, usage: PodUsage) -> None:
+        """The pod watcher sees the bound pod's record (0 to 2 times)."""
+        for _ in range(self.rng.randint(0, 2)):
+            await self.pause(0.02)
+            await self.observe(pod.uid, usage)
+
+    async def delete(self, pod: Pod, usage: PodUsage) -> None:
+        """The pod is deleted in the API (under `api`), then released by the pod watcher."""
+        del self.truth[pod.uid]
+        if await self.call("release", lambda: self.replica().release(usage.node, pod.uid)):
+            self.stats.released += 1
+
     # -- a pod's life ----------------------------------------------------------------------------------------
 
     def new_pod(self, i: int) -> Pod:
@@ -293,7 +336,7 @@ class Run:
         # a few long-lived pods (small slices, so that the others find room) outlive the run: bound at the end
         long_lived = self.long_lived < 4 and not req.whole_cards and req.memory <= 16 and self.rng.random() < 0.3
         self.long_lived += long_lived
-        return Pod(f"s{self.seed}-p{i}", req, 2 if self.rng.random() < self.retried else 1, long_lived)
+        return Pod(f"s{self.seed}-p{i}", req, 2 if self.rng.random() < self.retried else 1, long_lived, spec=spec)
 
     async def pod(self, pod: Pod) -> None:
         self.stats.pods += 1
@@ -326,23 +369,20 @@ class Run:
         usage = self.truth.get(pod.uid)
         if usage is None:
             return  # never bound: every attempt gave its booking back
-        for _ in range(self.rng.randint(0, 2)):  # the pod watcher sees its record
-            await self.pause(0.02)
-            await self.observe(pod.uid, usage)
+        await self.watched(pod, usage)
         if pod.long_lived:
             self.waiting += 1
             await self.finish.wait()
         else:
             await self.pause(0.08)
         async with self.api:  # deleted in the API, then released by the pod watcher
-            del self.truth[pod.uid]
-            if await self.call("release", lambda: self.replica().release(usage.node, pod.uid)):
-                self.stats.released += 1
+            await self.delete(pod, usage)
 
     async def fitting(self, pod: Pod) -> list[str]:
         """The nodes kube-scheduler would pick from: those where the pod fits now (the extender's filter)."""
         snaps = await self.snapshots()
-        return [n for n, s in snaps.items() if plan_on(s, pod.uid, pod.req, {}, "spread").ok]
+        listed = {inv.node for inv in self.inventories()}
+        return [n for n, s in snaps.items() if n in listed and plan_on(s, pod.uid, pod.req, {}, "spread").ok]
 
     async def bind(self, pod: Pod, node: str, reserved: asyncio.Event) -> None:
         """One bind attempt, as controller/extender.py `bind` makes it; `reserved` is set once its reservation is
@@ -360,13 +400,16 @@ class Run:
 
     async def attempt(self, pod: Pod, node: str, earlier: list[asyncio.Event], reserved: asyncio.Event) -> None:
         led = self.replica()
-        snap = None if self.rng.random() < 0.3 else await self.direct.snapshot(node)  # the mirror, maybe stale
+        started = time.monotonic()  # the Binding's deadline counts from here (controller/extender.py)
+        snap = await self.plan_snapshot(led, node)  # the mirror, maybe stale
         await self.pause(0.005)
         out, _fit = await self.call("place", lambda: place(led, node, pod.uid, pod.req, {}, snap,
                                                            self.rng.choice(["spread", "binpack"]),
-                                                           pod=f"default/{pod.uid}", hold_ms=HOLD_MS),
+                                                           pod=f"default/{pod.uid}", hold_ms=self.hold_ms),
                              pod.uid)
         reserved.set()
+        if out.ok:
+            self.heard(led, out.feed)
         if not out.ok:
             self.stats.refused += 1
             self.said(pod.uid, f"{node}: refused ({out.reason})")
@@ -386,26 +429,42 @@ class Run:
                 pod.flying[node] -= 1
 
         try:
-            await self.decide(pod, node, out, mine, earlier, led, decided)
+            if self.deadline is not None and started + self.deadline - time.monotonic() < BIND_MIN_LEFT_S:
+                # too late to send the Binding (controller/extender.py): not sent; an attempt that found the booking
+                # (`existing`) takes only its own name off
+                decided()
+                self.stats.not_sent += 1
+                fate, feed = await self.call("give_back", lambda: led.give_back(
+                    node, pod.uid, None if out.existing else out.bind_no or None, attempt=out.attempt))
+                self.heard(led, feed)
+                self.said(pod.uid, f"{node}: Binding not sent (deadline), given back: {fate}")
+                return
+            await self.decide(pod, node, out, mine, earlier, led, decided, started)
         finally:
             decided()
 
     async def decide(self, pod: Pod, node: str, out: Any, mine: PodUsage, earlier: list[asyncio.Event],
-                     led: Ledger, decided: Callable[[], None]) -> None:
+                     led: Ledger, decided: Callable[[], None], started: float) -> None:
         """The Binding of an attempt booked on `node` (`out`, its record `mine`): committed, or refused and the
         booking given back (`decided` is told as its outcome is known)."""
         await self.pause(self.binding_s)  # the Binding call
+        if self.crashes(pod, node, "before_binding"):
+            self.said(pod.uid, f"{node}: the binder died before its Binding (booking left to the janitor)")
+            return
         # with early retries the booking must be there as the Binding is committed: read first, and then (no await
         # between the API's check that the pod is unbound and its commit: one Binding per pod) committed at once
-        held = await self.direct.snapshot(node) if self.early else None
-        if pod.uid not in self.truth and self.rng.random() < 0.75:
-            if self.early and (held is None or pod.uid not in held.reservations):
+        held = await self.direct.snapshot(node) if self.commit_check else None
+        # the API server commits a Binding by its deadline or never (shared/domain/timing.py)
+        in_time = self.deadline is None or time.monotonic() < started + self.deadline
+        if pod.uid not in self.truth and in_time and self.rng.random() < 0.75:
+            if self.commit_check and (held is None or pod.uid not in held.reservations):
                 self.stats.violations.append(f"{pod.uid}: Binding committed on {node} {mine.cards} while its "
                                              f"booking was gone")
             self.truth[pod.uid] = mine  # committed, with its record
             decided()
             self.said(pod.uid, f"{node}: Binding committed {mine.cards}")
             self.stats.committed += 1
+            self.committed(pod, mine)
         elif self.truth.get(pod.uid) == mine:
             self.stats.conflicts += 1  # 409, but the pod is bound here with this record: _already_bound
             decided()
@@ -420,8 +479,9 @@ class Run:
             if self.truth.get(pod.uid) != mine:
                 self.said(pod.uid, f"{node}: Binding failed, giving back bind_no={out.bind_no}")
                 decided()  # never
-                fate, _ = await self.call("give_back", lambda: led.give_back(node, pod.uid, out.bind_no or None,
-                                                                                attempt=out.attempt))
+                fate, feed = await self.call("give_back", lambda: led.give_back(node, pod.uid, out.bind_no or None,
+                                                                                   attempt=out.attempt))
+                self.heard(led, feed)
                 self.said(pod.uid, f"{node}: given back bind_no={out.bind_no}: {fate}")
                 self.stats.given_back += fate == "released"
                 self.stats.kept += fate == "kept"
@@ -431,6 +491,9 @@ class Run:
                     self.said(pod.uid, f"{node}: freed under another attempt's Binding")
                 return
         await self.pause(0.03)  # confirm.py's linger
+        if self.crashes(pod, node, "after_commit"):
+            self.said(pod.uid, f"{node}: the binder died before its confirmation")
+            return
         confirmer = self.replica()  # (the same replica in the product: any one here)
         missing = await self.call("mark_bound", lambda: confirmer.mark_bound_many(node, [pod.uid]))
         self.said(pod.uid, f"{node}: mark_bound missing={missing}")
@@ -461,17 +524,17 @@ class Run:
                 for uid in bound:
                     self.said(uid, "reconciler read the truth")
                 await self.pause(0.1)
-                keep_ms = KEEP_MS + int((time.monotonic() - t0) * 1000)
+                keep_ms = self.keep_ms + int((time.monotonic() - t0) * 1000)
                 led = self.replica()
                 if self.rng.random() < 0.4:
                     self.stats.rebuilds += 1
-                    await self.call("rebuild", partial(led.rebuild, INVENTORIES, bound, keep_ms=keep_ms,
+                    await self.call("rebuild", partial(led.rebuild, self.inventories(), bound, keep_ms=keep_ms,
                                                        keep_bound=True))
                     for uid in bound:
                         self.said(uid, "rebuilt")
                 else:
                     self.stats.replaces += 1
-                    inv: Inventory = self.rng.choice(INVENTORIES)
+                    inv: Inventory = self.rng.choice(self.inventories())
                     mine = {u: b for u, b in bound.items() if b[0].node == inv.node}
                     await self.call("replace_node", partial(led.replace_node, inv, mine, keep_ms=keep_ms,
                                                             keep_bound=True))
@@ -494,7 +557,8 @@ class Run:
                 where.setdefault(uid, []).append(name)
         errs += [f"{uid} booked on {nodes}" for uid, nodes in where.items() if quiet and len(nodes) > 1]
         for uid, u in held.items():
-            r = snaps[u.node].reservations.get(uid)
+            s = snaps.get(u.node)
+            r = s.reservations.get(uid) if s is not None else None
             if r is None:
                 errs.append(f"{uid} bound on {u.node} cards {u.cards} in the API, not booked there")
             elif (r.cards, r.mem, r.cores, r.slices) != (u.cards, u.memory, u.cores, u.slices):
@@ -514,6 +578,15 @@ class Run:
                 for uid in {e.split()[0] for e in found} - set(CAPACITY):
                     self.said(uid, f"checker: {[e for e in found if e.startswith(uid)]}")
             await asyncio.sleep(0.01)
+
+    async def setup(self, url: str) -> None:
+        """Before the run (`url`: Redis through the proxy): the services a subclass adds."""
+
+    async def teardown(self) -> None:
+        """After the run, whatever its end."""
+
+    async def settle(self) -> None:
+        """After the run, Redis reached without loss again: what must end before the last checks."""
 
     async def run(self) -> None:
         pods = [self.new_pod(i) for i in range(self.n_pods)]
@@ -591,7 +664,9 @@ async def nothing_left(direct: Ledger) -> list[str]:
 
 
 async def stress(server: RedisServer, seed: int, pods: int, cut: float = 0.06, delay: float = 0.03,
-                 replicas: int = 3, late: float = 0.0, early: float = 0.0) -> Stats:
+                 replicas: int = 3, late: float = 0.0, early: float = 0.0,
+                 make: Callable[..., Run] = Run) -> Stats:
+    """One seeded run of `make` (Run or a subclass, called as Run is) over the lossy proxy; returns its stats."""
     shas = tuple(hashlib.sha1(script_source(n).encode()).hexdigest() for n in ("reserve", "release"))  # EVALSHA's
     proxy = LossyProxy(server.port, seed, cut, delay, late=late, late_shas=shas)
     port = await proxy.start()
@@ -611,10 +686,16 @@ async def stress(server: RedisServer, seed: int, pods: int, cut: float = 0.06, d
             led.retry_seconds = 10.0
             await led.load_scripts()
             leds.append(led)
-        run = Run(seed, leds, direct, pods, proxy=proxy, early=early)
+        run = make(seed, leds, direct, pods, proxy=proxy, early=early)
+        await run.setup(url)
         proxy.armed = True
-        await asyncio.wait_for(run.run(), RUN_LIMIT_S)
-        proxy.armed = False
+        try:
+            await asyncio.wait_for(run.run(), RUN_LIMIT_S)
+            proxy.armed = False
+            await run.settle()
+        finally:
+            proxy.armed = False
+            await run.teardown()
         run.stats.cut, run.stats.held, run.stats.late = proxy.cuts, proxy.delays, proxy.lates
         if late:  # the held commands of the last pods run, and their leaks expire
             await run.expire_leaks()
