@@ -5,7 +5,8 @@ the booking there, else any node whose snapshot lists the uid, else nodeName. A 
 (Pub/Sub: what it misses is gone until its re-read) may still list an earlier bind attempt's booking on another node,
 given back since, and not yet the booking the pod is bound with. The release then goes to that other node ("gone"),
 and the bound booking on the pod's own node stays: its cards are held for nobody until the reconciler's next pass
-drops it (reconcileSeconds plus the keep window later). Nothing else retries the release.
+drops it (reconcileSeconds plus the keep window later). Nothing else retries the release. Fixed: a bound pod is
+released on its nodeName, and on the node the mirror lists too (`PodWatcher.release`).
 
 Real parts: redis-server, the Ledger and its scripts, the Mirror (its state read at one instant: its feed is down),
 the PodWatcher's DELETED handling."""
@@ -39,9 +40,6 @@ def deleted_pod(uid: str, node: str) -> dict[str, object]:
             "status": {"phase": "Running"}}
 
 
-@pytest.mark.xfail(strict=True, reason="PodWatcher.release sends a bound pod's release to the node a stale mirror "
-                                       "lists it on (Mirror.owner_of), not to its nodeName: the bound booking leaks "
-                                       "until the reconciler's pass")
 async def test_a_deleted_pod_is_released_on_its_own_node_whatever_a_stale_mirror_lists(ledger: Ledger) -> None:
     for node in ("a", "b"):
         await ledger.upsert_node(inventory(node, S4000, n=1))
