@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from shared.domain.nudge import next_first, served
 from shared.kube import Kube, KubeError
 from shared.serving.metrics import NUDGES
+from shared.serving.waits import within
 
 log = logging.getLogger("mtsched.watchers")
 
@@ -96,7 +97,7 @@ class Nudger:
             older.set()  # superseded: this first patch came later, and this task's follow-up is later too
         superseded = self._waiting[node] = asyncio.Event()
         try:
-            await asyncio.wait_for(superseded.wait(), self.follow_up)
+            await within(superseded.wait(), self.follow_up)
             return
         except TimeoutError:
             pass
@@ -154,7 +155,7 @@ class Nudger:
             if self.follow_up <= 0 or not patched:
                 return
             try:
-                await asyncio.wait_for(self._asked.wait(), self.follow_up)
+                await within(self._asked.wait(), self.follow_up)
                 continue  # asked again: its first patch, and a follow-up after that
             except TimeoutError:
                 pass

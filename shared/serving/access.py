@@ -17,6 +17,7 @@ from shared.domain.access import Need, denial_problem, needs_of
 from shared.kube import Kube, KubeError
 from shared.serving.metrics import PERMISSION_DENIED
 from shared.serving.supervise import Supervisor
+from shared.serving.waits import within
 
 log = logging.getLogger("mtsched")
 
@@ -84,7 +85,7 @@ class AccessProbe:
             await self.check()
             await asyncio.sleep(SOONEST_SECONDS)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), ACCESS_SECONDS - SOONEST_SECONDS)
+                await within(self.wake.wait(), ACCESS_SECONDS - SOONEST_SECONDS)
 
 
 def watch_access(sup: Supervisor, kube: Kube, role: str, quota_check: bool = True, lease: str = "") -> AccessProbe:

@@ -23,6 +23,7 @@ import aiohttp
 from redis import exceptions as rexc
 
 from shared.serving.metrics import TASK_FAILURES, TASK_UP
+from shared.serving.waits import within
 
 T = TypeVar("T")
 
@@ -100,7 +101,7 @@ class Backoff:
             await asyncio.sleep(delay)
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), delay)
+            await within(stop.wait(), delay)
         if stop.is_set():
             raise Stopped()
 
@@ -328,7 +329,7 @@ async def probe_loop(beat: Heartbeat, probe: Callable[[], Awaitable[object]], in
     """Runs `probe` every `interval` seconds and records the outcome; never raises."""
     while True:
         try:
-            await asyncio.wait_for(probe(), timeout=max(1.0, interval))
+            await within(probe(), max(1.0, interval))
             beat.ok()
         except asyncio.CancelledError:
             raise
