@@ -12,10 +12,10 @@ redis-py sends each command then, returns a result that completes as its caller 
 The roles' clients send under `within` instead (shared/store/redis_conn.py `_keep_cancels`): 0 lost. Each run counts
 the library alone without and with a socket timeout, and as the roles run it. Run it with any redis-py before moving
 to it (`pip install --no-deps --target DIR redis==X` and PYTHONPATH=DIR to compare): the pin moves to 8.x only once
-the roles' line counts 0. What a lost cancel meant for
-the roles: a `wait_for` around a Redis call (the readiness probe, shared/serving/supervise.py probe_loop) may wait
-for the call to finish instead of timing out (readiness itself is the age of the last good PING, so it stays
-honest), and a cancelled task may go on (Supervisor.cancel gives up on it after 5 s and names it).
+the roles' line counts 0. What a lost cancel meant for the roles (before `within`): a `wait_for` around a Redis
+call (the readiness probe, shared/serving/supervise.py probe_loop) could wait for the call to finish instead of
+timing out (readiness itself is the age of the last good PING, so it stays honest), and a cancelled task may go on
+(Supervisor.cancel gives up on it after 5 s and names it).
 docs/runbooks.md, "Known issue: lost cancellations".
 
   python -m bench.cancel_probe --trials 60
@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             setattr(connection_module, "asyncio", keeping)  # noqa: B010
         print(f"redis-py {redis.__version__}, {how}: {lost} of {a.trials} cancellations lost")
+
 
 if __name__ == "__main__":
     main()

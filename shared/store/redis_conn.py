@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -40,12 +40,16 @@ def _keep_cancels() -> None:
 
     if sys.version_info >= (3, 12) or isinstance(getattr(connection_module, "asyncio", None), _AsyncioKeepingCancels):
         return
+    async def wait_for(fut: Awaitable[Any], timeout: float | None) -> Any:  # asyncio.wait_for's parameters
+        return await within(fut, timeout)
+
     shim = _AsyncioKeepingCancels("asyncio")
-    shim.wait_for = within  # type: ignore[attr-defined]
+    shim.wait_for = wait_for  # type: ignore[attr-defined]
     setattr(connection_module, "asyncio", shim)  # noqa: B010 (a module's global that mypy's stubs do not export)
 
 
 _keep_cancels()
+
 
 @dataclass(frozen=True)
 class RedisOptions:

@@ -31,6 +31,13 @@ async def test_within_keeps_a_cancel_that_meets_the_completion() -> None:
     assert task.cancelled()
 
 
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="installed on 3.11 only")
+async def test_redis_connections_wait_keeps_it_with_wait_fors_parameters() -> None:
+    shim_wait_for = getattr(connection_module, "asyncio").wait_for  # noqa: B009
+    task = await cancelled_as_it_completes(lambda fut, seconds: shim_wait_for(fut, timeout=seconds))
+    assert task.cancelled()
+
+
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12's wait_for is built on asyncio.timeout")
 async def test_python_311_wait_for_drops_it() -> None:  # why `within` exists
     task = await cancelled_as_it_completes(asyncio.wait_for)
@@ -47,5 +54,5 @@ async def test_within_times_out_and_passes_through() -> None:
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="installed on 3.11 only")
 def test_redis_connections_send_under_within() -> None:
     shim = getattr(connection_module, "asyncio")  # noqa: B009
-    assert shim.wait_for is within
+    assert shim.wait_for.__qualname__ == "_keep_cancels.<locals>.wait_for"
     assert shim.TimeoutError is asyncio.TimeoutError and shim.CancelledError is asyncio.CancelledError
