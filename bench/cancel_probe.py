@@ -34,29 +34,36 @@ from deploy.local.redis_server import RedisServer, new_password
 from shared.store.redis_conn import SOCKET_TIMEOUT
 
 
+async def count_lost(client: Redis, trials: int) -> int:
+    """How many of `trials` cancels of a task looping on GET through `client` never reached it."""
+    await client.set("k", "v")
+    lost = 0
+    for trial in range(trials):
+        stop = asyncio.Event()
+
+        async def loop(stop: asyncio.Event = stop) -> None:
+            while not stop.is_set():
+                await client.get("k")
+
+        task = asyncio.create_task(loop())
+        await asyncio.sleep(0.01 + (trial % 7) * 0.0013)  # cancelled at varying points of its calls
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=1.0)
+        if not done:
+            lost += 1
+            stop.set()  # the cancel did not reach it: end it by the flag
+            await asyncio.wait({task}, timeout=2.0)
+    return lost
+
+
 async def probe(trials: int, socket_timeout: float | None = None) -> int:
     server = RedisServer(password=new_password()).start()
     try:
         client = Redis.from_url(server.url, decode_responses=True, socket_timeout=socket_timeout)
-        await client.set("k", "v")
-        lost = 0
-        for trial in range(trials):
-            stop = asyncio.Event()
-
-            async def loop(stop: asyncio.Event = stop) -> None:
-                while not stop.is_set():
-                    await client.get("k")
-
-            task = asyncio.create_task(loop())
-            await asyncio.sleep(0.01 + (trial % 7) * 0.0013)
-            task.cancel()
-            done, _ = await asyncio.wait({task}, timeout=1.0)
-            if not done:
-                lost += 1
-                stop.set()  # the cancel did not reach it: end it by the flag
-                await asyncio.wait({task}, timeout=2.0)
-        await client.aclose()
-        return lost
+        try:
+            return await count_lost(client, trials)
+        finally:
+            await client.aclose()
     finally:
         server.cleanup()
 
