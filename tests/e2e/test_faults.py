@@ -459,14 +459,31 @@ async def test_node_deleted_and_recreated_under_held_cards(scene: Scene) -> None
     await run(scene, "node delete+recreate", fault)
 
 
+def model_of(name: str) -> int:
+    return 160 if name.startswith("s5000") else 96
+
+
+async def put_status(sc: Scene, name: str, capacity_cards: int, healthy_cards: int, ids: str | None = None) -> None:
+    m = model_of(name)
+    for tries_left in range(4, -1, -1):  # read again on a conflict: the burst's releases nudge (patch) this node
+        node: dict[str, Any] = await sc.kube.request("GET", f"/api/v1/nodes/{name}")
+        node["status"]["capacity"].update({MEM: str(m * capacity_cards), CORE: str(16 * capacity_cards)})
+        node["status"]["allocatable"].update({MEM: str(m * healthy_cards), CORE: str(16 * healthy_cards)})
+        try:
+            await sc.kube.request("PUT", f"/api/v1/nodes/{name}/status", node)
+            break
+        except KubeError as e:
+            if e.status != 409 or not tries_left:
+                raise
+    if ids is not None:
+        await sc.kube.request("PATCH", f"/api/v1/nodes/{name}",
+                              {"metadata": {"labels": {simulated.LABEL_SLICED_CORES: ids}}},
+                              content_type="application/merge-patch+json")
+
+
 async def test_node_capacity_drops_to_zero_and_returns(scene: Scene) -> None:
     async def set_capacity(name: str, cards: int) -> None:
-        node = await scene.kube.request("GET", f"/api/v1/nodes/{name}")
-        model = 160 if name.startswith("s5000") else 96
-        for part in ("capacity", "allocatable"):
-            node["status"][part][MEM] = str(model * cards)
-            node["status"][part][CORE] = str(16 * cards)
-        await scene.kube.request("PUT", f"/api/v1/nodes/{name}/status", node)
+        await put_status(scene, name, cards, cards)
 
     async def fault() -> None:
         name = await scene.held_node()

@@ -13,13 +13,11 @@ API's truth within the documented bound, nothing left once every pod is gone).
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from deploy.local import nodes as simulated
 from tests.e2e import test_faults as faults
-from tests.e2e.test_faults import CORE, LABEL, MEM, Scene, run
+from tests.e2e.test_faults import LABEL, Scene, put_status, run
 
 # the fault matrix's fixtures (a stack of this module's own, module-scoped as there)
 redis_fault_server = faults.redis_fault_server
@@ -27,24 +25,6 @@ fault_stack = faults.fault_stack
 scene = faults.scene
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
-SLICED_CORES = "mthreads.com/sgpu.cores"
-
-
-def model_of(name: str) -> int:
-    return 160 if name.startswith("s5000") else 96
-
-
-async def put_status(sc: Scene, name: str, capacity_cards: int, healthy_cards: int, ids: str | None = None) -> None:
-    node: dict[str, Any] = await sc.kube.request("GET", f"/api/v1/nodes/{name}")
-    m = model_of(name)
-    node["status"]["capacity"].update({MEM: str(m * capacity_cards), CORE: str(16 * capacity_cards)})
-    node["status"]["allocatable"].update({MEM: str(m * healthy_cards), CORE: str(16 * healthy_cards)})
-    node = await sc.kube.request("PUT", f"/api/v1/nodes/{name}/status", node)
-    if ids is not None:
-        await sc.kube.request("PATCH", f"/api/v1/nodes/{name}", {"metadata": {"labels": {SLICED_CORES: ids}}},
-                              content_type="application/merge-patch+json")
-
-
 async def test_a_card_unhealthy_then_healthy_under_a_burst(scene: Scene) -> None:
     async def fault() -> None:
         name = await scene.held_node()
