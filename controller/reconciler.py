@@ -169,7 +169,7 @@ class Reconciler:
             for pod in pod_objs:
                 if not is_terminal(pod):
                     self.pods.learn(str((pod.get("metadata") or {}).get("uid")), pod)
-        else:
+        elif self.pods.ended:
             # a pod deleted between our list and the rebuild was released before it and booked again by
             # it: the watch knows it is gone. Given back where the rebuild booked it (the mirror has not read the
             # rebuild yet: it shows the pod released), and where the mirror lists it
