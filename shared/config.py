@@ -1,8 +1,9 @@
 """One configuration model for every role: file (YAML), then environment, then flags.
 
 Keys are camelCase in the file (as in the Helm chart's rendered config), MTSCHED_UPPER_SNAKE in
-the environment and --kebab-case on the command line. Invalid configuration raises ConfigError
-listing every problem, so a role stops at start-up with a message instead of misbehaving.
+the environment and `--set key=value` on the command line (camelCase or snake_case keys: controller/cli.py).
+Invalid configuration raises ConfigError listing every problem, so a role stops at start-up with a message
+instead of misbehaving.
 """
 
 from __future__ import annotations

@@ -237,6 +237,12 @@ async def book(r: Roles) -> None:
     booked, _ = await r.ledger.reserve(A, "u2", [0], 4, 1, 1, pod="ns/p2", hold_ms=HOLD_MS)
     assert booked.ok, booked
     r.bind_no = booked.bind_no
+    # a named attempt joining a booking that lists none (a binder of an older release made it, side by side during a
+    # roll): reserve reads whether the booking has an attempts list (it sent HEXISTS, which these rules do not grant)
+    older, _ = await r.ledger.reserve(A, "u5", [0], 2, 1, 1, pod="ns/p5")
+    assert older.ok, older
+    joined, _ = await r.ledger.reserve(A, "u5", [0], 2, 1, 1, pod="ns/p5", hold_ms=HOLD_MS)
+    assert joined.ok and joined.existing, joined
 
 
 async def feed(r: Roles) -> None:

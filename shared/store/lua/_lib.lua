@@ -279,7 +279,8 @@ end
 -- such field (written before it was kept, always with `binds`) its `binds`; 0 without either, or when the list is
 -- damaged (present, no entry): then every number on the booking may be a holder's no list names.
 local function named_binds_of(uid, r, held)
-  if not held and redis.call('HEXISTS', res_key(uid), 'attempts') == 1 then return 0 end
+  -- (HGET, not HEXISTS: the roles' least-privilege ACL, docs/install.md "Redis", grants no +hexists)
+  if not held and redis.call('HGET', res_key(uid), 'attempts') then return 0 end
   local v = redis.call('HGET', res_key(uid), 'named_binds')
   if v then return num(v) end
   if held then return r.binds end
