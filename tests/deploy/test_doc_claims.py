@@ -574,3 +574,19 @@ def test_runbook_alert_durations_are_the_rules() -> None:
                 problems.append(f"{name}: the runbook says in {said} minutes, the rule counts over {windows}")
     assert checked >= 9
     assert not problems, "\n".join(problems)
+
+
+def test_scripts_send_only_commands_the_documented_acl_grants() -> None:
+    """Redis checks each command a script sends against the caller's ACL user: a command in a .lua file that
+    docs/install.md's rule line does not grant fails only on the path that sends it, under that user (HEXISTS in
+    _lib.lua did, found by reading). Read statically, so a path no test takes is covered too."""
+    line = re.search(r"^~mt:\* &mt:feed (\+.*)$", _text(ROOT / "docs" / "install.md"), flags=re.M)
+    assert line, "docs/install.md: the ACL rule line is gone"
+    granted = {g[1:].split("|")[0].upper() for g in line.group(1).split()}
+    sent: dict[str, set[str]] = {}
+    for lua in sorted((ROOT / "shared" / "store" / "lua").glob("*.lua")):
+        for cmd in re.findall(r"redis\.p?call\(\s*['\"](\w+)['\"]", lua.read_text()):
+            sent.setdefault(cmd.upper(), set()).add(lua.name)
+    assert {"HGET", "HSET", "PUBLISH", "TIME", "INFO"} <= sent.keys()  # the scan reads the scripts' calls
+    missing = {c: sorted(files) for c, files in sent.items() if c not in granted}
+    assert not missing, f"commands the scripts send that docs/install.md's ACL does not grant: {missing}"
