@@ -20,7 +20,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from shared.serving.http import BODY_BUDGET, BodyBudget, json_cost, serve
+from shared.serving.http import BODY_BUDGET, JSON_BYTE_COST, BodyBudget, json_cost, serve
 from tests._wait import eventually
 from tests.unit._servers import MEM, VGPU, webhook_app
 from webhook.server import BODY_LIMIT as WEBHOOK_BODY_LIMIT
@@ -97,7 +97,8 @@ async def _hold(budget: BodyBudget, port: int, source: str, body: bytes) -> asyn
     _, w = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
     w.write(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body[:-1]))
-    await eventually(lambda: budget.held_by(source) > before, what="the body is charged as it comes")
+    charged = before + JSON_BYTE_COST * (len(body) - 1)
+    await eventually(lambda: budget.held_by(source) == charged, what="the body is charged as it comes")
     return w
 
 
