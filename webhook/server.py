@@ -23,7 +23,7 @@ from shared.config import Config
 from shared.domain.admission import Decision, decide, judge_update
 from shared.domain.review import API_VERSION, AdmissionRequest, parse_review
 from shared.domain.shapes import ShapeError, describe
-from shared.serving.http import BodyError, read_body
+from shared.serving.http import BodyBudget, BodyError, read_body
 from shared.serving.listen import LISTEN_POLICY, webhook_policy
 from shared.serving.metrics import ADMISSIONS, WEBHOOK_SECONDS
 from shared.serving.tls import CertReloader
@@ -35,7 +35,15 @@ __all__ = ["BODY_LIMIT", "MAX_MESSAGE_CHARS", "CertReloader", "Judged", "Webhook
 
 log = logging.getLogger("mtsched.webhook")
 
-BODY_LIMIT = 8 * 1024 * 1024  # client_max_size of the webhook's application (a larger body gets 413)
+# client_max_size of the webhook's application (a larger body gets 413): the API server's own limit on the body of a
+# pod CREATE (3 MiB); the budget below refuses sooner a body whose decoding would take more than a caller's share
+BODY_LIMIT = 3 * 1024 * 1024
+# What the reviews being handled may hold at once, read and decoded (shared/serving/http.py json_cost), in all and
+# from one peer address (half): the chart gives the webhook 256 MiB, ~85 of them its own, and the bound is the peak of
+# a decoding (one at a time), most of which is gone once decoded. A review of 1.5 MiB (the most the API server stores of
+# a pod) fits a peer's share unless its JSON values average under 7 bytes; 8 MB of `[],` took 250 MiB before (red
+# team, 2026-12-07).
+BODY_BUDGET_BYTES = 128 * 1024 * 1024
 REASONS = {403: "Forbidden", 503: "ServiceUnavailable"}  # metav1.StatusReason of a denial's code
 MAX_MESSAGE_CHARS = 4096  # a denial lists every problem; the cap keeps the API server's error and event small
 
@@ -137,7 +145,7 @@ class Webhook:
         except BodyError as e:
             WEBHOOK_SECONDS.labels("bad").observe(time.perf_counter() - start)
             return web.Response(body=orjson.dumps({"error": e.message}), status=e.status,
-                                content_type="application/json")
+                                content_type="application/json", headers=e.headers)
         if self.quotas is None:
             status, out = handle_review(body, self.cfg, self.capacities(), self.mismatched())
         else:
@@ -149,5 +157,6 @@ class Webhook:
 
     def routes(self, app: web.Application) -> None:
         app[LISTEN_POLICY] = webhook_policy(self.cfg)
+        BodyBudget(BODY_BUDGET_BYTES, BODY_BUDGET_BYTES // 2).install(app)
         app.router.add_post("/mutate", self.h_review)
         app.router.add_post("/webhook", self.h_review)  # HAMi's path, for drop-in configurations

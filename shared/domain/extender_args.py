@@ -28,6 +28,8 @@ from shared.domain.shapes import (
     problem,
 )
 
+INT32 = 2**31  # spec.priority is an int32
+
 
 class ArgsError(ValueError):
     """str() starts with the field, as every shape problem does."""
@@ -92,6 +94,18 @@ def _pod(pod: object) -> Mapping[str, Any]:
     problems = pod_problems(pod, "Pod.")
     if problems:
         raise ArgsError("; ".join(problems))
+    # read by the verbs beyond pod_problems: the preemption's node (filter holds the pod's cards there) and the
+    # priority (the pods nominated ahead of it)
+    status = pod.get("status")
+    if status is not None and not isinstance(status, dict):
+        raise ArgsError(problem("Pod.status", status, "an object"))
+    nominated = (status or {}).get("nominatedNodeName")
+    if nominated not in (None, "") and not is_dns_subdomain(nominated):
+        raise ArgsError(problem("Pod.status.nominatedNodeName", nominated, "a node name (DNS-1123 subdomain), or none"))
+    priority = (pod.get("spec") or {}).get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
+                                 or not -INT32 <= priority < INT32):
+        raise ArgsError(problem("Pod.spec.priority", priority, "a 32-bit integer"))
     return pod
 
 

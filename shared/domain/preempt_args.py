@@ -13,11 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shared.domain.extender_args import ArgsError, _fields, _pod
+from shared.domain.extender_args import INT32, ArgsError, _fields, _pod
 from shared.domain.shapes import MAX_NODES, MAX_UID_CHARS, describe, is_dns_label, is_dns_subdomain, is_uid, problem
 
 MAX_VICTIMS = 1024  # per node: far above the pods a node runs (kubelet default 110)
-INT32 = 2**31
 UID_ALLOWED = f"a uid of 1..{MAX_UID_CHARS} characters [A-Za-z0-9._-]"
 
 
@@ -95,8 +94,7 @@ def _node_victims(doc: object, field: str, meta: bool) -> NodeVictims:
 def parse_preemption_args(doc: object) -> PreemptionArgs:
     """Preempt arguments; ArgsError names the first malformed field."""
     f = _fields(doc, ("Pod", "NodeNameToVictims", "NodeNameToMetaVictims"), "ExtenderPreemptionArgs")
-    pod = _pod(f.get("Pod"))
-    _priority(pod.get("spec"), "Pod.spec.priority")
+    pod = _pod(f.get("Pod"))  # its spec.priority checked there
     full, metas = f.get("NodeNameToVictims"), f.get("NodeNameToMetaVictims")
     if (full is None) == (metas is None):
         raise ArgsError(f"NodeNameToMetaVictims: got {describe(metas)} and NodeNameToVictims: got "

@@ -14,11 +14,12 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestPayloadError
 
 from shared.config import Config
 from shared.serving.listen import LISTEN_POLICY
-from shared.serving.metrics import CONNECTIONS_REFUSED, READY, metrics_handler
+from shared.serving.metrics import BODIES_REFUSED, CONNECTIONS_REFUSED, READY, metrics_handler
 from shared.serving.supervise import Supervisor
 from shared.serving.tls import CertReloader, watch_certs
 
@@ -89,16 +90,114 @@ MAX_PER_PEER = 256
 class BodyError(Exception):
     """A request body that cannot be read: its HTTP status and a message naming what is wrong."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers or {}
+
+
+# What a body may take of the process's memory once read and decoded (json_cost): the body, aiohttp's copy of it,
+# and orjson's peak while decoding, up to 13 bytes a byte for a long string (16 beyond Latin-1) and every value (one
+# follows each "[", "{", ",", ":") up to ~140 bytes: 8 MB of `[],` are 2.7 million lists, +240 MiB
+# (tests/unit/test_redteam_http_body_budget.py measures the bound).
+JSON_BYTE_COST = 20
+JSON_VALUE_COST = 160
+JSON_BASE_COST = 8 * 1024
+
+
+def json_cost(body: bytes) -> int:
+    """An upper bound of the bytes `body`, aiohttp's copy of it and decoding it with orjson take at once (pure;
+    four passes in C, ~1 ms a MiB)."""
+    values = body.count(b"[") + body.count(b"{") + body.count(b",") + body.count(b":") + 1
+    return JSON_BASE_COST + JSON_BYTE_COST * len(body) + JSON_VALUE_COST * values
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+class BodyBudget:
+    """What the bodies of the requests being handled, and decoding them, may hold at once in one server (`limit`),
+    and of that what the requests of one peer address may (`per_peer`): each body is charged JSON_BYTE_COST a byte
+    as it comes, then the rest of its json_cost before it is decoded, until its handler ends (the middleware). A
+    body that could never fit a peer's share is refused 413, one past what is left 503 (Retry-After): never a
+    process out of its memory limit. An application opts in with app[BODY_BUDGET] and the middleware (read_body)."""
+
+    def __init__(self, limit: int, per_peer: int) -> None:
+        self.limit, self.per_peer = limit, per_peer
+        self.held = 0
+        self.peers: Counter[str] = Counter()
+
+    def held_by(self, peer: str) -> int:
+        return self.peers[peer]
+
+    def fits(self, cost: int) -> None:
+        """BodyError 413 when one request costing `cost` could never be held."""
+        if cost > self.per_peer:
+            raise BodyError(413, f"body: reading and decoding it takes up to {mib(cost)} (json_cost), more than "
+                                 f"one caller may hold ({mib(self.per_peer)}); send a smaller body")
+
+    def charge(self, request: web.Request, cost: int) -> None:
+        """Charge `cost` more to `request` (held until its handler ends); BodyError when it does not fit."""
+        peer = request.remote or ""
+        mine = request.get(_CHARGED, 0) + cost
+        self.fits(mine)
+        if self.held + cost > self.limit or self.peers[peer] + cost > self.per_peer:
+            BODIES_REFUSED.inc()
+            raise BodyError(503, f"body: the bodies being handled hold {mib(self.held)} of {mib(self.limit)}, "
+                                 f"{mib(self.peers[peer])} of them yours (at most {mib(self.per_peer)}); this one "
+                                 f"needs {mib(cost)} more: retry", {"Retry-After": "1"})
+        self.held += cost
+        self.peers[peer] += cost
+        request[_CHARGED] = mine
+
+    def give_back(self, request: web.Request) -> None:
+        cost = request.pop(_CHARGED, 0)
+        if not cost:
+            return
+        peer = request.remote or ""
+        self.held -= cost
+        self.peers[peer] -= cost
+        if self.peers[peer] <= 0:
+            del self.peers[peer]
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        finally:  # answered, failed or cancelled: the body and what decoding it made are gone
+            self.give_back(request)
+
+    def install(self, app: web.Application) -> None:
+        app[BODY_BUDGET] = self
+        app.middlewares.append(self.middleware)
+
+
+BODY_BUDGET = web.AppKey("mtsched_body_budget", BodyBudget)
+_CHARGED = web.RequestKey("mtsched_body_charged", int)  # what a request holds of its application's budget
+
+
+async def _read_charged(request: web.Request, budget: BodyBudget) -> bytes:
+    """aiohttp's request.read(), charging each chunk as it comes, then the rest of the body's json_cost."""
+    if request.content_length is not None:  # what could never fit is refused before a byte of it is read
+        budget.fits(JSON_BYTE_COST * request.content_length)
+    body = bytearray()
+    while chunk := await request.content.readany():
+        budget.charge(request, JSON_BYTE_COST * len(chunk))
+        body.extend(chunk)
+        if len(body) > request.client_max_size:
+            raise web.HTTPRequestEntityTooLarge(max_size=request.client_max_size, actual_size=len(body))
+    out = bytes(body)
+    budget.charge(request, json_cost(out) - JSON_BYTE_COST * len(out))
+    return out
 
 
 async def read_body(request: web.Request) -> bytes:
     """The request's body, in bounded time. BodyError: compressed (415: no caller of ours compresses, and an
     uncompressed body is what client_max_size bounds), not received within BODY_SECONDS (408), or cut short
-    or malformed in its framing (400). A body over client_max_size still raises aiohttp's 413."""
+    or malformed in its framing (400); with a BodyBudget, one that could never fit a caller's share (413) or does
+    not fit what is left (503). A body over client_max_size still raises aiohttp's 413."""
     for encoding in request.headers.getall(hdrs.CONTENT_ENCODING, []):
         if encoding.strip().lower() not in ("", "identity"):
             raise BodyError(415, f"Content-Encoding: got {encoding[:40]!r}; allowed: none (send the body "
@@ -106,9 +205,10 @@ async def read_body(request: web.Request) -> bytes:
     for coding in request.headers.getall(hdrs.TRANSFER_ENCODING, []):
         if any(c.strip().lower() not in ("chunked", "") for c in coding.split(",")):
             raise BodyError(415, f"Transfer-Encoding: got {coding[:40]!r}; allowed: chunked")
+    budget = request.config_dict.get(BODY_BUDGET)
     try:
         async with asyncio.timeout(BODY_SECONDS):
-            return await request.read()
+            return await (request.read() if budget is None else _read_charged(request, budget))
     except web.HTTPRequestEntityTooLarge as e:  # aiohttp's text names both sizes
         raise BodyError(413, f"body: too large ({e.text}); send at most that many bytes") from None
     except TimeoutError:

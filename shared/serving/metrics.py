@@ -156,6 +156,9 @@ RECONCILE_SECONDS = Histogram("mtsched_reconcile_seconds", "Duration of one reco
 CONNECTIONS_REFUSED = Counter("mtsched_http_connections_refused_total",
                               "Connections closed as they were accepted: the port already had 1024 open, or 256 "
                               "from that peer address")
+BODIES_REFUSED = Counter("mtsched_http_bodies_refused_total",
+                         "Requests answered 503: the bodies being handled held what the server allows them (in all, "
+                         "or from that peer address)")
 JANITOR_HELD = Gauge("mtsched_janitor_held",
                      "1 while the janitor expires no pending reservation because the watcher's pod stream is down, "
                      "not listed yet, or back for less than 10 s (a booking whose record it has not seen may be a "
