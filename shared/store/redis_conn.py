@@ -282,8 +282,19 @@ class _SentinelMaster(Redis):
 
 
 class _Cluster(RedisCluster):
-    """RedisCluster whose pipelines run EVALSHA (Ledger.snapshots reads many nodes in one go), and which sends an ASK
-    redirect's ASKING on the command's own connection (_AskingNode)."""
+    """RedisCluster whose pipelines run EVALSHA (Ledger.snapshots reads many nodes in one go), which sends an ASK
+    redirect's ASKING on the command's own connection (_AskingNode), and which leaves a command whose reply may be lost
+    to its caller to send again.
+
+    redis-py 7.4.1 sent a command again by itself, up to 3 times, after a TimeoutError or a ConnectionError
+    (ERRORS_ALLOW_RETRY), unknown to the Ledger: a script whose first send ran, its reply lost, was answered by its
+    second run (a give-back "gone", a replace_node that dropped nothing), and sent with the keep window of its first
+    send; the Ledger's resend rule (LedgerCore._retry, `resent`) answers such a call as the first run would have, and
+    counts a keep window from the call, as on standalone and Sentinel, whose clients retry nothing of their own
+    (tests/redis_ha/test_redteam_cluster_resend.py). Still sent again here: what Redis refused without running it (a
+    shard down, a slot not covered), after redis-py reads the slots again. Pipelines (reads) keep redis-py's rule."""
+
+    ERRORS_ALLOW_RETRY = (rexc.ClusterDownError, rexc.SlotNotCoveredError)  # type: ignore[assignment]  # (fewer)
 
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> ClusterPipeline:
         if shard_hint:
