@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from redis import exceptions as rexc
 from redis.asyncio.cluster import NodesManager
 
 from deploy.local.redis import ClusterSetup, RedisServer
@@ -104,3 +105,26 @@ async def test_a_replace_whose_reply_was_lost_says_it_may_have_dropped(setup: Cl
     snap = await led.snapshot(node)
     assert snap is not None and "u2" not in snap.reservations  # dropped (by the first send)
     assert out["maybe_dropped"]  # or a rebuild tells kube-scheduler of no freed card
+
+
+async def test_a_call_to_a_frozen_primary_gives_up_after_the_ledgers_own_sends(setup: ClusterSetup,
+                                                                               led: Ledger) -> None:
+    """docs/redis-layout.md "Losing Redis": against a frozen Redis a call raises after its sends' socket timeouts
+    (3 of them with the roles' retry settings, ~15 s). redis-py's own resends made each of those sends four, each
+    waiting its socket timeout out: ~60 s on a Cluster primary frozen until its replica is promoted."""
+    node = "n3"
+    await led.upsert_node(inventory(node, S4000))
+    led.retry_seconds = 0  # the sends connection_retries allows: 3
+    primary = setup.owner_of(led.node_key(node))
+    assert primary.proc is not None
+    os.kill(primary.proc.pid, signal.SIGSTOP)
+    try:
+        loop = asyncio.get_running_loop()
+        t = loop.time()
+        with pytest.raises(rexc.TimeoutError):  # redis-py's (a hang would be asyncio's, after 60 s)
+            await asyncio.wait_for(led.snapshot(node), 60)
+        took = loop.time() - t
+    finally:
+        os.kill(primary.proc.pid, signal.SIGCONT)
+    # three sends, each a socket timeout (and a quick read of the slots from the other primaries) before the next
+    assert took < 6 * TIMEOUT, took
