@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.connection import Connection as RedisConnection
 from redis.asyncio.connection import ConnectionPool
+from redis.asyncio.sentinel import SentinelManagedConnection
 
 from shared.config import Config, redis_password
 from shared.serving.waits import within
@@ -259,7 +260,7 @@ def _connect_sentinel(url: str, default_password: str | None) -> Redis:
                         decode_responses=True, socket_timeout=SOCKET_TIMEOUT,
                         socket_connect_timeout=SOCKET_TIMEOUT)  # type: ignore[no-untyped-call]
     return sentinel.master_for(parts[0], redis_class=_SentinelMaster,  # type: ignore[no-any-return]
-                               db=int(parts[1]) if len(parts) > 1 else 0)
+                               db=int(parts[1]) if len(parts) > 1 else 0, connection_class=_SentinelMasterConnection)
 
 
 def is_sentinel(client: object) -> bool:
@@ -279,6 +280,39 @@ class _SentinelMaster(Redis):
             errors = [r for r in results if isinstance(r, BaseException)]
             if errors:
                 raise errors[0]
+
+
+class _SentinelMasterConnection(SentinelManagedConnection):
+    """A connection to the master the sentinels named when it was opened, which leaves a master they have replaced
+    since as redis-py leaves one they demoted (READONLY: a ConnectionError, the connection dropped, sent again).
+
+    A master cut off from the sentinels and its replicas (a partial partition, its zone cut from the others) is
+    replaced by a promoted replica, and the sentinels cannot demote it: it stays a master, and with the
+    min-replicas-to-write docs/install.md asks for refuses every write, NOREPLICAS, for as long as the partition
+    lasts. redis-py asks the sentinels only when it opens a connection, so a role that reached it on pooled
+    connections had every booking, confirmation, record, release and readiness probe refused there all that time
+    (tests/redis_ha/test_redteam_sentinel_deposed.py). A NOREPLICAS reply (a command or a script refused at its
+    first write: nothing ran) from a master the sentinels no longer name drops this connection and the pool's idle
+    ones and is raised as a ConnectionError, which the Ledger sends again, to the master they name; from the master
+    they name (its replicas are down) it is the refusal, as it is."""
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except rexc.ResponseError as refused:
+            if not str(refused).startswith("NOREPLICAS"):
+                raise
+            reached = (self.host, self.port)
+            try:
+                named = tuple(await self.connection_pool.get_master_address())
+            except rexc.ConnectionError:  # no sentinel answers: nothing tells the master changed
+                raise refused from None
+            if named == reached:
+                raise
+            await self.disconnect()
+            await self.connection_pool.disconnect(inuse_connections=False)
+            raise rexc.ConnectionError(f"the master at {reached[0]}:{reached[1]} refuses writes (NOREPLICAS) and the "
+                                       f"sentinels name another, {named[0]}:{named[1]}") from refused
 
 
 class _Cluster(RedisCluster):
