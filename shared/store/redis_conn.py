@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.connection import Connection as RedisConnection
 from redis.asyncio.connection import ConnectionPool
-from redis.asyncio.sentinel import SentinelManagedConnection
+from redis.asyncio.sentinel import SentinelConnectionPool, SentinelManagedConnection
 
 from shared.config import Config, redis_password
 from shared.serving.waits import within
@@ -266,6 +266,22 @@ def _connect_sentinel(url: str, default_password: str | None) -> Redis:
 def is_sentinel(client: object) -> bool:
     """Whether `client` reaches its master through Sentinel (connect's redis+sentinel:// form)."""
     return isinstance(client, _SentinelMaster)
+
+
+async def master_replaced(client: Redis, connection: Any = None) -> bool:
+    """Whether the sentinels name another master than the one `connection` of `client` reached (default: the one
+    the client's pool last asked them for), asking them now; the pool's idle connections are then dropped (redis-py
+    does so when the master it knew changed), so the next ones reach the master they name. False for a client that
+    is not Sentinel's, or when no sentinel answers (nothing says the master changed)."""
+    pool = client.connection_pool
+    if not isinstance(pool, SentinelConnectionPool):
+        return False
+    known = (connection.host, connection.port) if connection is not None else pool.master_address
+    try:
+        named = tuple(await pool.get_master_address())  # type: ignore[no-untyped-call]
+    except rexc.ConnectionError:
+        return False
+    return known is not None and tuple(known) != named
 
 
 class _SentinelMaster(Redis):

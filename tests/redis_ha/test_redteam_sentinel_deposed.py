@@ -28,8 +28,9 @@ from redis import exceptions as rexc
 
 from deploy.local.redis import SentinelSetup, wait_until
 from deploy.local.redis_server import cmd
-from shared.store.ledger import Ledger, LedgerError, connect
-from tests.redis.helpers import S4000, inventory
+from shared.store.ledger import Ledger, LedgerError, connect, connect_subscriber
+from shared.store.mirror import Mirror
+from tests.redis.helpers import S4000, eventually, inventory
 from tests.redis_ha.conftest import PASSWORD
 
 pytestmark = pytest.mark.redis_ha
@@ -136,3 +137,33 @@ async def test_the_master_the_sentinels_name_refusing_writes_is_answered_as_it_i
     finally:
         await led.redis.aclose()
 
+
+async def test_a_mirror_leaves_the_feed_of_a_master_the_sentinels_replaced(setup: SentinelSetup) -> None:
+    """The feed too: a mirror subscribed on the old master hears nothing of what is written on the new one (its
+    liveness PINGs answered there), current only through its periodic re-reads, and a watcher hears no `verify` or
+    `wake` notice. It leaves it within its silence time (FEED_SILENCE_SECONDS; here 0.5 s), re-reading everything
+    from the master the sentinels name."""
+    writer = Ledger(connect(setup.url))
+    m = Mirror(Ledger(connect(setup.url)), subscriber=connect_subscriber(setup.url), resync_seconds=3600.0,
+               silence_seconds=0.5)
+    try:
+        await writer.load_scripts()
+        await writer.upsert_node(inventory("n1", S4000))
+        await m.start()
+        await asyncio.wait_for(m.ready.wait(), 10)
+        await asyncio.gather(*(m.ledger.snapshot("n1") for _ in range(2)))  # the mirror's reads: pooled too
+        old_port = cut_off(setup)
+        await replaced(setup, old_port)
+        await writer.redis.connection_pool.disconnect()  # (the writer: on the new master)
+        await writer.upsert_node(inventory("n1", S4000, cordoned=[1]))  # written and published there
+
+        def seen() -> bool:
+            snap = m.get("n1")
+            return snap is not None and snap.cards[1].health == "cordoned"
+
+        await eventually(seen, within=10, what="the new master's write, in the mirror")
+        assert m.ready.is_set()
+    finally:
+        await m.stop()
+        for c in (writer.redis, m.ledger.redis, m.subscriber):
+            await c.aclose()
