@@ -36,6 +36,13 @@ class TransientError(RuntimeError):
     """An error a retry can cure (raised by our own code for conditions that pass)."""
 
 
+# Redis refusals that redis-py raises as plain ResponseErrors and that end by themselves: a master with
+# min-replicas-to-write and no replica in reach (NOREPLICAS, until one is back: docs/install.md asks it of every
+# Sentinel data node) and a script past busy-reply-threshold (BUSY, until it ends or is killed). A script's refusal
+# starts the same way (tests/redis/test_redteam_refusals_transient.py).
+REDIS_REFUSALS_THAT_END = ("NOREPLICAS ", "BUSY ")
+
+
 def is_transient(e: BaseException) -> bool:
     """Errors of the parts we depend on that heal by themselves: retry them, never give up."""
     status = getattr(e, "status", None)  # KubeError (shared/kube.py): an API server's HTTP answer
@@ -50,6 +57,7 @@ def is_transient(e: BaseException) -> bool:
                           rexc.BusyLoadingError,
                           rexc.ReadOnlyError, rexc.OutOfMemoryError, rexc.TryAgainError, rexc.ClusterError,
                           rexc.SlotNotCoveredError, aiohttp.ClientError, TimeoutError, ConnectionError, OSError)) or (
+        isinstance(e, rexc.ResponseError) and str(e).startswith(REDIS_REFUSALS_THAT_END)) or (
         isinstance(e.__cause__, Exception) and e.__cause__ is not e and is_transient(e.__cause__))
 
 

@@ -31,7 +31,7 @@ from shared.domain.state import CardRecord, NodeSnapshot, Reservation
 from shared.serving.metrics import FEED_SILENCES, MIRROR_FULL_READS, MIRROR_MOVING, MIRROR_REREADS
 from shared.serving.supervise import Backoff, cancel_and_wait
 from shared.store.ledger import MARK_BOUND_MAX, NOTICES, RESEND, Ledger, slot_moving
-from shared.store.redis_conn import credentials_refused, explain
+from shared.store.redis_conn import credentials_refused, explain, master_replaced
 
 try:  # the sentinel redis-py's hiredis parser has its reader return when no whole reply is buffered
     from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
@@ -81,6 +81,12 @@ FEED_WORKS_SECONDS = 5.0
 
 class FeedSilent(rexc.ConnectionError):
     """The feed connection answered no PING in time (Mirror.silence_seconds)."""
+
+
+class FeedDeposed(rexc.ConnectionError):
+    """The feed connection reaches a master the sentinels have replaced (redis_conn.master_replaced): one cut off
+    from them and its replicas, which they could not demote, answers its PINGs and publishes nothing of what is
+    written on the master they promoted (tests/redis_ha/test_redteam_sentinel_deposed.py)."""
 
 
 # Feed messages that never change a node's error or the capacities of its cards: a booking and its
@@ -607,6 +613,9 @@ class Mirror:
                     if msg is not None:
                         self._hear()
                     elif self._pinged is None and loop.time() - self._heard >= self.silence_seconds:
+                        if await master_replaced(self.subscriber, conn):  # (silent there: it takes no write)
+                            await master_replaced(self.ledger.redis)  # its reads leave that master too
+                            raise FeedDeposed("the feed's master was replaced by the sentinels")
                         await pubsub.ping()  # only sent: its reply comes back like a message
                         self.pings += 1
                         self._pinged = loop.time()

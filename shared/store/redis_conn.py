@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.connection import Connection as RedisConnection
 from redis.asyncio.connection import ConnectionPool
+from redis.asyncio.sentinel import SentinelConnectionPool, SentinelManagedConnection
 
 from shared.config import Config, redis_password
 from shared.serving.waits import within
@@ -259,12 +260,28 @@ def _connect_sentinel(url: str, default_password: str | None) -> Redis:
                         decode_responses=True, socket_timeout=SOCKET_TIMEOUT,
                         socket_connect_timeout=SOCKET_TIMEOUT)  # type: ignore[no-untyped-call]
     return sentinel.master_for(parts[0], redis_class=_SentinelMaster,  # type: ignore[no-any-return]
-                               db=int(parts[1]) if len(parts) > 1 else 0)
+                               db=int(parts[1]) if len(parts) > 1 else 0, connection_class=_SentinelMasterConnection)
 
 
 def is_sentinel(client: object) -> bool:
     """Whether `client` reaches its master through Sentinel (connect's redis+sentinel:// form)."""
     return isinstance(client, _SentinelMaster)
+
+
+async def master_replaced(client: Redis, connection: Any = None) -> bool:
+    """Whether the sentinels name another master than the one `connection` of `client` reached (default: the one
+    the client's pool last asked them for), asking them now; the pool's idle connections are then dropped (redis-py
+    does so when the master it knew changed), so the next ones reach the master they name. False for a client that
+    is not Sentinel's, or when no sentinel answers (nothing says the master changed)."""
+    pool = client.connection_pool
+    if not isinstance(pool, SentinelConnectionPool):
+        return False
+    known = (connection.host, connection.port) if connection is not None else pool.master_address
+    try:
+        named = tuple(await pool.get_master_address())  # type: ignore[no-untyped-call]
+    except rexc.ConnectionError:
+        return False
+    return known is not None and tuple(known) != named
 
 
 class _SentinelMaster(Redis):
@@ -281,9 +298,53 @@ class _SentinelMaster(Redis):
                 raise errors[0]
 
 
+class _SentinelMasterConnection(SentinelManagedConnection):
+    """A connection to the master the sentinels named when it was opened, which leaves a master they have replaced
+    since as redis-py leaves one they demoted (READONLY: a ConnectionError, the connection dropped, sent again).
+
+    A master cut off from the sentinels and its replicas (a partial partition, its zone cut from the others) is
+    replaced by a promoted replica, and the sentinels cannot demote it: it stays a master, and with the
+    min-replicas-to-write docs/install.md asks for refuses every write, NOREPLICAS, for as long as the partition
+    lasts. redis-py asks the sentinels only when it opens a connection, so a role that reached it on pooled
+    connections had every booking, confirmation, record, release and readiness probe refused there all that time
+    (tests/redis_ha/test_redteam_sentinel_deposed.py). A NOREPLICAS reply (a command or a script refused at its
+    first write: nothing ran) from a master the sentinels no longer name drops this connection and the pool's idle
+    ones and is raised as a ConnectionError, which the Ledger sends again, to the master they name; from the master
+    they name (its replicas are down) it is the refusal, as it is."""
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except rexc.ResponseError as refused:
+            if not str(refused).startswith("NOREPLICAS"):
+                raise
+            reached = (self.host, self.port)
+            try:
+                named = tuple(await self.connection_pool.get_master_address())
+            except rexc.ConnectionError:  # no sentinel answers: nothing tells the master changed
+                raise refused from None
+            if named == reached:
+                raise
+            await self.disconnect()
+            await self.connection_pool.disconnect(inuse_connections=False)
+            raise rexc.ConnectionError(f"the master at {reached[0]}:{reached[1]} refuses writes (NOREPLICAS) and the "
+                                       f"sentinels name another, {named[0]}:{named[1]}") from refused
+
+
 class _Cluster(RedisCluster):
-    """RedisCluster whose pipelines run EVALSHA (Ledger.snapshots reads many nodes in one go), and which sends an ASK
-    redirect's ASKING on the command's own connection (_AskingNode)."""
+    """RedisCluster whose pipelines run EVALSHA (Ledger.snapshots reads many nodes in one go), which sends an ASK
+    redirect's ASKING on the command's own connection (_AskingNode), and which leaves a command whose reply may be lost
+    to its caller to send again.
+
+    redis-py 7.4.1 sent a command again by itself, up to 3 times, after a TimeoutError or a ConnectionError
+    (ERRORS_ALLOW_RETRY), unknown to the Ledger: a script whose first send ran, its reply lost, was answered by its
+    second run (a give-back "gone", a replace_node that dropped nothing), and sent with the keep window of its first
+    send; the Ledger's resend rule (LedgerCore._retry, `resent`) answers such a call as the first run would have, and
+    counts a keep window from the call, as on standalone and Sentinel, whose clients retry nothing of their own
+    (tests/redis_ha/test_redteam_cluster_resend.py). Still sent again here: what Redis refused without running it (a
+    shard down, a slot not covered), after redis-py reads the slots again. Pipelines (reads) keep redis-py's rule."""
+
+    ERRORS_ALLOW_RETRY = (rexc.ClusterDownError, rexc.SlotNotCoveredError)  # type: ignore[assignment]  # (fewer)
 
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> ClusterPipeline:
         if shard_hint:

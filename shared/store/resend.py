@@ -10,7 +10,7 @@ from redis import exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
 
 # A round trip Redis did not run for want of a reachable master: a lost connection, a demoted master, a
-# cluster that lost a primary or is re-forming its slot map (redis-py 7's cluster client retries these
+# cluster that lost a primary or is re-forming its slot map (redis-py 7's cluster client retries the last two
 # 3 times in 0.75 s, 8's 10 times, so a restarted shard outlasts 7's own retries). Sending again cures them.
 # A cluster client's own retries that ran out on a slot being moved between shards (a live reshard: the keys of a
 # node split between two shards answer TRYAGAIN to a script until the move ends, which redis-py reports as
