@@ -453,6 +453,7 @@ async def serve_api(cfg: Config, app: web.Application, sup: Supervisor, stop: as
     runners = [await serve(app, cfg.listen, reloader.context if reloader else None), health]
     if reloader is not None:
         sup.spawn("tls-reload", lambda: watch_certs(reloader))
+        sup.check("tls", reloader.problem)  # the certificate served expired: every caller refuses the handshake
     ok = await sup.run(stop)
     for r in runners:
         await r.cleanup()
