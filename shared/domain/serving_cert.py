@@ -11,6 +11,7 @@ naming the certificate; it is ready again at the reload of a valid pair. A resta
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 
 RELOAD_EVERY_SECONDS = 10.0  # the files' check (shared/serving/tls.py watch_certs)
 # A certificate just issued (cert-manager dates it from its own clock, no earlier) is loaded within seconds: on a host
@@ -38,3 +39,19 @@ def cert_problem(path: str, not_before: float, not_after: float, now: float, rel
              "; renew it (cert-manager, or the Secret's tls.crt and tls.key)")
     return (f"the serving certificate {path} {what}: callers refuse the handshake{files}; the role loads a valid "
             f"pair within {RELOAD_EVERY_SECONDS:g} s of its files changing (docs/runbooks.md, MtschedRoleNotReady)")
+
+
+def client_ca_problem(setting: str, path: str, validities: Sequence[tuple[float, float]], now: float) -> str:
+    """Why the role cannot take a call with the client CAs it loaded at its start from `path` (its `setting`,
+    e.g. webhookClientCAFile) ("" when it can): each CA's (not_before, not_after), Unix seconds, judged at `now`.
+    The handshake verifies every caller's chain up to one of these, each within its validity, so once none is
+    (every one expired) every caller is refused. The file is read at the start only (docs/install.md): the cure is a
+    valid CA in it and a restart. None read (`validities` empty): no verdict."""
+    if not validities or any(nb - EARLY_ALLOWED_SECONDS <= now <= na for nb, na in validities):
+        return ""
+    last = max(na for _, na in validities)
+    first = min(nb for nb, _ in validities)
+    what = (f"every CA in {setting} {path} has expired (the last at {_when(last)})" if now > last else
+            f"no CA in {setting} {path} is within its validity (the first from {_when(first)})")
+    return (f"{what}: the TLS handshake refuses every caller's certificate; put a valid CA in it and restart the "
+            "role (the file is read at its start; docs/install.md)")

@@ -5,10 +5,13 @@ the webhook role through an expiry and a renewal)."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from deploy.local.pki import make_ca, make_serving_cert
-from shared.domain.serving_cert import EARLY_ALLOWED_SECONDS, cert_problem
+from shared.config import load_config
+from shared.domain.serving_cert import EARLY_ALLOWED_SECONDS, cert_problem, client_ca_problem
+from shared.serving.listen import webhook_policy
 from shared.serving.tls import CertReloader
 
 
@@ -61,3 +64,27 @@ def test_the_reloader_reports_the_loaded_validity_and_a_renewal_that_failed(tmp_
     assert reloader.maybe_reload()
     now[0] = reloader.not_after - 1
     assert reloader.problem() == "" and reloader.reload_error == ""
+
+
+def test_client_cas_one_valid_ca_is_enough_and_none_read_is_no_verdict() -> None:
+    cas = [(0.0, 100.0), (50.0, 500.0)]  # a bundle in its rotation: the old CA expired, the new one valid
+    assert client_ca_problem("webhookClientCAFile", "/ca.crt", cas, 200.0) == ""
+    assert client_ca_problem("webhookClientCAFile", "/ca.crt", [], 10**10) == ""
+    why = client_ca_problem("webhookClientCAFile", "/ca.crt", cas, 501.0)
+    assert why.startswith("every CA in webhookClientCAFile /ca.crt has expired (the last at 1970-01-01T00:08:20Z)")
+    assert "restart the role" in why
+
+
+def test_the_policy_reads_the_validity_of_its_client_ca_file(tmp_path: Path) -> None:
+    ca = make_ca()
+    (tmp_path / "ca.crt").write_bytes(ca.cert_pem + make_ca("another").cert_pem)
+    now = [0.0]
+    policy = webhook_policy(load_config(env={}, flags={"webhookClientCAFile": str(tmp_path / "ca.crt"),
+                                                        "tlsCertFile": "/t.crt", "tlsKeyFile": "/t.key"}))
+    check = policy.client_ca_check(clock=lambda: now[0])
+    assert check is not None
+    now[0] = time.time()
+    assert check() == ""
+    now[0] = time.time() + 2 * 365 * 86400
+    assert "has expired" in check()
+    assert webhook_policy(load_config(env={}, flags={})).client_ca_check() is None
