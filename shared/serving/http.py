@@ -453,6 +453,10 @@ async def serve_api(cfg: Config, app: web.Application, sup: Supervisor, stop: as
     runners = [await serve(app, cfg.listen, reloader.context if reloader else None), health]
     if reloader is not None:
         sup.spawn("tls-reload", lambda: watch_certs(reloader))
+        sup.check("tls", reloader.problem)  # the certificate served expired: every caller refuses the handshake
+        policy = app.get(LISTEN_POLICY)
+        if policy is not None and (ca_check := policy.client_ca_check()) is not None:
+            sup.check("client-ca", ca_check)  # every client CA expired: the handshake refuses every caller
     ok = await sup.run(stop)
     for r in runners:
         await r.cleanup()

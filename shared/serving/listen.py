@@ -20,15 +20,18 @@ from __future__ import annotations
 import ipaddress
 import logging
 import ssl
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+from cryptography import x509
 
 from shared.config import Config, ConfigError
+from shared.domain.serving_cert import client_ca_problem
 from shared.serving.metrics import CLIENTS_REFUSED
 
 log = logging.getLogger("mtsched")
@@ -113,6 +116,22 @@ class ListenPolicy:
             log.warning("%s: %s is not set, so %s", self.role, self.ca_key,
                         self.unauthenticated_warning.format(addr=addr))
         return addr, context
+
+    def client_ca_check(self, clock: Callable[[], float] = time.time) -> Callable[[], str] | None:
+        """The readiness check of the client CAs (shared/domain/serving_cert.py client_ca_problem), read from the
+        file as `apply` loaded it at the start; None without client_ca, or a file whose certificates cryptography
+        cannot read (OpenSSL took it: no verdict rather than a spurious one)."""
+        if not self.client_ca:
+            return None
+        try:
+            with open(self.client_ca, "rb") as f:
+                cas = x509.load_pem_x509_certificates(f.read())
+        except (OSError, ValueError) as e:
+            log.warning("%s: cannot read the validity of %s (%s): its expiry is not checked", self.role,
+                        self.client_ca, e)
+            return None
+        validities = [(c.not_valid_before_utc.timestamp(), c.not_valid_after_utc.timestamp()) for c in cas]
+        return lambda: client_ca_problem(self.ca_key, self.client_ca, validities, clock())
 
     def middleware(self) -> Middleware | None:
         """With client_names: 403 for a certificate of the CA that names none of them."""

@@ -38,9 +38,11 @@ class TransientError(RuntimeError):
 
 # Redis refusals that redis-py raises as plain ResponseErrors and that end by themselves: a master with
 # min-replicas-to-write and no replica in reach (NOREPLICAS, until one is back: docs/install.md asks it of every
-# Sentinel data node) and a script past busy-reply-threshold (BUSY, until it ends or is killed). A script's refusal
-# starts the same way (tests/redis/test_redteam_refusals_transient.py).
-REDIS_REFUSALS_THAT_END = ("NOREPLICAS ", "BUSY ")
+# Sentinel data node), a script past busy-reply-threshold (BUSY, until it ends or is killed), and a Redis with
+# persistence that cannot write its snapshot or AOF (MISCONF: a full, read-only or lost disk; it takes writes again
+# once a save works, which it retries by itself). A script's refusal starts the same way
+# (tests/redis/test_redteam_refusals_transient.py, tests/redis/test_redteam_ready_misconf.py).
+REDIS_REFUSALS_THAT_END = ("NOREPLICAS ", "BUSY ", "MISCONF ")
 
 
 def is_transient(e: BaseException) -> bool:

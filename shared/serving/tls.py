@@ -6,6 +6,12 @@ import asyncio
 import logging
 import os
 import ssl
+import time
+from collections.abc import Callable
+
+from cryptography import x509
+
+from shared.domain.serving_cert import RELOAD_EVERY_SECONDS, cert_problem
 
 # The logger names these lines had before they moved here (log queries may select on them).
 log = logging.getLogger("mtsched.webhook")
@@ -15,8 +21,11 @@ loop_log = logging.getLogger("mtsched")
 class CertReloader:
     """Serves the certificate from files and picks up renewed files without a restart."""
 
-    def __init__(self, cert: str, key: str):
+    def __init__(self, cert: str, key: str, clock: Callable[[], float] = time.time):
         self.cert, self.key = cert, key
+        self._clock = clock
+        self.not_before, self.not_after = 0.0, 0.0  # the loaded certificate's validity (Unix seconds)
+        self.reload_error = ""  # why the files' newer pair did not load ("" once one did)
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         # No TLS 1.3 session tickets: our callers (kube-scheduler's extender client, the API server's webhook
@@ -32,18 +41,31 @@ class CertReloader:
         stamp = (os.stat(self.cert).st_mtime, os.stat(self.key).st_mtime)
         if stamp == self._stamp:
             return False
+        with open(self.cert, "rb") as f:
+            pem = f.read()
+        leaf = x509.load_pem_x509_certificate(pem)  # (the first of the file's chain: the one served)
         self.context.load_cert_chain(self.cert, self.key)  # new handshakes use the new pair
         self._stamp = stamp
+        self.not_before = leaf.not_valid_before_utc.timestamp()
+        self.not_after = leaf.not_valid_after_utc.timestamp()
+        self.reload_error = ""
         self.reloads += 1
-        log.info("loaded TLS certificate %s", self.cert)
+        log.info("loaded TLS certificate %s (valid until %s)", self.cert, leaf.not_valid_after_utc.isoformat())
         return True
+
+    def problem(self) -> str:
+        """The role's readiness check: "" while the certificate it serves is within its validity
+        (shared/domain/serving_cert.py)."""
+        return cert_problem(self.cert, self.not_before, self.not_after, self._clock(), self.reload_error)
 
 
 async def watch_certs(reloader: CertReloader | None) -> None:
-    """Check the files every 10 s; a pair that fails to load leaves the previous one in use."""
+    """Check the files every RELOAD_EVERY_SECONDS; a pair that fails to load leaves the previous one in use (and
+    its error in `reload_error`, which the readiness check names once that one is out of its validity)."""
     while reloader is not None:
-        await asyncio.sleep(10)
+        await asyncio.sleep(RELOAD_EVERY_SECONDS)
         try:
             reloader.maybe_reload()
-        except (OSError, ssl.SSLError) as e:
+        except (OSError, ssl.SSLError, ValueError) as e:  # (ValueError: cryptography's, a file that is no PEM)
+            reloader.reload_error = f"{type(e).__name__}: {e}"[:300]
             loop_log.error("TLS certificate reload failed, keeping the previous one: %s", e)
