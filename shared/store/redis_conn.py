@@ -298,6 +298,12 @@ class _SentinelMaster(Redis):
                 raise errors[0]
 
 
+class MasterReplaced(rexc.ConnectionError):
+    """A write refused NOREPLICAS by a master the sentinels no longer name (_SentinelMasterConnection): sent again
+    like a lost connection, but Redis ran nothing of it (refused at its first write), so no reply was lost
+    (ledger._may_have_run)."""
+
+
 class _SentinelMasterConnection(SentinelManagedConnection):
     """A connection to the master the sentinels named when it was opened, which leaves a master they have replaced
     since as redis-py leaves one they demoted (READONLY: a ConnectionError, the connection dropped, sent again).
@@ -309,8 +315,8 @@ class _SentinelMasterConnection(SentinelManagedConnection):
     connections had every booking, confirmation, record, release and readiness probe refused there all that time
     (tests/redis_ha/test_redteam_sentinel_deposed.py). A NOREPLICAS reply (a command or a script refused at its
     first write: nothing ran) from a master the sentinels no longer name drops this connection and the pool's idle
-    ones and is raised as a ConnectionError, which the Ledger sends again, to the master they name; from the master
-    they name (its replicas are down) it is the refusal, as it is."""
+    ones and is raised as a ConnectionError (MasterReplaced: one that ran nothing), which the Ledger sends again, to
+    the master they name; from the master they name (its replicas are down) it is the refusal, as it is."""
 
     async def read_response(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -327,7 +333,7 @@ class _SentinelMasterConnection(SentinelManagedConnection):
                 raise
             await self.disconnect()
             await self.connection_pool.disconnect(inuse_connections=False)
-            raise rexc.ConnectionError(f"the master at {reached[0]}:{reached[1]} refuses writes (NOREPLICAS) and the "
+            raise MasterReplaced(f"the master at {reached[0]}:{reached[1]} refuses writes (NOREPLICAS) and the "
                                        f"sentinels name another, {named[0]}:{named[1]}") from refused
 
 
