@@ -379,7 +379,18 @@ class _SentinelMasterConnection(SentinelManagedConnection):
     (tests/redis_ha/test_redteam_sentinel_deposed.py). A NOREPLICAS reply (a command or a script refused at its
     first write: nothing ran) from a master the sentinels no longer name drops this connection and the pool's idle
     ones and is raised as a ConnectionError (MasterReplaced: one that ran nothing), which the Ledger sends again, to
-    the master they name; from the master they name (its replicas are down) it is the refusal, as it is."""
+    the master they name; from the master they name (its replicas are down) it is the refusal, as it is. A connection
+    that reached another master than the one its pool last learned of connects again before its next command (those in
+    use when the pool dropped its idle ones: tests/redis_ha/test_rev_deposed_ran_nothing.py)."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        # reached before the pool learned of another master (in use when it dropped its idle connections): a command
+        # sent on it would still go to the master the sentinels replaced, and a read is refused by nothing there
+        known = self.connection_pool.master_address
+        if self.is_connected and known is not None and (self.host, self.port) != tuple(known):
+            await self.disconnect()
+            await self.connect()  # type: ignore[no-untyped-call]  # (redis-py's lazy connect: the old address)
+        await super().send_packed_command(command, check_health)
 
     async def read_response(self, *args: Any, **kwargs: Any) -> Any:
         try:

@@ -19,6 +19,7 @@ from redis import exceptions as rexc
 from deploy.local.redis import SentinelSetup
 from deploy.local.redis_server import cmd
 from shared.store.ledger import Ledger, LedgerError, connect
+from shared.store.redis_conn import master_replaced
 from tests.redis.helpers import S4000, inventory
 from tests.redis_ha.test_redteam_sentinel_deposed import CUT, cut_off, replaced, setup
 
@@ -85,3 +86,31 @@ async def test_a_role_leaves_a_replaced_master_that_a_stranded_sentinel_still_na
             pytest.fail(f"every write refused though the sentinels that failed over name a reachable master: {errors}")
     finally:
         await led.redis.aclose()
+
+
+async def test_a_connection_busy_when_the_pool_learned_of_the_new_master_reads_there(setup: SentinelSetup) -> None:
+    """The pool drops its idle connections when it learns that the sentinels name another master (a new connection,
+    a replaced master's NOREPLICAS, a silent feed's check), not those in use at that moment: back in the pool, one of
+    those went on reading the replaced master (nothing refuses a read) until a write was sent on it, and a mirror's
+    re-read after leaving a deposed feed (its `master_replaced(self.ledger.redis)`) could read there the state from
+    before the failover."""
+    led = Ledger(connect(setup.url))
+    writer: Ledger | None = None
+    try:
+        await led.load_scripts()
+        await led.upsert_node(inventory("n1", S4000))
+        pool = led.redis.connection_pool
+        busy = await pool.get_connection()  # a command in flight on it while the pool learns of the new master
+        old_port = cut_off(setup)
+        await replaced(setup, old_port)
+        assert await master_replaced(led.redis)
+        await pool.release(busy)
+
+        writer = Ledger(connect(setup.url))
+        await writer.upsert_node(inventory("n1", S4000, cordoned=[1]))  # written on the master the sentinels name
+        snap = await led.snapshot("n1")
+        assert snap is not None and snap.cards[1].health == "cordoned", "read on the replaced master"
+    finally:
+        await led.redis.aclose()
+        if writer is not None:
+            await writer.redis.aclose()
