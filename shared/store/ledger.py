@@ -26,7 +26,7 @@ from shared.domain.state import NodeSnapshot
 from shared.serving.metrics import RELEASES
 from shared.store.ledger_core import LedgerCore, LedgerError, log, now_ms
 from shared.store.ledger_reads import HEADS_BATCH, SNAPSHOT_BATCH, LedgerReads, Reread
-from shared.store.redis_conn import NO_OPTIONS, RedisOptions, connect, connect_subscriber, explain
+from shared.store.redis_conn import NO_OPTIONS, MasterReplaced, RedisOptions, connect, connect_subscriber, explain
 from shared.store.resend import (
     RESEND,
     RESEND_OR_REDIRECT,
@@ -506,5 +506,6 @@ def _keep_window(keep_ms: int, started: float) -> int:
 
 def _may_have_run(resent: Iterable[BaseException]) -> bool:
     """Whether a command sent again after these errors may have run before (its reply lost): a timeout or a lost
-    connection, not a refusal (READONLY, a slot being moved) that ran nothing."""
-    return any(isinstance(e, (rexc.TimeoutError, rexc.ConnectionError)) for e in resent)
+    connection, not a refusal (READONLY, a slot being moved, NOREPLICAS from a replaced master) that ran nothing."""
+    return any(isinstance(e, (rexc.TimeoutError, rexc.ConnectionError)) and not isinstance(e, MasterReplaced)
+               for e in resent)

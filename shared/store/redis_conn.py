@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.connection import Connection as RedisConnection
 from redis.asyncio.connection import ConnectionPool
-from redis.asyncio.sentinel import SentinelConnectionPool, SentinelManagedConnection
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from shared.config import Config, redis_password
 from shared.serving.waits import within
@@ -238,9 +238,72 @@ def _split_ha_url(url: str, default_port: int) -> tuple[list[tuple[str, int]], s
             [p for p in u.path.split("/") if p], parse_qs(u.query, keep_blank_values=True))
 
 
+_LATE: set[asyncio.Task[Any]] = set()  # sentinels' answers no longer waited for (each ends by its socket timeout)
+
+
+def _late(task: asyncio.Task[Any]) -> None:
+    _LATE.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: no "exception was never retrieved" for a sentinel that did not answer
+
+
+class _Sentinel(Sentinel):
+    """redis-py's Sentinel, whose master is the one named with the newest config epoch by the first majority of the
+    sentinels to answer, not by the first sentinel (the one that answered last time, else the URL's first).
+
+    A sentinel cut off with the master it names (beside it: the same zone, or the same pod where a chart puts a
+    sentinel next to each data node) never hears of the failover the others made, and goes on naming the old master,
+    which it still reaches and sees as a master, with the epoch from before the failover. Taken first, it sent every
+    connection, and every write a replaced master refused (_SentinelMasterConnection), back to the old master for the
+    whole partition (tests/redis_ha/test_rev_deposed_ran_nothing.py). A failover is voted by a majority of the
+    sentinels, so any majority holds one that took part; the others' answers are not waited for (a sentinel down or
+    cut off costs no lookup its socket timeout)."""
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        asks = {asyncio.ensure_future(s.sentinel_masters()): place  # type: ignore[no-untyped-call]
+                for place, s in enumerate(self.sentinels)}
+        majority = len(asks) // 2 + 1
+        best: tuple[tuple[int, int], dict[str, Any]] | None = None  # ((config epoch, -place), state)
+        answered = 0
+        unreachable: list[str] = []
+        refusal: BaseException | None = None  # a sentinel's error reply (an ACL refusal): raised if none names one
+        pending = set(asks)
+        try:
+            while pending and answered < majority:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for ask in done:
+                    place = asks[ask]
+                    error = None if ask.cancelled() else ask.exception()
+                    if ask.cancelled() or isinstance(error, (rexc.ConnectionError, rexc.TimeoutError)):
+                        unreachable.append(f"{self.sentinels[place]} - {error!r}")
+                        continue
+                    if error is not None:
+                        refusal = refusal or error
+                        continue
+                    answered += 1
+                    state = ask.result().get(service_name)
+                    if state and self.check_master_state(state, service_name):
+                        key = (int(state.get("config-epoch") or 0), -place)
+                        if best is None or key > best[0]:
+                            best = key, state
+        except BaseException:  # cancelled: so are the asks
+            for ask in pending:
+                ask.cancel()
+            raise
+        for ask in pending:
+            _LATE.add(ask)
+            ask.add_done_callback(_late)
+        if best is None:
+            if refusal is not None:
+                raise refusal
+            raise MasterNotFoundError(f"No master found for {service_name!r}"
+                                      + (f" : {', '.join(unreachable)}" if unreachable else ""))
+        state = best[1]
+        return self._force_master_ip if self._force_master_ip is not None else state["ip"], state["port"]
+
+
 def _connect_sentinel(url: str, default_password: str | None) -> Redis:
     from redis.asyncio.retry import Retry
-    from redis.asyncio.sentinel import Sentinel
     from redis.backoff import NoBackoff
 
     hosts, username, password, parts, query = _split_ha_url(url, 26379)
@@ -256,7 +319,7 @@ def _connect_sentinel(url: str, default_password: str | None) -> Redis:
     # times with backoff, which stalled each master lookup for seconds).
     sentinel_kwargs = {"username": sentinel_user, "password": sentinel_password, "socket_timeout": 2.0,
                        "socket_connect_timeout": 2.0, "retry": Retry(NoBackoff(), 0)}
-    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, username=username, password=password,
+    sentinel = _Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, username=username, password=password,
                         decode_responses=True, socket_timeout=SOCKET_TIMEOUT,
                         socket_connect_timeout=SOCKET_TIMEOUT)  # type: ignore[no-untyped-call]
     return sentinel.master_for(parts[0], redis_class=_SentinelMaster,  # type: ignore[no-any-return]
@@ -298,6 +361,12 @@ class _SentinelMaster(Redis):
                 raise errors[0]
 
 
+class MasterReplaced(rexc.ConnectionError):
+    """A write refused NOREPLICAS by a master the sentinels no longer name (_SentinelMasterConnection): sent again
+    like a lost connection, but Redis ran nothing of it (refused at its first write), so no reply was lost
+    (ledger._may_have_run)."""
+
+
 class _SentinelMasterConnection(SentinelManagedConnection):
     """A connection to the master the sentinels named when it was opened, which leaves a master they have replaced
     since as redis-py leaves one they demoted (READONLY: a ConnectionError, the connection dropped, sent again).
@@ -309,8 +378,19 @@ class _SentinelMasterConnection(SentinelManagedConnection):
     connections had every booking, confirmation, record, release and readiness probe refused there all that time
     (tests/redis_ha/test_redteam_sentinel_deposed.py). A NOREPLICAS reply (a command or a script refused at its
     first write: nothing ran) from a master the sentinels no longer name drops this connection and the pool's idle
-    ones and is raised as a ConnectionError, which the Ledger sends again, to the master they name; from the master
-    they name (its replicas are down) it is the refusal, as it is."""
+    ones and is raised as a ConnectionError (MasterReplaced: one that ran nothing), which the Ledger sends again, to
+    the master they name; from the master they name (its replicas are down) it is the refusal, as it is. A connection
+    that reached another master than the one its pool last learned of connects again before its next command (those in
+    use when the pool dropped its idle ones: tests/redis_ha/test_rev_deposed_ran_nothing.py)."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        # reached before the pool learned of another master (in use when it dropped its idle connections): a command
+        # sent on it would still go to the master the sentinels replaced, and a read is refused by nothing there
+        known = self.connection_pool.master_address
+        if self.is_connected and known is not None and (self.host, self.port) != tuple(known):
+            await self.disconnect()
+            await self.connect()  # type: ignore[no-untyped-call]  # (redis-py's lazy connect: the old address)
+        await super().send_packed_command(command, check_health)
 
     async def read_response(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -327,7 +407,7 @@ class _SentinelMasterConnection(SentinelManagedConnection):
                 raise
             await self.disconnect()
             await self.connection_pool.disconnect(inuse_connections=False)
-            raise rexc.ConnectionError(f"the master at {reached[0]}:{reached[1]} refuses writes (NOREPLICAS) and the "
+            raise MasterReplaced(f"the master at {reached[0]}:{reached[1]} refuses writes (NOREPLICAS) and the "
                                        f"sentinels name another, {named[0]}:{named[1]}") from refused
 
 
