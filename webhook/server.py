@@ -41,8 +41,8 @@ BODY_LIMIT = 3 * 1024 * 1024
 # What the reviews being handled may hold at once, read and decoded (shared/serving/http.py json_cost), in all and
 # from one peer address (half): the chart gives the webhook 256 MiB, ~85 of them its own, and the bound is the peak of
 # a decoding (one at a time), most of which is gone once decoded. A review of 1.5 MiB (the most the API server stores of
-# a pod) fits a peer's share unless its JSON values average under 7 bytes; 8 MB of `[],` took 250 MiB before (red
-# team, 2026-12-07).
+# a pod, in protobuf: its JSON may be larger) fits a peer's share unless its JSON values average under 7 bytes
+# (docs/install.md "Input limits"); 8 MB of `[],` took 250 MiB before (red team, 2026-12-07).
 BODY_BUDGET_BYTES = 128 * 1024 * 1024
 REASONS = {403: "Forbidden", 503: "ServiceUnavailable"}  # metav1.StatusReason of a denial's code
 MAX_MESSAGE_CHARS = 4096  # a denial lists every problem; the cap keeps the API server's error and event small
