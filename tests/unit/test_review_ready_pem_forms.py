@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
 import ssl
 import time
 from pathlib import Path
@@ -43,6 +44,20 @@ def expired_ca() -> CertKey:
             .not_valid_after(dt.datetime(2021, 1, 1, tzinfo=dt.UTC))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .sign(key, hashes.SHA256()))
+    return CertKey(cert.public_bytes(serialization.Encoding.PEM), key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+
+
+def leaf_until(ca: CertKey, not_after: dt.datetime) -> CertKey:
+    """A serving certificate of `ca` valid from a minute ago until `not_after`."""
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "w")]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)).not_valid_after(not_after)
+            .sign(ca_key, hashes.SHA256()))
     return CertKey(cert.public_bytes(serialization.Encoding.PEM), key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
 
@@ -124,3 +139,33 @@ async def test_a_client_ca_bundle_whose_valid_ca_is_in_the_trusted_form_is_no_sp
     bundle.write_bytes(trusted_form(old.cert_pem) + old.cert_pem)
     expired = policy.client_ca_check()
     assert expired is not None and "has expired" in expired()
+
+
+def test_a_secret_volumes_atomic_swap_is_reloaded_and_the_role_ready_again(tmp_path: Path) -> None:
+    """The kubelet's atomic writer (a Secret volume): tls.crt -> ..data/tls.crt, ..data -> ..<timestamp>, a renewal
+    written to a new timestamped directory and ..data swapped by a rename. os.stat follows the links to the new
+    files (new mtimes): the renewal is loaded and the expiry's unready ends (no finding: evidence)."""
+    ca = make_ca()
+    now = [time.time()]
+    old = leaf_until(ca, dt.datetime.fromtimestamp(now[0] + 3600, dt.UTC))
+    new = leaf_until(ca, dt.datetime.fromtimestamp(now[0] + 30 * 86400, dt.UTC))
+
+    def publish(name: str, pair: CertKey, mtime: float) -> None:
+        d = tmp_path / name
+        d.mkdir()
+        for file, data in (("tls.crt", pair.cert_pem), ("tls.key", pair.key_pem)):
+            (d / file).write_bytes(data)
+            os.utime(d / file, (mtime, mtime))
+        (tmp_path / "..data_tmp").symlink_to(name)
+        os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
+
+    publish("..2026_12_07_15_00_00.1", old, 1_800_000_000)
+    for file in ("tls.crt", "tls.key"):
+        (tmp_path / file).symlink_to(f"..data/{file}")
+    reloader = CertReloader(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), clock=lambda: now[0])
+    now[0] = reloader.not_after + 1
+    assert "expired at" in reloader.problem()
+    publish("..2026_12_07_16_00_00.2", new, 1_800_000_060)
+    assert reloader.maybe_reload()
+    assert reloader.problem() == "", reloader.problem()
+    assert reloader.not_after > now[0]
