@@ -13,6 +13,7 @@ Each test runs a real handshake on 127.0.0.1 to show what OpenSSL does with the 
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
 import os
 import ssl
@@ -28,11 +29,15 @@ from shared.config import load_config
 from shared.serving.listen import webhook_policy
 from shared.serving.tls import CertReloader
 
+# OpenSSL's X509_CERT_AUX trusting the certificate for clientAuth (`openssl x509 -trustout -addtrust clientAuth`)
+CLIENT_AUTH_TRUST = bytes.fromhex("300c300a06082b06010505070302")
 
-def trusted_form(pem: bytes) -> bytes:
-    """The same certificate as `openssl x509 -trustout` writes it (no trust settings: the DER is unchanged)."""
-    return pem.replace(b"-----BEGIN CERTIFICATE-----", b"-----BEGIN TRUSTED CERTIFICATE-----").replace(
-        b"-----END CERTIFICATE-----", b"-----END TRUSTED CERTIFICATE-----")
+
+def trusted_form(pem: bytes, aux: bytes = b"") -> bytes:
+    """The same certificate as `openssl x509 -trustout` writes it: its DER, then OpenSSL's trust settings if any."""
+    der = x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER) + aux
+    body = base64.encodebytes(der)
+    return b"-----BEGIN TRUSTED CERTIFICATE-----\n" + body + b"-----END TRUSTED CERTIFICATE-----\n"
 
 
 def expired_ca() -> CertKey:
@@ -118,7 +123,8 @@ async def test_a_client_ca_bundle_whose_valid_ca_is_in_the_trusted_form_is_no_sp
         tmp_path: Path) -> None:
     ca, old = make_ca("new client CA"), expired_ca()
     bundle = tmp_path / "client-ca.crt"
-    bundle.write_bytes(trusted_form(ca.cert_pem) + old.cert_pem)  # a rotation: the valid CA and the retired one
+    # a rotation: the valid CA (trusted for clientAuth) and the retired one
+    bundle.write_bytes(trusted_form(ca.cert_pem, CLIENT_AUTH_TRUST) + old.cert_pem)
     policy = webhook_policy(load_config(env={}, flags={"webhookClientCAFile": str(bundle),
                                                         "tlsCertFile": "/t.crt", "tlsKeyFile": "/t.key"}))
     serving = make_serving_cert(ca, "webhook")
