@@ -55,12 +55,13 @@ class CertReloader:
         # (each serializes and encrypts the session with the client's certificate): 14-18 % of a handshake's
         # CPU in bench/tls_micro.py. Nothing is weakened; a client that would resume makes a full handshake.
         self.context.num_tickets = 0
-        self._stamp: tuple[float, float] = (0.0, 0.0)
+        self._stamp: tuple[tuple[int, int, int], ...] = ()
         self.reloads = 0
         self.maybe_reload()
 
     def maybe_reload(self) -> bool:
-        stamp = (os.stat(self.cert).st_mtime, os.stat(self.key).st_mtime)
+        # the change time too: a renewal copied with its times kept (`cp -p`, `rsync -a`) leaves the mtime as it was
+        stamp = tuple((s.st_mtime_ns, s.st_ctime_ns, s.st_ino) for s in map(os.stat, (self.cert, self.key)))
         if stamp == self._stamp:
             return False
         with open(self.cert, "rb") as f:

@@ -175,3 +175,30 @@ def test_a_secret_volumes_atomic_swap_is_reloaded_and_the_role_ready_again(tmp_p
     assert reloader.maybe_reload()
     assert reloader.problem() == "", reloader.problem()
     assert reloader.not_after > now[0]
+
+
+def test_a_renewal_that_keeps_the_old_files_mtime_is_reloaded(tmp_path: Path) -> None:
+    """A renewal copied over the files with their times kept (`cp -p`, `rsync -a`, `docker cp`, an archive's
+    normalized times) left the mtime the reloader compared unchanged: the renewal never loaded, and once the old
+    certificate expired the role stayed unready, saying "renew it", for a certificate renewed long before. The
+    files' change time (ctime), which no copy keeps, tells it."""
+    ca = make_ca()
+    now = [time.time()]
+    old = leaf_until(ca, dt.datetime.fromtimestamp(now[0] + 3600, dt.UTC))
+    new = leaf_until(ca, dt.datetime.fromtimestamp(now[0] + 30 * 86400, dt.UTC))
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    for path, data in ((cert, old.cert_pem), (key, old.key_pem)):
+        path.write_bytes(data)
+        os.utime(path, (1_800_000_000, 1_800_000_000))
+    reloader = CertReloader(str(cert), str(key), clock=lambda: now[0])
+    loaded = os.stat(cert).st_ctime_ns
+    deadline = time.monotonic() + 5
+    while os.stat(cert).st_ctime_ns == loaded:  # (a later tick of the file system's clock, as a renewal is)
+        assert time.monotonic() < deadline
+        for path, data in ((key, new.key_pem), (cert, new.cert_pem)):  # copied over, times kept
+            path.write_bytes(data)
+            os.utime(path, (1_800_000_000, 1_800_000_000))
+    assert reloader.maybe_reload(), "the renewed pair was not loaded"
+    now[0] += 2 * 3600
+    assert reloader.problem() == "", reloader.problem()
+    assert not reloader.maybe_reload()  # nothing changed since: no reload
