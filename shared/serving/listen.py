@@ -28,11 +28,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
-from cryptography import x509
 
 from shared.config import Config, ConfigError
 from shared.domain.serving_cert import client_ca_problem
 from shared.serving.metrics import CLIENTS_REFUSED
+from shared.serving.tls import pem_certificates
 
 log = logging.getLogger("mtsched")
 
@@ -119,13 +119,14 @@ class ListenPolicy:
 
     def client_ca_check(self, clock: Callable[[], float] = time.time) -> Callable[[], str] | None:
         """The readiness check of the client CAs (shared/domain/serving_cert.py client_ca_problem), read from the
-        file as `apply` loaded it at the start; None without client_ca, or a file whose certificates cryptography
-        cannot read (OpenSSL took it: no verdict rather than a spurious one)."""
+        file as `apply` loaded it at the start, every certificate OpenSSL trusts from it (a "TRUSTED CERTIFICATE"
+        too: shared/serving/tls.py pem_certificates); None without client_ca, or a file with a certificate
+        cryptography cannot read (OpenSSL took it: no verdict rather than a spurious one)."""
         if not self.client_ca:
             return None
         try:
             with open(self.client_ca, "rb") as f:
-                cas = x509.load_pem_x509_certificates(f.read())
+                cas = pem_certificates(f.read())
         except (OSError, ValueError) as e:
             log.warning("%s: cannot read the validity of %s (%s): its expiry is not checked", self.role,
                         self.client_ca, e)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -43,6 +44,19 @@ class TransientError(RuntimeError):
 # once a save works, which it retries by itself). A script's refusal starts the same way
 # (tests/redis/test_redteam_refusals_transient.py, tests/redis/test_redteam_ready_misconf.py).
 REDIS_REFUSALS_THAT_END = ("NOREPLICAS ", "BUSY ", "MISCONF ")
+# Redis 6.2 (EVAL no write command there) answers a write refused inside a script with the script's error, the
+# refusal after its lines: "Error running script (call to f_<sha>): @user_script:404: @user_script: 404: -MISCONF
+# ...", for OOM and READONLY too, which redis-py raises then as plain ResponseErrors
+# (tests/redis/test_review_refusals_in_scripts_62.py); Redis 7 answers with the refusal itself.
+_SCRIPT_REFUSED = re.compile(r"Error running script \(call to f_[0-9a-f]+\): (?:@user_script: ?\d+: )+-")
+REDIS_SCRIPT_REFUSALS_THAT_END = (*REDIS_REFUSALS_THAT_END, "OOM ", "READONLY ")
+
+
+def _ends_by_itself(e: rexc.ResponseError) -> bool:
+    message = str(e)
+    if (script := _SCRIPT_REFUSED.match(message)) is not None:
+        return message[script.end():].startswith(REDIS_SCRIPT_REFUSALS_THAT_END)
+    return message.startswith(REDIS_REFUSALS_THAT_END)
 
 
 def is_transient(e: BaseException) -> bool:
@@ -59,7 +73,7 @@ def is_transient(e: BaseException) -> bool:
                           rexc.BusyLoadingError,
                           rexc.ReadOnlyError, rexc.OutOfMemoryError, rexc.TryAgainError, rexc.ClusterError,
                           rexc.SlotNotCoveredError, aiohttp.ClientError, TimeoutError, ConnectionError, OSError)) or (
-        isinstance(e, rexc.ResponseError) and str(e).startswith(REDIS_REFUSALS_THAT_END)) or (
+        isinstance(e, rexc.ResponseError) and _ends_by_itself(e)) or (
         isinstance(e.__cause__, Exception) and e.__cause__ is not e and is_transient(e.__cause__))
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
+import math
 import os
+import re
 import ssl
 import time
 from collections.abc import Callable
@@ -16,6 +19,25 @@ from shared.domain.serving_cert import RELOAD_EVERY_SECONDS, cert_problem
 # The logger names these lines had before they moved here (log queries may select on them).
 log = logging.getLogger("mtsched.webhook")
 loop_log = logging.getLogger("mtsched")
+
+# The PEM blocks OpenSSL reads as certificates, as the served one (the chain file's first) and as CAs: besides
+# cryptography's two labels, "TRUSTED CERTIFICATE" (`openssl x509 -trustout`, OpenSSL's own trust stores), its DER
+# the certificate's followed by OpenSSL's trust settings, if any.
+_PEM_CERTIFICATE = re.compile(rb"-----BEGIN (CERTIFICATE|X509 CERTIFICATE|TRUSTED CERTIFICATE)-----\r?\n"
+                              rb"(.*?)-----END \1-----", re.DOTALL)
+
+
+def pem_certificates(pem: bytes) -> list[x509.Certificate]:
+    """The certificates of a PEM file in the order OpenSSL reads them (the first: the one a chain file serves);
+    ValueError for one cryptography cannot read, rather than a judgement on some of them only."""
+    out = []
+    for m in _PEM_CERTIFICATE.finditer(pem):
+        der = base64.b64decode(m.group(2))
+        if len(der) > 2:  # the certificate's own length (DER): what follows it is OpenSSL's trust settings
+            n = der[1] & 0x7F if der[1] & 0x80 else 0
+            der = der[:2 + n + (int.from_bytes(der[2:2 + n], "big") if n else der[1])]
+        out.append(x509.load_der_x509_certificate(der))
+    return out
 
 
 class CertReloader:
@@ -33,24 +55,36 @@ class CertReloader:
         # (each serializes and encrypts the session with the client's certificate): 14-18 % of a handshake's
         # CPU in bench/tls_micro.py. Nothing is weakened; a client that would resume makes a full handshake.
         self.context.num_tickets = 0
-        self._stamp: tuple[float, float] = (0.0, 0.0)
+        self._stamp: tuple[tuple[int, int, int], ...] = ()
         self.reloads = 0
         self.maybe_reload()
 
     def maybe_reload(self) -> bool:
-        stamp = (os.stat(self.cert).st_mtime, os.stat(self.key).st_mtime)
+        # the change time too: a renewal copied with its times kept (`cp -p`, `rsync -a`) leaves the mtime as it was
+        stamp = tuple((s.st_mtime_ns, s.st_ctime_ns, s.st_ino) for s in map(os.stat, (self.cert, self.key)))
         if stamp == self._stamp:
             return False
         with open(self.cert, "rb") as f:
             pem = f.read()
-        leaf = x509.load_pem_x509_certificate(pem)  # (the first of the file's chain: the one served)
+        leaf: x509.Certificate | None = None
+        unread = ""
+        try:
+            leaf = pem_certificates(pem)[0]  # (the first of the file's chain: the one served)
+        except (ValueError, IndexError) as e:  # OpenSSL may serve it still: its validity unknown, no verdict
+            unread = f"{type(e).__name__}: {e}"
         self.context.load_cert_chain(self.cert, self.key)  # new handshakes use the new pair
         self._stamp = stamp
-        self.not_before = leaf.not_valid_before_utc.timestamp()
-        self.not_after = leaf.not_valid_after_utc.timestamp()
+        self.not_before, self.not_after = -math.inf, math.inf
+        if leaf is not None:
+            self.not_before = leaf.not_valid_before_utc.timestamp()
+            self.not_after = leaf.not_valid_after_utc.timestamp()
         self.reload_error = ""
         self.reloads += 1
-        log.info("loaded TLS certificate %s (valid until %s)", self.cert, leaf.not_valid_after_utc.isoformat())
+        if leaf is None:
+            log.warning("loaded TLS certificate %s, but cannot read its validity (%s): its expiry is not checked",
+                        self.cert, unread)
+        else:
+            log.info("loaded TLS certificate %s (valid until %s)", self.cert, leaf.not_valid_after_utc.isoformat())
         return True
 
     def problem(self) -> str:
