@@ -52,11 +52,18 @@ _SCRIPT_REFUSED = re.compile(r"Error running script \(call to f_[0-9a-f]+\): (?:
 REDIS_SCRIPT_REFUSALS_THAT_END = (*REDIS_REFUSALS_THAT_END, "OOM ", "READONLY ")
 
 
-def _ends_by_itself(e: rexc.ResponseError) -> bool:
+def redis_refusal(e: rexc.ResponseError) -> tuple[str, bool]:
+    """A Redis error reply's text, unwrapped from 6.2's script error ("NOREPLICAS ...", "WRONGTYPE ..."), and whether
+    it was a script's (pure)."""
     message = str(e)
     if (script := _SCRIPT_REFUSED.match(message)) is not None:
-        return message[script.end():].startswith(REDIS_SCRIPT_REFUSALS_THAT_END)
-    return message.startswith(REDIS_REFUSALS_THAT_END)
+        return message[script.end():], True
+    return message, False
+
+
+def _ends_by_itself(e: rexc.ResponseError) -> bool:
+    refusal, in_script = redis_refusal(e)
+    return refusal.startswith(REDIS_SCRIPT_REFUSALS_THAT_END if in_script else REDIS_REFUSALS_THAT_END)
 
 
 def is_transient(e: BaseException) -> bool:

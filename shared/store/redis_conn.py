@@ -22,6 +22,7 @@ from redis.asyncio.connection import ConnectionPool
 from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from shared.config import Config, redis_password
+from shared.serving.supervise import redis_refusal
 from shared.serving.waits import within
 
 
@@ -396,7 +397,7 @@ class _SentinelMasterConnection(SentinelManagedConnection):
         try:
             return await super().read_response(*args, **kwargs)
         except rexc.ResponseError as refused:
-            if not str(refused).startswith("NOREPLICAS"):
+            if not redis_refusal(refused)[0].startswith("NOREPLICAS"):  # (6.2: inside a script's error)
                 raise
             reached = (self.host, self.port)
             try:
