@@ -229,7 +229,10 @@ def node_inventory(node: Mapping[str, Any], cfg: Config) -> Inventory:
                 how = "is not a whole number" if healthy is None else "is below"
                 # a cordon entry naming no card of this node (a bare index, another node's id) cordons nothing:
                 # said here, where the operator who wrote it looks (event, filter reason, explain)
-                stray = ", ".join(sorted(cordoned - {device_id(name, i) for i in indices}))
+                # (each as written when it is printable, else quoted: any writer of the Node's annotations chose it,
+                # and a line break or a terminal escape printed raw forged rows of `mtsched cards`: red team)
+                stray = ", ".join(e if e.isprintable() else repr(e)
+                                  for e in sorted(cordoned - {device_id(name, i) for i in indices}))
                 hint = (f"; {CORDON_ANNOTATION} entries naming no card of this node: "
                         f"{stray if len(stray) <= 64 else describe(stray)} (its cards are named like "
                         f"{device_id(name, min(indices))})") if stray and indices else ""
