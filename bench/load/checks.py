@@ -10,6 +10,10 @@ from typing import Any
 
 from bench.load.cluster import LedgerView, list_all, node_model
 
+# how long the ledger check waits for every booking of the phase to be there and bound (confirmed); past it the
+# check compares what it holds, and `ledger_settled` False fails the run (report.summarize, cli.failed)
+SETTLE_SECONDS = 30.0
+
 
 def packing(usage: dict[tuple[str, int], list[int]]) -> dict[str, int]:
     """How tightly the phase packed: nodes and cards holding at least one slice (binpack: fewer is tighter)."""
@@ -62,7 +66,7 @@ async def check(kube: Any, ns: str, ledger: LedgerView | None, node_names: list[
             res = [r for x in s.values() for r in x.reservations.values()]
             return len(res) >= bound and all(r.state == "bound" for r in res)
 
-        ok, snaps = await ledger.wait(node_names, settled, 30)
+        ok, snaps = await ledger.wait(node_names, settled, SETTLE_SECONDS)
         over_l = 0
         booked: dict[tuple[str, int], list[int]] = {}
         for node, snap in snaps.items():

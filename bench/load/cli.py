@@ -145,6 +145,7 @@ def failed(rows: list[dict[str, Any]]) -> bool:
     that did not bind every pod it was given (its pods/s, and any ratio from it, describe other work)."""
     return any(r["overcommitted_cards_ledger"] or r["overcommitted_cards_annotations"] or r["unannotated_bound"]
                or r.get("undecodable_records") or r.get("ledger_annotation_mismatches") or r["leaked_reservations"]
+               or r.get("ledger_unsettled_phases")
                or r.get("unbound_pods") or r.get("unbound_pods_plain") for r in rows)
 
 

@@ -106,3 +106,36 @@ async def test_a_redis_that_cannot_be_read_is_an_error_not_zero() -> None:
             await leaked_reservations(v, NODES, 0)
     finally:
         await v.close()
+
+
+async def test_a_booking_never_confirmed_fails_the_run(ledger: Ledger, redis_server: RedisServer,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod bound with its record while its booking stays pending (the confirmation lost: the ledger's TTL may then
+    free the card under a running pod) matches the annotations card for card: 0 over-committed, 0 mismatches. Only
+    `ledger_settled` said so, and neither the summary, the table nor the exit code read it."""
+    from bench.load import checks
+    from bench.load.cli import failed
+    from bench.load.phase import Phase
+    from bench.load.report import summarize, table
+
+    monkeypatch.setattr(checks, "SETTLE_SECONDS", 1.0)
+    await ledger.upsert_node(inventory(NODE, S4000, 8))
+    assert (await ledger.reserve(NODE, "u1", [0], 8, 2, 1, pod="ns/a"))[0].ok  # never marked bound
+    v = LedgerView(redis_server.url, "mt")
+    try:
+        out = await check(FakeKube(CLEAN), "ns", v, [NODE], 1)
+    finally:
+        await v.close()
+    assert (out["overcommitted_cards_ledger"], out["ledger_annotation_mismatches"], out["ledger_settled"]) \
+        == (0, 0, False)
+    rows = []
+    for settled in (True, False):
+        ph = Phase("ours", 1, 1, 0)
+        ph.result = {"throughput_pods_s": 10.0, "pods": 1, "bound": 1, "timed_out": False, "leaked_reservations": 0,
+                     "correctness": {**out, "ledger_settled": settled}}
+        pl = Phase("plain", 1, 1, 0)
+        pl.result = {"throughput_pods_s": 10.0, "pods": 1, "bound": 1, "timed_out": False}
+        rows.append(summarize([ph, pl], fine=False))
+    assert rows[0][0]["ledger_unsettled_phases"] == 0 and not failed(rows[0])
+    assert rows[1][0]["ledger_unsettled_phases"] == 1 and failed(rows[1])
+    assert "1 unsettled" in table(rows[1], [])
