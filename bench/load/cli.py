@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {}
     try:
         asyncio.run(amain(args, doc, ext))
+    except BaseException as e:  # the results say the run did not finish: its summary covers the finished phases only
+        doc["aborted"] = f"{type(e).__name__}: {e}"[:500]
+        raise
     finally:
         if doc.get("run_id"):
             save(doc, out_dir)

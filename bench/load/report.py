@@ -315,4 +315,6 @@ def save(doc: dict[str, Any], out_dir: Path) -> None:
             print(f"plot: {out_dir / 'throughput.png'}")
         except Exception as e:
             print(f"plot failed: {type(e).__name__}: {e}")
+    if doc.get("aborted"):
+        print(f"run stopped by {doc['aborted']}: the summary covers the phases that finished only")
     print(f"results: {path} (and latest.json)", flush=True)
