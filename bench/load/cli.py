@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {}
     try:
         asyncio.run(amain(args, doc, ext))
+    except BaseException as e:  # the results say the run did not finish: its summary covers the finished phases only
+        doc["aborted"] = f"{type(e).__name__}: {e}"[:500]
+        raise
     finally:
         if doc.get("run_id"):
             save(doc, out_dir)
@@ -145,6 +148,7 @@ def failed(rows: list[dict[str, Any]]) -> bool:
     that did not bind every pod it was given (its pods/s, and any ratio from it, describe other work)."""
     return any(r["overcommitted_cards_ledger"] or r["overcommitted_cards_annotations"] or r["unannotated_bound"]
                or r.get("undecodable_records") or r.get("ledger_annotation_mismatches") or r["leaked_reservations"]
+               or r.get("ledger_unsettled_phases")
                or r.get("unbound_pods") or r.get("unbound_pods_plain") for r in rows)
 
 

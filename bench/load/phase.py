@@ -15,7 +15,7 @@ from typing import Any
 
 from bench import prom
 from bench.load import memory
-from bench.load.checks import check
+from bench.load.checks import check, leaked_reservations
 from bench.load.cluster import KWOK_ANNOTATION, LedgerView, Target, cpu_seconds, list_all, profile_window
 from bench.load.metrics import (
     api_requests,
@@ -226,8 +226,7 @@ async def run_phase(kube: Any, target: Target, ledger: LedgerView | None, node_n
         await asyncio.sleep(1.0)
     res["delete_seconds"] = round(time.monotonic() - t, 2)
     if ledger is not None:
-        _, snaps = await ledger.wait(node_names, lambda s: not any(x.reservations for x in s.values()), 90)
-        leaked = [u for x in snaps.values() for u in x.reservations]
+        leaked = await leaked_reservations(ledger, node_names, 90)
         res["leaked_reservations"] = len(leaked)
         res["leaked_examples"] = leaked[:5]
         res["release_seconds"] = round(time.monotonic() - t, 2)

@@ -138,6 +138,10 @@ def summarize(phases: list[Phase], fine: bool, node_memory: list[dict[str, Any]]
             "overcommitted_cards_ledger": checked_sum([c.get("overcommitted_cards_ledger") for c in corr]),
             "overcommitted_cards_annotations": sum(c.get("overcommitted_cards_annotations", 0) for c in corr),
             "ledger_annotation_mismatches": checked_sum([c.get("ledger_annotation_mismatches") for c in corr]),
+            # phases whose bookings were not all in the ledger and bound (confirmed) after checks.SETTLE_SECONDS: a
+            # pod bound on a booking left pending matches its record card for card (0 over-committed, 0 mismatches)
+            "ledger_unsettled_phases": checked_sum([None if c.get("ledger_settled") is None
+                                                    else int(not c["ledger_settled"]) for c in corr]),
             "unannotated_bound": sum(c.get("unannotated_bound", 0) for c in corr),
             # bound pods whose allocation record did not decode: out of the over-commit recomputed from annotations
             "undecodable_records": sum(c.get("undecodable", 0) for c in corr),
@@ -221,7 +225,9 @@ def table(rows: list[dict[str, Any]], micro: list[dict[str, Any]]) -> str:
                     f(r["redis_per_pod_extender"], 2),
                     f"{f(r['overcommitted_cards_ledger'])}+{f(r['overcommitted_cards_annotations'])}",
                     f"{f(r['unannotated_bound'])}+{f(r.get('undecodable_records'))}",
-                    f(r["ledger_annotation_mismatches"]), f(r["leaked_reservations"]), f(r["pending_after_timeout"]),
+                    f(r["ledger_annotation_mismatches"]) + (f" ({r['ledger_unsettled_phases']} unsettled)"
+                                                            if r.get("ledger_unsettled_phases") else ""),
+                    f(r["leaked_reservations"]), f(r["pending_after_timeout"]),
                     f"{f(r.get('unbound_pods'))}/{f(r.get('unbound_pods_plain'))}",
                     f"{f(r.get('schedule_attempts_error'))}/{f(r.get('schedule_attempts_error_plain'))}"]
                    for r in rows])
@@ -309,4 +315,6 @@ def save(doc: dict[str, Any], out_dir: Path) -> None:
             print(f"plot: {out_dir / 'throughput.png'}")
         except Exception as e:
             print(f"plot failed: {type(e).__name__}: {e}")
+    if doc.get("aborted"):
+        print(f"run stopped by {doc['aborted']}: the summary covers the phases that finished only")
     print(f"results: {path} (and latest.json)", flush=True)
