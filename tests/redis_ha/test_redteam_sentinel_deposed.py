@@ -20,7 +20,8 @@ it for down, and promote a replica, which the other one follows.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis
@@ -92,33 +93,44 @@ async def replaced(setup: SentinelSetup, old_port: int) -> None:
     await asyncio.to_thread(wait_until, refuses, 15, "the old master refuses writes")
 
 
-async def test_a_role_leaves_a_master_the_sentinels_replaced_while_it_was_cut_off(setup: SentinelSetup) -> None:
+@contextlib.asynccontextmanager
+async def on_a_replaced_master(setup: SentinelSetup) -> AsyncIterator[tuple[Ledger, int]]:
+    """A role's ledger (node n1 written, idle connections pooled to the master), then the master cut off and
+    replaced: the ledger and the old master's port."""
     led = Ledger(connect(setup.url))
     try:
         await led.load_scripts()
         await led.upsert_node(inventory("n1", S4000))
         await asyncio.gather(*(led.snapshot("n1") for _ in range(4)))  # idle connections to the master
         old_port = cut_off(setup)
-
         await replaced(setup, old_port)
-
-        # the role: the master the sentinels name is reachable, so its writes are answered again at once (the first
-        # refusal tells the pool of the change: sent again there), not refused for the whole partition
-        led.retry_seconds = 0
-        errors: list[str] = []
-        for _ in range(5):
-            try:
-                # answered (on the new master the node is unverified, and refused so: an answer, not a failure)
-                await led.reserve("n1", "u1", [0], 8, 2, 1, pod="ns/p1")
-                await led.probe_write()
-                break
-            except (LedgerError, rexc.RedisError) as e:
-                errors.append(str(e))
-        else:
-            pytest.fail(f"every write refused though the sentinels name a reachable master: {errors}")
-        assert not errors, errors  # not even one refused
+        yield led, old_port
     finally:
         await led.redis.aclose()
+
+
+async def writes_answered(led: Ledger, why: str) -> list[str]:
+    """Writes sent until one is answered (at most 5, without the ledger's own resends): the refusals before it; a
+    test failure, naming `why` they should have been, if none is."""
+    led.retry_seconds = 0
+    errors: list[str] = []
+    for _ in range(5):
+        try:
+            # answered (on the new master the node is unverified, and refused so: an answer, not a failure)
+            await led.reserve("n1", "u1", [0], 8, 2, 1, pod="ns/p1")
+            await led.probe_write()
+            return errors
+        except (LedgerError, rexc.RedisError) as e:
+            errors.append(str(e))
+    pytest.fail(f"every write refused though {why}: {errors}")
+
+
+async def test_a_role_leaves_a_master_the_sentinels_replaced_while_it_was_cut_off(setup: SentinelSetup) -> None:
+    async with on_a_replaced_master(setup) as (led, _):
+        # the role: the master the sentinels name is reachable, so its writes are answered again at once (the first
+        # refusal tells the pool of the change: sent again there), not refused for the whole partition
+        errors = await writes_answered(led, "the sentinels name a reachable master")
+        assert not errors, errors  # not even one refused
 
 
 async def test_the_master_the_sentinels_name_refusing_writes_is_answered_as_it_is(setup: SentinelSetup) -> None:

@@ -11,17 +11,21 @@ Real sentinels, the old master cut off as in tests/redis_ha/test_redteam_sentine
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
-from redis import exceptions as rexc
 
 from deploy.local.redis import SentinelSetup
 from deploy.local.redis_server import cmd
-from shared.store.ledger import Ledger, LedgerError, connect
+from shared.store.ledger import Ledger, connect
 from shared.store.redis_conn import master_replaced
 from tests.redis.helpers import S4000, inventory
-from tests.redis_ha.test_redteam_sentinel_deposed import CUT, cut_off, replaced, setup
+from tests.redis_ha.test_redteam_sentinel_deposed import (
+    CUT,
+    cut_off,
+    on_a_replaced_master,
+    replaced,
+    setup,
+    writes_answered,
+)
 
 __all__ = ["setup"]  # the fixture: data nodes with min-replicas-to-write 1
 
@@ -29,22 +33,13 @@ pytestmark = pytest.mark.redis_ha
 
 
 async def test_a_write_refused_by_a_replaced_master_is_not_taken_for_one_that_ran(setup: SentinelSetup) -> None:
-    led = Ledger(connect(setup.url))
-    try:
-        await led.load_scripts()
-        await led.upsert_node(inventory("n1", S4000))  # no booking on it: a replace drops nothing
-        await asyncio.gather(*(led.snapshot("n1") for _ in range(4)))  # idle connections to the master
-        old_port = cut_off(setup)
-        await replaced(setup, old_port)
-
+    async with on_a_replaced_master(setup) as (led, _):  # no booking on n1: a replace drops nothing
         before = led.round_trips
         out = await led.replace_node(inventory("n1", S4000), {}, keep_ms=0)
 
         assert led.round_trips - before >= 2  # the first send went to the replaced master, and was refused there
         assert not out.get("dropped")
         assert out["maybe_dropped"] is False, out  # nothing ran on the replaced master: nothing may have dropped
-    finally:
-        await led.redis.aclose()
 
 
 def strand_first_sentinel(setup: SentinelSetup, old_port: int) -> None:
@@ -64,28 +59,9 @@ async def test_a_role_leaves_a_replaced_master_that_a_stranded_sentinel_still_na
     the old master names it still, with its old epoch. redis-py takes the first sentinel that answers (the one that
     answered last time, else the URL's first), so a role whose first sentinel is the stranded one took the old master
     for the named one: every write refused NOREPLICAS for the whole partition, its feed silent."""
-    led = Ledger(connect(setup.url))
-    try:
-        await led.load_scripts()
-        await led.upsert_node(inventory("n1", S4000))
-        await asyncio.gather(*(led.snapshot("n1") for _ in range(4)))  # idle connections to the master
-        old_port = cut_off(setup)
-        await replaced(setup, old_port)
+    async with on_a_replaced_master(setup) as (led, old_port):
         strand_first_sentinel(setup, old_port)
-
-        led.retry_seconds = 0
-        errors: list[str] = []
-        for _ in range(5):
-            try:
-                await led.reserve("n1", "u1", [0], 8, 2, 1, pod="ns/p1")  # answered (refused: unverified there)
-                await led.probe_write()
-                break
-            except (LedgerError, rexc.RedisError) as e:
-                errors.append(str(e))
-        else:
-            pytest.fail(f"every write refused though the sentinels that failed over name a reachable master: {errors}")
-    finally:
-        await led.redis.aclose()
+        await writes_answered(led, "the sentinels that failed over name a reachable master")
 
 
 async def test_a_connection_busy_when_the_pool_learned_of_the_new_master_reads_there(setup: SentinelSetup) -> None:
