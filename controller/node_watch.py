@@ -306,6 +306,7 @@ class NodeWatcher:
             # reflector lists again
             self.events.clear()
             await self._on_sync(nodes)
+            self.failing_since, self.last_error = None, ""  # (a change that failed is in the list's view, written)
 
     async def _on_sync(self, nodes: list[dict[str, Any]]) -> None:
         invs = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in nodes)}
