@@ -257,7 +257,7 @@ class NodeWatcher:
             await self._on_event(*p.value)
             self.handled += 1
         except BaseException as e:
-            self.events.put_back(p, self.clock())
+            self.events.put_back(p)
             if not isinstance(e, asyncio.CancelledError):
                 self.failing_since = self.failing_since or self.clock()
                 self.last_error = f"{type(e).__name__}: {e}"[:300]

@@ -104,7 +104,7 @@ class Coalescer(Generic[V]):
             return p
         return None
 
-    def put_back(self, p: Pending[V], now: float) -> None:
+    def put_back(self, p: Pending[V]) -> None:
         """`p`, taken, was not handled (the handler failed): pending again in its old place, ready at once, unless
         a newer value was offered meanwhile (that one is the key's state now; a deletion `p` held is kept with it)."""
         q = self.pending.get(p.key)

@@ -78,7 +78,7 @@ def test_put_back_keeps_its_place_unless_superseded() -> None:
     c.offer("b", "b1", 0.0)
     p = c.take(0.0)
     assert p is not None and p.key == "a"
-    c.put_back(p, 0.0)  # not handled (Redis away): first in line again, ready at once
+    c.put_back(p)  # not handled (Redis away): first in line again, ready at once
     first = c.take(0.0)
     assert first is not None and (first.key, first.value) == ("a", "a1")
     c.offer("a", "del", 0.1, deleted=True)  # deferred (taken at 0.0)
@@ -87,7 +87,7 @@ def test_put_back_keeps_its_place_unless_superseded() -> None:
     taken = c.take(1.0)
     assert taken is not None and (taken.value, taken.deleted) == ("del", True)
     c.offer("a", "a2", 1.1)  # a newer state while the deletion was handled, which then failed
-    c.put_back(taken, 1.1)
+    c.put_back(taken)
     newer = c.take(2.0)
     assert newer is not None and (newer.value, newer.gone) == ("a2", "del"), "the deletion is kept, before the newer"
 
