@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
+import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -14,11 +17,13 @@ from controller.mismatch import MismatchReporter
 from controller.reflector import Reflector
 from shared.config import Config
 from shared.domain.annotations import PodUsage
+from shared.domain.coalesce import Coalescer, Offered, Pending
 from shared.domain.node import Inventory, node_inventory, offers_more
 from shared.domain.reconcile import offers_cards
-from shared.domain.timing import KEEP_MS
+from shared.domain.timing import KEEP_MS, NODE_EVENT_MIN_INTERVAL_S
 from shared.kube import Kube
-from shared.serving.metrics import WATCH_EVENTS
+from shared.serving.metrics import WATCH_COALESCED, WATCH_DEFERRED, WATCH_EVENTS
+from shared.serving.waits import within
 from shared.store.ledger import KEEP_MS_MAX, Ledger
 
 log = logging.getLogger("mtsched.watchers")
@@ -27,6 +32,9 @@ log = logging.getLogger("mtsched.watchers")
 Holders = Callable[[str], dict[str, tuple[PodUsage, str]]]
 # A keep window as long as the scripts allow (24 h): every booking is kept (see NodeWatcher.view_problem)
 KEEP_ALL_MS = KEEP_MS_MAX
+# At most one line this often says which nodes had their changes held back (NodeWatcher.offer)
+THROTTLE_LOG_EVERY_S = 10.0
+NodeEvent = tuple[str, dict[str, Any]]  # (the watch event's type, the Node)
 
 
 class NodeWatcher:
@@ -43,7 +51,8 @@ class NodeWatcher:
     them once the view is live again.
     """
 
-    def __init__(self, kube: Kube, ledger: Ledger, cfg: Config, keep_ms: int = KEEP_MS):
+    def __init__(self, kube: Kube, ledger: Ledger, cfg: Config, keep_ms: int = KEEP_MS,
+                 min_interval: float = NODE_EVENT_MIN_INTERVAL_S):
         self.ledger = ledger
         self.cfg = cfg
         self.keep_ms = keep_ms
@@ -57,7 +66,18 @@ class NodeWatcher:
         self.holders: Holders = lambda node: {}
         self.view_problem: Callable[[], str] = lambda: ""  # why `holders` cannot be trusted now ("" if it can)
         self.quarantine: Callable[[str], str] = lambda node: ""  # why the node must offer nothing, if so
-        self.reflector = Reflector(kube, "/api/v1/nodes", self.on_event, self.on_sync, "nodes")
+        # The stream's events wait here, per node, for `run_events` (a supervised task of the role) to handle them:
+        # a node's burst collapses to its newest state, handled at most once per `min_interval`, the nodes in turn
+        # (shared/domain/coalesce.py). Handled as they came, one node changed in a tight loop held the whole core.
+        self.events: Coalescer[NodeEvent] = Coalescer(min_interval)
+        self.clock: Callable[[], float] = time.monotonic  # the queue's time (a test's own clock)
+        self._offered = asyncio.Event()  # set by offer: run_events looks again
+        self.handled = 0  # events run_events handled (a re-list's nodes not counted)
+        self.failing_since: float | None = None  # since when run_events' handling fails (Redis away), for readiness
+        self.last_error = ""
+        self._throttled: Counter[str] = Counter()  # nodes held back since the last line that said so, how often
+        self._said_throttled = float("-inf")
+        self.reflector = Reflector(kube, "/api/v1/nodes", self.offer, self.on_sync, "nodes")
         self.knobs = KnobWatch(kube, cfg.events_enabled, cfg.scheduler_name)  # knob changes under held slices
         self.nudge: Callable[[str], None] = lambda node: None  # the pod watcher's Nudger, set by the role
         # a node written (replace_node's answer) but perhaps not verified yet (Redis's history changed): compared
@@ -190,12 +210,78 @@ class NodeWatcher:
         why = "" if inv.error or not inv.cards else self.quarantine(inv.node)
         return replace(inv, error=why) if why else inv
 
+    async def offer(self, kind: str, node: dict[str, Any]) -> None:
+        """The stream's event: queued for `run_events` (O(log n), whatever the node's size), superseding the node's
+        pending one. The reflector counts it received (its resourceVersion) at once: one run_events fails to handle
+        is put back and handled again, and a re-list supersedes every pending one."""
+        name = str((node.get("metadata") or {}).get("name"))
+        now = self.clock()
+        outcome = self.events.offer(name, (kind, node), now, deleted=kind == "DELETED")
+        if outcome is Offered.COALESCED:
+            WATCH_COALESCED.labels("node").inc()
+        elif outcome is Offered.DEFERRED:
+            WATCH_DEFERRED.labels("node").inc()
+            self._throttled[name] += 1
+            if now - self._said_throttled >= THROTTLE_LOG_EVERY_S:
+                top = ", ".join(f"{n} x{c}" for n, c in self._throttled.most_common(5))
+                more = len(self._throttled) - 5
+                log.warning("node %s changes faster than the node watcher handles a node (once per %gs): its changes "
+                            "are coalesced to the newest. Held back since the last such line: %s%s", name,
+                            self.events.min_interval, top, f" and {more} more node(s)" if more > 0 else "")
+                self._throttled.clear()
+                self._said_throttled = now
+        self._offered.set()
+
+    async def run_events(self) -> None:
+        """Handle the queued events (offer) until cancelled: each node's newest, in turn. A supervised task; a
+        handling that fails (Redis away) is put back and raised, and the task restarted with backoff."""
+        while True:
+            self._offered.clear()
+            delay = self.events.wait(self.clock())
+            if delay is None or delay > 0:
+                with contextlib.suppress(TimeoutError):  # (a node that was quiet may come meanwhile: ready at once)
+                    await within(self._offered.wait(), delay)
+                continue
+            async with self.lock:  # (taken under the lock: a re-list, which clears the queue, holds it too)
+                p = self.events.take(self.clock())
+                if p is not None:
+                    await self._handle_pending(p)
+            await asyncio.sleep(0)  # the stream, and the role's other tasks, run between two nodes
+
+    async def _handle_pending(self, p: Pending[NodeEvent]) -> None:
+        try:
+            if p.gone is not None:  # deleted, then created again: forgotten first, as the two events would have
+                await self._on_event("DELETED", p.gone[1])
+                self.handled += 1
+                p.gone = None
+            await self._on_event(*p.value)
+            self.handled += 1
+        except BaseException as e:
+            self.events.put_back(p)
+            if not isinstance(e, asyncio.CancelledError):
+                self.failing_since = self.failing_since or self.clock()
+                self.last_error = f"{type(e).__name__}: {e}"[:300]
+            raise
+        self.failing_since, self.last_error = None, ""
+
+    def problem(self, max_failing: float = 10.0) -> str:
+        """Why the node view cannot be trusted now ("" when it can): the stream's problem, or events it delivered
+        that could not be handled for `max_failing` seconds (held and retried meanwhile)."""
+        why = self.reflector.problem(max_failing)
+        if why or self.failing_since is None:
+            return why
+        failing = self.clock() - self.failing_since
+        if failing < max_failing:
+            return ""
+        return f"nodes: {len(self.events)} node change(s) not handled for {failing:.0f}s ({self.last_error})"
+
     async def on_event(self, kind: str, node: dict[str, Any]) -> None:
-        WATCH_EVENTS.labels("node", kind).inc()
+        """Handle one event now, in the caller's turn (no coalescing: the stream's go through offer)."""
         async with self.lock:
             await self._on_event(kind, node)
 
     async def _on_event(self, kind: str, node: dict[str, Any]) -> None:
+        WATCH_EVENTS.labels("node", kind).inc()
         name = str((node.get("metadata") or {}).get("name"))
         inv = None if kind == "DELETED" else node_inventory(node, self.cfg)
         before = self.last.get(name)
@@ -215,7 +301,12 @@ class NodeWatcher:
 
     async def on_sync(self, nodes: list[dict[str, Any]]) -> None:
         async with self.lock:
+            # the list is newer than every event queued (the stream's, all received before it): none may be
+            # handled after it, over its newer view. Dropped before the list is applied: if that fails, the
+            # reflector lists again
+            self.events.clear()
             await self._on_sync(nodes)
+            self.failing_since, self.last_error = None, ""  # (a change that failed is in the list's view, written)
 
     async def _on_sync(self, nodes: list[dict[str, Any]]) -> None:
         invs = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in nodes)}

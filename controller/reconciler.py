@@ -398,7 +398,7 @@ class Reconciler:
 
     def views_live(self) -> str:
         """Why the watchers' view cannot be trusted now ("" when it can)."""
-        return self.nodes.reflector.problem(0) or self.pods.reflector.problem(0)
+        return self.nodes.problem(0) or self.pods.reflector.problem(0)
 
     def verify_later(self, node: str, written: Mapping[str, Any]) -> None:
         """`written`: replace_node's answer for `node` (every one of the watcher's, the node watcher's too).

@@ -98,7 +98,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     mirror.on_reconnect.append(reconciler.wake.set)  # Pub/Sub lost messages meanwhile: compare soon
     mirror.on_notice["wake"].append(pods.nudger.nudge)  # an extender's claim ended unused where it turned pods away
     mirror.on_notice["verify"].append(reconciler.touch)  # a booking refused on a node not compared since a failover
-    sup.check("nodes", nodes.reflector.problem)
+    sup.check("nodes", nodes.problem)  # the stream, or its events not handled (Redis away)
     sup.check("pods", pods.reflector.problem)
     rebuild_error = "not done yet"
     sup.check("rebuild",
@@ -127,6 +127,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
         raise
     gc_policy.settle()  # the nodes and pods just listed, like the mirror's cards
     sup.spawn("nodes", nodes.reflector.run)
+    sup.spawn("node-events", nodes.run_events)  # the stream's events, coalesced per node (node_watch.py)
     sup.spawn("pods", pods.reflector.run)
     spawn_bound_records(sup, pods)  # records waiting for our bind's confirmation
     sup.spawn("reconciler", reconciler.run)

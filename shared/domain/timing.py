@@ -39,3 +39,10 @@ def bind_deadline_s(pending_ttl_seconds: float) -> float:
     """The Binding's deadline: within the pending TTL's first half too, so the janitor never expires a
     booking whose Binding may still be committed."""
     return min(BIND_DEADLINE_S, pending_ttl_seconds / 2)
+
+
+# The node watcher handles a node's change at most once per this many seconds (controller/node_watch.py, through
+# shared/domain/coalesce.py): the changes that come meanwhile collapse to the newest, so a Node object changed in a
+# tight loop (a flapping kubelet, a stolen kubelet identity) costs the watcher one handling a second, not one per
+# change. A node with no change for this long is handled at once. Kubelets post status every 10 s or more.
+NODE_EVENT_MIN_INTERVAL_S = 1.0

@@ -72,6 +72,12 @@ WATCH_RELISTS = Counter("mtsched_watch_relists_total", "Full lists of a watched 
 WATCH_RESUMES = Counter("mtsched_watch_resumes_total", "Watch streams resumed from the last resourceVersion",
                         ["resource"])
 WATCH_EVENTS = Counter("mtsched_watch_events_total", "Watch events handled", ["resource", "type"])
+WATCH_COALESCED = Counter("mtsched_watch_events_coalesced_total",
+                          "Watch events never handled: a newer event of the same object came before their turn",
+                          ["resource"])
+WATCH_DEFERRED = Counter("mtsched_watch_deferred_total",
+                         "Objects whose change waits its turn: handled less than the minimum interval before",
+                         ["resource"])
 ANNOTATION_ERRORS = Counter("mtsched_annotation_errors_total",
                             "Pods whose allocation record could not be decoded (their usage is kept, not freed)")
 REDIS_ROUND_TRIPS = Counter("mtsched_redis_round_trips_total",
