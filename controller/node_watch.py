@@ -23,6 +23,7 @@ from shared.domain.reconcile import offers_cards
 from shared.domain.timing import KEEP_MS, NODE_EVENT_MIN_INTERVAL_S
 from shared.kube import Kube
 from shared.serving.metrics import WATCH_COALESCED, WATCH_DEFERRED, WATCH_EVENTS
+from shared.serving.supervise import is_transient
 from shared.serving.waits import within
 from shared.store.ledger import KEEP_MS_MAX, Ledger
 
@@ -73,7 +74,9 @@ class NodeWatcher:
         self.clock: Callable[[], float] = time.monotonic  # the queue's time (a test's own clock)
         self._offered = asyncio.Event()  # set by offer: run_events looks again
         self.handled = 0  # events run_events handled (a re-list's nodes not counted)
-        self.failing_since: float | None = None  # since when run_events' handling fails (Redis away), for readiness
+        # node -> since when run_events fails to handle its change (Redis away, or a refusal of its write), for
+        # readiness: by node, so another node handled meanwhile does not make a failing one look handled
+        self.failing: dict[str, float] = {}
         self.last_error = ""
         self._throttled: Counter[str] = Counter()  # nodes held back since the last line that said so, how often
         self._said_throttled = float("-inf")
@@ -248,6 +251,11 @@ class NodeWatcher:
                     await self._handle_pending(p)
             await asyncio.sleep(0)  # the stream, and the role's other tasks, run between two nodes
 
+    @property
+    def failing_since(self) -> float | None:
+        """Since when a node's change has not been handled for failures (None: none fails)."""
+        return min(self.failing.values(), default=None)
+
     async def _handle_pending(self, p: Pending[NodeEvent]) -> None:
         try:
             if p.gone is not None:  # deleted, then created again: forgotten first, as the two events would have
@@ -257,20 +265,34 @@ class NodeWatcher:
             await self._on_event(*p.value)
             self.handled += 1
         except BaseException as e:
-            self.events.put_back(p)
-            if not isinstance(e, asyncio.CancelledError):
-                self.failing_since = self.failing_since or self.clock()
-                self.last_error = f"{type(e).__name__}: {e}"[:300]
-            raise
-        self.failing_since, self.last_error = None, ""
+            # A failure no retry cures soon (a Redis refusal of this node's write, a bug on its Node's shape) is tried
+            # again in the node's turn, once per interval, the other nodes handled meanwhile, and not raised: put
+            # back first in line and raised, it failed again at each restart of the task, and after 5 in a row the
+            # supervisor ended the role (the reflector, which handled the events before, listed again instead)
+            stuck = isinstance(e, Exception) and not is_transient(e)
+            self.events.put_back(p, self.clock() + self.events.min_interval if stuck else None)
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            first = p.key not in self.failing
+            self.failing.setdefault(p.key, self.clock())
+            self.last_error = f"{type(e).__name__}: {e}"[:300]
+            if not stuck:
+                raise
+            log.log(logging.ERROR if first else logging.DEBUG, "node %s: its change could not be handled (%s); "
+                    "tried again in its turn, at most once per %gs, until a state of it is handled", p.key,
+                    self.last_error, self.events.min_interval, exc_info=e if first else None)
+            return
+        self.failing.pop(p.key, None)
+        if not self.failing:
+            self.last_error = ""
 
     def problem(self, max_failing: float = 10.0) -> str:
         """Why the node view cannot be trusted now ("" when it can): the stream's problem, or events it delivered
         that could not be handled for `max_failing` seconds (held and retried meanwhile)."""
-        why = self.reflector.problem(max_failing)
-        if why or self.failing_since is None:
+        why, since = self.reflector.problem(max_failing), self.failing_since
+        if why or since is None:
             return why
-        failing = self.clock() - self.failing_since
+        failing = self.clock() - since
         if failing < max_failing:
             return ""
         return f"nodes: {len(self.events)} node change(s) not handled for {failing:.0f}s ({self.last_error})"
@@ -306,7 +328,7 @@ class NodeWatcher:
             # reflector lists again
             self.events.clear()
             await self._on_sync(nodes)
-            self.failing_since, self.last_error = None, ""  # (a change that failed is in the list's view, written)
+            self.failing, self.last_error = {}, ""  # (a change that failed is in the list's view, written)
 
     async def _on_sync(self, nodes: list[dict[str, Any]]) -> None:
         invs = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in nodes)}
