@@ -80,6 +80,7 @@ class NodeWatcher:
         self.last_error = ""
         self._throttled: Counter[str] = Counter()  # nodes held back since the last line that said so, how often
         self._said_throttled = float("-inf")
+        self._held: set[str] = set()  # nodes whose pending change was held back (DEFERRED), until it is taken
         self.reflector = Reflector(kube, "/api/v1/nodes", self.offer, self.on_sync, "nodes")
         self.knobs = KnobWatch(kube, cfg.events_enabled, cfg.scheduler_name)  # knob changes under held slices
         self.nudge: Callable[[str], None] = lambda node: None  # the pod watcher's Nudger, set by the role
@@ -220,19 +221,25 @@ class NodeWatcher:
         name = str((node.get("metadata") or {}).get("name"))
         now = self.clock()
         outcome = self.events.offer(name, (kind, node), now, deleted=kind == "DELETED")
+        flapping = False
         if outcome is Offered.COALESCED:
             WATCH_COALESCED.labels("node").inc()
+            # Named only when changed again while held back: one change within the interval is routine (our own
+            # nudger writes a Node half a second after a change that offers more room was handled, controller/nudger.py)
+            flapping = name in self._held
         elif outcome is Offered.DEFERRED:
             WATCH_DEFERRED.labels("node").inc()
+            self._held.add(name)
+        if name in self._held:
             self._throttled[name] += 1
-            if now - self._said_throttled >= THROTTLE_LOG_EVERY_S:
-                top = ", ".join(f"{n} x{c}" for n, c in self._throttled.most_common(5))
-                more = len(self._throttled) - 5
-                log.warning("node %s changes faster than the node watcher handles a node (once per %gs): its changes "
-                            "are coalesced to the newest. Held back since the last such line: %s%s", name,
-                            self.events.min_interval, top, f" and {more} more node(s)" if more > 0 else "")
-                self._throttled.clear()
-                self._said_throttled = now
+        if flapping and now - self._said_throttled >= THROTTLE_LOG_EVERY_S:
+            top = ", ".join(f"{n} x{c}" for n, c in self._throttled.most_common(5))
+            more = len(self._throttled) - 5
+            log.warning("node %s changes faster than the node watcher handles a node (once per %gs): its changes "
+                        "are coalesced to the newest. Held back since the last such line: %s%s", name,
+                        self.events.min_interval, top, f" and {more} more node(s)" if more > 0 else "")
+            self._throttled.clear()
+            self._said_throttled = now
         self._offered.set()
 
     async def run_events(self) -> None:
@@ -248,6 +255,7 @@ class NodeWatcher:
             async with self.lock:  # (taken under the lock: a re-list, which clears the queue, holds it too)
                 p = self.events.take(self.clock())
                 if p is not None:
+                    self._held.discard(p.key)
                     await self._handle_pending(p)
             await asyncio.sleep(0)  # the stream, and the role's other tasks, run between two nodes
 
@@ -327,6 +335,7 @@ class NodeWatcher:
             # handled after it, over its newer view. Dropped before the list is applied: if that fails, the
             # reflector lists again
             self.events.clear()
+            self._held.clear()
             await self._on_sync(nodes)
             self.failing, self.last_error = {}, ""  # (a change that failed is in the list's view, written)
 
