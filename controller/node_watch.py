@@ -78,6 +78,8 @@ class NodeWatcher:
         # readiness: by node, so another node handled meanwhile does not make a failing one look handled
         self.failing: dict[str, float] = {}
         self.last_error = ""
+        # after each handling that works: the role's Supervisor.progress (controller/roles.py spawn_node_events)
+        self.on_progress: Callable[[], None] = lambda: None
         self._throttled: Counter[str] = Counter()  # nodes held back since the last line that said so, how often
         self._said_throttled = float("-inf")
         self._held: set[str] = set()  # nodes whose pending change was held back (DEFERRED), until it is taken
@@ -293,6 +295,7 @@ class NodeWatcher:
         self.failing.pop(p.key, None)
         if not self.failing:
             self.last_error = ""
+        self.on_progress()
 
     def problem(self, max_failing: float = 10.0) -> str:
         """Why the node view cannot be trusted now ("" when it can): the stream's problem, or events it delivered
