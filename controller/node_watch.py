@@ -275,14 +275,17 @@ class NodeWatcher:
             await self._on_event(*p.value)
             self.handled += 1
         except BaseException as e:
-            # A failure no retry cures soon (a Redis refusal of this node's write, a bug on its Node's shape) is tried
-            # again in the node's turn, once per interval, the other nodes handled meanwhile, and not raised: put
-            # back first in line and raised, it failed again at each restart of the task, and after 5 in a row the
-            # supervisor ended the role (the reflector, which handled the events before, listed again instead)
-            stuck = isinstance(e, Exception) and not is_transient(e)
-            self.events.put_back(p, self.clock() + self.events.min_interval if stuck else None)
-            if isinstance(e, asyncio.CancelledError):
+            # Tried again in the node's turn, once its interval is over: put back first in line, ready at once, a
+            # node whose writes fail while the others' work (one shard of a Redis Cluster away, a refusal of its
+            # write) was taken first again at each restart of the task, every other node's change waiting behind it.
+            # A failure no retry cures soon (a refusal, a bug on its Node's shape) is not raised either: raised, it
+            # failed at each restart, and after 5 in a row the supervisor ended the role (the reflector, which handled
+            # the events before, listed again instead)
+            if not isinstance(e, Exception):  # (cancelled: the role stops, or the task is restarted)
+                self.events.put_back(p)
                 raise
+            stuck = not is_transient(e)
+            self.events.put_back(p, self.clock() + self.events.min_interval)
             first = p.key not in self.failing
             self.failing.setdefault(p.key, self.clock())
             self.last_error = f"{type(e).__name__}: {e}"[:300]

@@ -21,7 +21,7 @@ import pytest
 from redis import exceptions as rexc
 
 from shared.domain.node import Inventory, node_inventory
-from shared.serving.supervise import Supervisor
+from shared.serving.supervise import Supervisor, cancel_and_wait
 from shared.store.ledger import Ledger
 from tests._wait import eventually
 from tests.redis.test_redteam_node_event_flood import Rig, stream
@@ -90,3 +90,43 @@ async def test_a_node_whose_handling_keeps_failing_neither_ends_the_role_nor_hol
     snap = await ledger.snapshot("hot")
     assert snap is not None and len(snap.cards) == 5
     assert not sup.failed.is_set()
+
+
+async def test_a_node_whose_writes_fail_while_the_others_work_does_not_hold_them(ledger: Ledger) -> None:
+    """Its failure transient (one shard of a Redis Cluster away, say): put back first in line and ready at once, it
+    was taken first again at each restart of the task, and every other node's change waited behind it as long as
+    the shard was away."""
+    rig = Rig(ledger)
+    await rig.nodes.on_sync([gpu_node("hot"), gpu_node("calm")])
+    rig.nodes.reflector.synced.set()
+    rig.nodes.reflector._working()
+    nodes = rig.nodes
+    real = ledger.upsert_node
+
+    async def shard_away(inv: Inventory, *args: Any, **kwargs: Any) -> int:
+        if inv.node == "hot":
+            raise ConnectionError("the shard of hot's keys is away")
+        return await real(inv, *args, **kwargs)
+
+    ledger.upsert_node = shard_away  # type: ignore[method-assign]
+    rig.start()
+    try:
+        await stream(nodes, "MODIFIED", gpu_node("hot", cards=7))
+        await eventually(lambda: rig.tasks[-1].done(), what="hot's handling failed, the task with it")
+        await stream(nodes, "MODIFIED", gpu_node("calm", cards=7))
+        rig.start()  # as the supervisor restarts it
+        calm = node_inventory(gpu_node("calm", cards=7), CFG)
+        await eventually(lambda: rig.tasks[-1].done() or nodes.last.get("calm") == calm,
+                         what="calm handled, or the task failed again")
+        assert nodes.last.get("calm") == calm, "calm's change waited behind hot's"
+        assert len(nodes.events) == 1 and nodes.problem(0).startswith("nodes: 1 node change(s) not handled")
+        ledger.upsert_node = real  # type: ignore[method-assign]
+        rig.tick(1.0)  # its turn again
+        await eventually(lambda: nodes.last.get("hot") == node_inventory(gpu_node("hot", cards=7), CFG),
+                         what="hot handled once its shard is back")
+        assert not nodes.problem(0)
+    finally:
+        assert not await cancel_and_wait(rig.tasks)
+        for t in rig.tasks:
+            if not t.cancelled():
+                t.exception()
