@@ -23,6 +23,7 @@ from shared.domain.reconcile import offers_cards
 from shared.domain.timing import KEEP_MS, NODE_EVENT_MIN_INTERVAL_S
 from shared.kube import Kube
 from shared.serving.metrics import WATCH_COALESCED, WATCH_DEFERRED, WATCH_EVENTS
+from shared.serving.supervise import is_transient
 from shared.serving.waits import within
 from shared.store.ledger import KEEP_MS_MAX, Ledger
 
@@ -73,10 +74,15 @@ class NodeWatcher:
         self.clock: Callable[[], float] = time.monotonic  # the queue's time (a test's own clock)
         self._offered = asyncio.Event()  # set by offer: run_events looks again
         self.handled = 0  # events run_events handled (a re-list's nodes not counted)
-        self.failing_since: float | None = None  # since when run_events' handling fails (Redis away), for readiness
+        # node -> since when run_events fails to handle its change (Redis away, or a refusal of its write), for
+        # readiness: by node, so another node handled meanwhile does not make a failing one look handled
+        self.failing: dict[str, float] = {}
         self.last_error = ""
+        # after each handling that works: the role's Supervisor.progress (controller/roles.py spawn_node_events)
+        self.on_progress: Callable[[], None] = lambda: None
         self._throttled: Counter[str] = Counter()  # nodes held back since the last line that said so, how often
         self._said_throttled = float("-inf")
+        self._held: set[str] = set()  # nodes whose pending change was held back (DEFERRED), until it is taken
         self.reflector = Reflector(kube, "/api/v1/nodes", self.offer, self.on_sync, "nodes")
         self.knobs = KnobWatch(kube, cfg.events_enabled, cfg.scheduler_name)  # knob changes under held slices
         self.nudge: Callable[[str], None] = lambda node: None  # the pod watcher's Nudger, set by the role
@@ -217,19 +223,25 @@ class NodeWatcher:
         name = str((node.get("metadata") or {}).get("name"))
         now = self.clock()
         outcome = self.events.offer(name, (kind, node), now, deleted=kind == "DELETED")
+        flapping = False
         if outcome is Offered.COALESCED:
             WATCH_COALESCED.labels("node").inc()
+            # Named only when changed again while held back: one change within the interval is routine (our own
+            # nudger writes a Node half a second after a change that offers more room was handled, controller/nudger.py)
+            flapping = name in self._held
         elif outcome is Offered.DEFERRED:
             WATCH_DEFERRED.labels("node").inc()
+            self._held.add(name)
+        if name in self._held:
             self._throttled[name] += 1
-            if now - self._said_throttled >= THROTTLE_LOG_EVERY_S:
-                top = ", ".join(f"{n} x{c}" for n, c in self._throttled.most_common(5))
-                more = len(self._throttled) - 5
-                log.warning("node %s changes faster than the node watcher handles a node (once per %gs): its changes "
-                            "are coalesced to the newest. Held back since the last such line: %s%s", name,
-                            self.events.min_interval, top, f" and {more} more node(s)" if more > 0 else "")
-                self._throttled.clear()
-                self._said_throttled = now
+        if flapping and now - self._said_throttled >= THROTTLE_LOG_EVERY_S:
+            top = ", ".join(f"{n} x{c}" for n, c in self._throttled.most_common(5))
+            more = len(self._throttled) - 5
+            log.warning("node %s changes faster than the node watcher handles a node (once per %gs): its changes "
+                        "are coalesced to the newest. Held back since the last such line: %s%s", name,
+                        self.events.min_interval, top, f" and {more} more node(s)" if more > 0 else "")
+            self._throttled.clear()
+            self._said_throttled = now
         self._offered.set()
 
     async def run_events(self) -> None:
@@ -245,8 +257,14 @@ class NodeWatcher:
             async with self.lock:  # (taken under the lock: a re-list, which clears the queue, holds it too)
                 p = self.events.take(self.clock())
                 if p is not None:
+                    self._held.discard(p.key)
                     await self._handle_pending(p)
             await asyncio.sleep(0)  # the stream, and the role's other tasks, run between two nodes
+
+    @property
+    def failing_since(self) -> float | None:
+        """Since when a node's change has not been handled for failures (None: none fails)."""
+        return min(self.failing.values(), default=None)
 
     async def _handle_pending(self, p: Pending[NodeEvent]) -> None:
         try:
@@ -257,20 +275,38 @@ class NodeWatcher:
             await self._on_event(*p.value)
             self.handled += 1
         except BaseException as e:
-            self.events.put_back(p)
-            if not isinstance(e, asyncio.CancelledError):
-                self.failing_since = self.failing_since or self.clock()
-                self.last_error = f"{type(e).__name__}: {e}"[:300]
-            raise
-        self.failing_since, self.last_error = None, ""
+            # Tried again in the node's turn, once its interval is over: put back first in line, ready at once, a
+            # node whose writes fail while the others' work (one shard of a Redis Cluster away, a refusal of its
+            # write) was taken first again at each restart of the task, every other node's change waiting behind it.
+            # A failure no retry cures soon (a refusal, a bug on its Node's shape) is not raised either: raised, it
+            # failed at each restart, and after 5 in a row the supervisor ended the role (the reflector, which handled
+            # the events before, listed again instead)
+            if not isinstance(e, Exception):  # (cancelled: the role stops, or the task is restarted)
+                self.events.put_back(p)
+                raise
+            stuck = not is_transient(e)
+            self.events.put_back(p, self.clock() + self.events.min_interval)
+            first = p.key not in self.failing
+            self.failing.setdefault(p.key, self.clock())
+            self.last_error = f"{type(e).__name__}: {e}"[:300]
+            if not stuck:
+                raise
+            log.log(logging.ERROR if first else logging.DEBUG, "node %s: its change could not be handled (%s); "
+                    "tried again in its turn, at most once per %gs, until a state of it is handled", p.key,
+                    self.last_error, self.events.min_interval, exc_info=e if first else None)
+            return
+        self.failing.pop(p.key, None)
+        if not self.failing:
+            self.last_error = ""
+        self.on_progress()
 
     def problem(self, max_failing: float = 10.0) -> str:
         """Why the node view cannot be trusted now ("" when it can): the stream's problem, or events it delivered
         that could not be handled for `max_failing` seconds (held and retried meanwhile)."""
-        why = self.reflector.problem(max_failing)
-        if why or self.failing_since is None:
+        why, since = self.reflector.problem(max_failing), self.failing_since
+        if why or since is None:
             return why
-        failing = self.clock() - self.failing_since
+        failing = self.clock() - since
         if failing < max_failing:
             return ""
         return f"nodes: {len(self.events)} node change(s) not handled for {failing:.0f}s ({self.last_error})"
@@ -305,8 +341,9 @@ class NodeWatcher:
             # handled after it, over its newer view. Dropped before the list is applied: if that fails, the
             # reflector lists again
             self.events.clear()
+            self._held.clear()
             await self._on_sync(nodes)
-            self.failing_since, self.last_error = None, ""  # (a change that failed is in the list's view, written)
+            self.failing, self.last_error = {}, ""  # (a change that failed is in the list's view, written)
 
     async def _on_sync(self, nodes: list[dict[str, Any]]) -> None:
         invs = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in nodes)}

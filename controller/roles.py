@@ -80,6 +80,14 @@ def spawn_bound_records(sup: Supervisor, pods: PodWatcher) -> None:
     sup.spawn("bound-records", pods.confirm_deferred)
 
 
+def spawn_node_events(sup: Supervisor, nodes: NodeWatcher) -> None:
+    """The node stream's events, coalesced per node (NodeWatcher.run_events), supervised; each handling that works is
+    progress (a handling that failed slowly during a Redis freeze no longer keeps the watcher unready, and so
+    unstamped, for `proven_after` once one works: tests/redis/test_review_node_events_ready.py)."""
+    nodes.on_progress = sup.progress("node-events")
+    sup.spawn("node-events", nodes.run_events)
+
+
 async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
     sup = Supervisor()
     health, ledger, mirror = await start_role(cfg, sup, stop, card_metrics=True)
@@ -127,7 +135,7 @@ async def run_watcher(cfg: Config, stop: asyncio.Event) -> bool:
         raise
     gc_policy.settle()  # the nodes and pods just listed, like the mirror's cards
     sup.spawn("nodes", nodes.reflector.run)
-    sup.spawn("node-events", nodes.run_events)  # the stream's events, coalesced per node (node_watch.py)
+    spawn_node_events(sup, nodes)  # the stream's events, coalesced per node (node_watch.py)
     sup.spawn("pods", pods.reflector.run)
     spawn_bound_records(sup, pods)  # records waiting for our bind's confirmation
     sup.spawn("reconciler", reconciler.run)

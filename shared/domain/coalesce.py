@@ -104,17 +104,21 @@ class Coalescer(Generic[V]):
             return p
         return None
 
-    def put_back(self, p: Pending[V]) -> None:
-        """`p`, taken, was not handled (the handler failed): pending again in its old place, ready at once, unless
-        a newer value was offered meanwhile (that one is the key's state now; a deletion `p` held is kept with it)."""
+    def put_back(self, p: Pending[V], due: float | None = None) -> None:
+        """`p`, taken, was not handled (the handler failed): pending again in its old place, ready at once (`due`:
+        not before then), unless a newer value was offered meanwhile (that one is the key's state now; a deletion
+        `p` held is kept with it)."""
         q = self.pending.get(p.key)
         if q is not None:
             if not q.deleted and q.gone is None:
                 q.gone = p.value if p.deleted else p.gone
             return
         self.pending[p.key] = p
-        self._taken.pop(p.key, None)
-        heapq.heappush(self._ready, (p.seq, p.key))
+        if due is None:
+            self._taken.pop(p.key, None)
+            heapq.heappush(self._ready, (p.seq, p.key))
+        else:
+            heapq.heappush(self._waiting, (due, p.seq, p.key))
 
     def clear(self) -> None:
         """Drop every pending value (a re-list's view supersedes them); when keys were last taken is kept."""

@@ -177,6 +177,7 @@ async def test_a_failed_handling_is_kept_and_the_view_says_so(rig: Rig) -> None:
     assert nodes.problem(0).startswith("nodes: 1 node change(s) not handled")
     ledger.upsert_node = real  # type: ignore[method-assign]
     rig.start()  # as the supervisor restarts it
+    rig.tick(1.0)  # (retried in the node's turn, its interval over: not first in line at once)
     await eventually(lambda: nodes.handled == 1, what="handled once Redis is back")
     assert not nodes.problem(0)
     snap = await ledger.snapshot("calm")

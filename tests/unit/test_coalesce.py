@@ -109,3 +109,19 @@ def test_taken_times_stay_bounded() -> None:
         c.offer(f"n{i}", i, float(i))
         assert c.take(float(i)) is not None
     assert len(c._taken) <= 128
+
+
+def test_put_back_with_a_due_time_waits_and_lets_the_others_go() -> None:
+    c: Coalescer[str] = Coalescer(1.0)
+    c.offer("bad", "b1", 0.0)
+    c.offer("ok", "o1", 0.0)
+    p = c.take(0.0)
+    assert p is not None and p.key == "bad"
+    c.put_back(p, due=1.0)  # failed for a reason no retry cures soon: not first in line again at once
+    assert c.wait(0.0) == 0.0
+    other = c.take(0.0)
+    assert other is not None and other.key == "ok"
+    assert c.take(0.5) is None and c.wait(0.5) == pytest.approx(0.5)
+    assert c.offer("bad", "b2", 0.6) == Offered.COALESCED, "pending still: a newer state takes its place"
+    again = c.take(1.0)
+    assert again is not None and (again.key, again.value) == ("bad", "b2")
