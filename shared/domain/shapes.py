@@ -90,6 +90,16 @@ def describe(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
+def printable(text: str) -> str:
+    """`text` with every character that is not printable (C0 and C1 controls, line breaks, bidi overrides and other
+    format characters) written as its escape, `\\x1b`, `\\n`, `\\u202e`, as repr() writes it, and no quotes added:
+    text someone else chose, shown to a person (a log line, a terminal), cannot break the line, move the cursor or
+    reorder what follows it."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def problem(field: str, value: object, allowed: str) -> str:
     return f"{field}: got {describe(value)}; allowed: {allowed}"
 
