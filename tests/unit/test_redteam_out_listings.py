@@ -1,0 +1,69 @@
+"""Red team (outputs): a log line or an event that lists every node a call or a list named is as long as the
+fleet. The extender's preempt verb logged one line per call naming every candidate node with its reason, a
+node's error (up to 2 KiB, its kubelet's text) or one reason per card, and built the same text for its event
+(then cut to 1 KiB): kube-scheduler sends up to 10,000 candidates, and a pod creator with a priority above other
+pods makes it call again and again. The node watcher's first list logged every mismatched node with its error in
+one line. Each now names the first few and counts the rest (shared.domain.shapes.listed)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from controller.mismatch import MismatchReporter
+from controller.preempt import EVENT_LISTED, Preemption
+from shared.domain.node import Inventory
+from shared.domain.shapes import LISTED, LISTED_CHARS, listed
+from shared.domain.state import CardRecord, NodeSnapshot
+from tests.unit._k8s import cfg
+from tests.unit._servers import FakeKube, extender
+from tests.unit.test_preempt import meta, preemptor
+
+NODES = 300
+ERROR = "mthreads.com/sgpu-core capacity 17 is not a multiple of 16 " + "x" * 2000  # as long as node errors go
+
+
+async def test_a_preempt_call_over_many_nodes_logs_and_posts_a_bounded_text(
+        caplog: pytest.LogCaptureFixture) -> None:
+    kube = FakeKube()
+    ext = extender(kube=kube)
+    args: dict[str, object] = {}
+    for i in range(NODES):
+        card = CardRecord(0, 96, 0, 96, 16, 0, 16, 0, 16, "ok")
+        ext.mirror.put(NodeSnapshot(f"n{i:03d}", 1, ERROR, {0: card}, {}))
+        args.update(meta(f"n{i:03d}", f"v{i}"))
+    with caplog.at_level(logging.INFO, logger="mtsched.preempt"):
+        out = await Preemption(ext).preempt({"Pod": preemptor(), "NodeNameToMetaVictims": args})
+    assert out == {"NodeNameToMetaVictims": {}}
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "mtsched.preempt"]
+    assert len(line) < 4096, len(line)  # was 634,000 characters, one line per call
+    assert f"0 of {NODES} nodes kept" in line and "n000: mthreads.com/sgpu-core capacity 17" in line
+    assert f"and {NODES - LISTED} more" in line
+    await asyncio.sleep(0.01)
+    ((reason, message),) = kube.events
+    assert reason == "PreemptionNotHelpful" and message.endswith(f"; and {NODES - EVENT_LISTED[0]} more"), message
+    assert len(message) <= 1024  # said whole: the count is not what the event's cut takes off
+
+
+def test_the_first_list_of_mismatched_nodes_is_one_bounded_line(caplog: pytest.LogCaptureFixture) -> None:
+    r = MismatchReporter(None, cfg((96,)))
+    for i in range(NODES):
+        r.observe(f"n{i:03d}", {"metadata": {"uid": f"u{i}"}}, Inventory(f"n{i:03d}", error=ERROR, problem="capacity"))
+    with caplog.at_level(logging.WARNING, logger="mtsched.mismatch"):
+        r.synced({f"n{i:03d}" for i in range(NODES)})
+    (line,) = [rec.getMessage() for rec in caplog.records if "report sliced cards but offer none" in rec.getMessage()]
+    assert len(line) < 4096, len(line)  # was 620,000 characters
+    assert line.startswith(f"{NODES} node(s)") and "n000 (capacity: mthreads.com/sgpu-core" in line
+    assert f"and {NODES - LISTED} more" in line
+
+
+def test_listed() -> None:
+    assert listed([]) == ""
+    assert listed(["a", "b"]) == "a; b"
+    assert listed(["a", "b"], sep=", ") == "a, b"
+    many = [f"n{i}" for i in range(LISTED + 5)]
+    assert listed(many) == "; ".join(many[:LISTED]) + "; and 5 more"
+    long = "y" * (LISTED_CHARS + 100)
+    assert listed([long]) == "y" * LISTED_CHARS + f"... ({LISTED_CHARS + 100} characters)"
