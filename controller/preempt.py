@@ -81,7 +81,7 @@ class Preemption:
             req = placement_request(a.pod, self.ext.cfg)
         except RequestError as e:  # the filter placed it nowhere; nothing is evicted for it either
             PREEMPT_NODES.labels("bad_request").inc(len(a.nodes))
-            log.info("preempt for %s: no eviction, its request is invalid: %s", ref, "; ".join(e.problems))
+            log.info("preempt for %s: no eviction, its request is invalid: %s", ref, listed(e.problems))
             return _answer({})
         if req is None:  # asks no card: the cards have no say, kube-scheduler's choice stands
             PREEMPT_NODES.labels("no_request").inc(len(a.nodes))

@@ -3,13 +3,16 @@ fleet. The extender's preempt verb logged one line per call naming every candida
 node's error (up to 2 KiB, its kubelet's text) or one reason per card, and built the same text for its event
 (then cut to 1 KiB): kube-scheduler sends up to 10,000 candidates, and a pod creator with a priority above other
 pods makes it call again and again. The node watcher's first list logged every mismatched node with its error in
-one line. Each now names the first few and counts the rest (shared.domain.shapes.listed)."""
+one line. And a pod that bypassed admission with a problem in each of its 1,024 containers had all of them in the
+filter's text, once per node of the call. Each now names the first few and counts the rest
+(shared.domain.shapes.listed)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
+import orjson
 import pytest
 
 from controller.mismatch import MismatchReporter
@@ -17,7 +20,7 @@ from controller.preempt import EVENT_LISTED, Preemption
 from shared.domain.node import Inventory
 from shared.domain.shapes import LISTED, LISTED_CHARS, listed
 from shared.domain.state import CardRecord, NodeSnapshot
-from tests.unit._k8s import cfg
+from tests.unit._k8s import CORE, MEM, VGPU, cfg
 from tests.unit._servers import FakeKube, extender
 from tests.unit.test_preempt import meta, preemptor
 
@@ -67,3 +70,33 @@ def test_listed() -> None:
     assert listed(many) == "; ".join(many[:LISTED]) + "; and 5 more"
     long = "y" * (LISTED_CHARS + 100)
     assert listed([long]) == "y" * LISTED_CHARS + f"... ({LISTED_CHARS + 100} characters)"
+
+
+def bad_pod(containers: int = 1024) -> dict[str, object]:
+    """A pod that bypassed admission (the filter fails it closed) with one problem per container."""
+    cs = [{"name": f"c{i}", "resources": {"limits": {VGPU: "1", MEM: "2", CORE: "17"}}} for i in range(containers)]
+    return {"metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+            "spec": {"schedulerName": "hami-scheduler", "containers": cs}}
+
+
+def test_the_filter_answers_a_bounded_text_per_node_for_a_pod_with_many_problems() -> None:
+    """The filter's text for a pod it cannot read goes to every node of the call: with every problem of 1,024
+    containers it was 63 KB a node, an answer of 327 MB for 5,000 nodes (12.7 MB for these 200), built in the
+    extender and decoded by kube-scheduler on every try of the pod."""
+    names = [f"node-{i}" for i in range(200)]
+    out = extender().filter({"Pod": bad_pod(), "NodeNames": names})
+    assert out["NodeNames"] == [] and set(out["FailedAndUnresolvableNodes"]) == set(names)
+    (text,) = set(out["FailedAndUnresolvableNodes"].values())
+    assert len(text) <= 500, len(text)
+    assert text.startswith('container "c0": mthreads.com/sgpu-core=17 is outside 1..16; container "c1"'), text
+    assert text.endswith("; and 1022 more"), text
+    assert len(orjson.dumps(out)) < 200 * 600
+
+
+async def test_a_preempt_call_for_a_pod_with_many_problems_logs_a_bounded_line(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="mtsched.preempt"):
+        out = await Preemption(extender()).preempt({"Pod": bad_pod(), "NodeNameToMetaVictims": meta("s4k", "v")})
+    assert out == {"NodeNameToMetaVictims": {}}
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "mtsched.preempt"]
+    assert len(line) < 4096 and line.endswith(f"; and {1024 - LISTED} more"), line[-200:]
