@@ -13,10 +13,11 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
+from shared.domain.admission import WARNING_CHARS
 from shared.domain.shapes import printable
 from shared.serving import logs
 from tests.unit._k8s import MEM, VGPU, cfg, ctr, pod
-from webhook.server import handle_review
+from webhook.server import MAX_WARNINGS, handle_review
 
 EVIL = 'main\r\n2026-12-07 18:00:00,000 INFO webhook mtsched.webhook: allowed default/p \x1b[2J\u202egnp.\x9b31m'
 
@@ -86,3 +87,16 @@ def test_an_exception_keeps_its_traceback_lines(captured: io.StringIO) -> None:
 def test_printable(text: str, shown: str) -> None:
     assert printable(text) == shown
     assert _controls(printable(text)) == []
+
+
+def test_an_allowed_pod_with_many_containers_gets_a_bounded_list_of_warnings() -> None:
+    """One warning per exclusive container: 1,023 init containers and one app container got 1,024 warnings (120 KB with names as the API
+    server allows them, 300 KB with the 253 characters the review may carry before it validates them), where the
+    API server keeps 4096 characters of warnings in all and cuts each at 256."""
+    inits = [ctr(f"c{i}-" + "x" * 240, {VGPU: 1}) for i in range(1023)]
+    status, out = handle_review(review(pod(ctr("main", {VGPU: 1}), init=inits)), cfg((96, 160)), [96])
+    assert status == 200 and out["response"]["allowed"] is True
+    warnings = out["response"]["warnings"]
+    assert len(warnings) == MAX_WARNINGS + 1 and warnings[-1] == f"and {1024 - MAX_WARNINGS} more warnings"
+    assert all(len(w) <= WARNING_CHARS for w in warnings)
+    assert warnings[0].startswith('container "c0-xxx') and "exclusive mode" not in warnings[0]  # cut at 256
