@@ -17,6 +17,7 @@ import pytest
 
 from controller.mismatch import MismatchReporter
 from controller.preempt import EVENT_LISTED, Preemption
+from shared.domain.annotations import ALLOCATED, AnnotationError, usage_from_annotations
 from shared.domain.node import Inventory
 from shared.domain.shapes import LISTED, LISTED_CHARS, listed
 from shared.domain.state import CardRecord, NodeSnapshot
@@ -100,3 +101,22 @@ async def test_a_preempt_call_for_a_pod_with_many_problems_logs_a_bounded_line(
     assert out == {"NodeNameToMetaVictims": {}}
     (line,) = [r.getMessage() for r in caplog.records if r.name == "mtsched.preempt"]
     assert len(line) < 4096 and line.endswith(f"; and {1024 - LISTED} more"), line[-200:]
+
+
+@pytest.mark.parametrize("record", [
+    "x" * 262_000,  # no closing ';'
+    "y" * 262_000 + ";",  # a container entry without ':'
+    "z" * 262_000 + ":;",  # a device entry of one field
+    "\x1b[2J" + "n" * 262_000 + "-mthreads-0,Mthreads,1024,1:;",  # a device of another node
+    "n1-mthreads-0,Mthreads,1024,1" + "9" * 262_000 + ":;",  # a number too long
+])
+def test_an_undecodable_record_is_quoted_short(record: str) -> None:
+    """What a pod's allocation record says wrong is logged by the pod watcher and by the reconciler's rebuild (which
+    logged the whole text: the record quoted in full, up to 1 MiB a pod once escaped). Whoever may annotate the
+    pod chooses it."""
+    pod = {"metadata": {"annotations": {ALLOCATED: record}}, "spec": {"nodeName": "n1", "containers": [{"name": "c"}]}}
+    with pytest.raises(AnnotationError) as e:
+        usage_from_annotations(pod)
+    text = str(e.value)
+    assert len(text) < 400 and text.isprintable(), text[:400]
+    assert "characters)" in text  # how long it was, as describe() says it
