@@ -100,7 +100,7 @@ UNVERIFIED_RANK_SECONDS = KEEP_MS / 1000
 # What the answers name of a pod's request problems (shared.domain.shapes.listed): the filter answers its text for
 # every node of the call, and all of them (one per container and resource: 1,024 containers) made 63 KB a node, a
 # filter answer of 327 MB at 5,000 nodes (red team)
-REQUEST_LISTED = (2, "; ", 200)
+REQUEST_LISTED = (2, "; ", 400)  # (a problem says what is allowed: up to ~300 characters)
 
 
 def request_problems(e: RequestError) -> str:
