@@ -90,9 +90,9 @@ def test_printable(text: str, shown: str) -> None:
 
 
 def test_an_allowed_pod_with_many_containers_gets_a_bounded_list_of_warnings() -> None:
-    """One warning per exclusive container: 1,023 init containers and one app container got 1,024 warnings (120 KB with names as the API
-    server allows them, 300 KB with the 253 characters the review may carry before it validates them), where the
-    API server keeps 4096 characters of warnings in all and cuts each at 256."""
+    """One warning per exclusive container: 1,023 init containers and one app container got 1,024 warnings
+    (120 KB with names as the API server allows them, 300 KB with the 253 characters the review may carry before it
+    validates them), where the API server keeps 4096 characters of warnings in all and cuts each at 256."""
     inits = [ctr(f"c{i}-" + "x" * 240, {VGPU: 1}) for i in range(1023)]
     status, out = handle_review(review(pod(ctr("main", {VGPU: 1}), init=inits)), cfg((96, 160)), [96])
     assert status == 200 and out["response"]["allowed"] is True
