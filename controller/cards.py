@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from shared.config import Config
 from shared.domain.models import CardModel
+from shared.domain.shapes import printable
 from shared.domain.state import NodeSnapshot
 from shared.domain.upkeep import unkept_problem
 from shared.store.ledger import Ledger
@@ -40,6 +41,9 @@ def render_table(snaps: Mapping[str, NodeSnapshot]) -> str:
                 # unverified: Redis restarted or failed over, nothing new is booked until the watchers compare it
                 c.health if snap.verified else f"{c.health}, unverified",
                 ", ".join(pods) + (f" ({pending} pending)" if pending else "")))
+    # every cell escaped as printed: a node's error comes from the ledger, which a release before the watchers quoted
+    # what nodes wrote filled with it raw (a line break forged a row, an escape drove the terminal: red team)
+    rows = [tuple(map(printable, r)) for r in rows]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from shared.domain.admission import placement_request
 from shared.domain.explain import CardWhy, Explanation, NodeWhy, explain
 from shared.domain.placement import NodeRequirement, node_requirement
 from shared.domain.request import RequestError, SliceRequest, pod_request
-from shared.domain.shapes import ShapeError, describe, is_dns_label, is_dns_subdomain
+from shared.domain.shapes import ShapeError, describe, is_dns_label, is_dns_subdomain, printable
 from shared.domain.state import NodeSnapshot
 from shared.kube import Kube, KubeError
 from shared.store.mirror import Mirror
@@ -91,12 +91,12 @@ def to_json(e: Explanation) -> bytes:
     return orjson.dumps(asdict(e), option=orjson.OPT_INDENT_2)
 
 
-def _card_line(c: CardWhy) -> str:
+def _card_lines(c: CardWhy) -> list[str]:
     head = (f"  card {c.index} ({c.model}, {c.memory_used}/{c.capacity} units, {c.cores_used}/{c.cores} cores, "
             f"{c.slices}/{c.slice_limit} slices, {c.health})")
     if not c.reason:
-        return f"{head}: fits"
-    return f"{head}: {c.reason}: {c.detail}" + (f"\n      to fit: {c.fix}" if c.fix else "")
+        return [f"{head}: fits"]
+    return [f"{head}: {c.reason}: {c.detail}"] + ([f"      to fit: {c.fix}"] if c.fix else [])
 
 
 def _node_lines(n: NodeWhy) -> list[str]:
@@ -109,14 +109,16 @@ def _node_lines(n: NodeWhy) -> list[str]:
         lines = [f"node {n.node}: fits on card(s) {','.join(map(str, n.fits))}"]
     else:
         lines = [f"node {n.node}: {n.reason}" + (f" ({n.detail})" if n.detail else "")]
-    return lines + [_card_line(c) for c in n.cards]
+    return lines + [line for c in n.cards for line in _card_lines(c)]
 
 
 def to_text(e: Explanation) -> str:
     lines = [f"pod {e.pod}", f"request: {e.request}", f"verdict: {e.summary}"]
     for n in e.nodes:
         lines.extend(_node_lines(n))
-    return "\n".join(lines)
+    # each line escaped as printed: a node's error comes from the ledger, which a release before the watchers
+    # quoted what nodes wrote filled with it raw (a line break forged a line, an escape drove the terminal: red team)
+    return "\n".join(map(printable, lines))
 
 
 def render(e: Explanation, output: str) -> str:

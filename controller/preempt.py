@@ -25,6 +25,7 @@ from shared.domain.fit import FIT_ANNOTATIONS
 from shared.domain.preempt import KEPT, Choice, Holding, choose_victims
 from shared.domain.preempt_args import NodeVictims, PreemptionArgs, parse_preemption_args
 from shared.domain.request import RequestError, SliceRequest
+from shared.domain.shapes import listed
 from shared.domain.state import NodeSnapshot
 from shared.serving.http import BodyError, read_body
 from shared.serving.metrics import EXTENDER_SECONDS, PREEMPT_NODES
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mtsched.preempt")
 
 UNKNOWN_NODE = "unknown_node"
+EVENT_LISTED = (4, "; ", 180)  # nodes an event names, and characters of each: 4 x 200 and its words fit 1024
 
 
 def _answer(nodes: Mapping[str, tuple[tuple[str, ...], int]]) -> dict[str, Any]:
@@ -79,7 +81,7 @@ class Preemption:
             req = placement_request(a.pod, self.ext.cfg)
         except RequestError as e:  # the filter placed it nowhere; nothing is evicted for it either
             PREEMPT_NODES.labels("bad_request").inc(len(a.nodes))
-            log.info("preempt for %s: no eviction, its request is invalid: %s", ref, "; ".join(e.problems))
+            log.info("preempt for %s: no eviction, its request is invalid: %s", ref, listed(e.problems))
             return _answer({})
         if req is None:  # asks no card: the cards have no say, kube-scheduler's choice stands
             PREEMPT_NODES.labels("no_request").inc(len(a.nodes))
@@ -112,14 +114,18 @@ class Preemption:
             self.ext.nominate(meta["uid"], a.priority, req, fits, {n: v for n, (v, _) in out.items()})
             # kube-scheduler picks one: read which, soon (not at its next filter only), and while it waits
             self.ext.follow(meta["namespace"], meta["name"], meta["uid"], answered=out.keys())
+        # the first few of each, and how many more: a call names up to 10,000 nodes, a reason is up to a node's
+        # error or one per card (listed whole, one line per call was 600 KB at 300 nodes in error: red team); an
+        # event fewer and shorter, so that "and N more" fits its 1024 characters (Extender.event cuts the rest)
         log.info("preempt for %s: %d of %d nodes kept (%s); dropped: %s", ref, len(out), len(a.nodes),
-                 "; ".join(chosen) or "none", "; ".join(refused) or "none")
+                 listed(chosen) or "none", listed(refused) or "none")
         if out:
             self.ext.event(event_pod, "PreemptionCardChosen", "nodes where kube-scheduler's victims leave the "
-                           "preemptor a card (it evicts on one of them): " + "; ".join(chosen))
+                           "preemptor a card (it evicts on one of them): " + listed(chosen, *EVENT_LISTED))
         else:  # a node's reason says which: no card freed, or a node the ledger cannot book on now
             self.ext.event(event_pod, "PreemptionNotHelpful", "no eviction: on no candidate node would the "
-                           "proposed victims leave a card the preemptor fits on: " + "; ".join(refused), "Warning")
+                           "proposed victims leave a card the preemptor fits on: " + listed(refused, *EVENT_LISTED),
+                           "Warning")
         return _answer(out)
 
     async def handle(self, request: web.Request) -> web.Response:

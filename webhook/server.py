@@ -20,7 +20,7 @@ import orjson
 from aiohttp import web
 
 from shared.config import Config
-from shared.domain.admission import Decision, decide, judge_update
+from shared.domain.admission import WARNING_CHARS, Decision, decide, judge_update
 from shared.domain.review import API_VERSION, AdmissionRequest, parse_review
 from shared.domain.shapes import ShapeError, describe
 from shared.serving.http import BodyBudget, BodyError, read_body
@@ -30,7 +30,7 @@ from shared.serving.tls import CertReloader
 from webhook.quotas import QuotaReader
 
 # CertReloader moved to shared/serving/tls.py (every role serves TLS); still importable from here.
-__all__ = ["BODY_LIMIT", "MAX_MESSAGE_CHARS", "CertReloader", "Judged", "Webhook", "handle_review",
+__all__ = ["BODY_LIMIT", "MAX_MESSAGE_CHARS", "MAX_WARNINGS", "CertReloader", "Judged", "Webhook", "handle_review",
            "handle_review_with_quotas", "judge", "respond", "review_response"]
 
 log = logging.getLogger("mtsched.webhook")
@@ -46,6 +46,7 @@ BODY_LIMIT = 3 * 1024 * 1024
 BODY_BUDGET_BYTES = 128 * 1024 * 1024
 REASONS = {403: "Forbidden", 503: "ServiceUnavailable"}  # metav1.StatusReason of a denial's code
 MAX_MESSAGE_CHARS = 4096  # a denial lists every problem; the cap keeps the API server's error and event small
+MAX_WARNINGS = 10  # warnings an allowed pod gets, each cut to WARNING_CHARS: within the API server's 4096 characters
 
 
 def review_response(uid: str, d: Decision) -> dict[str, Any]:
@@ -60,7 +61,10 @@ def review_response(uid: str, d: Decision) -> dict[str, Any]:
         response["status"] = {"code": d.code, "message": message,
                               "reason": REASONS.get(d.code, "BadRequest")}
     if d.warnings:
-        response["warnings"] = list(d.warnings)
+        # the first few, each as long as the API server keeps one, then how many more: one per exclusive container
+        # was 1,024 warnings of up to 300 characters, of which the API server keeps 4096 characters in all (red team)
+        response["warnings"] = [w[:WARNING_CHARS] for w in d.warnings[:MAX_WARNINGS]] + (
+            [f"and {len(d.warnings) - MAX_WARNINGS} more warnings"] if len(d.warnings) > MAX_WARNINGS else [])
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from shared.domain.lifecycle import APP, footprint, kind_of
 from shared.domain.models import CORES_PER_CARD, UNIT_MIB
+from shared.domain.shapes import describe
 
 ALLOCATED = "hami.io/mthreads-vgpu-devices-allocated"
 GPU_INDEX = "mthreads.com/gpu-index"
@@ -39,7 +40,9 @@ _NUM_RE = re.compile(r"[0-9]{1,18}")
 
 
 class AnnotationError(ValueError):
-    pass
+    """A record that cannot be decoded; the text quotes what it read short (describe): a record is the pod's
+    annotation, up to 256 KiB, which whoever may annotate the pod wrote, and the reconciler's rebuild logged it
+    whole (quoted in full, one line of up to 1 MiB per such pod: red team)."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class CardGrant:
     def index(self) -> int:
         m = _ID_RE.fullmatch(self.device_id)
         if not m:
-            raise AnnotationError(f"device id {self.device_id!r} is not <node>-mthreads-<index>")
+            raise AnnotationError(f"device id {describe(self.device_id)} is not <node>-mthreads-<index>")
         return int(m.group("index"))
 
 
@@ -72,25 +75,25 @@ def encode_allocation(containers: Sequence[Sequence[CardGrant]]) -> str:
 def decode_allocation(value: str) -> list[list[CardGrant]]:
     """Inverse of encode_allocation; raises AnnotationError on any malformed part."""
     if not isinstance(value, str) or not value.endswith(";"):
-        raise AnnotationError(f"{ALLOCATED}={value!r}: must end with ';'")
+        raise AnnotationError(f"{ALLOCATED}={describe(value)}: must end with ';'")
     out: list[list[CardGrant]] = []
     for part in value[:-1].split(";"):
         grants: list[CardGrant] = []
         if part:
             if not part.endswith(":"):
-                raise AnnotationError(f"{ALLOCATED}: container entry {part!r} must end with ':'")
+                raise AnnotationError(f"{ALLOCATED}: container entry {describe(part)} must end with ':'")
             for dev in part[:-1].split(":"):
                 fields = dev.split(",")
                 if len(fields) != 4 or fields[1] != DEVICE_TYPE:
                     raise AnnotationError(
-                        f"{ALLOCATED}: device entry {dev!r} is not <id>,Mthreads,<MiB>,<cores>")
+                        f"{ALLOCATED}: device entry {describe(dev)} is not <id>,Mthreads,<MiB>,<cores>")
                 ident, _, mem, cores = fields
                 if not _ID_RE.fullmatch(ident) or not _NUM_RE.fullmatch(mem) or not _NUM_RE.fullmatch(cores):
-                    raise AnnotationError(f"{ALLOCATED}: device entry {dev!r} has a bad id or number")
+                    raise AnnotationError(f"{ALLOCATED}: device entry {describe(dev)} has a bad id or number")
                 mib, core = int(mem), int(cores)
                 if mib % UNIT_MIB or mib <= 0 or not 0 <= core <= CORES_PER_CARD:
                     raise AnnotationError(
-                        f"{ALLOCATED}: device entry {dev!r}: memory must be a positive multiple of "
+                        f"{ALLOCATED}: device entry {describe(dev)}: memory must be a positive multiple of "
                         f"{UNIT_MIB} MiB and cores 0..{CORES_PER_CARD}")
                 grants.append(CardGrant(ident, mib, core))
         out.append(grants)
@@ -159,10 +162,10 @@ def usage_from_annotations(pod: Mapping[str, object]) -> PodUsage | None:
     for grants in containers:
         for g in grants:
             if not g.device_id.startswith(f"{node}-mthreads-"):
-                raise AnnotationError(f"{ALLOCATED}: device {g.device_id} is not on node {node!r}")
+                raise AnnotationError(f"{ALLOCATED}: device {describe(g.device_id)} is not on node {node!r}")
             cards.setdefault(g.device_id)
     if not cards:
-        raise AnnotationError(f"{ALLOCATED}={raw!r} names no card")
+        raise AnnotationError(f"{ALLOCATED}={describe(str(raw))} names no card")
     ids = list(cards)
     per_card: dict[str, tuple[int, int, int]] = {}
     inits = spec.get("initContainers") or []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 # Kubernetes sets no limit on containers per pod; 1024 (app + init together) is far above any real
@@ -88,6 +88,30 @@ def describe(value: object) -> str:
     if isinstance(value, dict):
         return f"an object with {len(value)} keys"
     return f"a {type(value).__name__}"
+
+
+def printable(text: str) -> str:
+    """`text` with every character that is not printable (C0 and C1 controls, line breaks, bidi overrides and other
+    format characters) written as its escape, `\\x1b`, `\\n`, `\\u202e`, as repr() writes it, and no quotes added:
+    text someone else chose, shown to a person (a log line, a terminal), cannot break the line, move the cursor or
+    reorder what follows it."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+# What a log line or an event lists of the nodes (or other items) a call or a list named: this many, each cut to
+# LISTED_CHARS, then how many more. Listed whole, one preempt call's line named up to 10,000 nodes with their errors
+LISTED = 10
+LISTED_CHARS = 300
+
+
+def listed(items: Sequence[str], limit: int = LISTED, sep: str = "; ", chars: int = LISTED_CHARS) -> str:
+    """The first `limit` items joined, each cut to `chars` (saying how long it was), and how many more."""
+    shown = [i if len(i) <= chars else f"{i[:chars]}... ({len(i)} characters)" for i in items[:limit]]
+    if len(items) > limit:
+        shown.append(f"and {len(items) - limit} more")
+    return sep.join(shown)
 
 
 def problem(field: str, value: object, allowed: str) -> str:
