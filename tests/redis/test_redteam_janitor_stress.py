@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from dataclasses import dataclass, replace
 from functools import partial
@@ -119,6 +120,9 @@ class JanitorRun(Run):
         super().__init__(seed, replicas, direct, pods, **kw)
         self.stats = JanitorStats()
         self.hold_ms, self.keep_ms, self.deadline, self.commit_check = HOLD_MS, KEEP_MS, DEADLINE, True
+        # the node churn draws from its own generator: the shared one is drawn from by every pod in whatever order the
+        # event loop runs them, so how a run's few churn rounds went (a deletion or none) hung on the machine's load
+        self.churn_rng = random.Random(f"churn {seed}")
         self.deleted: set[str] = set()  # nodes the API lists no more now
         self.current = dict(INVENTORY)  # each node's cards as its Node reports them now
         self.abandoned: set[str] = set()  # pods with a booking a dead binder left
@@ -313,30 +317,37 @@ class JanitorRun(Run):
 
     # -- node removals ----------------------------------------------------------------------------------------
 
+    async def _pause(self, most: float) -> None:
+        await asyncio.sleep(self.churn_rng.uniform(0, most))
+
     async def _churn(self) -> None:
         """Now and then a Node is deleted (at once, or after a drain: kube-scheduler chooses it no more), and comes
-        back a little later; the node watcher handles both (under the reconciler's lock, as NodeWatcher.lock)."""
+        back a little later; the node watcher handles both (under the reconciler's lock, as NodeWatcher.lock).
+        A run has only a few rounds: the first deletes a node, whatever the seed, and the churn ends (once quiet) only
+        after a deletion, so every run races one with the binds (the tests assert it did)."""
+        first = True
         while True:
-            await self.pause(0.8)
-            if self.calm or self.stopping:
+            await self._pause(0.8)
+            if self.stopping or (self.calm and self.stats.node_deletes):
                 return
-            node = self.rng.choice(sorted(CAPACITY))
-            if self.rng.random() < 0.4:  # its cards change (a card cordoned, unhealthy or gone, or back as it was)
+            node = self.churn_rng.choice(sorted(CAPACITY))
+            if not first and self.churn_rng.random() < 0.4:  # its cards change (a card cordoned, unhealthy or gone...)
                 async with self.api:
                     self.current[node] = self._variant(node)
                     self.stats.node_changes += 1
                     await self.call("node changed", partial(self._apply, node, self.current[node]))
                 continue
-            if self.rng.random() < 0.5:  # drained first
+            first = False
+            if self.churn_rng.random() < 0.5:  # drained first
                 self.deleted.add(node)
-                await self.pause(1.0)
+                await self._pause(1.0)
             async with self.api:
                 self.deleted.add(node)
                 self.stats.node_deletes += 1
                 removed = await self.call("node deleted", partial(self._apply, node, None))
                 self.stats.nodes_removed += removed
                 self.stats.nodes_kept += not removed
-            await self.pause(0.8)
+            await self._pause(0.8)
             await self._back(node)
 
     async def _apply(self, node: str, inv: Inventory | None) -> bool:
@@ -346,7 +357,7 @@ class JanitorRun(Run):
 
     def _variant(self, node: str) -> Inventory:
         """The node's cards as its Node reports them next: as they were, or one of them cordoned, unhealthy or gone."""
-        base, roll, card = INVENTORY[node], self.rng.random(), self.rng.choice([0, 1])
+        base, roll, card = INVENTORY[node], self.churn_rng.random(), self.churn_rng.choice([0, 1])
         cap, limit = CAPACITY[node], base.cards[0].max_slices
         if roll < 0.4:
             return base
