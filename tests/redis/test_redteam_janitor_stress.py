@@ -164,6 +164,7 @@ class JanitorRun(Run):
                                before_expire=self._before_expire, redis_time=self.watcher.saw_redis_time)
         self.nodes = NodeWatcher(kube, await self._ledger(url), JCFG, keep_ms=KEEP_MS)
         self.nodes.holders = self.watcher.holders
+        self.nodes.ended = lambda: self.watcher.ended  # (as controller/watchers.py `wire`)
         self.nodes.known = set(CAPACITY)
         self.feed = self.direct.redis.pubsub()  # expire.lua's releases, heard straight from Redis
         await self.feed.subscribe(self.direct.keys.feed)
