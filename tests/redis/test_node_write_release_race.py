@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from controller.reconciler import Reconciler
 from shared.store.ledger import Ledger
-from tests.redis.test_redteam_inflight_nodes import bound_pod, gpu_node, pods_of, watcher
+from tests.redis.test_redteam_inflight_nodes import CFG, NoKube, bound_pod, gpu_node, pods_of, watcher
 
 pytestmark = pytest.mark.redis
 
@@ -47,3 +48,29 @@ async def test_a_holder_deleted_while_its_node_is_written_is_not_booked_again(le
     snap = (await ledger.snapshots(["rw"])).get("rw")
     assert snap is None or "h1" not in snap.reservations, f"the deleted pod is booked again: {snap}"
     assert snap is None or all(c.mem_used == c.cores_used == c.slices == 0 for c in snap.cards.values()), snap
+
+
+async def test_a_holder_deleted_while_the_reconciler_repairs_its_node_is_not_booked_again(ledger: Ledger) -> None:
+    """The same window in the reconciler's repair: the holders it writes are read before its Redis calls (the node
+    watcher's lock, list_node, replace_node). A holder missing from the ledger is booked by the repair; its pod
+    deleted meanwhile (released by the pod watcher: nothing was booked yet) was booked again, for nobody."""
+    nodes = watcher(ledger)
+    pods = pods_of(ledger, nodes, live=True)
+    await nodes.on_event("ADDED", gpu_node("rr"))
+    pod = bound_pod("h2", "rr", 0, 64 * 1024, 12)
+    pods.learn("h2", pod)  # in the view, not in the ledger (its record's booking was lost): the repair books it
+    reconciler = Reconciler(NoKube(), ledger, CFG, nodes, pods)  # type: ignore[arg-type]
+    assert not reconciler.views_live()
+    real = ledger.list_node
+
+    async def pod_deleted_meanwhile(node: str) -> Any:
+        await pods.on_event("DELETED", pod)
+        return await real(node)
+
+    ledger.list_node = pod_deleted_meanwhile  # type: ignore[method-assign]
+    await reconciler.reconcile_all()
+    ledger.list_node = real  # type: ignore[method-assign]
+    assert "h2" in pods.ended
+    snap = (await ledger.snapshots(["rr"]))["rr"]
+    assert "h2" not in snap.reservations, f"the deleted pod is booked again: {snap}"
+    assert all(c.mem_used == c.cores_used == c.slices == 0 for c in snap.cards.values()), snap
