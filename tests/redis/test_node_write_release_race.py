@@ -74,3 +74,33 @@ async def test_a_holder_deleted_while_the_reconciler_repairs_its_node_is_not_boo
     snap = (await ledger.snapshots(["rr"]))["rr"]
     assert "h2" not in snap.reservations, f"the deleted pod is booked again: {snap}"
     assert all(c.mem_used == c.cores_used == c.slices == 0 for c in snap.cards.values()), snap
+
+
+async def test_a_pod_deleted_while_its_deferred_record_is_confirmed_is_not_booked_again(ledger: Ledger) -> None:
+    """The pod watcher holds back the record of our bind's own booking (the binder confirms it a moment later) and
+    sends it to `observe` when it is due (confirm_due: its own loop, and the janitor's confirm_now), concurrently
+    with the pod stream. The pod deleted while that observe was on its way was released first, and the observe then
+    booked the deleted pod again, for nobody."""
+    nodes = watcher(ledger)
+    pods = pods_of(ledger, nodes, live=True)
+    await nodes.on_event("ADDED", gpu_node("rd", units=160))
+    assert (await ledger.reserve("rd", "h3", [0], 128, 12, 1, pod="ns/h3"))[0].ok  # our bind's booking, pending
+    snap = await ledger.snapshot("rd")
+    assert snap is not None
+    pods.mirror.put(snap)
+    pod = bound_pod("h3", "rd", 0, 64 * 1024, 12)
+    await pods.on_event("MODIFIED", pod)  # its Binding committed; the binder died before its confirmation
+    assert "h3" in pods.deferred
+    real = ledger.observe
+
+    async def pod_deleted_meanwhile(*args: Any, **kw: Any) -> Any:
+        await pods.on_event("DELETED", pod)  # the release reaches Redis first
+        assert "h3" not in (await ledger.snapshots(["rd"]))["rd"].reservations
+        return await real(*args, **kw)
+
+    ledger.observe = pod_deleted_meanwhile  # type: ignore[method-assign]
+    await pods.confirm_due(now=float("inf"))
+    ledger.observe = real  # type: ignore[method-assign]
+    snap = (await ledger.snapshots(["rd"]))["rd"]
+    assert "h3" not in snap.reservations, f"the deleted pod is booked again: {snap}"
+    assert all(c.mem_used == c.cores_used == c.slices == 0 for c in snap.cards.values()), snap
