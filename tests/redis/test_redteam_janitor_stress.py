@@ -271,7 +271,7 @@ class JanitorRun(Run):
         snap = await self.direct.snapshot(node)
         assert self.proxy is not None
         if snap is not None and uid in snap.reservations and uid not in self.proxy.late_uids | self.failed_places:
-            self.stats.violations.append(f"{uid}: still booked on {node}, where it was bound, after the watcher "
+            self.stats.violations.append(f"{uid} still booked on {node}, where it was bound, after the watcher "
                                          f"handled its deletion: {snap.reservations[uid]}")
             self.said(uid, f"{node}: still booked after its deletion was handled")
 
