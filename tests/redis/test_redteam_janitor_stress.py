@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import time
 from dataclasses import dataclass, replace
@@ -137,6 +138,8 @@ class JanitorRun(Run):
         self.clients: list[Redis] = []
         self.mirrors: dict[int, Mirror] = {}  # id(replica) -> its extender's mirror
         self.tasks: list[asyncio.Task[Any]] = []
+        self.writing: set[int] = set()  # the node writes (the churn's NodeWatcher.apply) in flight, by id
+        self.write_ids = itertools.count()
 
     # -- setup -----------------------------------------------------------------------------------------------
 
@@ -272,7 +275,20 @@ class JanitorRun(Run):
 
     async def _released(self, uid: str, node: str) -> None:
         """After the watcher handled a pod's deletion, the pod holds nothing on the node it was bound to (unless a
-        command of it came late, or failed whole, and booked again: the janitor's)."""
+        command of it came late, or failed whole, and booked again: the janitor's) -- once the writes that read the
+        pod view before that are done: a node write in flight then (NodeWatcher.apply, its holders read before its
+        Redis calls) or the observe of the pod's held-back record (PodWatcher.confirm_due, beside the stream) may
+        book the pod again after its release, and each gives it back as it ends (the product's; before, nothing did
+        and the booking stayed until the reconciler judged it)."""
+        before = set(self.writing)
+
+        def done() -> bool:
+            return not before & self.writing and uid not in self.watcher.confirming
+
+        try:
+            await eventually(done, 30, f"{uid}: the node writes and the observe in flight at its deletion ended")
+        except AssertionError as e:
+            self.stats.violations.append(str(e))
         snap = await self.direct.snapshot(node)
         assert self.proxy is not None
         if snap is not None and uid in snap.reservations and uid not in self.proxy.late_uids | self.failed_places:
@@ -358,7 +374,12 @@ class JanitorRun(Run):
 
     async def _apply(self, node: str, inv: Inventory | None) -> bool:
         known = node in self.nodes.known
-        await self.nodes.apply(node, inv)
+        wid = next(self.write_ids)
+        self.writing.add(wid)
+        try:
+            await self.nodes.apply(node, inv)
+        finally:
+            self.writing.discard(wid)
         return known and node not in self.nodes.known  # forgotten: remove_node removed it
 
     def _variant(self, node: str) -> Inventory:
