@@ -139,6 +139,7 @@ class JanitorRun(Run):
         self.mirrors: dict[int, Mirror] = {}  # id(replica) -> its extender's mirror
         self.tasks: list[asyncio.Task[Any]] = []
         self.writing: set[int] = set()  # the node writes (the churn's NodeWatcher.apply) in flight, by id
+        self.checks: set[asyncio.Task[None]] = set()  # _released, of the deletions handled (until each is done)
         self.write_ids = itertools.count()
 
     # -- setup -----------------------------------------------------------------------------------------------
@@ -183,7 +184,7 @@ class JanitorRun(Run):
         self.stopping = True
         # (a cancel can be swallowed on its way through a Redis call: sent again, bounded; the loops also end by
         # `stopping`)
-        left = await cancel_and_wait(self.tasks, grace=10)
+        left = await cancel_and_wait([*self.tasks, *self.checks], grace=10)
         assert not left, f"tasks that would not end: {left}"
         for m in [*self.mirrors.values(), getattr(self, "role_mirror", None)]:
             if m is not None:
@@ -268,8 +269,10 @@ class JanitorRun(Run):
                 self.stats.violations.append(f"{uid}: the watcher's {kind} failed 50 times")
             self.stats.events += 1
             self.stats.released += kind == "DELETED"
-            if kind == "DELETED":
-                await self._released(uid, body["spec"]["nodeName"])
+            if kind == "DELETED":  # judged beside the stream (it waits for the writes in flight): the watch goes on
+                check = asyncio.create_task(self._released(uid, body["spec"]["nodeName"]))
+                self.checks.add(check)
+                check.add_done_callback(self.checks.discard)
             self.said(uid, f"watcher: {kind} handled")
             self.events.task_done()
 
@@ -421,6 +424,7 @@ class JanitorRun(Run):
         """The watcher's stream handled, and the janitor has expired what nobody holds (bounded: what is left is
         reported by the checks after)."""
         await asyncio.wait_for(self.events.join(), 30)
+        await asyncio.gather(*list(self.checks))  # (each bounded)
 
         async def none_left() -> bool:
             return not await self._unheld(settled)
