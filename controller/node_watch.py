@@ -18,7 +18,7 @@ from shared.domain.node import Inventory, node_inventory, offers_more
 from shared.domain.reconcile import offers_cards
 from shared.domain.timing import KEEP_MS
 from shared.kube import Kube
-from shared.serving.metrics import WATCH_EVENTS
+from shared.serving.metrics import RELEASES, WATCH_EVENTS
 from shared.store.ledger import KEEP_MS_MAX, Ledger
 
 log = logging.getLogger("mtsched.watchers")
@@ -192,6 +192,7 @@ class NodeWatcher:
         ended = self.ended()
         for uid in [u for u in holders if u in ended]:
             if await self.ledger.release(inv.node, uid):
+                RELEASES.labels("gone").inc()
                 log.info("released %s (%s) on %s: its pod ended while the node was written", holders[uid][1], uid,
                          inv.node)
                 self.nudge(inv.node)
