@@ -221,8 +221,14 @@ def _sample_window(path: str, interval: float = 0.001) -> None:
     CPU of another thread (asyncio.to_thread, a resolver's) is counted where the loop's thread was."""
     counts: dict[str, int] = {}
     state = {"n": 0, "on": False}
+    own: set[Any] = set()  # the window's own handlers' code
 
     def sample(_sig: int, frame: Any) -> None:
+        # a tick that lands in one of the window's own handlers (another SIGPROF that came while this one was taking
+        # its sample, on a loaded machine whose CPU time is accounted in lumps; a window opening or closing) is the
+        # sampler's own CPU time, not the role's: not counted, or it would be added to the stack it interrupted
+        if frame is not None and frame.f_code in own:
+            return
         names = []
         while frame is not None:
             code = frame.f_code
@@ -249,6 +255,7 @@ def _sample_window(path: str, interval: float = 0.001) -> None:
         except Exception as e:
             print(f"bench sample window: cannot write {path}.{state['n'] - 1}: {e}", file=sys.stderr, flush=True)
 
+    own.update(handler.__code__ for handler in (sample, start, stop))
     signal.signal(signal.SIGPROF, sample)
     signal.signal(signal.SIGUSR1, start)
     signal.signal(signal.SIGUSR2, stop)

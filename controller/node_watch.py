@@ -22,7 +22,7 @@ from shared.domain.node import Inventory, node_inventory, offers_more
 from shared.domain.reconcile import offers_cards
 from shared.domain.timing import KEEP_MS, NODE_EVENT_MIN_INTERVAL_S
 from shared.kube import Kube
-from shared.serving.metrics import WATCH_COALESCED, WATCH_DEFERRED, WATCH_EVENTS
+from shared.serving.metrics import RELEASES, WATCH_COALESCED, WATCH_DEFERRED, WATCH_EVENTS
 from shared.serving.supervise import is_transient
 from shared.serving.waits import within
 from shared.store.ledger import KEEP_MS_MAX, Ledger
@@ -65,6 +65,8 @@ class NodeWatcher:
         self.known: set[str] = set()  # nodes this watcher has seen in the ledger
         self.lost = asyncio.Event()  # set when Redis turned out to have lost a known node
         self.holders: Holders = lambda node: {}
+        # pods the pod view saw end (uid -> when), its `ended`: a holder among them was released by the pod watcher
+        self.ended: Callable[[], Mapping[str, float]] = dict
         self.view_problem: Callable[[], str] = lambda: ""  # why `holders` cannot be trusted now ("" if it can)
         self.quarantine: Callable[[str], str] = lambda node: ""  # why the node must offer nothing, if so
         # The stream's events wait here, per node, for `run_events` (a supervised task of the role) to handle them:
@@ -209,6 +211,17 @@ class NodeWatcher:
                                              verify_after_ms=self.keep_ms if not stale else None, lost=lost)
         self.vanished.discard(inv.node)
         self.verify_later(inv.node, out)
+        # `holders` was read before this write's Redis calls: a holder whose pod ended meanwhile was released by the
+        # pod watcher, perhaps before this write reached Redis and booked it again, and nothing else would release it
+        # until the reconciler judged it (reconcileSeconds and the keep window later): given back now (a release of
+        # what is not booked changes nothing)
+        ended = self.ended()
+        for uid in [u for u in holders if u in ended]:
+            if await self.ledger.release(inv.node, uid):
+                RELEASES.labels("gone").inc()
+                log.info("released %s (%s) on %s: its pod ended while the node was written", holders[uid][1], uid,
+                         inv.node)
+                self.nudge(inv.node)
 
     def effective(self, inv: Inventory) -> Inventory:
         """The node as the ledger must hold it: closed (an error) while pods nobody can account for hold

@@ -435,6 +435,11 @@ class PodWatcher:
             self.confirming.add(uid)
             try:
                 booked = await self._observe(uid, truth.usage, truth.ref, digest, head)
+                if booked and uid in self.ended and uid not in self.truth:
+                    # the pod ended while its observe was on its way (this runs beside the pod stream): its release
+                    # may have reached Redis first, and the observe then booked it again, for nobody: given back now
+                    self.seen.pop(uid, None)  # (set by that observe, after the release dropped it)
+                    await self._release(uid, truth.usage.node, "gone", truth.ref)
             except BaseException:
                 # not booked (Redis gone past the ledger's retries): due again when the supervisor runs this
                 # loop again, as a failed event is replayed; judged afresh then (released, or handled by a

@@ -25,6 +25,7 @@ from shared.store.mirror import Mirror
 def wire(nodes: NodeWatcher, pods: PodWatcher) -> None:
     """Connect one role's two watchers: each reads the other's view of the API."""
     nodes.holders = pods.holders
+    nodes.ended = lambda: pods.ended
     nodes.quarantine = pods.quarantine
     nodes.nudge = pods.nudger.nudge
     pods.nudger.known_nodes = lambda: nodes.last  # the Nodes to patch when every one asked is gone

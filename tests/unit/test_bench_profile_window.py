@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -124,6 +125,25 @@ def test_the_sampler_counts_the_cpu_time_of_what_runs_in_its_window_only(tmp_pat
     # ~150 samples of 2 ms in 0.3 s of CPU; the frames are outermost first, as flame graphs read them
     assert inside >= 50
     assert all(k.split(";")[-1].startswith(("_inside", "<genexpr>")) for k in stacks if "_inside" in k)
+
+
+@pytest.mark.usefixtures("handlers")
+def test_a_tick_that_lands_in_the_samplers_own_handler_is_not_counted(tmp_path: Path) -> None:
+    """Red team (flaky under CPU load): a SIGPROF that came while the handler was taking the sample before ran the
+    handler again on top of it, and the sampler's own CPU time was counted as a stack of the code it interrupted
+    (`...;_inside;<genexpr>;sample`). Made deterministic: the handler is handed its own frame, as it is then."""
+    timed_role._sample_window(str(tmp_path / "s"), interval=100.0)  # no tick of its own in this test
+    sample = signal.getsignal(signal.SIGPROF)
+    assert callable(sample)
+    _send(signal.SIGUSR1)
+    here = sys._getframe()
+    sample(signal.SIGPROF, here)  # a tick in this test's code: counted
+    sample(signal.SIGPROF, SimpleNamespace(f_code=sample.__code__, f_back=here))  # a tick in the handler: not
+    _send(signal.SIGUSR2)
+    stacks = _stacks(tmp_path / "s.0")
+    assert sum(stacks.values()) == 1, stacks
+    (only,) = stacks
+    assert only.split(";")[-1].startswith("test_a_tick_that_lands_in_the_samplers_own_handler_is_not_counted")
 
 
 @pytest.mark.usefixtures("handlers")

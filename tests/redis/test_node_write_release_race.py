@@ -1,0 +1,106 @@
+"""A pod deleted while the node watcher writes its node (found flaky under CPU load in
+tests/redis/test_redteam_janitor_stress.py: "still booked on c, where it was bound, after the watcher handled its
+deletion").
+
+The node watcher writes a node that offers no card (deleted, capacity 0) on placeholder cards with its holders'
+usage, read from the pod view before its Redis calls. A holder's pod deleted meanwhile is released by the pod watcher,
+and that release can reach Redis before the node's write, which then booked the pod again: nothing released it until
+the reconciler's pass judged the booking (reconcileSeconds + the keep window later), its cards unusable until then.
+
+Real parts: redis-server, the product's Ledger, Mirror, NodeWatcher and PodWatcher (wired as the watcher role wires
+them). The interleaving is made deterministic: the pod's deletion is handled while the node's write is on its way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controller.reconciler import Reconciler
+from shared.store.ledger import Ledger
+from tests.redis.test_redteam_inflight_nodes import CFG, NoKube, bound_pod, gpu_node, pods_of, watcher
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.mark.parametrize("node_event", ["DELETED", "MODIFIED"], ids=["node deleted", "capacity dropped to 0"])
+async def test_a_holder_deleted_while_its_node_is_written_is_not_booked_again(ledger: Ledger,
+                                                                              node_event: str) -> None:
+    nodes = watcher(ledger)
+    pods = pods_of(ledger, nodes, live=True)
+    await nodes.on_event("ADDED", gpu_node("rw"))
+    pod = bound_pod("h1", "rw", 0, 64 * 1024, 12)
+    await pods.on_event("ADDED", pod)  # bound, with its record: booked, and a holder in the view
+    assert "h1" in (await ledger.snapshots(["rw"]))["rw"].reservations
+    assert "h1" in nodes.holders("rw")
+
+    real = ledger.list_node
+
+    async def pod_deleted_meanwhile(node: str) -> Any:
+        await pods.on_event("DELETED", pod)  # the pod watcher's release reaches Redis first
+        assert "h1" not in (await ledger.snapshots(["rw"]))["rw"].reservations
+        return await real(node)
+
+    ledger.list_node = pod_deleted_meanwhile  # type: ignore[method-assign]
+    gone = gpu_node("rw", units=0, cards=0) if node_event == "MODIFIED" else gpu_node("rw")
+    await nodes.on_event(node_event, gone)
+    ledger.list_node = real  # type: ignore[method-assign]
+    snap = (await ledger.snapshots(["rw"])).get("rw")
+    assert snap is None or "h1" not in snap.reservations, f"the deleted pod is booked again: {snap}"
+    assert snap is None or all(c.mem_used == c.cores_used == c.slices == 0 for c in snap.cards.values()), snap
+
+
+async def test_a_holder_deleted_while_the_reconciler_repairs_its_node_is_not_booked_again(ledger: Ledger) -> None:
+    """The same window in the reconciler's repair: the holders it writes are read before its Redis calls (the node
+    watcher's lock, list_node, replace_node). A holder missing from the ledger is booked by the repair; its pod
+    deleted meanwhile (released by the pod watcher: nothing was booked yet) was booked again, for nobody."""
+    nodes = watcher(ledger)
+    pods = pods_of(ledger, nodes, live=True)
+    await nodes.on_event("ADDED", gpu_node("rr"))
+    pod = bound_pod("h2", "rr", 0, 64 * 1024, 12)
+    pods.learn("h2", pod)  # in the view, not in the ledger (its record's booking was lost): the repair books it
+    reconciler = Reconciler(NoKube(), ledger, CFG, nodes, pods)  # type: ignore[arg-type]
+    assert not reconciler.views_live()
+    real = ledger.list_node
+
+    async def pod_deleted_meanwhile(node: str) -> Any:
+        await pods.on_event("DELETED", pod)
+        return await real(node)
+
+    ledger.list_node = pod_deleted_meanwhile  # type: ignore[method-assign]
+    await reconciler.reconcile_all()
+    ledger.list_node = real  # type: ignore[method-assign]
+    assert "h2" in pods.ended
+    snap = (await ledger.snapshots(["rr"]))["rr"]
+    assert "h2" not in snap.reservations, f"the deleted pod is booked again: {snap}"
+    assert all(c.mem_used == c.cores_used == c.slices == 0 for c in snap.cards.values()), snap
+
+
+async def test_a_pod_deleted_while_its_deferred_record_is_confirmed_is_not_booked_again(ledger: Ledger) -> None:
+    """The pod watcher holds back the record of our bind's own booking (the binder confirms it a moment later) and
+    sends it to `observe` when it is due (confirm_due: its own loop, and the janitor's confirm_now), concurrently
+    with the pod stream. The pod deleted while that observe was on its way was released first, and the observe then
+    booked the deleted pod again, for nobody."""
+    nodes = watcher(ledger)
+    pods = pods_of(ledger, nodes, live=True)
+    await nodes.on_event("ADDED", gpu_node("rd", units=160))
+    assert (await ledger.reserve("rd", "h3", [0], 128, 12, 1, pod="ns/h3"))[0].ok  # our bind's booking, pending
+    snap = await ledger.snapshot("rd")
+    assert snap is not None
+    pods.mirror.put(snap)
+    pod = bound_pod("h3", "rd", 0, 64 * 1024, 12)
+    await pods.on_event("MODIFIED", pod)  # its Binding committed; the binder died before its confirmation
+    assert "h3" in pods.deferred
+    real = ledger.observe
+
+    async def pod_deleted_meanwhile(*args: Any, **kw: Any) -> Any:
+        await pods.on_event("DELETED", pod)  # the release reaches Redis first
+        assert "h3" not in (await ledger.snapshots(["rd"]))["rd"].reservations
+        return await real(*args, **kw)
+
+    ledger.observe = pod_deleted_meanwhile  # type: ignore[method-assign]
+    await pods.confirm_due(now=float("inf"))
+    ledger.observe = real  # type: ignore[method-assign]
+    snap = (await ledger.snapshots(["rd"]))["rd"]
+    assert "h3" not in snap.reservations, f"the deleted pod is booked again: {snap}"
+    assert all(c.mem_used == c.cores_used == c.slices == 0 for c in snap.cards.values()), snap
