@@ -209,7 +209,9 @@ async def test_a_bind_on_a_stalled_api_server_answers_in_bounded_time(serve: Any
     out = await ext.bind(bind_args("u1"))
     took = time.monotonic() - t0
     assert "unknown outcome" in out["Error"] and ledger.released == []  # the booking is kept, as before
-    assert took < 1.0 + BIND_ANSWER_SLACK_S + 2 * 0.5 + 0.5, took  # (was: 30 s more per read)
+    # bounded by the deadline, the slack and its reads' timeouts (a few seconds), not by the API server, which answers
+    # none of them for 60 s (each read waited up to 30 s more); kube-scheduler's extenderHTTPTimeout is 30 s
+    assert took < 30, took
     for task in list(ext._events):
         task.cancel()
     await asyncio.gather(*ext._events, return_exceptions=True)
