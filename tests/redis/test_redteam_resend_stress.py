@@ -469,6 +469,13 @@ class Run:
             if self.commit_check and (held is None or pod.uid not in held.reservations):
                 self.stats.violations.append(f"{pod.uid}: Binding committed on {node} {mine.cards} while its "
                                              f"booking was gone")
+            elif self.commit_check and held is not None and (
+                    (r := held.reservations[pod.uid]).cards, r.mem, r.cores, r.slices) != (
+                    mine.cards, mine.memory, mine.cores, mine.slices):
+                # the record the Binding carries is booked "as the API server says" once observed, over whatever
+                # took the room of the booking's own cards meanwhile
+                self.stats.violations.append(f"{pod.uid}: Binding committed on {node} with {mine} while its "
+                                             f"booking is {r}")
             self.truth[pod.uid] = mine  # committed, with its record
             self.truth_fits(pod.uid, mine)
             decided()
