@@ -44,7 +44,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import random
+import re
 import time
 from dataclasses import dataclass, replace
 from functools import partial
@@ -99,6 +101,25 @@ EXPIRY_WAIT_S = 20.0
 INVENTORY = {inv.node: inv for inv in INVENTORIES}
 
 
+class _OverCommits(logging.Handler):
+    """The watchers' over-commit log lines (pod_watch.py `_observe`): the pod each names joins the run's suspects
+    (its story is told on a failure), with the line in its story; its node's churn story too."""
+
+    LINE = re.compile(r"pod default/(\S+) over-commits card\(s\) \(([^)]*)\) on (\S+)")
+
+    def __init__(self, run: Run) -> None:
+        super().__init__(logging.ERROR)
+        self.run = run
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):
+            m = self.LINE.search(record.getMessage())
+            if m is not None:
+                uid, node = m.group(1), m.group(3)
+                self.run.suspects |= {uid, f"node {node}"}
+                self.run.said(uid, f"watcher: logged {record.getMessage()}")
+
+
 @dataclass
 class JanitorStats(Stats):
     died_before_binding: int = 0  # binders that died after booking, before their Binding
@@ -115,6 +136,8 @@ class JanitorStats(Stats):
     node_returns: int = 0
     node_changes: int = 0  # Node updates: a card cordoned, unhealthy or gone (or back)
     stale_plans: int = 0  # plans made from a mirror snapshot older than Redis's node
+    expired_bound: int = 0  # expiries heard while the API held the pod bound on that node
+    behind_ms: int = 0  # the most an event was handled after its due (the watcher's own backlog, past its lag)
 
 
 class JanitorRun(Run):
@@ -175,6 +198,8 @@ class JanitorRun(Run):
         self.nodes.holders = self.watcher.holders
         self.nodes.ended = lambda: self.watcher.ended  # (as controller/watchers.py `wire`)
         self.nodes.known = set(CAPACITY)
+        self.overcommits = _OverCommits(self)
+        logging.getLogger("mtsched.watchers").addHandler(self.overcommits)
         self.feed = self.direct.redis.pubsub()  # expire.lua's releases, heard straight from Redis
         await self.feed.subscribe(self.direct.keys.feed)
         self.tasks = [asyncio.create_task(t) for t in (self._stream(), self._sweeping(), self._confirming(),
@@ -182,6 +207,8 @@ class JanitorRun(Run):
 
     async def teardown(self) -> None:
         self.stopping = True
+        if hasattr(self, "overcommits"):
+            logging.getLogger("mtsched.watchers").removeHandler(self.overcommits)
         # (a cancel can be swallowed on its way through a Redis call: sent again, bounded; the loops also end by
         # `stopping`)
         left = await cancel_and_wait([*self.tasks, *self.checks], grace=10)
@@ -268,12 +295,14 @@ class JanitorRun(Run):
             else:
                 self.stats.violations.append(f"{uid}: the watcher's {kind} failed 50 times")
             self.stats.events += 1
+            self.stats.behind_ms = max(self.stats.behind_ms, int((time.monotonic() - at) * 1000))
             self.stats.released += kind == "DELETED"
             if kind == "DELETED":  # judged beside the stream (it waits for the writes in flight): the watch goes on
                 check = asyncio.create_task(self._released(uid, body["spec"]["nodeName"]))
                 self.checks.add(check)
                 check.add_done_callback(self.checks.discard)
-            self.said(uid, f"watcher: {kind} handled")
+            self.said(uid, f"watcher: {kind} handled ({time.monotonic() - at:.3f}s after its due "
+                           f"{at - self.t0:.3f})")
             self.events.task_done()
 
     async def _released(self, uid: str, node: str) -> None:
@@ -339,6 +368,13 @@ class JanitorRun(Run):
             assert self.proxy is not None
             if uid not in self.abandoned | self.failed_places | self.proxy.late_uids:
                 self.stats.violations.append(f"{uid}: its booking on {node} expired, though no binder left it")
+            if uid in self.truth and self.truth[uid].node == node:
+                # the booking of a pod the API holds bound there (or one bound there since, by an attempt that booked
+                # anew after this expiry and before its message was heard here: hence a story line, not a violation):
+                # if the card's room is taken before the pod's record is observed again, that observe over-commits
+                self.stats.expired_bound += 1
+                self.suspects.add(uid)
+                self.said(uid, f"{node}: expired while the API holds it bound there")
 
     # -- node removals ----------------------------------------------------------------------------------------
 
@@ -379,10 +415,13 @@ class JanitorRun(Run):
         known = node in self.nodes.known
         wid = next(self.write_ids)
         self.writing.add(wid)
+        what = "deleted" if inv is None else f"cards {[(c.index, c.health) for c in inv.cards]}"
+        self.said(f"node {node}", f"node watcher: {what} (holders {sorted(self.watcher.holders(node))})")
         try:
             await self.nodes.apply(node, inv)
         finally:
             self.writing.discard(wid)
+        self.said(f"node {node}", f"node watcher: {what} written (known: {node in self.nodes.known})")
         return known and node not in self.nodes.known  # forgotten: remove_node removed it
 
     def _variant(self, node: str) -> Inventory:

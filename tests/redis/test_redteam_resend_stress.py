@@ -266,6 +266,11 @@ class Run:
         self.waiting = 0  # long-lived pods bound and waiting for `finish`
         self.t0 = time.monotonic()
         self.log: dict[str, list[str]] = {}  # what happened to each pod, for a failure's message
+        # pods whose story a failure tells though no violation names them: those booked on a card found over-full
+        # (a card's violation names the card, not a uid), or named by the product's over-commit log lines
+        self.suspects: set[str] = set()
+        self.limits: dict[tuple[str, int], tuple[int, int, int]] = {}  # each card's memory, cores and slice limit
+        self.blamed: set[str] = set()  # the card violations whose pods were told (blame)
         # the product's timing, as a subclass scales it (tests/redis/test_redteam_janitor_stress.py)
         self.hold_ms = HOLD_MS  # reserve's hold_ms
         self.keep_ms = KEEP_MS  # the reconciler's keep window
@@ -464,7 +469,15 @@ class Run:
             if self.commit_check and (held is None or pod.uid not in held.reservations):
                 self.stats.violations.append(f"{pod.uid}: Binding committed on {node} {mine.cards} while its "
                                              f"booking was gone")
+            elif self.commit_check and held is not None and (
+                    (r := held.reservations[pod.uid]).cards, r.mem, r.cores, r.slices) != (
+                    mine.cards, mine.memory, mine.cores, mine.slices):
+                # the record the Binding carries is booked "as the API server says" once observed, over whatever
+                # took the room of the booking's own cards meanwhile
+                self.stats.violations.append(f"{pod.uid}: Binding committed on {node} with {mine} while its "
+                                             f"booking is {r}")
             self.truth[pod.uid] = mine  # committed, with its record
+            self.truth_fits(pod.uid, mine)
             decided()
             self.said(pod.uid, f"{node}: Binding committed {mine.cards}")
             self.stats.committed += 1
@@ -552,6 +565,8 @@ class Run:
                                                        keep_bound=True))
                     for uid in bound:
                         self.said(uid, "rebuilt")
+                    for n in CAPACITY:
+                        self.said(f"node {n}", f"reconciler: rebuilt (keep_ms {keep_ms})")
                 else:
                     self.stats.replaces += 1
                     inv: Inventory = self.rng.choice(self.inventories())
@@ -560,6 +575,7 @@ class Run:
                                                             keep_bound=True))
                     for uid in mine:
                         self.said(uid, f"replaced {inv.node}")
+                    self.said(f"node {inv.node}", f"reconciler: replaced (keep_ms {keep_ms}, bound {sorted(mine)})")
 
     # -- the checks ------------------------------------------------------------------------------------------
 
@@ -595,9 +611,46 @@ class Run:
             found = self.problems(snaps, held)
             if found:
                 self.stats.violations += found[:5]
+                self.blame(snaps, found)
                 for uid in {e.split()[0] for e in found} - set(CAPACITY):
                     self.said(uid, f"checker: {[e for e in found if e.startswith(uid)]}")
             await asyncio.sleep(0.01)
+
+    def truth_fits(self, uid: str, mine: PodUsage) -> None:
+        """The pods the API holds bound (the truth, `mine` just committed) fit each card `mine` takes: every Binding
+        is committed only while its booking is there, and bookings never over-commit a card, so pods that do run
+        more than a card has (the ledger then holds it too, once each is observed)."""
+        for i in mine.cards:
+            limit = self.limits.get((mine.node, i))
+            if limit is None:
+                continue
+            on = {u: t for u, t in self.truth.items() if t.node == mine.node and i in t.cards}
+            used = (sum(t.memory for t in on.values()), sum(t.cores for t in on.values()),
+                    sum(t.slices for t in on.values()))
+            if any(x > cap for x, cap in zip(used, limit, strict=True)):
+                e = (f"{uid}: Binding committed on {mine.node} {mine.cards}: the pods the API holds bound on card {i} "
+                     f"use mem/cores/slices {used} of {limit}: {sorted(on)}")
+                self.stats.violations.append(e)
+                self.suspects |= set(on)
+                for u in on:
+                    self.said(u, f"truth: bound on {mine.node} card {i} as {uid} is committed: {used} of {limit}")
+
+    def blame(self, snaps: dict[str, NodeSnapshot], found: list[str]) -> None:
+        """For each card a violation names ("<node> card <i>: ..."), the pods booked on it now join the suspects
+        (their story is told), with what each holds there."""
+        for e in found:
+            m = re.match(r"(\S+) card (\d+):", e)
+            if m is None or m.group(1) not in snaps or e in self.blamed:
+                continue
+            self.blamed.add(e)  # (told once: the checker samples every 10 ms)
+            node, card = m.group(1), int(m.group(2))
+            on = {uid: r for uid, r in snaps[node].reservations.items() if card in r.cards}
+            self.said(f"{node} card {card}", f"checker: {e}; booked there: "
+                                             f"{ {u: (r.state, r.cards, r.mem, r.cores) for u, r in on.items()} }")
+            self.suspects |= set(on) | {f"{node} card {card}", f"node {node}"}
+            for uid, r in on.items():
+                self.said(uid, f"checker: booked on {node} card {card} ({r.state}, cards {r.cards}, mem {r.mem}, "
+                               f"cores {r.cores}), found over-full: {e}")
 
     async def setup(self, url: str) -> None:
         """Before the run (`url`: Redis through the proxy): the services a subclass adds."""
@@ -619,6 +672,8 @@ class Run:
             async with gate:
                 await self.pod(p)
 
+        self.limits = {(n, i): (c.capacity, c.cores, c.slice_limit)
+                       for n, snap in (await self.snapshots()).items() for i, c in snap.cards.items()}
         checker = asyncio.create_task(self.checker())
         reconciler = asyncio.create_task(self.reconciler())
         lives = [asyncio.create_task(one(p)) for p in pods]
@@ -647,6 +702,7 @@ class Run:
                 await self.expire_leaks()
             snaps = await self.snapshots()
             errs = self.problems(snaps, dict(self.truth), quiet=True)
+            self.blame(snaps, errs)
             booked = {uid for s in snaps.values() for uid in s.reservations}
             errs += [f"{uid} booked ({snaps_where(snaps, uid)}) but not bound in the API"
                      for uid in sorted(booked - set(self.truth))]
@@ -721,7 +777,9 @@ async def stress(server: RedisServer, seed: int, pods: int, cut: float = 0.06, d
             await run.expire_leaks()
         run.stats.violations += await nothing_left(direct)
         named = {e.split()[0].rstrip(":") for e in run.stats.violations}
-        for uid in sorted(named & set(run.log) - set(CAPACITY))[:3]:
+        if run.stats.violations:
+            named |= run.suspects
+        for uid in sorted(named & set(run.log) - set(CAPACITY))[:12]:
             run.stats.violations.append(f"{uid}'s story:\n  " + "\n  ".join(run.log[uid]))
         print(f"\nseed {seed}, {pods} pods: {run.stats.__dict__ | {'violations': len(run.stats.violations)}}; "
               f"replies {proxy.replies}")
