@@ -212,12 +212,14 @@ class NodeWatcher:
         self.vanished.discard(inv.node)
         self.verify_later(inv.node, out)
         # `holders` was read before this write's Redis calls: a holder whose pod ended meanwhile was released by the
-        # pod watcher, perhaps before this write reached Redis and booked it again, and nothing else would release it
-        # until the reconciler judged it (reconcileSeconds and the keep window later): given back now (a release of
-        # what is not booked changes nothing)
+        # pod watcher, perhaps before this write reached Redis. Its release tombstoned it (shared/domain/ended.py), so
+        # this write did not book it (replace_node's `ended`). Given back again all the same, a belt (a release of
+        # what is not booked changes nothing): a release from a replica of an older release leaves no tombstone, nor
+        # does one made while Redis did not hold the node, and a Redis that lost the end of its writes may lack it;
+        # nothing else would release such a booking until the reconciler judged it (reconcileSeconds later)
         ended = self.ended()
         for uid in [u for u in holders if u in ended]:
-            if await self.ledger.release(inv.node, uid):
+            if await self.ledger.release(inv.node, uid, ended=True):
                 RELEASES.labels("gone").inc()
                 log.info("released %s (%s) on %s: its pod ended while the node was written", holders[uid][1], uid,
                          inv.node)

@@ -170,8 +170,10 @@ class Reconciler:
                 if not is_terminal(pod):
                     self.pods.learn(str((pod.get("metadata") or {}).get("uid")), pod)
         elif self.pods.ended:
-            # a pod deleted between our list and the rebuild was released before it and booked again by
-            # it: the watch knows it is gone. Given back where the rebuild booked it (the mirror has not read the
+            # a pod deleted between our list and the rebuild was released before it, its uid tombstoned, so the
+            # rebuild left it out (replace_node's `ended`); given back again all the same, a belt, where a release
+            # left no tombstone (an older release's watcher, a node Redis did not hold, a Redis that lost it):
+            # the watch knows it is gone. Given back where the rebuild booked it (the mirror has not read the
             # rebuild yet: it shows the pod released), and where the mirror lists it
             # (the mirror's bookings indexed once: a scan of every node per ended pod held the loop seconds with
             # 50,000 ended pods at 1,000 nodes, a review's measure)
@@ -179,7 +181,7 @@ class Reconciler:
             for uid in list(self.pods.ended):
                 booked = bound.get(uid)
                 for node in dict.fromkeys(n for n in (booked[0].node if booked else None, listed.get(uid)) if n):
-                    if await self.ledger.release(node, uid):
+                    if await self.ledger.release(node, uid, ended=True):
                         RELEASES.labels("gone").inc()
                         self.pods.nudger.nudge(node)
         self.rebuilds += 1
@@ -367,9 +369,11 @@ class Reconciler:
                                                  verify_after_ms=self.keep_ms, lost=lost, truth_at=truth_at)
         self.verify_later(node, out)
         # `final` was read before this write's Redis calls (the lock's wait, list_node): a pod the watcher saw deleted
-        # meanwhile was released, perhaps before this write booked it again, and nothing would release it again
+        # meanwhile was released, perhaps before this write; its tombstone kept this write from booking it
+        # (replace_node's `ended`). Given back again all the same, a belt: a release that left no tombstone (an
+        # older release's watcher, a node Redis did not hold, a Redis that lost it) and nothing would release it again
         for uid in [u for u in final if u in self.pods.ended]:
-            if await self.ledger.release(node, uid):
+            if await self.ledger.release(node, uid, ended=True):
                 RELEASES.labels("gone").inc()
                 log.info("reconcile: released %s (%s) on %s: its pod ended while the node was repaired",
                          final[uid][1], uid, node)

@@ -107,14 +107,12 @@ async def test_a_pod_deleted_while_its_deferred_record_is_confirmed_is_not_booke
     assert all(c.mem_used == c.cores_used == c.slices == 0 for c in snap.cards.values()), snap
 
 
-@pytest.mark.xfail(strict=True, reason="the observe of a deferred record that reaches Redis after the pod's release "
-                                       "books the ended pod again over whatever took its room (observe.lua books a "
-                                       "record whatever it over-commits); confirm_due gives it back only after")
 async def test_a_pod_deleted_while_its_deferred_record_is_confirmed_never_over_commits_its_card(ledger: Ledger) -> None:
     """The same window, with the room taken meanwhile: the deleted pod's release frees its card, another pod's bind
     books it, and the held-back observe then lands. Its card must never hold more than it has, even for a moment
     (the janitor stress's "c card 1: cores_used 26 outside 0..16", with the watcher's "pod ... over-commits card(s)"
-    for a pod of that run: a candidate cause)."""
+    for a pod of that run: a candidate cause). The release tombstones the uid (shared/domain/ended.py) and the
+    observe then books nothing (observe.lua's `ended`)."""
     nodes = watcher(ledger)
     pods = pods_of(ledger, nodes, live=True)
     await nodes.on_event("ADDED", gpu_node("ro", units=160))

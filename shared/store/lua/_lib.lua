@@ -629,3 +629,28 @@ local function overcommitted(list)
   end
   return false
 end
+
+-- Ended pods' tombstones (docs/redis-layout.md `<base>:ended`): the uids of pods the pod watcher saw end, each
+-- scored with when its release wrote it (ms, Redis's clock). A write read before the pod ended (a held-back
+-- record's observe, a node written with its holders, a repair or rebuild) books no uid it holds: Kubernetes never
+-- reuses a uid. Kept ENDED_KEEP_MS, the twin of shared/domain/ended.py's (the same value; tests/redis/
+-- test_ended_twin.py runs one table through both).
+local ENDED_KEY = BASE .. ":ended"
+local ENDED_KEEP_MS = 600000
+-- The twin of shared/domain/ended.py's tombstoned: whether a uid tombstoned at `at` (nil: not) may not be booked
+local function tombstoned(at, now)
+  return at ~= nil and now - at <= ENDED_KEEP_MS
+end
+local function ended_uid(uid, now)
+  local s = redis.call('ZSCORE', ENDED_KEY, uid)
+  if not s then return false end
+  return tombstoned(tonumber(s), now)
+end
+-- The release of an ended pod writes its tombstone, on a node this Redis holds (a pod of a node the ledger does
+-- not know, one with no cards, leaves no key behind), and drops those past the keep window (trim_before).
+local function tombstone(uid)
+  if not redis.call('HGET', NODE_KEY, 'version') then return end
+  local now = now_ms()
+  redis.call('ZADD', ENDED_KEY, now, uid)
+  redis.call('ZREMRANGEBYSCORE', ENDED_KEY, '-inf', '(' .. int_str(now - ENDED_KEEP_MS))
+end

@@ -1,0 +1,35 @@
+"""Ended pods' tombstones: a pod the pod watcher saw end is never booked again on its node (pure).
+
+The pod watcher's release of a pod that ended (deleted, or Succeeded/Failed) writes the pod's uid into its node's
+`ended` set (`<prefix>:{<node>}:ended`, docs/redis-layout.md), in the same script as the release. A write read from
+a view taken before the pod ended can reach Redis after that release: a held-back record's `observe`
+(controller/pod_watch.py confirm_due), a node written with its holders (controller/node_watch.py), a repair or
+rebuild from a list read before the deletion (controller/reconciler.py). Each books a bound pod whatever it
+over-commits (the API server is the truth), so booked again it would over-fill a card another pod took
+meanwhile. The scripts book no uid the set holds (observe.lua answers `ended`, replace_node.lua leaves it out
+of `bound`): Kubernetes never reuses a uid, so a tombstoned pod never needs booking again.
+
+This module is the rule; `tombstoned` in shared/store/lua/_lib.lua is its twin (tests/redis/test_ended_twin.py
+runs one table through both).
+"""
+
+from __future__ import annotations
+
+# How long a tombstone is kept (ms, Redis's clock). Long enough for every write read before the pod ended:
+# an observe in flight ends within the ledger's resends (retry_seconds, 3 s), a node watcher's write of holders
+# within its calls, a reconciler's repair within one pass after its list (its keep window, timing.KEEP_MS, is
+# 10 s); the pod watcher remembers an ended pod as long (controller/pod_watch.py ENDED_SECONDS), and so do the
+# watchers' "release again" checks that back the tombstone up. The set stays bounded: each tombstone written
+# drops those older than this.
+ENDED_KEEP_MS = 600_000
+
+
+def tombstoned(ended_at_ms: int | None, now_ms: int) -> bool:
+    """Whether a uid tombstoned at `ended_at_ms` (None: not in the set) may not be booked at `now_ms`.
+    A stamp from a clock that ran ahead (later than now) still counts: a uid is never reused."""
+    return ended_at_ms is not None and now_ms - ended_at_ms <= ENDED_KEEP_MS
+
+
+def trim_before(now_ms: int) -> int:
+    """Tombstones stamped before this (ms) are dropped when one is written (no longer `tombstoned`)."""
+    return now_ms - ENDED_KEEP_MS
