@@ -160,3 +160,21 @@ async def test_a_binders_give_back_is_not_a_pods_end(ledger: Ledger) -> None:
     await ledger.upsert_node(inventory("rt", S5000))
     with pytest.raises(LedgerError, match="ended"):
         await ledger.give_back("rt", "t8", bind_no=1, attempt="0123456789abcdef", ended=True)
+
+
+async def test_a_release_that_frees_nothing_still_answers_when_redis_is_full(ledger: Ledger,
+                                                                            redis_client: Any) -> None:
+    """A re-list releases every ended pod, most holding nothing: as before the tombstones, such a release is
+    answered by a Redis that refuses writes (full, noeviction), its tombstone left out (the belts cover it)."""
+    await ledger.upsert_node(inventory("rf", S5000))
+    policy = (await redis_client.config_get("maxmemory-policy"))["maxmemory-policy"]
+    await redis_client.config_set("maxmemory-policy", "noeviction")
+    await redis_client.config_set("maxmemory", 1)
+    try:
+        assert await ledger.release("rf", "t9", ended=True) is False
+    finally:
+        await redis_client.config_set("maxmemory", 0)
+        await redis_client.config_set("maxmemory-policy", policy)
+    assert not await ledger.redis.exists(ledger.keys.ended("rf"))
+    assert await ledger.release("rf", "t9", ended=True) is False  # room again: tombstoned
+    assert await ledger.redis.zscore(ledger.keys.ended("rf"), "t9") is not None  # type: ignore[misc]

@@ -648,9 +648,18 @@ local function ended_uid(uid, now)
 end
 -- The release of an ended pod writes its tombstone, on a node this Redis holds (a pod of a node the ledger does
 -- not know, one with no cards, leaves no key behind), and drops those past the keep window (trim_before).
-local function tombstone(uid)
+-- `soft` (a release that frees nothing, which wrote nothing before tombstones): a Redis that refuses writes (full,
+-- noeviction) leaves the tombstone out rather than fail the release, which a re-list sends for every ended pod
+-- (the watchers' release-again belt covers it, and a full Redis books no record either); the release that frees a
+-- booking is refused whole then anyway (its HSETs are).
+local function tombstone(uid, soft)
   if not redis.call('HGET', NODE_KEY, 'version') then return end
   local now = now_ms()
-  redis.call('ZADD', ENDED_KEY, now, uid)
+  if soft then
+    local out = redis.pcall('ZADD', ENDED_KEY, now, uid)
+    if type(out) == "table" and out.err then return end
+  else
+    redis.call('ZADD', ENDED_KEY, now, uid)
+  end
   redis.call('ZREMRANGEBYSCORE', ENDED_KEY, '-inf', '(' .. int_str(now - ENDED_KEEP_MS))
 end

@@ -24,7 +24,7 @@ if p.ended and (p.if_attempt ~= nil or p.if_bind_no ~= nil) then
 end
 local r = res_of(p.uid)
 if not r then
-  if p.ended then tombstone(p.uid) end
+  if p.ended then tombstone(p.uid, true) end
   return cjson.encode({ok = true, released = false})
 end
 local kept = cjson.encode({ok = true, released = false, kept = true})
