@@ -261,7 +261,8 @@ class NodeWatcher:
 
     async def run_events(self) -> None:
         """Handle the queued events (offer) until cancelled: each node's newest, in turn. A supervised task; a
-        handling that fails (Redis away) is put back and raised, and the task restarted with backoff."""
+        handling that fails is put back to wait its node's interval (`_handle_pending`): a transient failure (Redis
+        away) is raised too, and the task restarted with backoff; any other is logged and the task runs on."""
         while True:
             self._offered.clear()
             delay = self.events.wait(self.clock())
