@@ -1,16 +1,16 @@
 """Ended pods' tombstones: a pod the pod watcher saw end is never booked again on its node (pure).
 
 The pod watcher's release of a pod that ended (deleted, or Succeeded/Failed) writes the pod's uid into its node's
-`ended` set (`<prefix>:{<node>}:ended`, docs/redis-layout.md), in the same script as the release. A write read from
+`ended` hash (`<prefix>:{<node>}:ended`, docs/redis-layout.md), in the same script as the release. A write read from
 a view taken before the pod ended can reach Redis after that release: a held-back record's `observe`
 (controller/pod_watch.py confirm_due), a node written with its holders (controller/node_watch.py), a repair or
 rebuild from a list read before the deletion (controller/reconciler.py). Each books a bound pod whatever it
 over-commits (the API server is the truth), so booked again it would over-fill a card another pod took
-meanwhile. The scripts book no uid the set holds (observe.lua answers `ended`, replace_node.lua leaves it out
+meanwhile. The scripts book no uid the hash holds (observe.lua answers `ended`, replace_node.lua leaves it out
 of `bound`): Kubernetes never reuses a uid, so a tombstoned pod never needs booking again.
 
-This module is the rule; `tombstoned` in shared/store/lua/_lib.lua is its twin (tests/redis/test_ended_twin.py
-runs one table through both).
+This module is the rule; `tombstoned` and `next_trim` in shared/store/lua/_lib.lua are its twins
+(tests/redis/test_ended_twin.py runs one table through both).
 """
 
 from __future__ import annotations
@@ -19,9 +19,12 @@ from __future__ import annotations
 # an observe in flight ends within the ledger's resends (retry_seconds, 3 s), a node watcher's write of holders
 # within its calls, a reconciler's repair within one pass after its list (its keep window, timing.KEEP_MS, is
 # 10 s); the pod watcher remembers an ended pod as long (controller/pod_watch.py ENDED_SECONDS), and so do the
-# watchers' "release again" checks that back the tombstone up. The set stays bounded: each tombstone written
-# drops those older than this.
+# watchers' "release again" checks that back the tombstone up.
 ENDED_KEEP_MS = 600_000
+# The node's tombstones are trimmed (those past ENDED_KEEP_MS dropped) by the write that brings their count since
+# the last trim to its `#trim_at`, next_trim of what that trim kept: the hash holds at most about twice the
+# tombstones of the last ten minutes (and this floor), and each write pays for about one tombstone read.
+ENDED_TRIM_FLOOR = 64
 
 
 def tombstoned(ended_at_ms: int | None, now_ms: int) -> bool:
@@ -30,6 +33,6 @@ def tombstoned(ended_at_ms: int | None, now_ms: int) -> bool:
     return ended_at_ms is not None and now_ms - ended_at_ms <= ENDED_KEEP_MS
 
 
-def trim_before(now_ms: int) -> int:
-    """Tombstones stamped before this (ms) are dropped when one is written (no longer `tombstoned`)."""
-    return now_ms - ENDED_KEEP_MS
+def next_trim(kept: int) -> int:
+    """The count of tombstones at which the next trim comes, after one that kept `kept` (tombstoned ones)."""
+    return max(ENDED_TRIM_FLOOR, 2 * kept)

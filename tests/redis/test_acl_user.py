@@ -53,8 +53,7 @@ def acl_rules(prefix: str = "mt") -> tuple[str, ...]:
             "+publish", "+subscribe",
             "+get", "+set", "+exists", "+del",
             "+sadd", "+srem", "+smembers", "+sismember",
-            "+hget", "+hmget", "+hset", "+hdel", "+hgetall", "+hincrby",
-            "+zadd", "+zscore", "+zremrangebyscore")
+            "+hget", "+hmget", "+hset", "+hdel", "+hgetall", "+hincrby")
 
 
 ACL_RULES = acl_rules()
@@ -86,9 +85,6 @@ FIRST_REFUSED = {
     "+hdel": "watcher: a new node",
     "+hgetall": "watcher: a new node",
     "+hincrby": "watcher: a new node",
-    "+zadd": "watcher: pod records",
-    "+zscore": "watcher: pod records",
-    "+zremrangebyscore": "watcher: pod records",
 }
 
 
@@ -286,8 +282,8 @@ async def janitor(r: Roles) -> None:
 
 
 async def pod_records(r: Roles) -> None:
-    # the pod watcher: a bound pod's record (observe: ZSCORE of the node's tombstones), an ended pod's release (its
-    # tombstone: ZADD, ZREMRANGEBYSCORE)
+    # the pod watcher: a bound pod's record (observe: HGET of the node's tombstones), an ended pod's release (its
+    # tombstone: HSET, HINCRBY, and when due its trim: HGETALL, HDEL)
     out = await r.ledger.observe("u1", PodUsage(A, (0,), 8, 2, 1), "ns/p1", keep_bound=True)
     assert out.get("ok", True), out
     assert (await r.ledger.reserve(A, "u4", [0], 2, 1, 1, pod="ns/p4"))[0].ok

@@ -14,7 +14,7 @@ import pytest
 
 from controller.reconciler import Reconciler
 from shared.domain.annotations import PodUsage
-from shared.domain.ended import ENDED_KEEP_MS
+from shared.domain.ended import ENDED_KEEP_MS, ENDED_TRIM_FLOOR, next_trim
 from shared.store.ledger import Ledger, LedgerError
 from tests.redis.helpers import S5000, all_violations, inventory
 from tests.redis.test_redteam_inflight_nodes import CFG, NoKube, bound_pod, gpu_node, pods_of, watcher
@@ -136,7 +136,7 @@ async def test_replace_node_frees_a_booking_an_older_release_made_for_a_tombston
     await ledger.upsert_node(inventory("rt", S5000))
     assert (await ledger.observe("t6", H, "ns/t6"))["changed"]  # bound just now: settling
     now = await ledger.redis_time_ms()
-    await ledger.redis.zadd(ledger.keys.ended("rt"), {"t6": now})  # type: ignore[misc]
+    await ledger.redis.hset(ledger.keys.ended("rt"), "t6", now)  # type: ignore[misc]
     out = await ledger.replace_node(inventory("rt", S5000), {}, keep_ms=60_000, keep_bound=True)
     snap = (await ledger.snapshots(["rt"]))["rt"]
     assert out["dropped"] == 1 and "t6" not in snap.reservations, (out, snap)
@@ -149,9 +149,18 @@ async def test_the_tombstones_stay_bounded_and_go_with_their_node(ledger: Ledger
     assert not await ledger.redis.exists(key)
     await ledger.upsert_node(inventory("rt", S5000))
     now = await ledger.redis_time_ms()
-    await ledger.redis.zadd(key, {"old": now - ENDED_KEEP_MS - 60_000, "recent": now - 60_000})  # type: ignore[misc]
-    assert await ledger.release("rt", "t7", ended=True) is False  # nothing held: tombstoned all the same
-    assert set(await ledger.redis.zrange(key, 0, -1)) == {"recent", "t7"}  # type: ignore[misc]
+    # seeded, not written by a release: they count nothing toward the trim, which the written ones bring
+    await ledger.redis.hset(key, mapping={**{f"old{i}": now - ENDED_KEEP_MS - 60_000 for i in range(100)},  # type: ignore[misc]
+                                          "recent": now - 60_000})
+    written = [f"t{i}" for i in range(ENDED_TRIM_FLOOR)]
+    for uid in written:  # nothing held: tombstoned all the same
+        assert await ledger.release("rt", uid, ended=True) is False
+    fields = await ledger.redis.hgetall(key)  # type: ignore[misc]
+    assert {f for f in fields if not f.startswith("#")} == {"recent", *written}, fields  # the old ones trimmed
+    kept = len(written) + 1
+    assert (int(fields["#n"]), int(fields["#trim_at"])) == (kept, next_trim(kept)), fields
+    assert await ledger.release("rt", written[0], ended=True) is False  # tombstoned again: counted once
+    assert int(await ledger.redis.hget(key, "#n")) == kept  # type: ignore[misc]
     assert await ledger.remove_node("rt") is True
     assert not await ledger.redis.exists(key)
 
@@ -177,4 +186,4 @@ async def test_a_release_that_frees_nothing_still_answers_when_redis_is_full(led
         await redis_client.config_set("maxmemory-policy", policy)
     assert not await ledger.redis.exists(ledger.keys.ended("rf"))
     assert await ledger.release("rf", "t9", ended=True) is False  # room again: tombstoned
-    assert await ledger.redis.zscore(ledger.keys.ended("rf"), "t9") is not None  # type: ignore[misc]
+    assert await ledger.redis.hget(ledger.keys.ended("rf"), "t9") is not None  # type: ignore[misc]

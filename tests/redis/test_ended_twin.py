@@ -1,7 +1,8 @@
-"""`tombstoned` and its Lua twin agree: one table of tombstones (none, or stamped some time from now) runs through
-shared.domain.ended.tombstoned and through observe.lua and replace_node.lua on a real redis-server, which book the
-pod's record or not. Offsets stay a minute away from every boundary: the script's clock reads a few milliseconds
-after the test's."""
+"""`tombstoned` and `next_trim` agree with their Lua twins: one table of tombstones (none, or stamped some time from
+now) runs through shared.domain.ended.tombstoned and through observe.lua and replace_node.lua on a real
+redis-server, which book the pod's record or not, and which a trim keeps or drops; one table of trims (tombstones
+kept, past the window) through next_trim and through release.lua's trim. Offsets stay a minute away from every
+boundary: the script's clock reads a few milliseconds after the test's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from itertools import count
 import pytest
 
 from shared.domain.annotations import PodUsage
-from shared.domain.ended import ENDED_KEEP_MS, tombstoned, trim_before
+from shared.domain.ended import ENDED_KEEP_MS, ENDED_TRIM_FLOOR, next_trim, tombstoned
 from shared.store.ledger import Ledger
 from tests.redis.helpers import S4000, inventory
 
@@ -35,12 +36,11 @@ async def test_tombstoned_agrees_with_its_lua_twin(ledger: Ledger, case: str, of
     now = await ledger.redis_time_ms()
     at = None if offset is None else now + offset
     assert tombstoned(at, now) is not booked, case
-    assert (at is not None and at < trim_before(now)) == (offset is not None and booked), case
     for via in ("observe", "replace_node"):
         node = f"en{next(_n)}"
         await ledger.upsert_node(inventory(node, S4000))
         if at is not None:
-            await ledger.redis.zadd(ledger.keys.ended(node), {"u1": at})  # type: ignore[misc]
+            await ledger.redis.hset(ledger.keys.ended(node), "u1", at)  # type: ignore[misc]
         usage = PodUsage(node, (0,), 2, 1, 1)
         if via == "observe":
             out = await ledger.observe("u1", usage, "ns/p1", keep_bound=True)
@@ -50,3 +50,36 @@ async def test_tombstoned_agrees_with_its_lua_twin(ledger: Ledger, case: str, of
             assert (out["ended"] == ["u1"]) is not booked, (case, out)
         snap = (await ledger.snapshots([node]))[node]
         assert ("u1" in snap.reservations) is booked, (case, via, snap)
+
+
+async def test_a_tombstone_is_trimmed_as_tombstoned_says(ledger: Ledger) -> None:
+    """The trim (release.lua, when due) drops exactly the tombstones `tombstoned` no longer counts."""
+    node = f"en{next(_n)}"
+    await ledger.upsert_node(inventory(node, S4000))
+    now = await ledger.redis_time_ms()
+    stamps = {f"c{i}": None if offset is None else now + offset for i, (_c, offset, _b) in enumerate(CASES)}
+    key = ledger.keys.ended(node)
+    await ledger.redis.hset(key, mapping={u: at for u, at in stamps.items() if at is not None})  # type: ignore[misc]
+    await ledger.redis.hset(key, "#n", ENDED_TRIM_FLOOR - 1)  # type: ignore[misc]
+    assert await ledger.release(node, "last", ended=True) is False  # the write that brings the trim
+    left = set(await ledger.redis.hkeys(key))  # type: ignore[misc]
+    assert left - {"#n", "#trim_at", "last"} == {u for u, at in stamps.items() if tombstoned(at, now)}, left
+
+
+# (tombstones kept by the trim, besides the one written: those within the window; `#trim_at` then is next_trim's)
+TRIMS = [0, 5, ENDED_TRIM_FLOOR // 2 - 1, ENDED_TRIM_FLOOR // 2, 150]
+
+
+@pytest.mark.parametrize("live", TRIMS)
+async def test_next_trim_agrees_with_its_lua_twin(ledger: Ledger, live: int) -> None:
+    node = f"en{next(_n)}"
+    await ledger.upsert_node(inventory(node, S4000))
+    now = await ledger.redis_time_ms()
+    key = ledger.keys.ended(node)
+    fields: dict[str, int] = {f"l{i}": now - 60 * S for i in range(live)}
+    fields.update({f"o{i}": now - ENDED_KEEP_MS - 60 * S for i in range(7)})
+    fields.update({"#n": 299, "#trim_at": 300})
+    await ledger.redis.hset(key, mapping=fields)  # type: ignore[misc]
+    assert await ledger.release(node, "last", ended=True) is False
+    got = await ledger.redis.hmget(key, ["#n", "#trim_at"])  # type: ignore[misc]
+    assert [int(v) for v in got] == [live + 1, next_trim(live + 1)], (live, got)

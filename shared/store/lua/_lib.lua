@@ -630,24 +630,53 @@ local function overcommitted(list)
   return false
 end
 
--- Ended pods' tombstones (docs/redis-layout.md `<base>:ended`): the uids of pods the pod watcher saw end, each
--- scored with when its release wrote it (ms, Redis's clock). A write read before the pod ended (a held-back
+-- Ended pods' tombstones (docs/redis-layout.md `<base>:ended`): a hash of the uids of pods the pod watcher saw
+-- end, each with when its release wrote it (ms, Redis's clock). A write read before the pod ended (a held-back
 -- record's observe, a node written with its holders, a repair or rebuild) books no uid it holds: Kubernetes never
--- reuses a uid. Kept ENDED_KEEP_MS, the twin of shared/domain/ended.py's (the same value; tests/redis/
--- test_ended_twin.py runs one table through both).
+-- reuses a uid. A hash, not a sorted set: it needs no command beyond those the ledger's ACL rules already grant
+-- (docs/install.md), so an upgrade asks nothing of an operator's Redis user. Its `#n` (tombstones written since
+-- the last trim, and kept by it) and `#trim_at` fields (no uid starts with `#`: check_uid) bound it: the write
+-- that brings `#n` to `#trim_at` drops every tombstone past the keep window, and the next trim comes after twice
+-- as many as it kept (amortised: each write pays for one tombstone read). ENDED_KEEP_MS, tombstoned and
+-- next_trim are the twins of shared/domain/ended.py's (tests/redis/test_ended_twin.py runs one table through both).
 local ENDED_KEY = BASE .. ":ended"
 local ENDED_KEEP_MS = 600000
+local ENDED_TRIM_FLOOR = 64
 -- The twin of shared/domain/ended.py's tombstoned: whether a uid tombstoned at `at` (nil: not) may not be booked
 local function tombstoned(at, now)
   return at ~= nil and now - at <= ENDED_KEEP_MS
 end
+-- The twin of shared/domain/ended.py's next_trim: `#trim_at` after a trim that kept `kept` tombstones
+local function next_trim(kept)
+  return math.max(ENDED_TRIM_FLOOR, 2 * kept)
+end
 local function ended_uid(uid, now)
-  local s = redis.call('ZSCORE', ENDED_KEY, uid)
+  local s = redis.call('HGET', ENDED_KEY, uid)
   if not s then return false end
   return tombstoned(tonumber(s), now)
 end
+-- `soft`: a write Redis refuses (full, noeviction) is left out (nil) instead of failing the script
+local function ended_write(soft, ...)
+  if not soft then return redis.call(...) end
+  local out = redis.pcall(...)
+  if type(out) == "table" and out.err then return nil end
+  return out
+end
+local function trim_ended(now, soft)
+  local all = redis.call('HGETALL', ENDED_KEY)
+  local kept, old = 0, {}
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 1) ~= '#' then
+      if tombstoned(tonumber(all[i + 1]), now) then kept = kept + 1 else old[#old + 1] = all[i] end
+    end
+  end
+  for i = 1, #old, 1000 do  -- (unpack's bound on arguments)
+    if not ended_write(soft, 'HDEL', ENDED_KEY, unpack(old, i, math.min(i + 999, #old))) then return end
+  end
+  ended_write(soft, 'HSET', ENDED_KEY, '#n', kept, '#trim_at', next_trim(kept))
+end
 -- The release of an ended pod writes its tombstone, on a node this Redis holds (a pod of a node the ledger does
--- not know, one with no cards, leaves no key behind), and drops those past the keep window (trim_before).
+-- not know, one with no cards, leaves no key behind), and trims when due (above).
 -- `soft` (a release that frees nothing, which wrote nothing before tombstones): a Redis that refuses writes (full,
 -- noeviction) leaves the tombstone out rather than fail the release, which a re-list sends for every ended pod
 -- (the watchers' release-again belt covers it, and a full Redis books no record either); the release that frees a
@@ -655,11 +684,9 @@ end
 local function tombstone(uid, soft)
   if not redis.call('HGET', NODE_KEY, 'version') then return end
   local now = now_ms()
-  if soft then
-    local out = redis.pcall('ZADD', ENDED_KEY, now, uid)
-    if type(out) == "table" and out.err then return end
-  else
-    redis.call('ZADD', ENDED_KEY, now, uid)
-  end
-  redis.call('ZREMRANGEBYSCORE', ENDED_KEY, '-inf', '(' .. int_str(now - ENDED_KEEP_MS))
+  local added = ended_write(soft, 'HSET', ENDED_KEY, uid, int_str(now))
+  if added ~= 1 then return end  -- (refused, or a tombstone again: counted once)
+  local n = ended_write(soft, 'HINCRBY', ENDED_KEY, '#n', 1)
+  if not n then return end
+  if n >= tonumber(redis.call('HGET', ENDED_KEY, '#trim_at') or ENDED_TRIM_FLOOR) then trim_ended(now, soft) end
 end
