@@ -368,15 +368,8 @@ class Reconciler:
                                                  keep_bound=True, keep_from=now_ms - self.keep_ms,
                                                  verify_after_ms=self.keep_ms, lost=lost, truth_at=truth_at)
         self.verify_later(node, out)
-        # `final` was read before this write's Redis calls (the lock's wait, list_node): a pod the watcher saw deleted
-        # meanwhile was released, perhaps before this write; its tombstone kept this write from booking it
-        # (replace_node's `ended`). Given back again all the same, a belt: a release that left no tombstone (an
-        # older release's watcher, a node Redis did not hold, a Redis that lost it) and nothing would release it again
-        for uid in [u for u in final if u in self.pods.ended]:
-            if await self.ledger.release(node, uid, ended=True):
-                RELEASES.labels("gone").inc()
-                log.info("reconcile: released %s (%s) on %s: its pod ended while the node was repaired",
-                         final[uid][1], uid, node)
+        # `final` was read before this write's Redis calls (the lock's wait, list_node)
+        await self.nodes.release_ended(node, final, self.pods.ended, "the node was repaired")
         # a pending booking is kept by replace_node (its binder may be mid-flight): one the API showed stale (its
         # pod bound on another node, or gone) is released by uid
         for uid in stale:
