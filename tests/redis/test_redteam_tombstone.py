@@ -61,3 +61,45 @@ async def test_rt_a_node_removed_and_back_keeps_its_tombstones_from_a_rebuild_re
     await ledger.rebuild([inventory("rn", S5000)], {"p": (usage, "ns/p")}, keep_ms=10_000)
     snap = (await ledger.snapshots(["rn"]))["rn"]
     assert "p" not in snap.reservations and not all_violations({"rn": snap}), snap
+
+
+async def test_rt_the_tombstones_of_a_burst_long_past_are_trimmed(ledger: Ledger) -> None:
+    """docs/redis-layout.md: "the hash holds about twice the last ten minutes' tombstones at most". A node that saw a
+    burst of 2,000 ended pods (a trim within it kept 1,000: `#trim_at` 2,000), quiet since for an hour: its next
+    tombstones must not leave the burst's 2,000 stale ones in the hash (a trim came only when `#n` reached `#trim_at`:
+twice the burst's, stale, until as many new ones came)."""
+    from shared.domain.ended import ENDED_KEEP_MS, ENDED_TRIM_FLOOR
+
+    await ledger.upsert_node(inventory("rb", S5000))
+    key = ledger.keys.ended("rb")
+    now = await ledger.redis_time_ms()
+    old = now - 6 * ENDED_KEEP_MS  # an hour ago
+    await ledger.redis.hset(key, mapping={**{f"burst{i}": old for i in range(2000)},  # type: ignore[misc]
+                                          "#n": 1000, "#trim_at": 2000})
+    for i in range(ENDED_TRIM_FLOOR):  # a few ended pods an hour later (the floor's worth)
+        assert await ledger.release("rb", f"late{i}", ended=True) is False
+    fields = [f for f in await ledger.redis.hkeys(key) if not f.startswith("#")]  # type: ignore[misc]
+    assert len(fields) <= 2 * ENDED_TRIM_FLOOR, f"{len(fields)} tombstones kept"
+
+
+async def test_rt_every_script_declares_the_tombstones_it_touches(redis_client: Any) -> None:
+    """Redis Cluster requires every key in KEYS: the tombstone paths (release with `ended`, held or not, with a trim
+    due; observe and replace_node of a tombstoned uid; remove_node with tombstones) under the strict prelude of
+    tests/redis/test_script_keys.py, from ledgers that know nothing of the node."""
+    from shared.domain.ended import ENDED_TRIM_FLOOR
+    from tests.redis.test_script_keys import StrictLedger
+
+    def cold() -> StrictLedger:
+        return StrictLedger(redis_client)
+
+    usage = PodUsage("rs", (0,), 8, 2, 1)
+    assert await cold().upsert_node(inventory("rs", S5000)) == 1
+    assert (await cold().observe("held", usage, "ns/held"))["changed"]
+    assert await cold().release("rs", "held", ended=True)  # held: tombstoned with its release
+    for i in range(ENDED_TRIM_FLOOR):  # held by nothing: tombstoned, and a trim comes
+        assert await cold().release("rs", f"t{i}", ended=True) is False
+    assert (await cold().observe("held", usage, "ns/held", keep_bound=True)).get("ended")
+    out = await cold().replace_node(inventory("rs", S5000), {"held": (usage, "ns/held")}, 10_000, keep_bound=True)
+    assert out["ended"] == ["held"], out
+    assert await cold().remove_node("rs") is True
+    assert not await redis_client.exists(Ledger(redis_client).keys.ended("rs"))
