@@ -9,7 +9,7 @@ over-commits (the API server is the truth), so booked again it would over-fill a
 meanwhile. The scripts book no uid the hash holds (observe.lua answers `ended`, replace_node.lua leaves it out
 of `bound`): Kubernetes never reuses a uid, so a tombstoned pod never needs booking again.
 
-This module is the rule; `tombstoned` and `next_trim` in shared/store/lua/_lib.lua are its twins
+This module is the rule; `tombstoned`, `next_trim` and `trim_due` in shared/store/lua/_lib.lua are its twins
 (tests/redis/test_ended_twin.py runs one table through both).
 """
 
@@ -22,8 +22,9 @@ from __future__ import annotations
 # watchers' "release again" checks that back the tombstone up.
 ENDED_KEEP_MS = 600_000
 # The node's tombstones are trimmed (those past ENDED_KEEP_MS dropped) by the write that brings their count since
-# the last trim to its `#trim_at`, next_trim of what that trim kept: the hash holds at most about twice the
-# tombstones of the last ten minutes (and this floor), and each write pays for about one tombstone read.
+# the last trim to its `#trim_at`, next_trim of what that trim kept, or the first write once the last trim
+# (`#trimmed`) is past the keep window (trim_due): the hash holds at most about twice the tombstones of the last
+# ten minutes (and this floor), also long after a burst, and each write pays for about one tombstone read.
 ENDED_TRIM_FLOOR = 64
 
 
@@ -36,3 +37,11 @@ def tombstoned(ended_at_ms: int | None, now_ms: int) -> bool:
 def next_trim(kept: int) -> int:
     """The count of tombstones at which the next trim comes, after one that kept `kept` (tombstoned ones)."""
     return max(ENDED_TRIM_FLOOR, 2 * kept)
+
+
+def trim_due(count: int, trim_at: int, trimmed_at_ms: int | None, now_ms: int) -> bool:
+    """Whether the write that brings the count of tombstones written since the last trim to `count` trims: at
+    `trim_at` (next_trim of what the last trim kept), or when the last trim (`trimmed_at_ms`, None: none yet) is
+    past the keep window, so that a burst's tombstones do not stay in the hash, stale, until as many new ones come
+    (a clock that stepped back: not by time, until it is past the window again)."""
+    return count >= trim_at or trimmed_at_ms is None or now_ms - trimmed_at_ms > ENDED_KEEP_MS

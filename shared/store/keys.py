@@ -82,7 +82,8 @@ class Layout:
         return f"{self.base(node)}:slot-probe"
 
     def ended(self, node: str) -> str:
-        """The node's tombstones: uids of pods that ended, scored with when (shared/domain/ended.py)."""
+        """The node's tombstones: a hash of the uids of pods that ended, each with when (ms), and its trim's `#n`,
+        `#trim_at` and `#trimmed` (shared/domain/ended.py)."""
         return f"{self.base(node)}:ended"
 
     def card(self, node: str, index: int | str) -> str:

@@ -149,9 +149,10 @@ async def test_the_tombstones_stay_bounded_and_go_with_their_node(ledger: Ledger
     assert not await ledger.redis.exists(key)
     await ledger.upsert_node(inventory("rt", S5000))
     now = await ledger.redis_time_ms()
-    # seeded, not written by a release: they count nothing toward the trim, which the written ones bring
+    # seeded, not written by a release: they count nothing toward the trim, which the written ones bring (the last
+    # trim just now: not due by time, trim_due)
     await ledger.redis.hset(key, mapping={**{f"old{i}": now - ENDED_KEEP_MS - 60_000 for i in range(100)},  # type: ignore[misc]
-                                          "recent": now - 60_000})
+                                          "recent": now - 60_000, "#trimmed": now})
     written = [f"t{i}" for i in range(ENDED_TRIM_FLOOR)]
     for uid in written:  # nothing held: tombstoned all the same
         assert await ledger.release("rt", uid, ended=True) is False

@@ -635,10 +635,12 @@ end
 -- record's observe, a node written with its holders, a repair or rebuild) books no uid it holds: Kubernetes never
 -- reuses a uid. A hash, not a sorted set: it needs no command beyond those the ledger's ACL rules already grant
 -- (docs/install.md), so an upgrade asks nothing of an operator's Redis user. Its `#n` (tombstones written since
--- the last trim, and kept by it) and `#trim_at` fields (no uid starts with `#`: check_uid) bound it: the write
--- that brings `#n` to `#trim_at` drops every tombstone past the keep window, and the next trim comes after twice
--- as many as it kept (amortised: each write pays for one tombstone read). ENDED_KEEP_MS, tombstoned and
--- next_trim are the twins of shared/domain/ended.py's (tests/redis/test_ended_twin.py runs one table through both).
+-- the last trim, and kept by it), `#trim_at` and `#trimmed` fields (no uid starts with `#`: check_uid) bound it:
+-- the write that brings `#n` to `#trim_at`, or the first one once the last trim (`#trimmed`, ms) is past the keep
+-- window, drops every tombstone past that window, and the next trim comes after twice as many as it kept
+-- (amortised: each write pays for one tombstone read, and a node's hash is read whole once in ten minutes at
+-- most besides). ENDED_KEEP_MS, tombstoned, next_trim and trim_due are the twins of shared/domain/ended.py's
+-- (tests/redis/test_ended_twin.py runs one table through both).
 local ENDED_KEY = BASE .. ":ended"
 local ENDED_KEEP_MS = 600000
 local ENDED_TRIM_FLOOR = 64
@@ -649,6 +651,11 @@ end
 -- The twin of shared/domain/ended.py's next_trim: `#trim_at` after a trim that kept `kept` tombstones
 local function next_trim(kept)
   return math.max(ENDED_TRIM_FLOOR, 2 * kept)
+end
+-- The twin of shared/domain/ended.py's trim_due: whether the write that brings `#n` to `n` trims (`#trim_at` reached,
+-- or the last trim, `#trimmed`, past the keep window: a burst's tombstones do not stay until as many new ones come)
+local function trim_due(n, trim_at, trimmed_at, now)
+  return n >= trim_at or trimmed_at == nil or now - trimmed_at > ENDED_KEEP_MS
 end
 local function ended_uid(uid, now)
   local s = redis.call('HGET', ENDED_KEY, uid)
@@ -673,7 +680,7 @@ local function trim_ended(now, soft)
   for i = 1, #old, 1000 do  -- (unpack's bound on arguments)
     if not ended_write(soft, 'HDEL', ENDED_KEY, unpack(old, i, math.min(i + 999, #old))) then return end
   end
-  ended_write(soft, 'HSET', ENDED_KEY, '#n', kept, '#trim_at', next_trim(kept))
+  ended_write(soft, 'HSET', ENDED_KEY, '#n', kept, '#trim_at', next_trim(kept), '#trimmed', int_str(now))
 end
 -- The release of an ended pod writes its tombstone, on a node this Redis holds (a pod of a node the ledger does
 -- not know, one with no cards, leaves no key behind), and trims when due (above).
@@ -688,5 +695,8 @@ local function tombstone(uid, soft)
   if added ~= 1 then return end  -- (refused, or a tombstone again: counted once)
   local n = ended_write(soft, 'HINCRBY', ENDED_KEY, '#n', 1)
   if not n then return end
-  if n >= tonumber(redis.call('HGET', ENDED_KEY, '#trim_at') or ENDED_TRIM_FLOOR) then trim_ended(now, soft) end
+  local trim_at = tonumber(redis.call('HGET', ENDED_KEY, '#trim_at') or ENDED_TRIM_FLOOR)
+  if trim_due(n, trim_at, tonumber(redis.call('HGET', ENDED_KEY, '#trimmed') or ""), now) then
+    trim_ended(now, soft)
+  end
 end
