@@ -112,6 +112,11 @@ class Reconciler:
         for pod in pod_objs:
             if is_terminal(pod) or not (pod.get("spec") or {}).get("nodeName"):
                 continue
+            if str((pod.get("metadata") or {}).get("uid")) in self.pods.ended:
+                # the pod stream saw it end since this list was read (a uid never comes back): not booked. Its
+                # release's tombstone would keep the rebuild from booking it too, unless the node was removed and
+                # written anew meanwhile (remove_node takes the tombstones with it)
+                continue
             usage: PodUsage | None = None
             try:
                 usage, foreign = self._record(pod)

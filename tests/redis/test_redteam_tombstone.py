@@ -45,7 +45,10 @@ async def test_rt_a_bind_whose_pod_ended_before_its_rebook_is_not_counted_as_boo
 @pytest.mark.xfail(strict=True, reason="remove_node deletes the node's tombstones (remove_node.lua): a node removed "
                                        "and written anew within a write's window loses them, and a rebuild from a "
                                        "list read before the pod ended books it over the pod that took its room "
-                                       "until the rebuild's release-again belt, after every node is written")
+                                       "until the rebuild's release-again belt, after every node is written. The "
+                                       "reconciler leaves out of its rebuild every pod the pod stream saw end "
+                                       "(tests/redis/test_node_write_release_race.py), so only a pod that ends "
+                                       "while the rebuild writes, its node removed and back meanwhile, remains")
 async def test_rt_a_node_removed_and_back_keeps_its_tombstones_from_a_rebuild_read_before(ledger: Ledger) -> None:
     """A Node deleted from the API: the pod GC deletes its pods (the pod watcher's release tombstones P), the node
     watcher removes the node (nothing held), kubelet registers it again (written anew) and another pod's bind takes
