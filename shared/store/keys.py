@@ -103,8 +103,9 @@ class Layout:
     # `known`: what the caller last saw of the node; the script asks for more if it needs it.
 
     def upsert_node(self, node: str, cards: Iterable[int], known: Known) -> list[str]:
-        """The node, the reported cards and those it has (a card no longer reported is marked or deleted)."""
-        return self._keys(node, [*cards, *known.cards], pods=False)
+        """The node, its tombstones (made with the node: ensure_ended in _lib.lua), the reported cards and those it
+        has (a card no longer reported is marked or deleted)."""
+        return self._keys(node, [*cards, *known.cards], pods=False, ended=True)
 
     def reserve(self, node: str, uid: str, cards: Iterable[int], known: Known) -> list[str]:
         """The node, pods, the uid's reservation, the cards to book, and every card and reservation the
@@ -116,9 +117,11 @@ class Layout:
         mark (one bind's, or a batch of them)."""
         return self._keys(node, (), uids)
 
-    def release(self, node: str, uid: str, known: Known) -> list[str]:
-        """The node, pods, its tombstones, the reservation and the cards it holds (any of the node's)."""
-        return self._keys(node, known.cards, [uid], ended=True)
+    def release(self, node: str, uid: str, known: Known, ended: bool = False) -> list[str]:
+        """The node, pods, the reservation and the cards it holds (any of the node's); its tombstones only for the
+        release of a pod that ended (`ended`): a binder's give-back names no key it does not touch, so it names none
+        Redis Cluster may lack while the node's slot moves (a missing key named there is refused, TRYAGAIN)."""
+        return self._keys(node, known.cards, [uid], ended=ended)
 
     def observe(self, node: str, uid: str, cards: Iterable[int], known: Known) -> list[str]:
         """As release, plus the cards the pod's record names (a different booking is replaced)."""

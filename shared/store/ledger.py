@@ -306,7 +306,7 @@ class Ledger(LedgerReads, ServerChecks):
             body["ended"] = True
         resent: list[BaseException] = []
         out = orjson.loads(await self._call("release", node, body,
-                                            lambda k: self.keys.release(node, uid, k), give_up, resent=resent))
+                                            lambda k: self.keys.release(node, uid, k, ended), give_up, resent=resent))
         if out.get("kept"):
             return "kept", None
         self._saw(node, gone=[uid])

@@ -73,7 +73,7 @@ FIRST_REFUSED = {
     "+subscribe": "mirror: subscribe and read",
     "+get": "extender: upkeep stamp read",
     "+set": "watcher: rebuild and reconcile",
-    "+exists": "extender: book",
+    "+exists": "watcher: a new node",
     "+del": "watcher: a new node",
     "+sadd": "watcher: a new node",
     "+srem": "extender: give a booking back",

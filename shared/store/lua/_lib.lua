@@ -682,6 +682,13 @@ local function trim_ended(now, soft)
   end
   ended_write(soft, 'HSET', ENDED_KEY, '#n', kept, '#trim_at', next_trim(kept), '#trimmed', int_str(now))
 end
+-- A node's tombstones exist from its first write on (replace_node, upsert_node), `#n` 0 when none: on a Redis Cluster,
+-- a script naming a key that does not exist is refused (TRYAGAIN) while the node's slot moves, which the node's
+-- other keys all do; so a tombstone check (observe) or write (release of an ended pod) during a move works as soon as
+-- the node's hash does. (A trim keeps `#n`: the hash goes only with its node, remove_node.)
+local function ensure_ended()
+  if redis.call('EXISTS', ENDED_KEY) == 0 then redis.call('HSET', ENDED_KEY, '#n', 0) end
+end
 -- The release of an ended pod writes its tombstone, on a node this Redis holds (a pod of a node the ledger does
 -- not know, one with no cards, leaves no key behind), and trims when due (above).
 -- `soft` (a release that frees nothing, which wrote nothing before tombstones): a Redis that refuses writes (full,

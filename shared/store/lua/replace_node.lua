@@ -98,6 +98,7 @@ if p.keep_bound then
 end
 -- first: a write Redis refuses when full (the DELs below would let every later write past maxmemory)
 redis.call('HSET', NODE_KEY, 'error', p.error or "")
+ensure_ended()  -- (its tombstones exist with the node: ensure_ended, _lib.lua)
 local dropped = 0  -- reservations of pods not in `bound` and not settling: their cards are free again
 -- the last bind attempt's number and the attempts holding each pod of `bound` booked here: booked anew below, its
 -- reservation keeps them, so an earlier attempt's give-back (release.lua, maybe sent again after its reply was lost)
