@@ -155,6 +155,11 @@ class Confirmations:
                       "node from the ledger (%s): nothing is booked until the watchers see its record", pod, uid,
                       node, out.get("reason"))
             return
+        if out.get("ended"):
+            # deleted after _still_here read it, and the pod watcher's release (its tombstone) came first: nothing
+            # is booked (observe.lua `ended`, shared/domain/ended.py)
+            log.info("bind: %s (%s) ended before its booking on %s was confirmed: not booked again", pod, uid, node)
+            return
         REBOOKED.inc()
         if out.get("overcommit"):
             # the watcher, seeing the record later, finds this booking as it is and reports nothing

@@ -8,7 +8,7 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -211,17 +211,27 @@ class NodeWatcher:
                                              verify_after_ms=self.keep_ms if not stale else None, lost=lost)
         self.vanished.discard(inv.node)
         self.verify_later(inv.node, out)
-        # `holders` was read before this write's Redis calls: a holder whose pod ended meanwhile was released by the
-        # pod watcher, perhaps before this write reached Redis and booked it again, and nothing else would release it
-        # until the reconciler judged it (reconcileSeconds and the keep window later): given back now (a release of
-        # what is not booked changes nothing)
-        ended = self.ended()
+        # `holders` was read before this write's Redis calls
+        await self.release_ended(inv.node, holders, self.ended(), "the node was written")
+
+    async def release_ended(self, node: str, holders: Mapping[str, tuple[PodUsage, str]],
+                            ended: Collection[str], during: str) -> list[str]:
+        """After a write of `node` with `holders` read before it (this watcher's, the reconciler's repair): a holder
+        whose pod ended meanwhile was released by the pod watcher, perhaps before the write reached Redis. Its
+        release tombstoned it (shared/domain/ended.py), so the write did not book it (replace_node's `ended`).
+        Given back again all the same, a belt (a release of what is not booked changes nothing): a release from a
+        replica of an older release leaves no tombstone, nor does one made while Redis did not hold the node, and a
+        Redis that lost the end of its writes may lack it; nothing else would release such a booking until the
+        reconciler judged it (reconcileSeconds later). Returns the uids given back (kube-scheduler nudged)."""
+        freed = []
         for uid in [u for u in holders if u in ended]:
-            if await self.ledger.release(inv.node, uid):
+            if await self.ledger.release(node, uid, ended=True):
                 RELEASES.labels("gone").inc()
-                log.info("released %s (%s) on %s: its pod ended while the node was written", holders[uid][1], uid,
-                         inv.node)
-                self.nudge(inv.node)
+                log.info("released %s (%s) on %s: its pod ended while %s", holders[uid][1], uid, node, during)
+                freed.append(uid)
+        if freed:
+            self.nudge(node)
+        return freed
 
     def effective(self, inv: Inventory) -> Inventory:
         """The node as the ledger must hold it: closed (an error) while pods nobody can account for hold

@@ -294,13 +294,17 @@ class PodWatcher:
 
     async def _release(self, uid: str, node: str, why: str, ref: str, park: bool = True) -> None:
         """Give the pod's booking back, or park it while the node's slot moves (`parked`; not `park`: left to the
-        janitor's expiry and the reconciler)."""
+        janitor's expiry and the reconciler). Every release here is of a pod that ended (deleted, Succeeded or
+        Failed): it tombstones the uid on the node (Ledger.release's `ended`, shared/domain/ended.py), so a write
+        read before the pod ended (a held-back record's observe, a node written with its holders, a repair) books
+        it there no more."""
         if node in self.mirror.moving:
             if park:
                 self.parked[uid] = (node, why, ref)
             return
         try:
-            released = await self.ledger.release(node, uid, give_up=slot_moving)  # (redis-py retried a move)
+            # (redis-py retried a move)
+            released = await self.ledger.release(node, uid, give_up=slot_moving, ended=True)
         except RESEND as e:  # (as Ledger._retry raised it; the ledger told the mirror)
             if not slot_moving(e):
                 raise
@@ -437,7 +441,9 @@ class PodWatcher:
                 booked = await self._observe(uid, truth.usage, truth.ref, digest, head)
                 if booked and uid in self.ended and uid not in self.truth:
                     # the pod ended while its observe was on its way (this runs beside the pod stream): its release
-                    # may have reached Redis first, and the observe then booked it again, for nobody: given back now
+                    # reached Redis first, so its tombstone kept the observe from booking it (observe.lua `ended`).
+                    # Given back again all the same, a belt: a release from a replica of an older release (a roll)
+                    # leaves no tombstone, nor does one on a node Redis did not hold then, or a Redis that lost it
                     self.seen.pop(uid, None)  # (set by that observe, after the release dropped it)
                     await self._release(uid, truth.usage.node, "gone", truth.ref)
             except BaseException:
@@ -497,6 +503,11 @@ class PodWatcher:
             log.error("cannot record %s on %s: %s; rebuilding", ref, usage.node, out.get("reason"))
             self.lost.set()
             return False
+        if out.get("ended"):
+            # tombstoned: the pod ended and its release came first (confirm_due's race with the pod stream)
+            log.info("not recording %s on %s: its pod ended", ref, usage.node)
+            self.seen[uid] = digest
+            return True
         if out.get("kept"):
             RECORD_MISMATCH.labels("changed").inc()
             log.error("pod %s: its allocation record changed after our bind: it says cards %s (%d units, %d cores, "

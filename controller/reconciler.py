@@ -112,6 +112,11 @@ class Reconciler:
         for pod in pod_objs:
             if is_terminal(pod) or not (pod.get("spec") or {}).get("nodeName"):
                 continue
+            if str((pod.get("metadata") or {}).get("uid")) in self.pods.ended:
+                # the pod stream saw it end since this list was read (a uid never comes back): not booked. Its
+                # release's tombstone would keep the rebuild from booking it too, unless the node was removed and
+                # written anew meanwhile (remove_node takes the tombstones with it)
+                continue
             usage: PodUsage | None = None
             try:
                 usage, foreign = self._record(pod)
@@ -170,8 +175,10 @@ class Reconciler:
                 if not is_terminal(pod):
                     self.pods.learn(str((pod.get("metadata") or {}).get("uid")), pod)
         elif self.pods.ended:
-            # a pod deleted between our list and the rebuild was released before it and booked again by
-            # it: the watch knows it is gone. Given back where the rebuild booked it (the mirror has not read the
+            # a pod deleted between our list and the rebuild was released before it, its uid tombstoned, so the
+            # rebuild left it out (replace_node's `ended`); given back again all the same, a belt, where a release
+            # left no tombstone (an older release's watcher, a node Redis did not hold, a Redis that lost it):
+            # the watch knows it is gone. Given back where the rebuild booked it (the mirror has not read the
             # rebuild yet: it shows the pod released), and where the mirror lists it
             # (the mirror's bookings indexed once: a scan of every node per ended pod held the loop seconds with
             # 50,000 ended pods at 1,000 nodes, a review's measure)
@@ -179,7 +186,7 @@ class Reconciler:
             for uid in list(self.pods.ended):
                 booked = bound.get(uid)
                 for node in dict.fromkeys(n for n in (booked[0].node if booked else None, listed.get(uid)) if n):
-                    if await self.ledger.release(node, uid):
+                    if await self.ledger.release(node, uid, ended=True):
                         RELEASES.labels("gone").inc()
                         self.pods.nudger.nudge(node)
         self.rebuilds += 1
@@ -366,13 +373,8 @@ class Reconciler:
                                                  keep_bound=True, keep_from=now_ms - self.keep_ms,
                                                  verify_after_ms=self.keep_ms, lost=lost, truth_at=truth_at)
         self.verify_later(node, out)
-        # `final` was read before this write's Redis calls (the lock's wait, list_node): a pod the watcher saw deleted
-        # meanwhile was released, perhaps before this write booked it again, and nothing would release it again
-        for uid in [u for u in final if u in self.pods.ended]:
-            if await self.ledger.release(node, uid):
-                RELEASES.labels("gone").inc()
-                log.info("reconcile: released %s (%s) on %s: its pod ended while the node was repaired",
-                         final[uid][1], uid, node)
+        # `final` was read before this write's Redis calls (the lock's wait, list_node)
+        await self.nodes.release_ended(node, final, self.pods.ended, "the node was repaired")
         # a pending booking is kept by replace_node (its binder may be mid-flight): one the API showed stale (its
         # pod bound on another node, or gone) is released by uid
         for uid in stale:

@@ -141,7 +141,7 @@ class Ledger(LedgerReads, ServerChecks):
         def body() -> dict[str, Any]:  # counted back from this call, also when sent again (as replace_node's)
             return {} if keep_ms is None else {"keep_ms": _keep_window(keep_ms, started)}
 
-        out = int(await self._call("remove_node", node, body))
+        out = int(await self._call("remove_node", node, body, lambda k: self.keys.remove_node(node, k)))
         if out < 0:
             return None
         self._known.pop(node, None)
@@ -276,9 +276,12 @@ class Ledger(LedgerReads, ServerChecks):
         missing = out.get("missing") or []  # Lua's cjson encodes an empty list as {}
         return [str(u) for u in missing] if isinstance(missing, list) else []
 
-    async def release(self, node: str, uid: str, give_up: Callable[[BaseException], bool] | None = None) -> bool:
-        """Give a pod's share back; True if something was held. Idempotent. `give_up`: as in _retry."""
-        fate, _ = await self.give_back(node, uid, give_up=give_up)
+    async def release(self, node: str, uid: str, give_up: Callable[[BaseException], bool] | None = None,
+                      ended: bool = False) -> bool:
+        """Give a pod's share back; True if something was held. Idempotent. `give_up`: as in _retry. `ended`: the
+        pod ended (deleted, Succeeded or Failed): its uid is tombstoned on the node in the same step, held or not, so
+        no write read before it ended books it there again (shared/domain/ended.py)."""
+        fate, _ = await self.give_back(node, uid, give_up=give_up, ended=ended)
         return fate == "released"
 
     async def release_feed(self, node: str, uid: str) -> tuple[bool, Mapping[str, Any] | None]:
@@ -289,7 +292,7 @@ class Ledger(LedgerReads, ServerChecks):
 
     async def give_back(self, node: str, uid: str, bind_no: int | None = None,
                         give_up: Callable[[BaseException], bool] | None = None,
-                        attempt: str = "") -> tuple[str, Mapping[str, Any] | None]:
+                        attempt: str = "", ended: bool = False) -> tuple[str, Mapping[str, Any] | None]:
         """Release a pod's booking: "released" (with the feed message, as release_feed), "gone" (nothing
         held) or, with `bind_no` and/or `attempt` (a binder giving back its own booking: what its reserve answered;
         the name alone takes only that attempt off), "kept" when the pod's Binding is committed there or another bind
@@ -299,9 +302,11 @@ class Ledger(LedgerReads, ServerChecks):
             body["if_bind_no"] = bind_no
         if attempt:
             body["if_attempt"] = attempt
+        if ended:
+            body["ended"] = True
         resent: list[BaseException] = []
         out = orjson.loads(await self._call("release", node, body,
-                                            lambda k: self.keys.release(node, uid, k), give_up, resent=resent))
+                                            lambda k: self.keys.release(node, uid, k, ended), give_up, resent=resent))
         if out.get("kept"):
             return "kept", None
         self._saw(node, gone=[uid])
@@ -320,6 +325,8 @@ class Ledger(LedgerReads, ServerChecks):
         A node missing from Redis is refused ({"ok": false, "reason": "node missing"}), never created.
         `keep_bound`: a bound reservation that differs from `usage` stays as it is, answered with
         {"kept": true, "booked": {cards, mem, cores, slices}} (the record changed after our bind).
+        A pod tombstoned on the node (it ended, and its release came first: Ledger.release's `ended`) is not booked:
+        {"ended": true}, nothing written.
         """
         out: dict[str, Any] = orjson.loads(await self._call("observe", usage.node, {
             "uid": uid, "cards": list(usage.cards), "mem": usage.memory, "cores": usage.cores,
@@ -358,7 +365,9 @@ class Ledger(LedgerReads, ServerChecks):
         sent again after a lost reply, or
         since `keep_from`: newer than the caller's truth) are kept, whether or not they fit (their binder
         writes its Binding anyway); those on a card they leave over-full are counted in
-        "pending_overfull". `keep_bound`: a pod of `bound` whose
+        "pending_overfull". A pod of `bound` tombstoned on the node (it ended, and the pod watcher's release came
+        first: shared/domain/ended.py) is not booked, and a reservation held for one is freed: "ended" lists those
+        left out. `keep_bound`: a pod of `bound` whose
         reservation is bound keeps that booking where its record differs; their uids come back as
         "kept_bound" (a list). A reservation it writes anew keeps its last bind attempt's number, so an earlier
         attempt's give_back leaves it. "dropped": how many reservations it freed (of pods neither bound nor settling);
@@ -402,6 +411,7 @@ class Ledger(LedgerReads, ServerChecks):
         out: dict[str, Any] = orjson.loads(await self._call("replace_node", inv.node, body, lambda k: (
             self.keys.replace_node(inv.node, (c.index for c in inv.cards), named, k)), resent=resent))
         out["kept_bound"] = list(out.get("kept_bound") or [])  # cjson sends an empty list as {}
+        out["ended"] = [str(u) for u in (out.get("ended") or [])]  # pods of `bound` left out: tombstoned, they ended
         # a first run whose reply was lost may have dropped reservations; the second finds nothing to drop. Its
         # caller must still tell kube-scheduler the cards may be free (rebuild's `freed`), or pods turned away
         # wait for an unrelated event

@@ -41,10 +41,10 @@ pytestmark = pytest.mark.e2e
 VGPU, MEM, CORE = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core"
 LABEL = "mtsched.io/e2e-dashboard"
 # Counters whose labelled series appear only when something goes wrong (or, for resumes, once a watch
-# stream ends and is resumed): declared (TYPE line) but without samples on a young, healthy cluster.
-# Everything else queried must have samples.
+# stream ends and is resumed; for coalesced and deferred, once a node changes faster than once a second):
+# declared (TYPE line) but without samples on a young, healthy cluster. Everything else queried must have samples.
 TROUBLE_ONLY = {"mtsched_reconcile_repairs_total", "mtsched_record_mismatch_total", "mtsched_task_failures_total",
-                "mtsched_watch_resumes_total"}
+                "mtsched_watch_resumes_total", "mtsched_watch_events_coalesced_total", "mtsched_watch_deferred_total"}
 
 
 @pytest.fixture(scope="module")

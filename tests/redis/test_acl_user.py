@@ -73,7 +73,7 @@ FIRST_REFUSED = {
     "+subscribe": "mirror: subscribe and read",
     "+get": "extender: upkeep stamp read",
     "+set": "watcher: rebuild and reconcile",
-    "+exists": "extender: book",
+    "+exists": "watcher: a new node",
     "+del": "watcher: a new node",
     "+sadd": "watcher: a new node",
     "+srem": "extender: give a booking back",
@@ -282,11 +282,12 @@ async def janitor(r: Roles) -> None:
 
 
 async def pod_records(r: Roles) -> None:
-    # the pod watcher: a bound pod's record (observe), an ended pod's release
+    # the pod watcher: a bound pod's record (observe: HGET of the node's tombstones), an ended pod's release (its
+    # tombstone: HSET, HINCRBY, and when due its trim: HGETALL, HDEL)
     out = await r.ledger.observe("u1", PodUsage(A, (0,), 8, 2, 1), "ns/p1", keep_bound=True)
     assert out.get("ok", True), out
     assert (await r.ledger.reserve(A, "u4", [0], 2, 1, 1, pod="ns/p4"))[0].ok
-    assert await r.ledger.release(A, "u4")
+    assert await r.ledger.release(A, "u4", ended=True)
 
 
 async def node_deleted(r: Roles) -> None:

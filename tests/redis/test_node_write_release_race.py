@@ -18,7 +18,7 @@ import pytest
 
 from controller.reconciler import Reconciler
 from shared.store.ledger import Ledger
-from tests.redis.helpers import all_violations
+from tests.redis.helpers import S4000, all_violations, inventory
 from tests.redis.test_redteam_inflight_nodes import CFG, NoKube, bound_pod, gpu_node, pods_of, watcher
 
 pytestmark = pytest.mark.redis
@@ -107,14 +107,12 @@ async def test_a_pod_deleted_while_its_deferred_record_is_confirmed_is_not_booke
     assert all(c.mem_used == c.cores_used == c.slices == 0 for c in snap.cards.values()), snap
 
 
-@pytest.mark.xfail(strict=True, reason="the observe of a deferred record that reaches Redis after the pod's release "
-                                       "books the ended pod again over whatever took its room (observe.lua books a "
-                                       "record whatever it over-commits); confirm_due gives it back only after")
 async def test_a_pod_deleted_while_its_deferred_record_is_confirmed_never_over_commits_its_card(ledger: Ledger) -> None:
     """The same window, with the room taken meanwhile: the deleted pod's release frees its card, another pod's bind
     books it, and the held-back observe then lands. Its card must never hold more than it has, even for a moment
     (the janitor stress's "c card 1: cores_used 26 outside 0..16", with the watcher's "pod ... over-commits card(s)"
-    for a pod of that run: a candidate cause)."""
+    for a pod of that run: a candidate cause). The release tombstones the uid (shared/domain/ended.py) and the
+    observe then books nothing (observe.lua's `ended`)."""
     nodes = watcher(ledger)
     pods = pods_of(ledger, nodes, live=True)
     await nodes.on_event("ADDED", gpu_node("ro", units=160))
@@ -141,3 +139,44 @@ async def test_a_pod_deleted_while_its_deferred_record_is_confirmed_never_over_c
     ledger.observe = real  # type: ignore[method-assign]
     out, during = seen[0]
     assert not out.get("overcommit") and not all_violations({"ro": during}), (out, during)
+
+
+async def test_a_rebuild_from_a_list_read_before_a_pod_ended_books_it_nowhere(ledger: Ledger) -> None:
+    """The rebuild's list is read before its writes: a pod the pod stream saw end since is left out of them, also
+    where its tombstone went with its node (the Node deleted and registered again, another pod taking its room:
+    tests/redis/test_redteam_tombstone.py, the ledger-level window)."""
+    nodes = watcher(ledger)
+    pods = pods_of(ledger, nodes, live=True)
+    node = gpu_node("rl")
+    await nodes.on_event("ADDED", node)
+    pod = bound_pod("h3", "rl", 0, 16 * 1024, 12)
+    await pods.on_event("ADDED", pod)
+    reconciler = Reconciler(NoKube(), ledger, CFG, nodes, pods)  # type: ignore[arg-type]
+
+    async def nodes_list() -> tuple[list[dict[str, Any]], str]:
+        return [node], "1"
+
+    async def pods_list() -> tuple[list[dict[str, Any]], str]:  # read before the pod ended
+        listed = [pod]
+        await pods.on_event("DELETED", pod)  # released, tombstoned
+        assert await ledger.remove_node("rl") is True  # the Node deleted: its tombstones with it
+        await ledger.replace_node(inventory("rl", S4000), {}, keep_ms=10_000)  # registered again: written new
+        assert (await ledger.reserve("rl", "q", [0], S4000, 16, 1, pod="ns/q"))[0].ok  # another pod takes the room
+        return listed, "2"
+
+    real = ledger.rebuild
+    written: list[Any] = []
+
+    async def rebuild(*args: Any, **kwargs: Any) -> Any:  # the ledger as the rebuild's writes leave it
+        out = await real(*args, **kwargs)
+        written.append((await ledger.snapshots(["rl"]))["rl"])
+        return out
+
+    nodes.reflector.list = nodes_list  # type: ignore[method-assign]
+    pods.reflector.list = pods_list  # type: ignore[method-assign]
+    ledger.rebuild = rebuild  # type: ignore[method-assign]
+    await reconciler.rebuild("redis")
+    # (before the rebuild's "release again" after its writes, which gives h3 back in the end)
+    assert "h3" not in written[0].reservations and not all_violations({"rl": written[0]}), written[0]
+    snap = (await ledger.snapshots(["rl"]))["rl"]
+    assert "h3" not in snap.reservations and not all_violations({"rl": snap}), snap

@@ -38,11 +38,12 @@ new leader, or kube-scheduler's retry after a call that hung before it reached t
 a booking (`existing`) may have started before the attempt that made it, and its wait covers only the attempts that
 started before it. More pods have a second attempt there, and Bindings stay longer in flight; and what must hold
 is also checked where it happens: no give-back frees a booking while another attempt of the pod booked on that node
-has its Binding undecided (and the pod is bound nowhere), and the booking is there as a Binding is committed (read
-from Redis just before). A reserve delivered after its attempt's give-back books again for nobody (a leak its hold and
-the janitor's TTL bound): once quiet and past every hold, such bookings are expired as the janitor would
-(expire.lua) and counted; one of a pod none of whose reserves came late, nor failed whole (its command may have run:
-a name no give-back takes off), is a violation.
+has its Binding undecided (neither committed nor refused; and before its deadline, where one is modelled) all through
+the read of Redis that judges it, the pod bound nowhere; and the booking is there as a Binding is committed (read from
+Redis just before). A reserve delivered after its attempt's give-back books again for nobody (a leak its hold and the
+janitor's TTL bound): once quiet and past every hold, such bookings are expired as the janitor would (expire.lua) and
+counted; one of a pod none of whose reserves came late, nor failed whole (its command may have run: a name no
+give-back takes off), is a violation.
 
 A failure names the broken invariants and tells the story of the pods concerned (each step, with the attempt's bind
 number), from which a deterministic test is made (tests/redis/test_redteam_rewrite_bind_no.py was found so).
@@ -207,9 +208,10 @@ class Pod:
     long_lived: bool
     deciding: list[asyncio.Event] = field(default_factory=list)  # one per attempt, in their order: it is over
     reserved: list[asyncio.Event] = field(default_factory=list)  # one per attempt: its reservation was answered
-    # node -> the attempts booked there whose Binding is not decided yet (it may still be committed)
-    flying: dict[str, int] = field(default_factory=dict)
-    booked_by: dict[str, set[str]] = field(default_factory=dict)  # node -> those attempts' names (reserve's)
+    # node -> the names (reserve's) of the attempts booked there whose Binding is not decided yet (it may still be
+    # committed, by its deadline)
+    booked_by: dict[str, set[str]] = field(default_factory=dict)
+    until: dict[str, float] = field(default_factory=dict)  # attempt name -> its Binding's deadline (monotonic)
     spec: dict[str, Any] = field(default_factory=dict)  # the pod as created (random_pod)
 
 
@@ -238,6 +240,7 @@ class Stats:
     leaked: int = 0  # bookings expired once quiet: a late reserve's, booked again for nobody
     not_sent: int = 0  # Bindings not sent: too little of their deadline left once booked
     stood: int = 0  # give-backs heard after another attempt's booking there, which Redis shows made after them
+    moot: int = 0  # ... or after which the other attempts there were decided while Redis was read
     samples: int = 0
     violations: list[str] = field(default_factory=list)
 
@@ -426,15 +429,14 @@ class Run:
         self.stats.existing += out.existing
         mem, cores, slices = pod.req.booking_for(CAPACITY[node])
         mine = PodUsage(node, out.cards, mem, cores, slices)  # this attempt's record
-        pod.flying[node] = pod.flying.get(node, 0) + 1
         pod.booked_by.setdefault(node, set()).add(out.attempt)
+        pod.until[out.attempt] = float("inf") if self.deadline is None else started + self.deadline
         over = False
 
         def decided() -> None:  # this attempt's Binding is committed, or never will be
             nonlocal over
             if not over:
                 over = True
-                pod.flying[node] -= 1
                 pod.booked_by[node].discard(out.attempt)
 
         try:
@@ -486,6 +488,9 @@ class Run:
             self.stats.conflicts += 1  # 409, but the pod is bound here with this record: _already_bound
             decided()
         else:
+            # refused (by the API server, or past its deadline): this attempt's Binding is decided, never to be
+            # committed, though its give-back may wait below for an earlier attempt's Binding
+            decided()
             self.stats.conflicts += pod.uid in self.truth
             await self.pause(0.03)  # the extender reads the pod (_already_bound)
             if out.existing and self.truth.get(pod.uid) != mine:
@@ -495,14 +500,13 @@ class Run:
                     await e.wait()
             if self.truth.get(pod.uid) != mine:
                 self.said(pod.uid, f"{node}: Binding failed, giving back bind_no={out.bind_no}")
-                decided()  # never
                 fate, feed = await self.call("give_back", lambda: led.give_back(node, pod.uid, out.bind_no or None,
                                                                                    attempt=out.attempt))
                 self.heard(led, feed)
                 self.said(pod.uid, f"{node}: given back bind_no={out.bind_no}: {fate}")
                 self.stats.given_back += fate == "released"
                 self.stats.kept += fate == "kept"
-                if fate == "released" and pod.flying[node] > 0 and pod.uid not in self.truth:
+                if fate == "released" and pod.uid not in self.truth:
                     await self.freed_under_binding(pod, node)
                 return
         await self.pause(0.03)  # confirm.py's linger
@@ -516,23 +520,43 @@ class Run:
             self.stats.rebooked += 1
             await self.observe(pod.uid, mine, confirmer)
 
+    @staticmethod
+    def in_flight(pod: Pod, node: str) -> set[str]:
+        """The attempts of `pod` booked on `node` whose Binding may still be committed now: undecided (neither
+        committed nor refused) and, where the deadline is modelled, before it (the API server commits a Binding by its
+        deadline or never; past it, the booking is the janitor's once its hold is over)."""
+        now = time.monotonic()
+        return {a for a in pod.booked_by.get(node, set()) if now < pod.until.get(a, float("inf"))}
+
     async def freed_under_binding(self, pod: Pod, node: str) -> None:
-        """A give-back answered "released" while another attempt of the pod booked on `node` has its Binding
-        undecided: a violation if that attempt's booking is gone. Replies come in no particular order (each over its
-        own connection, some late, some resent), so the other attempt's booking may have been made after this
-        release ran, its reply heard first: Redis, read now, tells (nothing else frees a booking whose Binding is in
-        flight: the reconciler keeps it, the janitor's hold is not over)."""
+        """A give-back answered "released" while another attempt of the pod booked on `node` may still have its
+        Binding committed: a violation if that attempt's booking is gone. Replies come in no particular order (each
+        over its own connection, some late, some resent), so the other attempt's booking may have been made after
+        this release ran, its reply heard first: Redis, read now, tells (nothing else frees a booking whose Binding is
+        in flight: the reconciler keeps it, the janitor's hold is not over). Judged only for the attempts in flight
+        all through that read: one decided meanwhile (committed, its booking read there just before; or refused and
+        its booking given back) or not in flight before it (past its deadline) tells nothing of this give-back."""
+        before = self.in_flight(pod, node)
+        if not before:
+            return
         snap = await self.direct.snapshot(node)
         names = await self.direct.redis.hget(self.direct.keys.res(node, pod.uid), "attempts")
+        flying = before & pod.booked_by.get(node, set())  # (an attempt's name leaves booked_by once decided)
+        if not flying or pod.uid in self.truth:
+            self.stats.moot += 1
+            self.said(pod.uid, f"{node}: given back; the other attempts there were decided while Redis was read")
+            return
         holders = {e.split(":")[0] for e in str(names or "").split(",") if e}
-        if snap is not None and pod.uid in snap.reservations and holders & pod.booked_by.get(node, set()):
+        if snap is not None and pod.uid in snap.reservations and holders & flying:
             self.said(pod.uid, f"{node}: given back; the booking of another attempt there stands (held by "
                                f"{sorted(holders)})")
             self.stats.stood += 1
             return
         self.stats.violations.append(f"{pod.uid}: its booking on {node} given back while another attempt's Binding "
                                      f"there may still be committed")
-        self.said(pod.uid, f"{node}: freed under another attempt's Binding")
+        self.said(pod.uid, f"{node}: freed under another attempt's Binding (in flight: {sorted(flying)}; booked: "
+                           f"{snap.reservations.get(pod.uid) if snap is not None else None}, held by "
+                           f"{sorted(holders)})")
 
     async def observe(self, uid: str, usage: PodUsage, led: Ledger | None = None) -> None:
         who = led or self.replica()

@@ -72,19 +72,23 @@ async def test_a_node_moved_ahead_of_its_slot_is_read_and_its_bookings_answered(
     await led.upsert_node(inventory(node, S4000))
     first, _ = await led.reserve(node, "u1", [0], 8, 2, 1, pod="ns/p1")
     held, _ = await led.reserve(node, "u2", [1], 8, 2, 1, pod="ns/p2")
-    assert first.ok and held.ok
+    ends, _ = await led.reserve(node, "u3", [1], 8, 2, 1, pod="ns/p3")
+    assert first.ok and held.ok and ends.ok
+    # (no pod has ended on the node yet: its tombstones' hash holds none, and exists all the same, made with the
+    # node; a key named and missing there is refused while the slot moves)
     slot, dest = await moved_ahead(setup, led.node_key(node))
     try:
         await idle_on(led, dest, idle)
         trips = led.round_trips
         snap = await led.snapshot(node)  # ASK, then the read on the target
-        assert snap is not None and set(snap.reservations) == {"u1", "u2"}, snap
+        assert snap is not None and set(snap.reservations) == {"u1", "u2", "u3"}, snap
         assert await led.mark_bound_many(node, ["u1"]) == []  # a bind confirmed
         # a booking sent again (its reply lost): answered as the one it holds, not booked twice
         again, _ = await led.reserve(node, "u1", [0], 8, 2, 1, pod="ns/p1")
         assert again.ok and again.existing and again.cards == (0,), again
         assert await led.release(node, "u2")  # a booking given back
-        assert led.round_trips == trips + 4, led.round_trips - trips  # each at its first send: nothing resent
+        assert await led.release(node, "u3", ended=True)  # a pod's end: released and tombstoned
+        assert led.round_trips == trips + 5, led.round_trips - trips  # each at its first send: nothing resent
     finally:
         await asyncio.to_thread(setup.end_move, slot, dest)
     after = await led.snapshot(node)
@@ -92,6 +96,7 @@ async def test_a_node_moved_ahead_of_its_slot_is_read_and_its_bookings_answered(
     assert after.reservations["u1"].state == "bound" and after.reservations["u1"].cards == (0,), after
     assert not all_violations({node: after})
     assert sum(s.memory_used for s in after.states()) == 8, after.states()  # u1 counted once
+    assert await led.redis.hget(led.keys.ended(node), "u3") is not None  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("idle", [1, 2])

@@ -187,7 +187,7 @@ class _SlowRelease:
     def __init__(self) -> None:
         self.entered, self.go = asyncio.Event(), asyncio.Event()
 
-    async def release(self, node: str, uid: str, give_up: object = None) -> bool:
+    async def release(self, node: str, uid: str, give_up: object = None, ended: bool = False) -> bool:
         self.entered.set()
         await self.go.wait()
         return False

@@ -629,3 +629,81 @@ local function overcommitted(list)
   end
   return false
 end
+
+-- Ended pods' tombstones (docs/redis-layout.md `<base>:ended`): a hash of the uids of pods the pod watcher saw
+-- end, each with when its release wrote it (ms, Redis's clock). A write read before the pod ended (a held-back
+-- record's observe, a node written with its holders, a repair or rebuild) books no uid it holds: Kubernetes never
+-- reuses a uid. A hash, not a sorted set: it needs no command beyond those the ledger's ACL rules already grant
+-- (docs/install.md), so an upgrade asks nothing of an operator's Redis user. Its `#n` (tombstones written since
+-- the last trim, and kept by it), `#trim_at` and `#trimmed` fields (no uid starts with `#`: check_uid) bound it:
+-- the write that brings `#n` to `#trim_at`, or the first one once the last trim (`#trimmed`, ms) is past the keep
+-- window, drops every tombstone past that window, and the next trim comes after twice as many as it kept
+-- (amortised: each write pays for one tombstone read, and a node's hash is read whole once in ten minutes at
+-- most besides). ENDED_KEEP_MS, tombstoned, next_trim and trim_due are the twins of shared/domain/ended.py's
+-- (tests/redis/test_ended_twin.py runs one table through both).
+local ENDED_KEY = BASE .. ":ended"
+local ENDED_KEEP_MS = 600000
+local ENDED_TRIM_FLOOR = 64
+-- The twin of shared/domain/ended.py's tombstoned: whether a uid tombstoned at `at` (nil: not) may not be booked
+local function tombstoned(at, now)
+  return at ~= nil and now - at <= ENDED_KEEP_MS
+end
+-- The twin of shared/domain/ended.py's next_trim: `#trim_at` after a trim that kept `kept` tombstones
+local function next_trim(kept)
+  return math.max(ENDED_TRIM_FLOOR, 2 * kept)
+end
+-- The twin of shared/domain/ended.py's trim_due: whether the write that brings `#n` to `n` trims (`#trim_at` reached,
+-- or the last trim, `#trimmed`, past the keep window: a burst's tombstones do not stay until as many new ones come)
+local function trim_due(n, trim_at, trimmed_at, now)
+  return n >= trim_at or trimmed_at == nil or now - trimmed_at > ENDED_KEEP_MS
+end
+local function ended_uid(uid, now)
+  local s = redis.call('HGET', ENDED_KEY, uid)
+  if not s then return false end
+  return tombstoned(tonumber(s), now)
+end
+-- `soft`: a write Redis refuses (full, noeviction) is left out (nil) instead of failing the script
+local function ended_write(soft, ...)
+  if not soft then return redis.call(...) end
+  local out = redis.pcall(...)
+  if type(out) == "table" and out.err then return nil end
+  return out
+end
+local function trim_ended(now, soft)
+  local all = redis.call('HGETALL', ENDED_KEY)
+  local kept, old = 0, {}
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 1) ~= '#' then
+      if tombstoned(tonumber(all[i + 1]), now) then kept = kept + 1 else old[#old + 1] = all[i] end
+    end
+  end
+  for i = 1, #old, 1000 do  -- (unpack's bound on arguments)
+    if not ended_write(soft, 'HDEL', ENDED_KEY, unpack(old, i, math.min(i + 999, #old))) then return end
+  end
+  ended_write(soft, 'HSET', ENDED_KEY, '#n', kept, '#trim_at', next_trim(kept), '#trimmed', int_str(now))
+end
+-- A node's tombstones exist from its first write on (replace_node, upsert_node), `#n` 0 when none: on a Redis Cluster,
+-- a script naming a key that does not exist is refused (TRYAGAIN) while the node's slot moves, which the node's
+-- other keys all do; so a tombstone check (observe) or write (release of an ended pod) during a move works as soon as
+-- the node's hash does. (A trim keeps `#n`: the hash goes only with its node, remove_node.)
+local function ensure_ended()
+  if redis.call('EXISTS', ENDED_KEY) == 0 then redis.call('HSET', ENDED_KEY, '#n', 0) end
+end
+-- The release of an ended pod writes its tombstone, on a node this Redis holds (a pod of a node the ledger does
+-- not know, one with no cards, leaves no key behind), and trims when due (above).
+-- `soft` (a release that frees nothing, which wrote nothing before tombstones): a Redis that refuses writes (full,
+-- noeviction) leaves the tombstone out rather than fail the release, which a re-list sends for every ended pod
+-- (the watchers' release-again belt covers it, and a full Redis books no record either); the release that frees a
+-- booking is refused whole then anyway (its HSETs are).
+local function tombstone(uid, soft)
+  if not redis.call('HGET', NODE_KEY, 'version') then return end
+  local now = now_ms()
+  local added = ended_write(soft, 'HSET', ENDED_KEY, uid, int_str(now))
+  if added ~= 1 then return end  -- (refused, or a tombstone again: counted once)
+  local n = ended_write(soft, 'HINCRBY', ENDED_KEY, '#n', 1)
+  if not n then return end
+  local trim_at = tonumber(redis.call('HGET', ENDED_KEY, '#trim_at') or ENDED_TRIM_FLOOR)
+  if trim_due(n, trim_at, tonumber(redis.call('HGET', ENDED_KEY, '#trimmed') or ""), now) then
+    trim_ended(now, soft)
+  end
+end

@@ -4,6 +4,8 @@
 -- keep_bound: a bound reservation is what our bind booked and wrote; a record that differs from it was
 -- changed afterwards, so it is not booked: {kept = true, booked = <the reservation>} (checked here, in
 -- the same step as the write, so no other call can come between the read and the decision).
+-- A uid tombstoned on the node (its pod ended, and the pod watcher's release came first: `tombstone`, _lib.lua) is
+-- not booked: {ended = true}, nothing written (a record read before the pod ended, its observe late).
 local p, err = payload()
 if err then return err end
 local bad = check_res(p)
@@ -12,6 +14,9 @@ if p.keep_bound ~= nil and type(p.keep_bound) ~= "boolean" then return fail("BAD
 if not redis.call('HGET', NODE_KEY, 'version') then
   -- never recreate a node from one pod: after a Redis loss only a rebuild may (with all its pods)
   return cjson.encode({ok = false, reason = "node missing"})
+end
+if ended_uid(p.uid, now_ms()) then
+  return cjson.encode({ok = true, changed = false, overcommit = false, ended = true})
 end
 local more = need_keys(p.cards, {p.uid})
 if more then return more end

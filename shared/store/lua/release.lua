@@ -1,4 +1,6 @@
--- Release a reservation by pod uid, giving its share back. Payload: {uid, if_attempt?, if_bind_no?}. Idempotent.
+-- Release a reservation by pod uid, giving its share back. Payload: {uid, if_attempt?, if_bind_no?, ended?}. Idempotent.
+-- ended (the pod watcher's release of a pod that ended: deleted, Succeeded or Failed): the uid is tombstoned on the
+-- node in the same step (`tombstone`, _lib.lua), held or not, so no write read before the pod ended books it again.
 -- A binder giving back its own booking (its Binding does not exist and never will) names its attempt: if_attempt
 -- (reserve.lua's `attempt`) and if_bind_no (the `bind_no` its reserve answered). The booking stays, answered
 -- {released = false, kept = true}, when the pod's Binding is committed here (bound: the watchers release it when
@@ -16,8 +18,15 @@ if p.if_bind_no ~= nil and not is_int(p.if_bind_no, 0, 2 ^ 52) then
 end
 local bad = check_attempt(p.if_attempt, "if_attempt")
 if bad then return fail("BADINPUT", bad) end
+if p.ended ~= nil and type(p.ended) ~= "boolean" then return fail("BADINPUT", "ended must be a boolean") end
+if p.ended and (p.if_attempt ~= nil or p.if_bind_no ~= nil) then
+  return fail("BADINPUT", "ended names no attempt (a binder's give-back is not a pod's end)")
+end
 local r = res_of(p.uid)
-if not r then return cjson.encode({ok = true, released = false}) end
+if not r then
+  if p.ended then tombstone(p.uid, true) end
+  return cjson.encode({ok = true, released = false})
+end
 local kept = cjson.encode({ok = true, released = false, kept = true})
 if p.if_attempt ~= nil or p.if_bind_no ~= nil then
   if r.state == "bound" then return kept end
@@ -42,6 +51,7 @@ if p.if_attempt ~= nil or p.if_bind_no ~= nil then
 end
 local more = need_keys(split_cards(r.cards), {})  -- the cards it gives back (and publishes)
 if more then return more end
+if p.ended then tombstone(p.uid) end  -- (a write Redis refuses when full, before drop_reservation's DEL)
 local views = drop_reservation(p.uid, r)
 local _, msg = publish('release', p.uid, false, split_cards(r.cards), views)
 -- the message too, as reserve's: a caller that serves filters applies it to its mirror at once

@@ -2,7 +2,7 @@
 -- where a reservation is still settling (`settles`: pending, or made or bound in the last keep_ms) is left
 -- as it is and -1 is returned: its binder writes the Binding and its record whatever the ledger says, so
 -- the caller keeps the booking (replace_node onto placeholder cards) instead. Else returns 1 if the node
--- existed, 0 if not. KEYS: the whole node.
+-- existed, 0 if not. KEYS: the whole node (with its tombstones, `<base>:ended`, deleted with it).
 local p, err = payload()
 if err then return err end
 local keep_ms = p.keep_ms
@@ -22,6 +22,7 @@ end
 for _, idx in ipairs(card_indices()) do redis.call('DEL', card_key(idx)) end
 for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do redis.call('DEL', res_key(uid)) end
 redis.call('DEL', PODS_KEY)
+redis.call('DEL', ENDED_KEY)  -- its tombstones: no booking is made on a node Redis does not hold (observe.lua)
 local existed = redis.call('EXISTS', NODE_KEY)
 local v = tonumber(redis.call('HGET', NODE_KEY, 'version') or "0") + 1
 -- `prev`, the stamp of the node's last write: a mirror drops its snapshot only if it is of that write, and reads the

@@ -11,6 +11,9 @@
 -- A reservation it writes anew (kept, or a pod of `bound` booked here before) keeps its `binds`, the number of the
 -- last bind attempt that held it, and the attempts holding it (`attempts`, _lib.lua): an earlier attempt's give-back
 -- (release.lua) leaves it still.
+-- A uid tombstoned on the node (its pod ended and the pod watcher released it: `tombstone`, _lib.lua) is not booked:
+-- a pod of `bound` read before it ended is left out (reported as ended = [uid, ...]), and a reservation the node
+-- holds for one is freed (counted in `dropped`), settling or not.
 local p, err = payload()
 if err then return err end
 if p.keep_bound ~= nil and type(p.keep_bound) ~= "boolean" then return fail("BADINPUT", "keep_bound must be a boolean") end
@@ -47,6 +50,17 @@ for _, b in ipairs(p.bound) do
   if is_bound[b.uid] then return fail("BADINPUT", "bound: uid " .. b.uid .. " repeats") end
   is_bound[b.uid] = true
 end
+-- the pods of `bound` whose pod ended (after validation: a payload refused is refused whole)
+local ended, live = {}, {}
+for _, b in ipairs(p.bound) do
+  if ended_uid(b.uid, now0) then
+    ended[#ended + 1] = b.uid
+    is_bound[b.uid] = nil
+  else
+    live[#live + 1] = b
+  end
+end
+p.bound = live
 -- KEYS: the whole node, the reported cards, every bound pod's reservation and cards, then (once those
 -- are declared and can be read) the cards of the reservations it has, which it may keep
 local named_cards, named_uids = {}, {}
@@ -84,6 +98,7 @@ if p.keep_bound then
 end
 -- first: a write Redis refuses when full (the DELs below would let every later write past maxmemory)
 redis.call('HSET', NODE_KEY, 'error', p.error or "")
+ensure_ended()  -- (its tombstones exist with the node: ensure_ended, _lib.lua)
 local dropped = 0  -- reservations of pods not in `bound` and not settling: their cards are free again
 -- the last bind attempt's number and the attempts holding each pod of `bound` booked here: booked anew below, its
 -- reservation keeps them, so an earlier attempt's give-back (release.lua, maybe sent again after its reply was lost)
@@ -92,7 +107,7 @@ local carry = {}
 for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
   local r = res_view(uid)
   if r and not is_bound[uid] then
-    if settles(r, now0, keep_from) then pending[#pending + 1] = {uid, r, carry_of(uid, r)} else dropped = dropped + 1 end
+    if settles(r, now0, keep_from) and not ended_uid(uid, now0) then pending[#pending + 1] = {uid, r, carry_of(uid, r)} else dropped = dropped + 1 end
   elseif r then
     carry[uid] = carry_of(uid, r)
   end
@@ -136,7 +151,7 @@ for _, e in ipairs(pending) do
   end
 end
 publish('rebuild', nil, nil)
--- (cjson encodes an empty kept_bound as {}, which Ledger.replace_node reads as no uid)
+-- (cjson encodes an empty kept_bound or ended as {}, which Ledger.replace_node reads as no uid)
 return cjson.encode({ok = true, bound = #p.bound, pending_kept = #pending, pending_overfull = overfull,
-                     dropped = dropped, kept_bound = kept_bound, verified = is_verified, verify_in_ms = verify_in,
+                     dropped = dropped, kept_bound = kept_bound, ended = ended, verified = is_verified, verify_in_ms = verify_in,
                      was_unverified = was_unverified})

@@ -18,6 +18,7 @@ local more = need_keys(cards, {})
 if more then return more end
 -- first: a write Redis refuses when full (write_cards may begin with the DEL of a card no longer reported)
 redis.call('HSET', NODE_KEY, 'error', p.error or "")
+ensure_ended()  -- (its tombstones exist with the node: ensure_ended, _lib.lua)
 write_cards(p.cards, false)
 if not exists and new_and_whole() then mark_verified(now_ms()) end  -- create: tests and tools only (the roles never create here)
 return publish('node', nil, nil)
