@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 
 from controller.nudger import Nudger
 from shared.config import Config
 from shared.domain.reconcile import booking_key, expires, pending_since, restamps
+from shared.domain.state import Reservation
 from shared.serving.metrics import JANITOR_HELD, RELEASES
 from shared.store.ledger import RESEND, Ledger, slot_moving
 from shared.store.mirror import Mirror
@@ -24,7 +25,8 @@ class Janitor:
                  nudger: Nudger | None = None,
                  before_expire: Callable[[list[str]], Awaitable[Collection[str]]] | None = None,
                  redis_time: Callable[[int], None] | None = None,
-                 view_problem: Callable[[], str] | None = None):
+                 view_problem: Callable[[], str] | None = None,
+                 api_holds: Callable[[str, Mapping[str, str]], Awaitable[Collection[str]]] | None = None):
         self.nudger = nudger
         self.ledger = ledger
         self.mirror = mirror
@@ -40,6 +42,11 @@ class Janitor:
         # unknown, and only the pod watcher's sight of the record saves it. While that view is blind (the
         # stream down, or just back and replaying), expiring it could free a running pod's cards.
         self.view_problem = view_problem or (lambda: "")
+        # called, after before_expire, with a node and the uids still to expire there (uid -> its pod's
+        # namespace/name): those whose pod the API server holds bound there, or cannot say of, are not expired
+        # (PodWatcher.api_holds). A live view may still be behind (nothing measures how far): a Binding committed
+        # within the TTL's first half may not be in it when the TTL ends, and the view's silence proves nothing
+        self.api_holds = api_holds
         self._held = ""  # the problem that holds expiry back, logged once per episode
         # pending booking (booking_key) -> first seen, monotonic (pending_since)
         self._since: dict[tuple[str, str, int, int], float] | None = None
@@ -67,6 +74,7 @@ class Janitor:
             # which expire.lua stamps anew (restamps)
             due = [r.uid for r in snap.reservations.values()
                    if expires(r, now, self.ttl * 1000) and clock - since[booking_key(node, r)] >= self.ttl]
+            held: dict[str, Reservation] = {}
             if due:
                 # A later bind attempt that takes over the booking (reserve's `existing`) stamps a new settle_by
                 # and sends no feed message: the mirror's copy still bears the first attempt's, dated long ago.
@@ -78,7 +86,7 @@ class Janitor:
                     if not slot_moving(e):
                         raise
                     continue  # its slot is moving: the other nodes are swept
-                held = fresh.reservations if fresh is not None else {}
+                held = dict(fresh.reservations) if fresh is not None else {}
                 for uid in due:
                     if uid in held:
                         since.setdefault(booking_key(node, held[uid]), clock)
@@ -87,6 +95,10 @@ class Janitor:
             if old:
                 if self.before_expire is not None:
                     keep = await self.before_expire(old)
+                    old = [u for u in old if u not in keep]
+                if old and self.api_holds is not None:
+                    refs = {u: (held.get(u) or snap.reservations[u]).pod for u in old}
+                    keep = await self.api_holds(node, refs)
                     old = [u for u in old if u not in keep]  # no await from here to expire's send
                 if self._blind(len(old)):  # judged after the last await, as before_expire's answer
                     continue

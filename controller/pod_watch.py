@@ -28,7 +28,7 @@ from shared.domain.reconcile import FUTURE_MS, Unrecorded, quarantine_reason, re
 from shared.domain.request import RequestError, pod_request
 from shared.domain.trust import asks_slices, foreign_fate, foreign_record
 from shared.domain.views import picked, spec_view
-from shared.kube import Kube
+from shared.kube import Kube, KubeError
 from shared.serving.metrics import ANNOTATION_ERRORS, OVERCOMMIT, RECORD_MISMATCH, RECORDS, RELEASES, WATCH_EVENTS
 from shared.store.ledger import RESEND, Ledger, LedgerError, slot_moving
 from shared.store.mirror import Mirror
@@ -41,6 +41,10 @@ log = logging.getLogger("mtsched.watchers")
 # most a quarter of pendingTTLSeconds, so a bind that died before confirming is still confirmed long before expiry
 BOUND_GRACE = 2.0
 ENDED_SECONDS = 600.0  # how long a pod seen deleted or ended is remembered (PodWatcher.ended)
+# The janitor's read of a pod before it expires its booking (PodWatcher.api_holds): one not answered by then keeps the
+# booking until the next sweep; at most API_HOLDS_READS at once
+API_HOLDS_READ_S = 5.0
+API_HOLDS_READS = 8
 
 
 def pod_ref(pod: Mapping[str, Any]) -> str:
@@ -475,6 +479,47 @@ class PodWatcher:
         await self.confirm_due()
         # judged after the last await: the janitor calls expire with no await between
         return {u for u in asked if u in self.deferred or u in self.confirming}
+
+    async def api_holds(self, node: str, refs: Mapping[str, str]) -> set[str]:
+        """Of the pending bookings on `node` the janitor is about to expire (uid -> its pod's namespace/name), those
+        whose pod the API server holds bound there, or cannot say of (kept: fail closed). The view's silence vouches
+        for nothing: a stream that works may still be behind (an API server's watch cache trailing etcd, a frozen
+        replica's silent stream taken for a quiet one until WATCH_READ_S, this watcher's own backlog of events), and
+        nothing measures by how much; a Binding committed in the TTL's first half, its binder dead before confirming,
+        would have its running pod's share freed until the view caught up. So the pod is read from the API server
+        (a GET reads etcd), as the reconciler does before it frees a booking (Reconciler._confirm). Kept, such a
+        booking is booked when the view shows the pod's record (`_late`: sent at once), or expired by a later sweep
+        once the API server says otherwise. Bookings reach the janitor only when their binder died or gave up:
+        a read each, per sweep."""
+        turns = asyncio.Semaphore(API_HOLDS_READS)
+
+        async def holds(uid: str, ref: str) -> bool:
+            ns, _, name = ref.partition("/")
+            if not ns or not name:
+                return False  # no pod name was recorded: nothing in the API can hold it
+            try:
+                async with turns, asyncio.timeout(API_HOLDS_READ_S):
+                    pod = await self.kube.get_pod(ns, name)
+            except KubeError as e:
+                if e.status == 404:
+                    return False
+                why = str(e)
+            except Exception as e:  # (a timeout, the connection lost: we cannot tell)
+                why = f"{type(e).__name__}: {e}"
+            else:
+                meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+                if str(meta.get("uid")) != uid or is_terminal(pod) or spec.get("nodeName") != node:
+                    return False  # gone (another pod of that name), ended, or not bound there: its binder left it
+                log.info("janitor: keeping the pending booking of %s on %s past pendingTTLSeconds: the API server "
+                         "has the pod bound there, the pod view has not shown it yet", ref, node)
+                return True
+            log.warning("janitor: cannot ask the API server about %s (%s): its pending booking on %s is kept", ref,
+                        why, node)
+            return True
+
+        asked = list(refs.items())
+        kept = await asyncio.gather(*(holds(uid, ref) for uid, ref in asked))
+        return {uid for (uid, _), keep in zip(asked, kept, strict=True) if keep}
 
     async def confirm_deferred(self) -> None:
         """confirm_due, every half grace (for a supervisor to run); `on_progress` after each that completed."""

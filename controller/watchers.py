@@ -40,8 +40,10 @@ JANITOR_VIEW_SETTLE_SECONDS = 10.0
 
 def janitor_for(ledger: Ledger, mirror: Mirror, cfg: Config, pods: PodWatcher) -> Janitor:
     """The watcher role's janitor, wired to its pod watcher: the records it holds back are booked, never
-    expired (before_expire), none is expired while its pod view is blind (view_problem), and it learns Redis's
-    clock from each sweep (redis_time), for `_late`."""
+    expired (before_expire), none is expired while its pod view is blind (view_problem) nor while the API server
+    holds its pod bound there (api_holds: a live view may be behind), and it learns Redis's clock from each sweep
+    (redis_time), for `_late`."""
     return Janitor(ledger, mirror, cfg, nudger=pods.nudger, before_expire=pods.confirm_now,
                    redis_time=pods.saw_redis_time,
-                   view_problem=lambda: pods.reflector.unsettled(JANITOR_VIEW_SETTLE_SECONDS))
+                   view_problem=lambda: pods.reflector.unsettled(JANITOR_VIEW_SETTLE_SECONDS),
+                   api_holds=pods.api_holds)

@@ -218,6 +218,7 @@ async def test_the_watcher_roles_janitor_is_wired_to_its_pod_watcher(
     led, mirror, w = watched
     j = janitor_for(led, mirror, CFG, w)
     assert j.before_expire == w.confirm_now and j.redis_time == w.saw_redis_time and j.nudger is w.nudger
+    assert j.api_holds == w.api_holds  # (tests/redis/test_redteam_janitor_lagging_view.py)
     w.reflector._failing(OSError("connection reset"))  # the pod view it waits for (test_redteam_janitor_blind.py)
     assert "connection reset" in j.view_problem()
     w.reflector._working()

@@ -34,6 +34,7 @@ from controller.janitor import Janitor
 from controller.pod_watch import PodWatcher
 from controller.watchers import janitor_for
 from shared.domain.annotations import ALLOCATED, PodUsage
+from shared.kube import KubeError
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
 from tests.redis.helpers import S4000, eventually, violations
@@ -108,6 +109,11 @@ async def test_the_janitor_expires_again_once_the_pod_stream_has_worked_for_the_
     # long while the replay is checked (a sweep of a few round trips on a busy machine must not outlast it), then
     # short, to see it end
     monkeypatch.setattr(watchers, "JANITOR_VIEW_SETTLE_SECONDS", 60.0)
+
+    async def gone(namespace: str, name: str) -> dict:  # type: ignore[type-arg]
+        raise KubeError(404, {"message": f"pods \"{name}\" not found"}, f"GET pod {namespace}/{name}")
+
+    monkeypatch.setattr(w.kube, "get_pod", gone)  # the API server, asked before the expiry (api_holds)
     janitor = await pending_past_ttl(led, mirror, w, "orphan")
     w.reflector.synced.clear()
     assert await janitor.sweep() == [] and held() == 1.0, "expired before the pods were listed"

@@ -6,7 +6,9 @@ concurrently with the binds, give-backs, confirmations and rewrites there:
   time-scaled pendingTTLSeconds, its `before_expire` wired to the real PodWatcher's `confirm_now` and `redis_time` to
   its `saw_redis_time` (as controller/roles.py `janitor_for` wires them). Binders die: after booking, before their
   Binding (the booking is the janitor's to end), or after their Binding was committed, before their confirmation
-  (only the pod watcher's sight of the record, or its confirm_now when the janitor asks, marks it bound). Every
+  (only the pod watcher's sight of the record, or its confirm_now when the janitor asks, marks it bound), and its
+  `api_holds` to the watcher's own (the API server, asked about each booking left to expire, answers from the run's
+  truth: a watch behind by more than the TTL's second half must not free a committed Binding's booking). Every
   timing the ledger relies on is the product's own, from the scaled TTL: the Binding's deadline is
   `bind_deadline_s(TTL)` (half the TTL) from the attempt's start, a Binding is not sent with less than
   BIND_MIN_LEFT_S of it left (its booking given back as controller/extender.py does) and is committed by the
@@ -30,7 +32,8 @@ concurrently with the binds, give-backs, confirmations and rewrites there:
 Checked besides the base's invariants (no card over-committed, every pod bound in the API booked exactly, the ledger
 equal to the truth once quiet, nothing left at the end; a Binding committed only while its booking is there): every
 booking expire.lua releases (heard on the feed straight from Redis) is of a pod a binder abandoned, or one of whose
-reserves failed whole (its command may have run) -- any other was leaked by some path, or was a live pod's. Once
+reserves failed whole (its command may have run), or one the API server said (asked by api_holds) its pod did not
+hold (deleted since its Binding, the watch behind) -- any other was leaked by some path, or was a live pod's. Once
 quiet, the janitor has expired every booking nobody holds (waited for, bounded).
 
 A deleted pod's booking is also checked gone from its node as soon as the watcher handled the deletion (the
@@ -65,7 +68,7 @@ from shared.domain.models import UNIT_MIB
 from shared.domain.node import Inventory
 from shared.domain.state import NodeSnapshot
 from shared.domain.timing import BIND_SETTLE_S, bind_deadline_s
-from shared.kube import Kube
+from shared.kube import Kube, KubeError
 from shared.serving.supervise import cancel_and_wait
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
@@ -129,6 +132,8 @@ class JanitorStats(Stats):
     sweep_failures: int = 0  # sweeps that failed whole (the supervisor runs the loop again)
     asked: int = 0  # uids the janitor asked the watcher about (before_expire)
     kept_by_watcher: int = 0  # ... of which confirm_now told it to keep
+    asked_api: int = 0  # uids it asked the API server about (api_holds: its GET of the pod)
+    kept_by_api: int = 0  # ... of which the API server holds the pod bound there (the watch behind)
     events: int = 0  # pod events the watcher handled (replayed ones once)
     node_deletes: int = 0
     nodes_removed: int = 0  # remove_node forgot the node
@@ -155,6 +160,9 @@ class JanitorRun(Run):
         self.deleted: set[str] = set()  # nodes the API lists no more now
         self.current = dict(INVENTORY)  # each node's cards as its Node reports them now
         self.abandoned: set[str] = set()  # pods with a booking a dead binder left
+        # (pod, node) of bookings the API server, asked before their expiry, said the pod does not hold (api_holds):
+        # a booking left pending by a binder that died after its Binding, of a pod deleted since (the watch behind)
+        self.let_go: set[tuple[str, str]] = set()
         self.events: asyncio.Queue[tuple[float, str, dict[str, Any]]] = asyncio.Queue()
         self.calm = False  # no more node deletions (once quiet)
         self.stopping = False  # the loops below end
@@ -193,7 +201,9 @@ class JanitorRun(Run):
         self.watcher = PodWatcher(kube, await self._ledger(url), self.role_mirror, JCFG, asyncio.Event())
         self.watcher.nudger.nudge = lambda node: None  # type: ignore[method-assign]  # (no API server to patch)
         self.janitor = Janitor(await self._ledger(url), self.role_mirror, JCFG, interval=SWEEP_S,
-                               before_expire=self._before_expire, redis_time=self.watcher.saw_redis_time)
+                               before_expire=self._before_expire, redis_time=self.watcher.saw_redis_time,
+                               api_holds=self._api_holds)
+        kube.get_pod = self._get_pod  # type: ignore[method-assign]  # the API server's pods: the run's truth
         self.nodes = NodeWatcher(kube, await self._ledger(url), JCFG, keep_ms=KEEP_MS)
         self.nodes.holders = self.watcher.holders
         self.nodes.ended = lambda: self.watcher.ended  # (as controller/watchers.py `wire`)
@@ -345,6 +355,26 @@ class JanitorRun(Run):
             self.said(uid, f"janitor: due; the watcher {'keeps it' if uid in keep else 'lets it go'}")
         return keep
 
+    async def _get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """A GET of a pod (pods are named by their uid): bound as the API server holds it now, or 404."""
+        usage = self.truth.get(name)
+        if usage is None:
+            raise KubeError(404, {"message": f"pods \"{name}\" not found"}, f"GET pod {namespace}/{name}")
+        return {"metadata": {"name": name, "namespace": namespace, "uid": name},
+                "spec": {"nodeName": usage.node, "schedulerName": JCFG.scheduler_name}, "status": {"phase": "Running"}}
+
+    async def _api_holds(self, node: str, refs: dict[str, str]) -> set[str]:
+        keep = await self.watcher.api_holds(node, refs)
+        self.stats.asked_api += len(refs)
+        self.stats.kept_by_api += len(keep)
+        for uid in refs:
+            if uid in keep:
+                self.said(uid, f"janitor: the API server holds it bound on {node}: kept")
+            else:  # (answered from the truth: its pod deleted, or bound nowhere or elsewhere, at the read)
+                self.let_go.add((uid, node))
+                self.said(uid, f"janitor: the API server does not hold it bound on {node}: let go")
+        return keep
+
     async def _sweeping(self) -> None:
         while not self.stopping:
             try:
@@ -366,7 +396,7 @@ class JanitorRun(Run):
             self.stats.expired += 1
             self.said(uid, f"{node}: expired by the janitor")
             assert self.proxy is not None
-            if uid not in self.abandoned | self.failed_places | self.proxy.late_uids:
+            if uid not in self.abandoned | self.failed_places | self.proxy.late_uids and (uid, node) not in self.let_go:
                 self.stats.violations.append(f"{uid}: its booking on {node} expired, though no binder left it")
             if uid in self.truth and self.truth[uid].node == node:
                 # the booking of a pod the API holds bound there (or one bound there since, by an attempt that booked

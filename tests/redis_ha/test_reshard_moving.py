@@ -24,7 +24,7 @@ from controller.janitor import Janitor
 from controller.pod_watch import PodWatcher
 from controller.watchers import janitor_for
 from deploy.local.redis import ClusterSetup, RedisServer
-from shared.kube import Kube
+from shared.kube import Kube, KubeError
 from shared.serving.supervise import Supervisor
 from shared.store import mirror as mirror_module
 from shared.store.ledger import Ledger, connect, connect_subscriber, slot_moving
@@ -248,6 +248,11 @@ async def test_a_node_whose_slot_is_open_with_its_keys_together_stays_moving_unt
         await led.redis.aclose()
 
 
+async def no_such_pod(namespace: str, name: str) -> dict[str, Any]:
+    """The API server's answer to the janitor's read of a pod nobody bound (PodWatcher.api_holds): 404."""
+    raise KubeError(404, {"message": f"pods \"{name}\" not found"}, f"GET pod {namespace}/{name}")
+
+
 async def test_the_janitor_sweeps_the_others_when_a_held_back_record_is_on_a_moving_node(setup: ClusterSetup) -> None:
     """Before expire the janitor's sweep asks the pod watcher to send the records it holds back (confirm_now), on
     any node; one on the moving node failed out of the sweep (red team round 2), so no expired booking was freed
@@ -278,6 +283,7 @@ async def test_the_janitor_sweeps_the_others_when_a_held_back_record_is_on_a_mov
         w.ledger.on_moving.append(mirror.note_moving)  # (the role shares one Ledger; here two clients)
         await w.on_event("MODIFIED", rec_pod("u1"))  # u1's record: held back for our bind's confirmation
         assert "u1" in w.deferred, w.deferred
+        w.kube.get_pod = no_such_pod  # type: ignore[method-assign]  # the API server, asked before an expiry
         janitor = janitor_for(led, mirror, cfg, w)
         janitor.view_problem = lambda: ""  # the pod view is live (no reflector in this test)
         slot = await asyncio.to_thread(setup.begin_move, led.node_key("n4"), dest)
@@ -436,6 +442,7 @@ async def test_a_parked_release_on_a_node_the_ledger_does_not_list_waits_for_its
         await mirror.resync(full=True)
         mirror.ready.set()
         w = PodWatcher(Kube(None), led, mirror, cfg, asyncio.Event())  # type: ignore[arg-type]
+        w.kube.get_pod = no_such_pod  # type: ignore[method-assign]  # the API server, asked before an expiry
         janitor = janitor_for(led, mirror, cfg, w)
         janitor.view_problem = lambda: ""
         slot = await asyncio.to_thread(setup.begin_move, led.node_key(web), dest)

@@ -94,6 +94,9 @@ class _Pods:
     async def confirm_now(self, uids: Any) -> set[str]:
         return set()
 
+    async def api_holds(self, node: str, refs: Any) -> set[str]:
+        return set()
+
     def saw_redis_time(self, now: int) -> None:
         return None
 
