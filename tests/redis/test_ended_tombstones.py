@@ -17,7 +17,7 @@ from shared.domain.annotations import PodUsage
 from shared.domain.ended import ENDED_KEEP_MS, ENDED_TRIM_FLOOR, next_trim
 from shared.store.ledger import Ledger, LedgerError
 from tests.redis.helpers import S5000, all_violations, inventory
-from tests.redis.test_redteam_inflight_nodes import CFG, NoKube, bound_pod, gpu_node, pods_of, watcher
+from tests.redis.test_redteam_inflight_nodes import CFG, NoKube, bound_pod, gpu_node, live_on
 
 pytestmark = pytest.mark.redis
 
@@ -40,9 +40,7 @@ def capture_replace(ledger: Ledger, seen: list[tuple[dict[str, Any], Any]]) -> A
 @pytest.mark.parametrize("node_event", ["DELETED", "MODIFIED"], ids=["node deleted", "capacity dropped to 0"])
 async def test_the_node_watchers_write_does_not_book_a_holder_that_ended_meanwhile(ledger: Ledger,
                                                                                   node_event: str) -> None:
-    nodes = watcher(ledger)
-    pods = pods_of(ledger, nodes, live=True)
-    await nodes.on_event("ADDED", gpu_node("tw"))
+    nodes, pods = await live_on(ledger, "tw")
     pod = bound_pod("t1", "tw", 0, 64 * 1024, 12)
     await pods.on_event("ADDED", pod)
     assert "t1" in nodes.holders("tw")
@@ -66,9 +64,7 @@ async def test_the_node_watchers_write_does_not_book_a_holder_that_ended_meanwhi
 
 
 async def test_the_reconcilers_repair_does_not_book_a_holder_that_ended_meanwhile(ledger: Ledger) -> None:
-    nodes = watcher(ledger)
-    pods = pods_of(ledger, nodes, live=True)
-    await nodes.on_event("ADDED", gpu_node("tr", units=160))
+    nodes, pods = await live_on(ledger, "tr", units=160)
     pod = bound_pod("t2", "tr", 0, 64 * 1024, 12)
     pods.learn("t2", pod)  # in the view, not in the ledger (its booking lost): the repair books it
     reconciler = Reconciler(NoKube(), ledger, CFG, nodes, pods)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ import pytest
 from controller.reconciler import Reconciler
 from shared.store.ledger import Ledger
 from tests.redis.helpers import S4000, all_violations, inventory
-from tests.redis.test_redteam_inflight_nodes import CFG, NoKube, bound_pod, gpu_node, pods_of, watcher
+from tests.redis.test_redteam_inflight_nodes import CFG, NoKube, bound_pod, gpu_node, live_on, pods_of, watcher
 
 pytestmark = pytest.mark.redis
 
@@ -27,9 +27,7 @@ pytestmark = pytest.mark.redis
 @pytest.mark.parametrize("node_event", ["DELETED", "MODIFIED"], ids=["node deleted", "capacity dropped to 0"])
 async def test_a_holder_deleted_while_its_node_is_written_is_not_booked_again(ledger: Ledger,
                                                                               node_event: str) -> None:
-    nodes = watcher(ledger)
-    pods = pods_of(ledger, nodes, live=True)
-    await nodes.on_event("ADDED", gpu_node("rw"))
+    nodes, pods = await live_on(ledger, "rw")
     pod = bound_pod("h1", "rw", 0, 64 * 1024, 12)
     await pods.on_event("ADDED", pod)  # bound, with its record: booked, and a holder in the view
     assert "h1" in (await ledger.snapshots(["rw"]))["rw"].reservations
@@ -55,9 +53,7 @@ async def test_a_holder_deleted_while_the_reconciler_repairs_its_node_is_not_boo
     """The same window in the reconciler's repair: the holders it writes are read before its Redis calls (the node
     watcher's lock, list_node, replace_node). A holder missing from the ledger is booked by the repair; its pod
     deleted meanwhile (released by the pod watcher: nothing was booked yet) was booked again, for nobody."""
-    nodes = watcher(ledger)
-    pods = pods_of(ledger, nodes, live=True)
-    await nodes.on_event("ADDED", gpu_node("rr"))
+    nodes, pods = await live_on(ledger, "rr")
     pod = bound_pod("h2", "rr", 0, 64 * 1024, 12)
     pods.learn("h2", pod)  # in the view, not in the ledger (its record's booking was lost): the repair books it
     reconciler = Reconciler(NoKube(), ledger, CFG, nodes, pods)  # type: ignore[arg-type]
@@ -82,9 +78,7 @@ async def test_a_pod_deleted_while_its_deferred_record_is_confirmed_is_not_booke
     sends it to `observe` when it is due (confirm_due: its own loop, and the janitor's confirm_now), concurrently
     with the pod stream. The pod deleted while that observe was on its way was released first, and the observe then
     booked the deleted pod again, for nobody."""
-    nodes = watcher(ledger)
-    pods = pods_of(ledger, nodes, live=True)
-    await nodes.on_event("ADDED", gpu_node("rd", units=160))
+    _nodes, pods = await live_on(ledger, "rd", units=160)
     assert (await ledger.reserve("rd", "h3", [0], 128, 12, 1, pod="ns/h3"))[0].ok  # our bind's booking, pending
     snap = await ledger.snapshot("rd")
     assert snap is not None
@@ -113,9 +107,7 @@ async def test_a_pod_deleted_while_its_deferred_record_is_confirmed_never_over_c
     (the janitor stress's "c card 1: cores_used 26 outside 0..16", with the watcher's "pod ... over-commits card(s)"
     for a pod of that run: a candidate cause). The release tombstones the uid (shared/domain/ended.py) and the
     observe then books nothing (observe.lua's `ended`)."""
-    nodes = watcher(ledger)
-    pods = pods_of(ledger, nodes, live=True)
-    await nodes.on_event("ADDED", gpu_node("ro", units=160))
+    _nodes, pods = await live_on(ledger, "ro", units=160)
     assert (await ledger.reserve("ro", "h4", [0], 128, 12, 1, pod="ns/h4"))[0].ok  # our bind's booking, pending
     snap = await ledger.snapshot("ro")
     assert snap is not None

@@ -245,6 +245,14 @@ def bound_pod(uid: str, node: str, card: int, mib: int, cores: int) -> dict[str,
                                                        "mthreads.com/sgpu-core": "12"}}}]}}
 
 
+async def live_on(ledger: Ledger, node: str, units: int = 96) -> tuple[NodeWatcher, PodWatcher]:
+    """The node watcher and a live pod watcher, wired as the role wires them, the GPU node `node` added."""
+    nodes = watcher(ledger)
+    pods = pods_of(ledger, nodes, live=True)
+    await nodes.on_event("ADDED", gpu_node(node, units=units))
+    return nodes, pods
+
+
 def pods_of(ledger: Ledger, nodes: NodeWatcher, live: bool) -> PodWatcher:
     pods = PodWatcher(NoKube(), ledger, Mirror(ledger), CFG, nodes.lost)  # type: ignore[arg-type]
     wire(nodes, pods)  # as run_watcher connects them

@@ -26,6 +26,8 @@ Real parts: redis-server, Ledger, Mirror, PodWatcher, the role's janitor (`janit
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from prometheus_client import REGISTRY
 
@@ -71,6 +73,19 @@ async def pending_past_ttl(led: Ledger, mirror: Mirror, w: PodWatcher, uid: str)
     return janitor
 
 
+async def booked_again(led: Ledger, w: PodWatcher, caught_up: Callable[[], None] = lambda: None) -> tuple[bool, str]:
+    """What follows an expiry of ns/first's booking on n4: the card is offered, another exclusive pod is booked on
+    it, and the watcher (`caught_up`: its view back) books the running pod's record next to it. Returns whether the
+    second pod was booked, and the card's violations then."""
+    second, _ = await led.reserve("n4", "second", [0], S4000, 16, 1, model=S4000, whole=True, pod="ns/second")
+    caught_up()
+    await w.on_event("MODIFIED", bound_pod("first"))
+    await led.observe("first", PodUsage("n4", (0,), S4000, 16, 1), "ns/first", keep_bound=True)
+    snap = await led.snapshot("n4")
+    assert snap is not None
+    return second.ok, str(violations(snap))
+
+
 async def test_redteam_the_janitor_keeps_pending_bookings_while_the_pod_view_is_blind(
         watched: tuple[Ledger, Mirror, PodWatcher]) -> None:
     led, mirror, w = watched
@@ -83,17 +98,11 @@ async def test_redteam_the_janitor_keeps_pending_bookings_while_the_pod_view_is_
     janitor = await pending_past_ttl(led, mirror, w, "first")
     gone = await janitor.sweep()
 
-    # what follows if it was expired: the card is offered, another exclusive pod is booked on it, and the
-    # watcher, its stream back, books the running pod's record next to it
-    second, _ = await led.reserve("n4", "second", [0], S4000, 16, 1, model=S4000, whole=True, pod="ns/second")
-    w.reflector._working()
-    await w.on_event("MODIFIED", bound_pod("first"))
-    await led.observe("first", PodUsage("n4", (0,), S4000, 16, 1), "ns/first", keep_bound=True)
-    snap = await led.snapshot("n4")
-    assert snap is not None
-    assert gone == [] and not second.ok, (
-        f"the janitor expired {gone} while the pod view was not live ({w.reflector.problem(0) or 'stream failing'});"
-        f" the card was booked again (second pod booked: {second.ok}) and now: {violations(snap)}")
+    blind = w.reflector.problem(0) or "stream failing"
+    second, broken = await booked_again(led, w, w.reflector._working)  # (what follows if it was expired)
+    assert gone == [] and not second, (
+        f"the janitor expired {gone} while the pod view was not live ({blind}); the card was booked again (second "
+        f"pod booked: {second}) and now: {broken}")
 
 
 def held() -> float:
