@@ -503,6 +503,14 @@ class PodWatcher:
             ns, _, name = ref.partition("/")
             if not ns or not name:
                 return False  # no pod name was recorded: nothing in the API can hold it
+            seen = self.truth.get(uid)
+            if seen is not None and seen.node == node:
+                # the view holds it bound there already: a record it can book is booked (record, confirm_now); one
+                # it cannot (none, unreadable, foreign) keeps the booking for the pod's life, as the reconciler
+                # keeps it (Reconciler._confirm), with no read of the API server every sweep (red team)
+                log.debug("janitor: keeping the pending booking of %s on %s: the pod view has it bound there",
+                          ref, node)
+                return True
             async with turns:
                 if time.monotonic() < self.api_unanswered_until:
                     return self._unasked(ref, node, "a read just before went unanswered")

@@ -33,8 +33,8 @@ from controller.watchers import janitor_for
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
 from tests.redis.helpers import S4000, eventually, inventory
-from tests.redis.test_redteam_janitor_blind import pending_past_ttl
-from tests.redis.test_redteam_janitor_lagging_view import live
+from tests.redis.test_redteam_janitor_blind import bound_pod, pending_past_ttl
+from tests.redis.test_redteam_janitor_lagging_view import api, live
 from tests.redis.test_watcher_records import CFG
 
 pytestmark = pytest.mark.redis
@@ -115,3 +115,26 @@ async def test_redteam_a_sweep_waits_on_an_unanswering_api_server_once_not_once_
         f"and API_HOLDS_READ_S 5 s, 25 minutes in which no node's booking is expired")
     assert len(warnings(caplog)) <= 1, (
         f"{len(warnings(caplog))} warnings in 2 sweeps, one per booking per sweep: {warnings(caplog)[:3]}")
+
+
+async def test_a_pod_the_view_holds_bound_there_without_a_record_it_can_book_is_kept_unread(
+        watched: tuple[Ledger, Mirror, PodWatcher], caplog: pytest.LogCaptureFixture) -> None:
+    """A pod bound on the node whose record is gone (or unreadable, with no mthreads.com/gpu-index to recover it
+    from): the view never books it (its node is closed meanwhile) and the reconciler keeps the pending booking as
+    it is (`Reconciler._confirm`: held). The janitor keeps it for the pod's life: it read the pod from the API server
+    every sweep (every 5 s) and logged each time that `the pod view has not shown it yet`, which was false."""
+    led, mirror, w = watched
+    live(w)
+    asked = api(w, {**bound_pod("first"), "metadata": {**bound_pod("first")["metadata"], "annotations": {}}})
+    janitor = await pending_past_ttl(led, mirror, w, "first")
+    pod = bound_pod("first")
+    pod["metadata"]["annotations"] = {}  # no record: the watcher's view holds it bound on n4, unaccounted
+    await w.on_event("MODIFIED", pod)
+    assert w.quarantine("n4"), "the node is closed while the pod holds cards nobody can account for"
+    caplog.set_level(logging.INFO, "mtsched.watchers")
+    for _ in range(3):
+        assert await janitor.sweep() == []
+    untrue = [r.getMessage() for r in caplog.records if "has not shown it yet" in r.getMessage()]
+    assert not asked and not untrue, (
+        f"the janitor read the pod {len(asked)} times in 3 sweeps although its live view holds it bound on n4, and "
+        f"logged {len(untrue)} times that the view had not shown it: {untrue[:1]}")
