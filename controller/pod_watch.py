@@ -42,7 +42,9 @@ log = logging.getLogger("mtsched.watchers")
 BOUND_GRACE = 2.0
 ENDED_SECONDS = 600.0  # how long a pod seen deleted or ended is remembered (PodWatcher.ended)
 # The janitor's read of a pod before it expires its booking (PodWatcher.api_holds): one not answered by then keeps the
-# booking until the next sweep; at most API_HOLDS_READS at once
+# booking until the next sweep; at most API_HOLDS_READS at once. One unanswered (a timeout, the connection lost) keeps
+# every booking the janitor asks about for API_HOLDS_READ_S more without a read: the sweep goes on to the next node
+# (nodes are swept one by one, and waiting out a read per node took N x API_HOLDS_READ_S: red team)
 API_HOLDS_READ_S = 5.0
 API_HOLDS_READS = 8
 
@@ -150,6 +152,10 @@ class PodWatcher:
         # (Redis's clock in ms, time.monotonic()) at the janitor's last read: a booking's age in `record` is
         # counted from it on the monotonic clock, which a step of this host's wall clock does not move
         self.redis_clock: tuple[int, float] | None = None
+        # api_holds: no read of a pod until then (monotonic), a read having gone unanswered; and why the janitor
+        # could not ask the API server last ("": it answered), so that an episode is logged once, not per booking
+        self.api_unanswered_until = 0.0
+        self.api_unasked = ""
         self.pending_ttl_ms = cfg.pending_ttl_seconds * 1000
         self.reflector = Reflector(kube, "/api/v1/pods", self.on_event, self.on_sync, "pods", shape=watched_pod)
         self.inventories: Callable[[], Mapping[str, Inventory]] = dict  # the node watcher's view, set by the role
@@ -497,29 +503,54 @@ class PodWatcher:
             ns, _, name = ref.partition("/")
             if not ns or not name:
                 return False  # no pod name was recorded: nothing in the API can hold it
-            try:
-                async with turns, asyncio.timeout(API_HOLDS_READ_S):
-                    pod = await self.kube.get_pod(ns, name)
-            except KubeError as e:
-                if e.status == 404:
-                    return False
-                why = str(e)
-            except Exception as e:  # (a timeout, the connection lost: we cannot tell)
-                why = f"{type(e).__name__}: {e}"
-            else:
-                meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-                if str(meta.get("uid")) != uid or is_terminal(pod) or spec.get("nodeName") != node:
-                    return False  # gone (another pod of that name), ended, or not bound there: its binder left it
-                log.info("janitor: keeping the pending booking of %s on %s past pendingTTLSeconds: the API server "
-                         "has the pod bound there, the pod view has not shown it yet", ref, node)
+            seen = self.truth.get(uid)
+            if seen is not None and seen.node == node:
+                # the view holds it bound there already: a record it can book is booked (record, confirm_now); one
+                # it cannot (none, unreadable, foreign) keeps the booking for the pod's life, as the reconciler
+                # keeps it (Reconciler._confirm), with no read of the API server every sweep (red team)
+                log.debug("janitor: keeping the pending booking of %s on %s: the pod view has it bound there",
+                          ref, node)
                 return True
-            log.warning("janitor: cannot ask the API server about %s (%s): its pending booking on %s is kept", ref,
-                        why, node)
+            async with turns:
+                if time.monotonic() < self.api_unanswered_until:
+                    return self._unasked(ref, node, "a read just before went unanswered")
+                try:
+                    async with asyncio.timeout(API_HOLDS_READ_S):
+                        pod = await self.kube.get_pod(ns, name)
+                except KubeError as e:
+                    if e.status == 404:
+                        self._answered()
+                        return False
+                    return self._unasked(ref, node, str(e))
+                except Exception as e:  # (a timeout, the connection lost: we cannot tell)
+                    self.api_unanswered_until = time.monotonic() + API_HOLDS_READ_S
+                    return self._unasked(ref, node, f"{type(e).__name__}: {e}")
+            self._answered()
+            meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+            if str(meta.get("uid")) != uid or is_terminal(pod) or spec.get("nodeName") != node:
+                return False  # gone (another pod of that name), ended, or not bound there: its binder left it
+            log.info("janitor: keeping the pending booking of %s on %s past pendingTTLSeconds: the API server "
+                     "has the pod bound there, the pod view has not shown it yet", ref, node)
             return True
 
         asked = list(refs.items())
         kept = await asyncio.gather(*(holds(uid, ref) for uid, ref in asked))
         return {uid for (uid, _), keep in zip(asked, kept, strict=True) if keep}
+
+    def _unasked(self, ref: str, node: str, why: str) -> bool:
+        """api_holds could not ask the API server about `ref`: its booking is kept (True). Said once per episode (a
+        warning per booking per sweep flooded the log while the API server did not answer: red team)."""
+        (log.debug if self.api_unasked else log.warning)(
+            "janitor: cannot ask the API server about %s (%s): its pending booking on %s is kept, as every one it "
+            "cannot ask about until it answers", ref, why, node)
+        self.api_unasked = why
+        return True
+
+    def _answered(self) -> None:
+        if self.api_unasked:
+            log.info("janitor: the API server answers again: pending bookings past the TTL are expired once it says "
+                     "their pod does not hold them")
+        self.api_unasked = ""
 
     async def confirm_deferred(self) -> None:
         """confirm_due, every half grace (for a supervisor to run); `on_progress` after each that completed."""

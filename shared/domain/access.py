@@ -42,7 +42,8 @@ EXTENDER = (
 WATCHER = (
     Need("list", "pods", "the pod stream: every booking's truth"),
     Need("watch", "pods", "the pod stream: every booking's truth"),
-    Need("get", "pods", "the reconciler: confirm or free a booking no listed pod explains"),
+    Need("get", "pods", "the reconciler and the janitor: confirm or free a booking no listed pod explains, or one "
+         "past pendingTTLSeconds (kept while unread)"),
     Need("list", "nodes", "the node stream: every node's cards"),
     Need("watch", "nodes", "the node stream: every node's cards"),
     Need("patch", "nodes", "nudge kube-scheduler about a node where cards were freed", fatal=False),

@@ -29,7 +29,7 @@ def test_the_review_asks_for_the_need_as_rbac_writes_it() -> None:
 def test_only_fatal_needs_make_a_problem_and_it_names_them() -> None:
     assert denial_problem([(PATCH_NODES, "no")]) == ""
     got = denial_problem([(GET_PODS, 'RBAC: clusterrole "hami-watcher" lacks it'), (PATCH_NODES, "")])
-    assert got.startswith("the API server denies get pods (the reconciler: ")
+    assert got.startswith("the API server denies get pods (the reconciler and the janitor: ")
     assert "hami-watcher" in got and "patch nodes" not in got
 
 
