@@ -29,7 +29,15 @@ from shared.domain.request import RequestError, pod_request
 from shared.domain.trust import asks_slices, foreign_fate, foreign_record
 from shared.domain.views import picked, spec_view
 from shared.kube import Kube, KubeError
-from shared.serving.metrics import ANNOTATION_ERRORS, OVERCOMMIT, RECORD_MISMATCH, RECORDS, RELEASES, WATCH_EVENTS
+from shared.serving.metrics import (
+    ANNOTATION_ERRORS,
+    JANITOR_KEPT,
+    OVERCOMMIT,
+    RECORD_MISMATCH,
+    RECORDS,
+    RELEASES,
+    WATCH_EVENTS,
+)
 from shared.store.ledger import RESEND, Ledger, LedgerError, slot_moving
 from shared.store.mirror import Mirror
 
@@ -510,6 +518,7 @@ class PodWatcher:
                 # keeps it (Reconciler._confirm), with no read of the API server every sweep (red team)
                 log.debug("janitor: keeping the pending booking of %s on %s: the pod view has it bound there",
                           ref, node)
+                JANITOR_KEPT.labels("view_bound").inc()
                 return True
             async with turns:
                 if time.monotonic() < self.api_unanswered_until:
@@ -531,6 +540,7 @@ class PodWatcher:
                 return False  # gone (another pod of that name), ended, or not bound there: its binder left it
             log.info("janitor: keeping the pending booking of %s on %s past pendingTTLSeconds: the API server "
                      "has the pod bound there, the pod view has not shown it yet", ref, node)
+            JANITOR_KEPT.labels("api_bound").inc()
             return True
 
         asked = list(refs.items())
@@ -544,6 +554,7 @@ class PodWatcher:
             "janitor: cannot ask the API server about %s (%s): its pending booking on %s is kept, as every one it "
             "cannot ask about until it answers", ref, why, node)
         self.api_unasked = why
+        JANITOR_KEPT.labels("api_unanswered").inc()
         return True
 
     def _answered(self) -> None:

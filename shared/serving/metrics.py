@@ -165,6 +165,12 @@ CONNECTIONS_REFUSED = Counter("mtsched_http_connections_refused_total",
 BODIES_REFUSED = Counter("mtsched_http_bodies_refused_total",
                          "Requests answered 503: the bodies being handled held what the server allows them (in all, "
                          "or from that peer address)")
+JANITOR_KEPT = Counter("mtsched_janitor_kept_total",
+                       "Pending reservations past pendingTTLSeconds the janitor kept, per sweep, by why: api_bound "
+                       "(the API server has the pod bound there, the pod view not yet), api_unanswered (the API "
+                       "server could not be asked), view_bound (the pod view holds the pod bound there with no "
+                       "record it can book)",
+                       ["why"])
 JANITOR_HELD = Gauge("mtsched_janitor_held",
                      "1 while the janitor expires no pending reservation because the watcher's pod stream is down, "
                      "not listed yet, or back for less than 10 s (a booking whose record it has not seen may be a "

@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from controller.pod_watch import PodWatcher
 from shared.kube import KubeError
@@ -63,6 +64,10 @@ def api(w: PodWatcher, answer: Any) -> list[str]:
     return asked
 
 
+def kept(why: str) -> float:
+    return REGISTRY.get_sample_value("mtsched_janitor_kept_total", {"why": why}) or 0.0
+
+
 async def test_redteam_the_janitor_keeps_a_committed_bindings_booking_while_the_live_pod_watch_lags(
         watched: tuple[Ledger, Mirror, PodWatcher]) -> None:
     led, mirror, w = watched
@@ -72,7 +77,9 @@ async def test_redteam_the_janitor_keeps_a_committed_bindings_booking_while_the_
     asked = api(w, bound_pod("first"))
     janitor = await pending_past_ttl(led, mirror, w, "first")
     assert janitor.view_problem() == ""
+    before = kept("api_bound")
     gone = await janitor.sweep()
+    assert kept("api_bound") == before + 1  # counted: the API server's pod holds it
 
     second, broken = await booked_again(led, w)  # (what follows if it was expired: the watch caught up)
     assert gone == [] and not second, (
@@ -110,6 +117,8 @@ async def test_the_janitor_keeps_a_booking_the_api_server_cannot_be_asked_about(
     live(w)
     api(w, answer)
     janitor = await pending_past_ttl(led, mirror, w, "first")
+    before = kept("api_unanswered")
     assert await janitor.sweep() == []
+    assert kept("api_unanswered") == before + 1
     snap = await led.snapshot("n4")
     assert snap is not None and snap.reservations["first"].state == "pending"
