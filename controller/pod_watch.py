@@ -22,6 +22,7 @@ from shared.domain.annotations import (
     record_cards,
     usage_from_annotations,
 )
+from shared.domain.ended import ENDED_KEEP_MS
 from shared.domain.node import Inventory
 from shared.domain.quota import is_terminal
 from shared.domain.reconcile import FUTURE_MS, Unrecorded, quarantine_reason, recovered_usage
@@ -48,7 +49,8 @@ log = logging.getLogger("mtsched.watchers")
 # moment after the Binding) when the mirror shows its booking pending, before the watcher sends `observe` itself: at
 # most a quarter of pendingTTLSeconds, so a bind that died before confirming is still confirmed long before expiry
 BOUND_GRACE = 2.0
-ENDED_SECONDS = 600.0  # how long a pod seen deleted or ended is remembered (PodWatcher.ended)
+# how long a pod seen deleted or ended is remembered (PodWatcher.ended): as long as its tombstone is kept
+ENDED_SECONDS = ENDED_KEEP_MS / 1000
 # The janitor's read of a pod before it expires its booking (PodWatcher.api_holds): one not answered by then keeps the
 # booking until the next sweep; at most API_HOLDS_READS at once. One unanswered (a timeout, the connection lost) keeps
 # every booking the janitor asks about for API_HOLDS_READ_S more without a read: the sweep goes on to the next node

@@ -18,8 +18,8 @@ from __future__ import annotations
 # How long a tombstone is kept (ms, Redis's clock). Long enough for every write read before the pod ended:
 # an observe in flight ends within the ledger's resends (retry_seconds, 3 s), a node watcher's write of holders
 # within its calls, a reconciler's repair within one pass after its list (its keep window, timing.KEEP_MS, is
-# 10 s); the pod watcher remembers an ended pod as long (controller/pod_watch.py ENDED_SECONDS), and so do the
-# watchers' "release again" checks that back the tombstone up.
+# 10 s); the pod watcher remembers an ended pod as long (controller/pod_watch.py ENDED_SECONDS, derived from
+# this), and so do the watchers' "release again" checks that back the tombstone up.
 ENDED_KEEP_MS = 600_000
 # The node's tombstones are trimmed (those past ENDED_KEEP_MS dropped) by the write that brings their count since
 # the last trim to its `#trim_at`, next_trim of what that trim kept, or the first write once the last trim
