@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import Any
 
 import orjson
 
@@ -22,19 +23,29 @@ class JsonFormatter(logging.Formatter):
             "msg": printable(record.getMessage()),
         }
         if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
+            doc["exc"] = "\n".join(traceback_lines(self.formatException(record.exc_info)))
         return orjson.dumps(doc).decode()
+
+
+def traceback_lines(text: str) -> list[str]:
+    """A traceback's lines, each escaped: the frames are the role's own text, but an exception's message may carry
+    what a pod or a node chose (a line break in it forged a line, an escape drove the reader's terminal)."""
+    return [printable(line) for line in text.split("\n")]
 
 
 class TextFormatter(logging.Formatter):
     """One line per record: a log message carries text that pods and nodes chose (a container name as a review gave
     it, before the API server validated it; a record's device ids), and a line break in it forged a line of its own,
     an escape drove the reader's terminal (red team). The message is escaped (shared.domain.shapes.printable); a
-    traceback, the role's own text, keeps its lines."""
+    traceback keeps its lines, each escaped and indented: a line break in an exception's message (text a pod may have
+    chosen) starts an indented line, never one that reads as a record of its own."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = printable(record.message)
         return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        return "\n".join("  " + line for line in traceback_lines(super().formatException(ei)))
 
 
 def setup(level: str = "info", fmt: str = "json", role: str = "") -> None:

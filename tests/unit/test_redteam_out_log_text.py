@@ -73,7 +73,30 @@ def test_an_exception_keeps_its_traceback_lines(captured: io.StringIO) -> None:
         logging.getLogger("mtsched.test").exception("failed for %s", "a\nb")
     lines = captured.getvalue().splitlines()
     assert lines[0].endswith(r"failed for a\nb")
-    assert lines[1] == "Traceback (most recent call last):" and lines[-1] == "ValueError: boom"
+    assert lines[1] == "  Traceback (most recent call last):" and lines[-1] == "  ValueError: boom"
+    assert all(line.startswith("  ") for line in lines[1:])
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_an_exception_message_with_hostile_text_forges_no_line(fmt: str, captured: io.StringIO) -> None:
+    """An exception's message may carry what a pod chose: its line break started a line that read as a record of its
+    own (text), and its escapes reached the terminal (both forms: JSON escapes a line break, not a C1 control or a
+    bidi override)."""
+    _setup(fmt, captured)
+    try:
+        raise ValueError(EVIL)
+    except ValueError:
+        logging.getLogger("mtsched.test").exception("failed")
+    written = captured.getvalue()
+    assert _controls(written.replace("\n", "")) == []
+    lines = written[:-1].split("\n")
+    if fmt == "json":
+        assert len(lines) == 1, lines
+        exc = orjson.loads(lines[0])["exc"]
+        assert _controls(exc.replace("\n", "")) == [] and "ValueError: main" in exc
+    else:
+        assert lines[0].endswith("failed") and all(line.startswith("  ") for line in lines[1:]), lines
+        assert any("INFO webhook mtsched.webhook: allowed" in line for line in lines[1:])  # still there, indented
 
 
 @pytest.mark.parametrize(("text", "shown"), [
