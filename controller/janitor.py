@@ -12,7 +12,7 @@ from controller.nudger import Nudger
 from shared.config import Config
 from shared.domain.reconcile import booking_key, expires, pending_since, restamps
 from shared.domain.state import Reservation
-from shared.domain.timing import JANITOR_INTERVAL_S
+from shared.domain.timing import JANITOR_INTERVAL_S, janitor_rest_s
 from shared.serving.metrics import JANITOR_HELD, RELEASES
 from shared.store.ledger import RESEND, Ledger, slot_moving
 from shared.store.mirror import Mirror
@@ -46,8 +46,11 @@ class Janitor:
         self.view_problem = view_problem or (lambda: "")
         # called, after before_expire, with a node and the uids still to expire there (uid -> its pod's
         # namespace/name): those whose pod the API server holds bound there, or cannot say of, are not expired
-        # (PodWatcher.api_holds). A live view may still be behind (nothing measures how far): a Binding committed
-        # within the TTL's first half may not be in it when the TTL ends, and the view's silence proves nothing
+        # (PodWatcher.api_holds). It is called for every such node of a sweep at once, once every node was looked at
+        # (the watcher's reads take turns: API_HOLDS_READS at a time, shared/domain/timing.py), and each node's
+        # expiry is sent as soon as its answer comes. A live view may still be behind (nothing measures how far): a
+        # Binding committed within the TTL's first half may not be in it when the TTL ends, and the view's silence
+        # proves nothing
         self.api_holds = api_holds
         self._held = ""  # the problem that holds expiry back, logged once per episode
         # pending booking (booking_key) -> first seen, monotonic (pending_since)
@@ -166,7 +169,7 @@ class Janitor:
             # sweeps start `interval` apart, counted from each one's start (a longer one is followed at once by the
             # next): the time a sweep's reads take does not push every later sweep back, and a booking's expiry is
             # bounded by its TTL, the interval and one sweep (shared/domain/timing.py pending_release_bound_s)
-            await asyncio.sleep(max(0.0, started + self.interval - loop.time()))
+            await asyncio.sleep(janitor_rest_s(loop.time() - started, self.interval))
 
 
 async def _together(asking: list[Coroutine[Any, Any, list[str]]]) -> list[list[str]]:

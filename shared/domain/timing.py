@@ -66,6 +66,13 @@ API_HOLDS_READ_S = 5.0
 API_HOLDS_READS = 8
 
 
+def janitor_rest_s(took_s: float, interval_s: float = JANITOR_INTERVAL_S) -> float:
+    """How long the janitor waits after a sweep that took `took_s`: sweeps start `interval_s` apart, counted from
+    each one's start, and one that took longer is followed at once by the next (its reads' time does not push every
+    later sweep back: pending_release_bound_s)."""
+    return max(0.0, interval_s - took_s)
+
+
 def janitor_sweep_s(reads: int, read_s: float, in_flight: int = API_HOLDS_READS) -> float:
     """How long a sweep's reads of pods take (its Redis round trips left out): `reads` pods, each answered in
     `read_s` seconds (at most API_HOLDS_READ_S: one not answered by then holds the rest back), `in_flight` at once."""

@@ -13,6 +13,7 @@ from shared.domain.timing import (
     API_HOLDS_READ_S,
     API_HOLDS_READS,
     JANITOR_INTERVAL_S,
+    janitor_rest_s,
     janitor_sweep_s,
     pending_release_bound_s,
 )
@@ -67,6 +68,11 @@ def test_after_read(answer: Answer, verdict: Verdict, ends: bool, holds: bool) -
     assert answered(answer) is ends
     assert holds_reads(answer) is holds
     assert (verdict in KEPT) is (verdict != "expire")
+
+
+@pytest.mark.parametrize(("took", "rest"), [(0.0, 5.0), (1.5, 3.5), (5.0, 0.0), (12.0, 0.0)])
+def test_sweeps_start_the_interval_apart_from_each_ones_start(took: float, rest: float) -> None:
+    assert janitor_rest_s(took) == rest
 
 
 SWEEPS: list[tuple[int, float, float]] = [
