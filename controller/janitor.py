@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
+from typing import Any
 
 from controller.nudger import Nudger
 from shared.config import Config
 from shared.domain.reconcile import booking_key, expires, pending_since, restamps
 from shared.domain.state import Reservation
+from shared.domain.timing import JANITOR_INTERVAL_S, janitor_rest_s
 from shared.serving.metrics import JANITOR_HELD, RELEASES
 from shared.store.ledger import RESEND, Ledger, slot_moving
 from shared.store.mirror import Mirror
@@ -21,7 +23,7 @@ log = logging.getLogger("mtsched.watchers")
 class Janitor:
     """Reclaims pending reservations whose binder died or gave up, after the TTL."""
 
-    def __init__(self, ledger: Ledger, mirror: Mirror, cfg: Config, interval: float = 5.0,
+    def __init__(self, ledger: Ledger, mirror: Mirror, cfg: Config, interval: float = JANITOR_INTERVAL_S,
                  nudger: Nudger | None = None,
                  before_expire: Callable[[list[str]], Awaitable[Collection[str]]] | None = None,
                  redis_time: Callable[[int], None] | None = None,
@@ -44,8 +46,11 @@ class Janitor:
         self.view_problem = view_problem or (lambda: "")
         # called, after before_expire, with a node and the uids still to expire there (uid -> its pod's
         # namespace/name): those whose pod the API server holds bound there, or cannot say of, are not expired
-        # (PodWatcher.api_holds). A live view may still be behind (nothing measures how far): a Binding committed
-        # within the TTL's first half may not be in it when the TTL ends, and the view's silence proves nothing
+        # (PodWatcher.api_holds). It is called for every such node of a sweep at once, once every node was looked at
+        # (the watcher's reads take turns: API_HOLDS_READS at a time, shared/domain/timing.py), and each node's
+        # expiry is sent as soon as its answer comes. A live view may still be behind (nothing measures how far): a
+        # Binding committed within the TTL's first half may not be in it when the TTL ends, and the view's silence
+        # proves nothing
         self.api_holds = api_holds
         self._held = ""  # the problem that holds expiry back, logged once per episode
         # pending booking (booking_key) -> first seen, monotonic (pending_since)
@@ -67,60 +72,81 @@ class Janitor:
         since.update((k, at) for k, at in (self._since or {}).items() if k not in since and k[:2] in live)
         if self.mirror.nodes:  # (a mirror not read yet, at the start, dates nothing: its whole read comes at once)
             self._since = since
-        for node, snap in list(self.mirror.nodes.items()):
-            if node in self.mirror.moving:  # Redis runs no script there until its slot's move ends: next sweep
-                continue
-            # past the TTL on Redis's clock and on ours (pending_since); and those stamped ahead of Redis's clock,
-            # which expire.lua stamps anew (restamps)
-            due = [r.uid for r in snap.reservations.values()
-                   if expires(r, now, self.ttl * 1000) and clock - since[booking_key(node, r)] >= self.ttl]
-            held: dict[str, Reservation] = {}
-            if due:
-                # A later bind attempt that takes over the booking (reserve's `existing`) stamps a new settle_by
-                # and sends no feed message: the mirror's copy still bears the first attempt's, dated long ago.
-                # Asked of Redis itself, a stamp not dated yet is dated now (a step of Redis's clock forward would
-                # otherwise free the card that attempt's Binding is about to take)
-                try:
-                    fresh = await self.ledger.snapshot(node, give_up=slot_moving)
-                except RESEND as e:  # (as Ledger._retry raised it)
-                    if not slot_moving(e):
-                        raise
-                    continue  # its slot is moving: the other nodes are swept
-                held = dict(fresh.reservations) if fresh is not None else {}
-                for uid in due:
-                    if uid in held:
-                        since.setdefault(booking_key(node, held[uid]), clock)
-                due = [u for u in due if u in held and clock - since[booking_key(node, held[u])] >= self.ttl]
-            old = due + [r.uid for r in snap.reservations.values() if restamps(r, now) and r.uid not in due]
-            if old:
-                if self.before_expire is not None:
-                    keep = await self.before_expire(old)
-                    old = [u for u in old if u not in keep]
-                if old and self.api_holds is not None:
-                    if self._blind(len(old)):  # nothing is expired while blind: no read of the API server for it
-                        continue
-                    refs = {u: (held.get(u) or snap.reservations[u]).pod for u in old}
-                    keep = await self.api_holds(node, refs)
-                    old = [u for u in old if u not in keep]  # no await from here to expire's send
-                if self._blind(len(old)):  # judged after the last await, as before_expire's answer
+        asking: list[Coroutine[Any, Any, list[str]]] = []  # the nodes whose pods the API server is asked about
+        try:
+            for node, snap in list(self.mirror.nodes.items()):
+                if node in self.mirror.moving:  # Redis runs no script there until its slot's move ends: next sweep
                     continue
-                # only the uids vetted here: expire.lua judges at its own `now`, and a booking that crossed the
-                # TTL since ours (or one the mirror lags on) was never offered to before_expire
-                try:
-                    expired = await self.ledger.expire(node, self.ttl, only=old)
-                except RESEND as e:  # (as Ledger._retry raised it)
-                    if not slot_moving(e):
-                        raise
-                    continue  # its slot is moving (the ledger told the mirror): the other nodes are swept
-
-                RELEASES.labels("expired").inc(len(expired))
-                if expired and self.nudger:
-                    self.nudger.nudge(node)
-                gone.extend(expired)
+                # past the TTL on Redis's clock and on ours (pending_since); and those stamped ahead of Redis's clock,
+                # which expire.lua stamps anew (restamps)
+                due = [r.uid for r in snap.reservations.values()
+                       if expires(r, now, self.ttl * 1000) and clock - since[booking_key(node, r)] >= self.ttl]
+                held: dict[str, Reservation] = {}
+                if due:
+                    # A later bind attempt that takes over the booking (reserve's `existing`) stamps a new settle_by
+                    # and sends no feed message: the mirror's copy still bears the first attempt's, dated long ago.
+                    # Asked of Redis itself, a stamp not dated yet is dated now (a step of Redis's clock forward would
+                    # otherwise free the card that attempt's Binding is about to take)
+                    try:
+                        fresh = await self.ledger.snapshot(node, give_up=slot_moving)
+                    except RESEND as e:  # (as Ledger._retry raised it)
+                        if not slot_moving(e):
+                            raise
+                        continue  # its slot is moving: the other nodes are swept
+                    held = dict(fresh.reservations) if fresh is not None else {}
+                    for uid in due:
+                        if uid in held:
+                            since.setdefault(booking_key(node, held[uid]), clock)
+                    due = [u for u in due if u in held and clock - since[booking_key(node, held[u])] >= self.ttl]
+                old = due + [r.uid for r in snap.reservations.values() if restamps(r, now) and r.uid not in due]
+                if old:
+                    if self.before_expire is not None:
+                        keep = await self.before_expire(old)
+                        old = [u for u in old if u not in keep]
+                    if old and self.api_holds is not None:
+                        if self._blind(len(old)):  # nothing is expired while blind: no read of the API server for it
+                            continue
+                        refs = {u: (held.get(u) or snap.reservations[u]).pod for u in old}
+                        # its pods are read together with the other nodes' (below): a sweep's reads take about
+                        # ceil(reads / API_HOLDS_READS) reads' time, not one per node after the other
+                        asking.append(self._vet_and_expire(node, old, refs))
+                        continue
+                    gone.extend(await self._expire(node, old))
+        except BaseException:
+            for ask in asking:  # (none begun: the nodes' reads start below)
+                ask.close()
+            raise
+        for expired in await _together(asking):
+            gone.extend(expired)
         if gone:
             log.info("expired %d pending reservation(s) older than %ss", len(gone), self.ttl)
         self._blind(0)  # a sweep with nothing to expire still ends an episode (or starts one: the gauge)
         return gone
+
+    async def _vet_and_expire(self, node: str, old: list[str], refs: Mapping[str, str]) -> list[str]:
+        """`old` on `node` expired, but for those whose pod the API server holds bound there or cannot say of
+        (api_holds; its reads share their turns with the other nodes' of the sweep)."""
+        if self._blind(len(old)):  # blind since the node was looked at (its reads wait for the other nodes'): none
+            return []
+        keep = await self.api_holds(node, refs) if self.api_holds is not None else ()
+        return await self._expire(node, [u for u in old if u not in keep])  # no await from here to expire's send
+
+    async def _expire(self, node: str, old: list[str]) -> list[str]:
+        """The vetted uids `old` on `node` expired, in one expire.lua on that node; what it expired."""
+        if self._blind(len(old)):  # judged after the last await, as before_expire's and api_holds' answers
+            return []
+        # only the uids vetted here: expire.lua judges at its own `now`, and a booking that crossed the
+        # TTL since ours (or one the mirror lags on) was never offered to before_expire
+        try:
+            expired = await self.ledger.expire(node, self.ttl, only=old)
+        except RESEND as e:  # (as Ledger._retry raised it)
+            if not slot_moving(e):
+                raise
+            return []  # its slot is moving (the ledger told the mirror): the other nodes are swept
+        RELEASES.labels("expired").inc(len(expired))
+        if expired and self.nudger:
+            self.nudger.nudge(node)
+        return expired
 
     def _blind(self, due: int) -> bool:
         """True while the pod view is blind: nothing is expired. The gauge and one log line per episode."""
@@ -135,7 +161,24 @@ class Janitor:
         return bool(why)
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:  # errors go to the supervisor, which restarts the loop with backoff
+            started = loop.time()
             await self.sweep()
             self.on_progress()
-            await asyncio.sleep(self.interval)
+            # sweeps start `interval` apart, counted from each one's start (a longer one is followed at once by the
+            # next): the time a sweep's reads take does not push every later sweep back, and a booking's expiry is
+            # bounded by its TTL, the interval and one sweep (shared/domain/timing.py pending_release_bound_s)
+            await asyncio.sleep(janitor_rest_s(loop.time() - started, self.interval))
+
+
+async def _together(asking: list[Coroutine[Any, Any, list[str]]]) -> list[list[str]]:
+    """Runs the nodes' vetting and expiry at once, each to its end (one node's error leaves no other's expiry half
+    done); the first error is raised then."""
+    if not asking:
+        return []
+    done = await asyncio.gather(*asking, return_exceptions=True)
+    errors = [r for r in done if isinstance(r, BaseException)]
+    if errors:
+        raise next((e for e in errors if not isinstance(e, asyncio.CancelledError)), errors[0])
+    return [r for r in done if not isinstance(r, BaseException)]

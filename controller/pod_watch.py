@@ -23,10 +23,12 @@ from shared.domain.annotations import (
     usage_from_annotations,
 )
 from shared.domain.ended import ENDED_KEEP_MS
+from shared.domain.janitor_reads import Answer, Verdict, after_read, answered, before_read, holds_reads, pod_name
 from shared.domain.node import Inventory
 from shared.domain.quota import is_terminal
 from shared.domain.reconcile import FUTURE_MS, Unrecorded, quarantine_reason, recovered_usage
 from shared.domain.request import RequestError, pod_request
+from shared.domain.timing import API_HOLDS_READ_S, API_HOLDS_READS
 from shared.domain.trust import asks_slices, foreign_fate, foreign_record
 from shared.domain.views import picked, spec_view
 from shared.kube import Kube, KubeError
@@ -51,12 +53,9 @@ log = logging.getLogger("mtsched.watchers")
 BOUND_GRACE = 2.0
 # how long a pod seen deleted or ended is remembered (PodWatcher.ended): as long as its tombstone is kept
 ENDED_SECONDS = ENDED_KEEP_MS / 1000
-# The janitor's read of a pod before it expires its booking (PodWatcher.api_holds): one not answered by then keeps the
-# booking until the next sweep; at most API_HOLDS_READS at once. One unanswered (a timeout, the connection lost) keeps
-# every booking the janitor asks about for API_HOLDS_READ_S more without a read: the sweep goes on to the next node
-# (nodes are swept one by one, and waiting out a read per node took N x API_HOLDS_READ_S: red team)
-API_HOLDS_READ_S = 5.0
-API_HOLDS_READS = 8
+# The janitor's reads of pods before it expires their bookings (api_holds): API_HOLDS_READ_S each, at most
+# API_HOLDS_READS at once over every node of a sweep (shared/domain/timing.py says why; the judging is
+# shared/domain/janitor_reads.py)
 
 
 def pod_ref(pod: Mapping[str, Any]) -> str:
@@ -166,6 +165,8 @@ class PodWatcher:
         # could not ask the API server last ("": it answered), so that an episode is logged once, not per booking
         self.api_unanswered_until = 0.0
         self.api_unasked = ""
+        # api_holds' turns to read, shared by every node of a sweep (its nodes' reads overlap): API_HOLDS_READS
+        self.api_reads = asyncio.Semaphore(API_HOLDS_READS)
         self.pending_ttl_ms = cfg.pending_ttl_seconds * 1000
         self.reflector = Reflector(kube, "/api/v1/pods", self.on_event, self.on_sync, "pods", shape=watched_pod)
         self.inventories: Callable[[], Mapping[str, Inventory]] = dict  # the node watcher's view, set by the role
@@ -506,48 +507,61 @@ class PodWatcher:
         (a GET reads etcd), as the reconciler does before it frees a booking (Reconciler._confirm). Kept, such a
         booking is booked when the view shows the pod's record (`_late`: sent at once), or expired by a later sweep
         once the API server says otherwise. Bookings reach the janitor only when their binder died or gave up:
-        a read each, per sweep."""
-        turns = asyncio.Semaphore(API_HOLDS_READS)
+        a read each, per sweep; the janitor asks about its nodes at once, and `api_reads` lets API_HOLDS_READS of
+        their reads run at a time (shared/domain/timing.py). What is read and what each answer means:
+        shared/domain/janitor_reads.py."""
+        def first(uid: str, ref: str) -> Verdict:
+            seen = self.truth.get(uid)
+            return before_read(node, ref, seen.node if seen is not None else None,
+                               time.monotonic() < self.api_unanswered_until)
 
         async def holds(uid: str, ref: str) -> bool:
-            ns, _, name = ref.partition("/")
-            if not ns or not name:
-                return False  # no pod name was recorded: nothing in the API can hold it
-            seen = self.truth.get(uid)
-            if seen is not None and seen.node == node:
-                # the view holds it bound there already: a record it can book is booked (record, confirm_now); one
-                # it cannot (none, unreadable, foreign) keeps the booking for the pod's life, as the reconciler
-                # keeps it (Reconciler._confirm), with no read of the API server every sweep (red team)
-                log.debug("janitor: keeping the pending booking of %s on %s: the pod view has it bound there",
-                          ref, node)
-                JANITOR_KEPT.labels("view_bound").inc()
-                return True
-            async with turns:
-                if time.monotonic() < self.api_unanswered_until:
-                    return self._unasked(ref, node, "a read just before went unanswered")
-                try:
-                    async with asyncio.timeout(API_HOLDS_READ_S):
-                        pod = await self.kube.get_pod(ns, name)
-                except KubeError as e:
-                    if e.status == 404:
-                        self._answered()
-                        return False
-                    return self._unasked(ref, node, str(e))
-                except Exception as e:  # (a timeout, the connection lost: we cannot tell)
-                    self.api_unanswered_until = time.monotonic() + API_HOLDS_READ_S
-                    return self._unasked(ref, node, f"{type(e).__name__}: {e}")
-            self._answered()
-            meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-            if str(meta.get("uid")) != uid or is_terminal(pod) or spec.get("nodeName") != node:
-                return False  # gone (another pod of that name), ended, or not bound there: its binder left it
-            log.info("janitor: keeping the pending booking of %s on %s past pendingTTLSeconds: the API server "
-                     "has the pod bound there, the pod view has not shown it yet", ref, node)
-            JANITOR_KEPT.labels("api_bound").inc()
-            return True
+            verdict, why = first(uid, ref), "a read just before went unanswered"
+            if verdict == "read":
+                async with self.api_reads:  # its turn: API_HOLDS_READS at once, over every node the janitor sweeps
+                    verdict = first(uid, ref)  # judged again at its turn: the view, and a read unanswered meanwhile
+                    if verdict == "read":
+                        answer, why = await self._read_pod(ref)
+                        if holds_reads(answer):
+                            self.api_unanswered_until = time.monotonic() + API_HOLDS_READ_S
+                        if answered(answer):
+                            self._answered()
+                        verdict = after_read(uid, node, answer)
+            return self._kept(verdict, ref, node, why)
 
         asked = list(refs.items())
         kept = await asyncio.gather(*(holds(uid, ref) for uid, ref in asked))
         return {uid for (uid, _), keep in zip(asked, kept, strict=True) if keep}
+
+    async def _read_pod(self, ref: str) -> tuple[Answer, str]:
+        """The API server's answer to a GET of the pod `ref` within API_HOLDS_READ_S (janitor_reads.Answer), and
+        what went wrong ("" when it answered with the pod)."""
+        ns, name = pod_name(ref) or ("", "")
+        try:
+            async with asyncio.timeout(API_HOLDS_READ_S):
+                return await self.kube.get_pod(ns, name), ""
+        except KubeError as e:
+            return e.status, str(e)
+        except Exception as e:  # (a timeout, the connection lost: we cannot tell)
+            return None, f"{type(e).__name__}: {e}"
+
+    def _kept(self, verdict: Verdict, ref: str, node: str, why: str) -> bool:
+        """Whether api_holds keeps the booking of `ref` on `node` (janitor_reads' verdict), counted and said so."""
+        if verdict == "view_bound":
+            # the view holds it bound there already: a record it can book is booked (record, confirm_now); one
+            # it cannot (none, unreadable, foreign) keeps the booking for the pod's life, as the reconciler
+            # keeps it (Reconciler._confirm), with no read of the API server every sweep (red team)
+            log.debug("janitor: keeping the pending booking of %s on %s: the pod view has it bound there", ref, node)
+            JANITOR_KEPT.labels("view_bound").inc()
+            return True
+        if verdict == "api_unanswered":
+            return self._unasked(ref, node, why)
+        if verdict == "api_bound":
+            log.info("janitor: keeping the pending booking of %s on %s past pendingTTLSeconds: the API server "
+                     "has the pod bound there, the pod view has not shown it yet", ref, node)
+            JANITOR_KEPT.labels("api_bound").inc()
+            return True
+        return False  # no pod name recorded, gone, another pod of that name, ended, or not bound there
 
     def _unasked(self, ref: str, node: str, why: str) -> bool:
         """api_holds could not ask the API server about `ref`: its booking is kept (True). Said once per episode (a

@@ -46,3 +46,49 @@ def bind_deadline_s(pending_ttl_seconds: float) -> float:
 # tight loop (a flapping kubelet, a stolen kubelet identity) costs the watcher one handling a second, not one per
 # change. A node with no change for this long is handled at once. Kubelets post status every 10 s or more.
 NODE_EVENT_MIN_INTERVAL_S = 1.0
+
+
+# The janitor (controller/janitor.py) sweeps for pending bookings past pendingTTLSeconds every JANITOR_INTERVAL_S,
+# counted from each sweep's start (a sweep longer than that is followed at once by the next). Before it expires one
+# it reads its pod from the API server (PodWatcher.api_holds; shared/domain/janitor_reads.py): a read not answered
+# within API_HOLDS_READ_S keeps the booking until a later sweep, and holds back the sweep's reads not begun yet for
+# as long, so a sweep waits on an API server that does not answer about once, not once per pod or node.
+JANITOR_INTERVAL_S = 5.0
+API_HOLDS_READ_S = 5.0
+# At most this many of those reads at once, over every node of a sweep (one semaphore per pod watcher). The nodes'
+# reads overlap, so a sweep that reads R pods, each answered in d seconds, takes about ceil(R / 8) x d, not R x d
+# (nodes were swept one by one: a slow API server held every stale booking of the last node R x d longer). Eight,
+# not one per booking: bookings reach the janitor when their binders died or gave up (an extender killed with its
+# binds in flight leaves a burst of them at once), and the burst must not become a burst of GETs at an API server
+# that is slow already: eight in flight is a small share of an API Priority and Fairness level's seats and of the
+# client's 64 pooled connections (shared/kube.py: as many as its best-effort Events, BEST_EFFORT_IN_FLIGHT), and a
+# burst of up to eight bookings still costs a sweep one read's time.
+API_HOLDS_READS = 8
+
+
+def janitor_rest_s(took_s: float, interval_s: float = JANITOR_INTERVAL_S) -> float:
+    """How long the janitor waits after a sweep that took `took_s`: sweeps start `interval_s` apart, counted from
+    each one's start, and one that took longer is followed at once by the next (its reads' time does not push every
+    later sweep back: pending_release_bound_s)."""
+    return max(0.0, interval_s - took_s)
+
+
+def janitor_sweep_s(reads: int, read_s: float, in_flight: int = API_HOLDS_READS) -> float:
+    """How long a sweep's reads of pods take (its Redis round trips left out): `reads` pods, each answered in
+    `read_s` seconds (at most API_HOLDS_READ_S: one not answered by then holds the rest back), `in_flight` at once."""
+    return -(-reads // in_flight) * min(read_s, API_HOLDS_READ_S) if reads > 0 else 0.0
+
+
+def pending_release_bound_s(pending_ttl_seconds: float, sweep_s: float,
+                            interval_s: float = JANITOR_INTERVAL_S) -> float:
+    """The latest a pending booking whose binder died is released, counted from its reservation, when no sweep takes
+    longer than `sweep_s` (janitor_sweep_s, plus its Redis round trips) and the API server answers its reads
+    (a booking it cannot be asked about is kept: fail closed). The janitor dates a booking when a sweep first sees it
+    (on its own monotonic clock too: shared/domain/reconcile.py pending_since), at most a period after it was made;
+    expires it at the first sweep that starts at least pendingTTLSeconds after that; and sends its expiry within
+    that sweep. Sweeps start every `interval_s` while none takes longer, so the TTL ends on a sweep's start rounded
+    up to the period: interval + ceil(TTL / interval) x interval + sweep (the TTL + 5 s + the sweep, at the default
+    120 s); longer sweeps follow one another at once, and the bound is then TTL + 3 x sweep."""
+    if sweep_s <= interval_s:
+        return interval_s + -(-pending_ttl_seconds // interval_s) * interval_s + sweep_s
+    return pending_ttl_seconds + 3 * sweep_s
