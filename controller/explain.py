@@ -18,7 +18,7 @@ from shared.config import Config
 from shared.domain.admission import placement_request
 from shared.domain.explain import CardWhy, Explanation, NodeWhy, explain
 from shared.domain.placement import NodeRequirement, node_requirement
-from shared.domain.request import RequestError, SliceRequest, pod_request
+from shared.domain.request import RequestError, SliceRequest, held_request
 from shared.domain.shapes import ShapeError, describe, is_dns_label, is_dns_subdomain, printable
 from shared.domain.state import NodeSnapshot
 from shared.kube import Kube, KubeError
@@ -74,8 +74,9 @@ async def gather(kube: Kube, ref: str, snapshots: Snapshots, cfg: Config, unkept
     req: SliceRequest | None = None
     requirement: NodeRequirement | None = None
     try:
-        # a bound pod is judged as the watchers book it; a pending one as the extender would place it
-        req = (pod_request if bound else placement_request)(pod, cfg)
+        # a bound pod is judged as the watchers book it (not its pin: held_request); a pending one as the extender
+        # would place it
+        req = (held_request if bound else placement_request)(pod, cfg)
         requirement = node_requirement(pod)
     except RequestError as e:
         problems.extend(e.problems)

@@ -27,7 +27,7 @@ from shared.domain.janitor_reads import Answer, Verdict, after_read, answered, b
 from shared.domain.node import Inventory
 from shared.domain.quota import is_terminal
 from shared.domain.reconcile import FUTURE_MS, Unrecorded, quarantine_reason, recovered_usage
-from shared.domain.request import RequestError, pod_request
+from shared.domain.request import RequestError, held_request
 from shared.domain.timing import API_HOLDS_READ_S, API_HOLDS_READS
 from shared.domain.trust import asks_slices, foreign_fate, foreign_record
 from shared.domain.views import picked, spec_view
@@ -92,7 +92,7 @@ def unaccounted(pod: Mapping[str, Any], cfg: Config) -> Unrecorded | None:
         # no admission sees on a CPU pod: its unreadable request counted as asking
         return None
     try:
-        req = pod_request(pod, cfg)
+        req = held_request(pod, cfg)  # not its pin: its owner may change it after the bind, it steers placement only
     except RequestError:
         req = None
     else:

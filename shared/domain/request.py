@@ -334,6 +334,19 @@ def pod_request(pod: Mapping[str, Any], cfg: Config) -> SliceRequest | None:
     return req
 
 
+def held_request(pod: Mapping[str, Any], cfg: Config) -> SliceRequest | None:
+    """What a pod already placed holds, read from its resources alone: `pod_request` without its card pin
+    (`mtsched.io/card-memory`). The pin chooses where a pod may be placed, never how much it holds there (whole
+    cards are booked at their own capacity, slices at their `sgpu-memory`), and the pod's owner may change it any
+    time after (no admission judges a pod UPDATE): read for a placed pod, a pin naming no model, or a model its
+    slice does not fit, made the request unreadable and closed the pod's node (tests/e2e/test_redteam_foreign_pin.py).
+    """
+    problems = pod_problems(pod)
+    if problems:  # fail closed, as pod_request
+        raise RequestError(problems)
+    return shape_request(read_asks(pod, cfg), cfg, None)
+
+
 def card_accepts(capacity: int, req: SliceRequest) -> bool:
     """Whether a card of `capacity` units can serve the request's model and every slice value."""
     if req.model is not None and req.model != capacity:

@@ -12,11 +12,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from redis.asyncio import Redis
 
-from controller.explain import ExplainError, explain_handler, parse_ref, to_json, to_text
+from controller.explain import ExplainError, explain_handler, gather, parse_ref, to_json, to_text
 from shared.domain.explain import Explanation, explain
 from shared.domain.fit import USE_UUID, fit, gen_reason
 from shared.domain.placement import node_requirement
-from shared.domain.request import SliceRequest, pod_request
+from shared.domain.request import PIN_ANNOTATION, SliceRequest, pod_request
 from shared.domain.state import CardRecord, NodeSnapshot, Reservation
 from shared.kube import Kube, KubeError
 from shared.store.ledger import Ledger
@@ -249,3 +249,18 @@ def test_an_unkept_ledger_comes_first_for_a_pending_slice_pod(bound: str, asks: 
         assert e.nodes == kept.nodes  # the cards as they are
     else:
         assert e == kept
+
+
+@pytest.mark.parametrize("pin", ["nope", "S5000"])
+async def test_a_bound_pod_is_explained_as_booked_whatever_its_pin_says_now(pin: str) -> None:
+    """Its owner may change the pin after the bind; the watchers book what it holds without it (held_request), and
+    explain, which judges a bound pod as the watchers book it, said its request could not be read."""
+    p = pod(slice_ctr(memory=32), annotations={PIN_ANNOTATION: pin}, name="p", nodeName="n1")
+    p["metadata"].update(namespace="ns", uid="u")
+    kube = cast(Kube, PodOnlyKube({("ns", "p"): p}))
+
+    async def snaps() -> dict[str, NodeSnapshot]:
+        return {"n1": snap("n1", rec(0, 96, 32, 8, 1), reservations=(res("u", 0, 32, 8),))}
+
+    e = await gather(kube, "ns/p", snaps, cfg((96,)))
+    assert e.problems == () and e.request.startswith("slice of one card: 32 units"), e

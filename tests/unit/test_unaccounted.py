@@ -40,3 +40,12 @@ def test_only_a_pod_naming_our_resources_closes_its_node(p: dict[str, Any], clos
     assert (got is not None) is closes, got
     if got is not None:
         assert got.node == "gpu-1"
+
+
+@pytest.mark.parametrize("pin", [None, "nope", "160", "96", "S5000"])
+def test_what_a_placed_pod_holds_does_not_read_its_pin(pin: str | None) -> None:
+    """Its owner may change the pin after the bind (no admission judges a pod UPDATE): a pin naming no model, or a
+    model the slice does not fit, made the request unreadable and closed the node (test_redteam_foreign_pin.py)."""
+    got = unaccounted(bound(pod(slice_ctr(), annotations=None if pin is None else {PIN_ANNOTATION: pin})), CFG)
+    assert got is not None and got.request is not None
+    assert (got.request.cards, got.request.memory, got.request.cores, got.request.slices) == (1, 32, 8, 1)
