@@ -339,7 +339,7 @@ def held_request(pod: Mapping[str, Any], cfg: Config) -> SliceRequest | None:
     (`mtsched.io/card-memory`). The pin chooses where a pod may be placed, never how much it holds there (whole
     cards are booked at their own capacity, slices at their `sgpu-memory`), and the pod's owner may change it any
     time after (no admission judges a pod UPDATE): read for a placed pod, a pin naming no model, or a model its
-    slice does not fit, made the request unreadable and closed the pod's node (tests/e2e/test_redteam_foreign_pin.py).
+    slice does not fit, made the request unreadable and closed the pod's node (tests/e2e/test_redteam_card_pin.py).
     """
     problems = pod_problems(pod)
     if problems:  # fail closed, as pod_request

@@ -1,6 +1,6 @@
 """Which bound pods without a readable record close their node (controller/pod_watch.py unaccounted): only those
 that name one of our slice resources, also when something else about them cannot be read. A red team closed any
-GPU node to every slice pod with a tenant's CPU pod carrying a bad card pin (tests/e2e/test_redteam_cpu_pin.py)."""
+GPU node to every slice pod with a tenant's CPU pod carrying a bad card pin (tests/e2e/test_redteam_card_pin.py)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def test_only_a_pod_naming_our_resources_closes_its_node(p: dict[str, Any], clos
 @pytest.mark.parametrize("pin", [None, "nope", "160", "96", "S5000"])
 def test_what_a_placed_pod_holds_does_not_read_its_pin(pin: str | None) -> None:
     """Its owner may change the pin after the bind (no admission judges a pod UPDATE): a pin naming no model, or a
-    model the slice does not fit, made the request unreadable and closed the node (test_redteam_foreign_pin.py)."""
+    model the slice does not fit, made the request unreadable and closed the node
+    (tests/e2e/test_redteam_card_pin.py)."""
     got = unaccounted(bound(pod(slice_ctr(), annotations=None if pin is None else {PIN_ANNOTATION: pin})), CFG)
     assert got is not None and got.request is not None
     assert (got.request.cards, got.request.memory, got.request.cores, got.request.slices) == (1, 32, 8, 1)
