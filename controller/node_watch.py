@@ -20,6 +20,7 @@ from shared.domain.annotations import PodUsage
 from shared.domain.coalesce import Coalescer, Offered, Pending
 from shared.domain.node import Inventory, node_inventory, offers_more
 from shared.domain.reconcile import offers_cards
+from shared.domain.resource_version import listed_over
 from shared.domain.timing import KEEP_MS, NODE_EVENT_MIN_INTERVAL_S
 from shared.kube import Kube
 from shared.serving.metrics import RELEASES, WATCH_COALESCED, WATCH_DEFERRED, WATCH_EVENTS
@@ -106,6 +107,32 @@ class NodeWatcher:
         # handled while a rebuild runs would be overwritten by the rebuild's older copy (in Redis and in
         # `last`, which every later pass compares with). Held, the change is handled after the rebuild.
         self.lock = asyncio.Lock()
+        # the resourceVersion of the last node list a rebuild wrote (`supersede`): an event no newer than it, which a
+        # lagging stream delivers after the rebuild, is an older state of its node than the one written
+        self.written_rv = ""
+
+    def supersede(self, list_rv: str, mark: int) -> list[str]:
+        """The reconciler's rebuild wrote every node from its own list (resourceVersion `list_rv`, requested when the
+        queue had taken `mark` offers), under `lock`: the queued events no newer than that list are dropped, as a
+        re-list drops them (on_sync). Handled after it, such an event wrote an older state of its node (cards,
+        health, error) over the newer one the rebuild wrote, and `last` with it, which the reconciler compares
+        with: it stood until the node's next event was handled. By resourceVersion where it is comparable, else
+        by the order things came (an event received before the list was requested is no newer than it)."""
+        def stale(p: Pending[NodeEvent]) -> bool:
+            rv = str((p.value[1].get("metadata") or {}).get("resourceVersion") or "")
+            return listed_over(rv, list_rv, p.offered <= mark)
+
+        dropped = self.events.drop(stale)
+        for name in dropped:
+            self._held.discard(name)
+            self.failing.pop(name, None)  # (its change is in the list's view, written)
+        if not self.failing:
+            self.last_error = ""
+        self.written_rv = list_rv
+        if dropped:
+            log.info("rebuild: %d queued node change(s) no newer than its node list dropped: %s", len(dropped),
+                     ", ".join(sorted(dropped)[:5]))
+        return dropped
 
     async def apply(self, name: str, inv: Inventory | None) -> None:
         """Bring the ledger's node `name` to what the API says (`inv`; None: the Node is gone)."""
@@ -244,6 +271,9 @@ class NodeWatcher:
         pending one. The reflector counts it received (its resourceVersion) at once: one run_events fails to handle
         is put back and handled again, and a re-list supersedes every pending one."""
         name = str((node.get("metadata") or {}).get("name"))
+        if self.written_rv and listed_over(str((node.get("metadata") or {}).get("resourceVersion") or ""),
+                                           self.written_rv, False):
+            return  # a lagging stream's older state of a node a rebuild wrote newer (supersede)
         now = self.clock()
         outcome = self.events.offer(name, (kind, node), now, deleted=kind == "DELETED")
         flapping = False
@@ -366,6 +396,8 @@ class NodeWatcher:
             # reflector lists again
             self.events.clear()
             self._held.clear()
+            # the stream resumes from this list: what it wrote is the view now (however old a rebuild's was)
+            self.written_rv = ""
             await self._on_sync(nodes)
             self.failing, self.last_error = {}, ""  # (a change that failed is in the list's view, written)
 
