@@ -59,8 +59,9 @@ class Coalescer(Generic[V]):
     def __len__(self) -> int:
         return len(self.pending)
 
-    def offer(self, key: str, value: V, now: float, deleted: bool = False) -> Offered:
-        """`value` is the key's newest state (`deleted`: a deletion)."""
+    def offer(self, key: str, value: V, now: float, deleted: bool = False, not_before: float | None = None) -> Offered:
+        """`value` is the key's newest state (`deleted`: a deletion); `not_before`: a key not pending waits until then
+        at least (a change to try again later)."""
         self.offers += 1
         p = self.pending.get(key)
         if p is not None:
@@ -72,7 +73,8 @@ class Coalescer(Generic[V]):
             return Offered.COALESCED
         self._seq += 1
         self.pending[key] = Pending(key, value, self._seq, deleted=deleted, offered=self.offers)
-        due = self._taken.get(key, float("-inf")) + self.min_interval
+        due = max(self._taken.get(key, float("-inf")) + self.min_interval,
+                  not_before if not_before is not None else float("-inf"))
         if due <= now:
             heapq.heappush(self._ready, (self._seq, key))
             return Offered.READY
