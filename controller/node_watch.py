@@ -148,9 +148,12 @@ class NodeWatcher:
         dropped = self.events.drop(stale)
         for name in dropped:
             self._held.discard(name)
-            self.failing.pop(name, None)  # (its change is in the list's view, written)
+            # (its change is in the list's view, written: a node whose change could not be written is open again)
+            self.failing.pop(name, None)
+            self.stuck.pop(name, None)
         if not self.failing:
             self.last_error = ""
+        NODES_UNWRITTEN.set(len(self.stuck))
         self.written_rv = list_rv
         if dropped:
             log.info("rebuild: %d queued node change(s) no newer than its node list dropped: %s", len(dropped),

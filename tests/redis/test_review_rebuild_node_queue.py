@@ -22,10 +22,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from controller.node_watch import NodeWatcher
 from controller.reconciler import Reconciler
+from shared.domain.node import Inventory
 from shared.serving.supervise import cancel_and_wait
 from shared.store.ledger import Ledger
 from tests._wait import eventually
@@ -157,3 +159,30 @@ async def test_an_event_received_after_the_list_with_an_opaque_version_is_handle
     tasks.append(asyncio.create_task(nodes.run_events()))
     await drained(nodes)
     assert await cards(ledger) == 6
+
+
+async def test_a_node_whose_change_could_not_be_written_is_open_again_once_a_rebuild_wrote_it(
+        rig: tuple[Api, NodeWatcher, Reconciler, list[asyncio.Task[None]]], ledger: Ledger) -> None:
+    """Closed while its change is refused (NodeWatcher._stuck), its queued change dropped by a rebuild that wrote a
+    newer state of it: open as written, not closed for good with nothing left to try."""
+    api, nodes, rec, tasks = rig
+    real = ledger.upsert_node
+
+    async def refused(inv: Inventory, *args: Any, **kwargs: Any) -> int:
+        if len(inv.cards) == 7:
+            raise rexc.ResponseError("BADINPUT cards: refused for this test")
+        return await real(inv, *args, **kwargs)
+
+    ledger.upsert_node = refused  # type: ignore[method-assign]
+    tasks.append(asyncio.create_task(nodes.run_events()))
+    await stream(nodes, "MODIFIED", node(7, "20"))
+    await eventually(lambda: "n" in nodes.stuck and nodes.stuck["n"].closed, what="n closed, its change refused")
+    snap = await ledger.snapshot("n")
+    assert snap is not None and snap.error
+    api.nodes, api.rv = [node(2, "30")], "30"
+    await rec.rebuild("node missing")
+    await drained(nodes)
+    assert "n" not in nodes.stuck and not nodes.events.pending
+    await rec.reconcile_all()
+    snap = await ledger.snapshot("n")
+    assert snap is not None and not snap.error and len(snap.cards) == 2, (snap.error, len(snap.cards))
