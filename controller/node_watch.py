@@ -9,19 +9,24 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
+from prometheus_client import Gauge
+
 from controller.knob_watch import KnobWatch
-from controller.mismatch import MismatchReporter
+from controller.mismatch import EVENT_NAMESPACE, MismatchReporter
 from controller.reflector import Reflector
 from shared.config import Config
 from shared.domain.annotations import PodUsage
 from shared.domain.coalesce import Coalescer, Offered, Pending
 from shared.domain.node import Inventory, node_inventory, offers_more
+from shared.domain.node_stuck import stuck_error, stuck_event, stuck_retry_in
 from shared.domain.reconcile import offers_cards
+from shared.domain.resource_version import listed_over
 from shared.domain.timing import KEEP_MS, NODE_EVENT_MIN_INTERVAL_S
-from shared.kube import Kube
+from shared.kube import Kube, KubeError
 from shared.serving.metrics import RELEASES, WATCH_COALESCED, WATCH_DEFERRED, WATCH_EVENTS
 from shared.serving.supervise import is_transient
 from shared.serving.waits import within
@@ -36,6 +41,19 @@ KEEP_ALL_MS = KEEP_MS_MAX
 # At most one line this often says which nodes had their changes held back (NodeWatcher.offer)
 THROTTLE_LOG_EVERY_S = 10.0
 NodeEvent = tuple[str, dict[str, Any]]  # (the watch event's type, the Node)
+NODES_UNWRITTEN = Gauge("mtsched_nodes_unwritten",
+                        "Nodes whose latest change the node watcher cannot write to the ledger for a reason no retry "
+                        "cures soon (Redis refuses that node's write, a bug on the Node's shape): closed in the ledger "
+                        "(offers nothing), tried again with backoff (should stay 0)")
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """A node whose latest change could not be written for a reason no retry cures soon (NodeWatcher._stuck)."""
+
+    reason: str  # the first failure's (kept: the error the ledger holds does not change at each try)
+    attempt: int  # tries failed so far, less one (the backoff's exponent)
+    closed: bool  # whether the ledger holds it closed (or offers nothing of it): if not, readiness says so
 
 
 class NodeWatcher:
@@ -54,6 +72,7 @@ class NodeWatcher:
 
     def __init__(self, kube: Kube, ledger: Ledger, cfg: Config, keep_ms: int = KEEP_MS,
                  min_interval: float = NODE_EVENT_MIN_INTERVAL_S):
+        self.kube = kube
         self.ledger = ledger
         self.cfg = cfg
         self.keep_ms = keep_ms
@@ -76,9 +95,14 @@ class NodeWatcher:
         self.clock: Callable[[], float] = time.monotonic  # the queue's time (a test's own clock)
         self._offered = asyncio.Event()  # set by offer: run_events looks again
         self.handled = 0  # events run_events handled (a re-list's nodes not counted)
-        # node -> since when run_events fails to handle its change (Redis away, or a refusal of its write), for
-        # readiness: by node, so another node handled meanwhile does not make a failing one look handled
+        # node -> since when run_events fails to handle its change (Redis away, or a node that cannot even be closed),
+        # for readiness: by node, so another node handled meanwhile does not make a failing one look handled
         self.failing: dict[str, float] = {}
+        # nodes whose change fails for a reason no retry cures soon: closed in the ledger (`effective`), the role ready
+        # for the others (a whole role unready for one bad Node stopped every node's repair, and, every watcher
+        # replica meeting the same Node, the upkeep stamp: every extender then placed nothing, cluster-wide)
+        self.stuck: dict[str, Stuck] = {}
+        self._reports: set[asyncio.Task[None]] = set()
         self.last_error = ""
         # after each handling that works: the role's Supervisor.progress (controller/roles.py spawn_node_events)
         self.on_progress: Callable[[], None] = lambda: None
@@ -106,6 +130,35 @@ class NodeWatcher:
         # handled while a rebuild runs would be overwritten by the rebuild's older copy (in Redis and in
         # `last`, which every later pass compares with). Held, the change is handled after the rebuild.
         self.lock = asyncio.Lock()
+        # the resourceVersion of the last node list a rebuild wrote (`supersede`): an event no newer than it, which a
+        # lagging stream delivers after the rebuild, is an older state of its node than the one written
+        self.written_rv = ""
+
+    def supersede(self, list_rv: str, mark: int) -> list[str]:
+        """The reconciler's rebuild wrote every node from its own list (resourceVersion `list_rv`, requested when the
+        queue had taken `mark` offers), under `lock`: the queued events no newer than that list are dropped, as a
+        re-list drops them (on_sync). Handled after it, such an event wrote an older state of its node (cards,
+        health, error) over the newer one the rebuild wrote, and `last` with it, which the reconciler compares
+        with: it stood until the node's next event was handled. By resourceVersion where it is comparable, else
+        by the order things came (an event received before the list was requested is no newer than it)."""
+        def stale(p: Pending[NodeEvent]) -> bool:
+            rv = str((p.value[1].get("metadata") or {}).get("resourceVersion") or "")
+            return listed_over(rv, list_rv, p.offered <= mark)
+
+        dropped = self.events.drop(stale)
+        for name in dropped:
+            self._held.discard(name)
+            # (its change is in the list's view, written: a node whose change could not be written is open again)
+            self.failing.pop(name, None)
+            self.stuck.pop(name, None)
+        if not self.failing:
+            self.last_error = ""
+        NODES_UNWRITTEN.set(len(self.stuck))
+        self.written_rv = list_rv
+        if dropped:
+            log.info("rebuild: %d queued node change(s) no newer than its node list dropped: %s", len(dropped),
+                     ", ".join(sorted(dropped)[:5]))
+        return dropped
 
     async def apply(self, name: str, inv: Inventory | None) -> None:
         """Bring the ledger's node `name` to what the API says (`inv`; None: the Node is gone)."""
@@ -235,8 +288,12 @@ class NodeWatcher:
 
     def effective(self, inv: Inventory) -> Inventory:
         """The node as the ledger must hold it: closed (an error) while pods nobody can account for hold
-        cards there."""
-        why = "" if inv.error or not inv.cards else self.quarantine(inv.node)
+        cards there, or while its latest change cannot be written (`stuck`: its last written state is not the
+        Node's)."""
+        if inv.error or not inv.cards:
+            return inv
+        stuck = self.stuck.get(inv.node)
+        why = stuck_error(stuck.reason) if stuck is not None else self.quarantine(inv.node)
         return replace(inv, error=why) if why else inv
 
     async def offer(self, kind: str, node: dict[str, Any]) -> None:
@@ -244,6 +301,9 @@ class NodeWatcher:
         pending one. The reflector counts it received (its resourceVersion) at once: one run_events fails to handle
         is put back and handled again, and a re-list supersedes every pending one."""
         name = str((node.get("metadata") or {}).get("name"))
+        if self.written_rv and listed_over(str((node.get("metadata") or {}).get("resourceVersion") or ""),
+                                           self.written_rv, False):
+            return  # a lagging stream's older state of a node a rebuild wrote newer (supersede)
         now = self.clock()
         outcome = self.events.offer(name, (kind, node), now, deleted=kind == "DELETED")
         flapping = False
@@ -291,6 +351,10 @@ class NodeWatcher:
         return min(self.failing.values(), default=None)
 
     async def _handle_pending(self, p: Pending[NodeEvent]) -> None:
+        # a closed node's change is tried as the Node is, not closed (`stuck` left out of `effective` for the try), and
+        # written whatever `last` says (the ledger holds it closed): its `last` is set aside meanwhile
+        stuck = self.stuck.pop(p.key, None)
+        before = self.last.pop(p.key, None) if stuck is not None else self.last.get(p.key)
         try:
             if p.gone is not None:  # deleted, then created again: forgotten first, as the two events would have
                 await self._on_event("DELETED", p.gone[1])
@@ -299,6 +363,14 @@ class NodeWatcher:
             await self._on_event(*p.value)
             self.handled += 1
         except BaseException as e:
+            if stuck is not None:
+                self.stuck[p.key] = stuck  # (the try wrote nothing: the ledger holds it closed still)
+                if before is not None and p.key not in self.last:
+                    self.last[p.key] = before
+            if isinstance(e, Exception) and not is_transient(e):
+                await self._stuck(p.key, e, before, str((p.value[1].get("metadata") or {}).get("uid") or ""))
+                self.events.put_back(p, self._retry_at(p.key))
+                return
             # Tried again in the node's turn, once its interval is over: put back first in line, ready at once, a
             # node whose writes fail while the others' work (one shard of a Redis Cluster away, a refusal of its
             # write) was taken first again at each restart of the task, every other node's change waiting behind it.
@@ -308,21 +380,94 @@ class NodeWatcher:
             if not isinstance(e, Exception):  # (cancelled: the role stops, or the task is restarted)
                 self.events.put_back(p)
                 raise
-            stuck = not is_transient(e)
             self.events.put_back(p, self.clock() + self.events.min_interval)
-            first = p.key not in self.failing
             self.failing.setdefault(p.key, self.clock())
             self.last_error = f"{type(e).__name__}: {e}"[:300]
-            if not stuck:
-                raise
-            log.log(logging.ERROR if first else logging.DEBUG, "node %s: its change could not be handled (%s); "
-                    "tried again in its turn, at most once per %gs, until a state of it is handled", p.key,
-                    self.last_error, self.events.min_interval, exc_info=e if first else None)
-            return
+            raise
         self.failing.pop(p.key, None)
         if not self.failing:
             self.last_error = ""
+        if stuck is not None:
+            NODES_UNWRITTEN.set(len(self.stuck))
+            log.warning("node %s: its change is written (%s failed before): the node is open to placement again as "
+                        "the Node says", p.key, stuck.reason)
         self.on_progress()
+
+    async def _stuck(self, name: str, e: Exception, before: Inventory | None, uid: str) -> None:
+        """`name`'s change failed for a reason no retry cures soon (Redis refuses the node's write, a bug on the Node's
+        shape): the node is closed in the ledger, its last written state (`before`) with an error, so nothing is
+        placed on a state we know is old (fail closed); reported (gauge, Warning Event, log) and tried again with
+        backoff (`_retry_at`). The role stays ready for the other nodes; only a node that cannot even be closed
+        counts against readiness (`failing`), and is tried at each interval."""
+        reason = f"{type(e).__name__}: {e}"[:300]
+        was = self.stuck.get(name)
+        if before is not None and name not in self.last:
+            self.last[name] = before  # (a deletion that failed: the ledger still holds what was written)
+        stuck = Stuck(was.reason if was else reason, was.attempt + 1 if was else 0, bool(was and was.closed))
+        self.stuck[name] = stuck  # (first: `effective` closes it)
+        if not stuck.closed:
+            stuck = replace(stuck, closed=await self._close(name))
+            self.stuck[name] = stuck
+        if stuck.closed:
+            self.failing.pop(name, None)
+        else:
+            self.failing.setdefault(name, self.clock())
+            self.last_error = f"node {name} not even closed: {reason}"
+        if not self.failing:
+            self.last_error = ""
+        NODES_UNWRITTEN.set(len(self.stuck))
+        if was is None:
+            log.error("node %s: its change cannot be written (%s); the node is %s, tried again with backoff (up to "
+                      "every %gs) until a state of it is written", name, reason,
+                      "closed in the ledger (offers nothing)" if stuck.closed else
+                      "NOT closed in the ledger either (readiness says so)",
+                      stuck_retry_in(99, self.events.min_interval), exc_info=e)
+            self._report(name, reason, uid)
+        else:
+            log.debug("node %s: its change still cannot be written (%s)", name, reason)
+
+    def _retry_at(self, name: str) -> float:
+        """When a stuck node's change is tried again: with backoff once it is closed, else at its next interval."""
+        stuck = self.stuck.get(name)
+        if stuck is None or not stuck.closed:
+            return self.clock() + self.events.min_interval
+        return self.clock() + stuck_retry_in(stuck.attempt, self.events.min_interval)
+
+    async def _close(self, name: str) -> bool:
+        """Write `name` as last written, closed (`effective`, under `stuck`); whether the ledger offers nothing of it
+        now (a node this watcher never wrote, or written offering no card, offers nothing already)."""
+        inv = self.last.get(name)
+        if inv is None or not offers_cards(inv):
+            return True
+        stale = self.view_problem()
+        try:
+            await self._write_open(name, self.effective(inv), KEEP_ALL_MS if stale else self.keep_ms, stale)
+        except Exception as e:
+            log.error("node %s: could not be closed in the ledger either (%s): pods may still be placed on its last "
+                      "written state", name, e)
+            return False
+        return True
+
+    def _report(self, name: str, reason: str, uid: str) -> None:
+        """The Warning Event on the Node (best effort, in the background: a slow API server holds no node's turn)."""
+        if not self.cfg.events_enabled:
+            return
+        body = stuck_event(name, uid, reason, self.cfg.scheduler_name,
+                           datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), EVENT_NAMESPACE)
+
+        async def send() -> None:
+            try:
+                await self.kube.request("POST", f"/api/v1/namespaces/{EVENT_NAMESPACE}/events", body,
+                                        best_effort=True)
+            except KubeError as e:
+                if e.status != 409:  # 409: reported already (another replica, or this one before a restart)
+                    log.warning("could not record the event of node %s: %s", name, e)
+            except Exception as e:
+                log.debug("could not record the event of node %s: %s", name, e)
+
+        task = asyncio.create_task(send())
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
 
     def problem(self, max_failing: float = 10.0) -> str:
         """Why the node view cannot be trusted now ("" when it can): the stream's problem, or events it delivered
@@ -333,7 +478,7 @@ class NodeWatcher:
         failing = self.clock() - since
         if failing < max_failing:
             return ""
-        return f"nodes: {len(self.events)} node change(s) not handled for {failing:.0f}s ({self.last_error})"
+        return f"nodes: {len(self.failing)} node change(s) not handled for {failing:.0f}s ({self.last_error})"
 
     async def on_event(self, kind: str, node: dict[str, Any]) -> None:
         """Handle one event now, in the caller's turn (no coalescing: the stream's go through offer)."""
@@ -366,8 +511,28 @@ class NodeWatcher:
             # reflector lists again
             self.events.clear()
             self._held.clear()
-            await self._on_sync(nodes)
-            self.failing, self.last_error = {}, ""  # (a change that failed is in the list's view, written)
+            # the stream resumes from this list: what it wrote is the view now (however old a rebuild's was)
+            self.written_rv = ""
+            # a change that failed is in the list's view: written by it, or failing again (`_listed`)
+            self.failing, self.last_error, self.stuck = {}, "", {}
+            try:
+                await self._on_sync(nodes)
+            finally:
+                NODES_UNWRITTEN.set(len(self.stuck))
+
+    async def _listed(self, name: str, inv: Inventory | None, event: NodeEvent, was: Inventory | None) -> None:
+        """A list's write of one node. One that fails for a reason no retry cures soon is closed and queued, its change
+        tried again with backoff (`_stuck`), and the list goes on with the other nodes: raised, the whole list failed
+        at that node, and was made again and again, no node after it written."""
+        try:
+            await self.apply(name, inv)
+        except Exception as e:
+            if is_transient(e):
+                raise
+            await self._stuck(name, e, was, str((event[1].get("metadata") or {}).get("uid") or ""))
+            self.events.offer(name, event, self.clock(), deleted=event[0] == "DELETED",
+                              not_before=self._retry_at(name))
+            self._offered.set()
 
     async def _on_sync(self, nodes: list[dict[str, Any]]) -> None:
         invs = {inv.node: inv for inv in (node_inventory(n, self.cfg) for n in nodes)}
@@ -385,10 +550,12 @@ class NodeWatcher:
         self.mismatch.synced(set(invs))
         self.last = {}  # force a write: the ledger may have been flushed or edited meanwhile
         self.kept = {}
+        objs = {str((n.get("metadata") or {}).get("name")): n for n in nodes}
         for inv in invs.values():
-            await self.apply(inv.node, inv)
+            await self._listed(inv.node, inv, ("MODIFIED", objs[inv.node]), before.get(inv.node))
         for name in set(await self.ledger.nodes()) - {n for n, i in invs.items() if offers_cards(i)}:
-            await self.apply(name, None)
+            await self._listed(name, None, ("DELETED", objs.get(name) or {"metadata": {"name": name}}),
+                               before.get(name))
         self.closed &= self.known  # (nodes gone from the ledger meanwhile: nothing of theirs to write again)
         if self.listed:  # (not at start: every node would be new to this watcher, and no filter saw it lag)
             raised += [name for name, inv in invs.items() if name not in raised and offers_more(before.get(name), inv)]

@@ -101,7 +101,8 @@ class Reconciler:
 
     async def _rebuild(self, why: str) -> dict[str, int]:
         t0 = time.monotonic()
-        node_objs, _ = await self.nodes.reflector.list()
+        mark = self.nodes.events.offers  # the node events received before the list: none newer than it
+        node_objs, list_rv = await self.nodes.reflector.list()
         # when the consistent read of the pods began, by node (what may verify a node of another Redis history
         # whose keep window is over; nodes the list lacks are read again by the pass that follows)
         began = await self.ledger.clocks([str((n.get("metadata") or {}).get("name")) for n in node_objs])
@@ -167,6 +168,8 @@ class Reconciler:
                 self.pods.nudger.nudge(inv.node)
         self.nodes.known = {i.node for i in invs} | {u.node for u, _ in bound.values()}
         self.nodes.last = by_name  # the API's view; a quarantine is applied on top (NodeWatcher.effective)
+        # queued node events older than this list would be handled after it, over it (NodeWatcher.supersede)
+        self.nodes.supersede(list_rv, mark)
         self.pods.seen = {}
         if not self.pods.reflector.synced.is_set():
             # first start: seed the pod view from the same list, so nodes written before the pod

@@ -19,6 +19,7 @@ however often it is offered, and the cost of offering is O(log n).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Generic, TypeVar
@@ -37,6 +38,7 @@ class Pending(Generic[V]):
     key: str
     value: V  # the newest value offered
     seq: int  # arrival order of the key's first pending value (its place in the line)
+    offered: int = 0  # the offer count (`Coalescer.offers`) when `value` was offered: what came before what
     deleted: bool = False  # whether `value` is a deletion
     # the newest deletion superseded by a later value (a Node deleted then created again, perhaps with a new uid):
     # the taker handles the deletion first, so what a deletion does (forget the node, its baselines) is not lost
@@ -52,23 +54,27 @@ class Coalescer(Generic[V]):
         self._taken: dict[str, float] = {}  # when each key was last taken (only the last min_interval matters)
         self._prune_at = 64
         self._seq = 0
+        self.offers = 0  # values offered so far (a mark: `Pending.offered` below it came before it)
 
     def __len__(self) -> int:
         return len(self.pending)
 
-    def offer(self, key: str, value: V, now: float, deleted: bool = False) -> Offered:
-        """`value` is the key's newest state (`deleted`: a deletion)."""
+    def offer(self, key: str, value: V, now: float, deleted: bool = False, not_before: float | None = None) -> Offered:
+        """`value` is the key's newest state (`deleted`: a deletion); `not_before`: a key not pending waits until then
+        at least (a change to try again later)."""
+        self.offers += 1
         p = self.pending.get(key)
         if p is not None:
             if deleted:
                 p.gone = None  # a deletion is the newest state: one superseded before it is moot
             elif p.deleted:
                 p.gone = p.value  # created again after the pending deletion: that is handled first
-            p.value, p.deleted = value, deleted
+            p.value, p.deleted, p.offered = value, deleted, self.offers
             return Offered.COALESCED
         self._seq += 1
-        self.pending[key] = Pending(key, value, self._seq, deleted)
-        due = self._taken.get(key, float("-inf")) + self.min_interval
+        self.pending[key] = Pending(key, value, self._seq, deleted=deleted, offered=self.offers)
+        due = max(self._taken.get(key, float("-inf")) + self.min_interval,
+                  not_before if not_before is not None else float("-inf"))
         if due <= now:
             heapq.heappush(self._ready, (self._seq, key))
             return Offered.READY
@@ -119,6 +125,14 @@ class Coalescer(Generic[V]):
             heapq.heappush(self._ready, (p.seq, p.key))
         else:
             heapq.heappush(self._waiting, (due, p.seq, p.key))
+
+    def drop(self, stale: Callable[[Pending[V]], bool]) -> list[str]:
+        """Drop the pending keys whose value is `stale` (a newer view of them was applied meanwhile); their keys.
+        (Their places in the heaps are skipped when reached, as a key's outdated place is.)"""
+        gone = [k for k, p in self.pending.items() if stale(p)]
+        for k in gone:
+            del self.pending[k]
+        return gone
 
     def clear(self) -> None:
         """Drop every pending value (a re-list's view supersedes them); when keys were last taken is kept."""

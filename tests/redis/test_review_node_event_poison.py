@@ -6,7 +6,8 @@ whole): the process lived on. Through the queue, the failed node was put back fi
 task raised: the supervisor restarted it within a second or two, it took the same node first again, and after 5
 failures in a row the role gave up (the process exited), every other node's change waiting behind the one node
 meanwhile. Now such a failure waits its node's turn (once per interval), the other nodes are handled, the task runs on,
-and readiness names the node's change not handled until one of its states is.
+and readiness names the node's change not handled until one of its states is. Here every write of the node is refused,
+closing it too; a node that can be closed is, and leaves readiness alone (test_review_node_stuck_closed.py).
 
 Counted, never timed: the test's clock stands still but for its ticks. Real parts: redis-server, the product's
 Ledger, NodeWatcher, its Reflector's event path and the role's Supervisor.
@@ -39,15 +40,17 @@ async def poisoned(ledger: Ledger) -> AsyncIterator[tuple[Rig, Supervisor, list[
     rig.nodes.reflector.synced.set()
     rig.nodes.reflector._working()
     tries = [0]
-    real = ledger.upsert_node
+    # every write of hot, closing it too (a node that can be closed: test_review_node_stuck_closed.py)
+    for name in ("upsert_node", "replace_node"):
+        real = getattr(ledger, name)
 
-    async def refused(inv: Inventory, *args: Any, **kwargs: Any) -> int:
-        if inv.node == "hot":
-            tries[0] += 1
-            raise rexc.ResponseError("BADINPUT cards: refused for this test")
-        return await real(inv, *args, **kwargs)
+        async def refused(inv: Inventory, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            if inv.node == "hot":
+                tries[0] += 1
+                raise rexc.ResponseError("BADINPUT cards: refused for this test")
+            return await _real(inv, *args, **kwargs)
 
-    ledger.upsert_node = refused  # type: ignore[method-assign]
+        setattr(ledger, name, refused)
     sup = Supervisor(max_backoff=0.05, healthy_after=60.0)
     sup.spawn("node-events", rig.nodes.run_events)
     try:
@@ -82,6 +85,7 @@ async def test_a_node_whose_handling_keeps_failing_neither_ends_the_role_nor_hol
     # a newer state of the node that can be written supersedes the failing one: handled, and the view is live again
     ledger = nodes.ledger
     ledger.upsert_node = type(ledger).upsert_node.__get__(ledger)  # type: ignore[method-assign]
+    ledger.replace_node = type(ledger).replace_node.__get__(ledger)  # type: ignore[method-assign]
     await stream(nodes, "MODIFIED", gpu_node("hot", cards=5))
     rig.tick(1.0)
     await eventually(lambda: nodes.last.get("hot") == node_inventory(gpu_node("hot", cards=5), CFG),
