@@ -56,6 +56,7 @@ class Janitor:
         # pending booking (booking_key) -> first seen, monotonic (pending_since)
         self._since: dict[tuple[str, str, int, int], float] | None = None
         self.on_progress: Callable[[], None] = lambda: None  # after each sweep that completed (Supervisor.progress)
+        self.swept_at = float("-inf")  # the monotonic clock a sweep dates and ages bookings by (`run` spaces them)
 
     async def sweep(self) -> list[str]:
         # Reservations are stamped with Redis's clock, so age is measured on it: this host's may be off.
@@ -63,7 +64,7 @@ class Janitor:
         if self.redis_time is not None:
             self.redis_time(now)
         gone: list[str] = []
-        clock = time.monotonic()
+        clock = self.swept_at = time.monotonic()
         ages = {booking_key(node, r): now - r.created for node, snap in self.mirror.nodes.items()
                 for r in snap.reservations.values() if r.state == "pending"}
         since = pending_since(ages, self._since or {}, clock, first=self._since is None)
@@ -161,15 +162,17 @@ class Janitor:
         return bool(why)
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:  # errors go to the supervisor, which restarts the loop with backoff
-            started = loop.time()
             await self.sweep()
             self.on_progress()
-            # sweeps start `interval` apart, counted from each one's start (a longer one is followed at once by the
-            # next): the time a sweep's reads take does not push every later sweep back, and a booking's expiry is
-            # bounded by its TTL, the interval and one sweep (shared/domain/timing.py pending_release_bound_s)
-            await asyncio.sleep(janitor_rest_s(loop.time() - started, self.interval))
+            # sweeps' clocks (`swept_at`, read after the sweep's first Redis call) `interval` apart at least, counted
+            # from each one's (a longer sweep is followed at once by the next): the time a sweep's reads take does not
+            # push every later sweep back, and a booking's expiry is bounded by its TTL, the interval and one sweep
+            # (shared/domain/timing.py pending_release_bound_s). Not from the sweep's start: the TTL is judged
+            # between two clocks, and the round trip before each varies; with a TTL a multiple of the interval (120
+            # and 5 s), clocks exactly that far apart fell a hair short of it about half the time, and the booking
+            # waited a sweep more than the bound (tests/unit/test_janitor_spacing.py)
+            await asyncio.sleep(janitor_rest_s(time.monotonic() - self.swept_at, self.interval))
 
 
 async def _together(asking: list[Coroutine[Any, Any, list[str]]]) -> list[list[str]]:

@@ -49,7 +49,8 @@ NODE_EVENT_MIN_INTERVAL_S = 1.0
 
 
 # The janitor (controller/janitor.py) sweeps for pending bookings past pendingTTLSeconds every JANITOR_INTERVAL_S,
-# counted from each sweep's start (a sweep longer than that is followed at once by the next). Before it expires one
+# counted from each sweep's clock (Janitor.swept_at, read at its start after its first Redis call; a sweep longer than
+# that is followed at once by the next). Before it expires one
 # it reads its pod from the API server (PodWatcher.api_holds; shared/domain/janitor_reads.py): a read not answered
 # within API_HOLDS_READ_S keeps the booking until a later sweep, and holds back the sweep's reads not begun yet for
 # as long, so a sweep waits on an API server that does not answer about once, not once per pod or node.
@@ -67,9 +68,9 @@ API_HOLDS_READS = 8
 
 
 def janitor_rest_s(took_s: float, interval_s: float = JANITOR_INTERVAL_S) -> float:
-    """How long the janitor waits after a sweep that took `took_s`: sweeps start `interval_s` apart, counted from
-    each one's start, and one that took longer is followed at once by the next (its reads' time does not push every
-    later sweep back: pending_release_bound_s)."""
+    """How long the janitor waits after a sweep whose clock was read `took_s` ago: sweeps' clocks `interval_s`
+    apart at least (the TTL is judged between them), and a sweep that took longer is followed at once by the next
+    (its reads' time does not push every later sweep back: pending_release_bound_s)."""
     return max(0.0, interval_s - took_s)
 
 
