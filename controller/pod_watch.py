@@ -167,6 +167,9 @@ class PodWatcher:
         self.api_unasked = ""
         # api_holds' turns to read, shared by every node of a sweep (its nodes' reads overlap): API_HOLDS_READS
         self.api_reads = asyncio.Semaphore(API_HOLDS_READS)
+        # why the janitor's view check says the view is blind ("": live), set by the role (janitor_for): a read whose
+        # turn comes while it is blind is not made (nothing is expired then, whatever it says)
+        self.reads_blind: Callable[[], str] = lambda: ""
         self.pending_ttl_ms = cfg.pending_ttl_seconds * 1000
         self.reflector = Reflector(kube, "/api/v1/pods", self.on_event, self.on_sync, "pods", shape=watched_pod)
         self.inventories: Callable[[], Mapping[str, Inventory]] = dict  # the node watcher's view, set by the role
@@ -519,6 +522,8 @@ class PodWatcher:
             verdict, why = first(uid, ref), "a read just before went unanswered"
             if verdict == "read":
                 async with self.api_reads:  # its turn: API_HOLDS_READS at once, over every node the janitor sweeps
+                    if self.reads_blind():  # blind while it waited for its turn (red team): kept, unread, and the
+                        return True  # janitor expires nothing on this node now (Janitor._expire)
                     verdict = first(uid, ref)  # judged again at its turn: the view, and a read unanswered meanwhile
                     if verdict == "read":
                         answer, why = await self._read_pod(ref)

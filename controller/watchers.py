@@ -43,7 +43,9 @@ def janitor_for(ledger: Ledger, mirror: Mirror, cfg: Config, pods: PodWatcher) -
     expired (before_expire), none is expired while its pod view is blind (view_problem) nor while the API server
     holds its pod bound there (api_holds: a live view may be behind), and it learns Redis's clock from each sweep
     (redis_time), for `_late`."""
+    def view_problem() -> str:
+        return pods.reflector.unsettled(JANITOR_VIEW_SETTLE_SECONDS)
+
+    pods.reads_blind = view_problem  # its reads waiting for their turn are not made once it is blind
     return Janitor(ledger, mirror, cfg, nudger=pods.nudger, before_expire=pods.confirm_now,
-                   redis_time=pods.saw_redis_time,
-                   view_problem=lambda: pods.reflector.unsettled(JANITOR_VIEW_SETTLE_SECONDS),
-                   api_holds=pods.api_holds)
+                   redis_time=pods.saw_redis_time, view_problem=view_problem, api_holds=pods.api_holds)

@@ -3,8 +3,9 @@ reads the pod of before expiring them, and what each answer means. The reads the
 API_HOLDS_READS at once across every node of a sweep: shared/domain/timing.py) and their timeout are
 controller/pod_watch.py's `PodWatcher.api_holds`; the expiry, one expire.lua per node, is controller/janitor.py's.
 
-A booking reaches these only when the pod view is live (none is read while it is blind: `Janitor._blind`) and the
-watcher's own confirmation (`confirm_now`) did not keep it. Then, in this order:
+A booking reaches these only when the pod view is live (none is read while it is blind: `Janitor._blind`, and at a
+read's turn `PodWatcher.reads_blind`) and the watcher's own confirmation (`confirm_now`) did not keep it. Then, in
+this order:
 
 - no pod name was recorded with it: nothing in the API can hold it, it is expired unread;
 - the pod view holds the pod bound on that node: kept unread (`view_bound`; its record is booked by the view, or,

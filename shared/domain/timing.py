@@ -84,12 +84,13 @@ def pending_release_bound_s(pending_ttl_seconds: float, sweep_s: float,
                             interval_s: float = JANITOR_INTERVAL_S) -> float:
     """The latest a pending booking whose binder died is released, counted from its reservation, when no sweep takes
     longer than `sweep_s` (janitor_sweep_s, plus its Redis round trips) and the API server answers its reads
-    (a booking it cannot be asked about is kept: fail closed). The janitor dates a booking when a sweep first sees it
-    (on its own monotonic clock too: shared/domain/reconcile.py pending_since), at most a period after it was made;
-    expires it at the first sweep that starts at least pendingTTLSeconds after that; and sends its expiry within
-    that sweep. Sweeps start every `interval_s` while none takes longer, so the TTL ends on a sweep's start rounded
-    up to the period: interval + ceil(TTL / interval) x interval + sweep (the TTL + 5 s + the sweep, at the default
-    120 s); longer sweeps follow one another at once, and the bound is then TTL + 3 x sweep."""
+    (a booking it cannot be asked about is kept: fail closed). The janitor dates a booking at the start of the sweep
+    that first sees it (on its own monotonic clock too: shared/domain/reconcile.py pending_since; taken before the
+    sweep's first round trip to Redis), at most a period after it was made; expires it at the first sweep that
+    starts at least pendingTTLSeconds after that; and sends its expiry within that sweep. Sweeps start every
+    `interval_s` while none takes longer, so the TTL ends on a sweep's start rounded up to the period: interval +
+    ceil(TTL / interval) x interval + sweep (the TTL + 5 s + the sweep, at the default 120 s); longer sweeps follow
+    one another at once, and the bound is then TTL + 3 x sweep."""
     if sweep_s <= interval_s:
         return interval_s + -(-pending_ttl_seconds // interval_s) * interval_s + sweep_s
     return pending_ttl_seconds + 3 * sweep_s

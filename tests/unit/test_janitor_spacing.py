@@ -1,8 +1,9 @@
-"""The janitor's sweeps are spaced by the clock each one dates and ages bookings by (`Janitor.swept_at`, read after
-the sweep's first Redis call), not by their starts: the TTL is judged between two such clocks, and spaced from the
-starts, a round trip slower before the first clock than before the next put them a hair under the interval apart.
-With a TTL a multiple of the interval (the defaults, 120 and 5 s) a booking then waited one sweep more than the
-documented bound (shared/domain/timing.py pending_release_bound_s), about half the time."""
+"""The janitor's sweeps are spaced by the clock each one dates and ages bookings by (`Janitor.swept_at`), never less
+than the interval apart: the TTL is judged between two such clocks, and spaced by anything else (the sweeps' starts,
+when the clock was read after a Redis round trip that varies) two of them fell a hair under the interval apart. With
+a TTL a multiple of the interval (the defaults, 120 and 5 s) a booking then waited one sweep more than the documented
+bound (shared/domain/timing.py pending_release_bound_s), about half the time. The stand-in sweep reads its clock
+after a varying wait, the worst case."""
 
 from __future__ import annotations
 
