@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import orjson
 
 MOREKEYS = "MOREKEYS "  # the error reply's prefix (see _lib.lua: need_keys)
+DAMAGED = "DAMAGED "  # the error reply's prefix when a script deleted keys of another type (_lib.lua: clear_damage)
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
 from shared.domain.state import NodeSnapshot
-from shared.serving.metrics import REDIS_RESENDS, REDIS_ROUND_TRIPS
+from shared.serving.metrics import REDIS_DAMAGED_KEYS, REDIS_RESENDS, REDIS_ROUND_TRIPS
 from shared.serving.supervise import TransientError
-from shared.store.keys import MOREKEYS, NOTHING, Known, Layout
+from shared.store.keys import DAMAGED, MOREKEYS, NOTHING, Known, Layout
 from shared.store.redis_conn import Explained, acl_refused, explain
 from shared.store.resend import RESEND_OR_REDIRECT, resendable, slot_moving
 from shared.store.scripts import SCRIPTS, script_source
@@ -235,6 +235,9 @@ class LedgerCore:
                     raise
                 if not isinstance(e, rexc.ResponseError):
                     raise
+                if str(e).startswith(DAMAGED):  # the keys are gone now: the same call reads them as missing
+                    said_damaged(name, node, str(e))
+                    continue
                 if not str(e).startswith(MOREKEYS):  # (an ACL refusal was said by _retry, naming the node)
                     raise LedgerError(f"{name} on {node}: {e}") from e
                 self._known[node] = self.known(node).learn(str(e))
@@ -271,6 +274,14 @@ class LedgerCore:
                 listener(node)
             except Exception:  # a listener's bug must not replace the caller's error
                 log.exception("on_moving listener failed for node %s", node)
+
+
+def said_damaged(what: str, node: str, reply: str) -> None:
+    """A script's DAMAGED answer (_lib.lua: clear_damage), logged: keys of another type than the layout's were
+    deleted (an edit behind the scripts' back); the watchers write what they held again."""
+    REDIS_DAMAGED_KEYS.inc(len(orjson.loads(reply[len(DAMAGED):]) or []))
+    log.error("%s on %s: deleted keys of another type than docs/redis-layout.md gives them (not written by mtsched: "
+              "an edit behind its back?): %s; the watchers repair the node", what, node, reply[len(DAMAGED):])
 
 
 def now_ms() -> int:

@@ -35,6 +35,27 @@ local function need_keys(cards, uids, whole)
   return redis.error_reply("MOREKEYS " .. cjson.encode({cards = c, uids = u, whole = whole == true}))
 end
 
+-- A declared key of another type than the layout gives it (a string or list where a hash or set belongs: an
+-- operator's or another program's write, nothing a script writes) failed every script declaring it (WRONGTYPE) for
+-- ever, and so every read, booking and repair of the node. Called first by every script of a node: such keys are
+-- deleted and DAMAGED answered, naming them, before anything else is read or written (no write after the DEL: a
+-- script's first write is the one Redis checks against maxmemory); the caller calls again (LedgerCore._call), and
+-- the node reads as if they were missing, which the watchers repair. Probed with HGET and SISMEMBER, commands the
+-- roles' ACL user has (docs/install.md "Redis"); an error that is not WRONGTYPE (an ACL refusal) deletes nothing.
+local function clear_damage()
+  local gone = {}
+  for _, k in ipairs(KEYS) do
+    local r
+    if k == PODS_KEY then r = redis.pcall('SISMEMBER', k, '') else r = redis.pcall('HGET', k, '') end
+    if type(r) == 'table' and r.err and string.find(r.err, 'WRONGTYPE', 1, true) then
+      redis.call('DEL', k)
+      gone[#gone + 1] = k
+    end
+  end
+  if #gone == 0 then return nil end
+  return redis.error_reply("DAMAGED " .. cjson.encode(gone))
+end
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -3,6 +3,8 @@
 -- as it is and -1 is returned: its binder writes the Binding and its record whatever the ledger says, so
 -- the caller keeps the booking (replace_node onto placeholder cards) instead. Else returns 1 if the node
 -- existed, 0 if not. KEYS: the whole node (with its tombstones, `<base>:ended`, deleted with it).
+local damaged = clear_damage()
+if damaged then return damaged end
 local p, err = payload()
 if err then return err end
 local keep_ms = p.keep_ms

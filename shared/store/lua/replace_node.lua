@@ -14,6 +14,8 @@
 -- A uid tombstoned on the node (its pod ended and the pod watcher released it: `tombstone`, _lib.lua) is not booked:
 -- a pod of `bound` read before it ended is left out (reported as ended = [uid, ...]), and a reservation the node
 -- holds for one is freed (counted in `dropped`), settling or not.
+local damaged = clear_damage()
+if damaged then return damaged end
 local p, err = payload()
 if err then return err end
 if p.keep_bound ~= nil and type(p.keep_bound) ~= "boolean" then return fail("BADINPUT", "keep_bound must be a boolean") end
