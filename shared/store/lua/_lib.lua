@@ -281,6 +281,17 @@ local function check_attempt(t, what)
   return nil
 end
 local function int_str(n) return string.format('%.0f', n) end
+-- A counter `v` (a field's text, or nil) plus `step`, for one the scripts bump (the node's `version`, its tombstones'
+-- `#n`): read with num() and written whole, never HINCRBY, which refuses a field a hand edit damaged (not a whole
+-- number, or at the end of its 64-bit range) and so failed every write of the node for ever, the watchers' repair
+-- too (tests/redis/test_redteam_damaged_counters.py). A damaged or negative one starts again from 0, as one past
+-- 2^52 (Lua's numbers are exact below 2^53); the new `stamp` tells the mirrors the version names another write.
+local COUNT_MAX = 2 ^ 52
+local function counted(v, step)
+  local n = num(v)
+  if n < 0 or n >= COUNT_MAX or tostring(v) ~= int_str(n) then n = 0 end
+  return n + step
+end
 local function attempts_of(uid)
   local raw = redis.call('HGET', res_key(uid), 'attempts')
   if not raw then return nil end
@@ -454,7 +465,8 @@ end
 -- that reads only `uid`/`res` (one of an earlier release) sees a gap and re-reads instead of taking the
 -- version with only part of the write.
 local function publish(kind, uid, res, touched, views, extra)
-  local v = redis.call('HINCRBY', NODE_KEY, 'version', (extra and extra.span) or 1)
+  local v = counted(redis.call('HGET', NODE_KEY, 'version'), (extra and extra.span) or 1)
+  redis.call('HSET', NODE_KEY, 'version', int_str(v))
   -- When this write happened (Redis's clock, microseconds): with the version it names the node's last
   -- write, also across a loss (a version starts over at 1 when the keys are new, and a shard that failed
   -- over to a lagging replica counts again from an older one). Mirrors compare (version, stamp) with
@@ -721,8 +733,8 @@ local function tombstone(uid, soft)
   local now = now_ms()
   local added = ended_write(soft, 'HSET', ENDED_KEY, uid, int_str(now))
   if added ~= 1 then return end  -- (refused, or a tombstone again: counted once)
-  local n = ended_write(soft, 'HINCRBY', ENDED_KEY, '#n', 1)
-  if not n then return end
+  local n = counted(redis.call('HGET', ENDED_KEY, '#n'), 1)
+  if not ended_write(soft, 'HSET', ENDED_KEY, '#n', int_str(n)) then return end
   local trim_at = tonumber(redis.call('HGET', ENDED_KEY, '#trim_at') or ENDED_TRIM_FLOOR)
   if trim_due(n, trim_at, tonumber(redis.call('HGET', ENDED_KEY, '#trimmed') or ""), now) then
     trim_ended(now, soft)
