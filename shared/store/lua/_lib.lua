@@ -230,13 +230,30 @@ end
 -- left out of the JSON) when the node publishes none or a field is damaged.
 local KNOB_FIELDS = {"policy", "time_slice", "overcommit_ratio"}
 
+-- A card's usage (`mem_used`, `cores_used`, `slices`) read fail closed: one a hand edit damaged (gone, not a whole
+-- number, negative, infinite) reads as `full`, the card's whole, `cores` as no more than a card has, and a damaged
+-- `slice_limit` (the node agent's, not known here) as 0. num() made such usage 0 (and kept a negative one), so the next booking went past the card (90
+-- units over a held 90 on a 96-unit card) before any pass could see it (tests/redis/test_redteam_damaged_usage.py);
+-- the watchers' pass finds the usage does not add up to the reservations and rewrites it.
+local CARD_CORES = 16
+local function used(v, full)
+  local n = tonumber(v)
+  if n == nil or n ~= math.floor(n) or n < 0 or n == math.huge then return full end
+  return n
+end
+
 local function card_view(idx)
   local c = hgetall(card_key(idx))
   if not c then return nil end
+  local capacity, cores = num(c.capacity), math.min(num(c.cores), CARD_CORES)
+  local slice_limit = tonumber(c.slice_limit)
+  if slice_limit == nil or slice_limit ~= math.floor(slice_limit) or slice_limit < 1 or slice_limit > CARD_CORES then
+    slice_limit = 0
+  end
   local v = {
-    capacity = num(c.capacity), mem_used = num(c.mem_used), mem_free = num(c.mem_free),
-    cores = num(c.cores), cores_used = num(c.cores_used), cores_free = num(c.cores_free),
-    slices = num(c.slices), slice_limit = num(c.slice_limit), health = c.health or "unhealthy",
+    capacity = capacity, mem_used = used(c.mem_used, capacity), mem_free = num(c.mem_free),
+    cores = cores, cores_used = used(c.cores_used, cores), cores_free = num(c.cores_free),
+    slices = used(c.slices, slice_limit), slice_limit = slice_limit, health = c.health or "unhealthy",
   }
   for _, k in ipairs(KNOB_FIELDS) do
     local n = tonumber(c[k])
