@@ -51,3 +51,30 @@ async def test_a_damaged_tombstone_count_starts_again(ledger: Ledger, redis_clie
     assert await redis_client.hget(ledger.keys.ended("ta"), "u1")  # type: ignore[misc]  # tombstoned
     n = await redis_client.hget(ledger.keys.ended("ta"), "#n")  # type: ignore[misc]
     assert n is not None and 0 < int(n) < 2 ** 52
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "-inf"])
+async def test_an_infinite_version_or_knob_does_not_fail_every_read(ledger: Ledger, redis_client: Redis,
+                                                                    value: str) -> None:
+    """A node's `version`, or a card knob (`policy`, `time_slice`, `overcommit_ratio`), that Lua reads as infinite
+    made every snapshot of the node fail (cjson refuses to encode it: "Cannot serialise number"), and with it every
+    pipelined read holding the node: every mirror's resync and every reconciler pass, until their supervisors gave
+    up. Now a damaged version reads as 0 and such a knob as none."""
+    rec, _pods = await setup(ledger)
+    await redis_client.hset(ledger.keys.card("ta", 0), "time_slice", value)  # type: ignore[misc]
+    snaps = await ledger.snapshots(["ta", "tb"])  # before: LedgerError, the whole read
+    assert snaps["ta"].cards[0].time_slice is None and "tb" in snaps
+    await redis_client.hset(ledger.keys.node("ta"), "version", value)  # type: ignore[misc]
+    snaps = await ledger.snapshots(["ta", "tb"])
+    assert snaps["ta"].version == 0 and "tb" in snaps
+    await rec.reconcile_all()
+    assert (await ledger.reserve("ta", "u1", [0], 8, 2, 1, pod="ns/p1"))[0].ok
+
+
+async def test_a_node_with_a_damaged_version_can_be_removed(ledger: Ledger, redis_client: Redis) -> None:
+    """remove_node added 1 to the version read with tonumber: "abc" failed it ("attempt to perform arithmetic on a nil
+    value"), so a node deleted from the API stayed in the ledger, its removal failing every time it was tried."""
+    await setup(ledger)
+    await redis_client.hset(ledger.keys.node("ta"), "version", "abc")  # type: ignore[misc]
+    assert await ledger.remove_node("ta")
+    assert await redis_client.exists(ledger.keys.node("ta")) == 0

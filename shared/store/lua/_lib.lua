@@ -256,8 +256,8 @@ local function card_view(idx)
     slices = used(c.slices, slice_limit), slice_limit = slice_limit, health = c.health or "unhealthy",
   }
   for _, k in ipairs(KNOB_FIELDS) do
-    local n = tonumber(c[k])
-    if n and n == math.floor(n) then v[k] = n end
+    local n = tonumber(c[k])  -- (not infinite: cjson refuses to encode it, and every read of the node failed)
+    if n and n == math.floor(n) and math.abs(n) < math.huge then v[k] = n end
   end
   return v
 end
@@ -387,7 +387,7 @@ local function node_view()
   local res = {}
   for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do res[uid] = res_view(uid) end
   local n = hgetall(NODE_KEY) or {}
-  return {node = NODE, version = tonumber(n.version or "0"), stamp = n.stamp or "", error = n.error or "",
+  return {node = NODE, version = counted(n.version, 0), stamp = n.stamp or "", error = n.error or "",
           cards = cards, res = res, exists = n.version ~= nil}
 end
 
@@ -427,7 +427,7 @@ local function refusal_view()
     if DECLARED[res_key(uid)] then res[uid] = res_view(uid) end
   end
   local n = hgetall(NODE_KEY) or {}
-  return {node = NODE, version = tonumber(n.version or "0"), stamp = n.stamp or "", error = n.error or "",
+  return {node = NODE, version = counted(n.version, 0), stamp = n.stamp or "", error = n.error or "",
           cards = cards, res = res, exists = n.version ~= nil}
 end
 
