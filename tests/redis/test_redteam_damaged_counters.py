@@ -78,3 +78,28 @@ async def test_a_node_with_a_damaged_version_can_be_removed(ledger: Ledger, redi
     await redis_client.hset(ledger.keys.node("ta"), "version", "abc")  # type: ignore[misc]
     assert await ledger.remove_node("ta")
     assert await redis_client.exists(ledger.keys.node("ta")) == 0
+
+
+@pytest.mark.parametrize("value", ["abc", ""])
+async def test_a_damaged_trim_mark_does_not_fail_the_release_of_an_ended_pod(ledger: Ledger, redis_client: Redis,
+                                                                            value: str) -> None:
+    """The tombstones' `#trim_at` not a number made the release of every pod that ended on the node fail ("attempt
+    to compare nil with number"), for ever: the pod watcher sent it again and again. It now trims at once."""
+    await setup(ledger)
+    assert (await ledger.reserve("ta", "u1", [0], 8, 2, 1, pod="ns/p1"))[0].ok
+    await redis_client.hset(ledger.keys.ended("ta"), "#trim_at", value)  # type: ignore[misc]
+    assert await ledger.release("ta", "u1", ended=True)
+    assert await redis_client.hget(ledger.keys.ended("ta"), "u1")  # type: ignore[misc]
+
+
+async def test_a_reservation_naming_a_huge_card_index_does_not_fail_every_read(ledger: Ledger,
+                                                                             redis_client: Redis) -> None:
+    """A reservation's `cards` naming an index past Lua's exact integers (99999999999999999999999) was carried by
+    replace_node as "1e+23", a card the node then listed, and every snapshot of the node failed to decode (int()),
+    every pipelined read holding it with it. An index beyond upsert_node's 0..1023 now names no card."""
+    rec, _pods = await setup(ledger)
+    assert (await ledger.reserve("ta", "u1", [0], 8, 2, 1, pod="ns/p1"))[0].ok
+    await redis_client.hset(ledger.keys.res("ta", "u1"), "cards", "99999999999999999999999")  # type: ignore[misc]
+    await rec.reconcile_all()
+    snaps = await ledger.snapshots(["ta", "tb"])  # before: ValueError, the whole read
+    assert sorted(snaps["ta"].cards) == [0, 1] and "tb" in snaps

@@ -266,8 +266,9 @@ local function res_view(uid)
   local r = hgetall(res_key(uid))
   if not r then return nil end
   local cards = {}
-  for idx in string.gmatch(r.cards or "", "[^,]+") do
-    if string.match(idx, "^%d+$") then cards[#cards + 1] = idx end
+  for idx in string.gmatch(r.cards or "", "[^,]+") do  -- (a card index as upsert_node takes them: 0..1023; one
+    -- past Lua's exact integers was written back by replace_node as "1e+23", which failed every read of the node)
+    if string.match(idx, "^%d+$") and tonumber(idx) <= 1023 then cards[#cards + 1] = idx end
   end
   return {
     cards = table.concat(cards, ","), mem = num(r.mem), cores = num(r.cores), slices = num(r.slices),
@@ -752,7 +753,8 @@ local function tombstone(uid, soft)
   if added ~= 1 then return end  -- (refused, or a tombstone again: counted once)
   local n = counted(redis.call('HGET', ENDED_KEY, '#n'), 1)
   if not ended_write(soft, 'HSET', ENDED_KEY, '#n', int_str(n)) then return end
-  local trim_at = tonumber(redis.call('HGET', ENDED_KEY, '#trim_at') or ENDED_TRIM_FLOOR)
+  -- (a damaged `#trim_at` trims now: it failed every release of an ended pod on the node, for ever)
+  local trim_at = tonumber(redis.call('HGET', ENDED_KEY, '#trim_at')) or ENDED_TRIM_FLOOR
   if trim_due(n, trim_at, tonumber(redis.call('HGET', ENDED_KEY, '#trimmed') or ""), now) then
     trim_ended(now, soft)
   end
