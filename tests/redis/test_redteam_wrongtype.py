@@ -25,8 +25,9 @@ from redis.asyncio import Redis
 
 from shared.store.ledger import Ledger
 from shared.store.mirror import Mirror
-from tests.redis.helpers import S4000, violations
+from tests.redis.helpers import S4000, inventory, violations
 from tests.redis.test_reconcile_touched import setup
+from tests.redis.test_redis_62 import ledger62  # noqa: F401  (a fixture: Redis 6.2)
 
 pytestmark = pytest.mark.redis
 
@@ -126,3 +127,15 @@ async def test_a_node_hash_of_another_type_names_no_write_in_the_heads(ledger: L
     await mirror.resync(full=True)
     await mirror.resync()
     assert "tb" in mirror.nodes and await redis_client.type(ledger.keys.node("ta")) == "none"
+
+
+async def test_a_key_of_another_type_is_cleared_on_redis_6_2(ledger62: Ledger) -> None:  # noqa: F811
+    """The probe (redis.pcall's error, WRONGTYPE) reads the same on the oldest Redis docs/install.md names."""
+    led = ledger62
+    await led.upsert_node(inventory("n4", S4000))
+    await led.list_node("n4")
+    await led.redis.delete(led.keys.card("n4", 0))
+    await led.redis.set(led.keys.card("n4", 0), "oops")
+    snap = (await led.snapshots(["n4"]))["n4"]
+    assert sorted(snap.cards) == [1]  # card 0 read as missing (the watchers write it again)
+    assert await led.redis.type(led.keys.card("n4", 0)) == "none"
