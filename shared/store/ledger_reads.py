@@ -13,8 +13,8 @@ from redis import exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
 
 from shared.domain.state import NodeSnapshot
-from shared.store.keys import DAMAGED, MOREKEYS
-from shared.store.ledger_core import KEY_ROUNDS, LedgerCore, LedgerError, failed, log, said_damaged
+from shared.store.keys import CLEAR, DAMAGED, MOREKEYS
+from shared.store.ledger_core import KEY_ROUNDS, LedgerCore, LedgerError, failed, log, said_damaged, wrong_type
 from shared.store.resend import RESEND_OR_REDIRECT, resendable, slot_moving
 
 # Nodes per pipelined read: packing, parsing and decoding one reply holds the caller's event loop, so a
@@ -170,6 +170,7 @@ class LedgerReads(LedgerCore):
         """
         script = self._scripts["snapshot"]
         todo = nodes
+        clear: set[str] = set()  # nodes that met WRONGTYPE: read again clearing their keys of another type
         for _ in range(KEY_ROUNDS + 1):
             if not todo:
                 break
@@ -179,7 +180,8 @@ class LedgerReads(LedgerCore):
                 def queue() -> Any:
                     pipe = self.redis.pipeline(transaction=False)
                     for n, keys in batch:
-                        pipe.evalsha(script.sha, len(keys), *keys, self.feed, n, "{}")
+                        more = (CLEAR,) if n in clear else ()
+                        pipe.evalsha(script.sha, len(keys), *keys, self.feed, n, "{}", *more)
                     return pipe
 
                 # each node's answer in its place (MOREKEYS or NOSCRIPT for some must not lose the others);
@@ -211,8 +213,12 @@ class LedgerReads(LedgerCore):
                 elif isinstance(raw, rexc.ResponseError) and str(raw).startswith(MOREKEYS):
                     todo.append(n)
                     self._known[n] = self.known(n).learn(str(raw))
+                elif wrong_type(raw):
+                    todo.append(n)
+                    clear.add(n)
                 elif isinstance(raw, rexc.ResponseError) and str(raw).startswith(DAMAGED):
                     todo.append(n)  # its keys of another type deleted: read again, as missing
+                    clear.discard(n)
                     said_damaged("snapshot", n, str(raw))
                 elif isinstance(raw, Exception):
                     raise failed(f"snapshot of {n}", raw) from raw

@@ -4,7 +4,8 @@
 --   KEYS[2..] = every other key the script may touch, all of the same {<node>}: the pods set
 --     "<base>:pods", card hashes "<base>:card:<idx>", reservation hashes "<base>:res:<uid>"
 --     (built by shared/store/keys.py, one function per script; Redis Cluster requires every key in KEYS)
---   ARGV[1] = feed channel, ARGV[2] = node name, ARGV[3] = JSON payload (script specific)
+--   ARGV[1] = feed channel, ARGV[2] = node name, ARGV[3] = JSON payload (script specific), ARGV[4] = "clear"
+--     only after WRONGTYPE (clear_damage)
 -- Which cards and reservations a node has only Redis knows: a script that needs a card or reservation
 -- key its caller did not declare answers MOREKEYS (see `need_keys`) before its first write, and the caller
 -- calls again with them. The node hash and the pods set are the index: scripts read them first.
@@ -37,12 +38,15 @@ end
 
 -- A declared key of another type than the layout gives it (a string or list where a hash or set belongs: an
 -- operator's or another program's write, nothing a script writes) failed every script declaring it (WRONGTYPE) for
--- ever, and so every read, booking and repair of the node. Called first by every script of a node: such keys are
--- deleted and DAMAGED answered, naming them, before anything else is read or written (no write after the DEL: a
--- script's first write is the one Redis checks against maxmemory); the caller calls again (LedgerCore._call), and
--- the node reads as if they were missing, which the watchers repair. Probed with HGET and SISMEMBER, commands the
--- roles' ACL user has (docs/install.md "Redis"); an error that is not WRONGTYPE (an ACL refusal) deletes nothing.
+-- ever, and so every read, booking and repair of the node. A caller that met WRONGTYPE on the node calls again with
+-- ARGV[4] = "clear" (LedgerCore._call, LedgerReads._snapshot_batch; never otherwise: the probe costs a read of every
+-- declared key, a tenth of a busy node's booking): such keys are deleted and DAMAGED answered, naming them, before
+-- anything else is read or written (no write after the DEL: a script's first write is the one Redis checks against
+-- maxmemory); the caller calls again, and the node reads as if they were missing, which the watchers repair. Probed
+-- with HGET and SISMEMBER, commands the roles' ACL user has (docs/install.md "Redis"); an error that is not
+-- WRONGTYPE (an ACL refusal) deletes nothing.
 local function clear_damage()
+  if ARGV[4] ~= "clear" then return nil end
   local gone = {}
   for _, k in ipairs(KEYS) do
     local r
