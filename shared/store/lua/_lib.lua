@@ -304,15 +304,22 @@ local function check_attempt(t, what)
 end
 local function int_str(n) return string.format('%.0f', n) end
 -- A counter `v` (a field's text, or nil) plus `step`, for one the scripts bump (the node's `version`, its tombstones'
--- `#n`): read with num() and written whole, never HINCRBY, which refuses a field a hand edit damaged (not a whole
--- number, or at the end of its 64-bit range) and so failed every write of the node for ever, the watchers' repair
--- too (tests/redis/test_redteam_damaged_counters.py). A damaged or negative one starts again from 0, as one past
--- 2^52 (Lua's numbers are exact below 2^53); the new `stamp` tells the mirrors the version names another write.
+-- `#n`). HINCRBY alone refused a field a hand edit damaged (not a whole number, or at the end of its 64-bit range),
+-- and so failed every write of the node for ever, the watchers' repair too
+-- (tests/redis/test_redteam_damaged_counters.py): a damaged or negative one starts again from 0, as one past 2^52
+-- (Lua's numbers are exact below 2^53); the new `stamp` tells the mirrors the version names another write.
 local COUNT_MAX = 2 ^ 52
 local function counted(v, step)
   local n = num(v)
   if n < 0 or n >= COUNT_MAX or tostring(v) ~= int_str(n) then n = 0 end
   return n + step
+end
+-- The new count of `field` (its text `v`) and the command that writes it: HINCRBY on a sound counter, or one not
+-- there yet, as before; HSET of the count started again on a damaged one.
+local function bump(key, field, v, step)
+  local n, was = counted(v, step), tonumber(v)
+  if not v or (was and n == was + step) then return n, {'HINCRBY', key, field, step} end
+  return n, {'HSET', key, field, int_str(n)}
 end
 local function attempts_of(uid)
   local raw = redis.call('HGET', res_key(uid), 'attempts')
@@ -487,8 +494,8 @@ end
 -- that reads only `uid`/`res` (one of an earlier release) sees a gap and re-reads instead of taking the
 -- version with only part of the write.
 local function publish(kind, uid, res, touched, views, extra)
-  local v = counted(redis.call('HGET', NODE_KEY, 'version'), (extra and extra.span) or 1)
-  redis.call('HSET', NODE_KEY, 'version', int_str(v))
+  local v, write = bump(NODE_KEY, 'version', redis.call('HGET', NODE_KEY, 'version'), (extra and extra.span) or 1)
+  redis.call(unpack(write))
   -- When this write happened (Redis's clock, microseconds): with the version it names the node's last
   -- write, also across a loss (a version starts over at 1 when the keys are new, and a shard that failed
   -- over to a lagging replica counts again from an older one). Mirrors compare (version, stamp) with
@@ -755,8 +762,8 @@ local function tombstone(uid, soft)
   local now = now_ms()
   local added = ended_write(soft, 'HSET', ENDED_KEY, uid, int_str(now))
   if added ~= 1 then return end  -- (refused, or a tombstone again: counted once)
-  local n = counted(redis.call('HGET', ENDED_KEY, '#n'), 1)
-  if not ended_write(soft, 'HSET', ENDED_KEY, '#n', int_str(n)) then return end
+  local n, write = bump(ENDED_KEY, '#n', redis.call('HGET', ENDED_KEY, '#n'), 1)
+  if not ended_write(soft, unpack(write)) then return end
   -- (a damaged `#trim_at` trims now: it failed every release of an ended pod on the node, for ever)
   local trim_at = tonumber(redis.call('HGET', ENDED_KEY, '#trim_at')) or ENDED_TRIM_FLOOR
   if trim_due(n, trim_at, tonumber(redis.call('HGET', ENDED_KEY, '#trimmed') or ""), now) then
