@@ -266,6 +266,17 @@ local function card_view(idx)
   return v
 end
 
+-- Whether a reservation's amounts (`mem`, `cores`, `slices`) were damaged by a hand edit: gone, not a whole number,
+-- negative, or past what one card has. res_view reads them with num(), as 0 (or as the negative number).
+local function damaged_amounts(uid)
+  local bounds = {MAX_UNITS, CARD_CORES, CARD_CORES}
+  for i, v in ipairs(redis.call('HMGET', res_key(uid), 'mem', 'cores', 'slices')) do
+    local n = tonumber(v)
+    if not n or n ~= math.floor(n) or n < 0 or n > bounds[i] then return true end
+  end
+  return false
+end
+
 local function res_view(uid)
   local r = hgetall(res_key(uid))
   if not r then return nil end

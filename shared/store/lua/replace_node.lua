@@ -109,7 +109,11 @@ local carry = {}
 for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
   local r = res_view(uid)
   if r and not is_bound[uid] then
-    if settles(r, now0, keep_from) and not ended_uid(uid, now0) then pending[#pending + 1] = {uid, r, carry_of(uid, r)} else dropped = dropped + 1 end
+    if settles(r, now0, keep_from) and not ended_uid(uid, now0) then
+      pending[#pending + 1] = {uid, r, carry_of(uid, r), damaged_amounts(uid)}
+    else
+      dropped = dropped + 1
+    end
   elseif r then
     carry[uid] = carry_of(uid, r)
   end
@@ -133,12 +137,23 @@ for _, b in ipairs(p.bound) do
 end
 local overfull = 0
 for _, e in ipairs(pending) do
-  local uid, r, kept = e[1], e[2], e[3]
+  local uid, r, kept, damaged = e[1], e[2], e[3], e[4]
   local nums = {}
   for i, idx in ipairs(split_cards(r.cards)) do nums[i] = tonumber(idx) end
   -- its bind attempt's stamp (a pending one's Binding may still be committed), number and attempts: `kept`
   if r.state ~= "bound" and r.settle_by > 0 then kept.settle_by = r.settle_by end
-  book({uid = uid, cards = nums, mem = r.mem, cores = r.cores, slices = r.slices, pod = r.pod, idle = r.idle},
+  local mem, cores, slices = r.mem, r.cores, r.slices
+  if damaged then
+    -- fail closed: amounts a hand edit damaged were read as nothing held, and another pod booked the room its binder
+    -- holds (tests/redis/test_redteam_damaged_usage.py); booked as its cards whole until released or replaced by its
+    -- pod's record (observe)
+    mem, cores, slices = 0, CARD_CORES, CARD_CORES
+    for _, idx in ipairs(nums) do
+      local c = card_view(idx)
+      if c then mem = math.max(mem, c.capacity) end
+    end
+  end
+  book({uid = uid, cards = nums, mem = mem, cores = cores, slices = slices, pod = r.pod, idle = r.idle},
        r.state, r.created, nil, kept)
   -- book stamps a bound one as bound when it was made: keep when it was bound, or its keep window ends early
   if r.state == "bound" then redis.call('HSET', res_key(uid), 'bound_at', r.bound_at) end
