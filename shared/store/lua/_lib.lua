@@ -269,10 +269,9 @@ end
 -- Whether a reservation's amounts (`mem`, `cores`, `slices`) were damaged by a hand edit: gone, not a whole number,
 -- negative, or past what one card has. res_view reads them with num(), as 0 (or as the negative number).
 local function damaged_amounts(uid)
-  local bounds = {MAX_UNITS, CARD_CORES, CARD_CORES}
-  for i, v in ipairs(redis.call('HMGET', res_key(uid), 'mem', 'cores', 'slices')) do
-    local n = tonumber(v)
-    if not n or n ~= math.floor(n) or n < 0 or n > bounds[i] then return true end
+  for field, most in pairs({mem = MAX_UNITS, cores = CARD_CORES, slices = CARD_CORES}) do
+    local n = tonumber(redis.call('HGET', res_key(uid), field))
+    if not n or n ~= math.floor(n) or n < 0 or n > most then return true end
   end
   return false
 end
