@@ -56,13 +56,14 @@ async def test_a_damaged_usage_field_books_nothing_past_the_card(ledger: Ledger,
 
 
 @pytest.mark.parametrize(("field", "value"), [("mem", "-50"), ("mem", "abc"), ("mem", "1e400"), ("mem", None),
-                                              ("cores", "-10"), ("slices", "x")])
+                                              ("cores", "-10"), ("slices", "x"), ("cards", "x,y"), ("cards", "")])
 async def test_a_pending_booking_with_damaged_amounts_keeps_its_card(ledger: Ledger, redis_client: Redis, field: str,
                                                                      value: str | None) -> None:
     """A pending booking (its Binding may be in flight) whose amounts a hand edit damaged was counted by the
     reconciler's repair of its node as holding nothing (num() read "abc" as 0, and "-50" as -50): the card read
-    free, and another pod booked the room its binder holds (90 units over its 60 on a 96-unit card). The repair now
-    books such a booking as holding its cards whole, until it is released or its pod's record replaces it."""
+    free, and another pod booked the room its binder holds (90 units over its 60 on a 96-unit card); one whose cards
+    were damaged was booked on none. The repair now books such a booking as holding its cards whole (every card of the
+    node when which ones cannot be read), until it is released or its pod's record replaces it."""
     rec, _pods = await setup(ledger)
     assert (await ledger.reserve("ta", "u1", [0], 60, 8, 1, pod="ns/p1"))[0].ok
     key = ledger.keys.res("ta", "u1")
@@ -74,6 +75,6 @@ async def test_a_pending_booking_with_damaged_amounts_keeps_its_card(ledger: Led
     assert await rec.reconcile_all()
     booked = (await ledger.reserve("ta", "u2", [0], 90, 2, 1, pod="ns/p2"))[0]
     assert not booked.ok, f"booked over a pending booking whose {field} was {value}: {booked}"
-    assert await ledger.release("ta", "u1")  # its binder gave up: the card is free again, and nothing else held
-    card = (await ledger.snapshots(["ta"]))["ta"].cards[0]
-    assert (card.mem_used, card.cores_used, card.slices) == (0, 0, 0)
+    assert await ledger.release("ta", "u1")  # its binder gave up: the cards are free again, and nothing else held
+    for card in (await ledger.snapshots(["ta"]))["ta"].cards.values():
+        assert (card.mem_used, card.cores_used, card.slices) == (0, 0, 0), card

@@ -266,14 +266,21 @@ local function card_view(idx)
   return v
 end
 
--- Whether a reservation's amounts (`mem`, `cores`, `slices`) were damaged by a hand edit: gone, not a whole number,
--- negative, or past what one card has. res_view reads them with num(), as 0 (or as the negative number).
+-- Whether a reservation's amounts (`mem`, `cores`, `slices`), and its `cards`, were damaged by a hand edit: an amount
+-- gone, not a whole number, negative, or past what one card has (res_view reads it with num(), as 0 or as the negative
+-- number); a card list empty or naming anything but indices 0..1023 (res_view keeps only those).
 local function damaged_amounts(uid)
+  local amounts = false
   for field, most in pairs({mem = MAX_UNITS, cores = CARD_CORES, slices = CARD_CORES}) do
     local n = tonumber(redis.call('HGET', res_key(uid), field))
-    if not n or n ~= math.floor(n) or n < 0 or n > most then return true end
+    if not n or n ~= math.floor(n) or n < 0 or n > most then amounts = true end
   end
-  return false
+  local cards = true  -- until one index is read
+  for idx in string.gmatch(redis.call('HGET', res_key(uid), 'cards') or "", "[^,]+") do
+    if not string.match(idx, "^%d+$") or tonumber(idx) > 1023 then return {amounts = true, cards = true} end
+    cards = false
+  end
+  return {amounts = amounts or cards, cards = cards}
 end
 
 local function res_view(uid)

@@ -137,16 +137,20 @@ for _, b in ipairs(p.bound) do
 end
 local overfull = 0
 for _, e in ipairs(pending) do
-  local uid, r, kept, damaged = e[1], e[2], e[3], e[4]
+  local uid, r, kept, hurt = e[1], e[2], e[3], e[4]
   local nums = {}
   for i, idx in ipairs(split_cards(r.cards)) do nums[i] = tonumber(idx) end
   -- its bind attempt's stamp (a pending one's Binding may still be committed), number and attempts: `kept`
   if r.state ~= "bound" and r.settle_by > 0 then kept.settle_by = r.settle_by end
   local mem, cores, slices = r.mem, r.cores, r.slices
-  if damaged then
+  if hurt.amounts then
     -- fail closed: amounts a hand edit damaged were read as nothing held, and another pod booked the room its binder
-    -- holds (tests/redis/test_redteam_damaged_usage.py); booked as its cards whole until released or replaced by its
-    -- pod's record (observe)
+    -- holds (tests/redis/test_redteam_damaged_usage.py); booked as its cards whole (every reported card when which
+    -- ones cannot be read) until released or replaced by its pod's record (observe)
+    if hurt.cards then
+      nums = {}
+      for i, c in ipairs(p.cards) do nums[i] = c.index end
+    end
     mem, cores, slices = 0, CARD_CORES, CARD_CORES
     for _, idx in ipairs(nums) do
       local c = card_view(idx)
