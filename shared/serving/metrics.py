@@ -86,6 +86,9 @@ REDIS_ROUND_TRIPS = Counter("mtsched_redis_round_trips_total",
 REDIS_RESENDS = Counter("mtsched_redis_resends_total",
                         "Round trips to Redis sent again after a connection error, a timeout or a failover, by "
                         "operation (the log names them at most once a second per operation)", ["op"])
+REDIS_DAMAGED_KEYS = Counter("mtsched_redis_damaged_keys_total",
+                             "Ledger keys of another type than the layout gives them (not written by mtsched) that a "
+                             "script deleted; the watchers then repair their node (should stay 0)")
 OVERCOMMIT = Counter("mtsched_overcommit_observed_total",
                      "Allocations observed on the API server that over-commit a card (should stay 0)")
 BIND_DEADLINE_MISSED = Counter("mtsched_bind_deadline_total",

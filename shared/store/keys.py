@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import orjson
 
 MOREKEYS = "MOREKEYS "  # the error reply's prefix (see _lib.lua: need_keys)
+DAMAGED = "DAMAGED "  # the error reply's prefix when a script deleted keys of another type (_lib.lua: clear_damage)
+CLEAR = "clear"  # ARGV[4] of a script called again after WRONGTYPE: delete the declared keys of another type first
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import orjson
 from redis import exceptions as rexc
@@ -46,6 +46,7 @@ __all__ = ["HEADS_BATCH", "LUA_DIR", "NO_OPTIONS", "RESEND", "RESEND_OR_REDIRECT
            "UnknownRedirect", "connect", "connect_subscriber", "explain", "now_ms", "resendable", "script_source",
            "scripts_digest", "slot_moving", "slot_owners"]
 
+T = TypeVar("T")
 # The reserve script's refusal on a node not compared with the API server since Redis's process changed
 # (reserve.lua, `verified` in _lib.lua): replanning cannot help, the watchers' comparison does.
 UNVERIFIED = "node unverified"
@@ -122,7 +123,7 @@ class Ledger(LedgerReads, ServerChecks):
                 inv.node, (c.index for c in inv.cards), k)))
         except LedgerError:
             if added:  # refused input leaves no trace
-                await self._retry("srem", lambda: cast("Awaitable[int]", self.redis.srem(self.nodes_key, inv.node)))
+                await self._unlist(inv.node)
             raise
         if version < 0:
             return version
@@ -145,7 +146,7 @@ class Ledger(LedgerReads, ServerChecks):
         if out < 0:
             return None
         self._known.pop(node, None)
-        await self._retry("srem", lambda: cast("Awaitable[int]", self.redis.srem(self.nodes_key, node)))
+        await self._unlist(node)
         return bool(out)
 
     async def announce(self, node: str) -> None:
@@ -174,12 +175,35 @@ class Ledger(LedgerReads, ServerChecks):
         await self._retry("publish", send)
 
     async def list_node(self, node: str) -> int:
-        added: int = await self._retry("sadd", lambda: cast("Awaitable[int]", self.redis.sadd(self.nodes_key, node)))
-        return added
+        return await self._node_list("sadd", lambda: cast("Awaitable[int]", self.redis.sadd(self.nodes_key, node)))
+
+    async def _unlist(self, node: str) -> None:
+        await self._node_list("srem", lambda: cast("Awaitable[int]", self.redis.srem(self.nodes_key, node)))
 
     async def nodes(self) -> list[str]:
-        members: Awaitable[set[str]] = self._retry("smembers", lambda: self.redis.smembers(self.nodes_key))  # type: ignore[arg-type,return-value]
-        return sorted(await members)
+        return sorted(await self._node_list("smembers", lambda: cast("Awaitable[set[str]]",
+                                                                     self.redis.smembers(self.nodes_key))))
+
+    async def _node_list(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
+        """`op` on the node list, sent again once a node list of another type was cleared (_cleared_node_list)."""
+        try:
+            return await self._retry(what, op)
+        except rexc.ResponseError as e:
+            if not await self._cleared_node_list(e):
+                raise
+        return await self._retry(what, op)
+
+    async def _cleared_node_list(self, e: rexc.ResponseError) -> bool:
+        """Whether `e` said the node list is of another type than a set (nothing this code wrote: an edit behind its
+        back), which is then deleted: it failed every read of it for ever, every mirror's resync and every
+        reconciler's pass (their supervisors gave up: a crash loop). Read as empty then; the reconciler's next pass
+        lists every node it reads again (tests/redis/test_redteam_wrongtype.py)."""
+        if not str(e).startswith("WRONGTYPE"):
+            return False
+        log.error("%s is not a set (not written by mtsched: an edit behind its back?): deleted; the watchers list the "
+                  "nodes again", self.nodes_key)
+        await self._retry("del", lambda: cast("Awaitable[int]", self.redis.delete(self.nodes_key)))
+        return True
 
     # -- reservations --------------------------------------------------------------------------
 

@@ -19,9 +19,9 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
 from shared.domain.state import NodeSnapshot
-from shared.serving.metrics import REDIS_RESENDS, REDIS_ROUND_TRIPS
+from shared.serving.metrics import REDIS_DAMAGED_KEYS, REDIS_RESENDS, REDIS_ROUND_TRIPS
 from shared.serving.supervise import TransientError
-from shared.store.keys import MOREKEYS, NOTHING, Known, Layout
+from shared.store.keys import CLEAR, DAMAGED, MOREKEYS, NOTHING, Known, Layout
 from shared.store.redis_conn import Explained, acl_refused, explain
 from shared.store.resend import RESEND_OR_REDIRECT, resendable, slot_moving
 from shared.store.scripts import SCRIPTS, script_source
@@ -219,10 +219,12 @@ class LedgerCore:
         a function that makes it, called for every send (a payload whose durations count from the call, not from
         each send: Ledger.replace_node's keep window, sent again seconds later after a reply was lost)."""
         script = self._scripts[name]
+        clear = False  # met WRONGTYPE: the next call deletes the node's keys of another type (_lib.lua: clear_damage)
 
         def send(declared: list[str]) -> Awaitable[Any]:
             body = payload() if callable(payload) else payload
-            return self._script(script, declared, (self.feed, node, orjson.dumps(body or {}).decode()))
+            args = (self.feed, node, orjson.dumps(body or {}).decode())
+            return self._script(script, declared, (*args, CLEAR) if clear else args)
 
         make = keys or (lambda known: self.keys.whole_node(node, known))
         for _ in range(KEY_ROUNDS):
@@ -235,13 +237,20 @@ class LedgerCore:
                     raise
                 if not isinstance(e, rexc.ResponseError):
                     raise
+                if wrong_type(e):  # a key of another type: cleared by the next call, which the script refused
+                    clear = True
+                    continue
+                if str(e).startswith(DAMAGED):  # the keys are gone now: the same call reads them as missing
+                    said_damaged(name, node, str(e))
+                    clear = False
+                    continue
                 if not str(e).startswith(MOREKEYS):  # (an ACL refusal was said by _retry, naming the node)
                     raise LedgerError(f"{name} on {node}: {e}") from e
                 self._known[node] = self.known(node).learn(str(e))
                 log.debug("%s on %s: the node has keys this ledger did not know of; calling again", name, node)
         raise LedgerError(f"{name} on {node}: the node's cards and reservations kept changing; try again")
 
-    async def _script(self, script: AsyncScript, keys: list[str], args: tuple[str, str, str]) -> Any:
+    async def _script(self, script: AsyncScript, keys: list[str], args: tuple[str, ...]) -> Any:
         """One send of `script` (routed by `keys[0]`). redis-py's script object sends EVALSHA, and on NOSCRIPT
         loads the script and sends it again; a second NOSCRIPT is answered here."""
         try:
@@ -271,6 +280,19 @@ class LedgerCore:
                 listener(node)
             except Exception:  # a listener's bug must not replace the caller's error
                 log.exception("on_moving listener failed for node %s", node)
+
+
+def wrong_type(e: BaseException) -> bool:
+    """A script's WRONGTYPE (Redis 6.2 wraps it in the script's error): a declared key of another type."""
+    return isinstance(e, rexc.ResponseError) and "WRONGTYPE " in str(e)
+
+
+def said_damaged(what: str, node: str, reply: str) -> None:
+    """A script's DAMAGED answer (_lib.lua: clear_damage), logged: keys of another type than the layout's were
+    deleted (an edit behind the scripts' back); the watchers write what they held again."""
+    REDIS_DAMAGED_KEYS.inc(len(orjson.loads(reply[len(DAMAGED):]) or []))
+    log.error("%s on %s: deleted keys of another type than docs/redis-layout.md gives them (not written by mtsched: "
+              "an edit behind its back?): %s; the watchers repair the node", what, node, reply[len(DAMAGED):])
 
 
 def now_ms() -> int:

@@ -13,8 +13,8 @@ from redis import exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
 
 from shared.domain.state import NodeSnapshot
-from shared.store.keys import MOREKEYS
-from shared.store.ledger_core import KEY_ROUNDS, LedgerCore, LedgerError, failed, log
+from shared.store.keys import CLEAR, DAMAGED, MOREKEYS
+from shared.store.ledger_core import KEY_ROUNDS, LedgerCore, LedgerError, failed, log, said_damaged, wrong_type
 from shared.store.resend import RESEND_OR_REDIRECT, resendable, slot_moving
 
 # Nodes per pipelined read: packing, parsing and decoding one reply holds the caller's event loop, so a
@@ -56,7 +56,12 @@ class LedgerReads(LedgerCore):
                 pipe = self.redis.pipeline(transaction=False)
                 for n, _ in items:
                     pipe.hmget(self.node_key(n), ["version", "stamp"])
-                return await pipe.execute()
+                # a node hash of another type (an edit: WRONGTYPE) names no write, as one that is not a number: the
+                # node is read, and its snapshot clears it (_lib.lua: clear_damage); it failed the whole read before
+                raws = [[-1, ""] if _wrong_type(r) else r for r in await pipe.execute(raise_on_error=False)]
+                if (error := next((r for r in raws if isinstance(r, Exception)), None)) is not None:
+                    raise error
+                return raws
 
             got = await self._read_around("heads", [(n, []) for n in batch], read, isolate, Reread({}, set(), {}))
             for (n, _), (version, stamp) in got:
@@ -165,6 +170,7 @@ class LedgerReads(LedgerCore):
         """
         script = self._scripts["snapshot"]
         todo = nodes
+        clear: set[str] = set()  # nodes that met WRONGTYPE: read again clearing their keys of another type
         for _ in range(KEY_ROUNDS + 1):
             if not todo:
                 break
@@ -174,7 +180,8 @@ class LedgerReads(LedgerCore):
                 def queue() -> Any:
                     pipe = self.redis.pipeline(transaction=False)
                     for n, keys in batch:
-                        pipe.evalsha(script.sha, len(keys), *keys, self.feed, n, "{}")
+                        more = (CLEAR,) if n in clear else ()
+                        pipe.evalsha(script.sha, len(keys), *keys, self.feed, n, "{}", *more)
                     return pipe
 
                 # each node's answer in its place (MOREKEYS or NOSCRIPT for some must not lose the others);
@@ -206,6 +213,13 @@ class LedgerReads(LedgerCore):
                 elif isinstance(raw, rexc.ResponseError) and str(raw).startswith(MOREKEYS):
                     todo.append(n)
                     self._known[n] = self.known(n).learn(str(raw))
+                elif wrong_type(raw):
+                    todo.append(n)
+                    clear.add(n)
+                elif isinstance(raw, rexc.ResponseError) and str(raw).startswith(DAMAGED):
+                    todo.append(n)  # its keys of another type deleted: read again, as missing
+                    clear.discard(n)
+                    said_damaged("snapshot", n, str(raw))
                 elif isinstance(raw, Exception):
                     raise failed(f"snapshot of {n}", raw) from raw
                 else:
@@ -231,6 +245,10 @@ class LedgerReads(LedgerCore):
                         await self._retry("script_load", lambda key=key: self._load_where(script.script, key))
         if todo:
             raise LedgerError(f"snapshots: the keys of {', '.join(todo)} kept changing; try again")
+
+
+def _wrong_type(raw: Any) -> bool:
+    return isinstance(raw, rexc.ResponseError) and str(raw).startswith("WRONGTYPE")
 
 
 def _failed(raw: Any) -> bool:

@@ -4,7 +4,8 @@
 --   KEYS[2..] = every other key the script may touch, all of the same {<node>}: the pods set
 --     "<base>:pods", card hashes "<base>:card:<idx>", reservation hashes "<base>:res:<uid>"
 --     (built by shared/store/keys.py, one function per script; Redis Cluster requires every key in KEYS)
---   ARGV[1] = feed channel, ARGV[2] = node name, ARGV[3] = JSON payload (script specific)
+--   ARGV[1] = feed channel, ARGV[2] = node name, ARGV[3] = JSON payload (script specific), ARGV[4] = "clear"
+--     only after WRONGTYPE (clear_damage)
 -- Which cards and reservations a node has only Redis knows: a script that needs a card or reservation
 -- key its caller did not declare answers MOREKEYS (see `need_keys`) before its first write, and the caller
 -- calls again with them. The node hash and the pods set are the index: scripts read them first.
@@ -33,6 +34,30 @@ local function need_keys(cards, uids, whole)
   for i, idx in ipairs(cards) do c[i] = tostring(idx) end
   for i, uid in ipairs(uids) do u[i] = uid end
   return redis.error_reply("MOREKEYS " .. cjson.encode({cards = c, uids = u, whole = whole == true}))
+end
+
+-- A declared key of another type than the layout gives it (a string or list where a hash or set belongs: an
+-- operator's or another program's write, nothing a script writes) failed every script declaring it (WRONGTYPE) for
+-- ever, and so every read, booking and repair of the node. A caller that met WRONGTYPE on the node calls again with
+-- ARGV[4] = "clear" (LedgerCore._call, LedgerReads._snapshot_batch; never otherwise: the probe costs a read of every
+-- declared key, a tenth of a busy node's booking): such keys are deleted and DAMAGED answered, naming them, before
+-- anything else is read or written (no write after the DEL: a script's first write is the one Redis checks against
+-- maxmemory); the caller calls again, and the node reads as if they were missing, which the watchers repair. Probed
+-- with HGET and SISMEMBER, commands the roles' ACL user has (docs/install.md "Redis"); an error that is not
+-- WRONGTYPE (an ACL refusal) deletes nothing.
+local function clear_damage()
+  if ARGV[4] ~= "clear" then return nil end
+  local gone = {}
+  for _, k in ipairs(KEYS) do
+    local r
+    if k == PODS_KEY then r = redis.pcall('SISMEMBER', k, '') else r = redis.pcall('HGET', k, '') end
+    if type(r) == 'table' and r.err and string.find(r.err, 'WRONGTYPE', 1, true) then
+      redis.call('DEL', k)
+      gone[#gone + 1] = k
+    end
+  end
+  if #gone == 0 then return nil end
+  return redis.error_reply("DAMAGED " .. cjson.encode(gone))
 end
 
 local function now_ms()
@@ -209,27 +234,62 @@ end
 -- left out of the JSON) when the node publishes none or a field is damaged.
 local KNOB_FIELDS = {"policy", "time_slice", "overcommit_ratio"}
 
+-- A card's usage (`mem_used`, `cores_used`, `slices`) read fail closed: one a hand edit damaged (gone, not a whole
+-- number, negative, infinite) reads as `full`, the card's whole, `cores` as no more than a card has, and a damaged
+-- `slice_limit` (the node agent's, not known here) as 0. num() made such usage 0 (and kept a negative one), so the next booking went past the card (90
+-- units over a held 90 on a 96-unit card) before any pass could see it (tests/redis/test_redteam_damaged_usage.py);
+-- the watchers' pass finds the usage does not add up to the reservations and rewrites it.
+local CARD_CORES = 16
+local function used(v, full)
+  local n = tonumber(v)
+  if n == nil or n ~= math.floor(n) or n < 0 or n == math.huge then return full end
+  return n
+end
+
 local function card_view(idx)
   local c = hgetall(card_key(idx))
   if not c then return nil end
+  local capacity, cores = num(c.capacity), math.min(num(c.cores), CARD_CORES)
+  local slice_limit = tonumber(c.slice_limit)
+  if slice_limit == nil or slice_limit ~= math.floor(slice_limit) or slice_limit < 1 or slice_limit > CARD_CORES then
+    slice_limit = 0
+  end
   local v = {
-    capacity = num(c.capacity), mem_used = num(c.mem_used), mem_free = num(c.mem_free),
-    cores = num(c.cores), cores_used = num(c.cores_used), cores_free = num(c.cores_free),
-    slices = num(c.slices), slice_limit = num(c.slice_limit), health = c.health or "unhealthy",
+    capacity = capacity, mem_used = used(c.mem_used, capacity), mem_free = num(c.mem_free),
+    cores = cores, cores_used = used(c.cores_used, cores), cores_free = num(c.cores_free),
+    slices = used(c.slices, slice_limit), slice_limit = slice_limit, health = c.health or "unhealthy",
   }
   for _, k in ipairs(KNOB_FIELDS) do
-    local n = tonumber(c[k])
-    if n and n == math.floor(n) then v[k] = n end
+    local n = tonumber(c[k])  -- (not infinite: cjson refuses to encode it, and every read of the node failed)
+    if n and n == math.floor(n) and math.abs(n) < math.huge then v[k] = n end
   end
   return v
+end
+
+-- Whether a reservation's amounts (`mem`, `cores`, `slices`), and its `cards`, were damaged by a hand edit: an amount
+-- gone, not a whole number, negative, or past what one card has (res_view reads it with num(), as 0 or as the negative
+-- number); a card list empty or naming anything but indices 0..1023 (res_view keeps only those).
+local function damaged_amounts(uid)
+  local amounts = false
+  for field, most in pairs({mem = MAX_UNITS, cores = CARD_CORES, slices = CARD_CORES}) do
+    local n = tonumber(redis.call('HGET', res_key(uid), field))
+    if not n or n ~= math.floor(n) or n < 0 or n > most then amounts = true end
+  end
+  local cards = true  -- until one index is read
+  for idx in string.gmatch(redis.call('HGET', res_key(uid), 'cards') or "", "[^,]+") do
+    if not string.match(idx, "^%d+$") or tonumber(idx) > 1023 then return {amounts = true, cards = true} end
+    cards = false
+  end
+  return {amounts = amounts or cards, cards = cards}
 end
 
 local function res_view(uid)
   local r = hgetall(res_key(uid))
   if not r then return nil end
   local cards = {}
-  for idx in string.gmatch(r.cards or "", "[^,]+") do
-    if string.match(idx, "^%d+$") then cards[#cards + 1] = idx end
+  for idx in string.gmatch(r.cards or "", "[^,]+") do  -- (a card index as upsert_node takes them: 0..1023; one
+    -- past Lua's exact integers was written back by replace_node as "1e+23", which failed every read of the node)
+    if string.match(idx, "^%d+$") and tonumber(idx) <= 1023 then cards[#cards + 1] = idx end
   end
   return {
     cards = table.concat(cards, ","), mem = num(r.mem), cores = num(r.cores), slices = num(r.slices),
@@ -260,6 +320,24 @@ local function check_attempt(t, what)
   return nil
 end
 local function int_str(n) return string.format('%.0f', n) end
+-- A counter `v` (a field's text, or nil) plus `step`, for one the scripts bump (the node's `version`, its tombstones'
+-- `#n`). HINCRBY alone refused a field a hand edit damaged (not a whole number, or at the end of its 64-bit range),
+-- and so failed every write of the node for ever, the watchers' repair too
+-- (tests/redis/test_redteam_damaged_counters.py): a damaged or negative one starts again from 0, as one past 2^52
+-- (Lua's numbers are exact below 2^53); the new `stamp` tells the mirrors the version names another write.
+local COUNT_MAX = 2 ^ 52
+local function counted(v, step)
+  local n = num(v)
+  if n < 0 or n >= COUNT_MAX or tostring(v) ~= int_str(n) then n = 0 end
+  return n + step
+end
+-- The new count of `field` (its text `v`) and the command that writes it: HINCRBY on a sound counter, or one not
+-- there yet, as before; HSET of the count started again on a damaged one.
+local function bump(key, field, v, step)
+  local n, was = counted(v, step), tonumber(v)
+  if not v or (was and n == was + step) then return n, {'HINCRBY', key, field, step} end
+  return n, {'HSET', key, field, int_str(n)}
+end
 local function attempts_of(uid)
   local raw = redis.call('HGET', res_key(uid), 'attempts')
   if not raw then return nil end
@@ -338,7 +416,7 @@ local function node_view()
   local res = {}
   for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do res[uid] = res_view(uid) end
   local n = hgetall(NODE_KEY) or {}
-  return {node = NODE, version = tonumber(n.version or "0"), stamp = n.stamp or "", error = n.error or "",
+  return {node = NODE, version = counted(n.version, 0), stamp = n.stamp or "", error = n.error or "",
           cards = cards, res = res, exists = n.version ~= nil}
 end
 
@@ -378,7 +456,7 @@ local function refusal_view()
     if DECLARED[res_key(uid)] then res[uid] = res_view(uid) end
   end
   local n = hgetall(NODE_KEY) or {}
-  return {node = NODE, version = tonumber(n.version or "0"), stamp = n.stamp or "", error = n.error or "",
+  return {node = NODE, version = counted(n.version, 0), stamp = n.stamp or "", error = n.error or "",
           cards = cards, res = res, exists = n.version ~= nil}
 end
 
@@ -433,7 +511,8 @@ end
 -- that reads only `uid`/`res` (one of an earlier release) sees a gap and re-reads instead of taking the
 -- version with only part of the write.
 local function publish(kind, uid, res, touched, views, extra)
-  local v = redis.call('HINCRBY', NODE_KEY, 'version', (extra and extra.span) or 1)
+  local v, write = bump(NODE_KEY, 'version', redis.call('HGET', NODE_KEY, 'version'), (extra and extra.span) or 1)
+  redis.call(unpack(write))
   -- When this write happened (Redis's clock, microseconds): with the version it names the node's last
   -- write, also across a loss (a version starts over at 1 when the keys are new, and a shard that failed
   -- over to a lagging replica counts again from an older one). Mirrors compare (version, stamp) with
@@ -700,9 +779,10 @@ local function tombstone(uid, soft)
   local now = now_ms()
   local added = ended_write(soft, 'HSET', ENDED_KEY, uid, int_str(now))
   if added ~= 1 then return end  -- (refused, or a tombstone again: counted once)
-  local n = ended_write(soft, 'HINCRBY', ENDED_KEY, '#n', 1)
-  if not n then return end
-  local trim_at = tonumber(redis.call('HGET', ENDED_KEY, '#trim_at') or ENDED_TRIM_FLOOR)
+  local n, write = bump(ENDED_KEY, '#n', redis.call('HGET', ENDED_KEY, '#n'), 1)
+  if not ended_write(soft, unpack(write)) then return end
+  -- (a damaged `#trim_at` trims now: it failed every release of an ended pod on the node, for ever)
+  local trim_at = tonumber(redis.call('HGET', ENDED_KEY, '#trim_at')) or ENDED_TRIM_FLOOR
   if trim_due(n, trim_at, tonumber(redis.call('HGET', ENDED_KEY, '#trimmed') or ""), now) then
     trim_ended(now, soft)
   end

@@ -7,6 +7,8 @@
 -- Which reservations expire (and which are stamped anew) is the twin of shared/domain/reconcile.py `expires`
 -- (and `restamps`; tests/redis/test_expires_twin.py).
 -- KEYS: the whole node (every reservation is read), and the cards of the ones released.
+local damaged = clear_damage()
+if damaged then return damaged end
 local p, err = payload()
 if err then return err end
 if not is_int(p.ttl_ms, 1000, 86400000) then return fail("BADINPUT", "ttl_ms must be 1000..86400000") end

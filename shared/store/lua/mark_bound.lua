@@ -4,6 +4,8 @@
 -- others in `more` ({uid: res}) with `span` = how many it changed (the node's version moves by that much),
 -- so the feed carries one message per batch, not one per pod.
 -- Replies {missing = [uids with no reservation]} (an empty list is encoded `{}`).
+local damaged = clear_damage()
+if damaged then return damaged end
 local p, err = payload()
 if err then return err end
 local uids = p.uids

@@ -6,6 +6,8 @@
 -- the same step as the write, so no other call can come between the read and the decision).
 -- A uid tombstoned on the node (its pod ended, and the pod watcher's release came first: `tombstone`, _lib.lua) is
 -- not booked: {ended = true}, nothing written (a record read before the pod ended, its observe late).
+local damaged = clear_damage()
+if damaged then return damaged end
 local p, err = payload()
 if err then return err end
 local bad = check_res(p)

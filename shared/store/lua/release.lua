@@ -11,6 +11,8 @@
 -- names no number (an attempt's name alone: Ledger._withdraw, or a bind too late to send) or a later
 -- attempt's number is on it (`binds` above if_bind_no: a counter, the node's, not the booking's, reserve.lua
 -- next_bind_no, so a give-back sent again leaves a booking a later attempt made anew).
+local damaged = clear_damage()
+if damaged then return damaged end
 local p, reply = uid_payload()
 if not p then return reply end
 if p.if_bind_no ~= nil and not is_int(p.if_bind_no, 0, 2 ^ 52) then

@@ -3,6 +3,8 @@
 -- as it is and -1 is returned: its binder writes the Binding and its record whatever the ledger says, so
 -- the caller keeps the booking (replace_node onto placeholder cards) instead. Else returns 1 if the node
 -- existed, 0 if not. KEYS: the whole node (with its tombstones, `<base>:ended`, deleted with it).
+local damaged = clear_damage()
+if damaged then return damaged end
 local p, err = payload()
 if err then return err end
 local keep_ms = p.keep_ms
@@ -24,7 +26,7 @@ for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do redis.call('DEL', res_
 redis.call('DEL', PODS_KEY)
 redis.call('DEL', ENDED_KEY)  -- its tombstones: no booking is made on a node Redis does not hold (observe.lua)
 local existed = redis.call('EXISTS', NODE_KEY)
-local v = tonumber(redis.call('HGET', NODE_KEY, 'version') or "0") + 1
+local v = counted(redis.call('HGET', NODE_KEY, 'version'), 1)
 -- `prev`, the stamp of the node's last write: a mirror drops its snapshot only if it is of that write, and reads the
 -- node otherwise. Pub/Sub channels are shared by every database of a Redis, so a mirror also hears the removals of
 -- a ledger with the same keyPrefix in another database (a move from /0 to /1 while old replicas run, or clusters

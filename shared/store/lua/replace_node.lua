@@ -14,6 +14,8 @@
 -- A uid tombstoned on the node (its pod ended and the pod watcher released it: `tombstone`, _lib.lua) is not booked:
 -- a pod of `bound` read before it ended is left out (reported as ended = [uid, ...]), and a reservation the node
 -- holds for one is freed (counted in `dropped`), settling or not.
+local damaged = clear_damage()
+if damaged then return damaged end
 local p, err = payload()
 if err then return err end
 if p.keep_bound ~= nil and type(p.keep_bound) ~= "boolean" then return fail("BADINPUT", "keep_bound must be a boolean") end
@@ -107,7 +109,11 @@ local carry = {}
 for _, uid in ipairs(redis.call('SMEMBERS', PODS_KEY)) do
   local r = res_view(uid)
   if r and not is_bound[uid] then
-    if settles(r, now0, keep_from) and not ended_uid(uid, now0) then pending[#pending + 1] = {uid, r, carry_of(uid, r)} else dropped = dropped + 1 end
+    if settles(r, now0, keep_from) and not ended_uid(uid, now0) then
+      pending[#pending + 1] = {uid, r, carry_of(uid, r), damaged_amounts(uid)}
+    else
+      dropped = dropped + 1
+    end
   elseif r then
     carry[uid] = carry_of(uid, r)
   end
@@ -131,12 +137,27 @@ for _, b in ipairs(p.bound) do
 end
 local overfull = 0
 for _, e in ipairs(pending) do
-  local uid, r, kept = e[1], e[2], e[3]
+  local uid, r, kept, hurt = e[1], e[2], e[3], e[4]
   local nums = {}
   for i, idx in ipairs(split_cards(r.cards)) do nums[i] = tonumber(idx) end
   -- its bind attempt's stamp (a pending one's Binding may still be committed), number and attempts: `kept`
   if r.state ~= "bound" and r.settle_by > 0 then kept.settle_by = r.settle_by end
-  book({uid = uid, cards = nums, mem = r.mem, cores = r.cores, slices = r.slices, pod = r.pod, idle = r.idle},
+  local mem, cores, slices = r.mem, r.cores, r.slices
+  if hurt.amounts then
+    -- fail closed: amounts a hand edit damaged were read as nothing held, and another pod booked the room its binder
+    -- holds (tests/redis/test_redteam_damaged_usage.py); booked as its cards whole (every reported card when which
+    -- ones cannot be read) until released or replaced by its pod's record (observe)
+    if hurt.cards then
+      nums = {}
+      for i, c in ipairs(p.cards) do nums[i] = c.index end
+    end
+    mem, cores, slices = 0, CARD_CORES, CARD_CORES
+    for _, idx in ipairs(nums) do
+      local c = card_view(idx)
+      if c then mem = math.max(mem, c.capacity) end
+    end
+  end
+  book({uid = uid, cards = nums, mem = mem, cores = cores, slices = slices, pod = r.pod, idle = r.idle},
        r.state, r.created, nil, kept)
   -- book stamps a bound one as bound when it was made: keep when it was bound, or its keep window ends early
   if r.state == "bound" then redis.call('HSET', res_key(uid), 'bound_at', r.bound_at) end

@@ -13,6 +13,8 @@
 -- command run again (its reply lost) is answered its own number again, no new one. A holder that names no attempt
 -- (an older release's binder), found when a named attempt joins, is listed as `*<n>` (_lib.lua). On conflict
 -- returns the reason and the node's current cards (refusal_view), so the caller can refit without another read.
+local damaged = clear_damage()
+if damaged then return damaged end
 local function unverified()
   return cjson.encode({ok = false, unverified = true, reason = "node unverified: Redis restarted, failed over or evicted keys "
     .. "since the watchers last compared this node with the API server (it may lack a booking a pod holds); "

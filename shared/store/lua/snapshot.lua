@@ -1,4 +1,6 @@
 -- Read one node's whole state (cards and reservations) in one call. Payload ignored. KEYS: the whole node.
+local damaged = clear_damage()
+if damaged then return damaged end
 local more = need_node_keys()
 if more then return more end
 local view = node_view()

@@ -3,6 +3,8 @@
 -- negative. A missing node is only created when `create` is true (a node new to the cluster): if a
 -- known node is missing, Redis lost its data, and creating it empty would offer cards that running
 -- pods hold; the script returns -1 instead and the caller rebuilds from the API server.
+local damaged = clear_damage()
+if damaged then return damaged end
 local p, err = payload()
 if err then return err end
 local _, bad = check_cards(p.cards)
