@@ -141,11 +141,7 @@ class NodeWatcher:
         health, error) over the newer one the rebuild wrote, and `last` with it, which the reconciler compares
         with: it stood until the node's next event was handled. By resourceVersion where it is comparable, else
         by the order things came (an event received before the list was requested is no newer than it)."""
-        def stale(p: Pending[NodeEvent]) -> bool:
-            rv = str((p.value[1].get("metadata") or {}).get("resourceVersion") or "")
-            return listed_over(rv, list_rv, p.offered <= mark)
-
-        dropped = self.events.drop(stale)
+        dropped = self.events.drop(functools.partial(_listed_over, list_rv=list_rv, mark=mark))
         for name in dropped:
             self._held.discard(name)
             # (its change is in the list's view, written: a node whose change could not be written is open again)
@@ -159,6 +155,13 @@ class NodeWatcher:
             log.info("rebuild: %d queued node change(s) no newer than its node list dropped: %s", len(dropped),
                      ", ".join(sorted(dropped)[:5]))
         return dropped
+
+    def stuck_past(self, list_rv: str, mark: int) -> set[str]:
+        """The stuck nodes whose queued change is newer than a rebuild's list (`supersede` keeps it): the rebuild writes
+        them closed (`effective`). Written open from the list, such a node offered a state older than the Node's while
+        taken as closed (`Stuck.closed`: its next failed try closed nothing), until a reconcile pass closed it."""
+        return {n for n in self.stuck if (p := self.events.pending.get(n)) is not None
+                and not _listed_over(p, list_rv, mark)}
 
     async def apply(self, name: str, inv: Inventory | None) -> None:
         """Bring the ledger's node `name` to what the API says (`inv`; None: the Node is gone)."""
@@ -563,3 +566,10 @@ class NodeWatcher:
         self.unlisted = None
         for name in raised:  # as on_event: once the ledger has the higher limit or the room, kube-scheduler retries
             self.nudge(name)
+
+
+def _listed_over(p: Pending[NodeEvent], list_rv: str, mark: int) -> bool:
+    """Whether a node list (resourceVersion `list_rv`, requested when the queue had taken `mark` offers) is at least as
+    new as the queued change `p`."""
+    rv = str((p.value[1].get("metadata") or {}).get("resourceVersion") or "")
+    return listed_over(rv, list_rv, p.offered <= mark)
