@@ -323,19 +323,23 @@ local function int_str(n) return string.format('%.0f', n) end
 -- A counter `v` (a field's text, or nil) plus `step`, for one the scripts bump (the node's `version`, its tombstones'
 -- `#n`). HINCRBY alone refused a field a hand edit damaged (not a whole number, or at the end of its 64-bit range),
 -- and so failed every write of the node for ever, the watchers' repair too
--- (tests/redis/test_redteam_damaged_counters.py): a damaged or negative one starts again from 0, as one past 2^52
--- (Lua's numbers are exact below 2^53); the new `stamp` tells the mirrors the version names another write.
+-- (tests/redis/test_redteam_damaged_counters.py): a damaged or negative one starts again, as one past 2^52 (Lua's
+-- numbers are exact below 2^53), at 1 whatever `step` (read, step 0: as 0). At 1, as keys made anew, so a mirror
+-- holding a higher version reads the node again ("recreated", or "history"/"gap" beside its 0 or 1): started at
+-- `step`, a batched confirmation's version was its span, which such a mirror took for a message it had, and every
+-- write after it until the count passed its own (tests/redis/test_redteam_damaged_version_feed.py).
 local COUNT_MAX = 2 ^ 52
 local function counted(v, step)
   local n = num(v)
-  if n < 0 or n >= COUNT_MAX or tostring(v) ~= int_str(n) then n = 0 end
+  if n < 0 or n >= COUNT_MAX or tostring(v) ~= int_str(n) then return math.min(step, 1) end
   return n + step
 end
--- The new count of `field` (its text `v`) and the command that writes it: HINCRBY on a sound counter, or one not
--- there yet, as before; HSET of the count started again on a damaged one.
+-- The new count of `field` (its text `v`) and the command that writes it: HINCRBY on a sound counter, as before; HSET
+-- of the count started (again) on a damaged one or one not there yet (1, whatever `step`: a batch's span past a
+-- missing version was the same trap as a damaged one's).
 local function bump(key, field, v, step)
   local n, was = counted(v, step), tonumber(v)
-  if not v or (was and n == was + step) then return n, {'HINCRBY', key, field, step} end
+  if v and was and n == was + step then return n, {'HINCRBY', key, field, step} end
   return n, {'HSET', key, field, int_str(n)}
 end
 local function attempts_of(uid)
