@@ -21,7 +21,7 @@ from controller.reflector import Reflector
 from shared.config import Config
 from shared.domain.annotations import PodUsage
 from shared.domain.coalesce import Coalescer, Offered, Pending
-from shared.domain.node import Inventory, node_inventory, offers_more
+from shared.domain.node import Card, Inventory, node_inventory, offers_more
 from shared.domain.node_stuck import stuck_error, stuck_event, stuck_retry_in
 from shared.domain.reconcile import offers_cards
 from shared.domain.resource_version import listed_over
@@ -440,11 +440,36 @@ class NodeWatcher:
         """Write `name` as last written, closed (`effective`, under `stuck`); whether the ledger offers nothing of it
         now (a node this watcher never wrote, or written offering no card, offers nothing already)."""
         inv = self.last.get(name)
-        if inv is None or not offers_cards(inv):
+        if inv is None:
+            return await self._close_held(name)
+        if not offers_cards(inv):
             return True
         stale = self.view_problem()
         try:
             await self._write_open(name, self.effective(inv), KEEP_ALL_MS if stale else self.keep_ms, stale)
+        except Exception as e:
+            log.error("node %s: could not be closed in the ledger either (%s): pods may still be placed on its last "
+                      "written state", name, e)
+            return False
+        return True
+
+    async def _close_held(self, name: str) -> bool:
+        """`_close` of a node this watcher never wrote (it just started: a restart, a new replica): the ledger may hold
+        it open as another watcher wrote it, a state older than the Node's, which taken as closed stayed offered
+        (tests/redis/test_redteam_stuck_restart.py). Written closed on the cards the ledger holds (upserted: its
+        bookings kept as they are); whether it offers nothing now."""
+        try:
+            snap = await self.ledger.snapshot(name)
+            if snap is None or snap.error:
+                return True  # (not in the ledger, or closed there already)
+            held = tuple(Card(name, r.index, r.capacity, r.slice_limit, healthy=r.health != "unhealthy",
+                              cordoned=r.health == "cordoned", cores=r.cores, knobs=r.knobs)
+                         for r in snap.cards.values() if r.health != "removed")
+            inv = self.effective(Inventory(name, held))
+            if not inv.error:
+                return True  # (no card it reports: it offers nothing)
+            self.closed.add(name)  # (opened again, it is written whole with its holders: _write_open)
+            await self.ledger.upsert_node(inv, create=False)  # (gone meanwhile, -1: nothing to close)
         except Exception as e:
             log.error("node %s: could not be closed in the ledger either (%s): pods may still be placed on its last "
                       "written state", name, e)
