@@ -475,6 +475,16 @@ local function add_usage(idx, mem, cores, slices, sign, c)
   local mu = math.max(0, c.mem_used + sign * mem)
   local cu = math.max(0, c.cores_used + sign * cores)
   local su = math.max(0, c.slices + sign * slices)
+  if sign < 0 then
+    -- a give-back on a usage field a hand edit damaged (read as the card full, `used`) leaves it full: the full value
+    -- less the holder's share is a sound-looking number below what the others hold on a card holding more than it
+    -- has (observe's truth, a lowered slice_limit), and the next booking went past them; the pass rewrites it
+    -- (tests/redis/test_redteam_damaged_usage_release.py)
+    local raw = redis.call('HMGET', key, 'mem_used', 'cores_used', 'slices')
+    if used(raw[1], false) == false then mu = c.mem_used end
+    if used(raw[2], false) == false then cu = c.cores_used end
+    if used(raw[3], false) == false then su = c.slices end
+  end
   if sign < 0 and c.health == "removed" and mu == 0 and cu == 0 and su == 0 then
     redis.call('DEL', key)          -- a removed card disappears once nothing holds it
     local kept = {}
