@@ -329,17 +329,24 @@ local function int_str(n) return string.format('%.0f', n) end
 -- `step`, a batched confirmation's version was its span, which such a mirror took for a message it had, and every
 -- write after it until the count passed its own (tests/redis/test_redteam_damaged_version_feed.py).
 local COUNT_MAX = 2 ^ 52
-local function counted(v, step)
+-- Whether `v` is a sound count, and its number: a whole number 0..2^52 written as Redis writes one, which HINCRBY takes
+-- ("-0" reads as 0 and %.0f writes -0 so, yet HINCRBY refused it, and every write of the node failed again:
+-- tests/redis/test_redteam_damaged_counter_forms.py)
+local function sound_count(v)
   local n = num(v)
-  if n < 0 or n >= COUNT_MAX or tostring(v) ~= int_str(n) then return math.min(step, 1) end
+  return not (n < 0 or n >= COUNT_MAX or tostring(v) ~= int_str(n) or tostring(v) == "-0"), n
+end
+local function counted(v, step)
+  local ok, n = sound_count(v)
+  if not ok then return math.min(step, 1) end
   return n + step
 end
 -- The new count of `field` (its text `v`) and the command that writes it: HINCRBY on a sound counter, as before; HSET
 -- of the count started (again) on a damaged one or one not there yet (1, whatever `step`: a batch's span past a
 -- missing version was the same trap as a damaged one's).
 local function bump(key, field, v, step)
-  local n, was = counted(v, step), tonumber(v)
-  if v and was and n == was + step then return n, {'HINCRBY', key, field, step} end
+  local n = counted(v, step)
+  if sound_count(v) then return n, {'HINCRBY', key, field, step} end
   return n, {'HSET', key, field, int_str(n)}
 end
 local function attempts_of(uid)
