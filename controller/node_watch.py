@@ -21,7 +21,7 @@ from controller.reflector import Reflector
 from shared.config import Config
 from shared.domain.annotations import PodUsage
 from shared.domain.coalesce import Coalescer, Offered, Pending
-from shared.domain.node import Inventory, node_inventory, offers_more
+from shared.domain.node import Card, Inventory, node_inventory, offers_more
 from shared.domain.node_stuck import stuck_error, stuck_event, stuck_retry_in
 from shared.domain.reconcile import offers_cards
 from shared.domain.resource_version import listed_over
@@ -141,11 +141,7 @@ class NodeWatcher:
         health, error) over the newer one the rebuild wrote, and `last` with it, which the reconciler compares
         with: it stood until the node's next event was handled. By resourceVersion where it is comparable, else
         by the order things came (an event received before the list was requested is no newer than it)."""
-        def stale(p: Pending[NodeEvent]) -> bool:
-            rv = str((p.value[1].get("metadata") or {}).get("resourceVersion") or "")
-            return listed_over(rv, list_rv, p.offered <= mark)
-
-        dropped = self.events.drop(stale)
+        dropped = self.events.drop(functools.partial(_listed_over, list_rv=list_rv, mark=mark))
         for name in dropped:
             self._held.discard(name)
             # (its change is in the list's view, written: a node whose change could not be written is open again)
@@ -159,6 +155,13 @@ class NodeWatcher:
             log.info("rebuild: %d queued node change(s) no newer than its node list dropped: %s", len(dropped),
                      ", ".join(sorted(dropped)[:5]))
         return dropped
+
+    def stuck_past(self, list_rv: str, mark: int) -> set[str]:
+        """The stuck nodes whose queued change is newer than a rebuild's list (`supersede` keeps it): the rebuild writes
+        them closed (`effective`). Written open from the list, such a node offered a state older than the Node's while
+        taken as closed (`Stuck.closed`: its next failed try closed nothing), until a reconcile pass closed it."""
+        return {n for n in self.stuck if (p := self.events.pending.get(n)) is not None
+                and not _listed_over(p, list_rv, mark)}
 
     async def apply(self, name: str, inv: Inventory | None) -> None:
         """Bring the ledger's node `name` to what the API says (`inv`; None: the Node is gone)."""
@@ -437,11 +440,36 @@ class NodeWatcher:
         """Write `name` as last written, closed (`effective`, under `stuck`); whether the ledger offers nothing of it
         now (a node this watcher never wrote, or written offering no card, offers nothing already)."""
         inv = self.last.get(name)
-        if inv is None or not offers_cards(inv):
+        if inv is None:
+            return await self._close_held(name)
+        if not offers_cards(inv):
             return True
         stale = self.view_problem()
         try:
             await self._write_open(name, self.effective(inv), KEEP_ALL_MS if stale else self.keep_ms, stale)
+        except Exception as e:
+            log.error("node %s: could not be closed in the ledger either (%s): pods may still be placed on its last "
+                      "written state", name, e)
+            return False
+        return True
+
+    async def _close_held(self, name: str) -> bool:
+        """`_close` of a node this watcher never wrote (it just started: a restart, a new replica): the ledger may hold
+        it open as another watcher wrote it, a state older than the Node's, which taken as closed stayed offered
+        (tests/redis/test_redteam_stuck_restart.py). Written closed on the cards the ledger holds (upserted: its
+        bookings kept as they are); whether it offers nothing now."""
+        try:
+            snap = await self.ledger.snapshot(name)
+            if snap is None or snap.error:
+                return True  # (not in the ledger, or closed there already)
+            held = tuple(Card(name, r.index, r.capacity, r.slice_limit, healthy=r.health != "unhealthy",
+                              cordoned=r.health == "cordoned", cores=r.cores, knobs=r.knobs)
+                         for r in snap.cards.values() if r.health != "removed")
+            inv = self.effective(Inventory(name, held))
+            if not inv.error:
+                return True  # (no card it reports: it offers nothing)
+            self.closed.add(name)  # (opened again, it is written whole with its holders: _write_open)
+            await self.ledger.upsert_node(inv, create=False)  # (gone meanwhile, -1: nothing to close)
         except Exception as e:
             log.error("node %s: could not be closed in the ledger either (%s): pods may still be placed on its last "
                       "written state", name, e)
@@ -563,3 +591,10 @@ class NodeWatcher:
         self.unlisted = None
         for name in raised:  # as on_event: once the ledger has the higher limit or the room, kube-scheduler retries
             self.nudge(name)
+
+
+def _listed_over(p: Pending[NodeEvent], list_rv: str, mark: int) -> bool:
+    """Whether a node list (resourceVersion `list_rv`, requested when the queue had taken `mark` offers) is at least as
+    new as the queued change `p`."""
+    rv = str((p.value[1].get("metadata") or {}).get("resourceVersion") or "")
+    return listed_over(rv, list_rv, p.offered <= mark)

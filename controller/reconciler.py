@@ -137,6 +137,9 @@ class Reconciler:
                 bound[str(pod["metadata"]["uid"])] = (usage, pod_ref(pod))
         invs = [replace(inv, error=quarantine_reason(lost[n])) if n in lost and not inv.error and inv.cards else inv
                 for n, inv in by_name.items()]
+        # a node the watcher holds closed, its change newer than this list still to write: written closed
+        stuck = self.nodes.stuck_past(list_rv, mark)
+        invs = [self.nodes.effective(inv) if inv.node in stuck else inv for inv in invs]
         # Reservations made since our lists began are newer than their truth: kept (measured on Redis's
         # clock by the script; the elapsed time is ours, which is fine for a duration).
         keep_ms = int((time.monotonic() - t0) * 1000) + self.keep_ms

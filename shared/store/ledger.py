@@ -47,6 +47,11 @@ __all__ = ["HEADS_BATCH", "LUA_DIR", "NO_OPTIONS", "RESEND", "RESEND_OR_REDIRECT
            "scripts_digest", "slot_moving", "slot_owners"]
 
 T = TypeVar("T")
+# KEYS[1] deleted if it is of another type than a set (probed with SISMEMBER, a command the roles' ACL user has, as
+# clear_damage in _lib.lua does): Ledger._cleared_node_list
+CLEAR_NOT_SET = ("local r = redis.pcall('SISMEMBER', KEYS[1], '') "
+                 "if type(r) == 'table' and r.err and string.find(r.err, 'WRONGTYPE', 1, true) then "
+                 "return redis.call('DEL', KEYS[1]) end return 0")
 # The reserve script's refusal on a node not compared with the API server since Redis's process changed
 # (reserve.lua, `verified` in _lib.lua): replanning cannot help, the watchers' comparison does.
 UNVERIFIED = "node unverified"
@@ -202,7 +207,9 @@ class Ledger(LedgerReads, ServerChecks):
             return False
         log.error("%s is not a set (not written by mtsched: an edit behind its back?): deleted; the watchers list the "
                   "nodes again", self.nodes_key)
-        await self._retry("del", lambda: cast("Awaitable[int]", self.redis.delete(self.nodes_key)))
+        # deleted only while it is not a set, in one step: a plain DEL sent after the WRONGTYPE deleted the set another
+        # role had cleared and filled again meanwhile (tests/redis/test_redteam_node_list_clear_race.py)
+        await self._retry("del", lambda: cast("Awaitable[int]", self.redis.eval(CLEAR_NOT_SET, 1, self.nodes_key)))
         return True
 
     # -- reservations --------------------------------------------------------------------------

@@ -323,19 +323,30 @@ local function int_str(n) return string.format('%.0f', n) end
 -- A counter `v` (a field's text, or nil) plus `step`, for one the scripts bump (the node's `version`, its tombstones'
 -- `#n`). HINCRBY alone refused a field a hand edit damaged (not a whole number, or at the end of its 64-bit range),
 -- and so failed every write of the node for ever, the watchers' repair too
--- (tests/redis/test_redteam_damaged_counters.py): a damaged or negative one starts again from 0, as one past 2^52
--- (Lua's numbers are exact below 2^53); the new `stamp` tells the mirrors the version names another write.
+-- (tests/redis/test_redteam_damaged_counters.py): a damaged or negative one starts again, as one past 2^52 (Lua's
+-- numbers are exact below 2^53), at 1 whatever `step` (read, step 0: as 0). At 1, as keys made anew, so a mirror
+-- holding a higher version reads the node again ("recreated", or "history"/"gap" beside its 0 or 1): started at
+-- `step`, a batched confirmation's version was its span, which such a mirror took for a message it had, and every
+-- write after it until the count passed its own (tests/redis/test_redteam_damaged_version_feed.py).
 local COUNT_MAX = 2 ^ 52
-local function counted(v, step)
+-- Whether `v` is a sound count, and its number: a whole number 0..2^52 written as Redis writes one, which HINCRBY takes
+-- ("-0" reads as 0 and %.0f writes -0 so, yet HINCRBY refused it, and every write of the node failed again:
+-- tests/redis/test_redteam_damaged_counter_forms.py)
+local function sound_count(v)
   local n = num(v)
-  if n < 0 or n >= COUNT_MAX or tostring(v) ~= int_str(n) then n = 0 end
+  return not (n < 0 or n >= COUNT_MAX or tostring(v) ~= int_str(n) or tostring(v) == "-0"), n
+end
+local function counted(v, step)
+  local ok, n = sound_count(v)
+  if not ok then return math.min(step, 1) end
   return n + step
 end
--- The new count of `field` (its text `v`) and the command that writes it: HINCRBY on a sound counter, or one not
--- there yet, as before; HSET of the count started again on a damaged one.
+-- The new count of `field` (its text `v`) and the command that writes it: HINCRBY on a sound counter, as before; HSET
+-- of the count started (again) on a damaged one or one not there yet (1, whatever `step`: a batch's span past a
+-- missing version was the same trap as a damaged one's).
 local function bump(key, field, v, step)
-  local n, was = counted(v, step), tonumber(v)
-  if not v or (was and n == was + step) then return n, {'HINCRBY', key, field, step} end
+  local n = counted(v, step)
+  if sound_count(v) then return n, {'HINCRBY', key, field, step} end
   return n, {'HSET', key, field, int_str(n)}
 end
 local function attempts_of(uid)
@@ -471,6 +482,16 @@ local function add_usage(idx, mem, cores, slices, sign, c)
   local mu = math.max(0, c.mem_used + sign * mem)
   local cu = math.max(0, c.cores_used + sign * cores)
   local su = math.max(0, c.slices + sign * slices)
+  if sign < 0 then
+    -- a give-back on a usage field a hand edit damaged (read as the card full, `used`) leaves it full: the full value
+    -- less the holder's share is a sound-looking number below what the others hold on a card holding more than it
+    -- has (observe's truth, a lowered slice_limit), and the next booking went past them; the pass rewrites it
+    -- (tests/redis/test_redteam_damaged_usage_release.py)
+    local raw = redis.call('HMGET', key, 'mem_used', 'cores_used', 'slices')
+    if used(raw[1], false) == false then mu = c.mem_used end
+    if used(raw[2], false) == false then cu = c.cores_used end
+    if used(raw[3], false) == false then su = c.slices end
+  end
   if sign < 0 and c.health == "removed" and mu == 0 and cu == 0 and su == 0 then
     redis.call('DEL', key)          -- a removed card disappears once nothing holds it
     local kept = {}
