@@ -80,11 +80,11 @@ FIRST_REFUSED = {
     "+smembers": "watcher: a new node",
     "+sismember": "extender: book",
     "+hget": "watcher: a new node",
-    "+hmget": "mirror: periodic re-read",
+    "+hmget": "janitor: expire",  # (a give-back on a card that reads full checks its fields: add_usage)
     "+hset": "watcher: a new node",
     "+hdel": "watcher: a new node",
     "+hgetall": "watcher: a new node",
-    "+hincrby": "watcher: a new node",
+    "+hincrby": "watcher: a node's cards change",  # (a new node's version is set: bump)
 }
 
 

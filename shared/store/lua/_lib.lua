@@ -482,11 +482,12 @@ local function add_usage(idx, mem, cores, slices, sign, c)
   local mu = math.max(0, c.mem_used + sign * mem)
   local cu = math.max(0, c.cores_used + sign * cores)
   local su = math.max(0, c.slices + sign * slices)
-  if sign < 0 then
+  if sign < 0 and (c.mem_used == c.capacity or c.cores_used == c.cores or c.slices == c.slice_limit) then
     -- a give-back on a usage field a hand edit damaged (read as the card full, `used`) leaves it full: the full value
     -- less the holder's share is a sound-looking number below what the others hold on a card holding more than it
     -- has (observe's truth, a lowered slice_limit), and the next booking went past them; the pass rewrites it
-    -- (tests/redis/test_redteam_damaged_usage_release.py)
+    -- (tests/redis/test_redteam_damaged_usage_release.py). Only a field that reads full can be one: the others'
+    -- give-backs read nothing more
     local raw = redis.call('HMGET', key, 'mem_used', 'cores_used', 'slices')
     if used(raw[1], false) == false then mu = c.mem_used end
     if used(raw[2], false) == false then cu = c.cores_used end
