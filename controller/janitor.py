@@ -148,7 +148,7 @@ class Janitor:
             # The node's expiry waits on its slowest read, which waits its turn behind the other nodes': a later bind
             # attempt may have taken a booking over after its pod was read (reserve's `existing`: a new settle_by, no
             # feed message) and had its Binding committed, its settle_by passed by now: expire.lua would free a bound
-            # pod's cards on that read (red team, tests/redis/test_redteam_janitor_takeover_stale.py). Read again
+            # pod's cards on that read (red team, tests/redis/test_redteam_janitor_overlap.py). Read again
             # here, one stamped anew since it was judged is left to the next sweep; one taken over after this read
             # is still in flight when expire.lua runs (its settle_by ahead), which keeps it.
             try:

@@ -1,7 +1,7 @@
 """A sweep's overlapping reads against bind attempts that take bookings over and commit their Bindings while the
 reads wait (random, seeded): whatever the order, no booking is expired once the API server holds its pod bound on
 that node (the test's API server records when each Binding is committed; each expire.lua call is checked against
-it). The red team's case alone: tests/redis/test_redteam_janitor_takeover_stale.py."""
+it). The red team's case alone: tests/redis/test_redteam_janitor_overlap.py."""
 
 from __future__ import annotations
 

@@ -91,6 +91,15 @@ async def drained(nodes: NodeWatcher) -> None:
         pass
 
 
+async def lost(rig: tuple[Api, NodeWatcher, Reconciler, list[asyncio.Task[None]]], redis_client: Redis, node_rv: str,
+               list_rv: str) -> tuple[Api, NodeWatcher, Reconciler, list[asyncio.Task[None]]]:
+    """Redis lost its state; the API server lists n with 2 cards (its resourceVersion `node_rv`, the list's
+    `list_rv`)."""
+    rig[0].nodes, rig[0].rv = [node(2, node_rv)], list_rv
+    await redis_client.flushall()
+    return rig
+
+
 @pytest.mark.parametrize("why", ["state lost", "node missing"])
 @pytest.mark.parametrize("rvs", ["comparable", "opaque"])
 async def test_a_node_event_queued_before_the_rebuild_list_is_not_written_over_it(
@@ -125,9 +134,7 @@ async def test_a_node_event_queued_before_the_rebuild_list_is_not_written_over_i
 async def test_an_older_event_a_lagging_stream_delivers_after_the_rebuild_is_skipped(
         rig: tuple[Api, NodeWatcher, Reconciler, list[asyncio.Task[None]]], ledger: Ledger,
         redis_client: Redis) -> None:
-    api, nodes, rec, tasks = rig
-    api.nodes, api.rv = [node(2, "30")], "31"
-    await redis_client.flushall()
+    _, nodes, rec, tasks = await lost(rig, redis_client, "30", "31")
     await rec.rebuild("state lost")
     tasks.append(asyncio.create_task(nodes.run_events()))
     await stream(nodes, "MODIFIED", node(8, "20"))  # the stream lags: a state older than the rebuild's list
@@ -142,9 +149,7 @@ async def test_an_event_received_after_the_list_with_an_opaque_version_is_handle
         rig: tuple[Api, NodeWatcher, Reconciler, list[asyncio.Task[None]]], ledger: Ledger,
         redis_client: Redis) -> None:
     """Not comparable, and received after the list was requested: it may be newer than the list, so it is handled."""
-    api, nodes, rec, tasks = rig
-    api.nodes, api.rv = [node(2, "opaque-b")], "opaque-b"
-    await redis_client.flushall()
+    _, nodes, rec, tasks = await lost(rig, redis_client, "opaque-b", "opaque-b")
     real = nodes.reflector.list
 
     async def list_then_event() -> tuple[list[dict[str, Any]], str]:
