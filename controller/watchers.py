@@ -46,6 +46,9 @@ def janitor_for(ledger: Ledger, mirror: Mirror, cfg: Config, pods: PodWatcher) -
     def view_problem() -> str:
         return pods.reflector.unsettled(JANITOR_VIEW_SETTLE_SECONDS)
 
-    pods.reads_blind = view_problem  # its reads waiting for their turn are not made once it is blind
-    return Janitor(ledger, mirror, cfg, nudger=pods.nudger, before_expire=pods.confirm_now,
-                   redis_time=pods.saw_redis_time, view_problem=view_problem, api_holds=pods.api_holds)
+    janitor = Janitor(ledger, mirror, cfg, nudger=pods.nudger, before_expire=pods.confirm_now,
+                      redis_time=pods.saw_redis_time, view_problem=view_problem, api_holds=pods.api_holds)
+    # its reads waiting for their turn are not made once it is blind: the janitor's own check, asked at each turn
+    # (one judgement of the view, whatever the janitor is given)
+    pods.reads_blind = lambda: janitor.view_problem()
+    return janitor

@@ -17,7 +17,7 @@ from tests.redis.test_redteam_node_arrival_nudge import _Kube, gpu
 pytestmark = pytest.mark.redis
 
 
-class _Outage(Exception):
+class _Outage(ConnectionError):  # Redis away: transient (a refusal no retry cures closes the node instead)
     pass
 
 
